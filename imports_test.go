@@ -1,0 +1,139 @@
+package nodelane_test
+
+import (
+	"bytes"
+	"os/exec"
+	"slices"
+	"strings"
+	"testing"
+)
+
+const module = "github.com/nodelane/nodelane"
+
+// cores are the five core packages of DESIGN §1.
+var cores = []string{"lease", "credential", "replay", "envelope", "receipts"}
+
+// allowedThirdParty lists, per core, what beyond the standard library and
+// golang.org/x it may import.
+var allowedThirdParty = map[string][]string{
+	"replay": {"github.com/dunglas/httpsfv"},
+}
+
+// violations returns the import rules of DESIGN §1 that package pkg
+// (relative to the module, "" for the root) breaks, given all its
+// transitive dependencies and which of them are in the standard library.
+func violations(pkg string, deps []string, std map[string]bool) []string {
+	var out []string
+	rel := func(d string) (string, bool) {
+		if d == module {
+			return "", true
+		}
+		r, ok := strings.CutPrefix(d, module+"/")
+		return r, ok
+	}
+	isCore := slices.Contains(cores, pkg)
+	coreOfTest := ""
+	for _, c := range cores {
+		if pkg == c+"/"+c[strings.LastIndex(c, "/")+1:]+"test" {
+			coreOfTest = c
+		}
+	}
+	for _, d := range deps {
+		if std[d] {
+			continue
+		}
+		r, own := rel(d)
+		switch {
+		case isCore:
+			if own || !(strings.HasPrefix(d, "golang.org/x/") || slices.ContainsFunc(allowedThirdParty[pkg], func(p string) bool { return d == p || strings.HasPrefix(d, p+"/") })) {
+				out = append(out, pkg+" imports "+d+": a core imports only the standard library and golang.org/x")
+			}
+			continue
+		case coreOfTest != "":
+			thirdOK := strings.HasPrefix(d, "github.com/google/go-cmp/") || strings.HasPrefix(d, "golang.org/x/") ||
+				slices.ContainsFunc(allowedThirdParty[coreOfTest], func(p string) bool { return d == p || strings.HasPrefix(d, p+"/") })
+			if (own && r != coreOfTest) || (!own && !thirdOK) {
+				out = append(out, pkg+" imports "+d+": a conformance suite imports only its core, the standard library and go-cmp")
+			}
+			continue
+		}
+		if own && strings.HasSuffix(r, "test") && slices.ContainsFunc(cores, func(c string) bool { return strings.HasPrefix(r, c+"/") }) {
+			out = append(out, pkg+" imports "+d+": production code never imports a conformance suite")
+		}
+		if pkg == "bunstore" && own && (r == "workerapi" || strings.HasPrefix(r, "workerapi/")) {
+			out = append(out, pkg+" imports "+d+": bunstore never imports workerapi")
+		}
+		if pkg == "workerapi" && ((own && (r == "bunstore" || strings.HasPrefix(r, "bunstore/"))) || strings.HasPrefix(d, "github.com/uptrace/bun")) {
+			out = append(out, pkg+" imports "+d+": workerapi never imports bunstore or bun")
+		}
+	}
+	return out
+}
+
+func goList(t *testing.T, args ...string) []string {
+	t.Helper()
+	cmd := exec.Command("go", append([]string{"list"}, args...)...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go list %v: %v\n%s", args, err, stderr.String())
+	}
+	return strings.Split(strings.TrimSpace(string(out)), "\n")
+}
+
+// TestImportRules enforces DESIGN §1 on every package of the module, with
+// the dependencies that go list -deps reports.
+func TestImportRules(t *testing.T) {
+	std := map[string]bool{}
+	for _, line := range goList(t, "-deps", "-f", "{{.ImportPath}} {{.Standard}}", "./...") {
+		path, isStd, _ := strings.Cut(line, " ")
+		std[path] = isStd == "true"
+	}
+	pkgs := goList(t, "-f", "{{.ImportPath}}|{{join .Deps \" \"}}", "./...")
+	seen := 0
+	for _, line := range pkgs {
+		path, deps, _ := strings.Cut(line, "|")
+		rel := strings.TrimPrefix(strings.TrimPrefix(path, module), "/")
+		if slices.Contains(cores, rel) {
+			seen++
+		}
+		for _, v := range violations(rel, strings.Fields(deps), std) {
+			t.Error(v)
+		}
+	}
+	if seen == 0 {
+		t.Fatal("go list found no core package: the test checked nothing")
+	}
+}
+
+// TestViolations shows that the rules catch what they forbid.
+func TestViolations(t *testing.T) {
+	std := map[string]bool{"fmt": true}
+	tests := []struct {
+		pkg  string
+		deps []string
+		want int
+	}{
+		{"lease", []string{"fmt", "golang.org/x/crypto/hkdf"}, 0},
+		{"lease", []string{module + "/credential"}, 1},
+		{"lease", []string{"github.com/uptrace/bun"}, 1},
+		{"lease", []string{module + "/bunstore"}, 1},
+		{"replay", []string{"github.com/dunglas/httpsfv"}, 0},
+		{"credential", []string{"github.com/dunglas/httpsfv"}, 1},
+		{"lease/leasetest", []string{module + "/lease", "github.com/google/go-cmp/cmp"}, 0},
+		{"lease/leasetest", []string{module + "/credential"}, 1},
+		{"lease/leasetest", []string{"github.com/uptrace/bun"}, 1},
+		{"bunstore", []string{module + "/lease", "github.com/uptrace/bun"}, 0},
+		{"bunstore", []string{module + "/workerapi"}, 1},
+		{"bunstore", []string{module + "/lease/leasetest"}, 1},
+		{"workerapi", []string{module + "/lease", module + "/receipts"}, 0},
+		{"workerapi", []string{module + "/bunstore", "github.com/uptrace/bun"}, 2},
+		{"examples/server", []string{module + "/bunstore", module + "/workerapi"}, 0},
+	}
+	for _, tc := range tests {
+		if got := violations(tc.pkg, tc.deps, std); len(got) != tc.want {
+			t.Errorf("violations(%s, %v) = %v, want %d", tc.pkg, tc.deps, got, tc.want)
+		}
+	}
+}

@@ -1,0 +1,214 @@
+package lease
+
+import (
+	"encoding/json"
+	"time"
+)
+
+// State is where a job stands in its lifecycle.
+type State string
+
+// The job states of DESIGN §5. Succeeded, Failed and Canceled are terminal.
+const (
+	StateQueued    State = "queued"
+	StateLeased    State = "leased"
+	StateRunning   State = "running"
+	StateSucceeded State = "succeeded"
+	StateFailed    State = "failed"
+	StateCanceled  State = "canceled"
+)
+
+// Terminal reports whether no transition leaves s.
+func (s State) Terminal() bool {
+	return s == StateSucceeded || s == StateFailed || s == StateCanceled
+}
+
+// Live reports whether a job in state s holds a lease.
+func (s State) Live() bool { return s == StateLeased || s == StateRunning }
+
+// Valid reports whether s is one of the six states.
+func (s State) Valid() bool {
+	switch s {
+	case StateQueued, StateLeased, StateRunning, StateSucceeded, StateFailed, StateCanceled:
+		return true
+	}
+	return false
+}
+
+// Requirements constrain which workers may lease a job.
+type Requirements struct {
+	// GPUSKU, when set, is the only GPU model the job may run on.
+	GPUSKU string `json:"gpu_sku"`
+	// GPUCount is how many GPUs (of GPUSKU, when set) the worker must have.
+	GPUCount int `json:"gpu_count"`
+	// MinVRAMMB is the VRAM, in MiB, that each of those GPUs must have.
+	MinVRAMMB int `json:"min_vram_mb"`
+}
+
+// Job is a unit of work and its lifecycle.
+type Job struct {
+	ID           string          `json:"id"`
+	Type         string          `json:"job_type"`
+	Payload      json.RawMessage `json:"payload"`
+	Requirements Requirements    `json:"requirements"`
+	// Priority orders eligible jobs: higher first, then oldest.
+	Priority int `json:"priority"`
+	// MaxAttempts is how many attempts the job may use before it fails.
+	MaxAttempts int   `json:"max_attempts"`
+	State       State `json:"state"`
+	// Attempt is the number of the attempt the job is on, or will next run
+	// as, starting at 1. Only a TTL expiry or a retryable failure after
+	// accept uses an attempt.
+	Attempt int `json:"attempt"`
+
+	CreatedAt time.Time `json:"created_at"`
+	// ScheduledAt is the earliest time a queued job may be leased; a retry
+	// sets it after its backoff.
+	ScheduledAt time.Time  `json:"scheduled_at"`
+	LeasedAt    *time.Time `json:"leased_at"`
+	AcceptedAt  *time.Time `json:"accepted_at"`
+	FinishedAt  *time.Time `json:"finished_at"`
+
+	// ReceiptID is the id of the receipt that settled the job, set by the
+	// caller that mints it.
+	ReceiptID       string `json:"receipt_id"`
+	CancelRequested bool   `json:"cancel_requested"`
+	// LastError is the most recent failure, kept after a retry.
+	LastError *JobError `json:"last_error"`
+	// Result is what the worker reported on completion.
+	Result *Result `json:"result"`
+
+	// Lease is the job's current lease while State is leased or running,
+	// and its last lease afterwards (so a repeated completion can be
+	// recognised). It is nil for a job that was never leased.
+	Lease *Lease `json:"lease"`
+
+	// Rev is the job record's revision: stores write a job only if the
+	// stored revision is the one the writer read (see Store.UpdateJob).
+	Rev int64 `json:"-"`
+}
+
+// JobError records why an attempt failed.
+type JobError struct {
+	Code    string          `json:"code"`
+	Message string          `json:"message"`
+	Payload json.RawMessage `json:"payload,omitempty"`
+	// Attempt is the attempt that failed.
+	Attempt int       `json:"attempt"`
+	At      time.Time `json:"at"`
+}
+
+// Result is what a worker reported when it completed a job.
+type Result struct {
+	OutputURI    string          `json:"output_uri,omitempty"`
+	Metrics      json.RawMessage `json:"metrics,omitempty"`
+	FinalMessage string          `json:"final_message,omitempty"`
+}
+
+// Lease is one grant of a job to one worker.
+type Lease struct {
+	ID       string `json:"lease_id"`
+	JobID    string `json:"job_id"`
+	WorkerID string `json:"worker_id"`
+	// Epoch is the fencing token: it strictly increases with every lease of
+	// the job, independently of the attempt count.
+	Epoch int64 `json:"epoch"`
+	// TokenHash is SHA-256 of the lease token; the token itself is never stored.
+	TokenHash []byte    `json:"-"`
+	ExpiresAt time.Time `json:"expires_at"`
+	// AcceptBy is the deadline for Accept; a lease not accepted by then
+	// returns the job to the queue.
+	AcceptBy time.Time `json:"accept_by"`
+	// SKU is the GPU model the job runs on: the job's own SKU, else the
+	// worker's first GPU's.
+	SKU string `json:"sku"`
+	// PriceMicroUSD is the price per GPU-hour in micro-USD, snapshotted
+	// when the lease was granted.
+	PriceMicroUSD int64 `json:"price_micro_usd"`
+	// PolicyVersion is the envelope policy version in force at lease time.
+	PolicyVersion int64 `json:"policy_version"`
+}
+
+// EventKind tells status events from log lines.
+type EventKind string
+
+// Event kinds.
+const (
+	EventStatus EventKind = "status"
+	EventLog    EventKind = "log"
+)
+
+// Event is a status event or a log line reported by a worker.
+type Event struct {
+	// ID is assigned by the store, increasing in insertion order.
+	ID    int64     `json:"id"`
+	JobID string    `json:"job_id"`
+	Kind  EventKind `json:"kind"`
+	// Epoch is the lease epoch under which the worker reported the event.
+	Epoch int64 `json:"epoch"`
+	// Type is a status event's event_type (for example "progress").
+	Type    string          `json:"event_type,omitempty"`
+	Message string          `json:"message"`
+	Payload json.RawMessage `json:"payload,omitempty"`
+	// Seq numbers a job's log lines; a seq already stored is a duplicate.
+	// Zero for status events.
+	Seq       int64     `json:"seq,omitempty"`
+	CreatedAt time.Time `json:"created_at"`
+}
+
+// Artifact is a file a worker produced for a job.
+type Artifact struct {
+	ID        string          `json:"artifact_id"`
+	JobID     string          `json:"job_id"`
+	WorkerID  string          `json:"worker_id"`
+	Epoch     int64           `json:"epoch"`
+	Type      string          `json:"artifact_type"`
+	Name      string          `json:"name"`
+	URI       string          `json:"uri"`
+	SHA256    string          `json:"checksum_sha256,omitempty"`
+	SizeBytes int64           `json:"size_bytes,omitempty"`
+	Metadata  json.RawMessage `json:"metadata,omitempty"`
+	// ReceiptID is the receipt minted for the artifact, set by the caller.
+	ReceiptID string    `json:"receipt_id,omitempty"`
+	CreatedAt time.Time `json:"created_at"`
+}
+
+// GPU is one GPU a worker has.
+type GPU struct {
+	SKU    string `json:"sku"`
+	VRAMMB int    `json:"vram_mb"`
+}
+
+// Capabilities are what a worker can run.
+type Capabilities struct {
+	GPUs     []GPU    `json:"gpus"`
+	JobTypes []string `json:"job_types"`
+}
+
+// Governor limits how much of a worker the control plane may use.
+type Governor struct {
+	// MaxJobs is how many live leases the worker may hold; 0 means 1.
+	MaxJobs int `json:"max_jobs"`
+	// MaxVRAMMB, when positive, caps the VRAM any one job may require.
+	MaxVRAMMB int `json:"max_vram_mb"`
+}
+
+// Worker is a registered worker node.
+type Worker struct {
+	ID                string          `json:"worker_id"`
+	NodeID            string          `json:"node_id"`
+	Name              string          `json:"name"`
+	Hostname          string          `json:"hostname"`
+	EndpointURL       string          `json:"endpoint_url,omitempty"`
+	Role              string          `json:"role"`
+	Tags              []string        `json:"tags"`
+	Version           string          `json:"version"`
+	HeartbeatInterval int             `json:"heartbeat_interval_seconds"`
+	Capabilities      Capabilities    `json:"capabilities"`
+	Governor          Governor        `json:"governor_limits"`
+	PolicyVersion     int64           `json:"policy_version"`
+	Status            string          `json:"status"`
+	Metrics           json.RawMessage `json:"metrics,omitempty"`
+	RegisteredAt      time.Time       `json:"registered_at"`
+	LastSeenAt        time.Time       `json:"last_seen_at"`
+}

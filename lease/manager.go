@@ -1,0 +1,854 @@
+package lease
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"regexp"
+	"slices"
+	"time"
+)
+
+// Config holds the Manager's optional settings. A nil *Config means all defaults.
+type Config struct {
+	// LeaseTTL is how long a lease lives without an extension.
+	// Defaults to 600 s.
+	LeaseTTL time.Duration
+	// AcceptTimeout is how long a worker has to accept a leased job before
+	// the job goes back to the queue. Defaults to 60 s.
+	AcceptTimeout time.Duration
+	// RetryBase is the backoff before the second attempt; each further
+	// attempt doubles it, and jitter takes off up to half. Defaults to 10 s.
+	RetryBase time.Duration
+	// RetryMax caps the backoff. Defaults to 1 h.
+	RetryMax time.Duration
+	// DefaultMaxAttempts applies to jobs enqueued without MaxAttempts.
+	// Defaults to 3.
+	DefaultMaxAttempts int
+	// MaxJobsPerLease caps LeaseRequest.MaxJobs. Defaults to 32.
+	MaxJobsPerLease int
+	// ListLimit is the page size of List when the filter gives none, and
+	// the largest page it returns. Defaults to 100 and 1000.
+	ListLimit int
+	// Now is the clock. Defaults to time.Now.
+	Now func() time.Time
+	// Rand is the source of tokens, ids and jitter. Defaults to crypto/rand.Reader.
+	Rand io.Reader
+}
+
+// Manager runs the lease state machine of DESIGN §5 over a Store. It is
+// safe for concurrent use, and several Managers (on several replicas) may
+// share one Store: every write is conditional on the revision it read.
+type Manager struct {
+	store Store
+	cfg   Config
+}
+
+const (
+	maxTypeLen  = 128
+	maxAttempts = 100
+	casTries    = 16
+	expireBatch = 64
+	maxListPage = 1000
+)
+
+// NewManager returns a Manager over s. cfg may be nil.
+func NewManager(s Store, cfg *Config) *Manager {
+	var c Config
+	if cfg != nil {
+		c = *cfg
+	}
+	if c.LeaseTTL <= 0 {
+		c.LeaseTTL = 600 * time.Second
+	}
+	if c.AcceptTimeout <= 0 {
+		c.AcceptTimeout = 60 * time.Second
+	}
+	if c.RetryBase <= 0 {
+		c.RetryBase = 10 * time.Second
+	}
+	if c.RetryMax <= 0 {
+		c.RetryMax = time.Hour
+	}
+	if c.DefaultMaxAttempts <= 0 {
+		c.DefaultMaxAttempts = 3
+	}
+	if c.MaxJobsPerLease <= 0 {
+		c.MaxJobsPerLease = 32
+	}
+	if c.ListLimit <= 0 {
+		c.ListLimit = 100
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	if c.Rand == nil {
+		c.Rand = rand.Reader
+	}
+	return &Manager{store: s, cfg: c}
+}
+
+// LeaseTTL returns the configured lease lifetime.
+func (m *Manager) LeaseTTL() time.Duration { return m.cfg.LeaseTTL }
+
+// now is the Manager's clock in UTC, truncated to microseconds so that
+// every store round-trips it exactly.
+func (m *Manager) now() time.Time { return m.cfg.Now().UTC().Truncate(time.Microsecond) }
+
+// NewJob describes a job to enqueue.
+type NewJob struct {
+	// ID is optional; the Manager assigns one when it is empty.
+	ID   string
+	Type string
+	// Payload is any JSON value; empty means {}.
+	Payload      json.RawMessage
+	Requirements Requirements
+	Priority     int
+	// MaxAttempts defaults to Config.DefaultMaxAttempts; at most 100.
+	MaxAttempts int
+	// ScheduledAt, when later than now, delays the job.
+	ScheduledAt time.Time
+}
+
+var sha256Hex = regexp.MustCompile(`^[0-9a-f]{64}$`)
+
+// Enqueue adds a queued job.
+func (m *Manager) Enqueue(ctx context.Context, nj NewJob) (*Job, error) {
+	if nj.Type == "" || len(nj.Type) > maxTypeLen {
+		return nil, fmt.Errorf("%w: job type must be 1 to %d bytes", ErrInvalidArgument, maxTypeLen)
+	}
+	r := nj.Requirements
+	if r.GPUCount < 0 || r.MinVRAMMB < 0 {
+		return nil, fmt.Errorf("%w: requirements must not be negative", ErrInvalidArgument)
+	}
+	if (r.GPUSKU != "" || r.MinVRAMMB > 0) && r.GPUCount == 0 {
+		r.GPUCount = 1 // a SKU or a VRAM floor implies a GPU
+	}
+	if nj.MaxAttempts == 0 {
+		nj.MaxAttempts = m.cfg.DefaultMaxAttempts
+	}
+	if nj.MaxAttempts < 1 || nj.MaxAttempts > maxAttempts {
+		return nil, fmt.Errorf("%w: max_attempts must be 1 to %d", ErrInvalidArgument, maxAttempts)
+	}
+	payload, err := jsonOr(nj.Payload, "{}")
+	if err != nil {
+		return nil, err
+	}
+	now := m.now()
+	id := nj.ID
+	if id == "" {
+		if id, err = newID("job_", now, m.cfg.Rand); err != nil {
+			return nil, err
+		}
+	}
+	sched := now
+	if nj.ScheduledAt.After(now) {
+		sched = nj.ScheduledAt.UTC().Truncate(time.Microsecond)
+	}
+	j := &Job{
+		ID:           id,
+		Type:         nj.Type,
+		Payload:      payload,
+		Requirements: r,
+		Priority:     nj.Priority,
+		MaxAttempts:  nj.MaxAttempts,
+		State:        StateQueued,
+		Attempt:      1,
+		CreatedAt:    now,
+		ScheduledAt:  sched,
+		Rev:          1,
+	}
+	if err := m.store.CreateJob(ctx, j); err != nil {
+		return nil, err
+	}
+	return j, nil
+}
+
+func jsonOr(raw json.RawMessage, def string) (json.RawMessage, error) {
+	if len(raw) == 0 {
+		return json.RawMessage(def), nil
+	}
+	if !json.Valid(raw) {
+		return nil, fmt.Errorf("%w: payload is not valid JSON", ErrInvalidArgument)
+	}
+	return raw, nil
+}
+
+// RegisterWorker stores w, assigning its ID when empty, and returns it.
+// Registering an existing worker replaces its record but keeps its
+// RegisteredAt.
+func (m *Manager) RegisterWorker(ctx context.Context, w *Worker) (*Worker, error) {
+	if w.NodeID == "" {
+		return nil, fmt.Errorf("%w: node_id is required", ErrInvalidArgument)
+	}
+	if w.Governor.MaxJobs < 0 || w.Governor.MaxVRAMMB < 0 {
+		return nil, fmt.Errorf("%w: governor limits must not be negative", ErrInvalidArgument)
+	}
+	for _, g := range w.Capabilities.GPUs {
+		if g.VRAMMB < 0 {
+			return nil, fmt.Errorf("%w: vram_mb must not be negative", ErrInvalidArgument)
+		}
+	}
+	now := m.now()
+	c := *w
+	if c.ID == "" {
+		id, err := newID("wrk_", now, m.cfg.Rand)
+		if err != nil {
+			return nil, err
+		}
+		c.ID = id
+	}
+	if old, err := m.store.GetWorker(ctx, c.ID); err == nil {
+		c.RegisteredAt = old.RegisteredAt
+	} else if !errors.Is(err, ErrNotFound) {
+		return nil, err
+	}
+	if c.RegisteredAt.IsZero() {
+		c.RegisteredAt = now
+	}
+	c.LastSeenAt = now
+	if err := m.store.PutWorker(ctx, &c); err != nil {
+		return nil, err
+	}
+	return &c, nil
+}
+
+// Heartbeat records that a worker is alive, with its status and latest
+// metrics (nil keeps the previous ones).
+func (m *Manager) Heartbeat(ctx context.Context, workerID, status string, metrics json.RawMessage) (*Worker, error) {
+	w, err := m.store.GetWorker(ctx, workerID)
+	if err != nil {
+		return nil, err
+	}
+	if metrics != nil {
+		if !json.Valid(metrics) {
+			return nil, fmt.Errorf("%w: metrics are not valid JSON", ErrInvalidArgument)
+		}
+		w.Metrics = metrics
+	}
+	if status != "" {
+		w.Status = status
+	}
+	w.LastSeenAt = m.now()
+	if err := m.store.PutWorker(ctx, w); err != nil {
+		return nil, err
+	}
+	return w, nil
+}
+
+// LeaseRequest asks for jobs on behalf of one registered worker.
+type LeaseRequest struct {
+	WorkerID string
+	// JobTypes the worker will run now; empty means its registered ones.
+	JobTypes []string
+	// GPUSKUs the worker offers now; empty means its registered GPUs'. Only
+	// SKUs of GPUs the worker registered count.
+	GPUSKUs []string
+	// MaxJobs caps how many jobs this call leases. Defaults to 1.
+	MaxJobs int
+	// Allow, when set, gates job types: a type it refuses is not leased.
+	// It is how the envelope gates types without lease importing it.
+	Allow func(jobType string) bool
+	// PolicyVersion is stamped on each lease.
+	PolicyVersion int64
+	// Price, when set, gives the price per GPU-hour in micro-USD of a SKU;
+	// it is snapshotted on each lease.
+	Price func(sku string) int64
+}
+
+// Grant is one leased job and its token. The token is returned only here.
+type Grant struct {
+	Job   *Job
+	Token string
+}
+
+// Lease claims up to MaxJobs queued jobs that the worker can run: its
+// types (as allowed), its GPUs and VRAM, within its governor's max_jobs,
+// higher priority first, then oldest. It returns no grants, and no error,
+// when nothing is eligible. Due lease expiries run first.
+func (m *Manager) Lease(ctx context.Context, req LeaseRequest) ([]Grant, error) {
+	n := req.MaxJobs
+	if n == 0 {
+		n = 1
+	}
+	if n < 0 {
+		return nil, fmt.Errorf("%w: max_jobs must be positive", ErrInvalidArgument)
+	}
+	n = min(n, m.cfg.MaxJobsPerLease)
+	w, err := m.store.GetWorker(ctx, req.WorkerID)
+	if err != nil {
+		return nil, err
+	}
+	types := req.JobTypes
+	if len(types) == 0 {
+		types = w.Capabilities.JobTypes
+	}
+	var allowed []string
+	for _, t := range types {
+		if !slices.Contains(allowed, t) && (req.Allow == nil || req.Allow(t)) {
+			allowed = append(allowed, t)
+		}
+	}
+	if len(allowed) == 0 {
+		return nil, nil
+	}
+	if _, err := m.expire(ctx, expireBatch); err != nil {
+		return nil, err
+	}
+	now := m.now()
+	tokens := make([]string, n)
+	leases := make([]Lease, n)
+	for i := range n {
+		tok, hash, err := newToken(m.cfg.Rand)
+		if err != nil {
+			return nil, err
+		}
+		id, err := newID("lse_", now, m.cfg.Rand)
+		if err != nil {
+			return nil, err
+		}
+		tokens[i] = tok
+		leases[i] = Lease{
+			ID:            id,
+			WorkerID:      w.ID,
+			TokenHash:     hash,
+			ExpiresAt:     now.Add(m.cfg.LeaseTTL),
+			AcceptBy:      now.Add(m.cfg.AcceptTimeout),
+			PolicyVersion: req.PolicyVersion,
+		}
+	}
+	q := ClaimQuery{
+		WorkerID:  w.ID,
+		Types:     allowed,
+		Fits:      fits(w, req.GPUSKUs),
+		MaxActive: max(w.Governor.MaxJobs, 1),
+		Limit:     n,
+		Now:       now,
+	}
+	granted := 0
+	jobs, err := m.store.ClaimJobs(ctx, q, func(j *Job) {
+		l := leases[granted]
+		granted++
+		l.JobID = j.ID
+		if j.Lease != nil {
+			l.Epoch = j.Lease.Epoch
+		}
+		l.Epoch++
+		l.SKU = j.Requirements.GPUSKU
+		if l.SKU == "" && len(w.Capabilities.GPUs) > 0 {
+			l.SKU = w.Capabilities.GPUs[0].SKU
+		}
+		if req.Price != nil {
+			l.PriceMicroUSD = req.Price(l.SKU)
+		}
+		j.Lease = &l
+		j.State = StateLeased
+		j.LeasedAt = &now
+		j.AcceptedAt = nil
+		j.Rev++
+	})
+	if err != nil {
+		return nil, err
+	}
+	grants := make([]Grant, len(jobs))
+	for i, j := range jobs {
+		for k := range leases {
+			if leases[k].ID == j.Lease.ID {
+				grants[i] = Grant{Job: j, Token: tokens[k]}
+			}
+		}
+		if grants[i].Token == "" {
+			return nil, fmt.Errorf("lease: store returned job %s with a lease it was not granted", j.ID)
+		}
+	}
+	return grants, nil
+}
+
+// fits lists the job shapes worker w can take on the SKUs it offers: for
+// each SKU (and for jobs without one) and each VRAM size among the GPUs,
+// how many GPUs have at least that much. The governor's max_vram_mb caps
+// every size. A shape with no GPUs admits CPU-only jobs.
+func fits(w *Worker, offered []string) []Fit {
+	out := []Fit{{}}
+	add := func(sku string, gpus []GPU) {
+		for _, g := range gpus {
+			n := 0
+			for _, h := range gpus {
+				if h.VRAMMB >= g.VRAMMB {
+					n++
+				}
+			}
+			v := g.VRAMMB
+			if w.Governor.MaxVRAMMB > 0 {
+				v = min(v, w.Governor.MaxVRAMMB)
+			}
+			f := Fit{SKU: sku, GPUs: n, VRAMMB: v}
+			if !slices.Contains(out, f) {
+				out = append(out, f)
+			}
+		}
+	}
+	var skus []string
+	for _, g := range w.Capabilities.GPUs {
+		if !slices.Contains(skus, g.SKU) && (len(offered) == 0 || slices.Contains(offered, g.SKU)) {
+			skus = append(skus, g.SKU)
+		}
+	}
+	var all []GPU
+	for _, sku := range skus {
+		var of []GPU
+		for _, g := range w.Capabilities.GPUs {
+			if g.SKU == sku {
+				of = append(of, g)
+			}
+		}
+		add(sku, of)
+		all = append(all, of...)
+	}
+	add("", all)
+	return out
+}
+
+// Ref names the lease a worker acts under: the job, the worker, and the
+// token it was given.
+type Ref struct {
+	JobID    string
+	WorkerID string
+	Token    string
+}
+
+// update reads the job, lets fn decide its next version, and writes it
+// conditionally on the revision read, retrying when another writer got
+// there first. fn returns the job to write, or nil to write nothing.
+func (m *Manager) update(ctx context.Context, id string, fn func(j *Job, now time.Time) (*Job, error)) (*Job, error) {
+	for range casTries {
+		j, err := m.store.GetJob(ctx, id)
+		if err != nil {
+			return nil, err
+		}
+		rev := j.Rev
+		next, err := fn(j, m.now())
+		if err != nil || next == nil {
+			return j, err
+		}
+		next.Rev = rev + 1
+		err = m.store.UpdateJob(ctx, next, rev)
+		if errors.Is(err, ErrConflict) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		return next, nil
+	}
+	return nil, fmt.Errorf("lease: job %s: %w: too many concurrent writers", id, ErrConflict)
+}
+
+// held checks that ref's token is the lease recorded on j for ref's
+// worker. It does not check whether the lease is still live.
+func held(j *Job, ref Ref) bool {
+	return j.Lease != nil && tokenMatches(ref.Token, j.Lease.TokenHash) && j.Lease.WorkerID == ref.WorkerID
+}
+
+// live checks that ref holds j's live lease at now, and otherwise says why not.
+func live(j *Job, ref Ref, now time.Time, to State) error {
+	if !held(j, ref) {
+		return ErrLeaseLost
+	}
+	if j.State.Terminal() {
+		return &TransitionError{JobID: j.ID, From: j.State, To: to}
+	}
+	if !j.State.Live() || !now.Before(j.Lease.ExpiresAt) || (j.State == StateLeased && !now.Before(j.Lease.AcceptBy)) {
+		return ErrLeaseLost
+	}
+	return nil
+}
+
+func (m *Manager) withLease(ctx context.Context, ref Ref, to State, fn func(j *Job, now time.Time) (*Job, error)) (*Job, error) {
+	if err := checkToken(ref.Token); err != nil {
+		return nil, err
+	}
+	return m.update(ctx, ref.JobID, func(j *Job, now time.Time) (*Job, error) {
+		if err := live(j, ref, now, to); err != nil {
+			return nil, err
+		}
+		return fn(j, now)
+	})
+}
+
+// Accept moves a leased job to running. Accepting a job already running
+// under the same lease returns it unchanged.
+func (m *Manager) Accept(ctx context.Context, ref Ref) (*Job, error) {
+	return m.withLease(ctx, ref, StateRunning, func(j *Job, now time.Time) (*Job, error) {
+		if j.State == StateRunning {
+			return nil, nil
+		}
+		j.State = StateRunning
+		j.AcceptedAt = &now
+		j.Lease.ExpiresAt = now.Add(m.cfg.LeaseTTL)
+		return j, nil
+	})
+}
+
+// Extend renews the lease for another LeaseTTL from now.
+func (m *Manager) Extend(ctx context.Context, ref Ref) (*Job, error) {
+	return m.withLease(ctx, ref, StateRunning, func(j *Job, now time.Time) (*Job, error) {
+		j.Lease.ExpiresAt = now.Add(m.cfg.LeaseTTL)
+		return j, nil
+	})
+}
+
+// EventsResult says what RecordEvents stored.
+type EventsResult struct {
+	// Accepted counts new events; Duplicates counts log lines whose seq was
+	// already stored.
+	Accepted, Duplicates int
+	// Job is the job after its lease was extended.
+	Job *Job
+}
+
+// RecordEvents stores status events and log lines under a live lease and
+// extends it. Log lines need a seq >= 1; a seq already stored for the job
+// is counted as a duplicate and not stored again.
+func (m *Manager) RecordEvents(ctx context.Context, ref Ref, evs ...Event) (EventsResult, error) {
+	if len(evs) == 0 {
+		return EventsResult{}, fmt.Errorf("%w: no events", ErrInvalidArgument)
+	}
+	for _, e := range evs {
+		switch {
+		case e.Kind == EventLog && e.Seq < 1:
+			return EventsResult{}, fmt.Errorf("%w: a log line needs seq >= 1", ErrInvalidArgument)
+		case e.Kind == EventStatus && e.Type == "":
+			return EventsResult{}, fmt.Errorf("%w: a status event needs an event_type", ErrInvalidArgument)
+		case e.Kind != EventLog && e.Kind != EventStatus:
+			return EventsResult{}, fmt.Errorf("%w: unknown event kind %q", ErrInvalidArgument, e.Kind)
+		case len(e.Payload) > 0 && !json.Valid(e.Payload):
+			return EventsResult{}, fmt.Errorf("%w: event payload is not valid JSON", ErrInvalidArgument)
+		}
+	}
+	j, err := m.Extend(ctx, ref)
+	if err != nil {
+		return EventsResult{}, err
+	}
+	now := m.now()
+	ptrs := make([]*Event, len(evs))
+	for i := range evs {
+		e := evs[i]
+		e.ID = 0
+		e.JobID = j.ID
+		e.Epoch = j.Lease.Epoch
+		e.CreatedAt = now
+		if e.Kind == EventStatus {
+			e.Seq = 0
+		}
+		ptrs[i] = &e
+	}
+	n, err := m.store.AddEvents(ctx, ptrs)
+	if err != nil {
+		return EventsResult{}, err
+	}
+	return EventsResult{Accepted: n, Duplicates: len(evs) - n, Job: j}, nil
+}
+
+// Events returns a job's events with ID > after, in order.
+func (m *Manager) Events(ctx context.Context, jobID string, after int64, limit int) ([]*Event, error) {
+	return m.store.ListEvents(ctx, jobID, after, m.pageSize(limit))
+}
+
+// AddArtifact records an artifact under a live lease and extends it. The
+// caller may set ReceiptID; the Manager sets ID, JobID, WorkerID, Epoch
+// and CreatedAt.
+func (m *Manager) AddArtifact(ctx context.Context, ref Ref, a Artifact) (*Artifact, error) {
+	switch {
+	case a.Type == "" || a.Name == "":
+		return nil, fmt.Errorf("%w: artifact_type and name are required", ErrInvalidArgument)
+	case a.SHA256 != "" && !sha256Hex.MatchString(a.SHA256):
+		return nil, fmt.Errorf("%w: checksum_sha256 must be 64 lowercase hex digits", ErrInvalidArgument)
+	case a.SizeBytes < 0:
+		return nil, fmt.Errorf("%w: size_bytes must not be negative", ErrInvalidArgument)
+	case len(a.Metadata) > 0 && !json.Valid(a.Metadata):
+		return nil, fmt.Errorf("%w: metadata is not valid JSON", ErrInvalidArgument)
+	}
+	j, err := m.Extend(ctx, ref)
+	if err != nil {
+		return nil, err
+	}
+	now := m.now()
+	id, err := newID("art_", now, m.cfg.Rand)
+	if err != nil {
+		return nil, err
+	}
+	a.ID, a.JobID, a.WorkerID, a.Epoch, a.CreatedAt = id, j.ID, ref.WorkerID, j.Lease.Epoch, now
+	if err := m.store.AddArtifact(ctx, &a); err != nil {
+		return nil, err
+	}
+	return &a, nil
+}
+
+// Artifacts lists artifacts matching f.
+func (m *Manager) Artifacts(ctx context.Context, f ArtifactFilter) ([]*Artifact, error) {
+	f.Limit = m.pageSize(f.Limit)
+	return m.store.ListArtifacts(ctx, f)
+}
+
+// Complete moves a running job to succeeded with its result. Completing
+// again with the same token returns the stored job and repeated = true,
+// and changes nothing.
+func (m *Manager) Complete(ctx context.Context, ref Ref, res Result) (job *Job, repeated bool, err error) {
+	if len(res.Metrics) > 0 && !json.Valid(res.Metrics) {
+		return nil, false, fmt.Errorf("%w: metrics are not valid JSON", ErrInvalidArgument)
+	}
+	if err := checkToken(ref.Token); err != nil {
+		return nil, false, err
+	}
+	j, err := m.update(ctx, ref.JobID, func(j *Job, now time.Time) (*Job, error) {
+		if j.State == StateSucceeded && held(j, ref) {
+			repeated = true
+			return nil, nil
+		}
+		if err := live(j, ref, now, StateSucceeded); err != nil {
+			return nil, err
+		}
+		if j.State != StateRunning {
+			return nil, &TransitionError{JobID: j.ID, From: j.State, To: StateSucceeded}
+		}
+		j.State = StateSucceeded
+		j.FinishedAt = &now
+		j.Result = &res
+		return j, nil
+	})
+	if err != nil {
+		return nil, false, err
+	}
+	return j, repeated, nil
+}
+
+// Failure is a worker's report that an attempt failed.
+type Failure struct {
+	Code    string
+	Message string
+	Payload json.RawMessage
+	// Retryable asks for another attempt, if any is left.
+	Retryable bool
+}
+
+// Fail ends the current attempt. A job whose cancel was requested ends
+// canceled. Otherwise a retryable failure after accept uses an attempt and,
+// if one is left, requeues the job after a backoff with jitter; before
+// accept it requeues at once without using one. A job that is not
+// retryable, or out of attempts, ends failed with the failure as its
+// LastError.
+func (m *Manager) Fail(ctx context.Context, ref Ref, f Failure) (*Job, error) {
+	if len(f.Payload) > 0 && !json.Valid(f.Payload) {
+		return nil, fmt.Errorf("%w: payload is not valid JSON", ErrInvalidArgument)
+	}
+	return m.withLease(ctx, ref, StateFailed, func(j *Job, now time.Time) (*Job, error) {
+		j.LastError = &JobError{Code: f.Code, Message: f.Message, Payload: f.Payload, Attempt: j.Attempt, At: now}
+		switch {
+		case j.CancelRequested:
+			m.finish(j, StateCanceled, now)
+		case j.State == StateLeased && f.Retryable:
+			m.requeue(j, now, false)
+		case f.Retryable:
+			m.requeue(j, now, true)
+		default:
+			m.finish(j, StateFailed, now)
+		}
+		return j, nil
+	})
+}
+
+// Release hands a leased or running job back to the queue at once, without
+// using an attempt; a job whose cancel was requested ends canceled instead.
+func (m *Manager) Release(ctx context.Context, ref Ref, reason string) (*Job, error) {
+	return m.withLease(ctx, ref, StateQueued, func(j *Job, now time.Time) (*Job, error) {
+		if j.CancelRequested {
+			m.finish(j, StateCanceled, now)
+		} else {
+			m.requeue(j, now, false)
+		}
+		return j, nil
+	})
+}
+
+// Cancel cancels a job: a queued one at once; a leased or running one by
+// requesting it, which its worker learns from heartbeat, status and accept
+// answers and ends with Fail or Release (or, if it goes silent, expiry
+// ends the job canceled). Canceling a canceled job returns it unchanged; a
+// succeeded or failed job gives a *TransitionError.
+func (m *Manager) Cancel(ctx context.Context, jobID string) (*Job, error) {
+	return m.update(ctx, jobID, func(j *Job, now time.Time) (*Job, error) {
+		switch j.State {
+		case StateQueued:
+			m.finish(j, StateCanceled, now)
+			return j, nil
+		case StateLeased, StateRunning:
+			if j.CancelRequested {
+				return nil, nil
+			}
+			j.CancelRequested = true
+			return j, nil
+		case StateCanceled:
+			return nil, nil
+		}
+		return nil, &TransitionError{JobID: j.ID, From: j.State, To: StateCanceled}
+	})
+}
+
+// SetReceipt records the receipt that settled a finished job.
+func (m *Manager) SetReceipt(ctx context.Context, jobID, receiptID string) (*Job, error) {
+	return m.update(ctx, jobID, func(j *Job, now time.Time) (*Job, error) {
+		if !j.State.Terminal() {
+			return nil, &TransitionError{JobID: j.ID, From: j.State, To: j.State}
+		}
+		j.ReceiptID = receiptID
+		return j, nil
+	})
+}
+
+// Expire returns jobs whose leases are due to the queue: a lease past its
+// TTL or accept deadline. Only a TTL expiry after accept uses an attempt;
+// a job out of attempts ends failed, and one whose cancel was requested
+// ends canceled. Each expiry re-checks its predicate on the job it writes,
+// so a lease extended meanwhile survives. It returns how many expired.
+func (m *Manager) Expire(ctx context.Context) (int, error) {
+	total := 0
+	for {
+		n, err := m.expire(ctx, expireBatch)
+		total += n
+		if err != nil || n < expireBatch {
+			return total, err
+		}
+	}
+}
+
+func (m *Manager) expire(ctx context.Context, limit int) (int, error) {
+	due, err := m.store.ExpiredJobs(ctx, m.now(), limit)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, d := range due {
+		expired := false
+		_, err := m.update(ctx, d.ID, func(j *Job, now time.Time) (*Job, error) {
+			expired = false
+			if !j.State.Live() || j.Lease.Epoch != d.Lease.Epoch {
+				return nil, nil
+			}
+			ttl := !now.Before(j.Lease.ExpiresAt)
+			acc := j.State == StateLeased && !now.Before(j.Lease.AcceptBy)
+			if !ttl && !acc {
+				return nil, nil
+			}
+			expired = true
+			used := j.State == StateRunning
+			j.LastError = &JobError{Code: "lease_expired", Message: "the lease expired", Attempt: j.Attempt, At: now}
+			if acc {
+				j.LastError = &JobError{Code: "accept_timeout", Message: "the lease was not accepted in time", Attempt: j.Attempt, At: now}
+			}
+			if j.CancelRequested {
+				m.finish(j, StateCanceled, now)
+			} else {
+				m.requeue(j, now, used)
+			}
+			return j, nil
+		})
+		if err != nil && !errors.Is(err, ErrNotFound) {
+			return n, err
+		}
+		if expired {
+			n++
+		}
+	}
+	return n, nil
+}
+
+// requeue puts j back in the queue; when the attempt is used, after a
+// backoff, or into failed if no attempt is left.
+func (m *Manager) requeue(j *Job, now time.Time, used bool) {
+	if !used {
+		j.State = StateQueued
+		j.ScheduledAt = now
+		return
+	}
+	if j.Attempt >= j.MaxAttempts {
+		m.finish(j, StateFailed, now)
+		return
+	}
+	j.State = StateQueued
+	j.ScheduledAt = now.Add(m.backoff(j.Attempt))
+	j.Attempt++
+}
+
+func (m *Manager) finish(j *Job, s State, now time.Time) {
+	j.State = s
+	j.FinishedAt = &now
+}
+
+// backoff is the delay after the given attempt failed: RetryBase doubled
+// per earlier attempt, capped at RetryMax, less a random part of up to half.
+func (m *Manager) backoff(attempt int) time.Duration {
+	d := m.cfg.RetryBase
+	for i := 1; i < attempt && d < m.cfg.RetryMax; i++ {
+		d *= 2
+	}
+	d = min(d, m.cfg.RetryMax)
+	var b [8]byte
+	if _, err := io.ReadFull(m.cfg.Rand, b[:]); err != nil {
+		return d // no jitter is still a valid backoff
+	}
+	half := int64(d / 2)
+	if half <= 0 {
+		return d
+	}
+	return (d - time.Duration(binary.BigEndian.Uint64(b[:])%uint64(half))).Truncate(time.Microsecond)
+}
+
+// Get returns a job.
+func (m *Manager) Get(ctx context.Context, id string) (*Job, error) {
+	return m.store.GetJob(ctx, id)
+}
+
+// List returns a page of jobs matching f in id order, and the cursor of
+// the next page ("" after the last).
+func (m *Manager) List(ctx context.Context, f JobFilter) ([]*Job, string, error) {
+	if f.State != "" && !f.State.Valid() {
+		return nil, "", fmt.Errorf("%w: unknown state %q", ErrInvalidArgument, f.State)
+	}
+	f.Limit = m.pageSize(f.Limit)
+	jobs, err := m.store.ListJobs(ctx, f)
+	if err != nil {
+		return nil, "", err
+	}
+	next := ""
+	if len(jobs) == f.Limit {
+		next = jobs[len(jobs)-1].ID
+	}
+	return jobs, next, nil
+}
+
+func (m *Manager) pageSize(limit int) int {
+	if limit <= 0 {
+		return m.cfg.ListLimit
+	}
+	return min(limit, maxListPage)
+}
+
+// Worker returns a registered worker.
+func (m *Manager) Worker(ctx context.Context, id string) (*Worker, error) {
+	return m.store.GetWorker(ctx, id)
+}
+
+// WorkerByNode returns the worker registered under a node id.
+func (m *Manager) WorkerByNode(ctx context.Context, nodeID string) (*Worker, error) {
+	return m.store.WorkerByNode(ctx, nodeID)
+}
+
+// Workers returns a page of workers with id > after.
+func (m *Manager) Workers(ctx context.Context, after string, limit int) ([]*Worker, error) {
+	return m.store.ListWorkers(ctx, after, m.pageSize(limit))
+}

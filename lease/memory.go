@@ -1,0 +1,335 @@
+package lease
+
+import (
+	"context"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+)
+
+// MemoryStore is a Store in memory, for tests and single-process use.
+// Every method runs under one mutex, so each is atomic.
+type MemoryStore struct {
+	mu        sync.Mutex
+	jobs      map[string]*Job
+	workers   map[string]*Worker
+	events    []*Event
+	logSeqs   map[jobSeq]bool
+	artifacts map[string]*Artifact
+}
+
+type jobSeq struct {
+	job string
+	seq int64
+}
+
+var _ Store = (*MemoryStore)(nil)
+
+// NewMemoryStore returns an empty MemoryStore.
+func NewMemoryStore() *MemoryStore {
+	return &MemoryStore{
+		jobs:      make(map[string]*Job),
+		workers:   make(map[string]*Worker),
+		logSeqs:   make(map[jobSeq]bool),
+		artifacts: make(map[string]*Artifact),
+	}
+}
+
+// CreateJob implements Store.
+func (s *MemoryStore) CreateJob(_ context.Context, j *Job) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.jobs[j.ID]; ok {
+		return ErrConflict
+	}
+	s.jobs[j.ID] = cloneJob(j)
+	return nil
+}
+
+// GetJob implements Store.
+func (s *MemoryStore) GetJob(_ context.Context, id string) (*Job, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	j, ok := s.jobs[id]
+	if !ok {
+		return nil, ErrNotFound
+	}
+	return cloneJob(j), nil
+}
+
+// ListJobs implements Store.
+func (s *MemoryStore) ListJobs(_ context.Context, f JobFilter) ([]*Job, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []*Job
+	for _, j := range s.jobs {
+		if (f.State != "" && j.State != f.State) || (f.Type != "" && j.Type != f.Type) || j.ID <= f.After {
+			continue
+		}
+		if f.WorkerID != "" && !(j.State.Live() && j.Lease.WorkerID == f.WorkerID) {
+			continue
+		}
+		out = append(out, j)
+	}
+	sort.Slice(out, func(a, b int) bool { return out[a].ID < out[b].ID })
+	if f.Limit > 0 && len(out) > f.Limit {
+		out = out[:f.Limit]
+	}
+	for i, j := range out {
+		out[i] = cloneJob(j)
+	}
+	return out, nil
+}
+
+// UpdateJob implements Store.
+func (s *MemoryStore) UpdateJob(_ context.Context, j *Job, rev int64) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	cur, ok := s.jobs[j.ID]
+	if !ok {
+		return ErrNotFound
+	}
+	if cur.Rev != rev {
+		return ErrConflict
+	}
+	s.jobs[j.ID] = cloneJob(j)
+	return nil
+}
+
+// ClaimJobs implements Store.
+func (s *MemoryStore) ClaimJobs(_ context.Context, q ClaimQuery, grant func(*Job)) ([]*Job, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	active := 0
+	var cands []*Job
+	for _, j := range s.jobs {
+		if j.State.Live() && j.Lease.WorkerID == q.WorkerID {
+			active++
+		}
+		if j.State == StateQueued && !j.ScheduledAt.After(q.Now) && slices.Contains(q.Types, j.Type) && fitsAny(j.Requirements, q.Fits) {
+			cands = append(cands, j)
+		}
+	}
+	n := min(q.Limit, q.MaxActive-active)
+	if n <= 0 || len(cands) == 0 {
+		return nil, nil
+	}
+	sort.Slice(cands, func(a, b int) bool { return claimOrder(cands[a], cands[b]) })
+	cands = cands[:min(n, len(cands))]
+	out := make([]*Job, len(cands))
+	for i, c := range cands {
+		j := cloneJob(c)
+		grant(j)
+		s.jobs[j.ID] = cloneJob(j)
+		out[i] = j
+	}
+	return out, nil
+}
+
+func claimOrder(a, b *Job) bool {
+	if a.Priority != b.Priority {
+		return a.Priority > b.Priority
+	}
+	if !a.CreatedAt.Equal(b.CreatedAt) {
+		return a.CreatedAt.Before(b.CreatedAt)
+	}
+	return a.ID < b.ID
+}
+
+func fitsAny(r Requirements, fs []Fit) bool {
+	for _, f := range fs {
+		if r.GPUSKU == f.SKU && r.GPUCount <= f.GPUs && r.MinVRAMMB <= f.VRAMMB {
+			return true
+		}
+	}
+	return false
+}
+
+// ExpiredJobs implements Store.
+func (s *MemoryStore) ExpiredJobs(_ context.Context, now time.Time, limit int) ([]*Job, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []*Job
+	for _, j := range s.jobs {
+		if !j.State.Live() {
+			continue
+		}
+		if !now.Before(j.Lease.ExpiresAt) || (j.State == StateLeased && !now.Before(j.Lease.AcceptBy)) {
+			out = append(out, cloneJob(j))
+		}
+	}
+	sort.Slice(out, func(a, b int) bool { return out[a].ID < out[b].ID })
+	if len(out) > limit {
+		out = out[:limit]
+	}
+	return out, nil
+}
+
+// AddEvents implements Store.
+func (s *MemoryStore) AddEvents(_ context.Context, evs []*Event) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, e := range evs {
+		if e.Kind == EventLog {
+			k := jobSeq{e.JobID, e.Seq}
+			if s.logSeqs[k] {
+				continue
+			}
+			s.logSeqs[k] = true
+		}
+		e.ID = int64(len(s.events) + 1)
+		c := *e
+		c.Payload = slices.Clone(e.Payload)
+		s.events = append(s.events, &c)
+		n++
+	}
+	return n, nil
+}
+
+// ListEvents implements Store.
+func (s *MemoryStore) ListEvents(_ context.Context, jobID string, after int64, limit int) ([]*Event, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []*Event
+	for _, e := range s.events {
+		if e.JobID == jobID && e.ID > after {
+			c := *e
+			c.Payload = slices.Clone(e.Payload)
+			out = append(out, &c)
+			if len(out) == limit {
+				break
+			}
+		}
+	}
+	return out, nil
+}
+
+// AddArtifact implements Store.
+func (s *MemoryStore) AddArtifact(_ context.Context, a *Artifact) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.artifacts[a.ID]; ok {
+		return ErrConflict
+	}
+	c := *a
+	c.Metadata = slices.Clone(a.Metadata)
+	s.artifacts[a.ID] = &c
+	return nil
+}
+
+// ListArtifacts implements Store.
+func (s *MemoryStore) ListArtifacts(_ context.Context, f ArtifactFilter) ([]*Artifact, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []*Artifact
+	for _, a := range s.artifacts {
+		if (f.JobID != "" && a.JobID != f.JobID) || (f.Type != "" && a.Type != f.Type) || a.ID <= f.After {
+			continue
+		}
+		c := *a
+		c.Metadata = slices.Clone(a.Metadata)
+		out = append(out, &c)
+	}
+	sort.Slice(out, func(i, k int) bool { return out[i].ID < out[k].ID })
+	if f.Limit > 0 && len(out) > f.Limit {
+		out = out[:f.Limit]
+	}
+	return out, nil
+}
+
+// PutWorker implements Store.
+func (s *MemoryStore) PutWorker(_ context.Context, w *Worker) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, o := range s.workers {
+		if o.NodeID == w.NodeID && o.ID != w.ID {
+			return ErrConflict
+		}
+	}
+	s.workers[w.ID] = cloneWorker(w)
+	return nil
+}
+
+// GetWorker implements Store.
+func (s *MemoryStore) GetWorker(_ context.Context, id string) (*Worker, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	w, ok := s.workers[id]
+	if !ok {
+		return nil, ErrNotFound
+	}
+	return cloneWorker(w), nil
+}
+
+// WorkerByNode implements Store.
+func (s *MemoryStore) WorkerByNode(_ context.Context, nodeID string) (*Worker, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, w := range s.workers {
+		if w.NodeID == nodeID {
+			return cloneWorker(w), nil
+		}
+	}
+	return nil, ErrNotFound
+}
+
+// ListWorkers implements Store.
+func (s *MemoryStore) ListWorkers(_ context.Context, after string, limit int) ([]*Worker, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []*Worker
+	for _, w := range s.workers {
+		if strings.Compare(w.ID, after) > 0 {
+			out = append(out, cloneWorker(w))
+		}
+	}
+	sort.Slice(out, func(a, b int) bool { return out[a].ID < out[b].ID })
+	if limit > 0 && len(out) > limit {
+		out = out[:limit]
+	}
+	return out, nil
+}
+
+func cloneJob(j *Job) *Job {
+	c := *j
+	c.Payload = slices.Clone(j.Payload)
+	c.LeasedAt = cloneTime(j.LeasedAt)
+	c.AcceptedAt = cloneTime(j.AcceptedAt)
+	c.FinishedAt = cloneTime(j.FinishedAt)
+	if j.LastError != nil {
+		e := *j.LastError
+		e.Payload = slices.Clone(e.Payload)
+		c.LastError = &e
+	}
+	if j.Result != nil {
+		r := *j.Result
+		r.Metrics = slices.Clone(r.Metrics)
+		c.Result = &r
+	}
+	if j.Lease != nil {
+		l := *j.Lease
+		l.TokenHash = slices.Clone(l.TokenHash)
+		c.Lease = &l
+	}
+	return &c
+}
+
+func cloneTime(t *time.Time) *time.Time {
+	if t == nil {
+		return nil
+	}
+	c := *t
+	return &c
+}
+
+func cloneWorker(w *Worker) *Worker {
+	c := *w
+	c.Tags = slices.Clone(w.Tags)
+	c.Capabilities.GPUs = slices.Clone(w.Capabilities.GPUs)
+	c.Capabilities.JobTypes = slices.Clone(w.Capabilities.JobTypes)
+	c.Metrics = slices.Clone(w.Metrics)
+	return &c
+}

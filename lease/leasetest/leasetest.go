@@ -213,6 +213,8 @@ func Run(t *testing.T, newStore func(t *testing.T) lease.Store) {
 		{"Workers", testWorkers},
 		{"ConcurrentLeasing", testConcurrentLeasing},
 		{"ConcurrentGovernor", testConcurrentGovernor},
+		{"UpdateRevision", testUpdateRevision},
+		{"ConcurrentWritesOneLease", testConcurrentRelease},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -1208,5 +1210,70 @@ func testConcurrentGovernor(t *testing.T, f *fixture) {
 	live, _, _ := f.m.List(f.ctx, lease.JobFilter{WorkerID: w.ID})
 	if len(live) != 3 {
 		t.Fatalf("the worker holds %d live leases", len(live))
+	}
+}
+
+// UpdateJob writes only at the revision it was given.
+func testUpdateRevision(t *testing.T, f *fixture) {
+	j := f.enqueue("status_check")
+	cur := f.get(j.ID)
+	next := *cur
+	next.Priority = 42
+	next.Rev = cur.Rev + 1
+	if err := f.store.UpdateJob(f.ctx, &next, cur.Rev); err != nil {
+		t.Fatalf("UpdateJob at the current rev: %v", err)
+	}
+	stale := *cur
+	stale.Priority = 7
+	stale.Rev = cur.Rev + 1
+	wantErr(t, "UpdateJob at a stale rev", f.store.UpdateJob(f.ctx, &stale, cur.Rev), lease.ErrConflict)
+	if got := f.get(j.ID); got.Priority != 42 || got.Rev != next.Rev {
+		t.Fatalf("after a stale write: priority %d rev %d", got.Priority, got.Rev)
+	}
+	missing := next
+	missing.ID = "job_missing"
+	wantErr(t, "UpdateJob of a missing job", f.store.UpdateJob(f.ctx, &missing, next.Rev), lease.ErrNotFound)
+}
+
+// Concurrent writes under one lease: exactly one release wins, and the
+// losers see ErrLeaseLost, never a second transition.
+func testConcurrentRelease(t *testing.T, f *fixture) {
+	w := f.defaultWorker("w")
+	for round := range 5 {
+		j := f.enqueue("status_check")
+		_, ref := f.leaseOne(w)
+		f.m.Accept(f.ctx, ref)
+		const n = 16
+		var wg sync.WaitGroup
+		errs := make([]error, n)
+		for i := range n {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if i%2 == 0 {
+					_, errs[i] = f.m.Release(f.ctx, ref, "race")
+				} else {
+					_, errs[i] = f.m.Fail(f.ctx, ref, lease.Failure{Code: "race", Retryable: true})
+				}
+			}()
+		}
+		wg.Wait()
+		wins := 0
+		for _, err := range errs {
+			switch {
+			case err == nil:
+				wins++
+			case !errors.Is(err, lease.ErrLeaseLost):
+				t.Fatalf("round %d: %v", round, err)
+			}
+		}
+		if wins != 1 {
+			t.Fatalf("round %d: %d concurrent writes under one lease succeeded, want 1", round, wins)
+		}
+		got := f.state(j.ID, lease.StateQueued)
+		if got.Attempt != 1 && got.Attempt != 2 {
+			t.Fatalf("round %d: attempt %d", round, got.Attempt)
+		}
+		f.m.Cancel(f.ctx, j.ID)
 	}
 }

@@ -1,0 +1,251 @@
+// Package replaytest is the conformance suite that every replay.NonceStore
+// must pass. An adapter's test calls Run with a function that returns a
+// new, empty store whose per-node quota is Quota:
+//
+//	func TestNonceStore(t *testing.T) {
+//		replaytest.Run(t, func(t *testing.T) replay.NonceStore { return newEmptyStore(t, replaytest.Quota) })
+//	}
+//
+// The suite checks single use per (node, nonce), expiry to the
+// microsecond and re-use after it, Collect, quotas that count only live
+// nonces and never spill over to other nodes, and concurrent inserts of
+// one nonce, of which exactly one must win.
+package replaytest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/nodelane/nodelane/replay"
+)
+
+// Quota is the per-node quota of live nonces that the stores given to Run
+// must have. Their total capacity must be at least 1,000 nonces.
+const Quota = 10
+
+// epoch has a microsecond part so that stores that do not round-trip
+// microseconds are caught.
+var epoch = time.Date(2026, 11, 30, 9, 0, 0, 123456000, time.UTC)
+
+const window = 300 * time.Second
+
+// Run runs the suite, each test on a new store from newStore.
+func Run(t *testing.T, newStore func(t *testing.T) replay.NonceStore) {
+	tests := []struct {
+		name string
+		fn   func(t *testing.T, s replay.NonceStore)
+	}{
+		{"InsertReplay", testInsertReplay},
+		{"Scope", testScope},
+		{"Expiry", testExpiry},
+		{"Timestamps", testTimestamps},
+		{"Collect", testCollect},
+		{"Quota", testQuota},
+		{"QuotaFreedByExpiry", testQuotaFreedByExpiry},
+		{"Concurrent", testConcurrent},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) { tc.fn(t, newStore(t)) })
+	}
+}
+
+// nonce returns a distinct nonce shaped like the Verifier's (22 base64url
+// characters).
+func nonce(i int) string { return fmt.Sprintf("n%021d", i) }
+
+func insert(t *testing.T, s replay.NonceStore, node, n string, expires, now time.Time, want error) {
+	t.Helper()
+	err := s.Insert(context.Background(), node, n, expires, now)
+	if want == nil {
+		if err != nil {
+			t.Fatalf("Insert(%q, %q, expires %s, now %s) = %v, want nil", node, n, expires, now, err)
+		}
+		return
+	}
+	if !errors.Is(err, want) {
+		t.Fatalf("Insert(%q, %q, expires %s, now %s) = %v, want %v", node, n, expires, now, err, want)
+	}
+}
+
+func collect(t *testing.T, s replay.NonceStore, now time.Time, want int) {
+	t.Helper()
+	n, err := s.Collect(context.Background(), now)
+	if err != nil {
+		t.Fatalf("Collect(%s) = %v", now, err)
+	}
+	if n != want {
+		t.Fatalf("Collect(%s) deleted %d nonces, want %d", now, n, want)
+	}
+}
+
+func testInsertReplay(t *testing.T, s replay.NonceStore) {
+	exp := epoch.Add(window)
+	insert(t, s, "node-a", nonce(1), exp, epoch, nil)
+	insert(t, s, "node-a", nonce(1), exp, epoch, replay.ErrReplayedNonce)
+	insert(t, s, "node-a", nonce(1), exp, epoch.Add(window-time.Microsecond), replay.ErrReplayedNonce)
+	// A replay with another expiry is still a replay.
+	insert(t, s, "node-a", nonce(1), exp.Add(time.Hour), epoch.Add(time.Second), replay.ErrReplayedNonce)
+	insert(t, s, "node-a", nonce(2), exp, epoch, nil)
+	insert(t, s, "node-a", nonce(2), exp, epoch, replay.ErrReplayedNonce)
+}
+
+func testScope(t *testing.T, s replay.NonceStore) {
+	exp := epoch.Add(window)
+	// Nonces are per node: the same nonce is fresh for another node.
+	insert(t, s, "node-a", nonce(1), exp, epoch, nil)
+	insert(t, s, "node-b", nonce(1), exp, epoch, nil)
+	insert(t, s, "node-b", nonce(1), exp, epoch, replay.ErrReplayedNonce)
+	// The pair is the key, not the concatenation of node and nonce.
+	insert(t, s, "ab", "c"+nonce(2), exp, epoch, nil)
+	insert(t, s, "abc", nonce(2), exp, epoch, nil)
+	insert(t, s, "a", "bc"+nonce(2), exp, epoch, nil)
+	// Long node ids and the longest nonces (64 bytes, 86 characters).
+	long := strings.Repeat("n", 128)
+	big := strings.Repeat("A", 85) + "w"
+	insert(t, s, long, big, exp, epoch, nil)
+	insert(t, s, long, big, exp, epoch, replay.ErrReplayedNonce)
+	insert(t, s, long, big[:85]+"g", exp, epoch, nil)
+	insert(t, s, "node-a", big, exp, epoch, nil)
+}
+
+func testExpiry(t *testing.T, s replay.NonceStore) {
+	exp := epoch.Add(window)
+	insert(t, s, "node-a", nonce(1), exp, epoch, nil)
+	insert(t, s, "node-a", nonce(1), exp, exp.Add(-time.Microsecond), replay.ErrReplayedNonce)
+	// At its expiry the record is dead and the nonce may be recorded
+	// again, until the new expiry.
+	exp2 := exp.Add(window)
+	insert(t, s, "node-a", nonce(1), exp2, exp, nil)
+	insert(t, s, "node-a", nonce(1), exp2, exp.Add(time.Second), replay.ErrReplayedNonce)
+	insert(t, s, "node-a", nonce(1), exp2, exp2.Add(-time.Microsecond), replay.ErrReplayedNonce)
+	insert(t, s, "node-a", nonce(1), exp2.Add(window), exp2.Add(time.Minute), nil)
+}
+
+func testTimestamps(t *testing.T, s replay.NonceStore) {
+	// Far from the epoch in both directions; times only go forward here,
+	// as a store may refuse a nonce that expires before a time it was
+	// given (see replay.NonceStore).
+	old := time.Date(1971, 1, 1, 0, 0, 0, 1000, time.UTC)
+	insert(t, s, "node-c", nonce(1), old.Add(window), old, nil)
+	insert(t, s, "node-c", nonce(1), old.Add(window), old, replay.ErrReplayedNonce)
+	far := time.Date(2199, 12, 31, 23, 59, 59, 999999000, time.UTC)
+	insert(t, s, "node-b", nonce(1), far, epoch.Add(-window), nil)
+
+	// Expiries one microsecond apart are told apart and compared exactly.
+	for i := range 3 {
+		exp := epoch.Add(time.Duration(i) * time.Microsecond)
+		insert(t, s, "node-a", nonce(i), exp, epoch.Add(-window), nil)
+	}
+	now := epoch.Add(time.Microsecond)
+	insert(t, s, "node-a", nonce(0), now.Add(window), now, nil)
+	insert(t, s, "node-a", nonce(1), now.Add(window), now, nil)
+	insert(t, s, "node-a", nonce(2), now.Add(window), now, replay.ErrReplayedNonce)
+	insert(t, s, "node-b", nonce(1), far, far.Add(-time.Microsecond), replay.ErrReplayedNonce)
+	insert(t, s, "node-b", nonce(1), far.Add(window), far, nil)
+}
+
+func testCollect(t *testing.T, s replay.NonceStore) {
+	collect(t, s, epoch, 0)
+	// Expiries at epoch + 1 s, ..., + 5 s on two nodes.
+	for i := 1; i <= 5; i++ {
+		exp := epoch.Add(time.Duration(i) * time.Second)
+		insert(t, s, "node-a", nonce(i), exp, epoch, nil)
+		insert(t, s, "node-b", nonce(i), exp, epoch, nil)
+	}
+	collect(t, s, epoch, 0)
+	collect(t, s, epoch.Add(time.Second-time.Microsecond), 0)
+	collect(t, s, epoch.Add(2*time.Second), 4)
+	collect(t, s, epoch.Add(2*time.Second), 0)
+	// Collected nonces are gone, the others stay.
+	now := epoch.Add(2 * time.Second)
+	insert(t, s, "node-a", nonce(3), epoch.Add(window), now, replay.ErrReplayedNonce)
+	insert(t, s, "node-b", nonce(5), epoch.Add(window), now, replay.ErrReplayedNonce)
+	insert(t, s, "node-a", nonce(1), now.Add(window), now, nil)
+	collect(t, s, epoch.Add(5*time.Second), 6)
+	insert(t, s, "node-a", nonce(1), now.Add(window), now, replay.ErrReplayedNonce)
+	collect(t, s, now.Add(window), 1)
+}
+
+func testQuota(t *testing.T, s replay.NonceStore) {
+	exp := epoch.Add(window)
+	for i := range Quota {
+		insert(t, s, "node-a", nonce(i), exp, epoch, nil)
+	}
+	insert(t, s, "node-a", nonce(Quota), exp, epoch, replay.ErrQuota)
+	insert(t, s, "node-a", nonce(Quota+1), exp, epoch.Add(time.Second), replay.ErrQuota)
+	// A nonce it holds is still a replay, not a quota error.
+	insert(t, s, "node-a", nonce(0), exp, epoch, replay.ErrReplayedNonce)
+	// Other nodes are not affected, and nothing was evicted.
+	for i := range Quota {
+		insert(t, s, "node-b", nonce(i), exp, epoch, nil)
+	}
+	insert(t, s, "node-b", nonce(Quota), exp, epoch, replay.ErrQuota)
+	for i := range Quota {
+		insert(t, s, "node-a", nonce(i), exp, epoch, replay.ErrReplayedNonce)
+	}
+	insert(t, s, "node-c", nonce(0), exp, epoch, nil)
+	// The refused nonce was not recorded: once there is room, it is fresh.
+	collect(t, s, exp, 2*Quota+1)
+	insert(t, s, "node-a", nonce(Quota), exp.Add(window), exp, nil)
+}
+
+func testQuotaFreedByExpiry(t *testing.T, s replay.NonceStore) {
+	// The quota counts live nonces only: expired ones free it without a
+	// Collect.
+	for i := range Quota {
+		exp := epoch.Add(time.Duration(i+1) * time.Second)
+		insert(t, s, "node-a", nonce(i), exp, epoch, nil)
+	}
+	insert(t, s, "node-a", nonce(Quota), epoch.Add(window), epoch, replay.ErrQuota)
+	now := epoch.Add(time.Second)
+	insert(t, s, "node-a", nonce(Quota), now.Add(window), now, nil)
+	insert(t, s, "node-a", nonce(Quota+1), now.Add(window), now, replay.ErrQuota)
+	now = epoch.Add(3 * time.Second)
+	insert(t, s, "node-a", nonce(Quota+1), now.Add(window), now, nil)
+	insert(t, s, "node-a", nonce(Quota+2), now.Add(window), now, nil)
+	insert(t, s, "node-a", nonce(Quota+3), now.Add(window), now, replay.ErrQuota)
+}
+
+func testConcurrent(t *testing.T, s replay.NonceStore) {
+	const goroutines, rounds = 16, 20
+	exp := epoch.Add(window)
+	for round := range rounds {
+		var (
+			start = make(chan struct{})
+			wg    sync.WaitGroup
+			errs  = make([]error, goroutines)
+		)
+		node := fmt.Sprintf("node-%d", round%3)
+		for g := range goroutines {
+			wg.Go(func() {
+				<-start
+				errs[g] = s.Insert(context.Background(), node, nonce(round), exp, epoch)
+			})
+		}
+		close(start)
+		wg.Wait()
+		var got struct{ OK, Replayed, Other int }
+		for _, err := range errs {
+			switch {
+			case err == nil:
+				got.OK++
+			case errors.Is(err, replay.ErrReplayedNonce):
+				got.Replayed++
+			default:
+				got.Other++
+				t.Errorf("round %d: Insert = %v", round, err)
+			}
+		}
+		want := struct{ OK, Replayed, Other int }{1, goroutines - 1, 0}
+		if diff := cmp.Diff(want, got); diff != "" {
+			t.Fatalf("round %d: outcomes of %d concurrent Inserts of one nonce (-want +got):\n%s", round, goroutines, diff)
+		}
+	}
+}

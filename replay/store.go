@@ -1,0 +1,67 @@
+package replay
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// Errors returned by the Verifier, and by a NonceStore for the last three.
+// Each matches one error code of PROTOCOL.md; the errors returned wrap
+// them with detail, so callers test them with errors.Is.
+var (
+	// ErrMissingSignature: the request lacks Signature, Signature-Input or
+	// Content-Digest (missing_signature).
+	ErrMissingSignature = errors.New("replay: missing signature")
+	// ErrMalformedSignature: a signature field or Content-Digest does not
+	// parse, has a duplicate member or parameter, or does not follow the
+	// profile: label, components, parameters, tag or nonce
+	// (malformed_signature).
+	ErrMalformedSignature = errors.New("replay: malformed signature")
+	// ErrBadDigest: Content-Digest is not the body's digest, or uses an
+	// algorithm other than sha-256 and sha-512 (bad_digest).
+	ErrBadDigest = errors.New("replay: bad content digest")
+	// ErrBadSignature: the signature does not verify, or its keyid is not
+	// the caller's key (bad_signature).
+	ErrBadSignature = errors.New("replay: bad signature")
+	// ErrStaleTimestamp: created or expires is outside the window
+	// (stale_timestamp).
+	ErrStaleTimestamp = errors.New("replay: stale timestamp")
+	// ErrReplayedNonce: the node used the nonce before, within its window
+	// (replayed_nonce).
+	ErrReplayedNonce = errors.New("replay: replayed nonce")
+	// ErrQuota: the node holds too many live nonces, or the store is full
+	// (rate_limited, 429).
+	ErrQuota = errors.New("replay: nonce quota exceeded")
+	// ErrUnavailable: the nonce store could not answer, so the request
+	// cannot be admitted (unavailable, 503). The Verifier wraps every
+	// other store error in it.
+	ErrUnavailable = errors.New("replay: nonce store unavailable")
+)
+
+// NonceStore remembers the nonces of verified signatures until they
+// expire, so that each is used once per node. One store is shared by every
+// replica of the control plane. It makes no decisions: the Verifier
+// chooses the expiry and the clock.
+//
+// Every method takes the context first and, when the store supports
+// transactions, joins the one the context carries. Times handed to a
+// NonceStore are UTC and truncated to microseconds; a store must compare
+// them exactly.
+type NonceStore interface {
+	// Insert records nonce for nodeID until expires, atomically: of any
+	// number of concurrent Inserts of one (nodeID, nonce), at most one
+	// succeeds. A record of the pair that expired at or before now is
+	// replaced. Insert returns ErrReplayedNonce if the pair is recorded
+	// and expires after now; otherwise ErrQuota, recording nothing, if
+	// nodeID already has its quota of nonces that expire after now (or
+	// the store is full), without touching other nodes' nonces. A store
+	// may also refuse, with ErrReplayedNonce, a nonce that expires at or
+	// before a time up to which it already deleted expired nonces, since
+	// it can no longer tell whether it saw it. Any other error means the
+	// store could not answer.
+	Insert(ctx context.Context, nodeID, nonce string, expires, now time.Time) error
+	// Collect deletes the nonces that expire at or before now and returns
+	// how many it deleted.
+	Collect(ctx context.Context, now time.Time) (int, error)
+}

@@ -1,0 +1,39 @@
+// Package credential keeps the principals of nodelane (nodes and
+// operators), their scoped bearer credentials, node public keys and bans
+// (DESIGN §4).
+//
+// # Tokens
+//
+// A credential token is shown once, when it is minted or rotated:
+//
+//	nlc_ <65 base62 digits: 16-byte id || 32-byte secret> <6 base62 digits: CRC32>
+//
+// The checksum (CRC32-IEEE over everything before it, prefix included)
+// lets Verify reject mistyped, truncated or made-up tokens before it
+// consults a store, and lets secret scanners ([TokenPattern]) tell a real
+// token from a look-alike. The store keeps the id, and of the secret only
+// its HMAC-SHA256 under a key derived from a server-side pepper, so a
+// leaked database does not yield usable tokens.
+//
+// # Verification
+//
+// [Issuer.Verify] checks, in order, and the first failure answers:
+// shape and checksum ([ErrInvalidToken], no store call); the id and the
+// secret ([ErrInvalidToken] for both, after the same work, so an unknown
+// id cannot be told from a wrong secret); expiry ([ErrExpired]);
+// revocation ([ErrRevoked]); a ban of the principal ([ErrBanned]); the
+// scope ([ErrInsufficientScope]). Scopes match exactly: there are no
+// wildcards, prefixes or case folding. A store that fails makes Verify
+// fail with the store's error wrapped, never pass.
+//
+// # Peppers
+//
+// Config.Peppers maps versions to peppers; new credentials use
+// Config.PepperVersion and record it, so a pepper can be rotated by adding
+// a new version and keeping the old one configured until the credentials
+// minted under it have expired or been rotated.
+//
+// The Issuer holds the logic; a Store (MemoryStore here, bunstore for
+// SQLite and PostgreSQL) keeps the records and passes the conformance
+// suite in package credentialtest.
+package credential

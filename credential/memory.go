@@ -1,0 +1,136 @@
+package credential
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"time"
+)
+
+// MemoryStore is a Store in memory, for tests and single-process use.
+// Every method runs under one mutex, so each is atomic.
+type MemoryStore struct {
+	mu          sync.Mutex
+	principals  map[string]*Principal
+	credentials map[string]*Credential
+}
+
+var _ Store = (*MemoryStore)(nil)
+
+// NewMemoryStore returns an empty MemoryStore.
+func NewMemoryStore() *MemoryStore {
+	return &MemoryStore{
+		principals:  make(map[string]*Principal),
+		credentials: make(map[string]*Credential),
+	}
+}
+
+// CreatePrincipal implements Store.
+func (s *MemoryStore) CreatePrincipal(_ context.Context, p *Principal) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.principals[p.ID]; ok {
+		return ErrConflict
+	}
+	s.principals[p.ID] = clonePrincipal(p)
+	return nil
+}
+
+// GetPrincipal implements Store.
+func (s *MemoryStore) GetPrincipal(_ context.Context, id string) (*Principal, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p, ok := s.principals[id]
+	if !ok {
+		return nil, ErrNotFound
+	}
+	return clonePrincipal(p), nil
+}
+
+// UpdatePrincipal implements Store.
+func (s *MemoryStore) UpdatePrincipal(_ context.Context, p *Principal, rev int64) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	cur, ok := s.principals[p.ID]
+	if !ok {
+		return ErrNotFound
+	}
+	if cur.Rev != rev {
+		return ErrConflict
+	}
+	s.principals[p.ID] = clonePrincipal(p)
+	return nil
+}
+
+// CreateCredential implements Store.
+func (s *MemoryStore) CreateCredential(_ context.Context, c *Credential) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.credentials[c.ID]; ok {
+		return ErrConflict
+	}
+	s.credentials[c.ID] = cloneCredential(c)
+	return nil
+}
+
+// GetCredential implements Store.
+func (s *MemoryStore) GetCredential(_ context.Context, id string) (*Credential, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c, ok := s.credentials[id]
+	if !ok {
+		return nil, ErrNotFound
+	}
+	return cloneCredential(c), nil
+}
+
+// UpdateCredential implements Store.
+func (s *MemoryStore) UpdateCredential(_ context.Context, c *Credential, rev int64) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	cur, ok := s.credentials[c.ID]
+	if !ok {
+		return ErrNotFound
+	}
+	if cur.Rev != rev {
+		return ErrConflict
+	}
+	s.credentials[c.ID] = cloneCredential(c)
+	return nil
+}
+
+// ListCredentials implements Store.
+func (s *MemoryStore) ListCredentials(_ context.Context, principalID string) ([]*Credential, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []*Credential
+	for _, c := range s.credentials {
+		if c.PrincipalID == principalID {
+			out = append(out, cloneCredential(c))
+		}
+	}
+	return out, nil
+}
+
+func clonePrincipal(p *Principal) *Principal {
+	c := *p
+	c.PublicKey = slices.Clone(p.PublicKey)
+	c.BannedAt = cloneTime(p.BannedAt)
+	return &c
+}
+
+func cloneCredential(c *Credential) *Credential {
+	d := *c
+	d.Scopes = slices.Clone(c.Scopes)
+	d.Digest = slices.Clone(c.Digest)
+	d.RevokedAt = cloneTime(c.RevokedAt)
+	return &d
+}
+
+func cloneTime(t *time.Time) *time.Time {
+	if t == nil {
+		return nil
+	}
+	c := *t
+	return &c
+}

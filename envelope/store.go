@@ -1,0 +1,148 @@
+package envelope
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Errors returned by the Gate and by stores. Callers test them with errors.Is.
+var (
+	// ErrBlocked matches every *BlockedError: the envelope does not allow
+	// the job type now.
+	ErrBlocked = errors.New("envelope: blocked")
+	// ErrConflict: a store write lost a race (the state changed since it
+	// was read). The Gate reads again and retries; its callers see it only
+	// when every retry lost.
+	ErrConflict = errors.New("envelope: conflict")
+	// ErrInvalidArgument: an argument or a Config field is out of range or
+	// missing.
+	ErrInvalidArgument = errors.New("envelope: invalid argument")
+)
+
+// BlockedError reports that the envelope does not allow a job type now.
+type BlockedError struct {
+	JobType string
+	// Reason says why, for an operator: "lora_train is blocked: the
+	// runtime is not activated".
+	Reason string
+}
+
+func (e *BlockedError) Error() string { return "envelope: " + e.Reason }
+
+// Is makes errors.Is(err, ErrBlocked) hold for every BlockedError.
+func (e *BlockedError) Is(target error) bool { return target == ErrBlocked }
+
+// InitialVersion is the policy version of a runtime that has never
+// changed: inactive.
+const InitialVersion int64 = 1
+
+// State is the runtime's activation as stored: the state the last change
+// left. Whether it allows blocked types at a given time is a Snapshot's
+// question, since an activation also ends at its deadline.
+type State struct {
+	// Version is the policy version: InitialVersion, plus one per change.
+	Version int64 `json:"policy_version"`
+	// Active is set by an activation and cleared by a deactivation or a
+	// recorded expiry.
+	Active bool `json:"active"`
+	// By is who made the last change: the operator who activated or
+	// deactivated; empty for the initial state and after an expiry.
+	By string `json:"by"`
+	// Reason is the last change's reason.
+	Reason string `json:"reason"`
+	// Until is the deadline of the activation, nil when it has none. After
+	// a recorded expiry it is the deadline that passed; after a
+	// deactivation it is nil.
+	Until *time.Time `json:"until"`
+	// ChangedAt is when the last change was made; zero for the initial
+	// state.
+	ChangedAt time.Time `json:"changed_at"`
+}
+
+// InitialState is the state of a runtime that has never changed, which a
+// new Store answers.
+func InitialState() State { return State{Version: InitialVersion} }
+
+// Action is what one change did.
+type Action string
+
+// The changes a history records.
+const (
+	ActionActivate   Action = "activate"
+	ActionDeactivate Action = "deactivate"
+	// ActionExpire records the end of a timed activation at its deadline.
+	ActionExpire Action = "expire"
+)
+
+// Record is one entry of the history: the change that produced a version.
+type Record struct {
+	// Version is the policy version the change produced.
+	Version int64  `json:"policy_version"`
+	Action  Action `json:"action"`
+	// By is the operator who made the change; empty for an expiry.
+	By     string `json:"by"`
+	Reason string `json:"reason"`
+	// Until is the activation's deadline (nil when it has none), or, for
+	// an expiry, the deadline that passed; nil for a deactivation.
+	Until *time.Time `json:"until"`
+	// At is when the change was made.
+	At time.Time `json:"at"`
+}
+
+// State returns the state the change left.
+func (r Record) State() State {
+	return State{
+		Version:   r.Version,
+		Active:    r.Action == ActionActivate,
+		By:        r.By,
+		Reason:    r.Reason,
+		Until:     cloneTime(r.Until),
+		ChangedAt: r.At,
+	}
+}
+
+// String renders r on one line, for logs and examples:
+// "v2 activate by alice until 2026-11-30T12:00:00Z: nightly LoRA run".
+func (r Record) String() string {
+	s := fmt.Sprintf("v%d %s", r.Version, r.Action)
+	if r.By != "" {
+		s += " by " + r.By
+	}
+	if r.Until != nil {
+		s += " until " + r.Until.Format(time.RFC3339Nano)
+	}
+	return s + ": " + r.Reason
+}
+
+// Store keeps the runtime's state and its history. It makes no decisions:
+// the Gate decides every change and the Store applies it atomically.
+// Every method takes the context first and, when the store supports
+// transactions, joins the one the context carries.
+//
+// Times handed to a Store are UTC and truncated to microseconds; a Store
+// must give them back exactly. A Store returns copies: changing a
+// returned value does not change the stored one.
+type Store interface {
+	// State returns the current state; InitialState() if no change was
+	// ever applied. It returns no sentinel error.
+	State(ctx context.Context) (State, error)
+	// Apply makes next the current state and appends rec to the history,
+	// both or neither, only if the current version is prev (next.Version
+	// and rec.Version hold the new one). ErrConflict if the version
+	// differs.
+	Apply(ctx context.Context, prev int64, next State, rec Record) error
+	// History returns the records with Version > after in ascending
+	// version order, at most limit of them (all, if limit is not
+	// positive). It returns no sentinel error.
+	History(ctx context.Context, after int64, limit int) ([]Record, error)
+}
+
+func cloneTime(t *time.Time) *time.Time {
+	if t == nil {
+		return nil
+	}
+	c := *t
+	return &c
+}

@@ -1,0 +1,365 @@
+// Package bunstore keeps nodelane's state in SQLite or PostgreSQL through
+// bun. One [DB] implements every core Store (see [DB.LeaseStore]) on one
+// *bun.DB, runs nodelane's own migrations under its own table names, and
+// carries a transaction in the context so that several store calls commit
+// together ([DB.InTx], [WithTx]).
+//
+// Every time is stored as a BIGINT of unix microseconds (UTC), so times
+// compare and round-trip exactly in both dialects; JSON payloads are stored
+// as TEXT, byte for byte as the caller gave them; every table name starts
+// with nodelane_.
+package bunstore
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/uptrace/bun"
+	"github.com/uptrace/bun/dialect"
+	"github.com/uptrace/bun/dialect/pgdialect"
+	"github.com/uptrace/bun/dialect/sqlitedialect"
+	"github.com/uptrace/bun/schema"
+	_ "modernc.org/sqlite" // registers the "sqlite" database/sql driver
+)
+
+// ErrUnsupported is returned by Open for a DSN of an unknown scheme and by
+// New for a *bun.DB of a dialect other than SQLite or PostgreSQL.
+var ErrUnsupported = errors.New("bunstore: unsupported database")
+
+// Config holds the optional settings of Open and New. A nil *Config means
+// all defaults.
+type Config struct {
+	// BusyTimeout is how long a SQLite write waits for others: for
+	// another process's writer (the SQLite busy timeout), or, in this
+	// process, while no other write finishes. Defaults to 10 s.
+	BusyTimeout time.Duration
+	// SkipMigrations stops Open from running Migrate. Defaults to false:
+	// Open migrates.
+	SkipMigrations bool
+	// MigrationLockTimeout bounds how long Migrate waits for another
+	// process that is migrating the same database. Defaults to 1 minute.
+	MigrationLockTimeout time.Duration
+	// MaxOpenConns caps the connections Open's pool holds; Migrate on
+	// PostgreSQL needs two. Defaults to 0, no limit.
+	MaxOpenConns int
+	// MaxIdleConns is how many idle connections Open's pool keeps, so
+	// that busy claimers do not reconnect on every call. Defaults to 16.
+	MaxIdleConns int
+}
+
+func (c *Config) withDefaults() Config {
+	var out Config
+	if c != nil {
+		out = *c
+	}
+	if out.BusyTimeout <= 0 {
+		out.BusyTimeout = 10 * time.Second
+	}
+	if out.MigrationLockTimeout <= 0 {
+		out.MigrationLockTimeout = time.Minute
+	}
+	if out.MaxIdleConns <= 0 {
+		out.MaxIdleConns = 16
+	}
+	return out
+}
+
+// DB is nodelane's storage on one *bun.DB. It is safe for concurrent use.
+type DB struct {
+	bun     *bun.DB
+	dialect dialect.Name
+	cfg     Config
+	// owned is set when Open created bun, so Close closes it.
+	owned bool
+	// writeSlot, on SQLite, admits one writer of this process at a time,
+	// in arrival order. SQLite has one writer anyway, and its busy
+	// handler, which polls with growing sleeps, lets a writer starve past
+	// the busy timeout when dozens contend.
+	writeSlot chan struct{}
+	// writes counts the writes that released the slot.
+	writes atomic.Uint64
+}
+
+func newDB(b *bun.DB, name dialect.Name, cfg Config, owned bool) *DB {
+	db := &DB{bun: b, dialect: name, cfg: cfg, owned: owned}
+	if name == dialect.SQLite {
+		db.writeSlot = make(chan struct{}, 1)
+	}
+	return db
+}
+
+// Open connects to the database named by dsn and, unless cfg says
+// otherwise, migrates it. The DSN selects the driver:
+//
+//   - sqlite:PATH, or a file: DSN, opens SQLite (modernc.org/sqlite) in WAL
+//     mode with IMMEDIATE transactions, a busy timeout, foreign keys and
+//     synchronous=NORMAL, so that callers never see SQLITE_BUSY. Settings a
+//     file: DSN already gives (its own journal mode included) are kept.
+//   - postgres:// or postgresql:// opens PostgreSQL through pgx.
+//
+// A PostgreSQL DSN may carry a search_path parameter to put nodelane's
+// tables in a schema of their own.
+func Open(ctx context.Context, dsn string, cfg *Config) (*DB, error) {
+	c := cfg.withDefaults()
+	var (
+		sqldb *sql.DB
+		d     schema.Dialect
+		wal   bool
+	)
+	switch {
+	case strings.HasPrefix(dsn, "sqlite:") || strings.HasPrefix(dsn, "file:"):
+		var err error
+		sdsn, ownMode := sqliteDSN(dsn, c.BusyTimeout)
+		wal = !ownMode
+		if sqldb, err = sql.Open("sqlite", sdsn); err != nil {
+			return nil, fmt.Errorf("bunstore: open sqlite: %w", err)
+		}
+		d = sqlitedialect.New()
+	case strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://"):
+		pc, err := pgx.ParseConfig(dsn)
+		if err != nil {
+			return nil, fmt.Errorf("bunstore: parse postgres dsn: %w", err)
+		}
+		sqldb = stdlib.OpenDB(*pc)
+		d = pgdialect.New()
+	default:
+		// Never echo the DSN: it may hold a password.
+		return nil, fmt.Errorf("%w: the DSN must start with sqlite:, file:, postgres:// or postgresql://", ErrUnsupported)
+	}
+	sqldb.SetMaxOpenConns(c.MaxOpenConns)
+	sqldb.SetMaxIdleConns(c.MaxIdleConns)
+	if err := sqldb.PingContext(ctx); err != nil {
+		sqldb.Close()
+		return nil, fmt.Errorf("bunstore: connect: %w", err)
+	}
+	if wal {
+		if err := enableWAL(ctx, sqldb, c.BusyTimeout); err != nil {
+			sqldb.Close()
+			return nil, fmt.Errorf("bunstore: enable WAL: %w", err)
+		}
+	}
+	db := newDB(bun.NewDB(sqldb, d), d.Name(), c, true)
+	if !c.SkipMigrations {
+		if err := db.Migrate(ctx); err != nil {
+			db.Close()
+			return nil, err
+		}
+	}
+	return db, nil
+}
+
+// New returns a DB over a *bun.DB the host opened, SQLite or PostgreSQL.
+// It does not migrate: call Migrate. Close does not close db.
+//
+// A SQLite handle should be opened as Open does (WAL, _txlock=immediate,
+// a busy timeout): with deferred transactions a writer that read first can
+// fail with SQLITE_BUSY instead of waiting.
+func New(db *bun.DB, cfg *Config) (*DB, error) {
+	name := db.Dialect().Name()
+	if name != dialect.SQLite && name != dialect.PG {
+		return nil, fmt.Errorf("%w: dialect %s", ErrUnsupported, name)
+	}
+	return newDB(db, name, cfg.withDefaults(), false), nil
+}
+
+// Bun returns the underlying handle, for queries of the host's own.
+func (db *DB) Bun() *bun.DB { return db.bun }
+
+// Close closes the connection pool if Open created it.
+func (db *DB) Close() error {
+	if !db.owned {
+		return nil
+	}
+	return db.bun.Close()
+}
+
+// sqliteDSN turns "sqlite:PATH" or a "file:" DSN into a modernc.org/sqlite
+// DSN with nodelane's per-connection settings, keeping any the DSN already
+// has. It reports whether the DSN sets the journal mode itself.
+func sqliteDSN(dsn string, busy time.Duration) (string, bool) {
+	if p, ok := strings.CutPrefix(dsn, "sqlite:"); ok {
+		dsn = "file:" + p
+	}
+	path, query, _ := strings.Cut(dsn, "?")
+	q, err := url.ParseQuery(query)
+	if err != nil {
+		// Let the driver report the malformed query.
+		return dsn, false
+	}
+	set := map[string]bool{}
+	for _, p := range q["_pragma"] {
+		name, _, _ := strings.Cut(strings.ToLower(strings.TrimSpace(p)), "(")
+		name, _, _ = strings.Cut(name, "=")
+		set[strings.TrimSpace(name)] = true
+	}
+	for _, k := range []string{"_busy_timeout", "_timeout", "_journal_mode", "_journal", "_foreign_keys", "_fk", "_synchronous", "_sync"} {
+		if q.Has(k) {
+			name := strings.TrimPrefix(k, "_")
+			switch name {
+			case "timeout":
+				name = "busy_timeout"
+			case "journal":
+				name = "journal_mode"
+			case "fk":
+				name = "foreign_keys"
+			case "sync":
+				name = "synchronous"
+			}
+			set[name] = true
+		}
+	}
+	add := func(pragma, value string) {
+		if !set[pragma] {
+			q.Add("_pragma", pragma+"("+value+")")
+		}
+	}
+	add("busy_timeout", strconv.FormatInt(busy.Milliseconds(), 10))
+	add("foreign_keys", "1")
+	add("synchronous", "NORMAL")
+	if !q.Has("_txlock") {
+		q.Set("_txlock", "immediate")
+	}
+	return path + "?" + q.Encode(), set["journal_mode"]
+}
+
+// enableWAL puts a SQLite database in WAL mode, which the file keeps, so
+// it is done once here rather than as each connection opens. Switching
+// modes can fail with SQLITE_BUSY without waiting in the busy handler
+// while another process opens the same new file, so it is retried.
+func enableWAL(ctx context.Context, db *sql.DB, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	for {
+		var mode string
+		err := db.QueryRowContext(ctx, "PRAGMA journal_mode = WAL").Scan(&mode)
+		if err == nil {
+			if !strings.EqualFold(mode, "wal") {
+				return fmt.Errorf("journal mode is %s", mode)
+			}
+			return nil
+		}
+		if !isBusy(err) {
+			return err
+		}
+		t := time.NewTimer(lockRetry)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-t.C:
+		}
+	}
+}
+
+type txKey struct{}
+
+// WithTx returns a context that carries tx: every store method called with
+// it runs in tx, and InTx joins it. It lets the stores join a transaction
+// the host began on the same database.
+func WithTx(ctx context.Context, tx bun.Tx) context.Context {
+	return context.WithValue(ctx, txKey{}, tx)
+}
+
+func txFrom(ctx context.Context) (bun.Tx, bool) {
+	tx, ok := ctx.Value(txKey{}).(bun.Tx)
+	return tx, ok
+}
+
+// InTx runs fn in one transaction carried in fn's context, committing if
+// fn returns nil and rolling back otherwise. If ctx already carries a
+// transaction, fn joins it and the outermost caller commits. On SQLite
+// the transaction is a writer from its start (BEGIN IMMEDIATE).
+func (db *DB) InTx(ctx context.Context, fn func(ctx context.Context) error) error {
+	return db.inTx(ctx, func(ctx context.Context, _ bun.IDB) error { return fn(ctx) })
+}
+
+// Every store method runs its statements through idb (reads), write (one
+// write statement) or inTx (statements that commit together), so that it
+// joins the context's transaction and, on SQLite, takes the write slot.
+
+// idb is what a read runs on: the context's transaction, if any, else
+// the pool.
+func (db *DB) idb(ctx context.Context) bun.IDB {
+	if tx, ok := txFrom(ctx); ok {
+		return tx
+	}
+	return db.bun
+}
+
+// write runs fn, a single write statement, in the context's transaction,
+// or else on the pool holding the write slot.
+func (db *DB) write(ctx context.Context, fn func(ctx context.Context, idb bun.IDB) error) error {
+	if tx, ok := txFrom(ctx); ok {
+		return fn(ctx, tx)
+	}
+	release, err := db.acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer release()
+	return fn(ctx, db.bun)
+}
+
+// inTx runs fn in the context's transaction, or else in a new one that
+// holds the write slot.
+func (db *DB) inTx(ctx context.Context, fn func(ctx context.Context, tx bun.IDB) error) error {
+	if tx, ok := txFrom(ctx); ok {
+		return fn(ctx, tx)
+	}
+	release, err := db.acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer release()
+	return db.bun.RunInTx(ctx, nil, func(ctx context.Context, tx bun.Tx) error {
+		return fn(WithTx(ctx, tx), tx)
+	})
+}
+
+// acquire takes the SQLite write slot. It waits as long as other writes
+// finish, and gives up only if none finishes for a whole busy timeout,
+// which means the slot's holder is stuck (for example, it waits on a
+// write that was called without its transaction's context). On
+// PostgreSQL it does nothing.
+func (db *DB) acquire(ctx context.Context) (release func(), err error) {
+	if db.writeSlot == nil {
+		return func() {}, nil
+	}
+	release = func() {
+		db.writes.Add(1)
+		<-db.writeSlot
+	}
+	select {
+	case db.writeSlot <- struct{}{}:
+		return release, nil
+	default:
+	}
+	seen := db.writes.Load()
+	t := time.NewTicker(db.cfg.BusyTimeout)
+	defer t.Stop()
+	for {
+		select {
+		case db.writeSlot <- struct{}{}:
+			return release, nil
+		case <-ctx.Done():
+			return nil, fmt.Errorf("bunstore: waiting to write: %w", context.Cause(ctx))
+		case <-t.C:
+			n := db.writes.Load()
+			if n == seen {
+				return nil, fmt.Errorf("bunstore: no write finished within the busy timeout (%v)", db.cfg.BusyTimeout)
+			}
+			seen = n
+		}
+	}
+}
+
+func (db *DB) postgres() bool { return db.dialect == dialect.PG }

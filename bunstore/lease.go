@@ -1,0 +1,704 @@
+package bunstore
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/uptrace/bun"
+
+	"github.com/nodelane/nodelane/lease"
+)
+
+// LeaseStore is the lease.Store of a DB. Every method joins the
+// transaction its context carries (see DB.InTx and WithTx).
+type LeaseStore struct {
+	db *DB
+}
+
+var _ lease.Store = (*LeaseStore)(nil)
+
+// LeaseStore returns the lease.Store kept in db.
+func (db *DB) LeaseStore() *LeaseStore { return &LeaseStore{db: db} }
+
+// liveStates lists the states of a job that holds a lease, for "IN (?)".
+func liveStates() any { return bun.In([]lease.State{lease.StateLeased, lease.StateRunning}) }
+
+// jobRow is a lease.Job as stored. The optional structs are flattened into
+// column groups, each absent when its first column is NULL.
+type jobRow struct {
+	bun.BaseModel `bun:"table:nodelane_jobs"`
+
+	ID              string  `bun:"id,pk"`
+	Type            string  `bun:"type"`
+	Payload         *string `bun:"payload"`
+	GPUSKU          string  `bun:"gpu_sku"`
+	GPUCount        int     `bun:"gpu_count"`
+	MinVRAMMB       int     `bun:"min_vram_mb"`
+	Priority        int     `bun:"priority"`
+	MaxAttempts     int     `bun:"max_attempts"`
+	State           string  `bun:"state"`
+	Attempt         int     `bun:"attempt"`
+	CreatedAt       int64   `bun:"created_at"`
+	ScheduledAt     int64   `bun:"scheduled_at"`
+	LeasedAt        *int64  `bun:"leased_at"`
+	AcceptedAt      *int64  `bun:"accepted_at"`
+	FinishedAt      *int64  `bun:"finished_at"`
+	ReceiptID       string  `bun:"receipt_id"`
+	CancelRequested bool    `bun:"cancel_requested"`
+
+	LastErrorCode    *string `bun:"last_error_code"`
+	LastErrorMessage *string `bun:"last_error_message"`
+	LastErrorPayload *string `bun:"last_error_payload"`
+	LastErrorAttempt *int    `bun:"last_error_attempt"`
+	LastErrorAt      *int64  `bun:"last_error_at"`
+
+	ResultOutputURI    *string `bun:"result_output_uri"`
+	ResultMetrics      *string `bun:"result_metrics"`
+	ResultFinalMessage *string `bun:"result_final_message"`
+
+	LeaseID            *string `bun:"lease_id"`
+	LeaseJobID         *string `bun:"lease_job_id"`
+	LeaseWorkerID      *string `bun:"lease_worker_id"`
+	LeaseEpoch         *int64  `bun:"lease_epoch"`
+	LeaseTokenHash     []byte  `bun:"lease_token_hash"`
+	LeaseExpiresAt     *int64  `bun:"lease_expires_at"`
+	LeaseAcceptBy      *int64  `bun:"lease_accept_by"`
+	LeaseSKU           *string `bun:"lease_sku"`
+	LeasePriceMicroUSD *int64  `bun:"lease_price_micro_usd"`
+	LeasePolicyVersion *int64  `bun:"lease_policy_version"`
+
+	Rev int64 `bun:"rev"`
+}
+
+func newJobRow(j *lease.Job) *jobRow {
+	r := &jobRow{
+		ID:              j.ID,
+		Type:            j.Type,
+		Payload:         text(j.Payload),
+		GPUSKU:          j.Requirements.GPUSKU,
+		GPUCount:        j.Requirements.GPUCount,
+		MinVRAMMB:       j.Requirements.MinVRAMMB,
+		Priority:        j.Priority,
+		MaxAttempts:     j.MaxAttempts,
+		State:           string(j.State),
+		Attempt:         j.Attempt,
+		CreatedAt:       micros(j.CreatedAt),
+		ScheduledAt:     micros(j.ScheduledAt),
+		LeasedAt:        microsPtr(j.LeasedAt),
+		AcceptedAt:      microsPtr(j.AcceptedAt),
+		FinishedAt:      microsPtr(j.FinishedAt),
+		ReceiptID:       j.ReceiptID,
+		CancelRequested: j.CancelRequested,
+		Rev:             j.Rev,
+	}
+	if e := j.LastError; e != nil {
+		r.LastErrorCode = &e.Code
+		r.LastErrorMessage = &e.Message
+		r.LastErrorPayload = text(e.Payload)
+		r.LastErrorAttempt = &e.Attempt
+		r.LastErrorAt = microsPtr(&e.At)
+	}
+	if res := j.Result; res != nil {
+		r.ResultOutputURI = &res.OutputURI
+		r.ResultMetrics = text(res.Metrics)
+		r.ResultFinalMessage = &res.FinalMessage
+	}
+	if l := j.Lease; l != nil {
+		r.LeaseID = &l.ID
+		r.LeaseJobID = &l.JobID
+		r.LeaseWorkerID = &l.WorkerID
+		r.LeaseEpoch = &l.Epoch
+		r.LeaseTokenHash = l.TokenHash
+		r.LeaseExpiresAt = microsPtr(&l.ExpiresAt)
+		r.LeaseAcceptBy = microsPtr(&l.AcceptBy)
+		r.LeaseSKU = &l.SKU
+		r.LeasePriceMicroUSD = &l.PriceMicroUSD
+		r.LeasePolicyVersion = &l.PolicyVersion
+	}
+	return r
+}
+
+func (r *jobRow) job() *lease.Job {
+	j := &lease.Job{
+		ID:      r.ID,
+		Type:    r.Type,
+		Payload: raw(r.Payload),
+		Requirements: lease.Requirements{
+			GPUSKU:    r.GPUSKU,
+			GPUCount:  r.GPUCount,
+			MinVRAMMB: r.MinVRAMMB,
+		},
+		Priority:        r.Priority,
+		MaxAttempts:     r.MaxAttempts,
+		State:           lease.State(r.State),
+		Attempt:         r.Attempt,
+		CreatedAt:       fromMicros(r.CreatedAt),
+		ScheduledAt:     fromMicros(r.ScheduledAt),
+		LeasedAt:        fromMicrosPtr(r.LeasedAt),
+		AcceptedAt:      fromMicrosPtr(r.AcceptedAt),
+		FinishedAt:      fromMicrosPtr(r.FinishedAt),
+		ReceiptID:       r.ReceiptID,
+		CancelRequested: r.CancelRequested,
+		Rev:             r.Rev,
+	}
+	if r.LastErrorCode != nil {
+		j.LastError = &lease.JobError{
+			Code:    *r.LastErrorCode,
+			Message: deref(r.LastErrorMessage),
+			Payload: raw(r.LastErrorPayload),
+			Attempt: deref(r.LastErrorAttempt),
+			At:      fromMicros(deref(r.LastErrorAt)),
+		}
+	}
+	if r.ResultOutputURI != nil {
+		j.Result = &lease.Result{
+			OutputURI:    *r.ResultOutputURI,
+			Metrics:      raw(r.ResultMetrics),
+			FinalMessage: deref(r.ResultFinalMessage),
+		}
+	}
+	if r.LeaseID != nil {
+		j.Lease = &lease.Lease{
+			ID:            *r.LeaseID,
+			JobID:         deref(r.LeaseJobID),
+			WorkerID:      deref(r.LeaseWorkerID),
+			Epoch:         deref(r.LeaseEpoch),
+			TokenHash:     r.LeaseTokenHash,
+			ExpiresAt:     fromMicros(deref(r.LeaseExpiresAt)),
+			AcceptBy:      fromMicros(deref(r.LeaseAcceptBy)),
+			SKU:           deref(r.LeaseSKU),
+			PriceMicroUSD: deref(r.LeasePriceMicroUSD),
+			PolicyVersion: deref(r.LeasePolicyVersion),
+		}
+	}
+	return j
+}
+
+func jobs(rows []jobRow) []*lease.Job {
+	out := make([]*lease.Job, len(rows))
+	for i := range rows {
+		out[i] = rows[i].job()
+	}
+	return out
+}
+
+// CreateJob inserts a new job. It returns lease.ErrConflict if the id is
+// taken.
+func (s *LeaseStore) CreateJob(ctx context.Context, j *lease.Job) error {
+	// ON CONFLICT DO NOTHING rather than a unique violation, which would
+	// abort a PostgreSQL transaction the caller may want to go on with.
+	err := s.db.write(ctx, func(ctx context.Context, idb bun.IDB) error {
+		return insertNew(ctx, idb.NewInsert().Model(newJobRow(j)))
+	})
+	if err != nil {
+		return fmt.Errorf("bunstore: create job %s: %w", j.ID, err)
+	}
+	return nil
+}
+
+// insertNew runs q with ON CONFLICT (id) DO NOTHING and returns
+// lease.ErrConflict if the id was taken.
+func insertNew(ctx context.Context, q *bun.InsertQuery) error {
+	res, err := q.On("CONFLICT (id) DO NOTHING").Exec(ctx)
+	if err != nil {
+		return err
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return err
+	}
+	if n == 0 {
+		return lease.ErrConflict
+	}
+	return nil
+}
+
+// GetJob returns a job. It returns lease.ErrNotFound if there is none.
+func (s *LeaseStore) GetJob(ctx context.Context, id string) (*lease.Job, error) {
+	var r jobRow
+	err := s.db.idb(ctx).NewSelect().Model(&r).Where("id = ?", id).Scan(ctx)
+	if isNoRows(err) {
+		return nil, fmt.Errorf("bunstore: job %s: %w", id, lease.ErrNotFound)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("bunstore: get job %s: %w", id, err)
+	}
+	return r.job(), nil
+}
+
+// ListJobs returns the jobs matching f in ascending id order, at most
+// f.Limit of them (all of them if f.Limit is not positive).
+func (s *LeaseStore) ListJobs(ctx context.Context, f lease.JobFilter) ([]*lease.Job, error) {
+	var rows []jobRow
+	q := s.db.idb(ctx).NewSelect().Model(&rows)
+	if f.State != "" {
+		q = q.Where("state = ?", f.State)
+	}
+	if f.Type != "" {
+		q = q.Where("type = ?", f.Type)
+	}
+	if f.WorkerID != "" {
+		q = q.Where("lease_worker_id = ?", f.WorkerID).Where("state IN (?)", liveStates())
+	}
+	if f.After != "" {
+		q = q.Where("id > ?", f.After)
+	}
+	q = q.OrderExpr("id")
+	if f.Limit > 0 {
+		q = q.Limit(int64(f.Limit))
+	}
+	if err := q.Scan(ctx); err != nil {
+		return nil, fmt.Errorf("bunstore: list jobs: %w", err)
+	}
+	return jobs(rows), nil
+}
+
+// UpdateJob replaces job j.ID with j if its stored revision is rev. It
+// returns lease.ErrConflict if the revision differs and lease.ErrNotFound
+// if there is no such job.
+func (s *LeaseStore) UpdateJob(ctx context.Context, j *lease.Job, rev int64) error {
+	// No transaction of its own: the write is one conditional UPDATE, and
+	// the existence check after a miss only chooses the error (jobs are
+	// never deleted, so a job missing then was missing at the UPDATE).
+	return s.db.write(ctx, func(ctx context.Context, idb bun.IDB) error {
+		return updateJob(ctx, idb, j, rev)
+	})
+}
+
+func updateJob(ctx context.Context, tx bun.IDB, j *lease.Job, rev int64) error {
+	res, err := tx.NewUpdate().Model(newJobRow(j)).WherePK().Where("rev = ?", rev).Exec(ctx)
+	if err != nil {
+		return fmt.Errorf("bunstore: update job %s: %w", j.ID, err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return fmt.Errorf("bunstore: update job %s: %w", j.ID, err)
+	}
+	if n == 1 {
+		return nil
+	}
+	exists, err := tx.NewSelect().Model((*jobRow)(nil)).Where("id = ?", j.ID).Exists(ctx)
+	if err != nil {
+		return fmt.Errorf("bunstore: update job %s: %w", j.ID, err)
+	}
+	if !exists {
+		return fmt.Errorf("bunstore: update job %s: %w", j.ID, lease.ErrNotFound)
+	}
+	return fmt.Errorf("bunstore: update job %s at revision %d: %w", j.ID, rev, lease.ErrConflict)
+}
+
+// ClaimJobs leases queued jobs to q.WorkerID as lease.Store documents, in
+// one transaction (the context's, if it carries one). Claims by one worker
+// are serialised: on SQLite by the IMMEDIATE transaction, which serialises
+// every writer; on PostgreSQL by a transaction-scoped advisory lock on the
+// worker id, taken before its live leases are counted. Claims by different
+// workers run concurrently and skip each other's candidate rows (FOR
+// UPDATE SKIP LOCKED).
+func (s *LeaseStore) ClaimJobs(ctx context.Context, q lease.ClaimQuery, grant func(*lease.Job)) ([]*lease.Job, error) {
+	if q.Limit <= 0 || q.MaxActive <= 0 || len(q.Types) == 0 || len(q.Fits) == 0 {
+		return nil, nil
+	}
+	var claimed []*lease.Job
+	err := s.db.inTx(ctx, func(ctx context.Context, tx bun.IDB) error {
+		if s.db.postgres() {
+			// The advisory lock, unlike a row lock on the worker, also
+			// serialises claims for a worker that has no row, and does
+			// not hold up its heartbeats.
+			if _, err := tx.NewRaw(
+				"SELECT pg_advisory_xact_lock(hashtextextended('nodelane_claim:' || current_schema() || ':' || ?, 0))",
+				q.WorkerID).Exec(ctx); err != nil {
+				return err
+			}
+		}
+		live, err := tx.NewSelect().Model((*jobRow)(nil)).
+			Where("lease_worker_id = ?", q.WorkerID).
+			Where("state IN (?)", liveStates()).
+			Count(ctx)
+		if err != nil {
+			return err
+		}
+		n := min(int64(q.Limit), int64(q.MaxActive)-live)
+		if n <= 0 {
+			return nil
+		}
+		fits := make([]string, len(q.Fits))
+		args := make([]any, 0, 3*len(q.Fits))
+		for i, f := range q.Fits {
+			fits[i] = "(gpu_sku = ? AND gpu_count <= ? AND min_vram_mb <= ?)"
+			args = append(args, f.SKU, f.GPUs, f.VRAMMB)
+		}
+		var rows []jobRow
+		sel := tx.NewSelect().Model(&rows).
+			Where("state = ?", lease.StateQueued).
+			Where("type IN (?)", bun.In(q.Types)).
+			Where("scheduled_at <= ?", micros(q.Now)).
+			Where("("+strings.Join(fits, " OR ")+")", args...).
+			OrderExpr("priority DESC, created_at, id").
+			Limit(n)
+		if s.db.postgres() {
+			sel = sel.For("UPDATE SKIP LOCKED")
+		}
+		if err := sel.Scan(ctx); err != nil {
+			return err
+		}
+		for i := range rows {
+			j := rows[i].job()
+			rev := j.Rev
+			grant(j)
+			if err := updateJob(ctx, tx, j, rev); err != nil {
+				return err
+			}
+			claimed = append(claimed, j)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("bunstore: claim jobs for %s: %w", q.WorkerID, err)
+	}
+	return claimed, nil
+}
+
+// ExpiredJobs returns up to limit live jobs (all, if limit is not
+// positive) whose lease expired at or before now, or that are still leased
+// at or after their accept deadline, in id order.
+func (s *LeaseStore) ExpiredJobs(ctx context.Context, now time.Time, limit int) ([]*lease.Job, error) {
+	var rows []jobRow
+	t := micros(now)
+	q := s.db.idb(ctx).NewSelect().Model(&rows).
+		Where("state IN (?)", liveStates()).
+		WhereGroup(" AND ", func(q *bun.SelectQuery) *bun.SelectQuery {
+			return q.Where("lease_expires_at <= ?", t).
+				WhereOr("state = ? AND lease_accept_by <= ?", lease.StateLeased, t)
+		}).
+		OrderExpr("id")
+	if limit > 0 {
+		q = q.Limit(int64(limit))
+	}
+	if err := q.Scan(ctx); err != nil {
+		return nil, fmt.Errorf("bunstore: expired jobs: %w", err)
+	}
+	return jobs(rows), nil
+}
+
+type eventRow struct {
+	bun.BaseModel `bun:"table:nodelane_job_events"`
+
+	ID        int64   `bun:"id,pk,autoincrement"`
+	JobID     string  `bun:"job_id"`
+	Kind      string  `bun:"kind"`
+	Epoch     int64   `bun:"epoch"`
+	Type      string  `bun:"type"`
+	Message   string  `bun:"message"`
+	Payload   *string `bun:"payload"`
+	Seq       int64   `bun:"seq"`
+	CreatedAt int64   `bun:"created_at"`
+}
+
+func (r *eventRow) event() *lease.Event {
+	return &lease.Event{
+		ID:        r.ID,
+		JobID:     r.JobID,
+		Kind:      lease.EventKind(r.Kind),
+		Epoch:     r.Epoch,
+		Type:      r.Type,
+		Message:   r.Message,
+		Payload:   raw(r.Payload),
+		Seq:       r.Seq,
+		CreatedAt: fromMicros(r.CreatedAt),
+	}
+}
+
+// AddEvents stores evs in order, in one transaction, and sets their IDs.
+// A log event whose (JobID, Seq) is already stored, or repeats one earlier
+// in evs, is skipped with its ID left zero. It returns how many it stored.
+func (s *LeaseStore) AddEvents(ctx context.Context, evs []*lease.Event) (int, error) {
+	if len(evs) == 0 {
+		return 0, nil
+	}
+	stored := 0
+	ids := make([]int64, len(evs))
+	err := s.db.inTx(ctx, func(ctx context.Context, tx bun.IDB) error {
+		stored = 0
+		clear(ids)
+		for i, e := range evs {
+			r := &eventRow{
+				JobID:     e.JobID,
+				Kind:      string(e.Kind),
+				Epoch:     e.Epoch,
+				Type:      e.Type,
+				Message:   e.Message,
+				Payload:   text(e.Payload),
+				Seq:       e.Seq,
+				CreatedAt: micros(e.CreatedAt),
+			}
+			// The unique index on (job_id, seq) covers log events only,
+			// so DO NOTHING skips exactly the duplicate log lines.
+			err := tx.NewInsert().Model(r).ExcludeColumn("id").
+				On("CONFLICT DO NOTHING").Returning("id").Scan(ctx, &ids[i])
+			if isNoRows(err) {
+				continue
+			}
+			if err != nil {
+				return err
+			}
+			stored++
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("bunstore: add events: %w", err)
+	}
+	// Set the IDs only once the events are committed (or joined the
+	// caller's transaction), so a failed call leaves evs as they were.
+	for i, e := range evs {
+		e.ID = ids[i]
+	}
+	return stored, nil
+}
+
+// ListEvents returns a job's events with ID > after in ID order, at most
+// limit of them (all, if limit is not positive).
+func (s *LeaseStore) ListEvents(ctx context.Context, jobID string, after int64, limit int) ([]*lease.Event, error) {
+	var rows []eventRow
+	q := s.db.idb(ctx).NewSelect().Model(&rows).
+		Where("job_id = ?", jobID).
+		Where("id > ?", after).
+		OrderExpr("id")
+	if limit > 0 {
+		q = q.Limit(int64(limit))
+	}
+	if err := q.Scan(ctx); err != nil {
+		return nil, fmt.Errorf("bunstore: list events of %s: %w", jobID, err)
+	}
+	out := make([]*lease.Event, len(rows))
+	for i := range rows {
+		out[i] = rows[i].event()
+	}
+	return out, nil
+}
+
+type artifactRow struct {
+	bun.BaseModel `bun:"table:nodelane_artifacts"`
+
+	ID        string  `bun:"id,pk"`
+	JobID     string  `bun:"job_id"`
+	WorkerID  string  `bun:"worker_id"`
+	Epoch     int64   `bun:"epoch"`
+	Type      string  `bun:"type"`
+	Name      string  `bun:"name"`
+	URI       string  `bun:"uri"`
+	SHA256    string  `bun:"sha256"`
+	SizeBytes int64   `bun:"size_bytes"`
+	Metadata  *string `bun:"metadata"`
+	ReceiptID string  `bun:"receipt_id"`
+	CreatedAt int64   `bun:"created_at"`
+}
+
+// AddArtifact stores an artifact. It returns lease.ErrConflict if the id
+// is taken.
+func (s *LeaseStore) AddArtifact(ctx context.Context, a *lease.Artifact) error {
+	r := &artifactRow{
+		ID:        a.ID,
+		JobID:     a.JobID,
+		WorkerID:  a.WorkerID,
+		Epoch:     a.Epoch,
+		Type:      a.Type,
+		Name:      a.Name,
+		URI:       a.URI,
+		SHA256:    a.SHA256,
+		SizeBytes: a.SizeBytes,
+		Metadata:  text(a.Metadata),
+		ReceiptID: a.ReceiptID,
+		CreatedAt: micros(a.CreatedAt),
+	}
+	err := s.db.write(ctx, func(ctx context.Context, idb bun.IDB) error {
+		return insertNew(ctx, idb.NewInsert().Model(r))
+	})
+	if err != nil {
+		return fmt.Errorf("bunstore: add artifact %s: %w", a.ID, err)
+	}
+	return nil
+}
+
+// ListArtifacts returns the artifacts matching f in ascending id order, at
+// most f.Limit of them (all, if f.Limit is not positive).
+func (s *LeaseStore) ListArtifacts(ctx context.Context, f lease.ArtifactFilter) ([]*lease.Artifact, error) {
+	var rows []artifactRow
+	q := s.db.idb(ctx).NewSelect().Model(&rows)
+	if f.JobID != "" {
+		q = q.Where("job_id = ?", f.JobID)
+	}
+	if f.Type != "" {
+		q = q.Where("type = ?", f.Type)
+	}
+	if f.After != "" {
+		q = q.Where("id > ?", f.After)
+	}
+	q = q.OrderExpr("id")
+	if f.Limit > 0 {
+		q = q.Limit(int64(f.Limit))
+	}
+	if err := q.Scan(ctx); err != nil {
+		return nil, fmt.Errorf("bunstore: list artifacts: %w", err)
+	}
+	out := make([]*lease.Artifact, len(rows))
+	for i, r := range rows {
+		out[i] = &lease.Artifact{
+			ID:        r.ID,
+			JobID:     r.JobID,
+			WorkerID:  r.WorkerID,
+			Epoch:     r.Epoch,
+			Type:      r.Type,
+			Name:      r.Name,
+			URI:       r.URI,
+			SHA256:    r.SHA256,
+			SizeBytes: r.SizeBytes,
+			Metadata:  raw(r.Metadata),
+			ReceiptID: r.ReceiptID,
+			CreatedAt: fromMicros(r.CreatedAt),
+		}
+	}
+	return out, nil
+}
+
+// workerRow is a lease.Worker as stored; tags and capabilities are JSON.
+type workerRow struct {
+	bun.BaseModel `bun:"table:nodelane_workers"`
+
+	ID                string  `bun:"id,pk"`
+	NodeID            string  `bun:"node_id"`
+	Name              string  `bun:"name"`
+	Hostname          string  `bun:"hostname"`
+	EndpointURL       string  `bun:"endpoint_url"`
+	Role              string  `bun:"role"`
+	Tags              string  `bun:"tags"`
+	Version           string  `bun:"version"`
+	HeartbeatInterval int     `bun:"heartbeat_interval"`
+	Capabilities      string  `bun:"capabilities"`
+	MaxJobs           int     `bun:"max_jobs"`
+	MaxVRAMMB         int     `bun:"max_vram_mb"`
+	PolicyVersion     int64   `bun:"policy_version"`
+	Status            string  `bun:"status"`
+	Metrics           *string `bun:"metrics"`
+	RegisteredAt      int64   `bun:"registered_at"`
+	LastSeenAt        int64   `bun:"last_seen_at"`
+}
+
+func (r *workerRow) worker() (*lease.Worker, error) {
+	w := &lease.Worker{
+		ID:                r.ID,
+		NodeID:            r.NodeID,
+		Name:              r.Name,
+		Hostname:          r.Hostname,
+		EndpointURL:       r.EndpointURL,
+		Role:              r.Role,
+		Version:           r.Version,
+		HeartbeatInterval: r.HeartbeatInterval,
+		Governor:          lease.Governor{MaxJobs: r.MaxJobs, MaxVRAMMB: r.MaxVRAMMB},
+		PolicyVersion:     r.PolicyVersion,
+		Status:            r.Status,
+		Metrics:           raw(r.Metrics),
+		RegisteredAt:      fromMicros(r.RegisteredAt),
+		LastSeenAt:        fromMicros(r.LastSeenAt),
+	}
+	if err := json.Unmarshal([]byte(r.Tags), &w.Tags); err != nil {
+		return nil, fmt.Errorf("bunstore: worker %s: tags: %w", r.ID, err)
+	}
+	if err := json.Unmarshal([]byte(r.Capabilities), &w.Capabilities); err != nil {
+		return nil, fmt.Errorf("bunstore: worker %s: capabilities: %w", r.ID, err)
+	}
+	return w, nil
+}
+
+// PutWorker inserts or replaces the worker w.ID. It returns
+// lease.ErrConflict if another worker has w.NodeID.
+func (s *LeaseStore) PutWorker(ctx context.Context, w *lease.Worker) error {
+	tags, err := json.Marshal(w.Tags)
+	if err != nil {
+		return fmt.Errorf("bunstore: put worker %s: %w", w.ID, err)
+	}
+	caps, err := json.Marshal(w.Capabilities)
+	if err != nil {
+		return fmt.Errorf("bunstore: put worker %s: %w", w.ID, err)
+	}
+	r := &workerRow{
+		ID:                w.ID,
+		NodeID:            w.NodeID,
+		Name:              w.Name,
+		Hostname:          w.Hostname,
+		EndpointURL:       w.EndpointURL,
+		Role:              w.Role,
+		Tags:              string(tags),
+		Version:           w.Version,
+		HeartbeatInterval: w.HeartbeatInterval,
+		Capabilities:      string(caps),
+		MaxJobs:           w.Governor.MaxJobs,
+		MaxVRAMMB:         w.Governor.MaxVRAMMB,
+		PolicyVersion:     w.PolicyVersion,
+		Status:            w.Status,
+		Metrics:           text(w.Metrics),
+		RegisteredAt:      micros(w.RegisteredAt),
+		LastSeenAt:        micros(w.LastSeenAt),
+	}
+	// Without SET clauses bun updates every column from EXCLUDED. A clash
+	// on node_id with another worker is a unique violation.
+	err = s.db.write(ctx, func(ctx context.Context, idb bun.IDB) error {
+		_, err := idb.NewInsert().Model(r).On("CONFLICT (id) DO UPDATE").Exec(ctx)
+		return err
+	})
+	if isUniqueViolation(err) {
+		return fmt.Errorf("bunstore: put worker %s: node %s is another worker's: %w", w.ID, w.NodeID, lease.ErrConflict)
+	}
+	if err != nil {
+		return fmt.Errorf("bunstore: put worker %s: %w", w.ID, err)
+	}
+	return nil
+}
+
+// GetWorker returns a worker. It returns lease.ErrNotFound if there is none.
+func (s *LeaseStore) GetWorker(ctx context.Context, id string) (*lease.Worker, error) {
+	return s.worker(ctx, "id", id)
+}
+
+// WorkerByNode returns the worker registered under nodeID. It returns
+// lease.ErrNotFound if there is none.
+func (s *LeaseStore) WorkerByNode(ctx context.Context, nodeID string) (*lease.Worker, error) {
+	return s.worker(ctx, "node_id", nodeID)
+}
+
+func (s *LeaseStore) worker(ctx context.Context, col, val string) (*lease.Worker, error) {
+	var r workerRow
+	err := s.db.idb(ctx).NewSelect().Model(&r).Where("? = ?", bun.Ident(col), val).Scan(ctx)
+	if isNoRows(err) {
+		return nil, fmt.Errorf("bunstore: worker with %s %s: %w", col, val, lease.ErrNotFound)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("bunstore: get worker with %s %s: %w", col, val, err)
+	}
+	return r.worker()
+}
+
+// ListWorkers returns workers with id > after in ascending id order, at
+// most limit of them (all, if limit is not positive).
+func (s *LeaseStore) ListWorkers(ctx context.Context, after string, limit int) ([]*lease.Worker, error) {
+	var rows []workerRow
+	q := s.db.idb(ctx).NewSelect().Model(&rows).Where("id > ?", after).OrderExpr("id")
+	if limit > 0 {
+		q = q.Limit(int64(limit))
+	}
+	if err := q.Scan(ctx); err != nil {
+		return nil, fmt.Errorf("bunstore: list workers: %w", err)
+	}
+	out := make([]*lease.Worker, len(rows))
+	for i := range rows {
+		w, err := rows[i].worker()
+		if err != nil {
+			return nil, err
+		}
+		out[i] = w
+	}
+	return out, nil
+}

@@ -1,0 +1,314 @@
+package bunstore
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"unicode"
+
+	"github.com/uptrace/bun"
+
+	"github.com/nodelane/nodelane/credential"
+)
+
+// CredentialStore is the credential.Store of a DB. Every method joins the
+// transaction its context carries (see DB.InTx and WithTx).
+//
+// Its rows hold what a credential.Credential holds and nothing more: the
+// id, the keyed digest of the secret, the scopes, the principal, the times
+// and the revocation, never a token or a secret.
+type CredentialStore struct {
+	db *DB
+}
+
+var _ credential.Store = (*CredentialStore)(nil)
+
+// CredentialStore returns the credential.Store kept in db.
+func (db *DB) CredentialStore() *CredentialStore { return &CredentialStore{db: db} }
+
+// principalRow is a credential.Principal as stored.
+type principalRow struct {
+	bun.BaseModel `bun:"table:nodelane_principals"`
+
+	ID        string `bun:"id,pk"`
+	Kind      string `bun:"kind"`
+	Name      string `bun:"name"`
+	PublicKey []byte `bun:"public_key"`
+	KeyID     string `bun:"key_id"`
+	Banned    bool   `bun:"banned"`
+	BanReason string `bun:"ban_reason"`
+	BannedAt  *int64 `bun:"banned_at"`
+	CreatedAt int64  `bun:"created_at"`
+	Rev       int64  `bun:"rev"`
+}
+
+func newPrincipalRow(p *credential.Principal) *principalRow {
+	r := &principalRow{
+		ID:        p.ID,
+		Kind:      string(p.Kind),
+		Name:      p.Name,
+		KeyID:     p.KeyID,
+		Banned:    p.Banned,
+		BanReason: p.BanReason,
+		BannedAt:  microsPtr(p.BannedAt),
+		CreatedAt: micros(p.CreatedAt),
+		Rev:       p.Rev,
+	}
+	// No key is NULL, not an empty BLOB.
+	if len(p.PublicKey) > 0 {
+		r.PublicKey = p.PublicKey
+	}
+	return r
+}
+
+func (r *principalRow) principal() *credential.Principal {
+	p := &credential.Principal{
+		ID:        r.ID,
+		Kind:      credential.Kind(r.Kind),
+		Name:      r.Name,
+		KeyID:     r.KeyID,
+		Banned:    r.Banned,
+		BanReason: r.BanReason,
+		BannedAt:  fromMicrosPtr(r.BannedAt),
+		CreatedAt: fromMicros(r.CreatedAt),
+		Rev:       r.Rev,
+	}
+	if len(r.PublicKey) > 0 {
+		p.PublicKey = r.PublicKey
+	}
+	return p
+}
+
+// credentialRow is a credential.Credential as stored.
+type credentialRow struct {
+	bun.BaseModel `bun:"table:nodelane_credentials"`
+
+	ID            string `bun:"id,pk"`
+	PrincipalID   string `bun:"principal_id"`
+	Scopes        string `bun:"scopes"`
+	Digest        []byte `bun:"digest"`
+	PepperVersion int    `bun:"pepper_version"`
+	CreatedAt     int64  `bun:"created_at"`
+	ExpiresAt     int64  `bun:"expires_at"`
+	RevokedAt     *int64 `bun:"revoked_at"`
+	RotatedTo     string `bun:"rotated_to"`
+	Rev           int64  `bun:"rev"`
+}
+
+func newCredentialRow(c *credential.Credential) (*credentialRow, error) {
+	scopes, err := joinScopes(c.Scopes)
+	if err != nil {
+		return nil, err
+	}
+	digest := c.Digest
+	if digest == nil {
+		// The column is NOT NULL; an empty digest matches no secret.
+		digest = []byte{}
+	}
+	return &credentialRow{
+		ID:            c.ID,
+		PrincipalID:   c.PrincipalID,
+		Scopes:        scopes,
+		Digest:        digest,
+		PepperVersion: c.PepperVersion,
+		CreatedAt:     micros(c.CreatedAt),
+		ExpiresAt:     micros(c.ExpiresAt),
+		RevokedAt:     microsPtr(c.RevokedAt),
+		RotatedTo:     c.RotatedTo,
+		Rev:           c.Rev,
+	}, nil
+}
+
+func (r *credentialRow) credential() *credential.Credential {
+	c := &credential.Credential{
+		ID:            r.ID,
+		PrincipalID:   r.PrincipalID,
+		Scopes:        splitScopes(r.Scopes),
+		PepperVersion: r.PepperVersion,
+		CreatedAt:     fromMicros(r.CreatedAt),
+		ExpiresAt:     fromMicros(r.ExpiresAt),
+		RevokedAt:     fromMicrosPtr(r.RevokedAt),
+		RotatedTo:     r.RotatedTo,
+		Rev:           r.Rev,
+	}
+	if len(r.Digest) > 0 {
+		c.Digest = r.Digest
+	}
+	return c
+}
+
+// joinScopes writes scopes as one string, separated by single spaces, as
+// an OAuth scope string is. A scope that is empty or holds white space
+// could not be read back as it was given, so it is refused; no valid scope
+// is either.
+func joinScopes(scopes []credential.Scope) (string, error) {
+	var b strings.Builder
+	for i, s := range scopes {
+		if s == "" || strings.ContainsFunc(string(s), unicode.IsSpace) {
+			return "", fmt.Errorf("%w: scope %q cannot be stored", credential.ErrInvalidArgument, s)
+		}
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		b.WriteString(string(s))
+	}
+	return b.String(), nil
+}
+
+func splitScopes(s string) []credential.Scope {
+	if s == "" {
+		return nil
+	}
+	out := make([]credential.Scope, 0, strings.Count(s, " ")+1)
+	for f := range strings.SplitSeq(s, " ") {
+		out = append(out, credential.Scope(f))
+	}
+	return out
+}
+
+// CreatePrincipal inserts p. It returns credential.ErrConflict if the id
+// is taken.
+func (s *CredentialStore) CreatePrincipal(ctx context.Context, p *credential.Principal) error {
+	err := s.db.write(ctx, func(ctx context.Context, idb bun.IDB) error {
+		return insertCredentialRow(ctx, idb.NewInsert().Model(newPrincipalRow(p)))
+	})
+	if err != nil {
+		return fmt.Errorf("bunstore: create principal %s: %w", p.ID, err)
+	}
+	return nil
+}
+
+// GetPrincipal returns the principal with that id. It returns
+// credential.ErrNotFound if there is none.
+func (s *CredentialStore) GetPrincipal(ctx context.Context, id string) (*credential.Principal, error) {
+	var r principalRow
+	err := s.db.idb(ctx).NewSelect().Model(&r).Where("id = ?", id).Scan(ctx)
+	if isNoRows(err) {
+		return nil, fmt.Errorf("bunstore: principal %s: %w", id, credential.ErrNotFound)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("bunstore: get principal %s: %w", id, err)
+	}
+	return r.principal(), nil
+}
+
+// UpdatePrincipal replaces principal p.ID with p if its stored revision
+// is rev. It returns credential.ErrConflict if the revision differs and
+// credential.ErrNotFound if there is no such principal.
+func (s *CredentialStore) UpdatePrincipal(ctx context.Context, p *credential.Principal, rev int64) error {
+	// One conditional UPDATE; the existence check after a miss only
+	// chooses the error (principals are never deleted).
+	err := s.db.write(ctx, func(ctx context.Context, idb bun.IDB) error {
+		return updateCredentialRow(ctx, idb, newPrincipalRow(p), (*principalRow)(nil), p.ID, rev)
+	})
+	if err != nil {
+		return fmt.Errorf("bunstore: update principal %s: %w", p.ID, err)
+	}
+	return nil
+}
+
+// CreateCredential inserts c. It returns credential.ErrConflict if the id
+// is taken, and credential.ErrInvalidArgument if a scope is empty or holds
+// white space (no valid scope does), which the scopes column cannot hold.
+func (s *CredentialStore) CreateCredential(ctx context.Context, c *credential.Credential) error {
+	r, err := newCredentialRow(c)
+	if err == nil {
+		err = s.db.write(ctx, func(ctx context.Context, idb bun.IDB) error {
+			return insertCredentialRow(ctx, idb.NewInsert().Model(r))
+		})
+	}
+	if err != nil {
+		return fmt.Errorf("bunstore: create credential %s: %w", c.ID, err)
+	}
+	return nil
+}
+
+// GetCredential returns the credential with that id. It returns
+// credential.ErrNotFound if there is none.
+func (s *CredentialStore) GetCredential(ctx context.Context, id string) (*credential.Credential, error) {
+	var r credentialRow
+	err := s.db.idb(ctx).NewSelect().Model(&r).Where("id = ?", id).Scan(ctx)
+	if isNoRows(err) {
+		return nil, fmt.Errorf("bunstore: credential %s: %w", id, credential.ErrNotFound)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("bunstore: get credential %s: %w", id, err)
+	}
+	return r.credential(), nil
+}
+
+// UpdateCredential replaces credential c.ID with c if its stored revision
+// is rev. It returns credential.ErrConflict if the revision differs and
+// credential.ErrNotFound if there is no such credential; scopes as in
+// CreateCredential.
+func (s *CredentialStore) UpdateCredential(ctx context.Context, c *credential.Credential, rev int64) error {
+	r, err := newCredentialRow(c)
+	if err == nil {
+		err = s.db.write(ctx, func(ctx context.Context, idb bun.IDB) error {
+			return updateCredentialRow(ctx, idb, r, (*credentialRow)(nil), c.ID, rev)
+		})
+	}
+	if err != nil {
+		return fmt.Errorf("bunstore: update credential %s: %w", c.ID, err)
+	}
+	return nil
+}
+
+// ListCredentials returns every credential of the principal, in id order;
+// none for an unknown principal.
+func (s *CredentialStore) ListCredentials(ctx context.Context, principalID string) ([]*credential.Credential, error) {
+	var rows []credentialRow
+	err := s.db.idb(ctx).NewSelect().Model(&rows).Where("principal_id = ?", principalID).OrderExpr("id").Scan(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("bunstore: list credentials of %s: %w", principalID, err)
+	}
+	out := make([]*credential.Credential, len(rows))
+	for i := range rows {
+		out[i] = rows[i].credential()
+	}
+	return out, nil
+}
+
+// insertCredentialRow runs q with ON CONFLICT (id) DO NOTHING, rather than letting
+// a unique violation abort a PostgreSQL transaction the caller may go on
+// with, and returns credential.ErrConflict if the id was taken.
+func insertCredentialRow(ctx context.Context, q *bun.InsertQuery) error {
+	res, err := q.On("CONFLICT (id) DO NOTHING").Exec(ctx)
+	if err != nil {
+		return err
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return err
+	}
+	if n == 0 {
+		return credential.ErrConflict
+	}
+	return nil
+}
+
+// updateCredentialRow writes the row model over the row with that id if its
+// revision is rev. When no row matches it looks for the id in the table of
+// empty, a nil pointer of model's type, to tell credential.ErrNotFound
+// from credential.ErrConflict.
+func updateCredentialRow(ctx context.Context, idb bun.IDB, model, empty any, id string, rev int64) error {
+	res, err := idb.NewUpdate().Model(model).WherePK().Where("rev = ?", rev).Exec(ctx)
+	if err != nil {
+		return err
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return err
+	}
+	if n == 1 {
+		return nil
+	}
+	exists, err := idb.NewSelect().Model(empty).Where("id = ?", id).Exists(ctx)
+	if err != nil {
+		return err
+	}
+	if !exists {
+		return credential.ErrNotFound
+	}
+	return fmt.Errorf("%w: revision is not %d", credential.ErrConflict, rev)
+}

@@ -1,0 +1,3 @@
+DROP TABLE IF EXISTS nodelane_credentials;
+--bun:split
+DROP TABLE IF EXISTS nodelane_principals;

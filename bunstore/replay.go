@@ -1,0 +1,165 @@
+package bunstore
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/uptrace/bun"
+
+	"github.com/nodelane/nodelane/replay"
+)
+
+// NonceConfig holds a NonceStore's optional settings. A nil *NonceConfig
+// means all defaults.
+type NonceConfig struct {
+	// PerNode caps the live nonces (those that expire after now) of one
+	// node: a node that holds this many gets replay.ErrQuota until some
+	// expire. At 300 s a signature, the default lets a node make 33
+	// requests a second. Defaults to 10,000.
+	PerNode int
+}
+
+// NonceStore is the replay.NonceStore of a DB: table nodelane_nonces, one
+// row per (node, nonce) until the signature expires, shared by every
+// replica on the database. Insert joins the transaction its context
+// carries (see DB.InTx and WithTx), so a request's nonce is consumed only
+// if the request's transaction commits; a caller that must consume it
+// whatever happens calls Insert (or replay.Verifier.Consume) without one.
+//
+// Every error other than replay.ErrReplayedNonce and replay.ErrQuota wraps
+// replay.ErrUnavailable as well as the driver's error: a store that cannot
+// answer never lets a request pass.
+//
+// The store keeps no total cap: the database's disk is the limit, and a
+// maintainer calls Collect (through replay.Verifier.Collect) to delete dead
+// rows. Expired rows also stop counting towards the quota, and Insert
+// replaces them, before Collect runs.
+type NonceStore struct {
+	db      *DB
+	perNode int
+}
+
+var _ replay.NonceStore = (*NonceStore)(nil)
+
+// NonceStore returns the replay.NonceStore kept in db. cfg may be nil.
+func (db *DB) NonceStore(cfg *NonceConfig) *NonceStore {
+	s := &NonceStore{db: db, perNode: 10000}
+	if cfg != nil && cfg.PerNode > 0 {
+		s.perNode = cfg.PerNode
+	}
+	return s
+}
+
+// insertNonce records a nonce in one statement, atomically in both
+// dialects: the row goes in only if the node is below its quota of live
+// nonces (the sub-select), and a row of the pair already there is replaced
+// only if it is dead (expires_at <= now). Of concurrent inserts of one
+// pair, PostgreSQL makes all but the first wait on its index entry and
+// then re-check the WHERE against the committed row, so exactly one
+// affects a row; SQLite runs one writer at a time. The sub-select's WHERE
+// is required by SQLite, whose parser would otherwise read ON CONFLICT as
+// a join constraint.
+const insertNonce = `INSERT INTO nodelane_nonces (node_id, nonce, expires_at)
+SELECT ?0, ?1, ?2
+WHERE (SELECT count(*) FROM nodelane_nonces WHERE node_id = ?0 AND expires_at > ?3) < ?4
+ON CONFLICT (node_id, nonce) DO UPDATE SET expires_at = EXCLUDED.expires_at
+WHERE nodelane_nonces.expires_at <= ?3`
+
+// Insert implements replay.NonceStore. It records nonce for nodeID until
+// expires, and returns replay.ErrReplayedNonce if the pair is recorded and
+// expires after now, or else replay.ErrQuota if nodeID already holds
+// PerNode nonces that expire after now.
+//
+// The quota is counted in the statement that inserts, so on SQLite, which
+// runs one writer at a time, it is exact. On PostgreSQL, concurrent
+// inserts of one node's different nonces do not see each other's
+// uncommitted rows, so together they may pass the quota by as many as run
+// at once: the quota still bounds a node's rows, a little more loosely.
+// Single use is exact in both: in a REPEATABLE READ or SERIALIZABLE
+// transaction, PostgreSQL answers a concurrent insert of the same pair
+// with a serialization failure, which Insert reports as unavailable.
+func (s *NonceStore) Insert(ctx context.Context, nodeID, nonce string, expires, now time.Time) error {
+	t := micros(now)
+	var n int64
+	err := s.db.write(ctx, func(ctx context.Context, idb bun.IDB) error {
+		res, err := idb.NewRaw(insertNonce, nodeID, nonce, micros(expires), t, s.perNode).Exec(ctx)
+		if err != nil {
+			return err
+		}
+		n, err = res.RowsAffected()
+		return err
+	})
+	if err != nil {
+		return nonceUnavailable("insert nonce of node "+nodeID, err)
+	}
+	if n > 0 {
+		return nil
+	}
+	// Nothing was written: the pair is live, or the node is at its quota,
+	// or both, and then the replay is what the caller must hear.
+	live, err := s.db.idb(ctx).NewSelect().TableExpr("nodelane_nonces").
+		Where("node_id = ?", nodeID).Where("nonce = ?", nonce).Where("expires_at > ?", t).
+		Exists(ctx)
+	if err != nil {
+		return nonceUnavailable("insert nonce of node "+nodeID, err)
+	}
+	if live {
+		return fmt.Errorf("bunstore: nonce of node %s: %w", nodeID, replay.ErrReplayedNonce)
+	}
+	return fmt.Errorf("bunstore: node %s holds %d live nonces: %w", nodeID, s.perNode, replay.ErrQuota)
+}
+
+// collectBatch bounds the rows one statement of Collect deletes, so that
+// no statement holds SQLite's write lock, or a long PostgreSQL
+// transaction, for a backlog of any size.
+const collectBatch = 5000
+
+// collectPostgres deletes a batch of dead nonces found through the expiry
+// index, by their row addresses: a join on the key would scan the table.
+// Replicas collecting at once split the rows rather than wait for each
+// other (SKIP LOCKED); the rows stay locked from the sub-select to the
+// delete, so their addresses cannot change in between.
+const collectPostgres = `DELETE FROM nodelane_nonces WHERE ctid = ANY(ARRAY(
+SELECT ctid FROM nodelane_nonces WHERE expires_at <= ?0 LIMIT ?1 FOR UPDATE SKIP LOCKED))`
+
+// collectSQLite deletes a batch of dead nonces found through the expiry
+// index, each by its primary key.
+const collectSQLite = `DELETE FROM nodelane_nonces WHERE (node_id, nonce) IN (
+SELECT node_id, nonce FROM nodelane_nonces WHERE expires_at <= ?0 LIMIT ?1)`
+
+// Collect implements replay.NonceStore: it deletes the nonces that expire
+// at or before now, in batches, and returns how many it deleted. Several
+// replicas may collect at once.
+func (s *NonceStore) Collect(ctx context.Context, now time.Time) (int, error) {
+	t := micros(now)
+	total := 0
+	for {
+		var n int64
+		err := s.db.write(ctx, func(ctx context.Context, idb bun.IDB) error {
+			q := collectSQLite
+			if s.db.postgres() {
+				q = collectPostgres
+			}
+			res, err := idb.NewRaw(q, t, collectBatch).Exec(ctx)
+			if err != nil {
+				return err
+			}
+			n, err = res.RowsAffected()
+			return err
+		})
+		if err != nil {
+			return total, nonceUnavailable("collect nonces", err)
+		}
+		total += int(n)
+		if n < collectBatch {
+			return total, nil
+		}
+	}
+}
+
+// nonceUnavailable wraps a driver error so that it matches both
+// replay.ErrUnavailable and the error itself.
+func nonceUnavailable(what string, err error) error {
+	return fmt.Errorf("bunstore: %s: %w: %w", what, replay.ErrUnavailable, err)
+}

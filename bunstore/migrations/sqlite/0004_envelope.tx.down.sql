@@ -1,0 +1,3 @@
+DROP TABLE IF EXISTS nodelane_envelope_history;
+--bun:split
+DROP TABLE IF EXISTS nodelane_envelope;

@@ -502,6 +502,52 @@ func (m *Manager) Extend(ctx context.Context, ref Ref) (*Job, error) {
 	})
 }
 
+// Touched is what Touch did with the jobs a worker listed.
+type Touched struct {
+	// Leases are the listed jobs whose live lease the worker holds, with
+	// their leases extended.
+	Leases []*Job
+	// Lost are the listed jobs whose live lease the worker does not hold.
+	Lost []string
+	// Cancel are the jobs among Leases whose cancel was requested.
+	Cancel []string
+}
+
+// Touch extends the worker's live leases on the listed jobs, as a
+// heartbeat does: the worker is already authenticated, so it names jobs
+// rather than presenting tokens. A listed job that is unknown, not live,
+// past its TTL or accept deadline, or leased to another worker is lost.
+func (m *Manager) Touch(ctx context.Context, workerID string, jobIDs []string) (Touched, error) {
+	var t Touched
+	seen := map[string]bool{}
+	for _, id := range jobIDs {
+		if seen[id] {
+			continue
+		}
+		seen[id] = true
+		j, err := m.update(ctx, id, func(j *Job, now time.Time) (*Job, error) {
+			if j.Lease == nil || j.Lease.WorkerID != workerID || !j.State.Live() ||
+				!now.Before(j.Lease.ExpiresAt) || (j.State == StateLeased && !now.Before(j.Lease.AcceptBy)) {
+				return nil, ErrLeaseLost
+			}
+			j.Lease.ExpiresAt = now.Add(m.cfg.LeaseTTL)
+			return j, nil
+		})
+		switch {
+		case errors.Is(err, ErrLeaseLost), errors.Is(err, ErrNotFound):
+			t.Lost = append(t.Lost, id)
+		case err != nil:
+			return Touched{}, err
+		default:
+			t.Leases = append(t.Leases, j)
+			if j.CancelRequested {
+				t.Cancel = append(t.Cancel, id)
+			}
+		}
+	}
+	return t, nil
+}
+
 // EventsResult says what RecordEvents stored.
 type EventsResult struct {
 	// Accepted counts new events; Duplicates counts log lines whose seq was

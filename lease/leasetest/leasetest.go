@@ -214,6 +214,7 @@ func Run(t *testing.T, newStore func(t *testing.T) lease.Store) {
 		{"ConcurrentLeasing", testConcurrentLeasing},
 		{"ConcurrentGovernor", testConcurrentGovernor},
 		{"UpdateRevision", testUpdateRevision},
+		{"Touch", testTouch},
 		{"ConcurrentWritesOneLease", testConcurrentRelease},
 	}
 	for _, tc := range tests {
@@ -1275,5 +1276,47 @@ func testConcurrentRelease(t *testing.T, f *fixture) {
 			t.Fatalf("round %d: attempt %d", round, got.Attempt)
 		}
 		f.m.Cancel(f.ctx, j.ID)
+	}
+}
+
+// Touch extends the worker's own live leases and reports the rest lost.
+func testTouch(t *testing.T, f *fixture) {
+	a := f.defaultWorker("a")
+	b := f.defaultWorker("b")
+	f.enqueue("status_check")
+	f.enqueue("status_check")
+	f.enqueue("status_check")
+	ja, ra := f.leaseOne(a)
+	f.m.Accept(f.ctx, ra)
+	jpending, _ := f.leaseOne(a)
+	jb, _ := f.leaseOne(b)
+	queued := f.enqueue("status_check")
+	f.m.Cancel(f.ctx, ja.ID)
+	f.clock.Advance(10 * time.Second)
+	now := f.clock.Now().UTC().Truncate(time.Microsecond)
+	got, err := f.m.Touch(f.ctx, a.ID, []string{ja.ID, jpending.ID, jb.ID, queued.ID, "job_missing", ja.ID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got.Leases) != 2 || got.Leases[0].ID != ja.ID || got.Leases[1].ID != jpending.ID {
+		t.Fatalf("extended %v", got.Leases)
+	}
+	for _, j := range got.Leases {
+		if !j.Lease.ExpiresAt.Equal(now.Add(ttl)) {
+			t.Fatalf("job %s expires at %v, want %v", j.ID, j.Lease.ExpiresAt, now.Add(ttl))
+		}
+		f.same(j)
+	}
+	if d := cmp.Diff([]string{jb.ID, queued.ID, "job_missing"}, got.Lost); d != "" {
+		t.Fatalf("lost (-want +got):\n%s", d)
+	}
+	if d := cmp.Diff([]string{ja.ID}, got.Cancel); d != "" {
+		t.Fatalf("cancel (-want +got):\n%s", d)
+	}
+	// Past the accept deadline the unaccepted lease is lost, even unswept.
+	f.clock.Advance(acceptTTL)
+	got, err = f.m.Touch(f.ctx, a.ID, []string{jpending.ID, ja.ID})
+	if err != nil || len(got.Leases) != 1 || got.Leases[0].ID != ja.ID || len(got.Lost) != 1 || got.Lost[0] != jpending.ID {
+		t.Fatalf("after the accept deadline: %+v, %v", got, err)
 	}
 }

@@ -1,0 +1,334 @@
+package bunstore
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/uptrace/bun"
+	"golang.org/x/mod/sumdb/tlog"
+
+	"github.com/nodelane/nodelane/receipts"
+)
+
+// ReceiptsStore is the receipts.Store of a DB. Every method joins the
+// transaction its context carries (see DB.InTx and WithTx), so a receipt
+// minted in a request's transaction commits or rolls back with it.
+//
+// Sequence takes the sequencing lock inside its transaction: on
+// PostgreSQL a transaction-scoped advisory lock, scoped to the current
+// schema, so that one batch at a time is sequenced across replicas; on
+// SQLite the write transaction (BEGIN IMMEDIATE), which admits one writer
+// at a time anyway. Call it, through receipts.Sequencer, with a context
+// that carries no transaction, so that its commit is its own.
+type ReceiptsStore struct {
+	db *DB
+}
+
+var _ receipts.Store = (*ReceiptsStore)(nil)
+
+// ReceiptsStore returns the receipts.Store kept in db.
+func (db *DB) ReceiptsStore() *ReceiptsStore { return &ReceiptsStore{db: db} }
+
+// receiptRow is a receipt as stored; Idx is NULL until it is sequenced.
+// Seq, assigned by the database, is the mint order.
+type receiptRow struct {
+	bun.BaseModel `bun:"table:nodelane_receipts"`
+
+	Seq  int64  `bun:"seq,pk,autoincrement"`
+	ID   string `bun:"id"`
+	Kind string `bun:"kind"`
+	Idx  *int64 `bun:"idx"`
+	Body []byte `bun:"body"`
+}
+
+func (r *receiptRow) stored() *receipts.Stored {
+	s := &receipts.Stored{ID: r.ID, Kind: receipts.Kind(r.Kind), Body: r.Body}
+	if r.Idx != nil {
+		s.Index, s.Sequenced = *r.Idx, true
+	}
+	return s
+}
+
+type receiptHashRow struct {
+	bun.BaseModel `bun:"table:nodelane_receipt_hashes"`
+
+	Idx  int64  `bun:"idx,pk"`
+	Hash []byte `bun:"hash"`
+}
+
+type receiptTreeRow struct {
+	bun.BaseModel `bun:"table:nodelane_receipt_tree"`
+
+	ID       int64  `bun:"id,pk"`
+	TreeSize int64  `bun:"tree_size"`
+	RootHash []byte `bun:"root_hash"`
+}
+
+type receiptCheckpointRow struct {
+	bun.BaseModel `bun:"table:nodelane_receipt_checkpoints"`
+
+	TreeSize int64  `bun:"tree_size,pk"`
+	RootHash []byte `bun:"root_hash"`
+	Origin   string `bun:"origin"`
+	Note     string `bun:"note"`
+}
+
+// treeRowID is the id of the one row of nodelane_receipt_tree.
+const treeRowID = 1
+
+func toHash(b []byte) (tlog.Hash, error) {
+	var h tlog.Hash
+	if len(b) != tlog.HashSize {
+		return h, fmt.Errorf("a stored hash has %d bytes", len(b))
+	}
+	copy(h[:], b)
+	return h, nil
+}
+
+// AddReceipt stores a minted receipt, not yet sequenced. It returns
+// receipts.ErrConflict if the id is taken.
+func (s *ReceiptsStore) AddReceipt(ctx context.Context, st *receipts.Stored) error {
+	if st.Sequenced {
+		return fmt.Errorf("bunstore: add receipt %s: %w: it has an index already", st.ID, receipts.ErrInvalidArgument)
+	}
+	r := &receiptRow{ID: st.ID, Kind: string(st.Kind), Body: st.Body}
+	err := s.db.write(ctx, func(ctx context.Context, idb bun.IDB) error {
+		// ON CONFLICT DO NOTHING rather than a unique violation, which
+		// would abort a PostgreSQL transaction the caller may go on with.
+		res, err := idb.NewInsert().Model(r).ExcludeColumn("seq").On("CONFLICT (id) DO NOTHING").Exec(ctx)
+		if err != nil {
+			return err
+		}
+		if n, err := res.RowsAffected(); err != nil || n == 0 {
+			return firstErr(err, receipts.ErrConflict)
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("bunstore: add receipt %s: %w", st.ID, err)
+	}
+	return nil
+}
+
+func firstErr(errs ...error) error {
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// GetReceipt returns a receipt by id. It returns receipts.ErrNotFound if
+// there is none.
+func (s *ReceiptsStore) GetReceipt(ctx context.Context, id string) (*receipts.Stored, error) {
+	var r receiptRow
+	err := s.db.idb(ctx).NewSelect().Model(&r).Where("id = ?", id).Scan(ctx)
+	if isNoRows(err) {
+		return nil, fmt.Errorf("bunstore: receipt %s: %w", id, receipts.ErrNotFound)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("bunstore: get receipt %s: %w", id, err)
+	}
+	return r.stored(), nil
+}
+
+// ListReceipts returns sequenced receipts with index >= from in index
+// order, at most limit (all, if limit is not positive).
+func (s *ReceiptsStore) ListReceipts(ctx context.Context, from int64, limit int) ([]*receipts.Stored, error) {
+	var rows []receiptRow
+	q := s.db.idb(ctx).NewSelect().Model(&rows).Where("idx >= ?", from).OrderExpr("idx")
+	if limit > 0 {
+		q = q.Limit(int64(limit))
+	}
+	if err := q.Scan(ctx); err != nil {
+		return nil, fmt.Errorf("bunstore: list receipts: %w", err)
+	}
+	out := make([]*receipts.Stored, len(rows))
+	for i := range rows {
+		out[i] = rows[i].stored()
+	}
+	return out, nil
+}
+
+// Sequence integrates one batch as receipts.Store documents, in one
+// transaction that holds the sequencing lock (see ReceiptsStore).
+func (s *ReceiptsStore) Sequence(ctx context.Context, limit int, integrate receipts.IntegrateFunc) error {
+	err := s.db.inTx(ctx, func(ctx context.Context, tx bun.IDB) error {
+		if s.db.postgres() {
+			if _, err := tx.NewRaw("SELECT pg_advisory_xact_lock(hashtextextended('nodelane_receipts_sequencer:' || current_schema(), 0))").Exec(ctx); err != nil {
+				return fmt.Errorf("sequencing lock: %w", err)
+			}
+		}
+		var rows []receiptRow
+		q := tx.NewSelect().Model(&rows).Where("idx IS NULL").OrderExpr("seq")
+		if limit > 0 {
+			q = q.Limit(int64(limit))
+		}
+		if err := q.Scan(ctx); err != nil {
+			return err
+		}
+		if len(rows) == 0 {
+			return nil
+		}
+		tree, err := s.tree(ctx, tx)
+		if err != nil {
+			return err
+		}
+		pending := make([]*receipts.Stored, len(rows))
+		for i := range rows {
+			pending[i] = rows[i].stored()
+		}
+		b, err := integrate(tree, pending, tlog.HashReaderFunc(func(indexes []int64) ([]tlog.Hash, error) {
+			return readHashes(ctx, tx, indexes)
+		}))
+		if err != nil {
+			return err
+		}
+		if err := b.Validate(tree, len(rows)); err != nil {
+			return err
+		}
+
+		base := tlog.StoredHashCount(tree.Size)
+		hashes := make([]receiptHashRow, len(b.Hashes))
+		for i, h := range b.Hashes {
+			hashes[i] = receiptHashRow{Idx: base + int64(i), Hash: h[:]}
+		}
+		for part := range slices.Chunk(hashes, 1000) {
+			if _, err := tx.NewInsert().Model(&part).Exec(ctx); err != nil {
+				return fmt.Errorf("store hashes: %w", err)
+			}
+		}
+
+		// One UPDATE gives every receipt of the batch its index.
+		values := make([]string, len(rows))
+		args := make([]any, 0, 2*len(rows))
+		for i := range rows {
+			values[i] = "(?, ?)"
+			args = append(args, rows[i].Seq, tree.Size+int64(i))
+		}
+		res, err := tx.NewRaw("WITH v (seq, idx) AS (VALUES "+strings.Join(values, ", ")+") "+
+			"UPDATE nodelane_receipts SET idx = v.idx FROM v WHERE nodelane_receipts.seq = v.seq AND nodelane_receipts.idx IS NULL",
+			args...).Exec(ctx)
+		if err != nil {
+			return fmt.Errorf("index receipts: %w", err)
+		}
+		if n, err := res.RowsAffected(); err != nil || n != int64(len(rows)) {
+			return firstErr(err, fmt.Errorf("%w: indexed %d receipts of %d", receipts.ErrConflict, n, len(rows)))
+		}
+
+		res, err = tx.NewUpdate().Model(&receiptTreeRow{ID: treeRowID, TreeSize: b.Tree.Size, RootHash: b.Tree.Root[:]}).
+			WherePK().Where("tree_size = ?", tree.Size).Exec(ctx)
+		if err != nil {
+			return fmt.Errorf("set tree: %w", err)
+		}
+		if n, err := res.RowsAffected(); err != nil || n != 1 {
+			return firstErr(err, fmt.Errorf("%w: the tree moved under the sequencing lock", receipts.ErrConflict))
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("bunstore: sequence receipts: %w", err)
+	}
+	return nil
+}
+
+// Tree returns the last committed tree.
+func (s *ReceiptsStore) Tree(ctx context.Context) (receipts.Tree, error) {
+	t, err := s.tree(ctx, s.db.idb(ctx))
+	if err != nil {
+		return receipts.Tree{}, fmt.Errorf("bunstore: receipt tree: %w", err)
+	}
+	return t, nil
+}
+
+func (s *ReceiptsStore) tree(ctx context.Context, idb bun.IDB) (receipts.Tree, error) {
+	r := receiptTreeRow{ID: treeRowID}
+	if err := idb.NewSelect().Model(&r).WherePK().Scan(ctx); err != nil {
+		return receipts.Tree{}, err
+	}
+	root, err := toHash(r.RootHash)
+	if err != nil {
+		return receipts.Tree{}, err
+	}
+	return receipts.Tree{Size: r.TreeSize, Root: root}, nil
+}
+
+// ReadHashes returns the stored hashes at the given stored-hash indexes,
+// in the order asked. It returns receipts.ErrNotFound if one is missing.
+func (s *ReceiptsStore) ReadHashes(ctx context.Context, indexes []int64) ([]tlog.Hash, error) {
+	hs, err := readHashes(ctx, s.db.idb(ctx), indexes)
+	if err != nil {
+		return nil, fmt.Errorf("bunstore: read receipt hashes: %w", err)
+	}
+	return hs, nil
+}
+
+func readHashes(ctx context.Context, idb bun.IDB, indexes []int64) ([]tlog.Hash, error) {
+	out := make([]tlog.Hash, len(indexes))
+	if len(indexes) == 0 {
+		return out, nil
+	}
+	found := make(map[int64]tlog.Hash, len(indexes))
+	for part := range slices.Chunk(indexes, 1000) {
+		var rows []receiptHashRow
+		if err := idb.NewSelect().Model(&rows).Where("idx IN (?)", bun.In(part)).Scan(ctx); err != nil {
+			return nil, err
+		}
+		for _, r := range rows {
+			h, err := toHash(r.Hash)
+			if err != nil {
+				return nil, err
+			}
+			found[r.Idx] = h
+		}
+	}
+	for i, x := range indexes {
+		h, ok := found[x]
+		if !ok {
+			return nil, fmt.Errorf("stored hash %d: %w", x, receipts.ErrNotFound)
+		}
+		out[i] = h
+	}
+	return out, nil
+}
+
+// AddCheckpoint stores a signed checkpoint. It returns
+// receipts.ErrConflict if one of that size is stored already.
+func (s *ReceiptsStore) AddCheckpoint(ctx context.Context, c *receipts.Checkpoint) error {
+	r := &receiptCheckpointRow{TreeSize: c.Size, RootHash: c.Root[:], Origin: c.Origin, Note: string(c.Note)}
+	err := s.db.write(ctx, func(ctx context.Context, idb bun.IDB) error {
+		res, err := idb.NewInsert().Model(r).On("CONFLICT (tree_size) DO NOTHING").Exec(ctx)
+		if err != nil {
+			return err
+		}
+		if n, err := res.RowsAffected(); err != nil || n == 0 {
+			return firstErr(err, receipts.ErrConflict)
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("bunstore: add checkpoint of %d: %w", c.Size, err)
+	}
+	return nil
+}
+
+// LatestCheckpoint returns the checkpoint of the largest tree. It
+// returns receipts.ErrNotFound if none is stored.
+func (s *ReceiptsStore) LatestCheckpoint(ctx context.Context) (*receipts.Checkpoint, error) {
+	var r receiptCheckpointRow
+	err := s.db.idb(ctx).NewSelect().Model(&r).OrderExpr("tree_size DESC").Limit(1).Scan(ctx)
+	if isNoRows(err) {
+		return nil, fmt.Errorf("bunstore: checkpoint: %w", receipts.ErrNotFound)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("bunstore: latest checkpoint: %w", err)
+	}
+	root, err := toHash(r.RootHash)
+	if err != nil {
+		return nil, fmt.Errorf("bunstore: latest checkpoint: %w", err)
+	}
+	return &receipts.Checkpoint{Origin: r.Origin, Size: r.TreeSize, Root: root, Note: []byte(r.Note)}, nil
+}

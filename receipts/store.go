@@ -1,0 +1,148 @@
+package receipts
+
+import (
+	"context"
+	"errors"
+
+	"golang.org/x/mod/sumdb/tlog"
+)
+
+// Errors returned by this package and by stores. Callers test them with
+// errors.Is.
+var (
+	// ErrNotFound: no receipt, stored hash or checkpoint with that key.
+	ErrNotFound = errors.New("receipts: not found")
+	// ErrConflict: a receipt id, or a checkpoint's tree size, is taken, or
+	// the tree moved while a batch was being written.
+	ErrConflict = errors.New("receipts: conflict")
+	// ErrInvalidArgument: an argument is out of range, missing, or does not
+	// belong to the receipt's kind.
+	ErrInvalidArgument = errors.New("receipts: invalid argument")
+	// ErrOverflow: an amount of money does not fit in an int64 of micro-USD.
+	ErrOverflow = errors.New("receipts: overflow")
+	// ErrNotCanonical: receipt bytes are not the canonical bytes of a
+	// receipt (see the package documentation): malformed, reordered,
+	// unknown kind or field, missing field, or a value of the wrong form.
+	ErrNotCanonical = errors.New("receipts: not canonical")
+	// ErrInconsistent: a receipt's fields disagree with each other, such
+	// as a cost that is not Cost of the duration, GPUs and rate it states.
+	ErrInconsistent = errors.New("receipts: inconsistent fields")
+	// ErrNotSequenced: the receipt has no log index yet, or no signed
+	// checkpoint covers it yet.
+	ErrNotSequenced = errors.New("receipts: not sequenced yet")
+	// ErrBadCheckpoint: a checkpoint body is malformed, has lines other
+	// than origin, size and root, or names another origin.
+	ErrBadCheckpoint = errors.New("receipts: bad checkpoint")
+	// ErrUnknownKey: no signature on the checkpoint is by the verifier key.
+	ErrUnknownKey = errors.New("receipts: checkpoint not signed by the known key")
+	// ErrBadSignature: the verifier key's signature on the checkpoint does
+	// not verify.
+	ErrBadSignature = errors.New("receipts: bad checkpoint signature")
+	// ErrBadProof: an inclusion or consistency proof does not hold, or
+	// names another tree size or an index outside the tree.
+	ErrBadProof = errors.New("receipts: bad proof")
+	// ErrRollback: a checkpoint is smaller than one already verified.
+	ErrRollback = errors.New("receipts: checkpoint rollback")
+	// ErrFork: a checkpoint has the size of one already verified but
+	// another root: the log showed two different histories.
+	ErrFork = errors.New("receipts: checkpoint fork")
+)
+
+// Stored is a minted receipt as the log keeps it.
+type Stored struct {
+	ID   string
+	Kind Kind
+	// Index is the receipt's position in the log, valid once Sequenced.
+	Index     int64
+	Sequenced bool
+	// Body is the receipt's canonical bytes, the leaf the log hashes.
+	Body []byte
+}
+
+// Wire returns the receipt in its wire shape.
+func (s *Stored) Wire() WireReceipt {
+	w := WireReceipt{ID: s.ID, Kind: s.Kind, Body: s.Body}
+	if s.Sequenced {
+		i := s.Index
+		w.Index = &i
+	}
+	return w
+}
+
+// Receipt decodes the body. It fails only if the stored bytes are not
+// canonical, which a store that keeps them intact never causes.
+func (s *Stored) Receipt() (*Receipt, error) { return Decode(s.Body) }
+
+// Tree is a state of the log: its size and its RFC 6962 root hash.
+type Tree struct {
+	Size int64
+	Root tlog.Hash
+}
+
+// EmptyTree is the log before its first receipt: size 0, and the root of
+// the empty tree, SHA-256 of nothing.
+func EmptyTree() Tree {
+	root, _ := tlog.TreeHash(0, nil)
+	return Tree{Root: root}
+}
+
+// Batch is what a sequencer integrates into the log in one transaction.
+type Batch struct {
+	// Tree is the log after the batch: the receipts handed to the
+	// IntegrateFunc take indices old size, old size+1, ..., Tree.Size-1,
+	// in the order they were handed.
+	Tree Tree
+	// Hashes are the stored hashes the batch adds, at stored-hash indexes
+	// tlog.StoredHashIndex(0, old size) onwards, consecutively.
+	Hashes []tlog.Hash
+}
+
+// IntegrateFunc computes the batch that appends pending to the log in
+// state tree. hashes reads the log's stored hashes inside the store's
+// transaction. It must not call the Store.
+type IntegrateFunc func(tree Tree, pending []*Stored, hashes tlog.HashReader) (*Batch, error)
+
+// Store keeps receipts, the log's stored hashes, its tree state and its
+// signed checkpoints. It makes no decisions: the Log and the Sequencer
+// compute every hash and signature, and the Store keeps them. Every method
+// takes the context first and, when the store supports transactions,
+// joins the one the context carries, so that a receipt commits with the
+// state change it records.
+//
+// A Store returns copies: changing a returned value does not change the
+// stored one.
+type Store interface {
+	// AddReceipt stores a minted receipt, not sequenced (s.Sequenced is
+	// false), after every receipt added before it in mint order.
+	// ErrConflict if its id is taken.
+	AddReceipt(ctx context.Context, s *Stored) error
+	// GetReceipt returns the receipt with that id. ErrNotFound.
+	GetReceipt(ctx context.Context, id string) (*Stored, error)
+	// ListReceipts returns sequenced receipts with index >= from, in index
+	// order, at most limit of them (all, if limit is not positive).
+	ListReceipts(ctx context.Context, from int64, limit int) ([]*Stored, error)
+
+	// Sequence runs one batch in one transaction that holds the sequencing
+	// lock, so that one batch at a time is sequenced across every process
+	// sharing the store. It reads the tree and up to limit receipts that
+	// are not sequenced, in mint order; if there are none it returns nil
+	// without calling integrate. Otherwise it calls integrate and, if that
+	// returns a batch, stores its hashes, gives the pending receipts their
+	// indices, sets the tree, and commits. If integrate or any write fails,
+	// nothing is stored. ErrConflict if the batch does not fit the tree
+	// (wrong size or number of hashes).
+	Sequence(ctx context.Context, limit int, integrate IntegrateFunc) error
+	// Tree returns the last committed tree: EmptyTree on a new store.
+	Tree(ctx context.Context) (Tree, error)
+	// ReadHashes returns the stored hashes at the given stored-hash
+	// indexes (tlog.StoredHashIndex), in the order asked. ErrNotFound if
+	// any is not stored.
+	ReadHashes(ctx context.Context, indexes []int64) ([]tlog.Hash, error)
+
+	// AddCheckpoint stores a signed checkpoint. ErrConflict if one for
+	// c.Size is stored already.
+	AddCheckpoint(ctx context.Context, c *Checkpoint) error
+	// LatestCheckpoint returns the checkpoint of the largest tree.
+	// ErrNotFound if none is stored.
+	LatestCheckpoint(ctx context.Context) (*Checkpoint, error)
+}

@@ -11,10 +11,14 @@
 //
 //   - [github.com/nodelane/nodelane/lease]: the job lease state machine,
 //     with fenced leases, expiry, retries and cancellation.
-//   - credential: scoped credentials (planned).
-//   - replay: signed timestamps and single-use nonces (planned).
-//   - envelope: safety gating of blocked job types (planned).
-//   - receipts: verifiable receipts and server-side pricing (planned).
+//   - [github.com/nodelane/nodelane/credential]: scoped credentials,
+//     node public keys and bans.
+//   - [github.com/nodelane/nodelane/replay]: RFC 9421 request signatures,
+//     a timestamp window and single-use nonces.
+//   - [github.com/nodelane/nodelane/envelope]: safety gating of blocked
+//     job types until an operator activates the runtime.
+//   - [github.com/nodelane/nodelane/receipts]: verifiable receipts in a
+//     Merkle log with signed checkpoints, and server-side pricing.
 //
 // [github.com/nodelane/nodelane/bunstore] implements every Store on one
 // bun database, SQLite (pure Go, the embedded default) or PostgreSQL

@@ -1,0 +1,428 @@
+package bunstore
+
+import (
+	"context"
+	"crypto/sha256"
+	"database/sql"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/stdlib"
+)
+
+// DefaultChannel is the stem of the PostgreSQL channel a Notifier uses:
+// the channel is DefaultChannel, a dot and the schema nodelane's tables
+// live in (see NotifierConfig.Channel).
+const DefaultChannel = "nodelane_jobs"
+
+// maxChannel is the longest channel name PostgreSQL accepts (NAMEDATALEN-1).
+const maxChannel = 63
+
+// The listener's timings. Vars, not consts, so that tests in the package
+// could shorten them; nothing changes them today.
+var (
+	// listenerPing is how long the listener waits for a notification
+	// before it checks that its connection is still alive, so that a
+	// connection that died silently (a dropped network path) is noticed.
+	listenerPing = 30 * time.Second
+	// listenerConnectTimeout bounds one connection attempt, LISTEN included.
+	listenerConnectTimeout = 10 * time.Second
+	// The reconnect backoff doubles from min to max, with jitter.
+	listenerBackoffMin = 100 * time.Millisecond
+	listenerBackoffMax = 10 * time.Second
+)
+
+// NotifierConfig holds a Notifier's optional settings. A nil
+// *NotifierConfig means all defaults.
+type NotifierConfig struct {
+	// Channel is the PostgreSQL channel the Notifier notifies and listens
+	// on; every replica of one deployment must use the same one. It
+	// defaults to DefaultChannel + "." + the current schema (the first
+	// schema of the search_path that exists), so that deployments in
+	// different schemas of one database do not wake each other. At most 63
+	// bytes; a longer default is shortened with a hash of the schema.
+	// Unused on SQLite.
+	Channel string
+	// Logger receives the listener's connection losses and reconnections
+	// (never a secret). Defaults to discarding them.
+	Logger *slog.Logger
+}
+
+// Notifier wakes long-polls, on every replica, when jobs may have become
+// leasable. It implements workerapi.Notifier. Make one per DB with
+// DB.Notifier and Close it before the DB.
+//
+// On PostgreSQL, Notify calls pg_notify on the channel in the
+// transaction its context carries, if any, so the notification is delivered
+// when that transaction commits and never if it rolls back; PostgreSQL
+// folds repeated notifications of one transaction into one. Every Notifier
+// holds one connection of its own, outside the DB's pool, that LISTENs on
+// the channel and wakes the Notifier's subscribers for each notification,
+// from any replica. If that connection drops, the Notifier reconnects with
+// a growing backoff and, once it listens again, wakes every subscriber once,
+// since a notification may have been missed meanwhile. The listener needs
+// a DB whose *sql.DB was opened through pgx (as Open does, or
+// stdlib.OpenDB), and does not work through a transaction-pooling proxy
+// such as PgBouncer in transaction mode. Notifications do not cross
+// databases, and replicas must reach the database directly or through a
+// session-pooling proxy.
+//
+// On SQLite, Notify wakes, in this process, the subscribers of every
+// Notifier on the same database file. Notify with a context that carries a
+// transaction of this DB (DB.InTx) delivers once that transaction ends,
+// which on SQLite is also when it has committed or rolled back; a rollback
+// thus wakes the subscribers too, needlessly but harmlessly (a long-poll
+// woken early looks again and finds nothing new). A transaction the host
+// began itself (WithTx) is not tracked, and Notify in it delivers at
+// once, possibly before the commit: notify after the commit instead.
+// Other processes on the same file are not woken; they see new work at
+// their next poll.
+//
+// Each subscriber channel holds one wake-up: notifications that arrive
+// while one is pending fold into it.
+type Notifier struct {
+	db      *DB
+	channel string // PostgreSQL
+	hub     string // SQLite: the key of sqliteHubs
+	log     *slog.Logger
+
+	mu     sync.Mutex
+	subs   map[chan struct{}]struct{}
+	closed bool
+
+	closeOnce sync.Once
+	stop      context.CancelFunc // PostgreSQL: stops the listener
+	done      chan struct{}      // PostgreSQL: closed when the listener returns
+}
+
+// Notifier returns a Notifier on db; cfg may be nil. On PostgreSQL it
+// connects the listener before it returns, so that any Notify that
+// follows is heard, and fails if it cannot.
+func (db *DB) Notifier(ctx context.Context, cfg *NotifierConfig) (*Notifier, error) {
+	var c NotifierConfig
+	if cfg != nil {
+		c = *cfg
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	n := &Notifier{db: db, log: c.Logger, subs: map[chan struct{}]struct{}{}}
+	if !db.postgres() {
+		key, err := db.sqliteHubKey(ctx)
+		if err != nil {
+			return nil, err
+		}
+		n.hub = key
+		sqliteHubs.add(key, n)
+		return n, nil
+	}
+
+	pc, schema, err := db.listenerConfig(ctx)
+	if err != nil {
+		return nil, err
+	}
+	n.channel = c.Channel
+	if n.channel == "" {
+		n.channel = channelFor(schema)
+	}
+	if len(n.channel) > maxChannel {
+		return nil, fmt.Errorf("bunstore: notifier channel %q is longer than %d bytes", n.channel, maxChannel)
+	}
+	conn, err := n.connect(ctx, pc)
+	if err != nil {
+		return nil, fmt.Errorf("bunstore: notifier: listen: %w", err)
+	}
+	life, stop := context.WithCancel(context.Background())
+	n.stop = stop
+	n.done = make(chan struct{})
+	go n.listen(life, pc, conn)
+	return n, nil
+}
+
+// Channel returns the PostgreSQL channel n uses, or "" on SQLite.
+func (n *Notifier) Channel() string { return n.channel }
+
+// Notify announces that jobs may have become leasable. See Notifier for
+// when the notification is delivered if ctx carries a transaction.
+func (n *Notifier) Notify(ctx context.Context) error {
+	if n.db.postgres() {
+		if _, err := n.db.idb(ctx).ExecContext(ctx, "SELECT pg_notify(?, '')", n.channel); err != nil {
+			return fmt.Errorf("bunstore: notify: %w", err)
+		}
+		return nil
+	}
+	if _, ok := txFrom(ctx); ok && n.db.writeSlot != nil {
+		// A transaction of DB.InTx holds the write slot from before it
+		// begins until after it ends: the slot is free once it has
+		// committed or rolled back. A host's own transaction (WithTx) does
+		// not hold it, and the wake-up goes out at once.
+		slot := n.db.writeSlot
+		go func() {
+			slot <- struct{}{}
+			<-slot
+			sqliteHubs.publish(n.hub)
+		}()
+		return nil
+	}
+	sqliteHubs.publish(n.hub)
+	return nil
+}
+
+// Subscribe returns a channel that receives after every Notify, on this or
+// any other replica, until cancel is called or n is closed. The channel is
+// never closed. cancel may be called more than once.
+func (n *Notifier) Subscribe() (<-chan struct{}, func()) {
+	ch := make(chan struct{}, 1)
+	n.mu.Lock()
+	n.subs[ch] = struct{}{}
+	n.mu.Unlock()
+	return ch, func() {
+		n.mu.Lock()
+		delete(n.subs, ch)
+		n.mu.Unlock()
+	}
+}
+
+// Close stops delivering to n's subscribers and, on PostgreSQL, closes the
+// listener's connection. It leaves the subscribers' channels open. Notify
+// still works after Close, for the other replicas' sake. Close always
+// returns nil.
+func (n *Notifier) Close() error {
+	n.closeOnce.Do(func() {
+		n.mu.Lock()
+		n.closed = true
+		clear(n.subs)
+		n.mu.Unlock()
+		if n.stop != nil {
+			n.stop()
+			<-n.done
+		}
+		if n.hub != "" {
+			sqliteHubs.remove(n.hub, n)
+		}
+	})
+	return nil
+}
+
+// wake gives every subscriber a wake-up, unless one is pending.
+func (n *Notifier) wake() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.closed {
+		return
+	}
+	for ch := range n.subs {
+		select {
+		case ch <- struct{}{}:
+		default: // one is pending; this one folds into it
+		}
+	}
+}
+
+// channelFor returns the default channel of a schema.
+func channelFor(schema string) string {
+	if schema == "" {
+		return DefaultChannel
+	}
+	ch := DefaultChannel + "." + schema
+	if len(ch) > maxChannel {
+		sum := sha256.Sum256([]byte(schema))
+		ch = DefaultChannel + "." + hex.EncodeToString(sum[:16])
+	}
+	return ch
+}
+
+// listenerConfig returns the pgx configuration of a connection of db's
+// pool, for the listener to connect as the pool does, and the schema the
+// pool's connections work in.
+func (db *DB) listenerConfig(ctx context.Context) (*pgx.ConnConfig, string, error) {
+	conn, err := db.bun.Conn(ctx)
+	if err != nil {
+		return nil, "", fmt.Errorf("bunstore: notifier: %w", err)
+	}
+	defer conn.Close()
+	var schema sql.NullString
+	if err := conn.QueryRowContext(ctx, "SELECT current_schema()").Scan(&schema); err != nil {
+		return nil, "", fmt.Errorf("bunstore: notifier: current schema: %w", err)
+	}
+	var pc *pgx.ConnConfig
+	err = conn.Raw(func(dc any) error {
+		c, ok := dc.(*stdlib.Conn)
+		if !ok {
+			return fmt.Errorf("%w: the PostgreSQL Notifier needs a *sql.DB opened through pgx (github.com/jackc/pgx/v5/stdlib), not %T", ErrUnsupported, dc)
+		}
+		pc = c.Conn().Config()
+		return nil
+	})
+	if err != nil {
+		return nil, "", err
+	}
+	// The copied config carries the pool connection's notification
+	// handler; the listener's connection buffers its own.
+	pc.OnNotification = nil
+	if pc.RuntimeParams == nil {
+		pc.RuntimeParams = map[string]string{}
+	}
+	if pc.RuntimeParams["application_name"] == "" {
+		pc.RuntimeParams["application_name"] = "nodelane notifier"
+	}
+	return pc, schema.String, nil
+}
+
+// connect opens a listener connection and LISTENs on n's channel.
+func (n *Notifier) connect(ctx context.Context, pc *pgx.ConnConfig) (*pgx.Conn, error) {
+	ctx, cancel := context.WithTimeout(ctx, listenerConnectTimeout)
+	defer cancel()
+	conn, err := pgx.ConnectConfig(ctx, pc)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{n.channel}.Sanitize()); err != nil {
+		closeConn(conn)
+		return nil, err
+	}
+	return conn, nil
+}
+
+func closeConn(conn *pgx.Conn) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	conn.Close(ctx)
+}
+
+// listen runs until ctx ends: it wakes the subscribers for every
+// notification conn receives, and replaces conn when it fails.
+func (n *Notifier) listen(ctx context.Context, pc *pgx.ConnConfig, conn *pgx.Conn) {
+	defer close(n.done)
+	for {
+		err := n.receive(ctx, conn)
+		closeConn(conn)
+		if ctx.Err() != nil {
+			return
+		}
+		n.log.Warn("bunstore: notifier connection lost; reconnecting", "channel", n.channel, "err", err)
+		if conn = n.reconnect(ctx, pc); conn == nil {
+			return
+		}
+		n.log.Info("bunstore: notifier reconnected", "channel", n.channel)
+		// Notifications sent while no connection listened are lost.
+		n.wake()
+	}
+}
+
+// receive wakes the subscribers for every notification on conn until conn
+// fails or ctx ends. While nothing arrives it pings the server now and
+// then, so that a silently dead connection is replaced.
+func (n *Notifier) receive(ctx context.Context, conn *pgx.Conn) error {
+	for {
+		wctx, cancel := context.WithTimeout(ctx, listenerPing)
+		_, err := conn.WaitForNotification(wctx)
+		cancel()
+		switch {
+		case err == nil:
+			n.wake()
+			continue
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case conn.IsClosed() || !pgconn.Timeout(err):
+			return err
+		}
+		pctx, cancel := context.WithTimeout(ctx, listenerConnectTimeout)
+		err = conn.Ping(pctx)
+		cancel()
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return fmt.Errorf("ping: %w", err)
+		}
+	}
+}
+
+// reconnect connects until it succeeds, waiting longer after each
+// failure, or returns nil when ctx ends.
+func (n *Notifier) reconnect(ctx context.Context, pc *pgx.ConnConfig) *pgx.Conn {
+	backoff := listenerBackoffMin
+	for {
+		// Full jitter in [backoff/2, backoff), so that replicas that lost
+		// the server together do not return in step.
+		d := backoff/2 + rand.N(backoff/2+1)
+		t := time.NewTimer(d)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-t.C:
+		}
+		conn, err := n.connect(ctx, pc)
+		if err == nil {
+			return conn
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		n.log.Warn("bunstore: notifier reconnect failed", "channel", n.channel, "err", err, "retry_in", min(2*backoff, listenerBackoffMax))
+		backoff = min(2*backoff, listenerBackoffMax)
+	}
+}
+
+// sqliteHubKey names db's SQLite database in sqliteHubs: its main file's
+// path, so that every DB of this process on one file shares wake-ups, or,
+// for an in-memory database, db itself.
+func (db *DB) sqliteHubKey(ctx context.Context) (string, error) {
+	var file sql.NullString
+	err := db.bun.QueryRowContext(ctx, "SELECT file FROM pragma_database_list WHERE name = 'main'").Scan(&file)
+	if err != nil && !errors.Is(err, sql.ErrNoRows) {
+		return "", fmt.Errorf("bunstore: notifier: database file: %w", err)
+	}
+	if file.String == "" {
+		return fmt.Sprintf("memory:%p", db), nil
+	}
+	return "file:" + file.String, nil
+}
+
+// sqliteHubs holds every open SQLite Notifier of the process by database.
+var sqliteHubs = hubs{m: map[string]map[*Notifier]struct{}{}}
+
+type hubs struct {
+	mu sync.Mutex
+	m  map[string]map[*Notifier]struct{}
+}
+
+func (h *hubs) add(key string, n *Notifier) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.m[key] == nil {
+		h.m[key] = map[*Notifier]struct{}{}
+	}
+	h.m[key][n] = struct{}{}
+}
+
+func (h *hubs) remove(key string, n *Notifier) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	delete(h.m[key], n)
+	if len(h.m[key]) == 0 {
+		delete(h.m, key)
+	}
+}
+
+// publish wakes the subscribers of every Notifier on key's database.
+func (h *hubs) publish(key string) {
+	h.mu.Lock()
+	ns := make([]*Notifier, 0, len(h.m[key]))
+	for n := range h.m[key] {
+		ns = append(ns, n)
+	}
+	h.mu.Unlock()
+	for _, n := range ns {
+		n.wake()
+	}
+}

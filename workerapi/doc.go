@@ -1,0 +1,15 @@
+// Package workerapi mounts nodelane as http.Handlers in any Go service:
+// the worker routes under /workers/ (PROTOCOL.md) and the operator routes
+// under /operator/, relative to wherever the host mounts them.
+//
+// Every worker request is checked in the order PROTOCOL.md gives: framing
+// (415, 413), credential (401), ban and scope (403), signature, digest,
+// window and nonce (401), body (400), then the operation. A request's
+// state change, its nonce and its receipts commit in one transaction
+// through the Transactor; once a signature has verified, its nonce is
+// consumed whatever the outcome, so no request runs twice.
+//
+// workerapi declares the small interfaces it needs from storage
+// (Transactor, Notifier) and never imports a storage adapter; bunstore
+// implements them.
+package workerapi

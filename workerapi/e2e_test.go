@@ -1,0 +1,372 @@
+package workerapi_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/nodelane/nodelane/bunstore"
+	"github.com/nodelane/nodelane/internal/apitest"
+	"github.com/nodelane/nodelane/internal/testdb"
+	"github.com/nodelane/nodelane/lease"
+	"github.com/nodelane/nodelane/receipts"
+	"github.com/nodelane/nodelane/workerapi"
+)
+
+// The end-to-end suite runs real HTTP over loopback against bunstore on
+// SQLite and PostgreSQL.
+
+func forDialects(t *testing.T, f func(t *testing.T, dialect string)) {
+	for _, d := range testdb.Dialects() {
+		t.Run(d.Name, func(t *testing.T) { f(t, d.Name) })
+	}
+}
+
+func decodeAs[T any](t *testing.T, what string, code, want int, body []byte) T {
+	t.Helper()
+	if code != want {
+		t.Fatalf("%s: status %d, want %d: %s", what, code, want, body)
+	}
+	var v T
+	if err := json.Unmarshal(body, &v); err != nil {
+		t.Fatalf("%s: %v in %s", what, err, body)
+	}
+	return v
+}
+
+func nodeCall[T any](t *testing.T, n *apitest.Node, what, path string, body any, want int) T {
+	t.Helper()
+	resp, b := n.Do(t, http.MethodPost, path, body)
+	return decodeAs[T](t, what, resp.StatusCode, want, b)
+}
+
+func wantCode(t *testing.T, what string, code int, body []byte, status int, errCode string) {
+	t.Helper()
+	var e workerapi.ErrorBody
+	if code != status || json.Unmarshal(body, &e) != nil || e.Error.Code != errCode {
+		t.Fatalf("%s: %d %s, want %d %s", what, code, body, status, errCode)
+	}
+}
+
+func studioGPU() workerapi.RegisterRequest {
+	return workerapi.RegisterRequest{
+		Name: "Studio-GPU", Hostname: "studio.local", Role: "local_gpu_compute",
+		Capabilities:   workerapi.Capabilities{GPUs: []workerapi.GPU{{SKU: "rtx-4090", VRAMMB: 24576}}, JobTypes: []string{"status_check", "lora_train"}},
+		GovernorLimits: workerapi.GovernorLimits{MaxJobs: 2, MaxVRAMMB: 24576},
+		Version:        "worker/1.0.0", HeartbeatIntervalSeconds: 30,
+	}
+}
+
+func loraJob() workerapi.DispatchRequest {
+	return workerapi.DispatchRequest{
+		JobType:      "lora_train",
+		Payload:      json.RawMessage(`{"base_model":"llama-3-8b","steps":100}`),
+		Requirements: workerapi.Requirements{GPUSKU: "rtx-4090", GPUCount: 1, MinVRAMMB: 16000},
+		MaxAttempts:  3,
+	}
+}
+
+// The seed story: a node registers and polls; an operator dispatches
+// lora_train, which stays queued and says why; the operator activates the
+// runtime; the node leases, accepts, heartbeats, logs, reports a
+// checkpoint artifact and completes; the receipts verify offline;
+// deactivation stops new blocked leases.
+func TestSeedStory(t *testing.T) {
+	forDialects(t, func(t *testing.T, dialect string) {
+		env := apitest.New(t, dialect, apitest.WithConfig(func(c *workerapi.Config) {
+			c.Prices = receipts.Prices{BySKU: map[string]int64{"rtx-4090": 1_802_000}}
+		}))
+		node := env.NewNode(t, "studio-gpu-1")
+		reg := node.Register(t, studioGPU())
+		if reg.Status != "registered" || reg.WorkerToken == "" {
+			t.Fatalf("register = %+v", reg)
+		}
+		poll := workerapi.LeaseRequest{SupportedJobTypes: []string{"status_check", "lora_train"}, SupportedGPUSKUs: []string{"rtx-4090"}, MaxJobs: 1}
+		if got := nodeCall[workerapi.LeaseResponse](t, node, "empty poll", "/workers/jobs/lease", poll, http.StatusOK); got.Job != nil || len(got.Leases) != 0 {
+			t.Fatalf("poll of an empty queue leased %+v", got)
+		}
+
+		code, body := env.Operator(t, http.MethodPost, "/operator/jobs", loraJob())
+		d := decodeAs[workerapi.DispatchResponse](t, "dispatch", code, http.StatusCreated, body)
+		if d.Leasable || d.Reason == "" || d.Job.State != "queued" {
+			t.Fatalf("dispatch of lora_train before activation = %+v", d)
+		}
+		got := nodeCall[workerapi.LeaseResponse](t, node, "blocked poll", "/workers/jobs/lease", poll, http.StatusOK)
+		if got.Job != nil || got.Message == "" {
+			t.Fatalf("a blocked job was leased, or the message is empty: %+v", got)
+		}
+		code, body = env.Operator(t, http.MethodGet, "/operator/jobs/"+d.Job.ID, nil)
+		if detail := decodeAs[workerapi.JobDetailResponse](t, "job", code, http.StatusOK, body); detail.Reason != d.Reason {
+			t.Fatalf("job read says %q, dispatch said %q", detail.Reason, d.Reason)
+		}
+
+		code, body = env.Operator(t, http.MethodPost, "/operator/envelope/activate", map[string]any{"reason": "training window"})
+		if code != http.StatusOK {
+			t.Fatalf("activate: %d %s", code, body)
+		}
+		code, body = env.Operator(t, http.MethodGet, "/operator/jobs/"+d.Job.ID, nil)
+		if detail := decodeAs[workerapi.JobDetailResponse](t, "job", code, http.StatusOK, body); !detail.Leasable {
+			t.Fatalf("after activation the job is still not leasable: %q", detail.Reason)
+		}
+
+		l := nodeCall[workerapi.LeaseResponse](t, node, "lease", "/workers/jobs/lease", poll, http.StatusOK)
+		if l.Job == nil || l.Job.ID != d.Job.ID || l.LeaseToken == nil {
+			t.Fatalf("lease after activation = %+v", l)
+		}
+		jobPath := "/workers/jobs/" + d.Job.ID
+		tok := *l.LeaseToken
+		a := nodeCall[workerapi.AcceptResponse](t, node, "accept", jobPath+"/accept", workerapi.TokenRequest{LeaseToken: tok}, http.StatusOK)
+		if a.Job.State != "running" {
+			t.Fatalf("accept = %+v", a)
+		}
+		hb := nodeCall[workerapi.HeartbeatResponse](t, node, "heartbeat", "/workers/heartbeat",
+			workerapi.HeartbeatRequest{Status: "busy", CurrentJobs: []string{d.Job.ID}, Metrics: json.RawMessage(`{"gpu_util":0.93,"vram_used_mb":20100}`)}, http.StatusOK)
+		if len(hb.Leases) != 1 || hb.Leases[0].JobID != d.Job.ID || len(hb.LostJobs) != 0 {
+			t.Fatalf("heartbeat = %+v", hb)
+		}
+		nodeCall[workerapi.StatusResponse](t, node, "status", jobPath+"/status", workerapi.StatusRequest{LeaseToken: tok, EventType: "progress", Message: "50%", Payload: json.RawMessage(`{"step":50}`)}, http.StatusOK)
+		lg := nodeCall[workerapi.LogsResponse](t, node, "logs", jobPath+"/logs", map[string]any{"lease_token": tok, "entries": []workerapi.LogEntry{{Seq: 1, Message: "epoch 1"}, {Seq: 2, Message: "epoch 2"}}}, http.StatusOK)
+		if lg.Accepted != 2 {
+			t.Fatalf("logs = %+v", lg)
+		}
+		sum := "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
+		size := int64(4)
+		art := nodeCall[workerapi.ArtifactResponse](t, node, "artifact", jobPath+"/artifacts", workerapi.ArtifactRequest{
+			LeaseToken: tok, ArtifactType: "adapter", Name: "adapter.safetensors", URI: "file:///models/adapter.safetensors",
+			ChecksumSHA256: &sum, SizeBytes: &size, Metadata: json.RawMessage(`{"rank":8}`),
+		}, http.StatusCreated)
+		done := nodeCall[workerapi.CompleteResponse](t, node, "complete", jobPath+"/complete", workerapi.CompleteRequest{LeaseToken: tok, Metrics: json.RawMessage(`{"loss":0.12}`)}, http.StatusOK)
+		if done.Job.State != "succeeded" || done.ReceiptID == "" || done.Checkpoint == "" || len(done.Receipts) != 2 || len(done.Proofs) != 2 {
+			t.Fatalf("complete = %+v", done)
+		}
+
+		// Offline verification: only the verifier key, the receipt, its
+		// proof and the signed checkpoint.
+		key, origin := env.Server.ReceiptVerifierKey(), env.Config.Origin
+		kinds := map[receipts.Kind]bool{}
+		for i, r := range done.Receipts {
+			rc, err := receipts.Verify(key, origin, r.Body, done.Proofs[i], []byte(done.Checkpoint))
+			if err != nil {
+				t.Fatalf("receipt %s does not verify offline: %v", r.ID, err)
+			}
+			kinds[rc.Kind] = true
+			if rc.JobID != d.Job.ID {
+				t.Fatalf("receipt %s is about job %q", r.ID, rc.JobID)
+			}
+		}
+		if !kinds[receipts.KindJobCompleted] || !kinds[receipts.KindJobCharged] {
+			t.Fatalf("completion receipts are %v", kinds)
+		}
+		code, body = env.Operator(t, http.MethodGet, "/operator/receipts/"+art.ReceiptID, nil)
+		ar := decodeAs[workerapi.ReceiptResponse](t, "artifact receipt", code, http.StatusOK, body)
+		if ar.Proof == nil || ar.Checkpoint == nil {
+			t.Fatalf("artifact receipt has no proof: %s", body)
+		}
+		rc, err := receipts.Verify(key, origin, ar.Receipt.Body, *ar.Proof, []byte(*ar.Checkpoint))
+		if err != nil || rc.Kind != receipts.KindArtifactReported || rc.ArtifactID != art.ArtifactID {
+			t.Fatalf("artifact receipt: %+v, %v", rc, err)
+		}
+		code, body = env.Operator(t, http.MethodGet, "/operator/artifacts?job_id="+d.Job.ID, nil)
+		arts := decodeAs[struct {
+			Artifacts []map[string]any `json:"artifacts"`
+		}](t, "artifacts", code, http.StatusOK, body)
+		if len(arts.Artifacts) != 1 || arts.Artifacts[0]["status"] != workerapi.ArtifactTrained {
+			t.Fatalf("the adapter does not show as trained: %s", body)
+		}
+
+		// Deactivation stops new blocked leases.
+		code, body = env.Operator(t, http.MethodPost, "/operator/envelope/deactivate", map[string]any{"reason": "window over"})
+		if code != http.StatusOK {
+			t.Fatalf("deactivate: %d %s", code, body)
+		}
+		code, body = env.Operator(t, http.MethodPost, "/operator/jobs", loraJob())
+		d2 := decodeAs[workerapi.DispatchResponse](t, "dispatch", code, http.StatusCreated, body)
+		if got := nodeCall[workerapi.LeaseResponse](t, node, "poll after deactivation", "/workers/jobs/lease", poll, http.StatusOK); got.Job != nil {
+			t.Fatalf("leased %s after deactivation", got.Job.ID)
+		}
+		if j := env.Job(t, d2.Job.ID); j.State != lease.StateQueued {
+			t.Fatalf("job after deactivation is %s", j.State)
+		}
+	})
+}
+
+// A worker stalls past its TTL; the job goes to another worker; the first
+// worker's late complete gets 409 lease_lost and no second receipt exists.
+func TestLeaseLossE2E(t *testing.T) {
+	forDialects(t, func(t *testing.T, dialect string) {
+		env := apitest.New(t, dialect, apitest.WithConfig(func(c *workerapi.Config) {
+			c.LeaseTTL = time.Second
+			c.RetryBase = time.Millisecond
+			c.RetryMax = time.Millisecond
+		}))
+		a, b := env.NewNode(t, "node-a"), env.NewNode(t, "node-b")
+		a.Register(t, studioGPU())
+		b.Register(t, studioGPU())
+		job := env.Enqueue(t, lease.NewJob{Type: "status_check"})
+		poll := workerapi.LeaseRequest{MaxJobs: 1}
+		la := nodeCall[workerapi.LeaseResponse](t, a, "lease a", "/workers/jobs/lease", poll, http.StatusOK)
+		path := "/workers/jobs/" + job.ID
+		nodeCall[workerapi.AcceptResponse](t, a, "accept a", path+"/accept", workerapi.TokenRequest{LeaseToken: *la.LeaseToken}, http.StatusOK)
+		time.Sleep(1100 * time.Millisecond) // a stalls past its TTL
+		if err := env.Server.MaintainOnce(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(5 * time.Millisecond) // the backoff
+		lb := nodeCall[workerapi.LeaseResponse](t, b, "lease b", "/workers/jobs/lease", poll, http.StatusOK)
+		if lb.Job == nil || lb.Job.ID != job.ID || lb.Job.Attempt != 2 {
+			t.Fatalf("b's lease = %+v", lb)
+		}
+		nodeCall[workerapi.AcceptResponse](t, b, "accept b", path+"/accept", workerapi.TokenRequest{LeaseToken: *lb.LeaseToken}, http.StatusOK)
+		nodeCall[workerapi.CompleteResponse](t, b, "complete b", path+"/complete", workerapi.CompleteRequest{LeaseToken: *lb.LeaseToken}, http.StatusOK)
+		before := env.Receipts(t)
+		resp, body := a.Do(t, http.MethodPost, path+"/complete", workerapi.CompleteRequest{LeaseToken: *la.LeaseToken})
+		wantCode(t, "a's late complete", resp.StatusCode, body, http.StatusConflict, workerapi.CodeLeaseLost)
+		if after := env.Receipts(t); after != before {
+			t.Fatalf("the late complete minted %d receipts", after-before)
+		}
+		code, rb := env.Operator(t, http.MethodGet, "/operator/receipts?limit=1000", nil)
+		list := decodeAs[workerapi.ReceiptListResponse](t, "receipts", code, http.StatusOK, rb)
+		completions := 0
+		for _, r := range list.Receipts {
+			if r.Kind == receipts.KindJobCompleted {
+				completions++
+			}
+		}
+		if completions != 1 {
+			t.Fatalf("%d job_completed receipts, want 1", completions)
+		}
+	})
+}
+
+// An operator's cancel reaches the running worker through its next
+// heartbeat, and the worker's fail ends the job canceled.
+func TestCancelReachesWorker(t *testing.T) {
+	forDialects(t, func(t *testing.T, dialect string) {
+		env := apitest.New(t, dialect)
+		n := env.NewNode(t, "node")
+		n.Register(t, studioGPU())
+		job := env.Enqueue(t, lease.NewJob{Type: "status_check"})
+		l := nodeCall[workerapi.LeaseResponse](t, n, "lease", "/workers/jobs/lease", workerapi.LeaseRequest{MaxJobs: 1}, http.StatusOK)
+		path := "/workers/jobs/" + job.ID
+		tok := *l.LeaseToken
+		nodeCall[workerapi.AcceptResponse](t, n, "accept", path+"/accept", workerapi.TokenRequest{LeaseToken: tok}, http.StatusOK)
+		hb := workerapi.HeartbeatRequest{Status: "busy", CurrentJobs: []string{job.ID}}
+		if got := nodeCall[workerapi.HeartbeatResponse](t, n, "heartbeat", "/workers/heartbeat", hb, http.StatusOK); len(got.CancelJobs) != 0 {
+			t.Fatalf("cancel before any was asked: %+v", got)
+		}
+		if code, body := env.Operator(t, http.MethodPost, "/operator/jobs/"+job.ID+"/cancel", nil); code != http.StatusOK {
+			t.Fatalf("cancel: %d %s", code, body)
+		}
+		got := nodeCall[workerapi.HeartbeatResponse](t, n, "heartbeat", "/workers/heartbeat", hb, http.StatusOK)
+		if len(got.CancelJobs) != 1 || got.CancelJobs[0] != job.ID {
+			t.Fatalf("heartbeat after cancel = %+v", got)
+		}
+		st := nodeCall[workerapi.StatusResponse](t, n, "status", path+"/status", workerapi.StatusRequest{LeaseToken: tok, EventType: "progress"}, http.StatusOK)
+		if !st.CancelRequested {
+			t.Fatal("status answer does not announce the cancel")
+		}
+		f := nodeCall[workerapi.FailResponse](t, n, "fail", path+"/fail", workerapi.FailRequest{LeaseToken: tok, ErrorCode: "canceled", Retryable: true}, http.StatusOK)
+		if f.Job.State != "canceled" || f.Requeued {
+			t.Fatalf("fail after cancel = %+v", f)
+		}
+	})
+}
+
+// Mounted under a prefix with http.StripPrefix, the handler still
+// verifies signatures, which cover the request-target as sent.
+func TestMountedUnderPrefix(t *testing.T) {
+	env := apitest.New(t, "sqlite")
+	mux := http.NewServeMux()
+	mux.Handle("/api/nl/", http.StripPrefix("/api/nl", env.Server.WorkerHandler()))
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	prefixed := *env
+	prefixed.URL = srv.URL + "/api/nl"
+	n := env.NewNode(t, "prefixed").On(&prefixed)
+	n.Register(t, studioGPU())
+	got := nodeCall[workerapi.HeartbeatResponse](t, n, "heartbeat", "/workers/heartbeat?trace=1", workerapi.HeartbeatRequest{Status: "idle"}, http.StatusOK)
+	if !got.OK {
+		t.Fatalf("heartbeat under a prefix = %+v", got)
+	}
+	// The same request sent to the unprefixed path no longer matches its
+	// signature.
+	req := n.Request(t, http.MethodPost, "/workers/heartbeat", workerapi.HeartbeatRequest{Status: "idle"})
+	req.URL.Path = "/workers/heartbeat"
+	req.URL.Host = srv.Listener.Addr().String()
+	plain := *env
+	resp, body := plain.Raw(t, mustRewrite(t, req, env.URL))
+	wantCode(t, "signature for a prefixed path sent elsewhere", resp.StatusCode, body, http.StatusUnauthorized, workerapi.CodeBadSignature)
+}
+
+func mustRewrite(t *testing.T, req *http.Request, base string) *http.Request {
+	t.Helper()
+	r2 := req.Clone(context.Background())
+	u, err := r2.URL.Parse(base + "/workers/heartbeat")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r2.URL = u
+	r2.Host = ""
+	return r2
+}
+
+// Two handler instances on one PostgreSQL: a long-poll on one wakes when
+// a job is dispatched on the other, and a request replayed to the other
+// instance is refused.
+func TestTwoInstancesPostgres(t *testing.T) {
+	notifier := apitest.WithNotifier(func(t testing.TB, db *bunstore.DB) workerapi.Notifier {
+		n, err := db.Notifier(context.Background(), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { n.Close() })
+		return n
+	})
+	one := apitest.New(t, "postgres", notifier)
+	two := one.Replica(t)
+	n := one.NewNode(t, "node")
+	n.Register(t, studioGPU())
+	onTwo := n.On(two)
+
+	type result struct {
+		l   workerapi.LeaseResponse
+		err error
+	}
+	done := make(chan result, 1)
+	start := time.Now()
+	go func() {
+		resp, body := onTwo.Do(t, http.MethodPost, "/workers/jobs/lease", workerapi.LeaseRequest{MaxJobs: 1, WaitSeconds: 20})
+		var r result
+		if resp.StatusCode != http.StatusOK {
+			r.err = fmt.Errorf("status %d: %s", resp.StatusCode, body)
+		} else {
+			r.err = json.Unmarshal(body, &r.l)
+		}
+		done <- r
+	}()
+	time.Sleep(300 * time.Millisecond) // the long-poll is waiting on two
+	code, body := one.Operator(t, http.MethodPost, "/operator/jobs", workerapi.DispatchRequest{JobType: "status_check"})
+	d := decodeAs[workerapi.DispatchResponse](t, "dispatch on one", code, http.StatusCreated, body)
+	select {
+	case r := <-done:
+		if r.err != nil || r.l.Job == nil || r.l.Job.ID != d.Job.ID {
+			t.Fatalf("long-poll on two = %+v, %v", r.l, r.err)
+		}
+		if waited := time.Since(start); waited > 10*time.Second {
+			t.Fatalf("the long-poll took %v: it was not woken", waited)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("the long-poll on two never returned")
+	}
+
+	req := n.Request(t, http.MethodPost, "/workers/heartbeat", workerapi.HeartbeatRequest{Status: "idle"})
+	if resp, body := one.Raw(t, req); resp.StatusCode != http.StatusOK {
+		t.Fatalf("heartbeat on one: %d %s", resp.StatusCode, body)
+	}
+	resp, rbody := two.Raw(t, req)
+	wantCode(t, "the same request replayed to two", resp.StatusCode, rbody, http.StatusUnauthorized, workerapi.CodeReplayedNonce)
+}

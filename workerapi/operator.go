@@ -1,0 +1,1402 @@
+package workerapi
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/mod/sumdb/tlog"
+
+	"github.com/nodelane/nodelane/credential"
+	"github.com/nodelane/nodelane/envelope"
+	"github.com/nodelane/nodelane/lease"
+	"github.com/nodelane/nodelane/receipts"
+)
+
+// The operator routes of PROTOCOL.md. They carry a bearer credential only
+// and run without a transaction of the pipeline's: each handler that
+// changes state makes its change, its receipt and its wake-up in one
+// InTx of its own, and queues its hook events with c.after.
+
+// The wire types of the operator routes.
+
+// DispatchRequest is the body of POST /operator/jobs.
+type DispatchRequest struct {
+	JobType string `json:"job_type"`
+	// Payload is a JSON object; absent or null means {}.
+	Payload      json.RawMessage `json:"payload"`
+	Requirements Requirements    `json:"requirements"`
+	Priority     int             `json:"priority"`
+	// MaxAttempts defaults to 3; at most 100.
+	MaxAttempts int `json:"max_attempts"`
+}
+
+// DispatchResponse answers POST /operator/jobs: the queued job and
+// whether a registered worker could lease it now; when not, Reason says
+// why.
+type DispatchResponse struct {
+	Job      Job    `json:"job"`
+	Leasable bool   `json:"leasable"`
+	Reason   string `json:"reason"`
+}
+
+// JobListResponse answers GET /operator/jobs[?state=&job_type=&after=&limit=]:
+// jobs in id order (ids are time-ordered), 100 a page unless limit (1 to
+// 1,000) says otherwise. Next is the after= of the next page, null after
+// the last.
+type JobListResponse struct {
+	Jobs []Job   `json:"jobs"`
+	Next *string `json:"next"`
+}
+
+// JobResult is what the worker reported when it completed a job.
+type JobResult struct {
+	OutputURI    *string         `json:"output_uri"`
+	Metrics      json.RawMessage `json:"metrics"`
+	FinalMessage *string         `json:"final_message"`
+}
+
+// JobEventView is a status event or a log line of a job.
+type JobEventView struct {
+	ID int64 `json:"id"`
+	// Kind is "status" or "log".
+	Kind string `json:"kind"`
+	// EventType is a status event's event_type; null for a log line.
+	EventType  *string         `json:"event_type"`
+	Message    string          `json:"message"`
+	Payload    json.RawMessage `json:"payload"`
+	Seq        *int64          `json:"seq"`
+	LeaseEpoch int64           `json:"lease_epoch"`
+	CreatedAt  time.Time       `json:"created_at"`
+}
+
+// JobDetailResponse answers GET /operator/jobs/{id}. Reason says why a
+// queued job cannot be leased now ("" when it can, and for a job in any
+// other state). Events are the first page of the job's events after
+// ?events_after= (1,000 at most); EventsNext is the events_after= of the
+// next page, null after the last.
+type JobDetailResponse struct {
+	Job        Job            `json:"job"`
+	Leasable   bool           `json:"leasable"`
+	Reason     string         `json:"reason"`
+	Result     *JobResult     `json:"result"`
+	Events     []JobEventView `json:"events"`
+	EventsNext *int64         `json:"events_next"`
+	Artifacts  []ArtifactView `json:"artifacts"`
+}
+
+// The statuses of an artifact, from its job's outcome.
+const (
+	// ArtifactTrained: an adapter of a lora_train job that succeeded.
+	ArtifactTrained = "trained"
+	// ArtifactSucceeded: any other artifact of the attempt that succeeded.
+	ArtifactSucceeded = "succeeded"
+	// ArtifactFailed and ArtifactCanceled: the job ended so.
+	ArtifactFailed   = "failed"
+	ArtifactCanceled = "canceled"
+	// ArtifactPending: the job has not ended.
+	ArtifactPending = "pending"
+	// ArtifactSuperseded: the job succeeded, but under a later lease than
+	// the one that reported the artifact: the artifact is from an
+	// abandoned attempt (an expired or released lease), not the result.
+	ArtifactSuperseded = "superseded"
+)
+
+// ArtifactView is an artifact with its job's outcome.
+type ArtifactView struct {
+	ArtifactID     string          `json:"artifact_id"`
+	ArtifactType   string          `json:"artifact_type"`
+	Name           string          `json:"name"`
+	URI            string          `json:"uri"`
+	ChecksumSHA256 *string         `json:"checksum_sha256"`
+	SizeBytes      int64           `json:"size_bytes"`
+	Metadata       json.RawMessage `json:"metadata"`
+	ReceiptID      *string         `json:"receipt_id"`
+	CreatedAt      time.Time       `json:"created_at"`
+	WorkerID       string          `json:"worker_id"`
+	LeaseEpoch     int64           `json:"lease_epoch"`
+	JobID          string          `json:"job_id"`
+	JobType        string          `json:"job_type"`
+	JobState       string          `json:"job_state"`
+	// Status is one of the Artifact* constants.
+	Status string `json:"status"`
+}
+
+// ArtifactListResponse answers
+// GET /operator/artifacts[?job_id=&artifact_type=&after=&limit=]:
+// artifacts in id order, 1,000 a page unless limit says fewer. Next is
+// the after= of the next page, null after the last.
+type ArtifactListResponse struct {
+	Artifacts []ArtifactView `json:"artifacts"`
+	Next      *string        `json:"next"`
+}
+
+// WorkerView is a registered worker and its ban.
+type WorkerView struct {
+	WorkerID                 string         `json:"worker_id"`
+	NodeID                   string         `json:"node_id"`
+	Name                     string         `json:"name"`
+	Hostname                 string         `json:"hostname"`
+	EndpointURL              *string        `json:"endpoint_url"`
+	Role                     string         `json:"role"`
+	Tags                     []string       `json:"tags"`
+	Version                  string         `json:"version"`
+	HeartbeatIntervalSeconds int            `json:"heartbeat_interval_seconds"`
+	Capabilities             Capabilities   `json:"capabilities"`
+	GovernorLimits           GovernorLimits `json:"governor_limits"`
+	PolicyVersion            int64          `json:"policy_version"`
+	// Status is the last heartbeat's: idle, busy or draining.
+	Status       string     `json:"status"`
+	RegisteredAt time.Time  `json:"registered_at"`
+	LastSeenAt   time.Time  `json:"last_seen_at"`
+	Banned       bool       `json:"banned"`
+	BanReason    *string    `json:"ban_reason"`
+	BannedAt     *time.Time `json:"banned_at"`
+}
+
+// WorkerListResponse answers GET /operator/workers[?after=&limit=]:
+// workers in id order, 1,000 a page unless limit says fewer. Next is the
+// after= of the next page, null after the last.
+type WorkerListResponse struct {
+	Workers []WorkerView `json:"workers"`
+	Next    *string      `json:"next"`
+}
+
+// WorkerLease is one live lease a worker holds.
+type WorkerLease struct {
+	JobID           string    `json:"job_id"`
+	JobType         string    `json:"job_type"`
+	State           string    `json:"state"`
+	LeaseID         string    `json:"lease_id"`
+	LeaseEpoch      int64     `json:"lease_epoch"`
+	ExpiresAt       time.Time `json:"expires_at"`
+	AcceptBy        time.Time `json:"accept_by"`
+	CancelRequested bool      `json:"cancel_requested"`
+}
+
+// WorkerDetailResponse answers GET /operator/workers/{id}: the worker, its
+// latest heartbeat metrics (null before the first) and its live leases.
+type WorkerDetailResponse struct {
+	Worker  WorkerView      `json:"worker"`
+	Metrics json.RawMessage `json:"metrics"`
+	Leases  []WorkerLease   `json:"leases"`
+}
+
+// WorkerResponse answers ban and unban. ReceiptID is the receipt of the
+// change, null when the call changed nothing.
+type WorkerResponse struct {
+	Worker    WorkerView `json:"worker"`
+	ReceiptID *string    `json:"receipt_id"`
+}
+
+// ReasonRequest is the body of ban, unban, revoke and deactivate: a
+// reason, which deactivate requires and the others record if given.
+type ReasonRequest struct {
+	Reason string `json:"reason"`
+}
+
+// MintCredentialRequest is the body of POST /operator/credentials.
+type MintCredentialRequest struct {
+	Principal string   `json:"principal"`
+	Scopes    []string `json:"scopes"`
+	// TTLSeconds is the credential's lifetime; absent or 0 means 30 days.
+	TTLSeconds int64 `json:"ttl_seconds"`
+}
+
+// MintCredentialResponse answers POST /operator/credentials. Token is
+// shown this once.
+type MintCredentialResponse struct {
+	CredentialID string    `json:"credential_id"`
+	Token        string    `json:"token"`
+	Principal    string    `json:"principal"`
+	Scopes       []string  `json:"scopes"`
+	ExpiresAt    time.Time `json:"expires_at"`
+	ReceiptID    string    `json:"receipt_id"`
+}
+
+// RevokeCredentialResponse answers POST /operator/credentials/{id}/revoke.
+// ReceiptID is null when the credential was revoked already.
+type RevokeCredentialResponse struct {
+	CredentialID string    `json:"credential_id"`
+	Principal    string    `json:"principal"`
+	RevokedAt    time.Time `json:"revoked_at"`
+	ReceiptID    *string   `json:"receipt_id"`
+}
+
+// EnvelopeResponse is the envelope's state: whether blocked job types may
+// run now (Active accounts for the deadline), the policy version, the
+// last change, and the job type classes (unlisted types are blocked).
+// ReceiptID is set on the answers of activate and deactivate.
+type EnvelopeResponse struct {
+	Active        bool       `json:"active"`
+	PolicyVersion int64      `json:"policy_version"`
+	By            string     `json:"by"`
+	Reason        string     `json:"reason"`
+	Until         *time.Time `json:"until"`
+	ChangedAt     *time.Time `json:"changed_at"`
+	SafeTypes     []string   `json:"safe_types"`
+	BlockedTypes  []string   `json:"blocked_types"`
+	ReceiptID     string     `json:"receipt_id,omitempty"`
+}
+
+// ActivateRequest is the body of POST /operator/envelope/activate.
+type ActivateRequest struct {
+	Reason string `json:"reason"`
+	// Until, when set, ends the activation at that time.
+	Until *time.Time `json:"until"`
+}
+
+// ReceiptListResponse answers GET /operator/receipts[?after=&limit=]:
+// sequenced receipts with an index above after, in index order, 100 a
+// page unless limit (1 to 1,000) says otherwise. Next is the after= of
+// the next page (the last index listed), null after the last.
+type ReceiptListResponse struct {
+	Receipts []receipts.WireReceipt `json:"receipts"`
+	Next     *int64                 `json:"next"`
+}
+
+// ReceiptResponse answers GET /operator/receipts/{id}: the receipt, and,
+// once it is sequenced, its inclusion proof and the signed checkpoint the
+// proof is against (both null before).
+type ReceiptResponse struct {
+	Receipt    receipts.WireReceipt `json:"receipt"`
+	Proof      *receipts.Proof      `json:"proof"`
+	Checkpoint *string              `json:"checkpoint"`
+}
+
+// ConsistencyResponse answers GET /operator/receipts/consistency.
+type ConsistencyResponse struct {
+	Hashes []tlog.Hash `json:"hashes"`
+}
+
+// rawText is an answer written as text/plain rather than JSON.
+type rawText []byte
+
+func (s *Server) writeText(w http.ResponseWriter, code int, b rawText) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(code)
+	if _, err := w.Write(b); err != nil {
+		s.log.Warn("writing a response", "err", err)
+	}
+}
+
+// maxPage is the largest page a list route answers.
+const maxPage = 1000
+
+// Jobs.
+
+// Dispatch enqueues a job and wakes long-polls, in one transaction, and
+// then says whether a registered worker could lease it now; when not,
+// reason says why (see leasability, and the operator route POST
+// /operator/jobs; a job a worker already leased is leasable). The Hooks
+// hear of the new job once it committed. If ctx carries a transaction,
+// the job joins it and the hook may run before that transaction commits.
+//
+// It returns an error only when the job was not enqueued. A store that
+// fails while leasability is checked is logged and leaves leasable false
+// with a reason that says so.
+func (s *Server) Dispatch(ctx context.Context, nj lease.NewJob) (job *lease.Job, leasable bool, reason string, err error) {
+	err = s.st.Tx.InTx(ctx, func(ctx context.Context) error {
+		var err error
+		if job, err = s.leases.Enqueue(ctx, nj); err != nil {
+			return err
+		}
+		return s.st.Notifier.Notify(ctx)
+	})
+	if err != nil {
+		return nil, false, "", err
+	}
+	j := *job
+	s.hooks.emit([]func(Hooks){func(h Hooks) { h.JobChanged(context.Background(), JobEvent{Job: j}) }})
+	leasable, reason, err = s.leasability(ctx, job)
+	if err != nil {
+		s.log.Error("checking whether a job is leasable", "job_id", job.ID, "err", err)
+		return job, false, "unknown: a store did not answer while leasability was checked", nil
+	}
+	if !leasable {
+		// A worker waiting in a long-poll may have leased the job since
+		// the commit, and now counts it against its max_jobs.
+		if cur, err := s.leases.Get(ctx, job.ID); err == nil && cur.Lease != nil {
+			return job, true, "", nil
+		}
+	}
+	return job, leasable, reason, nil
+}
+
+func (s *Server) opDispatch(ctx context.Context, c *call) (int, any, error) {
+	var req DispatchRequest
+	if err := c.decode(&req); err != nil {
+		return 0, nil, err
+	}
+	if req.JobType == "" {
+		return 0, nil, fmt.Errorf("%w: job_type is required", ErrInvalidRequest)
+	}
+	payload := req.Payload
+	switch p := strings.TrimSpace(string(payload)); {
+	case p == "" || p == "null":
+		payload = nil
+	case !strings.HasPrefix(p, "{"):
+		return 0, nil, fmt.Errorf("%w: payload must be a JSON object", ErrInvalidRequest)
+	}
+	j, ok, reason, err := s.Dispatch(ctx, lease.NewJob{
+		Type:         req.JobType,
+		Payload:      payload,
+		Requirements: lease.Requirements(req.Requirements),
+		Priority:     req.Priority,
+		MaxAttempts:  req.MaxAttempts,
+	})
+	if err != nil {
+		return 0, nil, err
+	}
+	return http.StatusCreated, DispatchResponse{Job: wireJob(j), Leasable: ok, Reason: reason}, nil
+}
+
+func (s *Server) opListJobs(ctx context.Context, c *call) (int, any, error) {
+	q := c.r.URL.Query()
+	state, err := qString(q, "state")
+	if err != nil {
+		return 0, nil, err
+	}
+	if state != "" && !lease.State(state).Valid() {
+		return 0, nil, fmt.Errorf("%w: state must be queued, leased, running, succeeded, failed or canceled", ErrInvalidRequest)
+	}
+	jobType, err := qString(q, "job_type")
+	if err != nil {
+		return 0, nil, err
+	}
+	after, err := qString(q, "after")
+	if err != nil {
+		return 0, nil, err
+	}
+	limit, err := qLimit(q)
+	if err != nil {
+		return 0, nil, err
+	}
+	jobs, next, err := s.leases.List(ctx, lease.JobFilter{State: lease.State(state), Type: jobType, After: after, Limit: limit})
+	if err != nil {
+		return 0, nil, err
+	}
+	out := JobListResponse{Jobs: make([]Job, len(jobs))}
+	for i, j := range jobs {
+		out.Jobs[i] = wireJob(j)
+	}
+	if next != "" {
+		out.Next = &next
+	}
+	return http.StatusOK, out, nil
+}
+
+func (s *Server) opGetJob(ctx context.Context, c *call) (int, any, error) {
+	q := c.r.URL.Query()
+	after, _, err := qInt(q, "events_after", 0, 1<<62)
+	if err != nil {
+		return 0, nil, err
+	}
+	j, err := s.leases.Get(ctx, c.pathID())
+	if err != nil {
+		return 0, nil, err
+	}
+	evs, err := s.leases.Events(ctx, j.ID, after, maxPage)
+	if err != nil {
+		return 0, nil, err
+	}
+	arts, err := s.jobArtifacts(ctx, j.ID)
+	if err != nil {
+		return 0, nil, err
+	}
+	ok, reason, err := s.leasability(ctx, j)
+	if err != nil {
+		return 0, nil, err
+	}
+	out := JobDetailResponse{
+		Job:       wireJob(j),
+		Leasable:  ok,
+		Reason:    reason,
+		Events:    make([]JobEventView, len(evs)),
+		Artifacts: make([]ArtifactView, len(arts)),
+	}
+	if r := j.Result; r != nil {
+		out.Result = &JobResult{OutputURI: nonEmpty(r.OutputURI), Metrics: orNull(r.Metrics), FinalMessage: nonEmpty(r.FinalMessage)}
+	}
+	for i, e := range evs {
+		out.Events[i] = wireEvent(e)
+	}
+	if len(evs) == maxPage {
+		next := evs[len(evs)-1].ID
+		out.EventsNext = &next
+	}
+	for i, a := range arts {
+		out.Artifacts[i] = wireArtifact(a, j)
+	}
+	return http.StatusOK, out, nil
+}
+
+func (s *Server) opCancelJob(ctx context.Context, c *call) (int, any, error) {
+	if err := c.decodeOptional(&struct{}{}); err != nil {
+		return 0, nil, err
+	}
+	var (
+		prev, j *lease.Job
+		arts    []*lease.Artifact
+	)
+	err := s.st.Tx.InTx(ctx, func(ctx context.Context) error {
+		var err error
+		if prev, err = s.leases.Get(ctx, c.pathID()); err != nil {
+			return err
+		}
+		if j, err = s.leases.Cancel(ctx, prev.ID); err != nil {
+			return err
+		}
+		if j.Rev != prev.Rev && j.State.Terminal() {
+			arts, err = s.jobArtifacts(ctx, j.ID)
+		}
+		return err
+	})
+	if err != nil {
+		return 0, nil, err
+	}
+	if j.Rev != prev.Rev {
+		ev := JobEvent{From: prev.State, Job: *j}
+		for _, a := range arts {
+			ev.Artifacts = append(ev.Artifacts, *a)
+		}
+		c.after(func(h Hooks) { h.JobChanged(context.Background(), ev) })
+	}
+	return http.StatusOK, JobResponse{Job: wireJob(j)}, nil
+}
+
+// jobArtifacts returns every artifact of a job, in id order.
+func (s *Server) jobArtifacts(ctx context.Context, jobID string) ([]*lease.Artifact, error) {
+	var out []*lease.Artifact
+	after := ""
+	for {
+		page, err := s.leases.Artifacts(ctx, lease.ArtifactFilter{JobID: jobID, After: after, Limit: maxPage})
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, page...)
+		if len(page) < maxPage {
+			return out, nil
+		}
+		after = page[len(page)-1].ID
+	}
+}
+
+func (s *Server) opListArtifacts(ctx context.Context, c *call) (int, any, error) {
+	q := c.r.URL.Query()
+	jobID, err := qString(q, "job_id")
+	if err != nil {
+		return 0, nil, err
+	}
+	typ, err := qString(q, "artifact_type")
+	if err != nil {
+		return 0, nil, err
+	}
+	after, err := qString(q, "after")
+	if err != nil {
+		return 0, nil, err
+	}
+	limit, err := qLimit(q)
+	if err != nil {
+		return 0, nil, err
+	}
+	if limit == 0 {
+		limit = maxPage
+	}
+	if jobID != "" {
+		// An unknown job is a 404, not an empty list.
+		if _, err := s.leases.Get(ctx, jobID); err != nil {
+			return 0, nil, err
+		}
+	}
+	arts, err := s.leases.Artifacts(ctx, lease.ArtifactFilter{JobID: jobID, Type: typ, After: after, Limit: limit})
+	if err != nil {
+		return 0, nil, err
+	}
+	jobs := map[string]*lease.Job{}
+	out := ArtifactListResponse{Artifacts: make([]ArtifactView, len(arts))}
+	for i, a := range arts {
+		j, ok := jobs[a.JobID]
+		if !ok {
+			if j, err = s.leases.Get(ctx, a.JobID); err != nil {
+				return 0, nil, err
+			}
+			jobs[a.JobID] = j
+		}
+		out.Artifacts[i] = wireArtifact(a, j)
+	}
+	if len(arts) == limit {
+		next := arts[len(arts)-1].ID
+		out.Next = &next
+	}
+	return http.StatusOK, out, nil
+}
+
+// artifactStatus is what an artifact is worth given its job's state: see
+// the Artifact* constants.
+func artifactStatus(a *lease.Artifact, j *lease.Job) string {
+	switch j.State {
+	case lease.StateSucceeded:
+		if j.Lease != nil && a.Epoch != j.Lease.Epoch {
+			return ArtifactSuperseded
+		}
+		if j.Type == "lora_train" && a.Type == "adapter" {
+			return ArtifactTrained
+		}
+		return ArtifactSucceeded
+	case lease.StateFailed:
+		return ArtifactFailed
+	case lease.StateCanceled:
+		return ArtifactCanceled
+	}
+	return ArtifactPending
+}
+
+func wireArtifact(a *lease.Artifact, j *lease.Job) ArtifactView {
+	return ArtifactView{
+		ArtifactID:     a.ID,
+		ArtifactType:   a.Type,
+		Name:           a.Name,
+		URI:            a.URI,
+		ChecksumSHA256: nonEmpty(a.SHA256),
+		SizeBytes:      a.SizeBytes,
+		Metadata:       orEmptyObject(a.Metadata),
+		ReceiptID:      nonEmpty(a.ReceiptID),
+		CreatedAt:      a.CreatedAt,
+		WorkerID:       a.WorkerID,
+		LeaseEpoch:     a.Epoch,
+		JobID:          j.ID,
+		JobType:        j.Type,
+		JobState:       string(j.State),
+		Status:         artifactStatus(a, j),
+	}
+}
+
+func wireEvent(e *lease.Event) JobEventView {
+	v := JobEventView{
+		ID:         e.ID,
+		Kind:       string(e.Kind),
+		EventType:  nonEmpty(e.Type),
+		Message:    e.Message,
+		Payload:    orNull(e.Payload),
+		LeaseEpoch: e.Epoch,
+		CreatedAt:  e.CreatedAt,
+	}
+	if e.Kind == lease.EventLog {
+		seq := e.Seq
+		v.Seq = &seq
+	}
+	return v
+}
+
+// Leasability.
+
+// leasability says whether a registered worker could lease the queued job
+// j now, matching as lease.Manager.Lease does, and if not, why. The
+// checks, in order, and the first that fails answers:
+//
+//  1. the envelope allows the job type (else the envelope's reason);
+//  2. a registered worker supports the type and has the GPUs the job
+//     requires: its SKU, enough of them, and enough VRAM on each, capped
+//     by the worker's governor max_vram_mb (else the requirement that no
+//     worker meets, naming it);
+//  3. the job is not scheduled later (a retry's backoff);
+//  4. one such worker is not banned and holds fewer live leases than its
+//     governor max_jobs.
+//
+// A job that fails only check 4 is not leasable: it waits for a slot, and
+// the reason says so. Leasable means a worker could take the job at its
+// next poll, not that the job is next in line: higher priorities and
+// older jobs go first. Workers are judged by what they registered; one
+// that polls offering fewer types or SKUs, or that no longer polls at
+// all, may still leave the job waiting. For a job in any other state it
+// reports false and no reason.
+func (s *Server) leasability(ctx context.Context, j *lease.Job) (bool, string, error) {
+	if j.State != lease.StateQueued {
+		return false, "", nil
+	}
+	snap, err := s.gate.Snapshot(ctx)
+	if err != nil {
+		return false, "", err
+	}
+	if err := snap.Allow(j.Type); err != nil {
+		var be *envelope.BlockedError
+		if errors.As(err, &be) {
+			return false, be.Reason, nil
+		}
+		return false, "", err
+	}
+	var (
+		capable []*lease.Worker
+		m       shortfall
+	)
+	for after := ""; ; {
+		page, err := s.leases.Workers(ctx, after, maxPage)
+		if err != nil {
+			return false, "", err
+		}
+		for _, w := range page {
+			if m.add(w, j) {
+				capable = append(capable, w)
+			}
+		}
+		if len(page) < maxPage {
+			break
+		}
+		after = page[len(page)-1].ID
+	}
+	if len(capable) == 0 {
+		return false, m.reason(j), nil
+	}
+	now := s.now()
+	if j.ScheduledAt.After(now) {
+		return false, "scheduled for " + j.ScheduledAt.Format(time.RFC3339Nano) + " (a retry's backoff): not leasable before then", nil
+	}
+	banned := 0
+	for _, w := range capable {
+		p, err := s.issuer.Principal(ctx, w.ID)
+		switch {
+		case err == nil && p.Banned:
+			banned++
+			continue
+		case err != nil && !errors.Is(err, credential.ErrNotFound):
+			return false, "", err
+		}
+		free, err := s.hasSlot(ctx, w, now)
+		if err != nil {
+			return false, "", err
+		}
+		if free {
+			return true, "", nil
+		}
+	}
+	if banned == len(capable) {
+		return false, fmt.Sprintf("every worker that can run it is banned (%d)", banned), nil
+	}
+	return false, fmt.Sprintf("every worker that can run it is at its governor max_jobs (%d busy, %d banned): it waits for a free slot",
+		len(capable)-banned, banned), nil
+}
+
+// hasSlot reports whether w holds fewer live leases than its governor
+// max_jobs, not counting leases already past their TTL or accept
+// deadline, which the next lease call expires first.
+func (s *Server) hasSlot(ctx context.Context, w *lease.Worker, now time.Time) (bool, error) {
+	jobs, _, err := s.leases.List(ctx, lease.JobFilter{WorkerID: w.ID, Limit: maxPage})
+	if err != nil {
+		return false, err
+	}
+	live := 0
+	for _, j := range jobs {
+		if l := j.Lease; j.State.Live() && l != nil && now.Before(l.ExpiresAt) &&
+			(j.State != lease.StateLeased || now.Before(l.AcceptBy)) {
+			live++
+		}
+	}
+	return live < max(w.Governor.MaxJobs, 1), nil
+}
+
+// The steps at which a worker falls short of a job, in matching order.
+const (
+	shortNone  = iota // no worker at all
+	shortType         // does not support the job type
+	shortSKU          // has no GPU of the job's SKU
+	shortCount        // has too few GPUs (of the SKU)
+	shortVRAM         // has too few GPUs with enough VRAM each
+)
+
+// shortfall gathers how far the registered workers come to a job's
+// requirements, to name the one none of them meets.
+type shortfall struct {
+	// step is the furthest any worker got.
+	step int
+	// mostGPUs is the most GPUs (of the SKU) of a worker with the SKU;
+	// mostVRAM the most VRAM a worker with enough GPUs offers on each of
+	// the GPUs the job needs.
+	mostGPUs, mostVRAM int
+}
+
+// add judges w and reports whether it can run j.
+func (m *shortfall) add(w *lease.Worker, j *lease.Job) bool {
+	r := j.Requirements
+	reach := func(step int) {
+		m.step = max(m.step, step)
+	}
+	reach(shortType)
+	if !slices.Contains(w.Capabilities.JobTypes, j.Type) {
+		return false
+	}
+	var vram []int // the VRAM of each GPU the job may use
+	for _, g := range w.Capabilities.GPUs {
+		if r.GPUSKU == "" || g.SKU == r.GPUSKU {
+			vram = append(vram, g.VRAMMB)
+		}
+	}
+	reach(shortSKU)
+	if r.GPUSKU != "" && len(vram) == 0 {
+		return false
+	}
+	reach(shortCount)
+	m.mostGPUs = max(m.mostGPUs, len(vram))
+	if r.GPUCount > len(vram) {
+		return false
+	}
+	reach(shortVRAM)
+	if r.GPUCount > 0 {
+		slices.Sort(vram)
+		best := vram[len(vram)-r.GPUCount] // the r.GPUCount-th largest
+		if w.Governor.MaxVRAMMB > 0 {
+			best = min(best, w.Governor.MaxVRAMMB)
+		}
+		m.mostVRAM = max(m.mostVRAM, best)
+	}
+	return fitsAny(r, workerFits(w))
+}
+
+// reason names the requirement no worker meets.
+func (m *shortfall) reason(j *lease.Job) string {
+	r := j.Requirements
+	of := ""
+	if r.GPUSKU != "" {
+		of = fmt.Sprintf(" of SKU %q", r.GPUSKU)
+	}
+	switch m.step {
+	case shortNone:
+		return "no worker is registered"
+	case shortType:
+		return fmt.Sprintf("no registered worker supports job type %q", j.Type)
+	case shortSKU:
+		return fmt.Sprintf("no registered worker that supports %s has a GPU of SKU %q", j.Type, r.GPUSKU)
+	case shortCount:
+		return fmt.Sprintf("no registered worker that supports %s has %d GPUs%s (the most is %d)", j.Type, r.GPUCount, of, m.mostGPUs)
+	default:
+		return fmt.Sprintf("no registered worker that supports %s has %d GPUs%s with %d MiB of VRAM each, within its governor max_vram_mb (the most is %d MiB)",
+			j.Type, r.GPUCount, of, r.MinVRAMMB, m.mostVRAM)
+	}
+}
+
+// workerFits lists the job shapes w can take, exactly as lease.Manager.Lease
+// builds its ClaimQuery.Fits for a worker that offers all its registered
+// SKUs: for each SKU (and for jobs without one) and each VRAM size among
+// those GPUs, how many have at least that much, the size capped by the
+// governor's max_vram_mb; and the CPU-only shape.
+func workerFits(w *lease.Worker) []lease.Fit {
+	out := []lease.Fit{{}}
+	add := func(sku string, gpus []lease.GPU) {
+		for _, g := range gpus {
+			n := 0
+			for _, h := range gpus {
+				if h.VRAMMB >= g.VRAMMB {
+					n++
+				}
+			}
+			v := g.VRAMMB
+			if w.Governor.MaxVRAMMB > 0 {
+				v = min(v, w.Governor.MaxVRAMMB)
+			}
+			if f := (lease.Fit{SKU: sku, GPUs: n, VRAMMB: v}); !slices.Contains(out, f) {
+				out = append(out, f)
+			}
+		}
+	}
+	var skus []string
+	for _, g := range w.Capabilities.GPUs {
+		if !slices.Contains(skus, g.SKU) {
+			skus = append(skus, g.SKU)
+		}
+	}
+	var all []lease.GPU
+	for _, sku := range skus {
+		var of []lease.GPU
+		for _, g := range w.Capabilities.GPUs {
+			if g.SKU == sku {
+				of = append(of, g)
+			}
+		}
+		add(sku, of)
+		all = append(all, of...)
+	}
+	add("", all)
+	return out
+}
+
+// fitsAny is the stores' match of a job's requirements against a fit.
+func fitsAny(r lease.Requirements, fs []lease.Fit) bool {
+	for _, f := range fs {
+		if r.GPUSKU == f.SKU && r.GPUCount <= f.GPUs && r.MinVRAMMB <= f.VRAMMB {
+			return true
+		}
+	}
+	return false
+}
+
+// Workers.
+
+func (s *Server) opListWorkers(ctx context.Context, c *call) (int, any, error) {
+	q := c.r.URL.Query()
+	after, err := qString(q, "after")
+	if err != nil {
+		return 0, nil, err
+	}
+	limit, err := qLimit(q)
+	if err != nil {
+		return 0, nil, err
+	}
+	if limit == 0 {
+		limit = maxPage
+	}
+	ws, err := s.leases.Workers(ctx, after, limit)
+	if err != nil {
+		return 0, nil, err
+	}
+	out := WorkerListResponse{Workers: make([]WorkerView, len(ws))}
+	for i, w := range ws {
+		if out.Workers[i], err = s.workerView(ctx, w); err != nil {
+			return 0, nil, err
+		}
+	}
+	if len(ws) == limit {
+		next := ws[len(ws)-1].ID
+		out.Next = &next
+	}
+	return http.StatusOK, out, nil
+}
+
+func (s *Server) opGetWorker(ctx context.Context, c *call) (int, any, error) {
+	w, err := s.leases.Worker(ctx, c.pathID())
+	if err != nil {
+		return 0, nil, err
+	}
+	v, err := s.workerView(ctx, w)
+	if err != nil {
+		return 0, nil, err
+	}
+	jobs, _, err := s.leases.List(ctx, lease.JobFilter{WorkerID: w.ID, Limit: maxPage})
+	if err != nil {
+		return 0, nil, err
+	}
+	out := WorkerDetailResponse{Worker: v, Metrics: orNull(w.Metrics), Leases: []WorkerLease{}}
+	for _, j := range jobs {
+		l := j.Lease
+		if !j.State.Live() || l == nil || l.WorkerID != w.ID {
+			continue
+		}
+		out.Leases = append(out.Leases, WorkerLease{
+			JobID: j.ID, JobType: j.Type, State: string(j.State), LeaseID: l.ID, LeaseEpoch: l.Epoch,
+			ExpiresAt: l.ExpiresAt, AcceptBy: l.AcceptBy, CancelRequested: j.CancelRequested,
+		})
+	}
+	return http.StatusOK, out, nil
+}
+
+// workerView is w with its ban. A worker's principal has the worker's id;
+// a worker without one (registered in Go) is not banned.
+func (s *Server) workerView(ctx context.Context, w *lease.Worker) (WorkerView, error) {
+	v := WorkerView{
+		WorkerID:                 w.ID,
+		NodeID:                   w.NodeID,
+		Name:                     w.Name,
+		Hostname:                 w.Hostname,
+		EndpointURL:              nonEmpty(w.EndpointURL),
+		Role:                     w.Role,
+		Tags:                     orEmpty(w.Tags),
+		Version:                  w.Version,
+		HeartbeatIntervalSeconds: w.HeartbeatInterval,
+		Capabilities:             Capabilities{GPUs: []GPU{}, JobTypes: orEmpty(w.Capabilities.JobTypes)},
+		GovernorLimits:           GovernorLimits{MaxJobs: w.Governor.MaxJobs, MaxVRAMMB: w.Governor.MaxVRAMMB},
+		PolicyVersion:            w.PolicyVersion,
+		Status:                   w.Status,
+		RegisteredAt:             w.RegisteredAt,
+		LastSeenAt:               w.LastSeenAt,
+	}
+	for _, g := range w.Capabilities.GPUs {
+		v.Capabilities.GPUs = append(v.Capabilities.GPUs, GPU{SKU: g.SKU, VRAMMB: g.VRAMMB})
+	}
+	p, err := s.issuer.Principal(ctx, w.ID)
+	switch {
+	case errors.Is(err, credential.ErrNotFound):
+		return v, nil
+	case err != nil:
+		return WorkerView{}, err
+	}
+	v.Banned, v.BannedAt = p.Banned, p.BannedAt
+	if p.Banned {
+		reason := p.BanReason
+		v.BanReason = &reason
+	}
+	return v, nil
+}
+
+func (s *Server) opBanWorker(ctx context.Context, c *call) (int, any, error) {
+	return s.setBan(ctx, c, true)
+}
+
+func (s *Server) opUnbanWorker(ctx context.Context, c *call) (int, any, error) {
+	return s.setBan(ctx, c, false)
+}
+
+// setBan bans or unbans a worker's principal and mints the receipt of the
+// change, in one transaction. A call that changes nothing (banning again
+// with the same reason, unbanning a worker that is not banned) mints
+// nothing. A banned worker can no longer call any route, heartbeats
+// included: its live leases run out at their TTL and go back to the queue
+// (DESIGN §5).
+func (s *Server) setBan(ctx context.Context, c *call, ban bool) (int, any, error) {
+	var req ReasonRequest
+	if err := c.decodeOptional(&req); err != nil {
+		return 0, nil, err
+	}
+	var (
+		w      *lease.Worker
+		minted *receipts.Stored
+	)
+	err := s.st.Tx.InTx(ctx, func(ctx context.Context) error {
+		var err error
+		if w, err = s.leases.Worker(ctx, c.pathID()); err != nil {
+			return err
+		}
+		before, err := s.issuer.Principal(ctx, w.ID)
+		if errors.Is(err, credential.ErrNotFound) {
+			return fmt.Errorf("%w: worker %s has no principal to ban", ErrNotFound, w.ID)
+		}
+		if err != nil {
+			return err
+		}
+		var after *credential.Principal
+		kind := receipts.KindWorkerUnbanned
+		if ban {
+			kind = receipts.KindWorkerBanned
+			after, err = s.issuer.Ban(ctx, w.ID, req.Reason)
+		} else {
+			after, err = s.issuer.Unban(ctx, w.ID)
+		}
+		if err != nil || after.Rev == before.Rev {
+			return err
+		}
+		minted, err = s.mint(ctx, receipts.Receipt{
+			Kind: kind, WorkerID: w.ID, NodeID: w.NodeID, Actor: c.principal.ID, Reason: req.Reason,
+		})
+		return err
+	})
+	if err != nil {
+		return 0, nil, err
+	}
+	v, err := s.workerView(ctx, w)
+	if err != nil {
+		return 0, nil, err
+	}
+	out := WorkerResponse{Worker: v}
+	if minted != nil {
+		out.ReceiptID = s.announce(c, minted)
+	}
+	return http.StatusOK, out, nil
+}
+
+// Credentials.
+
+// maxCredentialTTL bounds ttl_seconds: ten years.
+const maxCredentialTTL = 10 * 366 * 24 * 3600
+
+// opMintCredential mints a credential for an existing principal (404 for
+// an unknown one: a typo must not create an identity; principals are
+// created by registration, Bootstrap, or in Go with Server.Issuer). A
+// node principal may not be given operator scopes: a worker machine's
+// token must never open the operator routes.
+func (s *Server) opMintCredential(ctx context.Context, c *call) (int, any, error) {
+	var req MintCredentialRequest
+	if err := c.decode(&req); err != nil {
+		return 0, nil, err
+	}
+	switch {
+	case req.Principal == "":
+		return 0, nil, fmt.Errorf("%w: principal is required", ErrInvalidRequest)
+	case len(req.Scopes) == 0:
+		return 0, nil, fmt.Errorf("%w: scopes must name at least one scope", ErrInvalidRequest)
+	case req.TTLSeconds < 0 || req.TTLSeconds > maxCredentialTTL:
+		return 0, nil, fmt.Errorf("%w: ttl_seconds must be 0 (30 days) to %d", ErrInvalidRequest, maxCredentialTTL)
+	}
+	scopes := make([]credential.Scope, len(req.Scopes))
+	operatorScope := false
+	for i, sc := range req.Scopes {
+		p, err := credential.ParseScope(sc)
+		if err != nil {
+			return 0, nil, err
+		}
+		scopes[i] = p
+		operatorScope = operatorScope || strings.HasPrefix(sc, "operator:")
+	}
+	var (
+		token  string
+		cred   *credential.Credential
+		minted *receipts.Stored
+	)
+	err := s.st.Tx.InTx(ctx, func(ctx context.Context) error {
+		p, err := s.issuer.Principal(ctx, req.Principal)
+		if err != nil {
+			return err
+		}
+		if p.Kind == credential.KindNode && operatorScope {
+			return fmt.Errorf("%w: a node principal may not hold operator scopes", ErrInvalidRequest)
+		}
+		if token, cred, err = s.issuer.Mint(ctx, p.ID, scopes, time.Duration(req.TTLSeconds)*time.Second); err != nil {
+			return err
+		}
+		minted, err = s.mint(ctx, mintedReceipt(cred, c.principal.ID))
+		return err
+	})
+	if err != nil {
+		return 0, nil, err
+	}
+	out := MintCredentialResponse{
+		CredentialID: cred.ID,
+		Token:        token,
+		Principal:    cred.PrincipalID,
+		Scopes:       scopeStrings(cred.Scopes),
+		ExpiresAt:    cred.ExpiresAt,
+		ReceiptID:    *s.announce(c, minted),
+	}
+	return http.StatusCreated, out, nil
+}
+
+func mintedReceipt(cred *credential.Credential, actor string) receipts.Receipt {
+	return receipts.Receipt{
+		Kind:         receipts.KindCredentialMinted,
+		CredentialID: cred.ID,
+		PrincipalID:  cred.PrincipalID,
+		Scopes:       strings.Join(scopeStrings(cred.Scopes), " "),
+		Actor:        actor,
+		ExpiresAt:    cred.ExpiresAt,
+	}
+}
+
+func scopeStrings(sc []credential.Scope) []string {
+	out := make([]string, len(sc))
+	for i, s := range sc {
+		out[i] = string(s)
+	}
+	return out
+}
+
+func (s *Server) opRevokeCredential(ctx context.Context, c *call) (int, any, error) {
+	var req ReasonRequest
+	if err := c.decodeOptional(&req); err != nil {
+		return 0, nil, err
+	}
+	var (
+		cred   *credential.Credential
+		minted *receipts.Stored
+	)
+	err := s.st.Tx.InTx(ctx, func(ctx context.Context) error {
+		before, err := s.issuer.Credential(ctx, c.pathID())
+		if err != nil {
+			return err
+		}
+		if cred, err = s.issuer.Revoke(ctx, before.ID); err != nil || cred.Rev == before.Rev {
+			return err
+		}
+		minted, err = s.mint(ctx, receipts.Receipt{
+			Kind: receipts.KindCredentialRevoked, CredentialID: cred.ID, PrincipalID: cred.PrincipalID,
+			Actor: c.principal.ID, Reason: req.Reason,
+		})
+		return err
+	})
+	if err != nil {
+		return 0, nil, err
+	}
+	out := RevokeCredentialResponse{CredentialID: cred.ID, Principal: cred.PrincipalID, RevokedAt: *cred.RevokedAt}
+	if minted != nil {
+		out.ReceiptID = s.announce(c, minted)
+	}
+	return http.StatusOK, out, nil
+}
+
+// Envelope.
+
+func (s *Server) opGetEnvelope(ctx context.Context, c *call) (int, any, error) {
+	snap, err := s.gate.Snapshot(ctx)
+	if err != nil {
+		return 0, nil, err
+	}
+	return http.StatusOK, s.envelopeView(snap.State(), snap.Active()), nil
+}
+
+func (s *Server) envelopeView(st envelope.State, active bool) EnvelopeResponse {
+	p := s.gate.Policy()
+	v := EnvelopeResponse{
+		Active:        active,
+		PolicyVersion: st.Version,
+		By:            st.By,
+		Reason:        st.Reason,
+		Until:         st.Until,
+		SafeTypes:     p.SafeTypes(),
+		BlockedTypes:  p.BlockedTypes(),
+	}
+	if !st.ChangedAt.IsZero() {
+		t := st.ChangedAt
+		v.ChangedAt = &t
+	}
+	return v
+}
+
+// opActivate activates the runtime, mints envelope_activated under the new
+// policy version, and wakes long-polls (queued blocked jobs may be
+// leasable now), in one transaction.
+func (s *Server) opActivate(ctx context.Context, c *call) (int, any, error) {
+	var req ActivateRequest
+	if err := c.decode(&req); err != nil {
+		return 0, nil, err
+	}
+	var (
+		st     envelope.State
+		minted *receipts.Stored
+	)
+	err := s.st.Tx.InTx(ctx, func(ctx context.Context) error {
+		var err error
+		if st, err = s.gate.Activate(ctx, c.principal.ID, req.Reason, req.Until); err != nil {
+			return err
+		}
+		r := receipts.Receipt{Kind: receipts.KindEnvelopeActivated, PolicyVersion: st.Version, Actor: c.principal.ID, Reason: req.Reason}
+		if st.Until != nil {
+			r.Until = *st.Until
+		}
+		if minted, err = s.receipts.Mint(ctx, r); err != nil {
+			return err
+		}
+		return s.st.Notifier.Notify(ctx)
+	})
+	if err != nil {
+		return 0, nil, err
+	}
+	v := s.envelopeView(st, st.Active && (st.Until == nil || s.now().Before(*st.Until)))
+	v.ReceiptID = *s.announce(c, minted)
+	return http.StatusOK, v, nil
+}
+
+// opDeactivate deactivates the runtime and mints envelope_deactivated
+// under the new policy version, in one transaction. reason is required.
+func (s *Server) opDeactivate(ctx context.Context, c *call) (int, any, error) {
+	var req ReasonRequest
+	if err := c.decode(&req); err != nil {
+		return 0, nil, err
+	}
+	var (
+		st     envelope.State
+		minted *receipts.Stored
+	)
+	err := s.st.Tx.InTx(ctx, func(ctx context.Context) error {
+		var err error
+		if st, err = s.gate.Deactivate(ctx, c.principal.ID, req.Reason); err != nil {
+			return err
+		}
+		minted, err = s.receipts.Mint(ctx, receipts.Receipt{
+			Kind: receipts.KindEnvelopeDeactivated, PolicyVersion: st.Version, Actor: c.principal.ID, Reason: req.Reason,
+		})
+		return err
+	})
+	if err != nil {
+		return 0, nil, err
+	}
+	v := s.envelopeView(st, false)
+	v.ReceiptID = *s.announce(c, minted)
+	return http.StatusOK, v, nil
+}
+
+// Receipts.
+
+func (s *Server) opListReceipts(ctx context.Context, c *call) (int, any, error) {
+	q := c.r.URL.Query()
+	after, set, err := qInt(q, "after", 0, receipts.MaxInt-1)
+	if err != nil {
+		return 0, nil, err
+	}
+	limit, err := qLimit(q)
+	if err != nil {
+		return 0, nil, err
+	}
+	from := int64(0)
+	if set {
+		from = after + 1
+	}
+	page := limit
+	if page == 0 {
+		page = 100
+	}
+	rs, err := s.receipts.List(ctx, from, page)
+	if err != nil {
+		return 0, nil, err
+	}
+	out := ReceiptListResponse{Receipts: make([]receipts.WireReceipt, len(rs))}
+	for i, r := range rs {
+		out.Receipts[i] = r.Wire()
+	}
+	if len(rs) == page {
+		next := rs[len(rs)-1].Index
+		out.Next = &next
+	}
+	return http.StatusOK, out, nil
+}
+
+// opGetReceipt answers a receipt with its inclusion proof. It sequences
+// pending receipts first (bounded by Config.ProofWait), so that a receipt
+// minted a moment ago comes with its proof; if sequencing fails or takes
+// too long, the receipt comes without one.
+func (s *Server) opGetReceipt(ctx context.Context, c *call) (int, any, error) {
+	r, err := s.receipts.Get(ctx, c.pathID())
+	if err != nil {
+		return 0, nil, err
+	}
+	if !r.Sequenced {
+		sctx, cancel := context.WithTimeout(ctx, s.cfg.ProofWait)
+		_, err := s.Sequence(sctx)
+		cancel()
+		if err != nil {
+			s.log.Warn("sequencing receipts for a proof", "request_id", c.reqID, "err", err)
+		}
+	}
+	out := ReceiptResponse{Receipt: r.Wire()}
+	got, proof, cp, err := s.receipts.Prove(ctx, r.ID)
+	switch {
+	case errors.Is(err, receipts.ErrNotSequenced):
+	case err != nil:
+		return 0, nil, err
+	default:
+		note := string(cp.Note)
+		out.Receipt, out.Proof, out.Checkpoint = got.Wire(), &proof, &note
+	}
+	return http.StatusOK, out, nil
+}
+
+// opCheckpoint answers the latest signed checkpoint as text. On a log
+// that has none yet it publishes the first.
+func (s *Server) opCheckpoint(ctx context.Context, c *call) (int, any, error) {
+	cp, err := s.receipts.Checkpoint(ctx)
+	if errors.Is(err, receipts.ErrNotFound) {
+		cp, err = s.Sequence(ctx)
+	}
+	if err != nil {
+		return 0, nil, err
+	}
+	return http.StatusOK, rawText(cp.Note), nil
+}
+
+func (s *Server) opConsistency(ctx context.Context, c *call) (int, any, error) {
+	q := c.r.URL.Query()
+	oldSize, oldSet, err := qInt(q, "old", 0, receipts.MaxInt)
+	if err != nil {
+		return 0, nil, err
+	}
+	newSize, newSet, err := qInt(q, "new", 0, receipts.MaxInt)
+	if err != nil {
+		return 0, nil, err
+	}
+	if !oldSet || !newSet {
+		return 0, nil, fmt.Errorf("%w: old and new are required", ErrInvalidRequest)
+	}
+	if oldSize > newSize {
+		return 0, nil, fmt.Errorf("%w: old %d is greater than new %d", ErrInvalidRequest, oldSize, newSize)
+	}
+	hs, err := s.receipts.ConsistencyProof(ctx, oldSize, newSize)
+	if err != nil {
+		return 0, nil, err
+	}
+	return http.StatusOK, ConsistencyResponse{Hashes: hs}, nil
+}
+
+// mint mints r under the policy version in force, in ctx's transaction.
+func (s *Server) mint(ctx context.Context, r receipts.Receipt) (*receipts.Stored, error) {
+	snap, err := s.gate.Snapshot(ctx)
+	if err != nil {
+		return nil, err
+	}
+	r.PolicyVersion = snap.Version()
+	return s.receipts.Mint(ctx, r)
+}
+
+// announce queues the ReceiptMinted hook of a committed receipt and
+// returns its id.
+func (s *Server) announce(c *call, r *receipts.Stored) *string {
+	st := *r
+	c.after(func(h Hooks) { h.ReceiptMinted(context.Background(), st) })
+	id := r.ID
+	return &id
+}
+
+// Request helpers.
+
+// decodeOptional is decode for bodies that may be empty.
+func (c *call) decodeOptional(v any) error {
+	if strings.TrimSpace(string(c.body)) == "" {
+		return nil
+	}
+	return c.decode(v)
+}
+
+// qString returns a query parameter given at most once; "" when absent.
+func qString(q url.Values, name string) (string, error) {
+	switch vs := q[name]; len(vs) {
+	case 0:
+		return "", nil
+	case 1:
+		return vs[0], nil
+	default:
+		return "", fmt.Errorf("%w: query parameter %s is given %d times", ErrInvalidRequest, name, len(vs))
+	}
+}
+
+// qInt returns an integer query parameter in [lo, hi], and whether it was
+// given.
+func qInt(q url.Values, name string, lo, hi int64) (int64, bool, error) {
+	if _, ok := q[name]; !ok {
+		return 0, false, nil
+	}
+	s, err := qString(q, name)
+	if err != nil {
+		return 0, false, err
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || n < lo || n > hi {
+		return 0, false, fmt.Errorf("%w: %s must be an integer from %d to %d", ErrInvalidRequest, name, lo, hi)
+	}
+	return n, true, nil
+}
+
+// qLimit returns ?limit= (1 to 1000), or 0 when absent.
+func qLimit(q url.Values) (int, error) {
+	n, _, err := qInt(q, "limit", 1, maxPage)
+	return int(n), err
+}
+
+func nonEmpty(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
+
+func orNull(raw json.RawMessage) json.RawMessage {
+	if len(raw) == 0 {
+		return json.RawMessage("null")
+	}
+	return raw
+}
+
+func orEmptyObject(raw json.RawMessage) json.RawMessage {
+	if len(raw) == 0 {
+		return json.RawMessage("{}")
+	}
+	return raw
+}
+
+func orEmpty[T any](s []T) []T {
+	if s == nil {
+		return []T{}
+	}
+	return s
+}

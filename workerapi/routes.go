@@ -1,0 +1,72 @@
+package workerapi
+
+import (
+	"context"
+	"net/http"
+
+	"github.com/nodelane/nodelane/credential"
+)
+
+const pathRegister = "/workers/register"
+
+// workerRoutes are the worker routes of PROTOCOL.md.
+func (s *Server) workerRoutes() []route {
+	post := func(path string, scope credential.Scope, h func(ctx context.Context, c *call) (int, any, error)) route {
+		return route{method: http.MethodPost, path: path, scope: scope, signed: true, handle: h}
+	}
+	return []route{
+		post(pathRegister, credential.ScopeNodeRegister, nil), // s.register runs it: its key is in the body
+		post("/workers/heartbeat", credential.ScopeNodeHeartbeat, s.heartbeat),
+		post("/workers/jobs/lease", credential.ScopeNodePoll, s.lease),
+		post("/workers/jobs/{id}/accept", credential.ScopeNodePoll, s.accept),
+		post("/workers/jobs/{id}/status", credential.ScopeNodeHeartbeat, s.status),
+		post("/workers/jobs/{id}/logs", credential.ScopeNodeHeartbeat, s.logs),
+		post("/workers/jobs/{id}/artifacts", credential.ScopeNodeResultSubmit, s.artifacts),
+		post("/workers/jobs/{id}/complete", credential.ScopeNodeResultSubmit, s.complete),
+		post("/workers/jobs/{id}/fail", credential.ScopeNodeResultSubmit, s.failJob),
+		post("/workers/jobs/{id}/release", credential.ScopeNodePoll, s.release),
+		post("/workers/audit", credential.ScopeNodeAuditSubmit, s.audit),
+		{method: http.MethodGet, path: "/workers/openapi.json", public: true, handle: s.openAPI},
+	}
+}
+
+// operatorRoutes are the operator routes of PROTOCOL.md.
+func (s *Server) operatorRoutes() []route {
+	op := func(method, path string, scope credential.Scope, h func(ctx context.Context, c *call) (int, any, error)) route {
+		return route{method: method, path: path, scope: scope, handle: h}
+	}
+	get, post := http.MethodGet, http.MethodPost
+	return []route{
+		op(post, "/operator/jobs", credential.ScopeOperatorJobs, s.opDispatch),
+		op(get, "/operator/jobs", credential.ScopeOperatorJobs, s.opListJobs),
+		op(get, "/operator/jobs/{id}", credential.ScopeOperatorJobs, s.opGetJob),
+		op(post, "/operator/jobs/{id}/cancel", credential.ScopeOperatorJobs, s.opCancelJob),
+		op(get, "/operator/artifacts", credential.ScopeOperatorJobs, s.opListArtifacts),
+		op(get, "/operator/workers", credential.ScopeOperatorWorkers, s.opListWorkers),
+		op(get, "/operator/workers/{id}", credential.ScopeOperatorWorkers, s.opGetWorker),
+		op(post, "/operator/workers/{id}/ban", credential.ScopeOperatorWorkers, s.opBanWorker),
+		op(post, "/operator/workers/{id}/unban", credential.ScopeOperatorWorkers, s.opUnbanWorker),
+		op(post, "/operator/credentials", credential.ScopeOperatorCredentials, s.opMintCredential),
+		op(post, "/operator/credentials/{id}/revoke", credential.ScopeOperatorCredentials, s.opRevokeCredential),
+		op(get, "/operator/envelope", credential.ScopeOperatorEnvelope, s.opGetEnvelope),
+		op(post, "/operator/envelope/activate", credential.ScopeOperatorEnvelope, s.opActivate),
+		op(post, "/operator/envelope/deactivate", credential.ScopeOperatorEnvelope, s.opDeactivate),
+		op(get, "/operator/receipts", credential.ScopeOperatorReceipts, s.opListReceipts),
+		op(get, "/operator/receipts/checkpoint", credential.ScopeOperatorReceipts, s.opCheckpoint),
+		op(get, "/operator/receipts/consistency", credential.ScopeOperatorReceipts, s.opConsistency),
+		op(get, "/operator/receipts/{id}", credential.ScopeOperatorReceipts, s.opGetReceipt),
+	}
+}
+
+// WorkerHandler serves the worker routes (paths starting /workers/),
+// relative to where it is mounted. Signatures cover the request-target as
+// the client sent it, so the handler may sit behind http.StripPrefix.
+func (s *Server) WorkerHandler() http.Handler { return s.mux(s.workerRoutes()) }
+
+// OperatorHandler serves the operator routes (paths starting /operator/).
+func (s *Server) OperatorHandler() http.Handler { return s.mux(s.operatorRoutes()) }
+
+// Handler serves both the worker and the operator routes.
+func (s *Server) Handler() http.Handler {
+	return s.mux(append(s.workerRoutes(), s.operatorRoutes()...))
+}

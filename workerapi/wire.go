@@ -1,0 +1,339 @@
+package workerapi
+
+import (
+	"encoding/json"
+	"time"
+
+	"github.com/nodelane/nodelane/lease"
+	"github.com/nodelane/nodelane/receipts"
+)
+
+// The wire types of PROTOCOL.md, shared by the handlers and the Client.
+// Times are RFC 3339 in UTC with at most microsecond precision.
+
+// ErrorBody is every error answer.
+type ErrorBody struct {
+	Error ErrorDetail `json:"error"`
+}
+
+// ErrorDetail says what went wrong.
+type ErrorDetail struct {
+	Code       string    `json:"code"`
+	Message    string    `json:"message"`
+	ServerTime time.Time `json:"server_time"`
+}
+
+// GPU is one GPU of a worker.
+type GPU struct {
+	SKU    string `json:"sku"`
+	VRAMMB int    `json:"vram_mb"`
+}
+
+// Capabilities are what a worker can run.
+type Capabilities struct {
+	GPUs     []GPU    `json:"gpus"`
+	JobTypes []string `json:"job_types"`
+}
+
+// GovernorLimits limit how much of a worker the control plane may use.
+type GovernorLimits struct {
+	MaxJobs   int `json:"max_jobs"`
+	MaxVRAMMB int `json:"max_vram_mb"`
+}
+
+// RegisterRequest is the body of POST /workers/register.
+type RegisterRequest struct {
+	NodeID                   string         `json:"node_id"`
+	Name                     string         `json:"name"`
+	Hostname                 string         `json:"hostname"`
+	EndpointURL              *string        `json:"endpoint_url"`
+	Role                     string         `json:"role"`
+	Capabilities             Capabilities   `json:"capabilities"`
+	GovernorLimits           GovernorLimits `json:"governor_limits"`
+	Tags                     []string       `json:"tags"`
+	Version                  string         `json:"version"`
+	HeartbeatIntervalSeconds int            `json:"heartbeat_interval_seconds"`
+	// PublicKey is the node's Ed25519 public key, the 32 raw bytes in
+	// unpadded base64url. The request is signed with its private key.
+	PublicKey string `json:"public_key"`
+}
+
+// RegisterResponse answers a registration.
+type RegisterResponse struct {
+	WorkerID             string    `json:"worker_id"`
+	WorkerToken          string    `json:"worker_token"`
+	Status               string    `json:"status"`
+	PolicyVersion        int64     `json:"policy_version"`
+	PollIntervalSeconds  int       `json:"poll_interval_seconds"`
+	NextHeartbeatSeconds int       `json:"next_heartbeat_seconds"`
+	ServerTime           time.Time `json:"server_time"`
+	TokenExpiresAt       time.Time `json:"token_expires_at"`
+}
+
+// HeartbeatRequest is the body of POST /workers/heartbeat.
+type HeartbeatRequest struct {
+	// Status is idle, busy or draining.
+	Status       string          `json:"status"`
+	Capabilities *Capabilities   `json:"capabilities"`
+	CurrentJobs  []string        `json:"current_jobs"`
+	Metrics      json.RawMessage `json:"metrics"`
+}
+
+// LeaseExpiry is a live lease's deadline.
+type LeaseExpiry struct {
+	JobID     string    `json:"job_id"`
+	ExpiresAt time.Time `json:"expires_at"`
+}
+
+// HeartbeatResponse answers a heartbeat.
+type HeartbeatResponse struct {
+	OK                   bool          `json:"ok"`
+	WorkerID             string        `json:"worker_id"`
+	ServerTime           time.Time     `json:"server_time"`
+	NextHeartbeatSeconds int           `json:"next_heartbeat_seconds"`
+	PolicyVersion        int64         `json:"policy_version"`
+	Leases               []LeaseExpiry `json:"leases"`
+	LostJobs             []string      `json:"lost_jobs"`
+	CancelJobs           []string      `json:"cancel_jobs"`
+}
+
+// LeaseRequest is the body of POST /workers/jobs/lease.
+type LeaseRequest struct {
+	SupportedJobTypes []string `json:"supported_job_types"`
+	SupportedGPUSKUs  []string `json:"supported_gpu_skus"`
+	// MaxJobs is how many jobs to lease at most, 1 to 32; omitted (zero)
+	// means 1. An explicit 0 is refused.
+	MaxJobs int `json:"max_jobs,omitempty"`
+	// WaitSeconds long-polls up to this many seconds (at most 60) for a
+	// job; omitted (zero) means no wait.
+	WaitSeconds int `json:"wait_seconds,omitempty"`
+}
+
+// Requirements constrain which workers may lease a job.
+type Requirements struct {
+	GPUSKU    string `json:"gpu_sku"`
+	GPUCount  int    `json:"gpu_count"`
+	MinVRAMMB int    `json:"min_vram_mb"`
+}
+
+// JobError is why a job's last attempt failed.
+type JobError struct {
+	Code    string          `json:"code"`
+	Message string          `json:"message"`
+	Attempt int             `json:"attempt"`
+	At      time.Time       `json:"at"`
+	Payload json.RawMessage `json:"payload,omitempty"`
+}
+
+// Job is a job on the wire.
+type Job struct {
+	ID              string          `json:"id"`
+	JobType         string          `json:"job_type"`
+	Payload         json.RawMessage `json:"payload"`
+	Requirements    Requirements    `json:"requirements"`
+	State           string          `json:"state"`
+	Attempt         int             `json:"attempt"`
+	MaxAttempts     int             `json:"max_attempts"`
+	Priority        int             `json:"priority"`
+	CreatedAt       time.Time       `json:"created_at"`
+	ScheduledAt     time.Time       `json:"scheduled_at"`
+	LeasedAt        *time.Time      `json:"leased_at"`
+	AcceptedAt      *time.Time      `json:"accepted_at"`
+	FinishedAt      *time.Time      `json:"finished_at"`
+	ReceiptID       *string         `json:"receipt_id"`
+	CancelRequested bool            `json:"cancel_requested"`
+	LastError       *JobError       `json:"last_error"`
+	WorkerID        *string         `json:"worker_id"`
+	PolicyVersion   *int64          `json:"policy_version"`
+}
+
+// Grant is one leased job.
+type Grant struct {
+	LeaseID    string    `json:"lease_id"`
+	LeaseToken string    `json:"lease_token"`
+	Job        Job       `json:"job"`
+	ExpiresAt  time.Time `json:"expires_at"`
+	AcceptBy   time.Time `json:"accept_by"`
+}
+
+// LeaseResponse answers a lease request: the first grant at the top level
+// (as in the v0.2 contract) and every grant in Leases. With no job, the
+// top-level fields are null and Leases is empty.
+type LeaseResponse struct {
+	LeaseID    *string    `json:"lease_id"`
+	LeaseToken *string    `json:"lease_token"`
+	Job        *Job       `json:"job"`
+	ExpiresAt  *time.Time `json:"expires_at"`
+	AcceptBy   *time.Time `json:"accept_by"`
+	Message    string     `json:"message"`
+	Leases     []Grant    `json:"leases"`
+}
+
+// TokenRequest is the body of accept.
+type TokenRequest struct {
+	LeaseToken string `json:"lease_token"`
+}
+
+// AcceptResponse answers accept.
+type AcceptResponse struct {
+	Job       Job       `json:"job"`
+	ExpiresAt time.Time `json:"expires_at"`
+}
+
+// StatusRequest is the body of POST /workers/jobs/{id}/status.
+type StatusRequest struct {
+	LeaseToken string          `json:"lease_token"`
+	EventType  string          `json:"event_type"`
+	Message    string          `json:"message"`
+	Payload    json.RawMessage `json:"payload"`
+}
+
+// StatusResponse answers a status event.
+type StatusResponse struct {
+	OK              bool      `json:"ok"`
+	ExpiresAt       time.Time `json:"expires_at"`
+	CancelRequested bool      `json:"cancel_requested"`
+}
+
+// LogEntry is one log line.
+type LogEntry struct {
+	Seq     int64           `json:"seq"`
+	Message string          `json:"message"`
+	Payload json.RawMessage `json:"payload,omitempty"`
+}
+
+// LogsRequest is the body of POST /workers/jobs/{id}/logs: one entry (Seq,
+// Message, Payload, as in v0.2) or a batch (Entries), not both.
+type LogsRequest struct {
+	LeaseToken string          `json:"lease_token"`
+	Seq        *int64          `json:"seq"`
+	Message    *string         `json:"message"`
+	Payload    json.RawMessage `json:"payload"`
+	Entries    []LogEntry      `json:"entries"`
+}
+
+// LogsResponse answers logs.
+type LogsResponse struct {
+	OK         bool      `json:"ok"`
+	Accepted   int       `json:"accepted"`
+	Duplicates int       `json:"duplicates"`
+	ExpiresAt  time.Time `json:"expires_at"`
+}
+
+// ArtifactRequest is the body of POST /workers/jobs/{id}/artifacts.
+type ArtifactRequest struct {
+	LeaseToken     string          `json:"lease_token"`
+	ArtifactType   string          `json:"artifact_type"`
+	Name           string          `json:"name"`
+	URI            string          `json:"uri"`
+	ChecksumSHA256 *string         `json:"checksum_sha256"`
+	SizeBytes      *int64          `json:"size_bytes"`
+	Metadata       json.RawMessage `json:"metadata"`
+}
+
+// ArtifactResponse answers an artifact report.
+type ArtifactResponse struct {
+	ArtifactID string `json:"artifact_id"`
+	ReceiptID  string `json:"receipt_id"`
+}
+
+// CompleteRequest is the body of POST /workers/jobs/{id}/complete.
+type CompleteRequest struct {
+	LeaseToken   string          `json:"lease_token"`
+	OutputURI    *string         `json:"output_uri"`
+	Metrics      json.RawMessage `json:"metrics"`
+	FinalMessage *string         `json:"final_message"`
+}
+
+// CompleteResponse answers a completion; repeating the completion with
+// the same lease token returns the same answer.
+type CompleteResponse struct {
+	Job           Job                    `json:"job"`
+	ActualMS      int64                  `json:"actual_ms"`
+	ActualHours   string                 `json:"actual_hours"`
+	ActualCostUSD string                 `json:"actual_cost_usd"`
+	ReceiptID     string                 `json:"receipt_id"`
+	Receipts      []receipts.WireReceipt `json:"receipts"`
+	Proofs        []receipts.Proof       `json:"proofs"`
+	Checkpoint    string                 `json:"checkpoint"`
+}
+
+// FailRequest is the body of POST /workers/jobs/{id}/fail.
+type FailRequest struct {
+	LeaseToken string          `json:"lease_token"`
+	ErrorCode  string          `json:"error_code"`
+	Message    string          `json:"message"`
+	Payload    json.RawMessage `json:"payload"`
+	Retryable  bool            `json:"retryable"`
+}
+
+// FailResponse answers a failure.
+type FailResponse struct {
+	Job       Job    `json:"job"`
+	Requeued  bool   `json:"requeued"`
+	ReceiptID string `json:"receipt_id"`
+}
+
+// ReleaseRequest is the body of POST /workers/jobs/{id}/release.
+type ReleaseRequest struct {
+	LeaseToken string `json:"lease_token"`
+	Reason     string `json:"reason"`
+}
+
+// JobResponse answers release.
+type JobResponse struct {
+	Job Job `json:"job"`
+}
+
+// AuditEvent is one event a node reports.
+type AuditEvent struct {
+	EventType  string          `json:"event_type"`
+	Message    string          `json:"message"`
+	Payload    json.RawMessage `json:"payload"`
+	OccurredAt *time.Time      `json:"occurred_at"`
+}
+
+// AuditRequest is the body of POST /workers/audit.
+type AuditRequest struct {
+	Events []AuditEvent `json:"events"`
+}
+
+// AuditResponse answers audit.
+type AuditResponse struct {
+	ReceiptIDs []string `json:"receipt_ids"`
+}
+
+// wireJob turns a lease.Job into its wire form.
+func wireJob(j *lease.Job) Job {
+	w := Job{
+		ID:              j.ID,
+		JobType:         j.Type,
+		Payload:         j.Payload,
+		Requirements:    Requirements(j.Requirements),
+		State:           string(j.State),
+		Attempt:         j.Attempt,
+		MaxAttempts:     j.MaxAttempts,
+		Priority:        j.Priority,
+		CreatedAt:       j.CreatedAt,
+		ScheduledAt:     j.ScheduledAt,
+		LeasedAt:        j.LeasedAt,
+		AcceptedAt:      j.AcceptedAt,
+		FinishedAt:      j.FinishedAt,
+		CancelRequested: j.CancelRequested,
+	}
+	if len(w.Payload) == 0 {
+		w.Payload = json.RawMessage(`{}`)
+	}
+	if j.ReceiptID != "" {
+		id := j.ReceiptID
+		w.ReceiptID = &id
+	}
+	if e := j.LastError; e != nil {
+		w.LastError = &JobError{Code: e.Code, Message: e.Message, Attempt: e.Attempt, At: e.At, Payload: e.Payload}
+	}
+	if l := j.Lease; l != nil {
+		id, pv := l.WorkerID, l.PolicyVersion
+		w.WorkerID, w.PolicyVersion = &id, &pv
+	}
+	return w
+}

@@ -1,0 +1,1003 @@
+package workerapi
+
+import (
+	"bytes"
+	"context"
+	"crypto/ed25519"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/nodelane/nodelane/credential"
+	"github.com/nodelane/nodelane/envelope"
+	"github.com/nodelane/nodelane/lease"
+	"github.com/nodelane/nodelane/receipts"
+)
+
+// The worker routes of PROTOCOL.md. Each handler runs inside the
+// request's transaction (the ctx it is given carries it), after the
+// pipeline of http.go checked the framing, the credential, the scope and
+// the signature and consumed the nonce; c.principal.ID is the worker id.
+
+// Limits of the worker routes.
+const (
+	// maxMetricsBytes bounds a heartbeat's metrics object.
+	maxMetricsBytes = 16 << 10
+	// maxJobsPerLease is the largest max_jobs of a lease request:
+	// lease.Config.MaxJobsPerLease's default, which New keeps.
+	maxJobsPerLease = 32
+	// maxWaitSeconds is the longest long-poll PROTOCOL.md allows;
+	// Config.MaxWait may shorten it.
+	maxWaitSeconds = 60
+	// maxAuditEvents bounds the events of one audit request.
+	maxAuditEvents = 100
+	// pollTick is how often a long-poll looks again without a
+	// notification: a job whose retry backoff ends becomes eligible
+	// without one.
+	pollTick = time.Second
+)
+
+// workerScopes are the scopes of a worker token.
+var workerScopes = []credential.Scope{
+	credential.ScopeNodeHeartbeat, credential.ScopeNodePoll,
+	credential.ScopeNodeResultSubmit, credential.ScopeNodeAuditSubmit,
+}
+
+// Request validation helpers.
+
+// invalid returns an ErrInvalidRequest with a message.
+func invalid(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrInvalidRequest, fmt.Sprintf(format, args...))
+}
+
+// object returns raw if it is a JSON object, nil if it is absent or
+// null, and ErrInvalidRequest otherwise. The decoder has checked that
+// raw is valid JSON.
+func object(field string, raw json.RawMessage) (json.RawMessage, error) {
+	t := bytes.TrimSpace(raw)
+	switch {
+	case len(t) == 0 || string(t) == "null":
+		return nil, nil
+	case t[0] != '{':
+		return nil, invalid("%s must be a JSON object", field)
+	}
+	return t, nil
+}
+
+// payloadHash is the SHA-256 a receipt carries for a free-form payload
+// (receipts.PayloadSHA256; an absent payload is hashed as null).
+func payloadHash(raw json.RawMessage) (string, error) {
+	h, err := receipts.PayloadSHA256(raw)
+	if err != nil {
+		return "", invalid("payload is not valid JSON")
+	}
+	return h, nil
+}
+
+// leaseRef checks that a lease token was given and has the shape of one
+// (the lease.Manager checks its checksum), and names the job of the
+// route's path under it.
+func leaseRef(c *call, token string) (lease.Ref, error) {
+	if token == "" {
+		return lease.Ref{}, invalid("lease_token is required")
+	}
+	if len(token) != lease.TokenLen || !strings.HasPrefix(token, lease.TokenPrefix) {
+		return lease.Ref{}, fmt.Errorf("%w: %w", ErrInvalidRequest, lease.ErrMalformedToken)
+	}
+	return lease.Ref{JobID: c.pathID(), WorkerID: c.principal.ID, Token: token}, nil
+}
+
+// Hooks and receipts.
+
+// jobChanged queues the JobChanged hook of a committed change of j from
+// state from, with the job's artifacts when it reached a terminal state.
+func (s *Server) jobChanged(ctx context.Context, c *call, from lease.State, j *lease.Job) error {
+	if s.cfg.Hooks == nil || j.State == from {
+		return nil
+	}
+	ev := JobEvent{From: from, Job: *j}
+	if j.State.Terminal() {
+		arts, err := s.jobArtifacts(ctx, j.ID)
+		if err != nil {
+			return err
+		}
+		for _, a := range arts {
+			ev.Artifacts = append(ev.Artifacts, *a)
+		}
+	}
+	c.after(func(h Hooks) { h.JobChanged(context.Background(), ev) })
+	return nil
+}
+
+// mintFor mints r under the policy version of snap, in the request's
+// transaction, and queues its ReceiptMinted hook.
+func (s *Server) mintFor(ctx context.Context, c *call, snap *envelope.Snapshot, r receipts.Receipt) (*receipts.Stored, error) {
+	r.PolicyVersion = snap.Version()
+	st, err := s.receipts.Mint(ctx, r)
+	if err != nil {
+		return nil, err
+	}
+	cp := *st
+	c.after(func(h Hooks) { h.ReceiptMinted(context.Background(), cp) })
+	return st, nil
+}
+
+// register: POST /workers/register. The pipeline calls it after the
+// framing checks with the bearer token: the key the request is signed
+// with is in the body, so the body is read before the signature is
+// checked.
+func (s *Server) register(ctx context.Context, c *call, token string) (int, any, error) {
+	p, cred, err := s.issuer.Verify(ctx, token, credential.ScopeNodeRegister)
+	if err != nil {
+		return 0, nil, err
+	}
+	c.principal, c.credentialID = p, cred.ID
+	var req RegisterRequest
+	if err := c.decode(&req); err != nil {
+		return 0, nil, err
+	}
+	if req.PublicKey == "" {
+		return 0, nil, invalid("public_key is required")
+	}
+	pub, err := base64.RawURLEncoding.Strict().DecodeString(req.PublicKey)
+	if err != nil || len(pub) != ed25519.PublicKeySize {
+		return 0, nil, invalid("public_key must be the %d raw bytes of an Ed25519 key in unpadded base64url", ed25519.PublicKeySize)
+	}
+	return s.signed(ctx, c, ed25519.PublicKey(pub), func(ctx context.Context, c *call) (int, any, error) {
+		return s.registerSigned(ctx, c, &req, pub)
+	})
+}
+
+func (s *Server) registerSigned(ctx context.Context, c *call, req *RegisterRequest, pub ed25519.PublicKey) (int, any, error) {
+	switch {
+	case req.NodeID == "":
+		return 0, nil, invalid("node_id is required")
+	case req.GovernorLimits.MaxJobs < 0 || req.GovernorLimits.MaxVRAMMB < 0:
+		return 0, nil, invalid("governor_limits must not be negative")
+	case req.HeartbeatIntervalSeconds < 0:
+		return 0, nil, invalid("heartbeat_interval_seconds must not be negative")
+	}
+	for _, g := range req.Capabilities.GPUs {
+		if g.VRAMMB < 0 {
+			return 0, nil, invalid("vram_mb must not be negative")
+		}
+	}
+	snap, err := s.gate.Snapshot(ctx)
+	if err != nil {
+		return 0, nil, err
+	}
+	w := &lease.Worker{
+		NodeID:            req.NodeID,
+		Name:              req.Name,
+		Hostname:          req.Hostname,
+		Role:              req.Role,
+		Tags:              req.Tags,
+		Version:           req.Version,
+		HeartbeatInterval: req.HeartbeatIntervalSeconds,
+		Capabilities:      leaseCapabilities(req.Capabilities),
+		Governor:          lease.Governor(req.GovernorLimits),
+		PolicyVersion:     snap.Version(),
+		Status:            "registered",
+	}
+	if req.EndpointURL != nil {
+		w.EndpointURL = *req.EndpointURL
+	}
+	code := http.StatusCreated
+	old, err := s.leases.WorkerByNode(ctx, req.NodeID)
+	switch {
+	case errors.Is(err, lease.ErrNotFound):
+		if w, err = s.leases.RegisterWorker(ctx, w); err != nil {
+			return 0, nil, err
+		}
+		if _, err := s.issuer.CreatePrincipal(ctx, credential.Principal{
+			ID: w.ID, Kind: credential.KindNode, Name: w.NodeID, PublicKey: pub,
+		}); err != nil {
+			return 0, nil, err
+		}
+	case err != nil:
+		return 0, nil, err
+	default:
+		// A known node: only its own key may register it again, which
+		// rotates its token.
+		np, err := s.issuer.Principal(ctx, old.ID)
+		if err != nil {
+			return 0, nil, err
+		}
+		if !bytes.Equal(np.PublicKey, pub) {
+			return 0, nil, fmt.Errorf("%w: node %q", ErrNodeExists, req.NodeID)
+		}
+		if np.Banned {
+			return 0, nil, fmt.Errorf("%w: node %q", credential.ErrBanned, req.NodeID)
+		}
+		w.ID, w.Status, w.Metrics = old.ID, old.Status, old.Metrics
+		if w, err = s.leases.RegisterWorker(ctx, w); err != nil {
+			return 0, nil, err
+		}
+		creds, err := s.issuer.Credentials(ctx, w.ID)
+		if err != nil {
+			return 0, nil, err
+		}
+		now := s.now()
+		for _, cr := range creds {
+			if cr.RevokedAt == nil && now.Before(cr.ExpiresAt) {
+				if _, err := s.issuer.Revoke(ctx, cr.ID); err != nil {
+					return 0, nil, err
+				}
+			}
+		}
+		code = http.StatusOK
+	}
+	tok, cred, err := s.issuer.Mint(ctx, w.ID, workerScopes, s.cfg.WorkerTokenTTL)
+	if err != nil {
+		return 0, nil, err
+	}
+	if _, err := s.mintFor(ctx, c, snap, receipts.Receipt{
+		Kind: receipts.KindWorkerRegistered, WorkerID: w.ID, NodeID: w.NodeID,
+		KeyID: credential.KeyID(pub), CredentialID: cred.ID,
+	}); err != nil {
+		return 0, nil, err
+	}
+	return code, RegisterResponse{
+		WorkerID:             w.ID,
+		WorkerToken:          tok,
+		Status:               "registered",
+		PolicyVersion:        snap.Version(),
+		PollIntervalSeconds:  int(s.cfg.PollInterval / time.Second),
+		NextHeartbeatSeconds: int(s.cfg.HeartbeatInterval / time.Second),
+		ServerTime:           s.now(),
+		TokenExpiresAt:       cred.ExpiresAt,
+	}, nil
+}
+
+func leaseCapabilities(c Capabilities) lease.Capabilities {
+	out := lease.Capabilities{JobTypes: c.JobTypes}
+	for _, g := range c.GPUs {
+		out.GPUs = append(out.GPUs, lease.GPU(g))
+	}
+	return out
+}
+
+// heartbeat: POST /workers/heartbeat.
+func (s *Server) heartbeat(ctx context.Context, c *call) (int, any, error) {
+	var req HeartbeatRequest
+	if err := c.decode(&req); err != nil {
+		return 0, nil, err
+	}
+	switch req.Status {
+	case "idle", "busy", "draining":
+	case "":
+		return 0, nil, invalid("status is required")
+	default:
+		return 0, nil, invalid("status must be idle, busy or draining")
+	}
+	metrics, err := object("metrics", req.Metrics)
+	if err != nil {
+		return 0, nil, err
+	}
+	if len(metrics) > maxMetricsBytes {
+		return 0, nil, invalid("metrics are %d bytes, over the limit of %d", len(metrics), maxMetricsBytes)
+	}
+	if req.Capabilities != nil {
+		for _, g := range req.Capabilities.GPUs {
+			if g.VRAMMB < 0 {
+				return 0, nil, invalid("vram_mb must not be negative")
+			}
+		}
+	}
+	snap, err := s.gate.Snapshot(ctx)
+	if err != nil {
+		return 0, nil, err
+	}
+	id := c.principal.ID
+	if req.Capabilities != nil {
+		w, err := s.leases.Worker(ctx, id)
+		if err != nil {
+			return 0, nil, err
+		}
+		w.Capabilities = leaseCapabilities(*req.Capabilities)
+		if _, err := s.leases.RegisterWorker(ctx, w); err != nil {
+			return 0, nil, err
+		}
+	}
+	if _, err := s.leases.Heartbeat(ctx, id, req.Status, metrics); err != nil {
+		return 0, nil, err
+	}
+	t, err := s.leases.Touch(ctx, id, req.CurrentJobs)
+	if err != nil {
+		return 0, nil, err
+	}
+	out := HeartbeatResponse{
+		OK:                   true,
+		WorkerID:             id,
+		ServerTime:           s.now(),
+		NextHeartbeatSeconds: int(s.cfg.HeartbeatInterval / time.Second),
+		PolicyVersion:        snap.Version(),
+		Leases:               []LeaseExpiry{},
+		LostJobs:             append([]string{}, t.Lost...),
+		CancelJobs:           append([]string{}, t.Cancel...),
+	}
+	for _, j := range t.Leases {
+		out.Leases = append(out.Leases, LeaseExpiry{JobID: j.ID, ExpiresAt: j.Lease.ExpiresAt})
+	}
+	return http.StatusOK, out, nil
+}
+
+// leaseBody is LeaseRequest with presence: max_jobs 0 is refused, while
+// an absent max_jobs means 1.
+type leaseBody struct {
+	SupportedJobTypes []string `json:"supported_job_types"`
+	SupportedGPUSKUs  []string `json:"supported_gpu_skus"`
+	MaxJobs           *int     `json:"max_jobs"`
+	WaitSeconds       *int     `json:"wait_seconds"`
+}
+
+// lease: POST /workers/jobs/lease. The first attempt runs in the
+// request's transaction. If it grants nothing and the worker asked to
+// wait, the wait runs after the commit and holds no transaction: each
+// notification (or a tick, or the deadline) makes one more attempt in a
+// transaction of its own.
+func (s *Server) lease(ctx context.Context, c *call) (int, any, error) {
+	var req leaseBody
+	if err := c.decode(&req); err != nil {
+		return 0, nil, err
+	}
+	n, wait := 1, 0
+	if req.MaxJobs != nil {
+		if n = *req.MaxJobs; n < 1 || n > maxJobsPerLease {
+			return 0, nil, invalid("max_jobs must be 1 to %d", maxJobsPerLease)
+		}
+	}
+	if req.WaitSeconds != nil {
+		if wait = *req.WaitSeconds; wait < 0 {
+			return 0, nil, invalid("wait_seconds must not be negative")
+		}
+	}
+	lr := lease.LeaseRequest{
+		WorkerID: c.principal.ID,
+		JobTypes: req.SupportedJobTypes,
+		GPUSKUs:  req.SupportedGPUSKUs,
+		MaxJobs:  n,
+	}
+	d := min(time.Duration(wait)*time.Second, maxWaitSeconds*time.Second, s.cfg.MaxWait)
+	var (
+		wake   <-chan struct{}
+		cancel func()
+	)
+	if d > 0 {
+		// Subscribe before the first attempt, so that a job dispatched
+		// while it runs still wakes the wait.
+		wake, cancel = s.st.Notifier.Subscribe()
+		c.cleanup(cancel)
+	}
+	out, err := s.leaseOnce(ctx, c, lr)
+	if err != nil {
+		return 0, nil, err
+	}
+	if len(out.Leases) > 0 || d <= 0 {
+		return http.StatusOK, out, nil
+	}
+	deadline := time.Now().Add(d)
+	c.then = func(ctx context.Context) (int, any, error) {
+		timer := time.NewTimer(time.Until(deadline))
+		defer timer.Stop()
+		tick := time.NewTicker(pollTick)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return 0, nil, context.Cause(ctx)
+			case <-timer.C:
+				return http.StatusOK, out, nil
+			case <-wake:
+			case <-tick.C:
+			}
+			var next *LeaseResponse
+			queued := len(c.hooks)
+			err := s.st.Tx.InTx(ctx, func(ctx context.Context) error {
+				var err error
+				next, err = s.leaseOnce(ctx, c, lr)
+				return err
+			})
+			if err != nil {
+				c.hooks = c.hooks[:queued] // they did not commit
+				return 0, nil, err
+			}
+			out = next
+			if len(out.Leases) > 0 {
+				return http.StatusOK, out, nil
+			}
+		}
+	}
+	return http.StatusOK, out, nil
+}
+
+// leaseOnce makes one attempt to lease jobs under a fresh envelope
+// snapshot, and says why none was granted.
+func (s *Server) leaseOnce(ctx context.Context, c *call, lr lease.LeaseRequest) (*LeaseResponse, error) {
+	snap, err := s.gate.Snapshot(ctx)
+	if err != nil {
+		return nil, err
+	}
+	prices := s.cfg.Prices
+	lr.Allow = func(t string) bool { return snap.Allow(t) == nil }
+	lr.PolicyVersion = snap.Version()
+	lr.Price = prices.Rate
+	grants, err := s.leases.Lease(ctx, lr)
+	if err != nil {
+		return nil, err
+	}
+	out := &LeaseResponse{Leases: []Grant{}}
+	for _, g := range grants {
+		if err := s.jobChanged(ctx, c, lease.StateQueued, g.Job); err != nil {
+			return nil, err
+		}
+		out.Leases = append(out.Leases, Grant{
+			LeaseID: g.Job.Lease.ID, LeaseToken: g.Token, Job: wireJob(g.Job),
+			ExpiresAt: g.Job.Lease.ExpiresAt, AcceptBy: g.Job.Lease.AcceptBy,
+		})
+	}
+	if len(grants) > 0 {
+		f := out.Leases[0]
+		out.LeaseID, out.LeaseToken, out.Job, out.ExpiresAt, out.AcceptBy = &f.LeaseID, &f.LeaseToken, &f.Job, &f.ExpiresAt, &f.AcceptBy
+		out.Message = fmt.Sprintf("leased %d job", len(grants))
+		if len(grants) > 1 {
+			out.Message += "s"
+		}
+		return out, nil
+	}
+	out.Message, err = s.whyNoJob(ctx, snap, lr)
+	return out, err
+}
+
+// whyNoJob explains an empty lease: the types the envelope blocks, and a
+// worker already at its governor's max_jobs.
+func (s *Server) whyNoJob(ctx context.Context, snap *envelope.Snapshot, lr lease.LeaseRequest) (string, error) {
+	w, err := s.leases.Worker(ctx, lr.WorkerID)
+	if err != nil {
+		return "", err
+	}
+	types := lr.JobTypes
+	if len(types) == 0 {
+		types = w.Capabilities.JobTypes
+	}
+	if len(types) == 0 {
+		return "no eligible job: the worker offers no job type", nil
+	}
+	why := []string{"no eligible job"}
+	seen := map[string]bool{}
+	for _, t := range types {
+		if seen[t] {
+			continue
+		}
+		seen[t] = true
+		var be *envelope.BlockedError
+		if err := snap.Allow(t); errors.As(err, &be) {
+			why = append(why, be.Reason)
+		}
+	}
+	live, _, err := s.leases.List(ctx, lease.JobFilter{WorkerID: w.ID, Limit: maxJobsPerLease + 1})
+	if err != nil {
+		return "", err
+	}
+	if limit := max(w.Governor.MaxJobs, 1); len(live) >= limit {
+		why = append(why, fmt.Sprintf("the worker holds %d live leases, its governor's max_jobs", limit))
+	}
+	return strings.Join(why, "; "), nil
+}
+
+// accept: POST /workers/jobs/{id}/accept. The envelope is asked again
+// first: a type blocked since the lease was granted is not accepted (403),
+// and its lease runs out at the accept deadline.
+func (s *Server) accept(ctx context.Context, c *call) (int, any, error) {
+	var req TokenRequest
+	if err := c.decode(&req); err != nil {
+		return 0, nil, err
+	}
+	ref, err := leaseRef(c, req.LeaseToken)
+	if err != nil {
+		return 0, nil, err
+	}
+	before, err := s.leases.Get(ctx, ref.JobID)
+	if err != nil {
+		return 0, nil, err
+	}
+	snap, err := s.gate.Snapshot(ctx)
+	if err != nil {
+		return 0, nil, err
+	}
+	if err := snap.Allow(before.Type); err != nil {
+		return 0, nil, err
+	}
+	j, err := s.leases.Accept(ctx, ref)
+	if err != nil {
+		return 0, nil, err
+	}
+	if err := s.jobChanged(ctx, c, before.State, j); err != nil {
+		return 0, nil, err
+	}
+	return http.StatusOK, AcceptResponse{Job: wireJob(j), ExpiresAt: j.Lease.ExpiresAt}, nil
+}
+
+// status: POST /workers/jobs/{id}/status.
+func (s *Server) status(ctx context.Context, c *call) (int, any, error) {
+	var req StatusRequest
+	if err := c.decode(&req); err != nil {
+		return 0, nil, err
+	}
+	ref, err := leaseRef(c, req.LeaseToken)
+	if err != nil {
+		return 0, nil, err
+	}
+	if req.EventType == "" {
+		return 0, nil, invalid("event_type is required")
+	}
+	payload, err := object("payload", req.Payload)
+	if err != nil {
+		return 0, nil, err
+	}
+	res, err := s.leases.RecordEvents(ctx, ref, lease.Event{
+		Kind: lease.EventStatus, Type: req.EventType, Message: req.Message, Payload: payload,
+	})
+	if err != nil {
+		return 0, nil, err
+	}
+	return http.StatusOK, StatusResponse{
+		OK: true, ExpiresAt: res.Job.Lease.ExpiresAt, CancelRequested: res.Job.CancelRequested,
+	}, nil
+}
+
+// logs: POST /workers/jobs/{id}/logs, one entry or a batch.
+func (s *Server) logs(ctx context.Context, c *call) (int, any, error) {
+	var req LogsRequest
+	if err := c.decode(&req); err != nil {
+		return 0, nil, err
+	}
+	ref, err := leaseRef(c, req.LeaseToken)
+	if err != nil {
+		return 0, nil, err
+	}
+	payload, err := object("payload", req.Payload)
+	if err != nil {
+		return 0, nil, err
+	}
+	single := req.Seq != nil || req.Message != nil || payload != nil
+	var evs []lease.Event
+	switch {
+	case single && req.Entries != nil:
+		return 0, nil, invalid("send one entry (seq, message, payload) or entries, not both")
+	case single:
+		if req.Seq == nil {
+			return 0, nil, invalid("seq is required")
+		}
+		msg := ""
+		if req.Message != nil {
+			msg = *req.Message
+		}
+		evs = append(evs, lease.Event{Seq: *req.Seq, Message: msg, Payload: payload})
+	case len(req.Entries) == 0:
+		return 0, nil, invalid("entries (or seq and message) are required")
+	default:
+		for _, e := range req.Entries {
+			evs = append(evs, lease.Event{Seq: e.Seq, Message: e.Message, Payload: e.Payload})
+		}
+	}
+	for i := range evs {
+		if evs[i].Seq < 1 {
+			return 0, nil, invalid("seq must be 1 or more")
+		}
+		p, err := object("payload", evs[i].Payload)
+		if err != nil {
+			return 0, nil, err
+		}
+		evs[i].Kind, evs[i].Payload = lease.EventLog, p
+	}
+	res, err := s.leases.RecordEvents(ctx, ref, evs...)
+	if err != nil {
+		return 0, nil, err
+	}
+	return http.StatusOK, LogsResponse{
+		OK: true, Accepted: res.Accepted, Duplicates: res.Duplicates, ExpiresAt: res.Job.Lease.ExpiresAt,
+	}, nil
+}
+
+// artifacts: POST /workers/jobs/{id}/artifacts. The artifact stores the
+// id of its artifact_reported receipt, so that id is chosen first.
+func (s *Server) artifacts(ctx context.Context, c *call) (int, any, error) {
+	var req ArtifactRequest
+	if err := c.decode(&req); err != nil {
+		return 0, nil, err
+	}
+	ref, err := leaseRef(c, req.LeaseToken)
+	if err != nil {
+		return 0, nil, err
+	}
+	switch {
+	case req.ArtifactType == "":
+		return 0, nil, invalid("artifact_type is required")
+	case req.Name == "":
+		return 0, nil, invalid("name is required")
+	case req.URI == "":
+		return 0, nil, invalid("uri is required")
+	case req.ChecksumSHA256 == nil:
+		return 0, nil, invalid("checksum_sha256 is required")
+	case !isSHA256Hex(*req.ChecksumSHA256):
+		return 0, nil, invalid("checksum_sha256 must be 64 lowercase hex digits")
+	case req.SizeBytes == nil:
+		return 0, nil, invalid("size_bytes is required")
+	case *req.SizeBytes < 0:
+		return 0, nil, invalid("size_bytes must not be negative")
+	}
+	meta, err := object("metadata", req.Metadata)
+	if err != nil {
+		return 0, nil, err
+	}
+	rid, err := newReceiptID(s.now(), s.cfg.Rand)
+	if err != nil {
+		return 0, nil, err
+	}
+	a, err := s.leases.AddArtifact(ctx, ref, lease.Artifact{
+		Type: req.ArtifactType, Name: req.Name, URI: req.URI, SHA256: *req.ChecksumSHA256,
+		SizeBytes: *req.SizeBytes, Metadata: meta, ReceiptID: rid,
+	})
+	if err != nil {
+		return 0, nil, err
+	}
+	j, err := s.leases.Get(ctx, ref.JobID)
+	if err != nil {
+		return 0, nil, err
+	}
+	snap, err := s.gate.Snapshot(ctx)
+	if err != nil {
+		return 0, nil, err
+	}
+	r := receipts.Receipt{
+		ID: rid, Kind: receipts.KindArtifactReported,
+		JobID: a.JobID, WorkerID: a.WorkerID, LeaseEpoch: a.Epoch, LeaseID: j.Lease.ID, ArtifactID: a.ID,
+		ChecksumSHA256: a.SHA256, SizeBytes: a.SizeBytes, ArtifactType: a.Type, Name: a.Name, URI: a.URI,
+	}
+	if meta != nil {
+		if r.MetadataSHA256, err = payloadHash(meta); err != nil {
+			return 0, nil, err
+		}
+	}
+	if _, err := s.mintFor(ctx, c, snap, r); err != nil {
+		return 0, nil, err
+	}
+	return http.StatusCreated, ArtifactResponse{ArtifactID: a.ID, ReceiptID: rid}, nil
+}
+
+func isSHA256Hex(s string) bool {
+	if len(s) != 64 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+// complete: POST /workers/jobs/{id}/complete. It mints the job_completed
+// receipt and the job_charged receipt (id: the job_completed id and
+// ".charge") with the state change; after the commit it sequences them and
+// answers with their proofs. Completing again with the same lease token
+// mints nothing and rebuilds the same answer from what was stored.
+func (s *Server) complete(ctx context.Context, c *call) (int, any, error) {
+	var req CompleteRequest
+	if err := c.decode(&req); err != nil {
+		return 0, nil, err
+	}
+	ref, err := leaseRef(c, req.LeaseToken)
+	if err != nil {
+		return 0, nil, err
+	}
+	metrics, err := object("metrics", req.Metrics)
+	if err != nil {
+		return 0, nil, err
+	}
+	res := lease.Result{Metrics: metrics}
+	if req.OutputURI != nil {
+		res.OutputURI = *req.OutputURI
+	}
+	if req.FinalMessage != nil {
+		res.FinalMessage = *req.FinalMessage
+	}
+	j, repeated, err := s.leases.Complete(ctx, ref, res)
+	if err != nil {
+		return 0, nil, err
+	}
+	var (
+		completedID string
+		charge      *receipts.Receipt
+	)
+	if repeated {
+		if completedID = j.ReceiptID; completedID == "" {
+			return 0, nil, fmt.Errorf("workerapi: completed job %s has no receipt", j.ID)
+		}
+		st, err := s.receipts.Get(ctx, chargeID(completedID))
+		if err != nil {
+			return 0, nil, err
+		}
+		if charge, err = st.Receipt(); err != nil {
+			return 0, nil, err
+		}
+	} else {
+		if completedID, charge, err = s.settle(ctx, c, j); err != nil {
+			return 0, nil, err
+		}
+		if j, err = s.leases.SetReceipt(ctx, j.ID, completedID); err != nil {
+			return 0, nil, err
+		}
+		if err := s.jobChanged(ctx, c, lease.StateRunning, j); err != nil {
+			return 0, nil, err
+		}
+	}
+	out := CompleteResponse{
+		Job:           wireJob(j),
+		ActualMS:      charge.ActualMS,
+		ActualHours:   receipts.Hours(charge.ActualMS),
+		ActualCostUSD: receipts.FormatMicros(charge.CostMicros),
+		ReceiptID:     completedID,
+		Receipts:      []receipts.WireReceipt{},
+		Proofs:        []receipts.Proof{},
+	}
+	ids := []string{completedID, chargeID(completedID)}
+	c.then = func(ctx context.Context) (int, any, error) {
+		s.proofs(ctx, &out, ids)
+		return http.StatusOK, out, nil
+	}
+	return http.StatusOK, out, nil
+}
+
+// settle mints the receipts of a completion: job_completed, and
+// job_charged for the time from accept to completion on the job's GPUs
+// (its gpu_count, or 1 for a job with none that ran on a GPU SKU) at the
+// price snapshotted on its lease.
+func (s *Server) settle(ctx context.Context, c *call, j *lease.Job) (string, *receipts.Receipt, error) {
+	if j.AcceptedAt == nil || j.FinishedAt == nil || j.Lease == nil {
+		return "", nil, fmt.Errorf("workerapi: completed job %s lacks its accept or finish time", j.ID)
+	}
+	gpus := int64(j.Requirements.GPUCount)
+	if gpus == 0 && j.Lease.SKU != "" {
+		gpus = 1
+	}
+	ch, err := receipts.NewCharge(*j.AcceptedAt, *j.FinishedAt, gpus, j.Lease.PriceMicroUSD)
+	if err != nil {
+		return "", nil, err
+	}
+	snap, err := s.gate.Snapshot(ctx)
+	if err != nil {
+		return "", nil, err
+	}
+	id, err := newReceiptID(s.now(), s.cfg.Rand)
+	if err != nil {
+		return "", nil, err
+	}
+	done := receipts.Receipt{
+		ID: id, Kind: receipts.KindJobCompleted,
+		JobID: j.ID, WorkerID: j.Lease.WorkerID, JobType: j.Type, LeaseEpoch: j.Lease.Epoch, LeaseID: j.Lease.ID,
+		Attempt: int64(j.Attempt), StartedAt: *j.AcceptedAt, EndedAt: *j.FinishedAt,
+	}
+	if r := j.Result; r != nil {
+		done.OutputURI = r.OutputURI
+		if len(r.Metrics) > 0 {
+			if done.MetricsSHA256, err = payloadHash(r.Metrics); err != nil {
+				return "", nil, err
+			}
+		}
+	}
+	if _, err := s.mintFor(ctx, c, snap, done); err != nil {
+		return "", nil, err
+	}
+	cr := ch.Receipt(j.ID, j.Lease.WorkerID, j.Lease.SKU)
+	cr.ID, cr.LeaseID = chargeID(id), j.Lease.ID
+	if _, err := s.mintFor(ctx, c, snap, cr); err != nil {
+		return "", nil, err
+	}
+	return id, &cr, nil
+}
+
+// proofs sequences the receipts ids (this works without a maintainer;
+// another replica's sequencer may be doing it already) and waits, up to
+// Config.ProofWait, for their proofs against one signed checkpoint. If
+// the wait runs out the answer carries the receipts without index,
+// proof or checkpoint: the completion committed, and repeating it
+// returns them.
+func (s *Server) proofs(ctx context.Context, out *CompleteResponse, ids []string) {
+	if _, err := s.Sequence(ctx); err != nil {
+		s.log.Debug("sequencing receipts for a proof", "err", err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, s.cfg.ProofWait)
+	defer cancel()
+	ss, ps, cp, err := s.receipts.Await(wctx, ids...)
+	if err == nil {
+		for _, st := range ss {
+			out.Receipts = append(out.Receipts, st.Wire())
+		}
+		out.Proofs = append(out.Proofs, ps...)
+		out.Checkpoint = string(cp.Note)
+		return
+	}
+	s.log.Warn("answering a completion without proofs", "receipts", ids, "err", err)
+	for _, id := range ids {
+		st, err := s.receipts.Get(context.WithoutCancel(ctx), id)
+		if err != nil {
+			s.log.Error("reading a minted receipt", "receipt", id, "err", err)
+			continue
+		}
+		out.Receipts = append(out.Receipts, st.Wire())
+	}
+}
+
+// failJob: POST /workers/jobs/{id}/fail. No charge: a job_failed receipt
+// says how the attempt ended (requeued, failed or canceled).
+func (s *Server) failJob(ctx context.Context, c *call) (int, any, error) {
+	var req FailRequest
+	if err := c.decode(&req); err != nil {
+		return 0, nil, err
+	}
+	ref, err := leaseRef(c, req.LeaseToken)
+	if err != nil {
+		return 0, nil, err
+	}
+	if req.ErrorCode == "" {
+		return 0, nil, invalid("error_code is required")
+	}
+	payload, err := object("payload", req.Payload)
+	if err != nil {
+		return 0, nil, err
+	}
+	before, err := s.leases.Get(ctx, ref.JobID)
+	if err != nil {
+		return 0, nil, err
+	}
+	j, err := s.leases.Fail(ctx, ref, lease.Failure{
+		Code: req.ErrorCode, Message: req.Message, Payload: payload, Retryable: req.Retryable,
+	})
+	if err != nil {
+		return 0, nil, err
+	}
+	outcome := receipts.OutcomeFailed
+	switch j.State {
+	case lease.StateQueued:
+		outcome = receipts.OutcomeRequeued
+	case lease.StateCanceled:
+		outcome = receipts.OutcomeCanceled
+	}
+	r := receipts.Receipt{
+		Kind: receipts.KindJobFailed, JobID: j.ID, WorkerID: c.principal.ID, JobType: j.Type,
+		LeaseEpoch: before.Lease.Epoch, LeaseID: before.Lease.ID, Attempt: int64(j.LastError.Attempt),
+		ErrorCode: req.ErrorCode, Outcome: outcome, EndedAt: j.LastError.At,
+	}
+	if before.AcceptedAt != nil {
+		r.StartedAt = *before.AcceptedAt
+	}
+	if r.PayloadSHA256, err = payloadHash(payload); err != nil {
+		return 0, nil, err
+	}
+	rid, j, err := s.settleFailure(ctx, c, j, r)
+	if err != nil {
+		return 0, nil, err
+	}
+	if err := s.jobChanged(ctx, c, before.State, j); err != nil {
+		return 0, nil, err
+	}
+	return http.StatusOK, FailResponse{Job: wireJob(j), Requeued: outcome == receipts.OutcomeRequeued, ReceiptID: rid}, nil
+}
+
+// settleFailure mints a job_failed receipt and, when the job is back in
+// the queue, wakes long-polls; when it ended, records the receipt on it.
+func (s *Server) settleFailure(ctx context.Context, c *call, j *lease.Job, r receipts.Receipt) (string, *lease.Job, error) {
+	snap, err := s.gate.Snapshot(ctx)
+	if err != nil {
+		return "", nil, err
+	}
+	st, err := s.mintFor(ctx, c, snap, r)
+	if err != nil {
+		return "", nil, err
+	}
+	if j.State == lease.StateQueued {
+		return st.ID, j, s.st.Notifier.Notify(ctx)
+	}
+	j, err = s.leases.SetReceipt(ctx, j.ID, st.ID)
+	return st.ID, j, err
+}
+
+// release: POST /workers/jobs/{id}/release. The job goes back to the
+// queue at once, without using an attempt, and long-polls wake; a job
+// whose cancel was requested ends canceled instead, with a job_failed
+// receipt (outcome canceled, error_code "released").
+func (s *Server) release(ctx context.Context, c *call) (int, any, error) {
+	var req ReleaseRequest
+	if err := c.decode(&req); err != nil {
+		return 0, nil, err
+	}
+	ref, err := leaseRef(c, req.LeaseToken)
+	if err != nil {
+		return 0, nil, err
+	}
+	before, err := s.leases.Get(ctx, ref.JobID)
+	if err != nil {
+		return 0, nil, err
+	}
+	j, err := s.leases.Release(ctx, ref, req.Reason)
+	if err != nil {
+		return 0, nil, err
+	}
+	if j.State == lease.StateQueued {
+		if err := s.st.Notifier.Notify(ctx); err != nil {
+			return 0, nil, err
+		}
+	} else {
+		r := receipts.Receipt{
+			Kind: receipts.KindJobFailed, JobID: j.ID, WorkerID: c.principal.ID, JobType: j.Type,
+			LeaseEpoch: before.Lease.Epoch, LeaseID: before.Lease.ID, Attempt: int64(j.Attempt),
+			ErrorCode: "released", Outcome: receipts.OutcomeCanceled, EndedAt: *j.FinishedAt,
+		}
+		if before.AcceptedAt != nil {
+			r.StartedAt = *before.AcceptedAt
+		}
+		if _, j, err = s.settleFailure(ctx, c, j, r); err != nil {
+			return 0, nil, err
+		}
+	}
+	if err := s.jobChanged(ctx, c, before.State, j); err != nil {
+		return 0, nil, err
+	}
+	return http.StatusOK, JobResponse{Job: wireJob(j)}, nil
+}
+
+// audit: POST /workers/audit. Each event becomes a node_audit receipt
+// that carries its payload's SHA-256.
+func (s *Server) audit(ctx context.Context, c *call) (int, any, error) {
+	var req AuditRequest
+	if err := c.decode(&req); err != nil {
+		return 0, nil, err
+	}
+	if len(req.Events) == 0 || len(req.Events) > maxAuditEvents {
+		return 0, nil, invalid("events must hold 1 to %d events", maxAuditEvents)
+	}
+	rs := make([]receipts.Receipt, len(req.Events))
+	for i, e := range req.Events {
+		switch {
+		case e.EventType == "":
+			return 0, nil, invalid("events[%d]: event_type is required", i)
+		case e.OccurredAt == nil:
+			return 0, nil, invalid("events[%d]: occurred_at is required", i)
+		}
+		p, err := object(fmt.Sprintf("events[%d].payload", i), e.Payload)
+		if err != nil {
+			return 0, nil, err
+		}
+		h, err := payloadHash(p)
+		if err != nil {
+			return 0, nil, err
+		}
+		rs[i] = receipts.Receipt{
+			Kind: receipts.KindNodeAudit, EventType: e.EventType, OccurredAt: *e.OccurredAt, PayloadSHA256: h,
+		}
+	}
+	w, err := s.leases.Worker(ctx, c.principal.ID)
+	if err != nil {
+		return 0, nil, err
+	}
+	snap, err := s.gate.Snapshot(ctx)
+	if err != nil {
+		return 0, nil, err
+	}
+	out := AuditResponse{ReceiptIDs: make([]string, 0, len(rs))}
+	for _, r := range rs {
+		r.WorkerID, r.NodeID = w.ID, w.NodeID
+		st, err := s.mintFor(ctx, c, snap, r)
+		if err != nil {
+			return 0, nil, err
+		}
+		out.ReceiptIDs = append(out.ReceiptIDs, st.ID)
+	}
+	return http.StatusCreated, out, nil
+}

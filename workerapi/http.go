@@ -238,21 +238,23 @@ func (s *Server) signed(ctx context.Context, c *call, pub ed25519.PublicKey, han
 	}
 	nonceNode := v.KeyID
 	var (
-		code     int
-		out      any
-		consumed bool
+		code    int
+		out     any
+		refused bool // the nonce store refused the nonce: a replay or over quota
 	)
 	err = s.st.Tx.InTx(ctx, func(ctx context.Context) error {
 		if err := s.verifier.Consume(ctx, nonceNode, v.Nonce, v.Expires); err != nil {
+			refused = errors.Is(err, replay.ErrReplayedNonce) || errors.Is(err, replay.ErrQuota)
 			return err
 		}
-		consumed = true
 		var err error
 		code, out, err = handle(ctx, c)
 		return err
 	})
-	if err != nil && consumed {
-		// The operation failed and rolled the nonce back with it.
+	if err != nil && !refused {
+		// The transaction rolled the nonce back with the failed operation
+		// (or the nonce store failed): consume it in a commit of its own,
+		// so these bytes can never run later.
 		if cerr := s.verifier.Consume(context.WithoutCancel(ctx), nonceNode, v.Nonce, v.Expires); cerr != nil && !errors.Is(cerr, replay.ErrReplayedNonce) {
 			s.log.Warn("consuming the nonce of a failed request", "request_id", c.reqID, "err", cerr)
 		}

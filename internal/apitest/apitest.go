@@ -69,6 +69,7 @@ type Env struct {
 type Option func(*options)
 
 type options struct {
+	stores   func(workerapi.Stores) workerapi.Stores
 	config   []func(*workerapi.Config)
 	notifier func(t testing.TB, db *bunstore.DB) workerapi.Notifier
 	local    *workerapi.LocalNotifier
@@ -86,6 +87,12 @@ func WithConfig(f func(*workerapi.Config)) Option {
 // workerapi.LocalNotifier, which wakes long-polls in this process only.
 func WithNotifier(f func(t testing.TB, db *bunstore.DB) workerapi.Notifier) Option {
 	return func(o *options) { o.notifier = f }
+}
+
+// WithStores lets f wrap the stores a replica's Server runs on (for
+// example to inject faults).
+func WithStores(f func(workerapi.Stores) workerapi.Stores) Option {
+	return func(o *options) { o.stores = f }
 }
 
 // New opens a fresh database of dialect ("sqlite" or "postgres"; a
@@ -164,7 +171,7 @@ func start(t testing.TB, dialect, dsn string, cfg workerapi.Config, clock *Clock
 	if o.notifier != nil {
 		n = o.notifier(t, db)
 	}
-	srv, err := workerapi.New(workerapi.Stores{
+	st := workerapi.Stores{
 		Tx:          db,
 		Notifier:    n,
 		Leases:      db.LeaseStore(),
@@ -172,7 +179,11 @@ func start(t testing.TB, dialect, dsn string, cfg workerapi.Config, clock *Clock
 		Nonces:      db.NonceStore(nil),
 		Envelope:    db.EnvelopeStore(),
 		Receipts:    db.ReceiptsStore(),
-	}, cfg)
+	}
+	if o.stores != nil {
+		st = o.stores(st)
+	}
+	srv, err := workerapi.New(st, cfg)
 	if err != nil {
 		t.Fatalf("apitest: workerapi.New: %v", err)
 	}

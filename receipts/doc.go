@@ -63,8 +63,8 @@
 // The kinds and their fields (required; [optional]):
 //
 //	worker_registered     worker_id node_id key_id [credential_id]
-//	artifact_reported     job_id worker_id lease_epoch artifact_id checksum_sha256 size_bytes
-//	                      [lease_id artifact_type name uri metadata_sha256]
+//	artifact_reported     job_id worker_id lease_epoch artifact_id
+//	                      [checksum_sha256 size_bytes lease_id artifact_type name uri metadata_sha256]
 //	job_completed         job_id worker_id job_type lease_epoch attempt started_at ended_at
 //	                      [lease_id output_uri metrics_sha256]
 //	job_charged           job_id worker_id gpu_count rate_usd_per_gpu_hour started_at ended_at

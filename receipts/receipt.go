@@ -204,8 +204,9 @@ var kindSpecs = map[Kind]kindSpec{
 		optional: []string{"credential_id"},
 	},
 	KindArtifactReported: {
-		required: []string{"job_id", "worker_id", "lease_epoch", "artifact_id", "checksum_sha256", "size_bytes"},
-		optional: []string{"lease_id", "artifact_type", "name", "uri", "metadata_sha256"},
+		// The checksum and size are optional, as the worker contract makes them.
+		required: []string{"job_id", "worker_id", "lease_epoch", "artifact_id"},
+		optional: []string{"checksum_sha256", "size_bytes", "lease_id", "artifact_type", "name", "uri", "metadata_sha256"},
 	},
 	KindJobCompleted: {
 		required: []string{"job_id", "worker_id", "job_type", "lease_epoch", "attempt", "started_at", "ended_at"},

@@ -622,14 +622,19 @@ func (s *Server) artifacts(ctx context.Context, c *call) (int, any, error) {
 		return 0, nil, invalid("name is required")
 	case req.URI == "":
 		return 0, nil, invalid("uri is required")
-	case req.ChecksumSHA256 == nil:
-		return 0, nil, invalid("checksum_sha256 is required")
-	case !isSHA256Hex(*req.ChecksumSHA256):
+	case req.ChecksumSHA256 != nil && !isSHA256Hex(*req.ChecksumSHA256):
 		return 0, nil, invalid("checksum_sha256 must be 64 lowercase hex digits")
-	case req.SizeBytes == nil:
-		return 0, nil, invalid("size_bytes is required")
-	case *req.SizeBytes < 0:
+	case req.SizeBytes != nil && *req.SizeBytes < 0:
 		return 0, nil, invalid("size_bytes must not be negative")
+	}
+	// checksum_sha256 and size_bytes are optional, as in the v0.2 contract.
+	var sum string
+	var size int64
+	if req.ChecksumSHA256 != nil {
+		sum = *req.ChecksumSHA256
+	}
+	if req.SizeBytes != nil {
+		size = *req.SizeBytes
 	}
 	meta, err := object("metadata", req.Metadata)
 	if err != nil {
@@ -640,8 +645,8 @@ func (s *Server) artifacts(ctx context.Context, c *call) (int, any, error) {
 		return 0, nil, err
 	}
 	a, err := s.leases.AddArtifact(ctx, ref, lease.Artifact{
-		Type: req.ArtifactType, Name: req.Name, URI: req.URI, SHA256: *req.ChecksumSHA256,
-		SizeBytes: *req.SizeBytes, Metadata: meta, ReceiptID: rid,
+		Type: req.ArtifactType, Name: req.Name, URI: req.URI, SHA256: sum,
+		SizeBytes: size, Metadata: meta, ReceiptID: rid,
 	})
 	if err != nil {
 		return 0, nil, err
@@ -846,7 +851,8 @@ func (s *Server) failJob(ctx context.Context, c *call) (int, any, error) {
 		return 0, nil, err
 	}
 	if req.ErrorCode == "" {
-		return 0, nil, invalid("error_code is required")
+		// error_code is optional, as in the v0.2 contract.
+		req.ErrorCode = "unspecified"
 	}
 	payload, err := object("payload", req.Payload)
 	if err != nil {

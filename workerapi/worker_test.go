@@ -944,8 +944,6 @@ func TestArtifacts(t *testing.T) {
 	for name, body := range map[string]string{
 		"uppercase checksum": `{"lease_token":"` + tok + `","artifact_type":"a","name":"n","uri":"u","checksum_sha256":"` + strings.ToUpper(sum) + `","size_bytes":1}`,
 		"short checksum":     `{"lease_token":"` + tok + `","artifact_type":"a","name":"n","uri":"u","checksum_sha256":"abcd","size_bytes":1}`,
-		"no checksum":        `{"lease_token":"` + tok + `","artifact_type":"a","name":"n","uri":"u","size_bytes":1}`,
-		"no size":            `{"lease_token":"` + tok + `","artifact_type":"a","name":"n","uri":"u","checksum_sha256":"` + sum + `"}`,
 		"negative size":      `{"lease_token":"` + tok + `","artifact_type":"a","name":"n","uri":"u","checksum_sha256":"` + sum + `","size_bytes":-1}`,
 		"no name":            `{"lease_token":"` + tok + `","artifact_type":"a","uri":"u","checksum_sha256":"` + sum + `","size_bytes":1}`,
 		"metadata a string":  `{"lease_token":"` + tok + `","artifact_type":"a","name":"n","uri":"u","checksum_sha256":"` + sum + `","size_bytes":1,"metadata":"x"}`,
@@ -958,6 +956,13 @@ func TestArtifacts(t *testing.T) {
 			})
 		})
 	}
+	// checksum_sha256 and size_bytes are optional, as in the v0.2 contract.
+	t.Run("no checksum or size", func(t *testing.T) {
+		st, b := post(t, f.node, path, `{"lease_token":"`+tok+`","artifact_type":"log","name":"n","uri":"u"}`)
+		if st != http.StatusCreated {
+			t.Fatalf("artifact without checksum and size: %d %s", st, b)
+		}
+	})
 }
 
 // receiptOf decodes a stored receipt.
@@ -1135,6 +1140,15 @@ func TestFailAndRelease(t *testing.T) {
 			t.Errorf("fail answer %s", b)
 		}
 	})
+	t.Run("no error_code", func(t *testing.T) {
+		// error_code is optional, as in the v0.2 contract.
+		id, tok := f.running(t, "status_check")
+		_, b := post(t, f.node, "/workers/jobs/"+id+"/fail", `{"lease_token":"`+tok+`","message":"gave up"}`)
+		out := decode[workerapi.FailResponse](t, b)
+		if out.Job.State != "failed" || out.Job.LastError == nil || out.Job.LastError.Code != "unspecified" {
+			t.Errorf("fail without error_code: %s", b)
+		}
+	})
 	t.Run("canceled", func(t *testing.T) {
 		id, tok := f.running(t, "status_check")
 		if _, err := f.env.Server.Leases().Cancel(context.Background(), id); err != nil {
@@ -1149,7 +1163,6 @@ func TestFailAndRelease(t *testing.T) {
 	t.Run("invalid", func(t *testing.T) {
 		id, tok := f.running(t, "status_check")
 		for name, body := range map[string]string{
-			"no error_code":      `{"lease_token":"` + tok + `"}`,
 			"retryable a string": `{"lease_token":"` + tok + `","error_code":"x","retryable":"yes"}`,
 			"payload a number":   `{"lease_token":"` + tok + `","error_code":"x","payload":1}`,
 		} {

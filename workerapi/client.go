@@ -1,0 +1,679 @@
+package workerapi
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	mrand "math/rand/v2"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nodelane/nodelane/replay"
+)
+
+// ClientConfig holds a Client's settings. A nil *ClientConfig is not
+// enough: Identity is required.
+type ClientConfig struct {
+	// Identity is the node's Ed25519 key and, once registered, its worker
+	// id and token (see LoadOrCreateIdentity). Required.
+	Identity *Identity
+	// HTTPClient sends the requests. It should have no overall Timeout:
+	// lease long-polls last up to a minute, and every attempt is bounded by
+	// RequestTimeout instead. Defaults to a client on a clone of
+	// http.DefaultTransport.
+	HTTPClient *http.Client
+	// RequestTimeout bounds one attempt of one request (a lease long-poll
+	// gets its wait_seconds on top). Defaults to 30 s.
+	RequestTimeout time.Duration
+	// MaxAttempts is how many times one call is sent before its error is
+	// returned: network errors, 5xx and 429 are retried; other 4xx never.
+	// Defaults to 5.
+	MaxAttempts int
+	// RetryBase and RetryMax shape the backoff between attempts: a random
+	// delay from 0 to RetryBase·2^(attempt-1), capped at RetryMax ("full
+	// jitter"). A Retry-After the server sends is honoured. Defaults to
+	// 250 ms and 15 s.
+	RetryBase time.Duration
+	RetryMax  time.Duration
+	// UserAgent is sent with every request. Defaults to "nodelane-worker/1".
+	UserAgent string
+	// Logger receives retries and clock corrections (never a token).
+	// Defaults to a logger that discards everything.
+	Logger *slog.Logger
+	// Now is the node's local clock. Defaults to time.Now.
+	Now func() time.Time
+	// Rand is the source of nonces. Defaults to crypto/rand.Reader.
+	Rand io.Reader
+}
+
+// Client calls the worker routes of PROTOCOL.md for one node. Every
+// attempt of every request is signed afresh (a new nonce, a new created
+// time), so a retry is never refused as a replay. It corrects the node's
+// clock: each answer's server_time (or its Date header) updates an
+// offset, and signatures are created at local time plus that offset, so a
+// node whose clock drifts still lands in the server's 5-minute window. A
+// Client is safe for concurrent use.
+type Client struct {
+	base   *url.URL
+	cfg    ClientConfig
+	id     *Identity
+	hc     *http.Client
+	log    *slog.Logger
+	signer *replay.Signer
+
+	mu          sync.Mutex
+	offset      time.Duration
+	offsetKnown bool
+}
+
+// NewClient returns a Client for the control plane at baseURL: the URL
+// where the host mounted the worker routes, so that baseURL +
+// "/workers/heartbeat" is the heartbeat route.
+func NewClient(baseURL string, cfg *ClientConfig) (*Client, error) {
+	var c ClientConfig
+	if cfg != nil {
+		c = *cfg
+	}
+	if c.Identity == nil {
+		return nil, errors.New("workerapi: ClientConfig.Identity is required")
+	}
+	u, err := url.Parse(strings.TrimRight(baseURL, "/"))
+	if err != nil {
+		return nil, fmt.Errorf("workerapi: base URL: %w", err)
+	}
+	if u.Scheme != "http" && u.Scheme != "https" || u.Host == "" {
+		return nil, fmt.Errorf("workerapi: base URL %q is not an absolute http(s) URL", baseURL)
+	}
+	if u.RawQuery != "" || u.Fragment != "" {
+		return nil, fmt.Errorf("workerapi: base URL %q has a query or fragment", baseURL)
+	}
+	if c.HTTPClient == nil {
+		c.HTTPClient = &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}
+	}
+	if c.RequestTimeout <= 0 {
+		c.RequestTimeout = 30 * time.Second
+	}
+	if c.MaxAttempts <= 0 {
+		c.MaxAttempts = 5
+	}
+	if c.RetryBase <= 0 {
+		c.RetryBase = 250 * time.Millisecond
+	}
+	if c.RetryMax <= 0 {
+		c.RetryMax = 15 * time.Second
+	}
+	if c.UserAgent == "" {
+		c.UserAgent = "nodelane-worker/1"
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	if c.Rand == nil {
+		c.Rand = rand.Reader
+	}
+	cl := &Client{base: u, cfg: c, id: c.Identity, hc: c.HTTPClient, log: c.Logger}
+	cl.signer = replay.NewSigner(c.Identity.Key(), &replay.SignerConfig{Now: cl.ServerNow, Rand: c.Rand})
+	return cl, nil
+}
+
+// Identity returns the Client's identity.
+func (c *Client) Identity() *Identity { return c.id }
+
+// ClockOffset is the server's clock minus the node's, as last measured,
+// and whether any answer has measured it yet.
+func (c *Client) ClockOffset() (time.Duration, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.offset, c.offsetKnown
+}
+
+// ServerNow is the node's estimate of the server's clock: local time plus
+// ClockOffset. Signatures are created at this time, and lease deadlines
+// (expires_at, in server time) are compared with it.
+func (c *Client) ServerNow() time.Time {
+	c.mu.Lock()
+	off := c.offset
+	c.mu.Unlock()
+	return c.cfg.Now().Add(off)
+}
+
+// until is how long, on the node's clock, until the server time t.
+func (c *Client) until(t time.Time) time.Duration { return t.Sub(c.ServerNow()) }
+
+// APIError is an error answer of the control plane (PROTOCOL.md
+// "Errors"), or an answer that was not the one expected. Use errors.As to
+// read it, or the helpers IsCode, IsLeaseLost, IsRetryable.
+type APIError struct {
+	// Status is the HTTP status; Code the PROTOCOL.md code ("" when the
+	// body was not a PROTOCOL.md error, say from a proxy); Message the
+	// server's explanation.
+	Status  int
+	Code    string
+	Message string
+	// Route is the path called, such as "/workers/heartbeat".
+	Route string
+	// RequestID is the X-Request-Id the server answered with.
+	RequestID string
+	// ServerTime is the server's clock when it answered, if it said.
+	ServerTime time.Time
+	// RetryAfter is the server's Retry-After, or 0.
+	RetryAfter time.Duration
+}
+
+func (e *APIError) Error() string {
+	code := e.Code
+	if code == "" {
+		code = http.StatusText(e.Status)
+	}
+	msg := fmt.Sprintf("workerapi: %s: %d %s", e.Route, e.Status, code)
+	if e.Message != "" {
+		msg += ": " + e.Message
+	}
+	return msg
+}
+
+// Temporary reports whether the same request may succeed later: 5xx and
+// 429 answers.
+func (e *APIError) Temporary() bool {
+	return e.Status >= 500 || e.Status == http.StatusTooManyRequests
+}
+
+// transportError is a request that got no answer: the connection failed,
+// the attempt timed out, or the answer could not be read. The server may
+// or may not have acted on it.
+type transportError struct {
+	route string
+	err   error
+}
+
+func (e *transportError) Error() string { return fmt.Sprintf("workerapi: %s: %v", e.route, e.err) }
+func (e *transportError) Unwrap() error { return e.err }
+
+// unansweredError is a final answer to a call an earlier attempt of
+// which got no answer: the server may have acted on that attempt, so a
+// 409 may mean it succeeded.
+type unansweredError struct{ err error }
+
+func (e *unansweredError) Error() string {
+	return e.err.Error() + " (an earlier attempt went unanswered and may have succeeded)"
+}
+func (e *unansweredError) Unwrap() error { return e.err }
+
+// IsCode reports whether err is an *APIError with the PROTOCOL.md code.
+func IsCode(err error, code string) bool {
+	var ae *APIError
+	return errors.As(err, &ae) && ae.Code == code
+}
+
+// ErrorCode returns the PROTOCOL.md code of err, or "" if err is not an
+// *APIError.
+func ErrorCode(err error) string {
+	var ae *APIError
+	if errors.As(err, &ae) {
+		return ae.Code
+	}
+	return ""
+}
+
+// IsLeaseLost reports whether the server said the lease token is not the
+// job's live lease (409 lease_lost): the job is no longer this worker's,
+// and it must stop working on it.
+func IsLeaseLost(err error) bool { return IsCode(err, CodeLeaseLost) }
+
+// IsRetryable reports whether err is worth sending again: no answer
+// (network error or timeout), a 5xx or a 429. Other 4xx answers are final.
+func IsRetryable(err error) bool {
+	var ae *APIError
+	if errors.As(err, &ae) {
+		return ae.Temporary()
+	}
+	var te *transportError
+	return errors.As(err, &te)
+}
+
+// isAuthFatal reports whether err means this node cannot go on with its
+// credential: 401 for the token or key, 403 banned or out of scope.
+func isAuthFatal(err error) bool {
+	var ae *APIError
+	if !errors.As(err, &ae) {
+		return false
+	}
+	switch ae.Code {
+	case CodeMissingCredential, CodeInvalidToken, CodeTokenExpired, CodeTokenRevoked,
+		CodeBadSignature, CodeWorkerBanned, CodeInsufficientScope:
+		return true
+	}
+	return false
+}
+
+// callOpts are the per-call settings of do.
+type callOpts struct {
+	// token is the bearer token to send; "" means the identity's.
+	token string
+	// wait is how long the server may hold the request (a long-poll).
+	wait time.Duration
+}
+
+// do POSTs in as JSON to route and decodes a 2xx answer into out,
+// retrying as ClientConfig says. It returns the answer's status.
+func (c *Client) do(ctx context.Context, route string, in, out any, o callOpts) (int, error) {
+	body, err := json.Marshal(in)
+	if err != nil {
+		return 0, fmt.Errorf("workerapi: %s: encoding the request: %w", route, err)
+	}
+	var (
+		staleRetried, tokenRetried bool
+		unanswered                 bool
+		lastErr                    error
+	)
+	for attempt := 1; ; attempt++ {
+		if err := ctx.Err(); err != nil {
+			if lastErr != nil {
+				return 0, fmt.Errorf("%w (after: %w)", context.Cause(ctx), lastErr)
+			}
+			return 0, context.Cause(ctx)
+		}
+		tok := o.token
+		if tok == "" {
+			tok = c.id.Token()
+		}
+		status, err := c.once(ctx, route, body, out, tok, o.wait)
+		if err == nil {
+			return status, nil
+		}
+		lastErr = err
+		var ae *APIError
+		if errors.As(err, &ae) {
+			switch {
+			case ae.Code == CodeStaleTimestamp && !staleRetried:
+				// once has corrected the offset from this very answer
+				// (its server_time or Date): sign again at once.
+				staleRetried = true
+				attempt--
+				continue
+			case (ae.Code == CodeTokenRevoked || ae.Code == CodeInvalidToken) && o.token == "" &&
+				!tokenRetried && c.id.Token() != tok:
+				// The token was rotated (a re-registration) while this
+				// request was in flight: send it again with the new one.
+				tokenRetried = true
+				attempt--
+				continue
+			}
+		}
+		if !IsRetryable(err) {
+			if unanswered {
+				err = &unansweredError{err}
+			}
+			return status, err
+		}
+		var te *transportError
+		if errors.As(err, &te) {
+			unanswered = true
+		}
+		if ctx.Err() != nil {
+			return status, err
+		}
+		if attempt >= c.cfg.MaxAttempts {
+			return status, fmt.Errorf("%w (gave up after %d attempts)", err, attempt)
+		}
+		d := c.backoff(attempt)
+		if errors.As(err, &ae) && ae.RetryAfter > 0 {
+			d = ae.RetryAfter + jitter(c.cfg.RetryBase)
+		}
+		if dl, ok := ctx.Deadline(); ok && time.Until(dl) < d {
+			return status, err
+		}
+		c.log.Debug("retrying", "route", route, "attempt", attempt, "delay", d, "err", err)
+		if !sleep(ctx, d) {
+			return status, err
+		}
+	}
+}
+
+// backoff is the delay after the attempt-th attempt failed: full jitter
+// over an exponentially growing, capped window.
+func (c *Client) backoff(attempt int) time.Duration {
+	return backoffDelay(c.cfg.RetryBase, c.cfg.RetryMax, attempt)
+}
+
+func backoffDelay(base, maxDelay time.Duration, attempt int) time.Duration {
+	w := base
+	for i := 1; i < attempt && w < maxDelay; i++ {
+		w *= 2
+	}
+	return jitter(min(w, maxDelay))
+}
+
+// jitter returns a random duration in [0, d].
+func jitter(d time.Duration) time.Duration {
+	if d <= 0 {
+		return 0
+	}
+	return time.Duration(mrand.Int64N(int64(d) + 1))
+}
+
+// sleep waits d or until ctx ends; it reports whether d passed.
+func sleep(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// maxAnswer bounds how much of an answer is read.
+const maxAnswer = 16 << 20
+
+// once sends one signed attempt.
+func (c *Client) once(ctx context.Context, route string, body []byte, out any, token string, wait time.Duration) (int, error) {
+	actx, cancel := context.WithTimeout(ctx, c.cfg.RequestTimeout+wait)
+	defer cancel()
+	// route is escaped already (jobRoute), as is the base's String.
+	req, err := http.NewRequestWithContext(actx, http.MethodPost, c.base.String()+route, bytes.NewReader(body))
+	if err != nil {
+		return 0, fmt.Errorf("workerapi: %s: %w", route, err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json")
+	req.Header.Set("User-Agent", c.cfg.UserAgent)
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	if err := c.signer.Sign(req, body); err != nil {
+		return 0, fmt.Errorf("workerapi: %s: signing: %w", route, err)
+	}
+	sent := c.cfg.Now()
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		if ctx.Err() != nil {
+			return 0, context.Cause(ctx)
+		}
+		return 0, &transportError{route: route, err: err}
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswer))
+	recv := c.cfg.Now()
+	if err != nil {
+		if ctx.Err() != nil {
+			return 0, context.Cause(ctx)
+		}
+		return resp.StatusCode, &transportError{route: route, err: fmt.Errorf("reading the answer: %w", err)}
+	}
+	var st struct {
+		ServerTime *time.Time `json:"server_time"`
+		Error      *struct {
+			Code       string     `json:"code"`
+			Message    string     `json:"message"`
+			ServerTime *time.Time `json:"server_time"`
+		} `json:"error"`
+	}
+	_ = json.Unmarshal(b, &st) // best effort: a body that is not JSON has no time
+	serverTime := st.ServerTime
+	if st.Error != nil && st.Error.ServerTime != nil {
+		serverTime = st.Error.ServerTime
+	}
+	c.observe(serverTime, resp.Header.Get("Date"), sent, recv)
+
+	if resp.StatusCode >= 200 && resp.StatusCode < 300 {
+		if out != nil {
+			if err := json.Unmarshal(b, out); err != nil {
+				return resp.StatusCode, &APIError{Status: resp.StatusCode, Route: route,
+					RequestID: resp.Header.Get("X-Request-Id"), Message: "undecodable answer: " + err.Error()}
+			}
+		}
+		return resp.StatusCode, nil
+	}
+	ae := &APIError{Status: resp.StatusCode, Route: route, RequestID: resp.Header.Get("X-Request-Id"),
+		RetryAfter: retryAfter(resp.Header.Get("Retry-After"), recv)}
+	if st.Error != nil {
+		ae.Code, ae.Message = st.Error.Code, st.Error.Message
+		if st.Error.ServerTime != nil {
+			ae.ServerTime = *st.Error.ServerTime
+		}
+	} else {
+		ae.Message = snippet(b)
+	}
+	return resp.StatusCode, ae
+}
+
+// snippet is the start of a body that is not a PROTOCOL.md error.
+func snippet(b []byte) string {
+	s := strings.TrimSpace(string(b))
+	if len(s) > 200 {
+		s = s[:200] + "..."
+	}
+	return s
+}
+
+// retryAfter parses Retry-After (seconds or an HTTP date), capped at 5
+// minutes.
+func retryAfter(v string, now time.Time) time.Duration {
+	if v == "" {
+		return 0
+	}
+	var d time.Duration
+	if n, err := strconv.Atoi(strings.TrimSpace(v)); err == nil {
+		d = time.Duration(n) * time.Second
+	} else if t, err := http.ParseTime(v); err == nil {
+		d = t.Sub(now)
+	}
+	return min(max(d, 0), 5*time.Minute)
+}
+
+// observe updates the clock offset from an answer. server_time (in the
+// body) has microseconds and is preferred; the Date header has whole
+// seconds, so it only corrects an offset that is more than a second off.
+// The server reads its clock late in handling a request, so the local
+// reference is the receive time less at most a quarter second (half the
+// round trip for a quick request; a long-poll's clock is read at its end).
+func (c *Client) observe(serverTime *time.Time, date string, sent, recv time.Time) {
+	ref := recv.Add(-min(recv.Sub(sent)/2, 250*time.Millisecond))
+	var (
+		sample  time.Duration
+		precise bool
+	)
+	switch {
+	case serverTime != nil && !serverTime.IsZero():
+		sample, precise = serverTime.Sub(ref), true
+	case date != "":
+		t, err := http.ParseTime(date)
+		if err != nil {
+			return
+		}
+		sample = t.Add(500 * time.Millisecond).Sub(ref)
+	default:
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	diff := sample - c.offset
+	if !precise && c.offsetKnown && diff < 1500*time.Millisecond && diff > -1500*time.Millisecond {
+		return
+	}
+	if !c.offsetKnown || diff > 5*time.Second || diff < -5*time.Second {
+		c.log.Info("server clock offset", "offset", sample.Round(time.Millisecond))
+	}
+	c.offset, c.offsetKnown = sample, true
+}
+
+// jobRoute is the route of a job's action.
+func jobRoute(jobID, action string) string {
+	return "/workers/jobs/" + url.PathEscape(jobID) + "/" + action
+}
+
+// Register registers the node (POST /workers/register) with a
+// provisioning token that carries node:register, signed by the identity's
+// key. It fills req.PublicKey, and req.NodeID from the identity when
+// empty. Both answers succeed: 201 for a new node, 200 when the node was
+// registered already with this key (its token is rotated; the old one is
+// revoked). The worker id and token are kept in the identity and, if it
+// has a file, saved to it; if saving fails, Register returns the answer
+// together with the error, and the Client goes on with the new token.
+func (c *Client) Register(ctx context.Context, provisioningToken string, req RegisterRequest) (*RegisterResponse, error) {
+	if provisioningToken == "" {
+		return nil, errors.New("workerapi: register needs a provisioning token")
+	}
+	if req.NodeID == "" {
+		req.NodeID = c.id.NodeID()
+	}
+	if req.NodeID == "" {
+		return nil, errors.New("workerapi: register needs a node_id")
+	}
+	req.PublicKey = c.id.PublicKey()
+	var out RegisterResponse
+	if _, err := c.do(ctx, pathRegister, req, &out, callOpts{token: provisioningToken}); err != nil {
+		return nil, err
+	}
+	if out.WorkerToken == "" || out.WorkerID == "" {
+		return nil, &APIError{Status: http.StatusOK, Route: pathRegister, Message: "the answer has no worker_id or worker_token"}
+	}
+	if err := c.id.setRegistration(req.NodeID, out.WorkerID, out.WorkerToken, out.TokenExpiresAt); err != nil {
+		return &out, fmt.Errorf("workerapi: registered as %s, but %w", out.WorkerID, err)
+	}
+	return &out, nil
+}
+
+// Heartbeat reports liveness (POST /workers/heartbeat). Listed jobs whose
+// lease the worker holds are extended; the answer names the jobs lost and
+// the jobs whose cancel was requested.
+func (c *Client) Heartbeat(ctx context.Context, req HeartbeatRequest) (*HeartbeatResponse, error) {
+	if req.CurrentJobs == nil {
+		req.CurrentJobs = []string{}
+	}
+	var out HeartbeatResponse
+	_, err := c.do(ctx, "/workers/heartbeat", req, &out, callOpts{})
+	if err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// Lease asks for jobs (POST /workers/jobs/lease), waiting up to
+// req.WaitSeconds for one. With none, the answer's Leases is empty. A
+// lease request that timed out may still have leased a job the answer
+// never brought; such a lease lapses at its accept_by without using an
+// attempt.
+func (c *Client) Lease(ctx context.Context, req LeaseRequest) (*LeaseResponse, error) {
+	var out LeaseResponse
+	_, err := c.do(ctx, "/workers/jobs/lease", req, &out, callOpts{wait: time.Duration(max(req.WaitSeconds, 0)) * time.Second})
+	if err != nil {
+		return nil, err
+	}
+	if out.Leases == nil && out.LeaseToken != nil && out.Job != nil {
+		// A v0.2-style answer with the grant at the top level only.
+		g := Grant{LeaseToken: *out.LeaseToken, Job: *out.Job}
+		if out.LeaseID != nil {
+			g.LeaseID = *out.LeaseID
+		}
+		if out.ExpiresAt != nil {
+			g.ExpiresAt = *out.ExpiresAt
+		}
+		if out.AcceptBy != nil {
+			g.AcceptBy = *out.AcceptBy
+		}
+		out.Leases = []Grant{g}
+	}
+	return &out, nil
+}
+
+// Accept accepts a leased job (POST /workers/jobs/{id}/accept): it moves
+// to running. Accepting again under the same lease is harmless.
+func (c *Client) Accept(ctx context.Context, jobID string, req TokenRequest) (*AcceptResponse, error) {
+	var out AcceptResponse
+	if _, err := c.do(ctx, jobRoute(jobID, "accept"), req, &out, callOpts{}); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// Status reports a status event (POST /workers/jobs/{id}/status), which
+// extends the lease; the answer says whether a cancel was requested.
+func (c *Client) Status(ctx context.Context, jobID string, req StatusRequest) (*StatusResponse, error) {
+	var out StatusResponse
+	if _, err := c.do(ctx, jobRoute(jobID, "status"), req, &out, callOpts{}); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// Logs sends log lines (POST /workers/jobs/{id}/logs). A seq the server
+// has already stored counts as a duplicate, so sending a batch again is
+// harmless.
+func (c *Client) Logs(ctx context.Context, jobID string, req LogsRequest) (*LogsResponse, error) {
+	var out LogsResponse
+	if _, err := c.do(ctx, jobRoute(jobID, "logs"), req, &out, callOpts{}); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// Artifact reports an artifact (POST /workers/jobs/{id}/artifacts). A
+// retry after an answer was lost in transit may record the artifact
+// twice, under the same checksum.
+func (c *Client) Artifact(ctx context.Context, jobID string, req ArtifactRequest) (*ArtifactResponse, error) {
+	var out ArtifactResponse
+	if _, err := c.do(ctx, jobRoute(jobID, "artifacts"), req, &out, callOpts{}); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// Complete reports success (POST /workers/jobs/{id}/complete). The server
+// answers a repeated completion under the same lease token with its first
+// answer, so retrying is safe.
+func (c *Client) Complete(ctx context.Context, jobID string, req CompleteRequest) (*CompleteResponse, error) {
+	var out CompleteResponse
+	if _, err := c.do(ctx, jobRoute(jobID, "complete"), req, &out, callOpts{}); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// Fail reports a failed attempt (POST /workers/jobs/{id}/fail). If an
+// earlier attempt of the same call reached the server, a retry answers 409
+// (lease_lost or invalid_transition): the failure was recorded.
+func (c *Client) Fail(ctx context.Context, jobID string, req FailRequest) (*FailResponse, error) {
+	var out FailResponse
+	if _, err := c.do(ctx, jobRoute(jobID, "fail"), req, &out, callOpts{}); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// Release hands a job back to the queue without using an attempt (POST
+// /workers/jobs/{id}/release).
+func (c *Client) Release(ctx context.Context, jobID string, req ReleaseRequest) (*JobResponse, error) {
+	var out JobResponse
+	if _, err := c.do(ctx, jobRoute(jobID, "release"), req, &out, callOpts{}); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// Audit reports node audit events (POST /workers/audit); each becomes a
+// receipt.
+func (c *Client) Audit(ctx context.Context, req AuditRequest) (*AuditResponse, error) {
+	var out AuditResponse
+	if _, err := c.do(ctx, "/workers/audit", req, &out, callOpts{}); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}

@@ -1,0 +1,1418 @@
+package workerapi
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"runtime/debug"
+	"slices"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// HandlerFunc runs one job. Its ctx is cancelled when the job must stop:
+// context.Cause(ctx) then says why (ErrJobCanceled, ErrLeaseLost,
+// ErrLeaseExpiring, ErrDrained). Returning nil completes the job; an
+// error fails it, to be retried unless wrapped with Permanent. r reports
+// progress, logs and artifacts.
+type HandlerFunc func(ctx context.Context, job *Job, r *Reporter) error
+
+// Why a job's context is cancelled (context.Cause).
+var (
+	// ErrJobCanceled: an operator cancelled the job (announced in a
+	// heartbeat, status or accept answer). If the handler then returns an
+	// error, the job is failed with error_code "canceled" and ends canceled.
+	ErrJobCanceled = errors.New("workerapi: the job was canceled")
+	// ErrLeaseLost: the server says this worker no longer holds the job's
+	// lease (it expired, or it was released). Nothing more is reported.
+	ErrLeaseLost = errors.New("workerapi: the job's lease was lost")
+	// ErrLeaseExpiring: the lease could not be extended and is about to
+	// expire (WorkerConfig.LeaseMargin before expires_at), so the worker
+	// stops the job before the server may hand it to another worker.
+	ErrLeaseExpiring = errors.New("workerapi: the job's lease could not be renewed before it expires")
+	// ErrDrained: the worker is draining and the job did not finish within
+	// WorkerConfig.DrainTimeout (or had not started when the drain began).
+	// The job is released (no attempt used).
+	ErrDrained = errors.New("workerapi: the worker drained before the job finished")
+)
+
+// Permanent marks a handler's error as one that another attempt cannot
+// fix: the job fails without a retry. Permanent(nil) is nil.
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &permanentError{err}
+}
+
+type permanentError struct{ err error }
+
+func (e *permanentError) Error() string { return e.err.Error() }
+func (e *permanentError) Unwrap() error { return e.err }
+
+// IsPermanent reports whether err was wrapped with Permanent.
+func IsPermanent(err error) bool {
+	var p *permanentError
+	return errors.As(err, &p)
+}
+
+// WithErrorCode gives a handler's error the error_code its failure is
+// reported with (by default "handler_error"; "panic" for a panic).
+// WithErrorCode(code, nil) is nil.
+func WithErrorCode(code string, err error) error {
+	if err == nil {
+		return nil
+	}
+	return &codedError{code: code, err: err}
+}
+
+type codedError struct {
+	code string
+	err  error
+}
+
+func (e *codedError) Error() string { return e.err.Error() }
+func (e *codedError) Unwrap() error { return e.err }
+
+// JobOutcome is how a job ended for this worker.
+type JobOutcome string
+
+// Outcomes of JobEnd.
+const (
+	// JobSucceeded: completed.
+	JobSucceeded JobOutcome = "succeeded"
+	// JobFailed: failed (FailResponse.Requeued says if it will be retried).
+	JobFailed JobOutcome = "failed"
+	// JobCanceled: failed with error_code "canceled" after a cancel.
+	JobCanceled JobOutcome = "canceled"
+	// JobReleased: handed back to the queue (drain, or not runnable here).
+	JobReleased JobOutcome = "released"
+	// JobLost: the lease was lost or about to expire; nothing reported.
+	JobLost JobOutcome = "lost"
+	// JobAbandoned: the result could not be reported (the server was out
+	// of reach until the lease ran out, or refused it); the lease expires
+	// on the server.
+	JobAbandoned JobOutcome = "abandoned"
+)
+
+// JobEnd says how a job ended, for WorkerConfig.OnJobEnd.
+type JobEnd struct {
+	Job     Job
+	Outcome JobOutcome
+	// Err is the handler's error, or why the outcome could not be reported.
+	Err error
+	// Complete or Fail is the server's answer, when one was given.
+	Complete *CompleteResponse
+	Fail     *FailResponse
+}
+
+// WorkerConfig holds a Worker's settings. A nil *WorkerConfig means all
+// defaults (the identity must then hold a worker token).
+type WorkerConfig struct {
+	// MaxConcurrent is how many jobs run at once. Defaults to the
+	// registration's governor max_jobs, or 1.
+	MaxConcurrent int
+	// ProvisioningToken (node:register) lets the worker register when its
+	// identity has no token, renew its token before it expires (see
+	// TokenRenewBefore) and after the server says it expired. It is held in
+	// memory only.
+	ProvisioningToken string
+	// Registration is what the worker registers (and renews its token)
+	// with; each registration replaces the worker's record, capabilities
+	// included, so a node with GPUs must describe them here. Defaults to the
+	// identity's node id (or the host name) with the registered handlers'
+	// job types and MaxConcurrent as governor max_jobs, and no GPU; when
+	// given, an empty job_types is filled the same way.
+	Registration *RegisterRequest
+	// SupportedGPUSKUs go in every lease request. Defaults to the SKUs of
+	// Registration's GPUs.
+	SupportedGPUSKUs []string
+	// WaitSeconds is each lease request's long-poll. Defaults to 20.
+	WaitSeconds int
+	// IdlePoll is the pause after an empty lease answer that came back
+	// without waiting (a server that does not long-poll). Defaults to 5 s.
+	IdlePoll time.Duration
+	// HeartbeatInterval overrides the server's next_heartbeat_seconds.
+	// Heartbeats also come sooner when a lease is close to its margin.
+	HeartbeatInterval time.Duration
+	// LeaseMargin is how long before a lease's expires_at a job whose lease
+	// could not be extended is stopped (ErrLeaseExpiring); capped at a fifth
+	// of the lease's lifetime. Defaults to 30 s.
+	LeaseMargin time.Duration
+	// DrainTimeout is how long running jobs may take to finish once the
+	// worker drains, before they are cancelled (ErrDrained) and released.
+	// Defaults to 25 s (a spot reclaim or a Kubernetes grace period gives
+	// 30 s or more). DrainGrace is how long a cancelled handler then has to
+	// return before its job is released anyway. Defaults to 3 s.
+	DrainTimeout time.Duration
+	DrainGrace   time.Duration
+	// ReportPatience bounds how long a job's result (complete, fail) is
+	// retried while the server is out of reach; the lease's expiry bounds it
+	// too. Defaults to 10 min.
+	ReportPatience time.Duration
+	// LogFlushInterval is how often buffered log lines are sent.
+	// Defaults to 2 s. LogBatchSize bounds the lines of one request
+	// (defaults to 200), MaxBufferedLogs the lines kept while the server is
+	// out of reach (defaults to 20000; the oldest are dropped beyond).
+	LogFlushInterval time.Duration
+	LogBatchSize     int
+	MaxBufferedLogs  int
+	// TokenRenewBefore: with a ProvisioningToken, the worker token is
+	// renewed (by registering again) this long before it expires, or a
+	// third of its lifetime before, if that is sooner. Defaults to 72 h.
+	TokenRenewBefore time.Duration
+	// Metrics, if set, gives each heartbeat's metrics: a value that
+	// marshals to a JSON object.
+	Metrics func() any
+	// OnJobEnd, if set, is called (from the job's goroutine) when a job
+	// ends for this worker.
+	OnJobEnd func(JobEnd)
+	// Logger receives the worker's events. Defaults to the Client's.
+	Logger *slog.Logger
+}
+
+// Worker is a worker node's runtime: it registers, heartbeats, leases jobs
+// for its handlers, runs them with contexts that are cancelled when the
+// job must stop, reports their logs and results, and drains on shutdown.
+type Worker struct {
+	c   *Client
+	cfg WorkerConfig
+	log *slog.Logger
+
+	mu         sync.Mutex
+	handlers   map[string]HandlerFunc
+	jobs       map[string]*task
+	started    bool
+	draining   bool
+	hbInterval time.Duration
+	changed    chan struct{} // closed and replaced when jobs changes
+
+	drainOnce sync.Once
+	drainCh   chan struct{}
+	slotCh    chan struct{}
+	hbKick    chan struct{}
+	fatalCh   chan error
+
+	baseCtx context.Context // jobs' parent: Run's values, never cancelled
+	hardCtx context.Context // reporting; cancelled when Run ends
+
+	renewMu sync.Mutex
+	// renewAt is when (server time) the token should be renewed;
+	// lastTry when a renewal was last tried (server time).
+	renewAt, lastTry time.Time
+}
+
+// NewWorker returns a Worker that talks through c. cfg may be nil.
+func NewWorker(c *Client, cfg *WorkerConfig) *Worker {
+	var wc WorkerConfig
+	if cfg != nil {
+		wc = *cfg
+	}
+	if wc.WaitSeconds <= 0 {
+		wc.WaitSeconds = 20
+	}
+	if wc.IdlePoll <= 0 {
+		wc.IdlePoll = 5 * time.Second
+	}
+	if wc.LeaseMargin <= 0 {
+		wc.LeaseMargin = 30 * time.Second
+	}
+	if wc.DrainTimeout <= 0 {
+		wc.DrainTimeout = 25 * time.Second
+	}
+	if wc.DrainGrace <= 0 {
+		wc.DrainGrace = 3 * time.Second
+	}
+	if wc.ReportPatience <= 0 {
+		wc.ReportPatience = 10 * time.Minute
+	}
+	if wc.LogFlushInterval <= 0 {
+		wc.LogFlushInterval = 2 * time.Second
+	}
+	if wc.LogBatchSize <= 0 {
+		wc.LogBatchSize = 200
+	}
+	if wc.MaxBufferedLogs <= 0 {
+		wc.MaxBufferedLogs = 20000
+	}
+	if wc.TokenRenewBefore <= 0 {
+		wc.TokenRenewBefore = 72 * time.Hour
+	}
+	if wc.Logger == nil {
+		wc.Logger = c.log
+	}
+	if wc.Registration != nil {
+		r := *wc.Registration
+		wc.Registration = &r
+	}
+	if wc.MaxConcurrent <= 0 {
+		wc.MaxConcurrent = 1
+		if wc.Registration != nil && wc.Registration.GovernorLimits.MaxJobs > 0 {
+			wc.MaxConcurrent = wc.Registration.GovernorLimits.MaxJobs
+		}
+	}
+	if wc.SupportedGPUSKUs == nil && wc.Registration != nil {
+		for _, g := range wc.Registration.Capabilities.GPUs {
+			if !slices.Contains(wc.SupportedGPUSKUs, g.SKU) {
+				wc.SupportedGPUSKUs = append(wc.SupportedGPUSKUs, g.SKU)
+			}
+		}
+	}
+	return &Worker{
+		c: c, cfg: wc, log: wc.Logger,
+		handlers: map[string]HandlerFunc{},
+		jobs:     map[string]*task{},
+		changed:  make(chan struct{}),
+		drainCh:  make(chan struct{}),
+		slotCh:   make(chan struct{}, 1),
+		hbKick:   make(chan struct{}, 1),
+		fatalCh:  make(chan error, 1),
+	}
+}
+
+// Handle registers h for jobType. Call it before Run.
+func (w *Worker) Handle(jobType string, h HandlerFunc) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.handlers[jobType] = h
+}
+
+// Drain asks the worker to stop: it leases nothing more, lets running jobs
+// finish within DrainTimeout, releases those that do not, sends a last
+// heartbeat with status "draining", and Run returns. Safe to call at any
+// time, from any goroutine, more than once.
+func (w *Worker) Drain() { w.drainOnce.Do(func() { close(w.drainCh) }) }
+
+// Jobs returns the ids of the jobs the worker holds.
+func (w *Worker) Jobs() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	ids := make([]string, 0, len(w.jobs))
+	for id := range w.jobs {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	return ids
+}
+
+// Run runs the worker until ctx is cancelled or Drain is called, then
+// drains (see Drain) and returns nil. Jobs keep running while it drains:
+// their contexts do not derive from ctx. It returns an error at once if
+// the worker cannot register, and after stopping its jobs if the server
+// refuses its credential for good (revoked, banned). Run may be called
+// once.
+func (w *Worker) Run(ctx context.Context) error {
+	w.mu.Lock()
+	if w.started {
+		w.mu.Unlock()
+		return errors.New("workerapi: Worker.Run called twice")
+	}
+	w.started = true
+	types := make([]string, 0, len(w.handlers))
+	for t := range w.handlers {
+		types = append(types, t)
+	}
+	w.mu.Unlock()
+	if len(types) == 0 {
+		return errors.New("workerapi: the worker has no handler")
+	}
+	sort.Strings(types)
+	if w.cfg.Registration == nil && w.cfg.ProvisioningToken != "" {
+		host, _ := os.Hostname()
+		node := w.c.id.NodeID()
+		if node == "" {
+			node = host
+		}
+		w.cfg.Registration = &RegisterRequest{NodeID: node, Name: node, Hostname: host, Role: "worker",
+			GovernorLimits: GovernorLimits{MaxJobs: w.cfg.MaxConcurrent}}
+	}
+	if r := w.cfg.Registration; r != nil && len(r.Capabilities.JobTypes) == 0 {
+		r.Capabilities.JobTypes = types
+	}
+
+	w.baseCtx = context.WithoutCancel(ctx)
+	hardCtx, hardStop := context.WithCancel(w.baseCtx)
+	defer hardStop()
+	w.hardCtx = hardCtx
+
+	if err := w.ensureRegistered(ctx); err != nil {
+		return err
+	}
+	go func() {
+		select {
+		case <-ctx.Done():
+			w.Drain()
+		case <-w.drainCh:
+		}
+	}()
+
+	hbCtx, stopHB := context.WithCancel(w.baseCtx)
+	hbDone := make(chan struct{})
+	go func() {
+		defer close(hbDone)
+		w.heartbeatLoop(hbCtx)
+	}()
+	leaseCtx, stopLeasing := context.WithCancel(w.baseCtx)
+	leaseDone := make(chan struct{})
+	go func() {
+		defer close(leaseDone)
+		w.leaseLoop(leaseCtx, types)
+	}()
+
+	var fatal error
+	select {
+	case <-w.drainCh:
+	case fatal = <-w.fatalCh:
+	}
+	w.mu.Lock()
+	w.draining = true
+	w.mu.Unlock()
+	stopLeasing()
+	<-leaseDone
+	w.kickHeartbeat()
+
+	if fatal != nil {
+		w.log.Error("stopping: the server refuses this worker", "err", fatal)
+		w.stopJobs(fatal)
+		w.waitIdle(w.cfg.DrainGrace)
+	} else {
+		w.log.Info("draining", "jobs", len(w.Jobs()), "timeout", w.cfg.DrainTimeout)
+		if !w.waitIdle(w.cfg.DrainTimeout) {
+			w.log.Warn("drain timeout: releasing the jobs still running", "jobs", w.Jobs())
+			w.stopJobs(ErrDrained)
+			w.waitIdle(w.cfg.DrainGrace)
+		}
+	}
+	w.forceRelease()
+	// Reports still being retried stop now; their jobs' leases lapse on
+	// the server.
+	hardStop()
+	w.waitIdle(w.cfg.DrainGrace)
+	w.Drain()
+	stopHB()
+	<-hbDone
+	if fatal == nil {
+		fctx, cancel := context.WithTimeout(w.baseCtx, w.finalTimeout())
+		_, err := w.c.Heartbeat(fctx, HeartbeatRequest{Status: "draining", CurrentJobs: w.Jobs(), Metrics: w.metrics()})
+		cancel()
+		if err != nil {
+			w.log.Warn("final heartbeat", "err", err)
+		}
+	}
+	return fatal
+}
+
+// ensureRegistered registers the node when it has no token, or renews a
+// token close to its expiry.
+func (w *Worker) ensureRegistered(ctx context.Context) error {
+	tok, exp := w.c.id.Token(), w.c.id.TokenExpiresAt()
+	if !exp.IsZero() {
+		w.renewMu.Lock()
+		w.renewAt = exp.Add(-w.cfg.TokenRenewBefore) // its lifetime is unknown
+		w.renewMu.Unlock()
+	}
+	switch {
+	case tok == "" && w.cfg.ProvisioningToken == "":
+		return errors.New("workerapi: the identity has no worker token and WorkerConfig.ProvisioningToken is empty")
+	case tok == "":
+		return w.register(ctx)
+	case !exp.IsZero() && w.c.until(exp) < w.cfg.TokenRenewBefore && w.cfg.ProvisioningToken != "":
+		if err := w.register(ctx); err != nil && w.c.until(exp) <= 0 {
+			return err
+		}
+	}
+	return nil
+}
+
+// maybeRenew renews the token when it is due, at most once a minute
+// (server time).
+func (w *Worker) maybeRenew(ctx context.Context) {
+	w.renewMu.Lock()
+	defer w.renewMu.Unlock()
+	now := w.c.ServerNow()
+	if w.cfg.ProvisioningToken == "" || w.renewAt.IsZero() || now.Before(w.renewAt) || now.Sub(w.lastTry) < time.Minute {
+		return
+	}
+	if err := w.registerLocked(ctx); err != nil {
+		w.log.Warn("renewing the worker token", "err", err)
+	}
+}
+
+func (w *Worker) register(ctx context.Context) error {
+	w.renewMu.Lock()
+	defer w.renewMu.Unlock()
+	return w.registerLocked(ctx)
+}
+
+func (w *Worker) registerLocked(ctx context.Context) error {
+	if w.cfg.ProvisioningToken == "" || w.cfg.Registration == nil {
+		return errors.New("workerapi: cannot register: no WorkerConfig.ProvisioningToken")
+	}
+	w.lastTry = w.c.ServerNow()
+	out, err := w.c.Register(ctx, w.cfg.ProvisioningToken, *w.cfg.Registration)
+	if out == nil {
+		return err
+	}
+	if !out.TokenExpiresAt.IsZero() {
+		life := out.TokenExpiresAt.Sub(out.ServerTime)
+		if out.ServerTime.IsZero() {
+			life = w.c.until(out.TokenExpiresAt)
+		}
+		w.renewAt = out.TokenExpiresAt.Add(-min(w.cfg.TokenRenewBefore, life/3))
+	}
+	w.log.Info("registered", "worker_id", out.WorkerID, "token_expires_at", out.TokenExpiresAt)
+	if err != nil {
+		w.log.Error("saving the identity", "err", err)
+	}
+	return nil
+}
+
+// renew re-registers after the server said the token used expired,
+// unless another goroutine has renewed it since.
+func (w *Worker) renew(ctx context.Context, used string) error {
+	w.renewMu.Lock()
+	defer w.renewMu.Unlock()
+	if w.c.id.Token() != used {
+		return nil
+	}
+	return w.registerLocked(ctx)
+}
+
+func (w *Worker) setFatal(err error) {
+	select {
+	case w.fatalCh <- err:
+	default:
+	}
+}
+
+func (w *Worker) kickHeartbeat() {
+	select {
+	case w.hbKick <- struct{}{}:
+	default:
+	}
+}
+
+func (w *Worker) metrics() json.RawMessage {
+	if w.cfg.Metrics == nil {
+		return nil
+	}
+	b, err := json.Marshal(w.cfg.Metrics())
+	if err != nil || !isObject(b) {
+		w.log.Warn("heartbeat metrics are not a JSON object", "err", err)
+		return nil
+	}
+	return b
+}
+
+// heartbeatLoop heartbeats until ctx ends.
+func (w *Worker) heartbeatLoop(ctx context.Context) {
+	failures := 0
+	next := time.Duration(0)
+	for {
+		timer := time.NewTimer(next)
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return
+		case <-timer.C:
+		case <-w.hbKick:
+			timer.Stop()
+		}
+		used := w.c.id.Token()
+		err := w.heartbeatOnce(ctx)
+		interval := w.heartbeatInterval()
+		switch {
+		case err == nil:
+			failures = 0
+			next = interval
+		case ctx.Err() != nil:
+			return
+		case IsCode(err, CodeTokenExpired):
+			if rerr := w.renew(ctx, used); rerr != nil {
+				w.setFatal(fmt.Errorf("%w; renewing: %w", err, rerr))
+				return
+			}
+			next = 0
+		case isAuthFatal(err):
+			w.setFatal(err)
+			return
+		default:
+			failures++
+			w.log.Warn("heartbeat failed", "err", err, "failures", failures)
+			next = min(interval, backoffDelay(time.Second, 15*time.Second, failures)+500*time.Millisecond)
+		}
+		next = min(next, w.leaseUrgency())
+		if err == nil {
+			w.maybeRenew(ctx)
+		}
+	}
+}
+
+func (w *Worker) heartbeatInterval() time.Duration {
+	if w.cfg.HeartbeatInterval > 0 {
+		return w.cfg.HeartbeatInterval
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.hbInterval > 0 {
+		return w.hbInterval
+	}
+	return 30 * time.Second
+}
+
+// leaseUrgency is how soon the next heartbeat must come so that every
+// lease is extended well before its margin.
+func (w *Worker) leaseUrgency() time.Duration {
+	d := time.Hour
+	for _, t := range w.tasks() {
+		t.mu.Lock()
+		left := w.c.until(t.expiresAt) - t.margin()
+		t.mu.Unlock()
+		d = min(d, left/3)
+	}
+	return max(d, 100*time.Millisecond)
+}
+
+func (w *Worker) tasks() []*task {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	ts := make([]*task, 0, len(w.jobs))
+	for _, t := range w.jobs {
+		ts = append(ts, t)
+	}
+	return ts
+}
+
+func (w *Worker) heartbeatOnce(ctx context.Context) error {
+	w.mu.Lock()
+	listed := make(map[string]*task, len(w.jobs))
+	ids := make([]string, 0, len(w.jobs))
+	for id, t := range w.jobs {
+		listed[id] = t
+		ids = append(ids, id)
+	}
+	status := "idle"
+	switch {
+	case w.draining:
+		status = "draining"
+	case len(ids) > 0:
+		status = "busy"
+	}
+	w.mu.Unlock()
+	sort.Strings(ids)
+	resp, err := w.c.Heartbeat(ctx, HeartbeatRequest{Status: status, CurrentJobs: ids, Metrics: w.metrics()})
+	if err != nil {
+		return err
+	}
+	if resp.NextHeartbeatSeconds > 0 {
+		w.mu.Lock()
+		w.hbInterval = time.Duration(resp.NextHeartbeatSeconds) * time.Second
+		w.mu.Unlock()
+	}
+	// Only the tasks listed: a job that ended and was leased again since is
+	// a new task, which this answer says nothing about.
+	for _, l := range resp.Leases {
+		if t := listed[l.JobID]; t != nil {
+			t.extend(l.ExpiresAt)
+		}
+	}
+	for _, id := range resp.LostJobs {
+		if t := listed[id]; t != nil {
+			t.lose()
+		}
+	}
+	for _, id := range resp.CancelJobs {
+		if t := listed[id]; t != nil {
+			t.stop(ErrJobCanceled)
+		}
+	}
+	for _, t := range listed {
+		t.rearm() // the clock offset may have moved
+	}
+	return nil
+}
+
+// leaseLoop leases jobs while slots are free, until ctx ends.
+func (w *Worker) leaseLoop(ctx context.Context, types []string) {
+	failures := 0
+	for ctx.Err() == nil {
+		free := w.freeSlots()
+		if free <= 0 {
+			select {
+			case <-ctx.Done():
+				return
+			case <-w.slotCh:
+			}
+			continue
+		}
+		start, used := time.Now(), w.c.id.Token()
+		resp, err := w.c.Lease(ctx, LeaseRequest{
+			SupportedJobTypes: types, SupportedGPUSKUs: w.cfg.SupportedGPUSKUs,
+			MaxJobs: min(free, maxJobsPerLease), WaitSeconds: w.cfg.WaitSeconds,
+		})
+		switch {
+		case err == nil:
+			failures = 0
+		case ctx.Err() != nil:
+			return
+		case IsCode(err, CodeTokenExpired):
+			if rerr := w.renew(ctx, used); rerr != nil {
+				w.setFatal(fmt.Errorf("%w; renewing: %w", err, rerr))
+				return
+			}
+			continue
+		case isAuthFatal(err):
+			w.setFatal(err)
+			return
+		default:
+			failures++
+			w.log.Warn("lease failed", "err", err, "failures", failures)
+			sleep(ctx, backoffDelay(time.Second, 30*time.Second, failures)+time.Second)
+			continue
+		}
+		for _, g := range resp.Leases {
+			w.start(g)
+		}
+		if len(resp.Leases) == 0 && time.Since(start) < time.Duration(w.cfg.WaitSeconds)*time.Second/2 {
+			sleep(ctx, w.cfg.IdlePoll)
+		}
+	}
+}
+
+func (w *Worker) freeSlots() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.cfg.MaxConcurrent - len(w.jobs)
+}
+
+// start runs a granted job, or hands it back at once if the worker is
+// draining or has no handler for it.
+func (w *Worker) start(g Grant) {
+	w.mu.Lock()
+	h := w.handlers[g.Job.JobType]
+	_, dup := w.jobs[g.Job.ID]
+	reason := ""
+	switch {
+	case w.draining:
+		reason = "drain"
+	case h == nil:
+		reason = "no handler for job type " + g.Job.JobType
+	case dup:
+		w.mu.Unlock()
+		w.log.Error("the server leased a job this worker holds already", "job", g.Job.ID)
+		return
+	}
+	if reason != "" {
+		w.mu.Unlock()
+		if _, err := w.c.Release(w.hardCtx, g.Job.ID, ReleaseRequest{LeaseToken: g.LeaseToken, Reason: reason}); err != nil {
+			w.log.Warn("releasing a job not run", "job", g.Job.ID, "reason", reason, "err", err)
+		}
+		w.ended(JobEnd{Job: g.Job, Outcome: JobReleased})
+		return
+	}
+	t := newTask(w, g)
+	w.jobs[g.Job.ID] = t
+	w.notifyLocked()
+	w.mu.Unlock()
+	deadline := g.ExpiresAt
+	if !g.AcceptBy.IsZero() && (deadline.IsZero() || g.AcceptBy.Before(deadline)) {
+		deadline = g.AcceptBy
+	}
+	t.extend(deadline)
+	go t.run(h)
+}
+
+func (w *Worker) notifyLocked() {
+	close(w.changed)
+	w.changed = make(chan struct{})
+}
+
+// remove forgets t and frees its slot.
+func (w *Worker) remove(t *task) {
+	w.mu.Lock()
+	if w.jobs[t.id] == t {
+		delete(w.jobs, t.id)
+		w.notifyLocked()
+	}
+	w.mu.Unlock()
+	select {
+	case w.slotCh <- struct{}{}:
+	default:
+	}
+}
+
+// waitIdle waits up to d for the worker to hold no job.
+func (w *Worker) waitIdle(d time.Duration) bool {
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	for {
+		w.mu.Lock()
+		n, ch := len(w.jobs), w.changed
+		w.mu.Unlock()
+		if n == 0 {
+			return true
+		}
+		select {
+		case <-ch:
+		case <-timer.C:
+			return false
+		}
+	}
+}
+
+// stopJobs cancels every running job with cause.
+func (w *Worker) stopJobs(cause error) {
+	for _, t := range w.tasks() {
+		t.stop(cause)
+	}
+}
+
+// forceRelease releases, all at once, the jobs whose handlers did not
+// return in time; their goroutines are abandoned and report nothing.
+func (w *Worker) forceRelease() {
+	ctx, cancel := context.WithTimeout(w.baseCtx, w.finalTimeout())
+	defer cancel()
+	var wg sync.WaitGroup
+	for _, t := range w.tasks() {
+		if !t.claim() {
+			continue // reporting its own end; hardCtx bounds it
+		}
+		t.stop(ErrDrained)
+		wg.Go(func() {
+			_, err := w.c.Release(ctx, t.id, ReleaseRequest{LeaseToken: t.token, Reason: "drain"})
+			end := JobEnd{Job: t.jobCopy(), Outcome: JobReleased, Err: ErrDrained}
+			if err != nil && !IsLeaseLost(err) {
+				w.log.Warn("releasing a job at drain", "job", t.id, "err", err)
+				end.Outcome, end.Err = JobAbandoned, err
+			}
+			t.finish()
+			w.remove(t)
+			w.ended(end)
+		})
+	}
+	wg.Wait()
+}
+
+// finalTimeout bounds the last calls of a drain (releases, the final
+// heartbeat): the node may be about to vanish.
+func (w *Worker) finalTimeout() time.Duration {
+	return min(w.c.cfg.RequestTimeout, max(w.cfg.DrainGrace, 5*time.Second))
+}
+
+func (w *Worker) ended(e JobEnd) {
+	w.log.Info("job ended", "job", e.Job.ID, "type", e.Job.JobType, "outcome", e.Outcome, "err", e.Err)
+	if w.cfg.OnJobEnd != nil {
+		w.cfg.OnJobEnd(e)
+	}
+}
+
+// task is one leased job.
+type task struct {
+	w      *Worker
+	id     string
+	token  string
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	rep    *Reporter
+	lost   atomic.Bool
+	// claimed is set by whoever reports the job's end (its own goroutine or
+	// the drain), so that exactly one does.
+	claimed atomic.Bool
+
+	mu        sync.Mutex
+	job       Job       // as leased, then as accepted
+	expiresAt time.Time // server time
+	ttl       time.Duration
+	timer     *time.Timer
+	done      bool
+}
+
+func newTask(w *Worker, g Grant) *task {
+	t := &task{w: w, id: g.Job.ID, job: g.Job, token: g.LeaseToken}
+	t.ctx, t.cancel = context.WithCancelCause(w.baseCtx)
+	t.rep = &Reporter{t: t, kick: make(chan struct{}, 1)}
+	return t
+}
+
+func (t *task) jobCopy() Job {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.job
+}
+
+func (t *task) claim() bool { return t.claimed.CompareAndSwap(false, true) }
+
+// stop cancels the job's context with cause (the first cause stays).
+func (t *task) stop(cause error) { t.cancel(cause) }
+
+// lose marks the lease lost and stops the job.
+func (t *task) lose() {
+	if t.lost.CompareAndSwap(false, true) {
+		t.w.log.Warn("lease lost", "job", t.id)
+	}
+	t.cancel(ErrLeaseLost)
+}
+
+// margin is LeaseMargin, at most a fifth of the lease's lifetime.
+func (t *task) margin() time.Duration { return min(t.w.cfg.LeaseMargin, t.ttl/5) }
+
+// extend records a later expiry and re-arms the watchdog.
+func (t *task) extend(exp time.Time) {
+	if exp.IsZero() {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if !exp.After(t.expiresAt) {
+		return
+	}
+	if ttl := t.w.c.until(exp); ttl > t.ttl {
+		t.ttl = ttl
+	}
+	t.expiresAt = exp
+	t.armLocked()
+}
+
+func (t *task) rearm() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.armLocked()
+}
+
+func (t *task) armLocked() {
+	if t.done || t.expiresAt.IsZero() {
+		return
+	}
+	d := t.w.c.until(t.expiresAt) - t.margin()
+	if t.timer == nil {
+		t.timer = time.AfterFunc(d, t.expiring)
+	} else {
+		t.timer.Reset(d)
+	}
+}
+
+// expiring runs when the watchdog fires: unless the lease was extended
+// meanwhile, the job stops.
+func (t *task) expiring() {
+	t.mu.Lock()
+	if t.done {
+		t.mu.Unlock()
+		return
+	}
+	if d := t.w.c.until(t.expiresAt) - t.margin(); d > 0 {
+		t.timer.Reset(d)
+		t.mu.Unlock()
+		return
+	}
+	t.mu.Unlock()
+	if context.Cause(t.ctx) == nil {
+		t.w.log.Warn("lease about to expire without renewal: stopping the job", "job", t.id)
+	}
+	t.cancel(ErrLeaseExpiring)
+}
+
+// deadline is the lease's expiry on the local clock, as far as known.
+func (t *task) deadline() time.Time {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.expiresAt.IsZero() {
+		return time.Now().Add(t.w.cfg.ReportPatience)
+	}
+	return time.Now().Add(t.w.c.until(t.expiresAt))
+}
+
+// finish stops the watchdog.
+func (t *task) finish() {
+	t.mu.Lock()
+	t.done = true
+	if t.timer != nil {
+		t.timer.Stop()
+	}
+	t.mu.Unlock()
+	t.cancel(context.Canceled)
+}
+
+// persist calls fn until it succeeds, fails for good, the lease is lost
+// or expires, ReportPatience runs out, or Run ends. With settledBy409 (fail,
+// release: the server answers a repeat with 409), a 409 after an attempt
+// that may have reached the server unanswered means that attempt did the
+// work: done.
+func (t *task) persist(what string, settledBy409 bool, fn func(ctx context.Context) error) error {
+	start := time.Now()
+	unanswered, renewals := false, 0
+	for attempt := 1; ; attempt++ {
+		used := t.w.c.id.Token()
+		err := fn(t.w.hardCtx)
+		if err == nil {
+			return nil
+		}
+		if settledBy409 && (unanswered || afterUnanswered(err)) && (IsLeaseLost(err) || IsCode(err, CodeInvalidTransition)) {
+			t.w.log.Info("an earlier unanswered request did it", "job", t.id, "op", what)
+			return nil
+		}
+		if IsLeaseLost(err) {
+			t.lose()
+			return err
+		}
+		if IsCode(err, CodeTokenExpired) && renewals < 2 {
+			renewals++
+			if rerr := t.w.renew(t.w.hardCtx, used); rerr == nil {
+				continue
+			}
+		}
+		if !IsRetryable(err) || t.lost.Load() || t.w.hardCtx.Err() != nil {
+			return err
+		}
+		var te *transportError
+		if errors.As(err, &te) || afterUnanswered(err) {
+			unanswered = true
+		}
+		d := backoffDelay(time.Second, 15*time.Second, attempt) + 200*time.Millisecond
+		if now := time.Now(); now.Add(d).After(t.deadline()) || now.Add(d).After(start.Add(t.w.cfg.ReportPatience)) {
+			return fmt.Errorf("%w (gave up: the lease runs out)", err)
+		}
+		t.w.log.Warn("retrying a report", "job", t.id, "op", what, "err", err, "in", d)
+		if !sleep(t.w.hardCtx, d) {
+			return err
+		}
+	}
+}
+
+// afterUnanswered reports whether err followed an unanswered attempt of
+// the same call.
+func afterUnanswered(err error) bool {
+	var ue *unansweredError
+	return errors.As(err, &ue)
+}
+
+// run accepts the job, runs its handler and reports how it ended.
+func (t *task) run(h HandlerFunc) {
+	w := t.w
+	end := JobEnd{Job: t.jobCopy()}
+	defer func() {
+		t.finish()
+		w.remove(t)
+		if end.Outcome != "" {
+			w.ended(end)
+		}
+	}()
+
+	var acc *AcceptResponse
+	err := t.persist("accept", false, func(ctx context.Context) error {
+		var err error
+		acc, err = w.c.Accept(ctx, t.id, TokenRequest{LeaseToken: t.token})
+		return err
+	})
+	if err != nil || acc == nil {
+		if !t.claim() {
+			return
+		}
+		end.Outcome, end.Err = JobLost, err
+		if !IsLeaseLost(err) && !IsCode(err, CodeInvalidTransition) {
+			// Not ours to run (blocked by the envelope since the lease, or
+			// the server could not be reached in time): hand it back.
+			if _, rerr := w.c.Release(w.hardCtx, t.id, ReleaseRequest{LeaseToken: t.token, Reason: "not accepted: " + ErrorCode(err)}); rerr == nil {
+				end.Outcome = JobReleased
+			}
+		}
+		return
+	}
+	if acc.Job.ID != "" {
+		t.mu.Lock()
+		t.job = acc.Job
+		t.mu.Unlock()
+		end.Job = acc.Job
+	}
+	t.extend(acc.ExpiresAt)
+	if acc.Job.CancelRequested {
+		t.stop(ErrJobCanceled)
+	}
+	w.mu.Lock()
+	draining := w.draining
+	w.mu.Unlock()
+	if draining {
+		t.stop(ErrDrained) // leased just before the drain: hand it back unstarted
+	}
+	t.rep.seqBase = w.c.ServerNow().UnixMicro()
+
+	stopFlusher := make(chan struct{})
+	flusherDone := make(chan struct{})
+	go func() {
+		defer close(flusherDone)
+		t.rep.loop(stopFlusher)
+	}()
+	var herr error
+	if context.Cause(t.ctx) == nil {
+		herr = t.call(h)
+	} else {
+		herr = context.Cause(t.ctx)
+	}
+	close(stopFlusher)
+	<-flusherDone
+	cause := context.Cause(t.ctx)
+
+	if !t.claim() {
+		return // the drain released it
+	}
+	end.Err = herr
+	switch {
+	case t.lost.Load():
+		end.Outcome = JobLost
+		return
+	case errors.Is(cause, ErrLeaseExpiring) && herr != nil:
+		end.Outcome = JobLost
+		ctx, cancel := context.WithTimeout(w.hardCtx, w.c.cfg.RequestTimeout)
+		_, _ = w.c.Release(ctx, t.id, ReleaseRequest{LeaseToken: t.token, Reason: "lease could not be renewed"})
+		cancel()
+		return
+	}
+	if err := t.persist("logs", false, t.rep.Flush); err != nil {
+		if t.lost.Load() {
+			end.Outcome, end.Err = JobLost, err
+			return
+		}
+		w.log.Warn("log lines not delivered", "job", t.id, "err", err)
+	}
+	switch {
+	case herr == nil:
+		var out *CompleteResponse
+		err := t.persist("complete", false, func(ctx context.Context) error {
+			var err error
+			out, err = w.c.Complete(ctx, t.id, t.rep.completeRequest())
+			return err
+		})
+		end.Outcome, end.Complete = JobSucceeded, out
+		if err != nil {
+			end.Outcome, end.Err = t.failedReport(), err
+		}
+	case errors.Is(cause, ErrDrained):
+		err := t.persist("release", true, func(ctx context.Context) error {
+			_, err := w.c.Release(ctx, t.id, ReleaseRequest{LeaseToken: t.token, Reason: "drain"})
+			return err
+		})
+		end.Outcome = JobReleased
+		if err != nil {
+			end.Outcome, end.Err = t.failedReport(), err
+		}
+	default:
+		req := FailRequest{LeaseToken: t.token, ErrorCode: "handler_error", Message: truncate(herr.Error(), 4096),
+			Retryable: !IsPermanent(herr)}
+		end.Outcome = JobFailed
+		var ce *codedError
+		switch {
+		case errors.Is(cause, ErrJobCanceled):
+			req.ErrorCode, req.Retryable = "canceled", false
+			end.Outcome = JobCanceled
+		case errors.As(herr, &ce):
+			req.ErrorCode = ce.code
+		}
+		var out *FailResponse
+		err := t.persist("fail", true, func(ctx context.Context) error {
+			var err error
+			out, err = w.c.Fail(ctx, t.id, req)
+			return err
+		})
+		end.Fail = out
+		if err != nil {
+			end.Outcome, end.Err = t.failedReport(), errors.Join(herr, err)
+		}
+	}
+}
+
+func (t *task) failedReport() JobOutcome {
+	if t.lost.Load() {
+		return JobLost
+	}
+	return JobAbandoned
+}
+
+// call runs the handler, turning a panic into an error.
+func (t *task) call(h HandlerFunc) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			t.w.log.Error("handler panicked", "job", t.id, "panic", p, "stack", string(debug.Stack()))
+			err = WithErrorCode("panic", fmt.Errorf("panic: %v", p))
+		}
+	}()
+	job := t.jobCopy()
+	return h(t.ctx, &job, t.rep)
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n]
+}
+
+// isObject reports whether b is a JSON object.
+func isObject(b []byte) bool {
+	for _, c := range b {
+		switch c {
+		case ' ', '\t', '\r', '\n':
+			continue
+		}
+		return c == '{'
+	}
+	return false
+}
+
+// objectPayload marshals v for a payload field, which must be a JSON
+// object: nil gives null, a non-object is wrapped as {"value": v}.
+func objectPayload(v any) json.RawMessage {
+	if v == nil {
+		return nil
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		b, _ = json.Marshal(map[string]string{"error": "payload not encodable: " + err.Error()})
+		return b
+	}
+	if string(b) == "null" || isObject(b) {
+		return b
+	}
+	b, _ = json.Marshal(map[string]json.RawMessage{"value": b})
+	return b
+}
+
+// Limits of what a Reporter sends in one log line.
+const (
+	maxLogMessage = 64 << 10
+	maxLogPayload = 64 << 10
+	maxLogBatch   = 256 << 10
+)
+
+// Reporter reports a running job's progress, logs, artifacts and
+// result. Its methods are safe for concurrent use.
+type Reporter struct {
+	t    *task
+	kick chan struct{}
+
+	mu           sync.Mutex
+	seqBase      int64
+	n            int64
+	pending      []LogEntry
+	pendingBytes int
+	dropped      int64
+	output       *string
+	metrics      json.RawMessage
+	final        *string
+
+	sendMu sync.Mutex
+}
+
+// JobID returns the job's id.
+func (r *Reporter) JobID() string { return r.t.id }
+
+// Status reports a status event (POST /workers/jobs/{id}/status), which
+// also extends the lease. payload must marshal to a JSON object (anything
+// else is wrapped as {"value": payload}). If the answer says the job's
+// cancel was requested, the job's context is cancelled with
+// ErrJobCanceled.
+func (r *Reporter) Status(ctx context.Context, eventType, message string, payload any) error {
+	out, err := r.t.w.c.Status(ctx, r.t.id, StatusRequest{LeaseToken: r.t.token, EventType: eventType,
+		Message: message, Payload: objectPayload(payload)})
+	if err != nil {
+		if IsLeaseLost(err) {
+			r.t.lose()
+		}
+		return err
+	}
+	r.t.extend(out.ExpiresAt)
+	if out.CancelRequested {
+		r.t.stop(ErrJobCanceled)
+	}
+	return nil
+}
+
+// Progress is Status with event_type "progress".
+func (r *Reporter) Progress(ctx context.Context, message string, payload any) error {
+	return r.Status(ctx, "progress", message, payload)
+}
+
+// Log buffers a log line; it never blocks on the network. Lines are sent
+// in batches every LogFlushInterval, on Flush, and before the job's result,
+// and sent again until the server acknowledges them: each line has a seq
+// the server stores once, so a line sent twice is stored once. Seqs
+// increase within the job and, starting from the time of accept in
+// microseconds, across its attempts, since the server keeps each seq once
+// per job. payload is as for Status.
+func (r *Reporter) Log(message string, payload any) {
+	if len(message) > maxLogMessage {
+		message = message[:maxLogMessage] + "...(truncated)"
+	}
+	p := objectPayload(payload)
+	if len(p) > maxLogPayload {
+		p = json.RawMessage(`{"truncated":true}`)
+	}
+	r.mu.Lock()
+	r.n++
+	e := LogEntry{Seq: r.seqBase + r.n, Message: message, Payload: p}
+	r.pending = append(r.pending, e)
+	r.pendingBytes += entrySize(e)
+	for len(r.pending) > r.t.w.cfg.MaxBufferedLogs {
+		r.pendingBytes -= entrySize(r.pending[0])
+		r.pending = r.pending[1:]
+		r.dropped++
+	}
+	full := len(r.pending) >= r.t.w.cfg.LogBatchSize || r.pendingBytes >= maxLogBatch
+	r.mu.Unlock()
+	if full {
+		select {
+		case r.kick <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// Logf is Log with a formatted message and no payload.
+func (r *Reporter) Logf(format string, args ...any) { r.Log(fmt.Sprintf(format, args...), nil) }
+
+func entrySize(e LogEntry) int { return len(e.Message) + len(e.Payload) + 48 }
+
+// Flush sends the buffered log lines now. Lines that could not be sent
+// stay buffered.
+func (r *Reporter) Flush(ctx context.Context) error {
+	r.sendMu.Lock()
+	defer r.sendMu.Unlock()
+	for {
+		r.mu.Lock()
+		if r.dropped > 0 {
+			r.n++
+			e := LogEntry{Seq: r.seqBase + r.n, Message: fmt.Sprintf("%d log lines dropped: the buffer was full while the server was out of reach", r.dropped)}
+			r.pending = append(r.pending, e)
+			r.pendingBytes += entrySize(e)
+			r.dropped = 0
+		}
+		n, size := 0, 0
+		for n < len(r.pending) && n < r.t.w.cfg.LogBatchSize && (n == 0 || size+entrySize(r.pending[n]) <= maxLogBatch) {
+			size += entrySize(r.pending[n])
+			n++
+		}
+		batch := slices.Clone(r.pending[:n])
+		r.mu.Unlock()
+		if n == 0 {
+			return nil
+		}
+		out, err := r.t.w.c.Logs(ctx, r.t.id, LogsRequest{LeaseToken: r.t.token, Entries: batch})
+		switch {
+		case err == nil:
+			r.t.extend(out.ExpiresAt)
+		case IsLeaseLost(err):
+			r.t.lose()
+			return err
+		case IsCode(err, CodeInvalidRequest) || IsCode(err, CodePayloadTooLarge):
+			// Sending them again cannot help.
+			r.t.w.log.Error("log lines refused: dropped", "job", r.t.id, "lines", n, "err", err)
+		default:
+			return err
+		}
+		last := batch[n-1].Seq
+		r.mu.Lock()
+		i := 0
+		for i < len(r.pending) && r.pending[i].Seq <= last {
+			r.pendingBytes -= entrySize(r.pending[i])
+			i++
+		}
+		r.pending = r.pending[i:]
+		r.mu.Unlock()
+	}
+}
+
+// loop flushes the log buffer periodically until stop is closed.
+func (r *Reporter) loop(stop <-chan struct{}) {
+	tick := time.NewTicker(r.t.w.cfg.LogFlushInterval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-tick.C:
+		case <-r.kick:
+		}
+		ctx, cancel := context.WithTimeout(r.t.w.hardCtx, r.t.w.c.cfg.RequestTimeout)
+		if err := r.Flush(ctx); err != nil && !IsLeaseLost(err) {
+			r.t.w.log.Debug("log flush failed; the lines stay buffered", "job", r.t.id, "err", err)
+		}
+		cancel()
+	}
+}
+
+// SetOutput sets what the completion reports if the handler returns nil:
+// the output URI (empty for none), metrics (nil for none; otherwise a
+// value that marshals to a JSON object) and a final message (empty for
+// none).
+func (r *Reporter) SetOutput(outputURI string, metrics any, finalMessage string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.output, r.final = nil, nil
+	if outputURI != "" {
+		r.output = &outputURI
+	}
+	if finalMessage != "" {
+		r.final = &finalMessage
+	}
+	r.metrics = objectPayload(metrics)
+}
+
+func (r *Reporter) completeRequest() CompleteRequest {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return CompleteRequest{LeaseToken: r.t.token, OutputURI: r.output, Metrics: r.metrics, FinalMessage: r.final}
+}
+
+// ArtifactInfo describes an artifact to report. Give Path to have the
+// SHA-256 and size computed from a local file, or SHA256 and SizeBytes.
+type ArtifactInfo struct {
+	// Type and Name are artifact_type and name; URI is where it is stored.
+	Type, Name, URI string
+	// Path is a local copy of the artifact to checksum.
+	Path string
+	// SHA256 (64 lowercase hex digits) and SizeBytes, when Path is empty.
+	SHA256    string
+	SizeBytes int64
+	// Metadata must marshal to a JSON object, or be nil.
+	Metadata any
+}
+
+// Artifact reports an artifact (POST /workers/jobs/{id}/artifacts),
+// computing its SHA-256 and size from Path if set.
+func (r *Reporter) Artifact(ctx context.Context, a ArtifactInfo) (*ArtifactResponse, error) {
+	sum, size := a.SHA256, a.SizeBytes
+	if a.Path != "" {
+		var err error
+		if sum, size, err = fileDigest(a.Path); err != nil {
+			return nil, err
+		}
+	}
+	req := ArtifactRequest{LeaseToken: r.t.token, ArtifactType: a.Type, Name: a.Name, URI: a.URI,
+		ChecksumSHA256: &sum, SizeBytes: &size, Metadata: objectPayload(a.Metadata)}
+	out, err := r.t.w.c.Artifact(ctx, r.t.id, req)
+	if IsLeaseLost(err) {
+		r.t.lose()
+	}
+	return out, err
+}
+
+// fileDigest returns the SHA-256 (lowercase hex) and size of a file.
+func fileDigest(path string) (string, int64, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", 0, fmt.Errorf("workerapi: artifact: %w", err)
+	}
+	defer f.Close()
+	h := sha256.New()
+	n, err := io.Copy(h, f)
+	if err != nil {
+		return "", 0, fmt.Errorf("workerapi: artifact: reading %s: %w", path, err)
+	}
+	return hex.EncodeToString(h.Sum(nil)), n, nil
+}

@@ -1,0 +1,73 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestDemo(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
+	defer cancel()
+	dir := t.TempDir()
+	var out bytes.Buffer
+	start := time.Now()
+	if err := run(ctx, []string{"-dir", dir, "-timeout", "80s"}, &out); err != nil {
+		t.Fatalf("run: %v\noutput:\n%s", err, out.String())
+	}
+	t.Logf("demo took %v:\n%s", time.Since(start), out.String())
+	got := out.String()
+	for _, want := range []string{
+		"Starting the control plane",
+		"registered node demo-gpu-1 as worker wrk_",
+		"Dispatching a safe job (status_check)",
+		"status_check succeeded",
+		"Dispatching lora_train",
+		"leasable=false, reason: ",
+		"held by the envelope",
+		"runtime active=true",
+		"lora_train succeeded",
+		"artifact adapter file://",
+		"actual_ms=",
+		"actual_hours=",
+		"actual_cost_usd=",
+		"Done:",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("the output does not mention %q", want)
+		}
+	}
+	if !regexp.MustCompile(`(?m)^\s+[1-9][0-9]* receipts verified`).MatchString(got) {
+		t.Errorf("the output does not say N receipts verified")
+	}
+	for _, secret := range []string{"nlc_", "nll_"} {
+		if strings.Contains(got, secret) {
+			t.Errorf("the output shows a token (%s...)", secret)
+		}
+	}
+	for _, f := range []string{"nodelane.db", "nodelane-secrets.json", "nodelane-tokens.json", "nodelane-worker.json", "receipts.jsonl", "checkpoint.note"} {
+		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
+			t.Errorf("%s: %v", f, err)
+		}
+	}
+}
+
+func TestDemoTempDirRemoved(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the whole demo")
+	}
+	t.Setenv("TMPDIR", t.TempDir())
+	var out bytes.Buffer
+	if err := run(t.Context(), nil, &out); err != nil {
+		t.Fatalf("run: %v\n%s", err, out.String())
+	}
+	left, _ := filepath.Glob(filepath.Join(os.Getenv("TMPDIR"), "nodelane-demo-*"))
+	if len(left) != 0 {
+		t.Errorf("left behind: %v", left)
+	}
+}

@@ -1,0 +1,199 @@
+// Package controlplane wires nodelane's storage to its handlers the way a
+// host application does: bunstore on SQLite or PostgreSQL, a secrets file
+// with the credential pepper and the receipt signing key, and a
+// workerapi.Server with its maintainer. The example server and the demo
+// share it.
+package controlplane
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/nodelane/nodelane/bunstore"
+	"github.com/nodelane/nodelane/receipts"
+	"github.com/nodelane/nodelane/workerapi"
+)
+
+// Options configure a control plane.
+type Options struct {
+	// DB is a bunstore DSN: sqlite:PATH or postgres://...
+	DB string
+	// SecretsFile holds the pepper and the receipt signing key; it is
+	// created 0600 on first use. Replicas share it.
+	SecretsFile   string
+	LeaseTTL      time.Duration
+	AcceptTimeout time.Duration
+	Prices        receipts.Prices
+	// Origin names the receipt log. Defaults to receipts.DefaultOrigin.
+	Origin string
+	Logger *slog.Logger
+	// Now is the clock, for tests. Defaults to time.Now.
+	Now func() time.Time
+}
+
+// ControlPlane is an open control plane. Close it when done.
+type ControlPlane struct {
+	DB       *bunstore.DB
+	Notifier *bunstore.Notifier
+	Server   *workerapi.Server
+}
+
+// Open opens the database (migrating it), loads or creates the secrets,
+// and builds the Server.
+func Open(ctx context.Context, o Options) (*ControlPlane, error) {
+	sec, err := LoadOrCreateSecrets(o.SecretsFile)
+	if err != nil {
+		return nil, err
+	}
+	db, err := bunstore.Open(ctx, o.DB, nil)
+	if err != nil {
+		return nil, err
+	}
+	n, err := db.Notifier(ctx, &bunstore.NotifierConfig{Logger: o.Logger})
+	if err != nil {
+		db.Close()
+		return nil, err
+	}
+	srv, err := workerapi.New(workerapi.Stores{
+		Tx:          db,
+		Notifier:    n,
+		Leases:      db.LeaseStore(),
+		Credentials: db.CredentialStore(),
+		Nonces:      db.NonceStore(nil),
+		Envelope:    db.EnvelopeStore(),
+		Receipts:    db.ReceiptsStore(),
+	}, workerapi.Config{
+		Peppers:       map[int][]byte{sec.PepperVersion: sec.Pepper},
+		PepperVersion: sec.PepperVersion,
+		ReceiptSigner: sec.ReceiptSigner,
+		Origin:        o.Origin,
+		Prices:        o.Prices,
+		LeaseTTL:      o.LeaseTTL,
+		AcceptTimeout: o.AcceptTimeout,
+		Logger:        o.Logger,
+		Now:           o.Now,
+	})
+	if err != nil {
+		n.Close()
+		db.Close()
+		return nil, err
+	}
+	return &ControlPlane{DB: db, Notifier: n, Server: srv}, nil
+}
+
+// Close closes the notifier and the database.
+func (cp *ControlPlane) Close() error {
+	return errors.Join(cp.Notifier.Close(), cp.DB.Close())
+}
+
+// Secrets are what every replica of one control plane shares.
+type Secrets struct {
+	PepperVersion int    `json:"pepper_version"`
+	Pepper        []byte `json:"pepper"`
+	// ReceiptSigner is a golang.org/x/mod/sumdb/note signer key.
+	ReceiptSigner string `json:"receipt_signer"`
+}
+
+// LoadOrCreateSecrets reads the secrets file, or creates it (mode 0600,
+// never overwriting) with a fresh 32-byte pepper and signing key. It
+// refuses a file that others may read.
+func LoadOrCreateSecrets(path string) (*Secrets, error) {
+	b, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return createSecrets(path)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("secrets file: %w", err)
+	}
+	if fi, err := os.Stat(path); err == nil && fi.Mode().Perm()&0o077 != 0 {
+		return nil, fmt.Errorf("secrets file %s is readable by others (mode %v): chmod 600 it", path, fi.Mode().Perm())
+	}
+	var s Secrets
+	if err := json.Unmarshal(b, &s); err != nil || len(s.Pepper) < 32 || s.PepperVersion < 1 || s.ReceiptSigner == "" {
+		return nil, fmt.Errorf("secrets file %s is malformed", path)
+	}
+	return &s, nil
+}
+
+func createSecrets(path string) (*Secrets, error) {
+	s := &Secrets{PepperVersion: 1, Pepper: make([]byte, 32)}
+	if _, err := rand.Read(s.Pepper); err != nil {
+		return nil, err
+	}
+	var err error
+	if s.ReceiptSigner, _, err = receipts.GenerateKey(rand.Reader, "nodelane-receipts"); err != nil {
+		return nil, err
+	}
+	b, err := json.MarshalIndent(s, "", "  ")
+	if err != nil {
+		return nil, err
+	}
+	if dir := filepath.Dir(path); dir != "" {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return nil, err
+		}
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if errors.Is(err, fs.ErrExist) {
+		return LoadOrCreateSecrets(path) // another replica created it first
+	}
+	if err != nil {
+		return nil, fmt.Errorf("secrets file: %w", err)
+	}
+	if _, err := f.Write(append(b, '\n')); err != nil {
+		f.Close()
+		os.Remove(path)
+		return nil, err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return s, f.Close()
+}
+
+// Tokens is the tokens file of DESIGN §3.
+type Tokens struct {
+	OperatorToken     string `json:"operator_token"`
+	ProvisioningToken string `json:"provisioning_token"`
+	ReceiptPublicKey  string `json:"receipt_public_key"`
+}
+
+// WriteFileAtomic writes v as JSON to path, mode 0600, through a
+// temporary file and a rename, so a reader never sees half a file.
+func WriteFileAtomic(path string, v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	f, err := os.CreateTemp(filepath.Dir(path), ".tmp-"+filepath.Base(path)+"-*")
+	if err != nil {
+		return err
+	}
+	tmp := f.Name()
+	defer os.Remove(tmp)
+	if err := f.Chmod(0o600); err != nil {
+		f.Close()
+		return err
+	}
+	if _, err := f.Write(append(b, '\n')); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}

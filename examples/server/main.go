@@ -1,0 +1,134 @@
+// Command server is a runnable nodelane control plane (DESIGN §3): the
+// worker and operator routes on one address, over SQLite by default or
+// PostgreSQL, with the maintainer running.
+//
+//	go run ./examples/server -addr 127.0.0.1:8080 -db sqlite:nodelane.db
+//
+// On a database with no operator yet it mints an operator credential and a
+// provisioning (node:register) credential and shows them once on the
+// terminal (never in the logs); with -tokens-file it also writes them,
+// after the listener is bound, as JSON.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/nodelane/nodelane/examples/internal/controlplane"
+	"github.com/nodelane/nodelane/receipts"
+)
+
+func main() {
+	if err := run(context.Background(), os.Args[1:], os.Stdout, os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, "server:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("server", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var (
+		addr          = fs.String("addr", "127.0.0.1:8080", "listen address")
+		dsn           = fs.String("db", "sqlite:nodelane.db", "database: sqlite:PATH or postgres://...")
+		leaseTTL      = fs.Duration("lease-ttl", 600*time.Second, "lease lifetime without an extension")
+		acceptTimeout = fs.Duration("accept-timeout", 60*time.Second, "time a worker has to accept a lease")
+		secretsFile   = fs.String("secrets-file", "nodelane-secrets.json", "pepper and receipt signing key, created 0600 on first start; replicas share it")
+		tokensFile    = fs.String("tokens-file", "", "on first start, write the operator and provisioning tokens here (JSON, 0600)")
+		prices        receipts.Prices
+	)
+	fs.Var(&prices, "price", "SKU=MICRO_USD_PER_GPU_HOUR (repeatable; default=N sets the price of unlisted SKUs)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+
+	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	cp, err := controlplane.Open(ctx, controlplane.Options{
+		DB: *dsn, SecretsFile: *secretsFile, LeaseTTL: *leaseTTL, AcceptTimeout: *acceptTimeout,
+		Prices: prices, Logger: log,
+	})
+	if err != nil {
+		return err
+	}
+	defer cp.Close()
+
+	boot, err := cp.Server.Bootstrap(ctx)
+	if err != nil {
+		return fmt.Errorf("bootstrap: %w", err)
+	}
+	ln, err := net.Listen("tcp", *addr)
+	if err != nil {
+		return err
+	}
+	if boot.Created {
+		// Shown once, on the terminal only: never through the logger.
+		fmt.Fprintf(stdout, "operator token:     %s\nprovisioning token: %s\nreceipt public key: %s\n",
+			boot.OperatorToken, boot.ProvisioningToken, cp.Server.ReceiptVerifierKey())
+		if *tokensFile != "" {
+			if err := controlplane.WriteFileAtomic(*tokensFile, controlplane.Tokens{
+				OperatorToken:     boot.OperatorToken,
+				ProvisioningToken: boot.ProvisioningToken,
+				ReceiptPublicKey:  cp.Server.ReceiptVerifierKey(),
+			}); err != nil {
+				ln.Close()
+				return fmt.Errorf("tokens file: %w", err)
+			}
+		}
+	}
+
+	maintained := make(chan error, 1)
+	mctx, stopMaintainer := context.WithCancel(ctx)
+	defer stopMaintainer()
+	go func() { maintained <- cp.Server.Maintain(mctx, time.Second) }()
+
+	srv := &http.Server{
+		Handler:           cp.Server.Handler(),
+		ReadHeaderTimeout: 10 * time.Second,
+		// Long-polls wait up to 60 s.
+		WriteTimeout: 90 * time.Second,
+		IdleTimeout:  120 * time.Second,
+		BaseContext:  func(net.Listener) context.Context { return ctx },
+	}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	log.Info("serving", "addr", ln.Addr().String(), "db", dbKind(*dsn))
+
+	select {
+	case err := <-served:
+		return err
+	case <-ctx.Done():
+	}
+	log.Info("shutting down")
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	err = srv.Shutdown(sctx)
+	stopMaintainer()
+	<-maintained
+	if errors.Is(err, http.ErrServerClosed) {
+		err = nil
+	}
+	return err
+}
+
+// dbKind names the database without its DSN, which may hold a password.
+func dbKind(dsn string) string {
+	for i := 0; i < len(dsn); i++ {
+		if dsn[i] == ':' {
+			return dsn[:i]
+		}
+	}
+	return "?"
+}

@@ -1,0 +1,147 @@
+// Command worker is a runnable nodelane worker node (DESIGN §1) built on
+// workerapi.Client: it registers on first start, heartbeats, leases jobs
+// with long-polls, and runs the example handlers (status_check,
+// embedding_dry_run and a simulated lora_train, see examples/internal/jobs).
+//
+//	go run ./examples/worker -server http://127.0.0.1:8080 \
+//	    -provisioning-token nlc_... -gpu rtx-4090:24576
+//
+// The node's Ed25519 key and, once registered, its worker token live in
+// the -identity file (0600); the provisioning token (-provisioning-token
+// or NODELANE_PROVISIONING_TOKEN) is needed only while that file has no
+// worker token, and to renew it. SIGTERM or SIGINT drains the worker: it
+// leases nothing more, lets running jobs finish within -drain-timeout, and
+// releases the rest.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/nodelane/nodelane/examples/internal/jobs"
+	"github.com/nodelane/nodelane/workerapi"
+)
+
+func main() {
+	err := run(context.Background(), os.Args[1:], os.Stderr)
+	var usage errUsage
+	switch {
+	case errors.As(err, &usage):
+		os.Exit(2)
+	case err != nil:
+		fmt.Fprintln(os.Stderr, "worker:", err)
+		os.Exit(1)
+	}
+}
+
+// errUsage is a command-line error the flag package has reported.
+type errUsage struct{ error }
+
+// gpuFlags is the repeatable -gpu flag.
+type gpuFlags []workerapi.GPU
+
+func (g *gpuFlags) String() string {
+	var s []string
+	for _, x := range *g {
+		s = append(s, fmt.Sprintf("%s:%d", x.SKU, x.VRAMMB))
+	}
+	return strings.Join(s, ",")
+}
+
+func (g *gpuFlags) Set(v string) error {
+	x, err := jobs.ParseGPU(v)
+	if err != nil {
+		return err
+	}
+	*g = append(*g, x)
+	return nil
+}
+
+func run(ctx context.Context, args []string, stderr io.Writer) error {
+	fs := flag.NewFlagSet("worker", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var (
+		server       = fs.String("server", "http://127.0.0.1:8080", "control plane base URL")
+		identityPath = fs.String("identity", "nodelane-worker.json", "identity file: the node key and worker token (0600)")
+		provToken    = fs.String("provisioning-token", "", "node:register token, needed only on first start (default $NODELANE_PROVISIONING_TOKEN)")
+		nodeID       = fs.String("node-id", "", "node id to register (default: the identity's, else the host name)")
+		name         = fs.String("name", "", "display name (default: the node id)")
+		maxJobs      = fs.Int("max-jobs", 1, "jobs run at once")
+		workdir      = fs.String("workdir", "nodelane-work", "directory for job outputs (lora_train checkpoints)")
+		drainTimeout = fs.Duration("drain-timeout", 25*time.Second, "on SIGTERM/SIGINT, how long running jobs may take to finish before they are released")
+		waitSeconds  = fs.Int("wait-seconds", 20, "lease long-poll, in seconds (max 60)")
+		verbose      = fs.Bool("v", false, "debug logging")
+		gpus         gpuFlags
+	)
+	fs.Var(&gpus, "gpu", "GPU as SKU:VRAM_MB (repeatable; default rtx-4090:24576)")
+	if err := fs.Parse(args); err != nil {
+		return errUsage{err} // the flag package has said why
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments: %q", fs.Args())
+	}
+	if len(gpus) == 0 {
+		gpus = gpuFlags{{SKU: "rtx-4090", VRAMMB: 24576}}
+	}
+	if *provToken == "" {
+		*provToken = os.Getenv("NODELANE_PROVISIONING_TOKEN")
+	}
+	if *maxJobs < 1 {
+		return errors.New("-max-jobs must be at least 1")
+	}
+	level := slog.LevelInfo
+	if *verbose {
+		level = slog.LevelDebug
+	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+
+	id, err := workerapi.LoadOrCreateIdentity(*identityPath)
+	if err != nil {
+		return err
+	}
+	node := *nodeID
+	if node == "" {
+		node = id.NodeID()
+	}
+	if node == "" {
+		if node, err = os.Hostname(); err != nil || node == "" {
+			return errors.New("no -node-id and no host name")
+		}
+	}
+	if id.Token() == "" && *provToken == "" {
+		return fmt.Errorf("%s holds no worker token: give -provisioning-token (or NODELANE_PROVISIONING_TOKEN) to register", *identityPath)
+	}
+
+	c, err := workerapi.NewClient(*server, &workerapi.ClientConfig{Identity: id, Logger: log})
+	if err != nil {
+		return err
+	}
+	w := workerapi.NewWorker(c, &workerapi.WorkerConfig{
+		MaxConcurrent:     *maxJobs,
+		ProvisioningToken: *provToken,
+		Registration:      jobs.Registration(node, *name, gpus, *maxJobs),
+		WaitSeconds:       *waitSeconds,
+		DrainTimeout:      *drainTimeout,
+		Logger:            log,
+	})
+	jobs.Register(w, *workdir)
+
+	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	log.Info("worker starting", "server", *server, "node_id", node, "key_id", id.KeyID(),
+		"registered", id.Token() != "", "gpus", gpus.String(), "max_jobs", *maxJobs)
+	if err := w.Run(ctx); err != nil {
+		return err
+	}
+	log.Info("worker stopped")
+	return nil
+}

@@ -17,7 +17,7 @@ import (
 // stuckHooks never return until released.
 type stuckHooks struct{ release chan struct{} }
 
-func (h stuckHooks) JobChanged(context.Context, workerapi.JobEvent)  { <-h.release }
+func (h stuckHooks) JobChanged(context.Context, workerapi.JobEvent) { <-h.release }
 func (h stuckHooks) ReceiptMinted(context.Context, receipts.Stored) { <-h.release }
 
 // panickyHooks panic on every call but count them.

@@ -24,6 +24,10 @@
 // bun database, SQLite (pure Go, the embedded default) or PostgreSQL
 // (several control-plane replicas share one).
 //
+// [github.com/nodelane/nodelane/workerapi] mounts it all as http.Handlers
+// (the worker routes of the protocol and the operator routes) and gives
+// workers a Go Client; examples/ has a runnable server, worker and demo.
+//
 // # Guarantees
 //
 // A job never has two live leases, on any store. Every write under a lease

@@ -45,6 +45,17 @@ type Requirements struct {
 	MinVRAMMB int `json:"min_vram_mb"`
 }
 
+// Matches reports whether a job with requirements r fits one of fs, as
+// every Store's ClaimJobs must decide it.
+func (r Requirements) Matches(fs []Fit) bool {
+	for _, f := range fs {
+		if r.GPUSKU == f.SKU && r.GPUCount <= f.GPUs && r.MinVRAMMB <= f.VRAMMB {
+			return true
+		}
+	}
+	return false
+}
+
 // Job is a unit of work and its lifecycle.
 type Job struct {
 	ID           string          `json:"id"`

@@ -324,7 +324,7 @@ func (m *Manager) Lease(ctx context.Context, req LeaseRequest) ([]Grant, error) 
 	q := ClaimQuery{
 		WorkerID:  w.ID,
 		Types:     allowed,
-		Fits:      fits(w, req.GPUSKUs),
+		Fits:      w.Fits(req.GPUSKUs),
 		MaxActive: max(w.Governor.MaxJobs, 1),
 		Limit:     n,
 		Now:       now,
@@ -368,11 +368,12 @@ func (m *Manager) Lease(ctx context.Context, req LeaseRequest) ([]Grant, error) 
 	return grants, nil
 }
 
-// fits lists the job shapes worker w can take on the SKUs it offers: for
-// each SKU (and for jobs without one) and each VRAM size among the GPUs,
-// how many GPUs have at least that much. The governor's max_vram_mb caps
-// every size. A shape with no GPUs admits CPU-only jobs.
-func fits(w *Worker, offered []string) []Fit {
+// Fits lists the job shapes w can take on the SKUs offered (all of its
+// own when offered is empty): for each SKU (and for jobs without one) and
+// each VRAM size among the GPUs, how many GPUs have at least that much.
+// The governor's max_vram_mb caps every size. A shape with no GPUs admits
+// CPU-only jobs. Lease matches with it; Requirements.Matches tests a job.
+func (w *Worker) Fits(offered []string) []Fit {
 	out := []Fit{{}}
 	add := func(sku string, gpus []GPU) {
 		for _, g := range gpus {

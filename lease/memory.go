@@ -108,7 +108,7 @@ func (s *MemoryStore) ClaimJobs(_ context.Context, q ClaimQuery, grant func(*Job
 		if j.State.Live() && j.Lease.WorkerID == q.WorkerID {
 			active++
 		}
-		if j.State == StateQueued && !j.ScheduledAt.After(q.Now) && slices.Contains(q.Types, j.Type) && fitsAny(j.Requirements, q.Fits) {
+		if j.State == StateQueued && !j.ScheduledAt.After(q.Now) && slices.Contains(q.Types, j.Type) && j.Requirements.Matches(q.Fits) {
 			cands = append(cands, j)
 		}
 	}
@@ -136,15 +136,6 @@ func claimOrder(a, b *Job) bool {
 		return a.CreatedAt.Before(b.CreatedAt)
 	}
 	return a.ID < b.ID
-}
-
-func fitsAny(r Requirements, fs []Fit) bool {
-	for _, f := range fs {
-		if r.GPUSKU == f.SKU && r.GPUCount <= f.GPUs && r.MinVRAMMB <= f.VRAMMB {
-			return true
-		}
-	}
-	return false
 }
 
 // ExpiredJobs implements Store.

@@ -757,7 +757,7 @@ func (m *shortfall) add(w *lease.Worker, j *lease.Job) bool {
 		}
 		m.mostVRAM = max(m.mostVRAM, best)
 	}
-	return fitsAny(r, workerFits(w))
+	return r.Matches(w.Fits(nil))
 }
 
 // reason names the requirement no worker meets.
@@ -780,61 +780,6 @@ func (m *shortfall) reason(j *lease.Job) string {
 		return fmt.Sprintf("no registered worker that supports %s has %d GPUs%s with %d MiB of VRAM each, within its governor max_vram_mb (the most is %d MiB)",
 			j.Type, r.GPUCount, of, r.MinVRAMMB, m.mostVRAM)
 	}
-}
-
-// workerFits lists the job shapes w can take, exactly as lease.Manager.Lease
-// builds its ClaimQuery.Fits for a worker that offers all its registered
-// SKUs: for each SKU (and for jobs without one) and each VRAM size among
-// those GPUs, how many have at least that much, the size capped by the
-// governor's max_vram_mb; and the CPU-only shape.
-func workerFits(w *lease.Worker) []lease.Fit {
-	out := []lease.Fit{{}}
-	add := func(sku string, gpus []lease.GPU) {
-		for _, g := range gpus {
-			n := 0
-			for _, h := range gpus {
-				if h.VRAMMB >= g.VRAMMB {
-					n++
-				}
-			}
-			v := g.VRAMMB
-			if w.Governor.MaxVRAMMB > 0 {
-				v = min(v, w.Governor.MaxVRAMMB)
-			}
-			if f := (lease.Fit{SKU: sku, GPUs: n, VRAMMB: v}); !slices.Contains(out, f) {
-				out = append(out, f)
-			}
-		}
-	}
-	var skus []string
-	for _, g := range w.Capabilities.GPUs {
-		if !slices.Contains(skus, g.SKU) {
-			skus = append(skus, g.SKU)
-		}
-	}
-	var all []lease.GPU
-	for _, sku := range skus {
-		var of []lease.GPU
-		for _, g := range w.Capabilities.GPUs {
-			if g.SKU == sku {
-				of = append(of, g)
-			}
-		}
-		add(sku, of)
-		all = append(all, of...)
-	}
-	add("", all)
-	return out
-}
-
-// fitsAny is the stores' match of a job's requirements against a fit.
-func fitsAny(r lease.Requirements, fs []lease.Fit) bool {
-	for _, f := range fs {
-		if r.GPUSKU == f.SKU && r.GPUCount <= f.GPUs && r.MinVRAMMB <= f.VRAMMB {
-			return true
-		}
-	}
-	return false
 }
 
 // Workers.

@@ -78,6 +78,15 @@ func payloadHash(raw json.RawMessage) (string, error) {
 	return h, nil
 }
 
+// decodeLeased decodes the body into req and returns the lease named by
+// *token, a field of req, as leaseRef checks it.
+func (c *call) decodeLeased(req any, token *string) (lease.Ref, error) {
+	if err := c.decode(req); err != nil {
+		return lease.Ref{}, err
+	}
+	return leaseRef(c, *token)
+}
+
 // leaseRef checks that a lease token was given and has the shape of one
 // (the lease.Manager checks its checksum), and names the job of the
 // route's path under it.
@@ -494,10 +503,7 @@ func (s *Server) whyNoJob(ctx context.Context, snap *envelope.Snapshot, lr lease
 // and its lease runs out at the accept deadline.
 func (s *Server) accept(ctx context.Context, c *call) (int, any, error) {
 	var req TokenRequest
-	if err := c.decode(&req); err != nil {
-		return 0, nil, err
-	}
-	ref, err := leaseRef(c, req.LeaseToken)
+	ref, err := c.decodeLeased(&req, &req.LeaseToken)
 	if err != nil {
 		return 0, nil, err
 	}
@@ -525,10 +531,7 @@ func (s *Server) accept(ctx context.Context, c *call) (int, any, error) {
 // status: POST /workers/jobs/{id}/status.
 func (s *Server) status(ctx context.Context, c *call) (int, any, error) {
 	var req StatusRequest
-	if err := c.decode(&req); err != nil {
-		return 0, nil, err
-	}
-	ref, err := leaseRef(c, req.LeaseToken)
+	ref, err := c.decodeLeased(&req, &req.LeaseToken)
 	if err != nil {
 		return 0, nil, err
 	}
@@ -553,10 +556,7 @@ func (s *Server) status(ctx context.Context, c *call) (int, any, error) {
 // logs: POST /workers/jobs/{id}/logs, one entry or a batch.
 func (s *Server) logs(ctx context.Context, c *call) (int, any, error) {
 	var req LogsRequest
-	if err := c.decode(&req); err != nil {
-		return 0, nil, err
-	}
-	ref, err := leaseRef(c, req.LeaseToken)
+	ref, err := c.decodeLeased(&req, &req.LeaseToken)
 	if err != nil {
 		return 0, nil, err
 	}
@@ -608,10 +608,7 @@ func (s *Server) logs(ctx context.Context, c *call) (int, any, error) {
 // id of its artifact_reported receipt, so that id is chosen first.
 func (s *Server) artifacts(ctx context.Context, c *call) (int, any, error) {
 	var req ArtifactRequest
-	if err := c.decode(&req); err != nil {
-		return 0, nil, err
-	}
-	ref, err := leaseRef(c, req.LeaseToken)
+	ref, err := c.decodeLeased(&req, &req.LeaseToken)
 	if err != nil {
 		return 0, nil, err
 	}
@@ -694,10 +691,7 @@ func isSHA256Hex(s string) bool {
 // mints nothing and rebuilds the same answer from what was stored.
 func (s *Server) complete(ctx context.Context, c *call) (int, any, error) {
 	var req CompleteRequest
-	if err := c.decode(&req); err != nil {
-		return 0, nil, err
-	}
-	ref, err := leaseRef(c, req.LeaseToken)
+	ref, err := c.decodeLeased(&req, &req.LeaseToken)
 	if err != nil {
 		return 0, nil, err
 	}
@@ -843,10 +837,7 @@ func (s *Server) proofs(ctx context.Context, out *CompleteResponse, ids []string
 // says how the attempt ended (requeued, failed or canceled).
 func (s *Server) failJob(ctx context.Context, c *call) (int, any, error) {
 	var req FailRequest
-	if err := c.decode(&req); err != nil {
-		return 0, nil, err
-	}
-	ref, err := leaseRef(c, req.LeaseToken)
+	ref, err := c.decodeLeased(&req, &req.LeaseToken)
 	if err != nil {
 		return 0, nil, err
 	}
@@ -920,10 +911,7 @@ func (s *Server) settleFailure(ctx context.Context, c *call, j *lease.Job, r rec
 // receipt (outcome canceled, error_code "released").
 func (s *Server) release(ctx context.Context, c *call) (int, any, error) {
 	var req ReleaseRequest
-	if err := c.decode(&req); err != nil {
-		return 0, nil, err
-	}
-	ref, err := leaseRef(c, req.LeaseToken)
+	ref, err := c.decodeLeased(&req, &req.LeaseToken)
 	if err != nil {
 		return 0, nil, err
 	}

@@ -512,8 +512,8 @@ func testTTLExpiry(t *testing.T, f *fixture) {
 	if d := q.ScheduledAt.Sub(now); d < retryBase/2 || d > retryBase {
 		t.Fatalf("backoff after the first attempt = %v, want [%v, %v]", d, retryBase/2, retryBase)
 	}
-	if n, _ := f.m.Expire(f.ctx); n != 0 {
-		t.Fatalf("second Expire expired %d again", n)
+	if n, err := f.m.Expire(f.ctx); err != nil || n != 0 {
+		t.Fatalf("second Expire expired %d again (%v)", n, err)
 	}
 	_, err := f.m.Extend(f.ctx, ref)
 	wantErr(t, "extend after expiry", err, lease.ErrLeaseLost)
@@ -705,11 +705,11 @@ func testStaleToken(t *testing.T, f *fixture) {
 				wantErr(t, name, op(), lease.ErrLeaseLost)
 			}
 			f.same(before)
-			if evs, _ := f.m.Events(f.ctx, j.ID, 0, 10); len(evs) != 0 {
-				t.Fatalf("a stale lease stored %d events", len(evs))
+			if evs, err := f.m.Events(f.ctx, j.ID, 0, 10); err != nil || len(evs) != 0 {
+				t.Fatalf("a stale lease stored %d events (%v)", len(evs), err)
 			}
-			if arts, _ := f.m.Artifacts(f.ctx, lease.ArtifactFilter{JobID: j.ID}); len(arts) != 0 {
-				t.Fatalf("a stale lease stored %d artifacts", len(arts))
+			if arts, err := f.m.Artifacts(f.ctx, lease.ArtifactFilter{JobID: j.ID}); err != nil || len(arts) != 0 {
+				t.Fatalf("a stale lease stored %d artifacts (%v)", len(arts), err)
 			}
 			// The live lease still works.
 			if _, err := f.m.Accept(f.ctx, cur); err != nil {
@@ -1174,7 +1174,9 @@ func testConcurrentLeasing(t *testing.T, f *fixture) {
 	}
 	total := len(done)
 	for len(done) == 1000 {
-		done, _, _ = f.m.List(f.ctx, lease.JobFilter{State: lease.StateSucceeded, After: done[len(done)-1].ID, Limit: 1000})
+		if done, _, err = f.m.List(f.ctx, lease.JobFilter{State: lease.StateSucceeded, After: done[len(done)-1].ID, Limit: 1000}); err != nil {
+			t.Fatal(err)
+		}
 		total += len(done)
 	}
 	if total != jobs {

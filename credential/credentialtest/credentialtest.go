@@ -672,8 +672,8 @@ func testSentinels(t *testing.T, f *fixture) {
 			wantErr(t, tc.name, tc.call(), tc.want)
 		})
 	}
-	if n, _ := f.is.Credentials(f.ctx, p.ID); len(n) != 0 {
-		t.Fatalf("failed mints left %d credentials", len(n))
+	if n, err := f.is.Credentials(f.ctx, p.ID); err != nil || len(n) != 0 {
+		t.Fatalf("failed mints left %d credentials (%v)", len(n), err)
 	}
 	if got, _ := f.is.Principal(f.ctx, p.ID); got.Kind != credential.KindNode || got.PublicKey != nil {
 		t.Fatalf("failed calls changed the principal: %+v", got)

@@ -26,7 +26,7 @@ import (
 
 	"github.com/nodelane/nodelane/examples/internal/controlplane"
 	"github.com/nodelane/nodelane/receipts"
-	"github.com/nodelane/nodelane/workerapi"
+	"github.com/nodelane/nodelane/workerapi/wire"
 )
 
 // Timeouts are generous (CI runs on two slow cores) but bounded.
@@ -222,7 +222,7 @@ func (c *cluster) startServer() {
 				b, _ := os.ReadFile(filepath.Join(c.dir, "tokens.json"))
 				_ = json.Unmarshal(b, &c.tokens)
 			}
-			var env workerapi.EnvelopeResponse
+			var env wire.EnvelopeResponse
 			if c.tokens.OperatorToken != "" && c.try("GET", "/operator/envelope", nil, &env) == nil {
 				return
 			}
@@ -254,7 +254,7 @@ func (c *cluster) workerID(node string) string {
 	c.t.Helper()
 	var id string
 	c.eventually(startTimeout, "worker "+node+" registered", func() bool {
-		var l workerapi.WorkerListResponse
+		var l wire.WorkerListResponse
 		if c.try("GET", "/operator/workers", nil, &l) != nil {
 			return false
 		}
@@ -337,30 +337,30 @@ func (c *cluster) eventually(d time.Duration, what string, ok func() bool) {
 	}
 }
 
-func (c *cluster) dispatch(jobType string, payload any) workerapi.DispatchResponse {
+func (c *cluster) dispatch(jobType string, payload any) wire.DispatchResponse {
 	c.t.Helper()
 	b, _ := json.Marshal(payload)
 	if payload == nil {
 		b = []byte(`{}`)
 	}
-	var d workerapi.DispatchResponse
-	c.call("POST", "/operator/jobs", workerapi.DispatchRequest{JobType: jobType, Payload: b,
-		Requirements: workerapi.Requirements{GPUSKU: "rtx-4090", GPUCount: 1}, MaxAttempts: 5}, &d)
+	var d wire.DispatchResponse
+	c.call("POST", "/operator/jobs", wire.DispatchRequest{JobType: jobType, Payload: b,
+		Requirements: wire.Requirements{GPUSKU: "rtx-4090", GPUCount: 1}, MaxAttempts: 5}, &d)
 	return d
 }
 
-func (c *cluster) job(id string) workerapi.JobDetailResponse {
+func (c *cluster) job(id string) wire.JobDetailResponse {
 	c.t.Helper()
-	var d workerapi.JobDetailResponse
+	var d wire.JobDetailResponse
 	c.call("GET", "/operator/jobs/"+id, nil, &d)
 	return d
 }
 
 // waitState waits for the job to reach one of the end states and fails
 // unless it is want.
-func (c *cluster) waitDone(id, want string) workerapi.JobDetailResponse {
+func (c *cluster) waitDone(id, want string) wire.JobDetailResponse {
 	c.t.Helper()
-	var d workerapi.JobDetailResponse
+	var d wire.JobDetailResponse
 	c.eventually(jobTimeout, "job "+id+" to end", func() bool {
 		if c.try("GET", "/operator/jobs/"+id, nil, &d) != nil {
 			return false
@@ -375,7 +375,7 @@ func (c *cluster) waitDone(id, want string) workerapi.JobDetailResponse {
 
 func (c *cluster) activate() {
 	c.t.Helper()
-	var env workerapi.EnvelopeResponse
+	var env wire.EnvelopeResponse
 	c.call("POST", "/operator/envelope/activate", map[string]any{"reason": "e2e"}, &env)
 	if !env.Active {
 		c.t.Fatalf("envelope not active after activate: %+v", env)
@@ -386,7 +386,7 @@ func (c *cluster) activate() {
 // offline with only the tokens file's receipt_public_key.
 func (c *cluster) verifyReceipt(id string) *receipts.Receipt {
 	c.t.Helper()
-	var rr workerapi.ReceiptResponse
+	var rr wire.ReceiptResponse
 	c.eventually(jobTimeout, "receipt "+id+" sequenced", func() bool {
 		return c.try("GET", "/operator/receipts/"+id, nil, &rr) == nil && rr.Proof != nil && rr.Checkpoint != nil
 	})
@@ -406,7 +406,7 @@ func (c *cluster) allReceipts() []receipts.WireReceipt {
 	var all []receipts.WireReceipt
 	path := "/operator/receipts?limit=1000"
 	for {
-		var page workerapi.ReceiptListResponse
+		var page wire.ReceiptListResponse
 		c.call("GET", path, nil, &page)
 		all = append(all, page.Receipts...)
 		if page.Next == nil {
@@ -438,7 +438,7 @@ func (c *cluster) receiptsOf(kind receipts.Kind, jobID string) []*receipts.Recei
 // checkSucceeded checks a succeeded job's receipts: its job_completed
 // receipt verifies offline, and exactly one job_completed and one
 // job_charged exist for it.
-func (c *cluster) checkSucceeded(d workerapi.JobDetailResponse) {
+func (c *cluster) checkSucceeded(d wire.JobDetailResponse) {
 	c.t.Helper()
 	if d.Job.ReceiptID == nil {
 		c.t.Fatalf("succeeded job %s has no receipt_id", d.Job.ID)
@@ -467,7 +467,7 @@ func (c *cluster) checkNoTokensLogged() {
 	}
 }
 
-func progressEvents(d workerapi.JobDetailResponse) int {
+func progressEvents(d wire.JobDetailResponse) int {
 	n := 0
 	for _, e := range d.Events {
 		if e.EventType != nil && *e.EventType == "progress" {
@@ -525,7 +525,7 @@ func TestE2EJobsAndReceipts(t *testing.T) {
 	// -drain-timeout (5 s), so it is released, and the worker exits 0.
 	long := c.dispatch("lora_train", map[string]any{"steps": 200, "step_ms": 100})
 	c.eventually(jobTimeout, "the long lora_train running", func() bool {
-		var jd workerapi.JobDetailResponse
+		var jd wire.JobDetailResponse
 		return c.try("GET", "/operator/jobs/"+long.Job.ID, nil, &jd) == nil && jd.Job.State == "running"
 	})
 	if err := w.cmd.Process.Signal(syscall.SIGTERM); err != nil {
@@ -556,7 +556,7 @@ func TestE2EWorkerKilledMidJob(t *testing.T) {
 
 	d := c.dispatch("lora_train", map[string]any{"steps": 40, "step_ms": 200})
 	c.eventually(jobTimeout, "lora_train running with progress on node-1", func() bool {
-		var jd workerapi.JobDetailResponse
+		var jd wire.JobDetailResponse
 		return c.try("GET", "/operator/jobs/"+d.Job.ID, nil, &jd) == nil && jd.Job.State == "running" && progressEvents(jd) >= 2
 	})
 	w1.kill()
@@ -593,13 +593,13 @@ func TestE2EServerKilledAndRestarted(t *testing.T) {
 	c.checkSucceeded(done)
 	running := c.dispatch("lora_train", map[string]any{"steps": 30, "step_ms": 200})
 	c.eventually(jobTimeout, "lora_train running", func() bool {
-		var jd workerapi.JobDetailResponse
+		var jd wire.JobDetailResponse
 		return c.try("GET", "/operator/jobs/"+running.Job.ID, nil, &jd) == nil && jd.Job.State == "running" && progressEvents(jd) >= 1
 	})
 	queued := c.dispatch("embedding_dry_run", nil) // may be queued, leased or done at the kill
 
 	// What the server acknowledged before the kill.
-	var jobsBefore workerapi.JobListResponse
+	var jobsBefore wire.JobListResponse
 	c.call("GET", "/operator/jobs?limit=1000", nil, &jobsBefore)
 	receiptsBefore := c.allReceipts()
 	var oldCheckpoint []byte
@@ -639,7 +639,7 @@ func TestE2EServerKilledAndRestarted(t *testing.T) {
 		t.Fatalf("the log shrank from %d to %d", oldCP.Size, newCP.Size)
 	}
 	if newCP.Size > oldCP.Size {
-		var cons workerapi.ConsistencyResponse
+		var cons wire.ConsistencyResponse
 		c.call("GET", fmt.Sprintf("/operator/receipts/consistency?old=%d&new=%d", oldCP.Size, newCP.Size), nil, &cons)
 		if err := receipts.CheckConsistency(oldCP.Tree(), newCP.Tree(), cons.Hashes); err != nil {
 			t.Fatalf("the log after the restart is not an extension of the log before: %v", err)

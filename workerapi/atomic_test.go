@@ -16,6 +16,7 @@ import (
 	"github.com/nodelane/nodelane/receipts"
 	"github.com/nodelane/nodelane/replay"
 	"github.com/nodelane/nodelane/workerapi"
+	"github.com/nodelane/nodelane/workerapi/wire"
 )
 
 var errInjected = errors.New("injected fault")
@@ -184,15 +185,15 @@ func TestAtomicity(t *testing.T) {
 		{"artifacts", leaseAndAccept, func(t *testing.T, s *setup) *http.Request {
 			sum := "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
 			size := int64(4)
-			return s.node.Request(t, http.MethodPost, "/workers/jobs/"+s.job+"/artifacts", workerapi.ArtifactRequest{
+			return s.node.Request(t, http.MethodPost, "/workers/jobs/"+s.job+"/artifacts", wire.ArtifactRequest{
 				LeaseToken: s.tok, ArtifactType: "adapter", Name: "a", URI: "file:///a", ChecksumSHA256: &sum, SizeBytes: &size,
 			})
 		}, http.StatusCreated},
 		{"complete", leaseAndAccept, func(t *testing.T, s *setup) *http.Request {
-			return s.node.Request(t, http.MethodPost, "/workers/jobs/"+s.job+"/complete", workerapi.CompleteRequest{LeaseToken: s.tok})
+			return s.node.Request(t, http.MethodPost, "/workers/jobs/"+s.job+"/complete", wire.CompleteRequest{LeaseToken: s.tok})
 		}, http.StatusOK},
 		{"fail", leaseAndAccept, func(t *testing.T, s *setup) *http.Request {
-			return s.node.Request(t, http.MethodPost, "/workers/jobs/"+s.job+"/fail", workerapi.FailRequest{LeaseToken: s.tok, ErrorCode: "oom", Retryable: true})
+			return s.node.Request(t, http.MethodPost, "/workers/jobs/"+s.job+"/fail", wire.FailRequest{LeaseToken: s.tok, ErrorCode: "oom", Retryable: true})
 		}, http.StatusOK},
 	}
 	for _, st := range steps {
@@ -229,13 +230,13 @@ func TestAtomicity(t *testing.T) {
 					t.Logf("%s: checked a failure at each of %d writes", st.name, at-1)
 					return
 				}
-				wantCode(t, "a failed write", resp.StatusCode, body, http.StatusServiceUnavailable, workerapi.CodeUnavailable)
+				wantCode(t, "a failed write", resp.StatusCode, body, http.StatusServiceUnavailable, wire.CodeUnavailable)
 				if d := cmp.Diff(before, env.Dump(t)); d != "" {
 					t.Fatalf("write %d failed, yet the request changed state (-before +after):\n%s", at, d)
 				}
 				// Whatever failed, the signed request cannot run again.
 				resp, body = env.Raw(t, req)
-				wantCode(t, "the failed request replayed", resp.StatusCode, body, http.StatusUnauthorized, workerapi.CodeReplayedNonce)
+				wantCode(t, "the failed request replayed", resp.StatusCode, body, http.StatusUnauthorized, wire.CodeReplayedNonce)
 			}
 		})
 	}
@@ -253,10 +254,10 @@ func leaseAndAccept(t *testing.T, s *atomSetup) {
 	t.Helper()
 	s.node.Register(t, studioGPU())
 	s.job = s.env.Enqueue(t, lease.NewJob{Type: "status_check"}).ID
-	l := nodeCall[workerapi.LeaseResponse](t, s.node, "lease", "/workers/jobs/lease", workerapi.LeaseRequest{MaxJobs: 1}, http.StatusOK)
+	l := nodeCall[wire.LeaseResponse](t, s.node, "lease", "/workers/jobs/lease", wire.LeaseRequest{MaxJobs: 1}, http.StatusOK)
 	if l.LeaseToken == nil {
 		t.Fatalf("nothing leased: %+v", l)
 	}
 	s.tok = *l.LeaseToken
-	nodeCall[workerapi.AcceptResponse](t, s.node, "accept", "/workers/jobs/"+s.job+"/accept", workerapi.TokenRequest{LeaseToken: s.tok}, http.StatusOK)
+	nodeCall[wire.AcceptResponse](t, s.node, "accept", "/workers/jobs/"+s.job+"/accept", wire.TokenRequest{LeaseToken: s.tok}, http.StatusOK)
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/nodelane/nodelane/lease"
 	"github.com/nodelane/nodelane/receipts"
 	"github.com/nodelane/nodelane/workerapi"
+	"github.com/nodelane/nodelane/workerapi/wire"
 )
 
 // The end-to-end suite runs real HTTP over loopback against bunstore on
@@ -46,26 +47,26 @@ func nodeCall[T any](t *testing.T, n *apitest.Node, what, path string, body any,
 
 func wantCode(t *testing.T, what string, code int, body []byte, status int, errCode string) {
 	t.Helper()
-	var e workerapi.ErrorBody
+	var e wire.ErrorBody
 	if code != status || json.Unmarshal(body, &e) != nil || e.Error.Code != errCode {
 		t.Fatalf("%s: %d %s, want %d %s", what, code, body, status, errCode)
 	}
 }
 
-func studioGPU() workerapi.RegisterRequest {
-	return workerapi.RegisterRequest{
+func studioGPU() wire.RegisterRequest {
+	return wire.RegisterRequest{
 		Name: "Studio-GPU", Hostname: "studio.local", Role: "local_gpu_compute",
-		Capabilities:   workerapi.Capabilities{GPUs: []workerapi.GPU{{SKU: "rtx-4090", VRAMMB: 24576}}, JobTypes: []string{"status_check", "lora_train"}},
-		GovernorLimits: workerapi.GovernorLimits{MaxJobs: 2, MaxVRAMMB: 24576},
+		Capabilities:   wire.Capabilities{GPUs: []wire.GPU{{SKU: "rtx-4090", VRAMMB: 24576}}, JobTypes: []string{"status_check", "lora_train"}},
+		GovernorLimits: wire.GovernorLimits{MaxJobs: 2, MaxVRAMMB: 24576},
 		Version:        "worker/1.0.0", HeartbeatIntervalSeconds: 30,
 	}
 }
 
-func loraJob() workerapi.DispatchRequest {
-	return workerapi.DispatchRequest{
+func loraJob() wire.DispatchRequest {
+	return wire.DispatchRequest{
 		JobType:      "lora_train",
 		Payload:      json.RawMessage(`{"base_model":"llama-3-8b","steps":100}`),
-		Requirements: workerapi.Requirements{GPUSKU: "rtx-4090", GPUCount: 1, MinVRAMMB: 16000},
+		Requirements: wire.Requirements{GPUSKU: "rtx-4090", GPUCount: 1, MinVRAMMB: 16000},
 		MaxAttempts:  3,
 	}
 }
@@ -85,22 +86,22 @@ func TestSeedStory(t *testing.T) {
 		if reg.Status != "registered" || reg.WorkerToken == "" {
 			t.Fatalf("register = %+v", reg)
 		}
-		poll := workerapi.LeaseRequest{SupportedJobTypes: []string{"status_check", "lora_train"}, SupportedGPUSKUs: []string{"rtx-4090"}, MaxJobs: 1}
-		if got := nodeCall[workerapi.LeaseResponse](t, node, "empty poll", "/workers/jobs/lease", poll, http.StatusOK); got.Job != nil || len(got.Leases) != 0 {
+		poll := wire.LeaseRequest{SupportedJobTypes: []string{"status_check", "lora_train"}, SupportedGPUSKUs: []string{"rtx-4090"}, MaxJobs: 1}
+		if got := nodeCall[wire.LeaseResponse](t, node, "empty poll", "/workers/jobs/lease", poll, http.StatusOK); got.Job != nil || len(got.Leases) != 0 {
 			t.Fatalf("poll of an empty queue leased %+v", got)
 		}
 
 		code, body := env.Operator(t, http.MethodPost, "/operator/jobs", loraJob())
-		d := decodeAs[workerapi.DispatchResponse](t, "dispatch", code, http.StatusCreated, body)
+		d := decodeAs[wire.DispatchResponse](t, "dispatch", code, http.StatusCreated, body)
 		if d.Leasable || d.Reason == "" || d.Job.State != "queued" {
 			t.Fatalf("dispatch of lora_train before activation = %+v", d)
 		}
-		got := nodeCall[workerapi.LeaseResponse](t, node, "blocked poll", "/workers/jobs/lease", poll, http.StatusOK)
+		got := nodeCall[wire.LeaseResponse](t, node, "blocked poll", "/workers/jobs/lease", poll, http.StatusOK)
 		if got.Job != nil || got.Message == "" {
 			t.Fatalf("a blocked job was leased, or the message is empty: %+v", got)
 		}
 		code, body = env.Operator(t, http.MethodGet, "/operator/jobs/"+d.Job.ID, nil)
-		if detail := decodeAs[workerapi.JobDetailResponse](t, "job", code, http.StatusOK, body); detail.Reason != d.Reason {
+		if detail := decodeAs[wire.JobDetailResponse](t, "job", code, http.StatusOK, body); detail.Reason != d.Reason {
 			t.Fatalf("job read says %q, dispatch said %q", detail.Reason, d.Reason)
 		}
 
@@ -109,37 +110,37 @@ func TestSeedStory(t *testing.T) {
 			t.Fatalf("activate: %d %s", code, body)
 		}
 		code, body = env.Operator(t, http.MethodGet, "/operator/jobs/"+d.Job.ID, nil)
-		if detail := decodeAs[workerapi.JobDetailResponse](t, "job", code, http.StatusOK, body); !detail.Leasable {
+		if detail := decodeAs[wire.JobDetailResponse](t, "job", code, http.StatusOK, body); !detail.Leasable {
 			t.Fatalf("after activation the job is still not leasable: %q", detail.Reason)
 		}
 
-		l := nodeCall[workerapi.LeaseResponse](t, node, "lease", "/workers/jobs/lease", poll, http.StatusOK)
+		l := nodeCall[wire.LeaseResponse](t, node, "lease", "/workers/jobs/lease", poll, http.StatusOK)
 		if l.Job == nil || l.Job.ID != d.Job.ID || l.LeaseToken == nil {
 			t.Fatalf("lease after activation = %+v", l)
 		}
 		jobPath := "/workers/jobs/" + d.Job.ID
 		tok := *l.LeaseToken
-		a := nodeCall[workerapi.AcceptResponse](t, node, "accept", jobPath+"/accept", workerapi.TokenRequest{LeaseToken: tok}, http.StatusOK)
+		a := nodeCall[wire.AcceptResponse](t, node, "accept", jobPath+"/accept", wire.TokenRequest{LeaseToken: tok}, http.StatusOK)
 		if a.Job.State != "running" {
 			t.Fatalf("accept = %+v", a)
 		}
-		hb := nodeCall[workerapi.HeartbeatResponse](t, node, "heartbeat", "/workers/heartbeat",
-			workerapi.HeartbeatRequest{Status: "busy", CurrentJobs: []string{d.Job.ID}, Metrics: json.RawMessage(`{"gpu_util":0.93,"vram_used_mb":20100}`)}, http.StatusOK)
+		hb := nodeCall[wire.HeartbeatResponse](t, node, "heartbeat", "/workers/heartbeat",
+			wire.HeartbeatRequest{Status: "busy", CurrentJobs: []string{d.Job.ID}, Metrics: json.RawMessage(`{"gpu_util":0.93,"vram_used_mb":20100}`)}, http.StatusOK)
 		if len(hb.Leases) != 1 || hb.Leases[0].JobID != d.Job.ID || len(hb.LostJobs) != 0 {
 			t.Fatalf("heartbeat = %+v", hb)
 		}
-		nodeCall[workerapi.StatusResponse](t, node, "status", jobPath+"/status", workerapi.StatusRequest{LeaseToken: tok, EventType: "progress", Message: "50%", Payload: json.RawMessage(`{"step":50}`)}, http.StatusOK)
-		lg := nodeCall[workerapi.LogsResponse](t, node, "logs", jobPath+"/logs", map[string]any{"lease_token": tok, "entries": []workerapi.LogEntry{{Seq: 1, Message: "epoch 1"}, {Seq: 2, Message: "epoch 2"}}}, http.StatusOK)
+		nodeCall[wire.StatusResponse](t, node, "status", jobPath+"/status", wire.StatusRequest{LeaseToken: tok, EventType: "progress", Message: "50%", Payload: json.RawMessage(`{"step":50}`)}, http.StatusOK)
+		lg := nodeCall[wire.LogsResponse](t, node, "logs", jobPath+"/logs", map[string]any{"lease_token": tok, "entries": []wire.LogEntry{{Seq: 1, Message: "epoch 1"}, {Seq: 2, Message: "epoch 2"}}}, http.StatusOK)
 		if lg.Accepted != 2 {
 			t.Fatalf("logs = %+v", lg)
 		}
 		sum := "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
 		size := int64(4)
-		art := nodeCall[workerapi.ArtifactResponse](t, node, "artifact", jobPath+"/artifacts", workerapi.ArtifactRequest{
+		art := nodeCall[wire.ArtifactResponse](t, node, "artifact", jobPath+"/artifacts", wire.ArtifactRequest{
 			LeaseToken: tok, ArtifactType: "adapter", Name: "adapter.safetensors", URI: "file:///models/adapter.safetensors",
 			ChecksumSHA256: &sum, SizeBytes: &size, Metadata: json.RawMessage(`{"rank":8}`),
 		}, http.StatusCreated)
-		done := nodeCall[workerapi.CompleteResponse](t, node, "complete", jobPath+"/complete", workerapi.CompleteRequest{LeaseToken: tok, Metrics: json.RawMessage(`{"loss":0.12}`)}, http.StatusOK)
+		done := nodeCall[wire.CompleteResponse](t, node, "complete", jobPath+"/complete", wire.CompleteRequest{LeaseToken: tok, Metrics: json.RawMessage(`{"loss":0.12}`)}, http.StatusOK)
 		if done.Job.State != "succeeded" || done.ReceiptID == "" || done.Checkpoint == "" || len(done.Receipts) != 2 || len(done.Proofs) != 2 {
 			t.Fatalf("complete = %+v", done)
 		}
@@ -162,7 +163,7 @@ func TestSeedStory(t *testing.T) {
 			t.Fatalf("completion receipts are %v", kinds)
 		}
 		code, body = env.Operator(t, http.MethodGet, "/operator/receipts/"+art.ReceiptID, nil)
-		ar := decodeAs[workerapi.ReceiptResponse](t, "artifact receipt", code, http.StatusOK, body)
+		ar := decodeAs[wire.ReceiptResponse](t, "artifact receipt", code, http.StatusOK, body)
 		if ar.Proof == nil || ar.Checkpoint == nil {
 			t.Fatalf("artifact receipt has no proof: %s", body)
 		}
@@ -174,7 +175,7 @@ func TestSeedStory(t *testing.T) {
 		arts := decodeAs[struct {
 			Artifacts []map[string]any `json:"artifacts"`
 		}](t, "artifacts", code, http.StatusOK, body)
-		if len(arts.Artifacts) != 1 || arts.Artifacts[0]["status"] != workerapi.ArtifactTrained {
+		if len(arts.Artifacts) != 1 || arts.Artifacts[0]["status"] != wire.ArtifactTrained {
 			t.Fatalf("the adapter does not show as trained: %s", body)
 		}
 
@@ -184,8 +185,8 @@ func TestSeedStory(t *testing.T) {
 			t.Fatalf("deactivate: %d %s", code, body)
 		}
 		code, body = env.Operator(t, http.MethodPost, "/operator/jobs", loraJob())
-		d2 := decodeAs[workerapi.DispatchResponse](t, "dispatch", code, http.StatusCreated, body)
-		if got := nodeCall[workerapi.LeaseResponse](t, node, "poll after deactivation", "/workers/jobs/lease", poll, http.StatusOK); got.Job != nil {
+		d2 := decodeAs[wire.DispatchResponse](t, "dispatch", code, http.StatusCreated, body)
+		if got := nodeCall[wire.LeaseResponse](t, node, "poll after deactivation", "/workers/jobs/lease", poll, http.StatusOK); got.Job != nil {
 			t.Fatalf("leased %s after deactivation", got.Job.ID)
 		}
 		if j := env.Job(t, d2.Job.ID); j.State != lease.StateQueued {
@@ -207,29 +208,29 @@ func TestLeaseLossE2E(t *testing.T) {
 		a.Register(t, studioGPU())
 		b.Register(t, studioGPU())
 		job := env.Enqueue(t, lease.NewJob{Type: "status_check"})
-		poll := workerapi.LeaseRequest{MaxJobs: 1}
-		la := nodeCall[workerapi.LeaseResponse](t, a, "lease a", "/workers/jobs/lease", poll, http.StatusOK)
+		poll := wire.LeaseRequest{MaxJobs: 1}
+		la := nodeCall[wire.LeaseResponse](t, a, "lease a", "/workers/jobs/lease", poll, http.StatusOK)
 		path := "/workers/jobs/" + job.ID
-		nodeCall[workerapi.AcceptResponse](t, a, "accept a", path+"/accept", workerapi.TokenRequest{LeaseToken: *la.LeaseToken}, http.StatusOK)
+		nodeCall[wire.AcceptResponse](t, a, "accept a", path+"/accept", wire.TokenRequest{LeaseToken: *la.LeaseToken}, http.StatusOK)
 		time.Sleep(1100 * time.Millisecond) // a stalls past its TTL
 		if err := env.Server.MaintainOnce(context.Background()); err != nil {
 			t.Fatal(err)
 		}
 		time.Sleep(5 * time.Millisecond) // the backoff
-		lb := nodeCall[workerapi.LeaseResponse](t, b, "lease b", "/workers/jobs/lease", poll, http.StatusOK)
+		lb := nodeCall[wire.LeaseResponse](t, b, "lease b", "/workers/jobs/lease", poll, http.StatusOK)
 		if lb.Job == nil || lb.Job.ID != job.ID || lb.Job.Attempt != 2 {
 			t.Fatalf("b's lease = %+v", lb)
 		}
-		nodeCall[workerapi.AcceptResponse](t, b, "accept b", path+"/accept", workerapi.TokenRequest{LeaseToken: *lb.LeaseToken}, http.StatusOK)
-		nodeCall[workerapi.CompleteResponse](t, b, "complete b", path+"/complete", workerapi.CompleteRequest{LeaseToken: *lb.LeaseToken}, http.StatusOK)
+		nodeCall[wire.AcceptResponse](t, b, "accept b", path+"/accept", wire.TokenRequest{LeaseToken: *lb.LeaseToken}, http.StatusOK)
+		nodeCall[wire.CompleteResponse](t, b, "complete b", path+"/complete", wire.CompleteRequest{LeaseToken: *lb.LeaseToken}, http.StatusOK)
 		before := env.Receipts(t)
-		resp, body := a.Do(t, http.MethodPost, path+"/complete", workerapi.CompleteRequest{LeaseToken: *la.LeaseToken})
-		wantCode(t, "a's late complete", resp.StatusCode, body, http.StatusConflict, workerapi.CodeLeaseLost)
+		resp, body := a.Do(t, http.MethodPost, path+"/complete", wire.CompleteRequest{LeaseToken: *la.LeaseToken})
+		wantCode(t, "a's late complete", resp.StatusCode, body, http.StatusConflict, wire.CodeLeaseLost)
 		if after := env.Receipts(t); after != before {
 			t.Fatalf("the late complete minted %d receipts", after-before)
 		}
 		code, rb := env.Operator(t, http.MethodGet, "/operator/receipts?limit=1000", nil)
-		list := decodeAs[workerapi.ReceiptListResponse](t, "receipts", code, http.StatusOK, rb)
+		list := decodeAs[wire.ReceiptListResponse](t, "receipts", code, http.StatusOK, rb)
 		completions := 0
 		for _, r := range list.Receipts {
 			if r.Kind == receipts.KindJobCompleted {
@@ -250,26 +251,26 @@ func TestCancelReachesWorker(t *testing.T) {
 		n := env.NewNode(t, "node")
 		n.Register(t, studioGPU())
 		job := env.Enqueue(t, lease.NewJob{Type: "status_check"})
-		l := nodeCall[workerapi.LeaseResponse](t, n, "lease", "/workers/jobs/lease", workerapi.LeaseRequest{MaxJobs: 1}, http.StatusOK)
+		l := nodeCall[wire.LeaseResponse](t, n, "lease", "/workers/jobs/lease", wire.LeaseRequest{MaxJobs: 1}, http.StatusOK)
 		path := "/workers/jobs/" + job.ID
 		tok := *l.LeaseToken
-		nodeCall[workerapi.AcceptResponse](t, n, "accept", path+"/accept", workerapi.TokenRequest{LeaseToken: tok}, http.StatusOK)
-		hb := workerapi.HeartbeatRequest{Status: "busy", CurrentJobs: []string{job.ID}}
-		if got := nodeCall[workerapi.HeartbeatResponse](t, n, "heartbeat", "/workers/heartbeat", hb, http.StatusOK); len(got.CancelJobs) != 0 {
+		nodeCall[wire.AcceptResponse](t, n, "accept", path+"/accept", wire.TokenRequest{LeaseToken: tok}, http.StatusOK)
+		hb := wire.HeartbeatRequest{Status: "busy", CurrentJobs: []string{job.ID}}
+		if got := nodeCall[wire.HeartbeatResponse](t, n, "heartbeat", "/workers/heartbeat", hb, http.StatusOK); len(got.CancelJobs) != 0 {
 			t.Fatalf("cancel before any was asked: %+v", got)
 		}
 		if code, body := env.Operator(t, http.MethodPost, "/operator/jobs/"+job.ID+"/cancel", nil); code != http.StatusOK {
 			t.Fatalf("cancel: %d %s", code, body)
 		}
-		got := nodeCall[workerapi.HeartbeatResponse](t, n, "heartbeat", "/workers/heartbeat", hb, http.StatusOK)
+		got := nodeCall[wire.HeartbeatResponse](t, n, "heartbeat", "/workers/heartbeat", hb, http.StatusOK)
 		if len(got.CancelJobs) != 1 || got.CancelJobs[0] != job.ID {
 			t.Fatalf("heartbeat after cancel = %+v", got)
 		}
-		st := nodeCall[workerapi.StatusResponse](t, n, "status", path+"/status", workerapi.StatusRequest{LeaseToken: tok, EventType: "progress"}, http.StatusOK)
+		st := nodeCall[wire.StatusResponse](t, n, "status", path+"/status", wire.StatusRequest{LeaseToken: tok, EventType: "progress"}, http.StatusOK)
 		if !st.CancelRequested {
 			t.Fatal("status answer does not announce the cancel")
 		}
-		f := nodeCall[workerapi.FailResponse](t, n, "fail", path+"/fail", workerapi.FailRequest{LeaseToken: tok, ErrorCode: "canceled", Retryable: true}, http.StatusOK)
+		f := nodeCall[wire.FailResponse](t, n, "fail", path+"/fail", wire.FailRequest{LeaseToken: tok, ErrorCode: "canceled", Retryable: true}, http.StatusOK)
 		if f.Job.State != "canceled" || f.Requeued {
 			t.Fatalf("fail after cancel = %+v", f)
 		}
@@ -288,18 +289,18 @@ func TestMountedUnderPrefix(t *testing.T) {
 	prefixed.URL = srv.URL + "/api/nl"
 	n := env.NewNode(t, "prefixed").On(&prefixed)
 	n.Register(t, studioGPU())
-	got := nodeCall[workerapi.HeartbeatResponse](t, n, "heartbeat", "/workers/heartbeat?trace=1", workerapi.HeartbeatRequest{Status: "idle"}, http.StatusOK)
+	got := nodeCall[wire.HeartbeatResponse](t, n, "heartbeat", "/workers/heartbeat?trace=1", wire.HeartbeatRequest{Status: "idle"}, http.StatusOK)
 	if !got.OK {
 		t.Fatalf("heartbeat under a prefix = %+v", got)
 	}
 	// The same request sent to the unprefixed path no longer matches its
 	// signature.
-	req := n.Request(t, http.MethodPost, "/workers/heartbeat", workerapi.HeartbeatRequest{Status: "idle"})
+	req := n.Request(t, http.MethodPost, "/workers/heartbeat", wire.HeartbeatRequest{Status: "idle"})
 	req.URL.Path = "/workers/heartbeat"
 	req.URL.Host = srv.Listener.Addr().String()
 	plain := *env
 	resp, body := plain.Raw(t, mustRewrite(t, req, env.URL))
-	wantCode(t, "signature for a prefixed path sent elsewhere", resp.StatusCode, body, http.StatusUnauthorized, workerapi.CodeBadSignature)
+	wantCode(t, "signature for a prefixed path sent elsewhere", resp.StatusCode, body, http.StatusUnauthorized, wire.CodeBadSignature)
 }
 
 func mustRewrite(t *testing.T, req *http.Request, base string) *http.Request {
@@ -333,13 +334,13 @@ func TestTwoInstancesPostgres(t *testing.T) {
 	onTwo := n.On(two)
 
 	type result struct {
-		l   workerapi.LeaseResponse
+		l   wire.LeaseResponse
 		err error
 	}
 	done := make(chan result, 1)
 	start := time.Now()
 	go func() {
-		resp, body := onTwo.Do(t, http.MethodPost, "/workers/jobs/lease", workerapi.LeaseRequest{MaxJobs: 1, WaitSeconds: 20})
+		resp, body := onTwo.Do(t, http.MethodPost, "/workers/jobs/lease", wire.LeaseRequest{MaxJobs: 1, WaitSeconds: 20})
 		var r result
 		if resp.StatusCode != http.StatusOK {
 			r.err = fmt.Errorf("status %d: %s", resp.StatusCode, body)
@@ -349,8 +350,8 @@ func TestTwoInstancesPostgres(t *testing.T) {
 		done <- r
 	}()
 	time.Sleep(300 * time.Millisecond) // the long-poll is waiting on two
-	code, body := one.Operator(t, http.MethodPost, "/operator/jobs", workerapi.DispatchRequest{JobType: "status_check"})
-	d := decodeAs[workerapi.DispatchResponse](t, "dispatch on one", code, http.StatusCreated, body)
+	code, body := one.Operator(t, http.MethodPost, "/operator/jobs", wire.DispatchRequest{JobType: "status_check"})
+	d := decodeAs[wire.DispatchResponse](t, "dispatch on one", code, http.StatusCreated, body)
 	select {
 	case r := <-done:
 		if r.err != nil || r.l.Job == nil || r.l.Job.ID != d.Job.ID {
@@ -363,10 +364,10 @@ func TestTwoInstancesPostgres(t *testing.T) {
 		t.Fatal("the long-poll on two never returned")
 	}
 
-	req := n.Request(t, http.MethodPost, "/workers/heartbeat", workerapi.HeartbeatRequest{Status: "idle"})
+	req := n.Request(t, http.MethodPost, "/workers/heartbeat", wire.HeartbeatRequest{Status: "idle"})
 	if resp, body := one.Raw(t, req); resp.StatusCode != http.StatusOK {
 		t.Fatalf("heartbeat on one: %d %s", resp.StatusCode, body)
 	}
 	resp, rbody := two.Raw(t, req)
-	wantCode(t, "the same request replayed to two", resp.StatusCode, rbody, http.StatusUnauthorized, workerapi.CodeReplayedNonce)
+	wantCode(t, "the same request replayed to two", resp.StatusCode, rbody, http.StatusUnauthorized, wire.CodeReplayedNonce)
 }

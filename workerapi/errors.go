@@ -9,33 +9,7 @@ import (
 	"github.com/nodelane/nodelane/lease"
 	"github.com/nodelane/nodelane/receipts"
 	"github.com/nodelane/nodelane/replay"
-)
-
-// Error codes of PROTOCOL.md.
-const (
-	CodeInvalidRequest       = "invalid_request"
-	CodeMissingCredential    = "missing_credential"
-	CodeInvalidToken         = "invalid_token"
-	CodeTokenExpired         = "token_expired"
-	CodeTokenRevoked         = "token_revoked"
-	CodeMissingSignature     = "missing_signature"
-	CodeMalformedSignature   = "malformed_signature"
-	CodeBadDigest            = "bad_digest"
-	CodeBadSignature         = "bad_signature"
-	CodeStaleTimestamp       = "stale_timestamp"
-	CodeReplayedNonce        = "replayed_nonce"
-	CodeInsufficientScope    = "insufficient_scope"
-	CodeWorkerBanned         = "worker_banned"
-	CodeBlockedByEnvelope    = "blocked_by_envelope"
-	CodeNotFound             = "not_found"
-	CodeMethodNotAllowed     = "method_not_allowed"
-	CodeLeaseLost            = "lease_lost"
-	CodeInvalidTransition    = "invalid_transition"
-	CodeNodeExists           = "node_exists"
-	CodePayloadTooLarge      = "payload_too_large"
-	CodeUnsupportedMediaType = "unsupported_media_type"
-	CodeRateLimited          = "rate_limited"
-	CodeUnavailable          = "unavailable"
+	"github.com/nodelane/nodelane/workerapi/wire"
 )
 
 // Errors of workerapi's own.
@@ -68,37 +42,37 @@ var errorTable = []struct {
 	err error
 	st  status
 }{
-	{ErrInvalidRequest, status{http.StatusBadRequest, CodeInvalidRequest}},
-	{lease.ErrMalformedToken, status{http.StatusBadRequest, CodeInvalidRequest}},
-	{lease.ErrInvalidArgument, status{http.StatusBadRequest, CodeInvalidRequest}},
-	{credential.ErrInvalidArgument, status{http.StatusBadRequest, CodeInvalidRequest}},
-	{envelope.ErrInvalidArgument, status{http.StatusBadRequest, CodeInvalidRequest}},
-	{receipts.ErrInvalidArgument, status{http.StatusBadRequest, CodeInvalidRequest}},
-	{credential.ErrMissingCredential, status{http.StatusUnauthorized, CodeMissingCredential}},
-	{credential.ErrInvalidToken, status{http.StatusUnauthorized, CodeInvalidToken}},
-	{credential.ErrExpired, status{http.StatusUnauthorized, CodeTokenExpired}},
-	{credential.ErrRevoked, status{http.StatusUnauthorized, CodeTokenRevoked}},
-	{replay.ErrMissingSignature, status{http.StatusUnauthorized, CodeMissingSignature}},
-	{replay.ErrMalformedSignature, status{http.StatusUnauthorized, CodeMalformedSignature}},
-	{replay.ErrBadDigest, status{http.StatusUnauthorized, CodeBadDigest}},
-	{replay.ErrBadSignature, status{http.StatusUnauthorized, CodeBadSignature}},
-	{replay.ErrStaleTimestamp, status{http.StatusUnauthorized, CodeStaleTimestamp}},
-	{replay.ErrReplayedNonce, status{http.StatusUnauthorized, CodeReplayedNonce}},
-	{credential.ErrInsufficientScope, status{http.StatusForbidden, CodeInsufficientScope}},
-	{credential.ErrBanned, status{http.StatusForbidden, CodeWorkerBanned}},
-	{envelope.ErrBlocked, status{http.StatusForbidden, CodeBlockedByEnvelope}},
-	{ErrNotFound, status{http.StatusNotFound, CodeNotFound}},
-	{lease.ErrNotFound, status{http.StatusNotFound, CodeNotFound}},
-	{credential.ErrNotFound, status{http.StatusNotFound, CodeNotFound}},
-	{receipts.ErrNotFound, status{http.StatusNotFound, CodeNotFound}},
-	{ErrMethodNotAllowed, status{http.StatusMethodNotAllowed, CodeMethodNotAllowed}},
-	{lease.ErrLeaseLost, status{http.StatusConflict, CodeLeaseLost}},
-	{lease.ErrInvalidTransition, status{http.StatusConflict, CodeInvalidTransition}},
-	{ErrNodeExists, status{http.StatusConflict, CodeNodeExists}},
-	{ErrPayloadTooLarge, status{http.StatusRequestEntityTooLarge, CodePayloadTooLarge}},
-	{ErrUnsupportedMediaType, status{http.StatusUnsupportedMediaType, CodeUnsupportedMediaType}},
-	{replay.ErrQuota, status{http.StatusTooManyRequests, CodeRateLimited}},
-	{replay.ErrUnavailable, status{http.StatusServiceUnavailable, CodeUnavailable}},
+	{ErrInvalidRequest, status{http.StatusBadRequest, wire.CodeInvalidRequest}},
+	{lease.ErrMalformedToken, status{http.StatusBadRequest, wire.CodeInvalidRequest}},
+	{lease.ErrInvalidArgument, status{http.StatusBadRequest, wire.CodeInvalidRequest}},
+	{credential.ErrInvalidArgument, status{http.StatusBadRequest, wire.CodeInvalidRequest}},
+	{envelope.ErrInvalidArgument, status{http.StatusBadRequest, wire.CodeInvalidRequest}},
+	{receipts.ErrInvalidArgument, status{http.StatusBadRequest, wire.CodeInvalidRequest}},
+	{credential.ErrMissingCredential, status{http.StatusUnauthorized, wire.CodeMissingCredential}},
+	{credential.ErrInvalidToken, status{http.StatusUnauthorized, wire.CodeInvalidToken}},
+	{credential.ErrExpired, status{http.StatusUnauthorized, wire.CodeTokenExpired}},
+	{credential.ErrRevoked, status{http.StatusUnauthorized, wire.CodeTokenRevoked}},
+	{replay.ErrMissingSignature, status{http.StatusUnauthorized, wire.CodeMissingSignature}},
+	{replay.ErrMalformedSignature, status{http.StatusUnauthorized, wire.CodeMalformedSignature}},
+	{replay.ErrBadDigest, status{http.StatusUnauthorized, wire.CodeBadDigest}},
+	{replay.ErrBadSignature, status{http.StatusUnauthorized, wire.CodeBadSignature}},
+	{replay.ErrStaleTimestamp, status{http.StatusUnauthorized, wire.CodeStaleTimestamp}},
+	{replay.ErrReplayedNonce, status{http.StatusUnauthorized, wire.CodeReplayedNonce}},
+	{credential.ErrInsufficientScope, status{http.StatusForbidden, wire.CodeInsufficientScope}},
+	{credential.ErrBanned, status{http.StatusForbidden, wire.CodeWorkerBanned}},
+	{envelope.ErrBlocked, status{http.StatusForbidden, wire.CodeBlockedByEnvelope}},
+	{ErrNotFound, status{http.StatusNotFound, wire.CodeNotFound}},
+	{lease.ErrNotFound, status{http.StatusNotFound, wire.CodeNotFound}},
+	{credential.ErrNotFound, status{http.StatusNotFound, wire.CodeNotFound}},
+	{receipts.ErrNotFound, status{http.StatusNotFound, wire.CodeNotFound}},
+	{ErrMethodNotAllowed, status{http.StatusMethodNotAllowed, wire.CodeMethodNotAllowed}},
+	{lease.ErrLeaseLost, status{http.StatusConflict, wire.CodeLeaseLost}},
+	{lease.ErrInvalidTransition, status{http.StatusConflict, wire.CodeInvalidTransition}},
+	{ErrNodeExists, status{http.StatusConflict, wire.CodeNodeExists}},
+	{ErrPayloadTooLarge, status{http.StatusRequestEntityTooLarge, wire.CodePayloadTooLarge}},
+	{ErrUnsupportedMediaType, status{http.StatusUnsupportedMediaType, wire.CodeUnsupportedMediaType}},
+	{replay.ErrQuota, status{http.StatusTooManyRequests, wire.CodeRateLimited}},
+	{replay.ErrUnavailable, status{http.StatusServiceUnavailable, wire.CodeUnavailable}},
 }
 
 // statusOf maps err to its status. An error the table does not know is a
@@ -110,5 +84,5 @@ func statusOf(err error) status {
 			return e.st
 		}
 	}
-	return status{http.StatusServiceUnavailable, CodeUnavailable}
+	return status{http.StatusServiceUnavailable, wire.CodeUnavailable}
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/nodelane/nodelane/lease"
 	"github.com/nodelane/nodelane/receipts"
 	"github.com/nodelane/nodelane/replay"
+	"github.com/nodelane/nodelane/workerapi/wire"
 )
 
 // FuzzHandler drives Server.Handler with random methods, request targets,
@@ -69,7 +70,7 @@ func FuzzHandler(f *testing.F) {
 			rec2 := rig.serve(again)
 			rig.check(again, rec2)
 			if served && rig.signed[pattern] && rec.Code/100 == 2 &&
-				(rec2.Code != http.StatusUnauthorized || fuzzErrorCode(rec2.Body.Bytes()) != CodeReplayedNonce) {
+				(rec2.Code != http.StatusUnauthorized || fuzzErrorCode(rec2.Body.Bytes()) != wire.CodeReplayedNonce) {
 				t.Fatalf("a replay of %s %s answered %d %s after %d", method, target, rec2.Code, rec2.Body, rec.Code)
 			}
 		case sigRepeat:
@@ -240,8 +241,8 @@ func newFuzzRig(t testing.TB) *fuzzRig {
 
 	// The node registers over HTTP, as a worker would.
 	pub := base64.RawURLEncoding.EncodeToString(rig.key.Public().(ed25519.PublicKey))
-	var reg RegisterResponse
-	rig.setup(http.MethodPost, pathRegister, authProvisioner, http.StatusCreated, &reg, `{"node_id": "fuzz-node-1",
+	var reg wire.RegisterResponse
+	rig.setup(http.MethodPost, wire.PathRegister, authProvisioner, http.StatusCreated, &reg, `{"node_id": "fuzz-node-1",
 		"name": "Fuzz-GPU", "hostname": "fuzz.local", "endpoint_url": null, "role": "local_gpu_compute",
 		"capabilities": {"gpus": [{"sku": "rtx-4090", "vram_mb": 24576}], "job_types": ["status_check", "telemetry_sync", "lora_train"]},
 		"governor_limits": {"max_jobs": 3, "max_vram_mb": 24576}, "tags": ["lab"], "version": "worker/1.0.0",
@@ -262,7 +263,7 @@ func newFuzzRig(t testing.TB) *fuzzRig {
 		return j.ID
 	}
 	job1, job2 := dispatch("status_check"), dispatch("telemetry_sync")
-	var lr LeaseResponse
+	var lr wire.LeaseResponse
 	rig.setup(http.MethodPost, "/workers/jobs/lease", authWorker, http.StatusOK, &lr,
 		`{"supported_job_types": ["status_check", "telemetry_sync"], "supported_gpu_skus": ["rtx-4090"], "max_jobs": 2}`)
 	if len(lr.Leases) != 2 {
@@ -422,7 +423,7 @@ func (rig *fuzzRig) verifyReceipts(pattern string, body []byte) error {
 		_, err := receipts.OpenCheckpoint(body, vkey, origin)
 		return err
 	case "/operator/receipts/{id}":
-		var out ReceiptResponse
+		var out wire.ReceiptResponse
 		if err := json.Unmarshal(body, &out); err != nil {
 			return err
 		}
@@ -432,7 +433,7 @@ func (rig *fuzzRig) verifyReceipts(pattern string, body []byte) error {
 		_, err := receipts.Verify(vkey, origin, out.Receipt.Body, *out.Proof, []byte(*out.Checkpoint))
 		return err
 	case "/workers/jobs/{id}/complete":
-		var out CompleteResponse
+		var out wire.CompleteResponse
 		if err := json.Unmarshal(body, &out); err != nil {
 			return err
 		}
@@ -456,7 +457,7 @@ func (rig *fuzzRig) verifyReceipts(pattern string, body []byte) error {
 }
 
 func fuzzErrorCode(body []byte) string {
-	var e ErrorBody
+	var e wire.ErrorBody
 	_ = json.Unmarshal(body, &e)
 	return e.Error.Code
 }
@@ -473,18 +474,18 @@ func TestFuzzRig(t *testing.T) {
 		code         string
 	}{
 		{"operator", "GET", "/operator/jobs/$JOB2", authOperator, sigNone, "", 200, ""},
-		{"narrow operator", "GET", "/operator/workers", authNarrowOperator, sigNone, "", 403, CodeInsufficientScope},
-		{"revoked", "GET", "/operator/jobs", authRevoked, sigNone, "", 401, CodeTokenRevoked},
+		{"narrow operator", "GET", "/operator/workers", authNarrowOperator, sigNone, "", 403, wire.CodeInsufficientScope},
+		{"revoked", "GET", "/operator/jobs", authRevoked, sigNone, "", 401, wire.CodeTokenRevoked},
 		{"heartbeat", "POST", "/workers/heartbeat", authWorker, sigWorker, `{"status": "busy", "current_jobs": ["$JOB1", "$JOB2"]}`, 200, ""},
-		{"narrow worker", "POST", "/workers/jobs/lease", authNarrowWorker, sigWorker, `{}`, 403, CodeInsufficientScope},
-		{"unsigned", "POST", "/workers/heartbeat", authWorker, sigNone, `{"status": "idle"}`, 401, CodeMissingSignature},
-		{"tampered", "POST", "/workers/heartbeat", authWorker, sigTamper, `{"status": "idle"}`, 401, CodeBadDigest},
-		{"stale", "POST", "/workers/heartbeat", authWorker, sigStale, `{"status": "idle"}`, 401, CodeStaleTimestamp},
-		{"other key", "POST", "/workers/heartbeat", authWorker, sigNewKey, `{"status": "idle"}`, 401, CodeBadSignature},
+		{"narrow worker", "POST", "/workers/jobs/lease", authNarrowWorker, sigWorker, `{}`, 403, wire.CodeInsufficientScope},
+		{"unsigned", "POST", "/workers/heartbeat", authWorker, sigNone, `{"status": "idle"}`, 401, wire.CodeMissingSignature},
+		{"tampered", "POST", "/workers/heartbeat", authWorker, sigTamper, `{"status": "idle"}`, 401, wire.CodeBadDigest},
+		{"stale", "POST", "/workers/heartbeat", authWorker, sigStale, `{"status": "idle"}`, 401, wire.CodeStaleTimestamp},
+		{"other key", "POST", "/workers/heartbeat", authWorker, sigNewKey, `{"status": "idle"}`, 401, wire.CodeBadSignature},
 		{"accept", "POST", "/workers/jobs/$JOB1/accept", authWorker, sigWorker, `{"lease_token": "$LEASE1"}`, 200, ""},
 		{"complete", "POST", "/workers/jobs/$JOB2/complete", authWorker, sigWorker, `{"lease_token": "$LEASE2", "metrics": {"loss": 0.1}}`, 200, ""},
 		{"register new", "POST", "/workers/register", authProvisioner, sigNewKey, `{"node_id": "n2", "public_key": "$NEWPUBKEY"}`, 201, ""},
-		{"register taken", "POST", "/workers/register", authProvisioner, sigNewKey, `{"node_id": "$NODE", "public_key": "$NEWPUBKEY"}`, 409, CodeNodeExists},
+		{"register taken", "POST", "/workers/register", authProvisioner, sigNewKey, `{"node_id": "$NODE", "public_key": "$NEWPUBKEY"}`, 409, wire.CodeNodeExists},
 		{"receipt", "GET", "/operator/receipts/$RECEIPT", authOperator, sigNone, "", 200, ""},
 		{"revoke", "POST", "/operator/credentials/$CRED/revoke", authOperator, sigNone, "", 200, ""},
 	} {

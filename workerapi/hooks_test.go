@@ -12,6 +12,7 @@ import (
 	"github.com/nodelane/nodelane/lease"
 	"github.com/nodelane/nodelane/receipts"
 	"github.com/nodelane/nodelane/workerapi"
+	"github.com/nodelane/nodelane/workerapi/wire"
 )
 
 // stuckHooks never return until released.
@@ -45,10 +46,10 @@ func runJobs(t *testing.T, env *apitest.Env, n int) bool {
 		node.Register(t, studioGPU())
 		for range n {
 			job := env.Enqueue(t, lease.NewJob{Type: "status_check"})
-			l := nodeCall[workerapi.LeaseResponse](t, node, "lease", "/workers/jobs/lease", workerapi.LeaseRequest{MaxJobs: 1}, http.StatusOK)
+			l := nodeCall[wire.LeaseResponse](t, node, "lease", "/workers/jobs/lease", wire.LeaseRequest{MaxJobs: 1}, http.StatusOK)
 			path := "/workers/jobs/" + job.ID
-			nodeCall[workerapi.AcceptResponse](t, node, "accept", path+"/accept", workerapi.TokenRequest{LeaseToken: *l.LeaseToken}, http.StatusOK)
-			nodeCall[workerapi.CompleteResponse](t, node, "complete", path+"/complete", workerapi.CompleteRequest{LeaseToken: *l.LeaseToken}, http.StatusOK)
+			nodeCall[wire.AcceptResponse](t, node, "accept", path+"/accept", wire.TokenRequest{LeaseToken: *l.LeaseToken}, http.StatusOK)
+			nodeCall[wire.CompleteResponse](t, node, "complete", path+"/complete", wire.CompleteRequest{LeaseToken: *l.LeaseToken}, http.StatusOK)
 			if j := env.Job(t, job.ID); j.State != lease.StateSucceeded {
 				t.Errorf("job %s is %s", job.ID, j.State)
 			}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/nodelane/nodelane/credential"
 	"github.com/nodelane/nodelane/replay"
+	"github.com/nodelane/nodelane/workerapi/wire"
 )
 
 // A route is one method on one path pattern (net/http ServeMux syntax,
@@ -210,7 +211,7 @@ func (s *Server) run(ctx context.Context, c *call, rt route) (int, any, error) {
 	if err != nil {
 		return 0, nil, err
 	}
-	if rt.path == pathRegister {
+	if rt.path == wire.PathRegister {
 		return s.register(ctx, c, token)
 	}
 	p, cred, err := s.issuer.Verify(ctx, token, rt.scope)
@@ -281,7 +282,7 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, reqID string, err 
 	if st.http == http.StatusServiceUnavailable || st.http == http.StatusTooManyRequests {
 		w.Header().Set("Retry-After", "1")
 	}
-	s.writeJSON(w, st.http, ErrorBody{Error: ErrorDetail{Code: st.code, Message: msg, ServerTime: s.now()}})
+	s.writeJSON(w, st.http, wire.ErrorBody{Error: wire.ErrorDetail{Code: st.code, Message: msg, ServerTime: s.now()}})
 	return st
 }
 

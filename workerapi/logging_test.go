@@ -14,6 +14,7 @@ import (
 	"github.com/nodelane/nodelane/internal/apitest"
 	"github.com/nodelane/nodelane/lease"
 	"github.com/nodelane/nodelane/workerapi"
+	"github.com/nodelane/nodelane/workerapi/wire"
 )
 
 type syncBuffer struct {
@@ -59,16 +60,16 @@ func TestLoggingAndMetrics(t *testing.T) {
 	n := env.NewNode(t, "node")
 	reg := n.Register(t, studioGPU())
 	job := env.Enqueue(t, lease.NewJob{Type: "status_check"})
-	l := nodeCall[workerapi.LeaseResponse](t, n, "lease", "/workers/jobs/lease", workerapi.LeaseRequest{MaxJobs: 1}, http.StatusOK)
+	l := nodeCall[wire.LeaseResponse](t, n, "lease", "/workers/jobs/lease", wire.LeaseRequest{MaxJobs: 1}, http.StatusOK)
 	tok := *l.LeaseToken
 	path := "/workers/jobs/" + job.ID
-	nodeCall[workerapi.AcceptResponse](t, n, "accept", path+"/accept", workerapi.TokenRequest{LeaseToken: tok}, http.StatusOK)
-	nodeCall[workerapi.CompleteResponse](t, n, "complete", path+"/complete", workerapi.CompleteRequest{LeaseToken: tok}, http.StatusOK)
+	nodeCall[wire.AcceptResponse](t, n, "accept", path+"/accept", wire.TokenRequest{LeaseToken: tok}, http.StatusOK)
+	nodeCall[wire.CompleteResponse](t, n, "complete", path+"/complete", wire.CompleteRequest{LeaseToken: tok}, http.StatusOK)
 	// Refusals that carry tokens in the request.
-	resp, body := n.Do(t, http.MethodPost, path+"/fail", workerapi.FailRequest{LeaseToken: tok, ErrorCode: "late"})
-	wantCode(t, "fail after complete", resp.StatusCode, body, http.StatusConflict, workerapi.CodeInvalidTransition)
+	resp, body := n.Do(t, http.MethodPost, path+"/fail", wire.FailRequest{LeaseToken: tok, ErrorCode: "late"})
+	wantCode(t, "fail after complete", resp.StatusCode, body, http.StatusConflict, wire.CodeInvalidTransition)
 	code, body := env.Bearer(t, reg.WorkerToken+"x", http.MethodGet, "/operator/jobs", nil)
-	wantCode(t, "a mangled token", code, body, http.StatusUnauthorized, workerapi.CodeInvalidToken)
+	wantCode(t, "a mangled token", code, body, http.StatusUnauthorized, wire.CodeInvalidToken)
 	code, _ = env.Operator(t, http.MethodGet, "/operator/jobs/"+job.ID, nil)
 	if code != http.StatusOK {
 		t.Fatalf("job read: %d", code)
@@ -117,7 +118,7 @@ func TestLoggingAndMetrics(t *testing.T) {
 	}
 	found := false
 	for _, ri := range metrics.seen {
-		if ri.Route == "/workers/jobs/{id}/fail" && ri.Status == http.StatusConflict && ri.Code == workerapi.CodeInvalidTransition {
+		if ri.Route == "/workers/jobs/{id}/fail" && ri.Status == http.StatusConflict && ri.Code == wire.CodeInvalidTransition {
 			found = true
 		}
 	}

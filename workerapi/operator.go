@@ -12,269 +12,17 @@ import (
 	"strings"
 	"time"
 
-	"golang.org/x/mod/sumdb/tlog"
-
 	"github.com/nodelane/nodelane/credential"
 	"github.com/nodelane/nodelane/envelope"
 	"github.com/nodelane/nodelane/lease"
 	"github.com/nodelane/nodelane/receipts"
+	"github.com/nodelane/nodelane/workerapi/wire"
 )
 
 // The operator routes of PROTOCOL.md. They carry a bearer credential only
 // and run without a transaction of the pipeline's: each handler that
 // changes state makes its change, its receipt and its wake-up in one
 // InTx of its own, and queues its hook events with c.after.
-
-// The wire types of the operator routes.
-
-// DispatchRequest is the body of POST /operator/jobs.
-type DispatchRequest struct {
-	JobType string `json:"job_type"`
-	// Payload is a JSON object; absent or null means {}.
-	Payload      json.RawMessage `json:"payload"`
-	Requirements Requirements    `json:"requirements"`
-	Priority     int             `json:"priority"`
-	// MaxAttempts defaults to 3; at most 100.
-	MaxAttempts int `json:"max_attempts"`
-}
-
-// DispatchResponse answers POST /operator/jobs: the queued job and
-// whether a registered worker could lease it now; when not, Reason says
-// why.
-type DispatchResponse struct {
-	Job      Job    `json:"job"`
-	Leasable bool   `json:"leasable"`
-	Reason   string `json:"reason"`
-}
-
-// JobListResponse answers GET /operator/jobs[?state=&job_type=&after=&limit=]:
-// jobs in id order (ids are time-ordered), 100 a page unless limit (1 to
-// 1,000) says otherwise. Next is the after= of the next page, null after
-// the last.
-type JobListResponse struct {
-	Jobs []Job   `json:"jobs"`
-	Next *string `json:"next"`
-}
-
-// JobResult is what the worker reported when it completed a job.
-type JobResult struct {
-	OutputURI    *string         `json:"output_uri"`
-	Metrics      json.RawMessage `json:"metrics"`
-	FinalMessage *string         `json:"final_message"`
-}
-
-// JobEventView is a status event or a log line of a job.
-type JobEventView struct {
-	ID int64 `json:"id"`
-	// Kind is "status" or "log".
-	Kind string `json:"kind"`
-	// EventType is a status event's event_type; null for a log line.
-	EventType  *string         `json:"event_type"`
-	Message    string          `json:"message"`
-	Payload    json.RawMessage `json:"payload"`
-	Seq        *int64          `json:"seq"`
-	LeaseEpoch int64           `json:"lease_epoch"`
-	CreatedAt  time.Time       `json:"created_at"`
-}
-
-// JobDetailResponse answers GET /operator/jobs/{id}. Reason says why a
-// queued job cannot be leased now ("" when it can, and for a job in any
-// other state). Events are the first page of the job's events after
-// ?events_after= (1,000 at most); EventsNext is the events_after= of the
-// next page, null after the last.
-type JobDetailResponse struct {
-	Job        Job            `json:"job"`
-	Leasable   bool           `json:"leasable"`
-	Reason     string         `json:"reason"`
-	Result     *JobResult     `json:"result"`
-	Events     []JobEventView `json:"events"`
-	EventsNext *int64         `json:"events_next"`
-	Artifacts  []ArtifactView `json:"artifacts"`
-}
-
-// The statuses of an artifact, from its job's outcome.
-const (
-	// ArtifactTrained: an adapter of a lora_train job that succeeded.
-	ArtifactTrained = "trained"
-	// ArtifactSucceeded: any other artifact of the attempt that succeeded.
-	ArtifactSucceeded = "succeeded"
-	// ArtifactFailed and ArtifactCanceled: the job ended so.
-	ArtifactFailed   = "failed"
-	ArtifactCanceled = "canceled"
-	// ArtifactPending: the job has not ended.
-	ArtifactPending = "pending"
-	// ArtifactSuperseded: the job succeeded, but under a later lease than
-	// the one that reported the artifact: the artifact is from an
-	// abandoned attempt (an expired or released lease), not the result.
-	ArtifactSuperseded = "superseded"
-)
-
-// ArtifactView is an artifact with its job's outcome.
-type ArtifactView struct {
-	ArtifactID     string          `json:"artifact_id"`
-	ArtifactType   string          `json:"artifact_type"`
-	Name           string          `json:"name"`
-	URI            string          `json:"uri"`
-	ChecksumSHA256 *string         `json:"checksum_sha256"`
-	SizeBytes      int64           `json:"size_bytes"`
-	Metadata       json.RawMessage `json:"metadata"`
-	ReceiptID      *string         `json:"receipt_id"`
-	CreatedAt      time.Time       `json:"created_at"`
-	WorkerID       string          `json:"worker_id"`
-	LeaseEpoch     int64           `json:"lease_epoch"`
-	JobID          string          `json:"job_id"`
-	JobType        string          `json:"job_type"`
-	JobState       string          `json:"job_state"`
-	// Status is one of the Artifact* constants.
-	Status string `json:"status"`
-}
-
-// ArtifactListResponse answers
-// GET /operator/artifacts[?job_id=&artifact_type=&after=&limit=]:
-// artifacts in id order, 1,000 a page unless limit says fewer. Next is
-// the after= of the next page, null after the last.
-type ArtifactListResponse struct {
-	Artifacts []ArtifactView `json:"artifacts"`
-	Next      *string        `json:"next"`
-}
-
-// WorkerView is a registered worker and its ban.
-type WorkerView struct {
-	WorkerID                 string         `json:"worker_id"`
-	NodeID                   string         `json:"node_id"`
-	Name                     string         `json:"name"`
-	Hostname                 string         `json:"hostname"`
-	EndpointURL              *string        `json:"endpoint_url"`
-	Role                     string         `json:"role"`
-	Tags                     []string       `json:"tags"`
-	Version                  string         `json:"version"`
-	HeartbeatIntervalSeconds int            `json:"heartbeat_interval_seconds"`
-	Capabilities             Capabilities   `json:"capabilities"`
-	GovernorLimits           GovernorLimits `json:"governor_limits"`
-	PolicyVersion            int64          `json:"policy_version"`
-	// Status is the last heartbeat's: idle, busy or draining.
-	Status       string     `json:"status"`
-	RegisteredAt time.Time  `json:"registered_at"`
-	LastSeenAt   time.Time  `json:"last_seen_at"`
-	Banned       bool       `json:"banned"`
-	BanReason    *string    `json:"ban_reason"`
-	BannedAt     *time.Time `json:"banned_at"`
-}
-
-// WorkerListResponse answers GET /operator/workers[?after=&limit=]:
-// workers in id order, 1,000 a page unless limit says fewer. Next is the
-// after= of the next page, null after the last.
-type WorkerListResponse struct {
-	Workers []WorkerView `json:"workers"`
-	Next    *string      `json:"next"`
-}
-
-// WorkerLease is one live lease a worker holds.
-type WorkerLease struct {
-	JobID           string    `json:"job_id"`
-	JobType         string    `json:"job_type"`
-	State           string    `json:"state"`
-	LeaseID         string    `json:"lease_id"`
-	LeaseEpoch      int64     `json:"lease_epoch"`
-	ExpiresAt       time.Time `json:"expires_at"`
-	AcceptBy        time.Time `json:"accept_by"`
-	CancelRequested bool      `json:"cancel_requested"`
-}
-
-// WorkerDetailResponse answers GET /operator/workers/{id}: the worker, its
-// latest heartbeat metrics (null before the first) and its live leases.
-type WorkerDetailResponse struct {
-	Worker  WorkerView      `json:"worker"`
-	Metrics json.RawMessage `json:"metrics"`
-	Leases  []WorkerLease   `json:"leases"`
-}
-
-// WorkerResponse answers ban and unban. ReceiptID is the receipt of the
-// change, null when the call changed nothing.
-type WorkerResponse struct {
-	Worker    WorkerView `json:"worker"`
-	ReceiptID *string    `json:"receipt_id"`
-}
-
-// ReasonRequest is the body of ban, unban, revoke and deactivate: a
-// reason, which deactivate requires and the others record if given.
-type ReasonRequest struct {
-	Reason string `json:"reason"`
-}
-
-// MintCredentialRequest is the body of POST /operator/credentials.
-type MintCredentialRequest struct {
-	Principal string   `json:"principal"`
-	Scopes    []string `json:"scopes"`
-	// TTLSeconds is the credential's lifetime; absent or 0 means 30 days.
-	TTLSeconds int64 `json:"ttl_seconds"`
-}
-
-// MintCredentialResponse answers POST /operator/credentials. Token is
-// shown this once.
-type MintCredentialResponse struct {
-	CredentialID string    `json:"credential_id"`
-	Token        string    `json:"token"`
-	Principal    string    `json:"principal"`
-	Scopes       []string  `json:"scopes"`
-	ExpiresAt    time.Time `json:"expires_at"`
-	ReceiptID    string    `json:"receipt_id"`
-}
-
-// RevokeCredentialResponse answers POST /operator/credentials/{id}/revoke.
-// ReceiptID is null when the credential was revoked already.
-type RevokeCredentialResponse struct {
-	CredentialID string    `json:"credential_id"`
-	Principal    string    `json:"principal"`
-	RevokedAt    time.Time `json:"revoked_at"`
-	ReceiptID    *string   `json:"receipt_id"`
-}
-
-// EnvelopeResponse is the envelope's state: whether blocked job types may
-// run now (Active accounts for the deadline), the policy version, the
-// last change, and the job type classes (unlisted types are blocked).
-// ReceiptID is set on the answers of activate and deactivate.
-type EnvelopeResponse struct {
-	Active        bool       `json:"active"`
-	PolicyVersion int64      `json:"policy_version"`
-	By            string     `json:"by"`
-	Reason        string     `json:"reason"`
-	Until         *time.Time `json:"until"`
-	ChangedAt     *time.Time `json:"changed_at"`
-	SafeTypes     []string   `json:"safe_types"`
-	BlockedTypes  []string   `json:"blocked_types"`
-	ReceiptID     string     `json:"receipt_id,omitempty"`
-}
-
-// ActivateRequest is the body of POST /operator/envelope/activate.
-type ActivateRequest struct {
-	Reason string `json:"reason"`
-	// Until, when set, ends the activation at that time.
-	Until *time.Time `json:"until"`
-}
-
-// ReceiptListResponse answers GET /operator/receipts[?after=&limit=]:
-// sequenced receipts with an index above after, in index order, 100 a
-// page unless limit (1 to 1,000) says otherwise. Next is the after= of
-// the next page (the last index listed), null after the last.
-type ReceiptListResponse struct {
-	Receipts []receipts.WireReceipt `json:"receipts"`
-	Next     *int64                 `json:"next"`
-}
-
-// ReceiptResponse answers GET /operator/receipts/{id}: the receipt, and,
-// once it is sequenced, its inclusion proof and the signed checkpoint the
-// proof is against (both null before).
-type ReceiptResponse struct {
-	Receipt    receipts.WireReceipt `json:"receipt"`
-	Proof      *receipts.Proof      `json:"proof"`
-	Checkpoint *string              `json:"checkpoint"`
-}
-
-// ConsistencyResponse answers GET /operator/receipts/consistency.
-type ConsistencyResponse struct {
-	Hashes []tlog.Hash `json:"hashes"`
-}
 
 // rawText is an answer written as text/plain rather than JSON.
 type rawText []byte
@@ -332,7 +80,7 @@ func (s *Server) Dispatch(ctx context.Context, nj lease.NewJob) (job *lease.Job,
 }
 
 func (s *Server) opDispatch(ctx context.Context, c *call) (int, any, error) {
-	var req DispatchRequest
+	var req wire.DispatchRequest
 	if err := c.decode(&req); err != nil {
 		return 0, nil, err
 	}
@@ -356,7 +104,7 @@ func (s *Server) opDispatch(ctx context.Context, c *call) (int, any, error) {
 	if err != nil {
 		return 0, nil, err
 	}
-	return http.StatusCreated, DispatchResponse{Job: wireJob(j), Leasable: ok, Reason: reason}, nil
+	return http.StatusCreated, wire.DispatchResponse{Job: wireJob(j), Leasable: ok, Reason: reason}, nil
 }
 
 func (s *Server) opListJobs(ctx context.Context, c *call) (int, any, error) {
@@ -384,7 +132,7 @@ func (s *Server) opListJobs(ctx context.Context, c *call) (int, any, error) {
 	if err != nil {
 		return 0, nil, err
 	}
-	out := JobListResponse{Jobs: make([]Job, len(jobs))}
+	out := wire.JobListResponse{Jobs: make([]wire.Job, len(jobs))}
 	for i, j := range jobs {
 		out.Jobs[i] = wireJob(j)
 	}
@@ -416,15 +164,15 @@ func (s *Server) opGetJob(ctx context.Context, c *call) (int, any, error) {
 	if err != nil {
 		return 0, nil, err
 	}
-	out := JobDetailResponse{
+	out := wire.JobDetailResponse{
 		Job:       wireJob(j),
 		Leasable:  ok,
 		Reason:    reason,
-		Events:    make([]JobEventView, len(evs)),
-		Artifacts: make([]ArtifactView, len(arts)),
+		Events:    make([]wire.JobEventView, len(evs)),
+		Artifacts: make([]wire.ArtifactView, len(arts)),
 	}
 	if r := j.Result; r != nil {
-		out.Result = &JobResult{OutputURI: nonEmpty(r.OutputURI), Metrics: orNull(r.Metrics), FinalMessage: nonEmpty(r.FinalMessage)}
+		out.Result = &wire.JobResult{OutputURI: nonEmpty(r.OutputURI), Metrics: orNull(r.Metrics), FinalMessage: nonEmpty(r.FinalMessage)}
 	}
 	for i, e := range evs {
 		out.Events[i] = wireEvent(e)
@@ -470,7 +218,7 @@ func (s *Server) opCancelJob(ctx context.Context, c *call) (int, any, error) {
 		}
 		c.after(func(h Hooks) { h.JobChanged(context.Background(), ev) })
 	}
-	return http.StatusOK, JobResponse{Job: wireJob(j)}, nil
+	return http.StatusOK, wire.JobResponse{Job: wireJob(j)}, nil
 }
 
 // jobArtifacts returns every artifact of a job, in id order.
@@ -522,7 +270,7 @@ func (s *Server) opListArtifacts(ctx context.Context, c *call) (int, any, error)
 		return 0, nil, err
 	}
 	jobs := map[string]*lease.Job{}
-	out := ArtifactListResponse{Artifacts: make([]ArtifactView, len(arts))}
+	out := wire.ArtifactListResponse{Artifacts: make([]wire.ArtifactView, len(arts))}
 	for i, a := range arts {
 		j, ok := jobs[a.JobID]
 		if !ok {
@@ -546,22 +294,22 @@ func artifactStatus(a *lease.Artifact, j *lease.Job) string {
 	switch j.State {
 	case lease.StateSucceeded:
 		if j.Lease != nil && a.Epoch != j.Lease.Epoch {
-			return ArtifactSuperseded
+			return wire.ArtifactSuperseded
 		}
 		if j.Type == "lora_train" && a.Type == "adapter" {
-			return ArtifactTrained
+			return wire.ArtifactTrained
 		}
-		return ArtifactSucceeded
+		return wire.ArtifactSucceeded
 	case lease.StateFailed:
-		return ArtifactFailed
+		return wire.ArtifactFailed
 	case lease.StateCanceled:
-		return ArtifactCanceled
+		return wire.ArtifactCanceled
 	}
-	return ArtifactPending
+	return wire.ArtifactPending
 }
 
-func wireArtifact(a *lease.Artifact, j *lease.Job) ArtifactView {
-	return ArtifactView{
+func wireArtifact(a *lease.Artifact, j *lease.Job) wire.ArtifactView {
+	return wire.ArtifactView{
 		ArtifactID:     a.ID,
 		ArtifactType:   a.Type,
 		Name:           a.Name,
@@ -580,8 +328,8 @@ func wireArtifact(a *lease.Artifact, j *lease.Job) ArtifactView {
 	}
 }
 
-func wireEvent(e *lease.Event) JobEventView {
-	v := JobEventView{
+func wireEvent(e *lease.Event) wire.JobEventView {
+	v := wire.JobEventView{
 		ID:         e.ID,
 		Kind:       string(e.Kind),
 		EventType:  nonEmpty(e.Type),
@@ -801,7 +549,7 @@ func (s *Server) opListWorkers(ctx context.Context, c *call) (int, any, error) {
 	if err != nil {
 		return 0, nil, err
 	}
-	out := WorkerListResponse{Workers: make([]WorkerView, len(ws))}
+	out := wire.WorkerListResponse{Workers: make([]wire.WorkerView, len(ws))}
 	for i, w := range ws {
 		if out.Workers[i], err = s.workerView(ctx, w); err != nil {
 			return 0, nil, err
@@ -827,13 +575,13 @@ func (s *Server) opGetWorker(ctx context.Context, c *call) (int, any, error) {
 	if err != nil {
 		return 0, nil, err
 	}
-	out := WorkerDetailResponse{Worker: v, Metrics: orNull(w.Metrics), Leases: []WorkerLease{}}
+	out := wire.WorkerDetailResponse{Worker: v, Metrics: orNull(w.Metrics), Leases: []wire.WorkerLease{}}
 	for _, j := range jobs {
 		l := j.Lease
 		if !j.State.Live() || l == nil || l.WorkerID != w.ID {
 			continue
 		}
-		out.Leases = append(out.Leases, WorkerLease{
+		out.Leases = append(out.Leases, wire.WorkerLease{
 			JobID: j.ID, JobType: j.Type, State: string(j.State), LeaseID: l.ID, LeaseEpoch: l.Epoch,
 			ExpiresAt: l.ExpiresAt, AcceptBy: l.AcceptBy, CancelRequested: j.CancelRequested,
 		})
@@ -843,8 +591,8 @@ func (s *Server) opGetWorker(ctx context.Context, c *call) (int, any, error) {
 
 // workerView is w with its ban. A worker's principal has the worker's id;
 // a worker without one (registered in Go) is not banned.
-func (s *Server) workerView(ctx context.Context, w *lease.Worker) (WorkerView, error) {
-	v := WorkerView{
+func (s *Server) workerView(ctx context.Context, w *lease.Worker) (wire.WorkerView, error) {
+	v := wire.WorkerView{
 		WorkerID:                 w.ID,
 		NodeID:                   w.NodeID,
 		Name:                     w.Name,
@@ -854,22 +602,22 @@ func (s *Server) workerView(ctx context.Context, w *lease.Worker) (WorkerView, e
 		Tags:                     orEmpty(w.Tags),
 		Version:                  w.Version,
 		HeartbeatIntervalSeconds: w.HeartbeatInterval,
-		Capabilities:             Capabilities{GPUs: []GPU{}, JobTypes: orEmpty(w.Capabilities.JobTypes)},
-		GovernorLimits:           GovernorLimits{MaxJobs: w.Governor.MaxJobs, MaxVRAMMB: w.Governor.MaxVRAMMB},
+		Capabilities:             wire.Capabilities{GPUs: []wire.GPU{}, JobTypes: orEmpty(w.Capabilities.JobTypes)},
+		GovernorLimits:           wire.GovernorLimits{MaxJobs: w.Governor.MaxJobs, MaxVRAMMB: w.Governor.MaxVRAMMB},
 		PolicyVersion:            w.PolicyVersion,
 		Status:                   w.Status,
 		RegisteredAt:             w.RegisteredAt,
 		LastSeenAt:               w.LastSeenAt,
 	}
 	for _, g := range w.Capabilities.GPUs {
-		v.Capabilities.GPUs = append(v.Capabilities.GPUs, GPU{SKU: g.SKU, VRAMMB: g.VRAMMB})
+		v.Capabilities.GPUs = append(v.Capabilities.GPUs, wire.GPU{SKU: g.SKU, VRAMMB: g.VRAMMB})
 	}
 	p, err := s.issuer.Principal(ctx, w.ID)
 	switch {
 	case errors.Is(err, credential.ErrNotFound):
 		return v, nil
 	case err != nil:
-		return WorkerView{}, err
+		return wire.WorkerView{}, err
 	}
 	v.Banned, v.BannedAt = p.Banned, p.BannedAt
 	if p.Banned {
@@ -894,7 +642,7 @@ func (s *Server) opUnbanWorker(ctx context.Context, c *call) (int, any, error) {
 // included: its live leases run out at their TTL and go back to the queue
 // (DESIGN §5).
 func (s *Server) setBan(ctx context.Context, c *call, ban bool) (int, any, error) {
-	var req ReasonRequest
+	var req wire.ReasonRequest
 	if err := c.decodeOptional(&req); err != nil {
 		return 0, nil, err
 	}
@@ -937,7 +685,7 @@ func (s *Server) setBan(ctx context.Context, c *call, ban bool) (int, any, error
 	if err != nil {
 		return 0, nil, err
 	}
-	out := WorkerResponse{Worker: v}
+	out := wire.WorkerResponse{Worker: v}
 	if minted != nil {
 		out.ReceiptID = s.announce(c, minted)
 	}
@@ -955,7 +703,7 @@ const maxCredentialTTL = 10 * 366 * 24 * 3600
 // node principal may not be given operator scopes: a worker machine's
 // token must never open the operator routes.
 func (s *Server) opMintCredential(ctx context.Context, c *call) (int, any, error) {
-	var req MintCredentialRequest
+	var req wire.MintCredentialRequest
 	if err := c.decode(&req); err != nil {
 		return 0, nil, err
 	}
@@ -999,7 +747,7 @@ func (s *Server) opMintCredential(ctx context.Context, c *call) (int, any, error
 	if err != nil {
 		return 0, nil, err
 	}
-	out := MintCredentialResponse{
+	out := wire.MintCredentialResponse{
 		CredentialID: cred.ID,
 		Token:        token,
 		Principal:    cred.PrincipalID,
@@ -1030,7 +778,7 @@ func scopeStrings(sc []credential.Scope) []string {
 }
 
 func (s *Server) opRevokeCredential(ctx context.Context, c *call) (int, any, error) {
-	var req ReasonRequest
+	var req wire.ReasonRequest
 	if err := c.decodeOptional(&req); err != nil {
 		return 0, nil, err
 	}
@@ -1055,7 +803,7 @@ func (s *Server) opRevokeCredential(ctx context.Context, c *call) (int, any, err
 	if err != nil {
 		return 0, nil, err
 	}
-	out := RevokeCredentialResponse{CredentialID: cred.ID, Principal: cred.PrincipalID, RevokedAt: *cred.RevokedAt}
+	out := wire.RevokeCredentialResponse{CredentialID: cred.ID, Principal: cred.PrincipalID, RevokedAt: *cred.RevokedAt}
 	if minted != nil {
 		out.ReceiptID = s.announce(c, minted)
 	}
@@ -1072,9 +820,9 @@ func (s *Server) opGetEnvelope(ctx context.Context, c *call) (int, any, error) {
 	return http.StatusOK, s.envelopeView(snap.State(), snap.Active()), nil
 }
 
-func (s *Server) envelopeView(st envelope.State, active bool) EnvelopeResponse {
+func (s *Server) envelopeView(st envelope.State, active bool) wire.EnvelopeResponse {
 	p := s.gate.Policy()
-	v := EnvelopeResponse{
+	v := wire.EnvelopeResponse{
 		Active:        active,
 		PolicyVersion: st.Version,
 		By:            st.By,
@@ -1094,7 +842,7 @@ func (s *Server) envelopeView(st envelope.State, active bool) EnvelopeResponse {
 // policy version, and wakes long-polls (queued blocked jobs may be
 // leasable now), in one transaction.
 func (s *Server) opActivate(ctx context.Context, c *call) (int, any, error) {
-	var req ActivateRequest
+	var req wire.ActivateRequest
 	if err := c.decode(&req); err != nil {
 		return 0, nil, err
 	}
@@ -1127,7 +875,7 @@ func (s *Server) opActivate(ctx context.Context, c *call) (int, any, error) {
 // opDeactivate deactivates the runtime and mints envelope_deactivated
 // under the new policy version, in one transaction. reason is required.
 func (s *Server) opDeactivate(ctx context.Context, c *call) (int, any, error) {
-	var req ReasonRequest
+	var req wire.ReasonRequest
 	if err := c.decode(&req); err != nil {
 		return 0, nil, err
 	}
@@ -1177,7 +925,7 @@ func (s *Server) opListReceipts(ctx context.Context, c *call) (int, any, error) 
 	if err != nil {
 		return 0, nil, err
 	}
-	out := ReceiptListResponse{Receipts: make([]receipts.WireReceipt, len(rs))}
+	out := wire.ReceiptListResponse{Receipts: make([]receipts.WireReceipt, len(rs))}
 	for i, r := range rs {
 		out.Receipts[i] = r.Wire()
 	}
@@ -1205,7 +953,7 @@ func (s *Server) opGetReceipt(ctx context.Context, c *call) (int, any, error) {
 			s.log.Warn("sequencing receipts for a proof", "request_id", c.reqID, "err", err)
 		}
 	}
-	out := ReceiptResponse{Receipt: r.Wire()}
+	out := wire.ReceiptResponse{Receipt: r.Wire()}
 	got, proof, cp, err := s.receipts.Prove(ctx, r.ID)
 	switch {
 	case errors.Is(err, receipts.ErrNotSequenced):
@@ -1251,7 +999,7 @@ func (s *Server) opConsistency(ctx context.Context, c *call) (int, any, error) {
 	if err != nil {
 		return 0, nil, err
 	}
-	return http.StatusOK, ConsistencyResponse{Hashes: hs}, nil
+	return http.StatusOK, wire.ConsistencyResponse{Hashes: hs}, nil
 }
 
 // mint mints r under the policy version in force, in ctx's transaction.

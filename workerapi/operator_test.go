@@ -20,6 +20,7 @@ import (
 	"github.com/nodelane/nodelane/lease"
 	"github.com/nodelane/nodelane/receipts"
 	"github.com/nodelane/nodelane/workerapi"
+	"github.com/nodelane/nodelane/workerapi/wire"
 )
 
 // The field names of the operator answers, exactly.
@@ -148,13 +149,13 @@ func opGPUNode(t *testing.T, env *apitest.Env, nodeID string, maxJobs int) *apit
 	t.Helper()
 	n := env.NewNode(t, nodeID)
 	n.Now = env.Clock.Now
-	n.Register(t, workerapi.RegisterRequest{
+	n.Register(t, wire.RegisterRequest{
 		Name: nodeID, Hostname: nodeID + ".local", Role: "local_gpu_compute", Version: "worker/1.0.0",
-		Capabilities: workerapi.Capabilities{
-			GPUs:     []workerapi.GPU{{SKU: "rtx-4090", VRAMMB: 24576}},
+		Capabilities: wire.Capabilities{
+			GPUs:     []wire.GPU{{SKU: "rtx-4090", VRAMMB: 24576}},
 			JobTypes: []string{"status_check", "lora_train"},
 		},
-		GovernorLimits: workerapi.GovernorLimits{MaxJobs: maxJobs, MaxVRAMMB: 24576},
+		GovernorLimits: wire.GovernorLimits{MaxJobs: maxJobs, MaxVRAMMB: 24576},
 		Tags:           []string{"lab"},
 	})
 	return n
@@ -449,7 +450,7 @@ func TestOperatorJobs(t *testing.T) {
 		// Cancel: a succeeded job cannot be.
 		before := env.Dump(t)
 		sc, m := op(t, env, "POST", "/operator/jobs/"+a+"/cancel", "")
-		wantOpError(t, "cancel succeeded", sc, m, http.StatusConflict, workerapi.CodeInvalidTransition)
+		wantOpError(t, "cancel succeeded", sc, m, http.StatusConflict, wire.CodeInvalidTransition)
 		stateUnchanged(t, env, "cancel of a succeeded job", before)
 
 		// A queued job is canceled at once.
@@ -481,7 +482,7 @@ func TestOperatorJobs(t *testing.T) {
 		for _, p := range []string{"GET /operator/jobs/job_nope", "POST /operator/jobs/job_nope/cancel"} {
 			method, path, _ := strings.Cut(p, " ")
 			sc, m := op(t, env, method, path, "")
-			wantOpError(t, p, sc, m, http.StatusNotFound, workerapi.CodeNotFound)
+			wantOpError(t, p, sc, m, http.StatusNotFound, wire.CodeNotFound)
 		}
 		stateUnchanged(t, env, "unknown job ids", before)
 	})
@@ -596,7 +597,7 @@ func TestOperatorArtifacts(t *testing.T) {
 			t.Errorf("limit=2: %v", m)
 		}
 		sc, e := op(t, env, "GET", "/operator/artifacts?job_id=job_nope", nil)
-		wantOpError(t, "unknown job_id", sc, e, http.StatusNotFound, workerapi.CodeNotFound)
+		wantOpError(t, "unknown job_id", sc, e, http.StatusNotFound, wire.CodeNotFound)
 	})
 }
 
@@ -656,7 +657,7 @@ func TestOperatorWorkers(t *testing.T) {
 		resp, b := n.Do(t, http.MethodPost, "/workers/heartbeat", obj{"status": "idle"})
 		var e obj
 		json.Unmarshal(b, &e)
-		wantOpError(t, "heartbeat of a banned worker", resp.StatusCode, e, http.StatusForbidden, workerapi.CodeWorkerBanned)
+		wantOpError(t, "heartbeat of a banned worker", resp.StatusCode, e, http.StatusForbidden, wire.CodeWorkerBanned)
 
 		// Banning again for the same reason changes nothing.
 		before := env.Dump(t)
@@ -679,7 +680,7 @@ func TestOperatorWorkers(t *testing.T) {
 		for _, p := range []string{"GET /operator/workers/wrk_nope", "POST /operator/workers/wrk_nope/ban", "POST /operator/workers/wrk_nope/unban"} {
 			method, path, _ := strings.Cut(p, " ")
 			sc, m := op(t, env, method, path, obj{"reason": "x"})
-			wantOpError(t, p, sc, m, http.StatusNotFound, workerapi.CodeNotFound)
+			wantOpError(t, p, sc, m, http.StatusNotFound, wire.CodeNotFound)
 		}
 		stateUnchanged(t, env, "unknown worker ids", before)
 	})
@@ -713,7 +714,7 @@ func TestOperatorCredentials(t *testing.T) {
 			t.Errorf("new token on its scope: %d %v", st, m)
 		}
 		st, e := opCall(t, env, token, "GET", "/operator/envelope", nil)
-		wantOpError(t, "new token off its scope", st, e, http.StatusForbidden, workerapi.CodeInsufficientScope)
+		wantOpError(t, "new token off its scope", st, e, http.StatusForbidden, wire.CodeInsufficientScope)
 
 		m = mustOp(t, env, http.StatusOK, "POST", "/operator/credentials/"+credID+"/revoke", obj{"reason": "rotated"})
 		exactKeys(t, "revoke", m, "credential_id", "principal", "revoked_at", "receipt_id")
@@ -725,7 +726,7 @@ func TestOperatorCredentials(t *testing.T) {
 			t.Errorf("revoke receipt = %v", r)
 		}
 		st, e = opCall(t, env, token, "GET", "/operator/receipts", nil)
-		wantOpError(t, "revoked token", st, e, http.StatusUnauthorized, workerapi.CodeTokenRevoked)
+		wantOpError(t, "revoked token", st, e, http.StatusUnauthorized, wire.CodeTokenRevoked)
 		before := env.Dump(t)
 		if m2 := mustOp(t, env, http.StatusOK, "POST", "/operator/credentials/"+credID+"/revoke", ""); m2["receipt_id"] != nil || m2["revoked_at"] != m["revoked_at"] {
 			t.Errorf("revoke again: %v", m2)
@@ -746,20 +747,20 @@ func TestOperatorCredentials(t *testing.T) {
 			status int
 			code   string
 		}{
-			{"unknown principal", obj{"principal": "nobody", "scopes": []string{"operator:jobs"}}, 404, workerapi.CodeNotFound},
-			{"unknown scope", obj{"principal": apitest.OperatorID, "scopes": []string{"operator:*"}}, 400, workerapi.CodeInvalidRequest},
-			{"no scopes", obj{"principal": apitest.OperatorID, "scopes": []string{}}, 400, workerapi.CodeInvalidRequest},
-			{"no principal", obj{"scopes": []string{"operator:jobs"}}, 400, workerapi.CodeInvalidRequest},
-			{"negative ttl", obj{"principal": apitest.OperatorID, "scopes": []string{"operator:jobs"}, "ttl_seconds": -1}, 400, workerapi.CodeInvalidRequest},
-			{"ttl too long", obj{"principal": apitest.OperatorID, "scopes": []string{"operator:jobs"}, "ttl_seconds": int64(1) << 40}, 400, workerapi.CodeInvalidRequest},
-			{"ttl not a number", `{"principal": "x", "scopes": ["operator:jobs"], "ttl_seconds": "1h"}`, 400, workerapi.CodeInvalidRequest},
-			{"operator scope for a node", obj{"principal": n.WorkerID, "scopes": []string{"operator:jobs"}}, 400, workerapi.CodeInvalidRequest},
+			{"unknown principal", obj{"principal": "nobody", "scopes": []string{"operator:jobs"}}, 404, wire.CodeNotFound},
+			{"unknown scope", obj{"principal": apitest.OperatorID, "scopes": []string{"operator:*"}}, 400, wire.CodeInvalidRequest},
+			{"no scopes", obj{"principal": apitest.OperatorID, "scopes": []string{}}, 400, wire.CodeInvalidRequest},
+			{"no principal", obj{"scopes": []string{"operator:jobs"}}, 400, wire.CodeInvalidRequest},
+			{"negative ttl", obj{"principal": apitest.OperatorID, "scopes": []string{"operator:jobs"}, "ttl_seconds": -1}, 400, wire.CodeInvalidRequest},
+			{"ttl too long", obj{"principal": apitest.OperatorID, "scopes": []string{"operator:jobs"}, "ttl_seconds": int64(1) << 40}, 400, wire.CodeInvalidRequest},
+			{"ttl not a number", `{"principal": "x", "scopes": ["operator:jobs"], "ttl_seconds": "1h"}`, 400, wire.CodeInvalidRequest},
+			{"operator scope for a node", obj{"principal": n.WorkerID, "scopes": []string{"operator:jobs"}}, 400, wire.CodeInvalidRequest},
 		} {
 			st, m := op(t, env, "POST", "/operator/credentials", tc.body)
 			wantOpError(t, tc.name, st, m, tc.status, tc.code)
 		}
 		st, e = op(t, env, "POST", "/operator/credentials/0123456789abcdef0123456789abcdef/revoke", "")
-		wantOpError(t, "revoke unknown", st, e, http.StatusNotFound, workerapi.CodeNotFound)
+		wantOpError(t, "revoke unknown", st, e, http.StatusNotFound, wire.CodeNotFound)
 		stateUnchanged(t, env, "refused credential requests", before)
 	})
 }
@@ -815,7 +816,7 @@ func TestOperatorEnvelope(t *testing.T) {
 			{"deactivate without reason", "/operator/envelope/deactivate", obj{"reason": "  "}},
 		} {
 			st, m := op(t, env, "POST", tc.path, tc.body)
-			wantOpError(t, tc.name, st, m, http.StatusBadRequest, workerapi.CodeInvalidRequest)
+			wantOpError(t, tc.name, st, m, http.StatusBadRequest, wire.CodeInvalidRequest)
 		}
 		stateUnchanged(t, env, "refused envelope changes", before)
 	})
@@ -898,7 +899,7 @@ func TestOperatorReceipts(t *testing.T) {
 		}
 		m = mustOp(t, env, http.StatusOK, "GET", fmt.Sprintf("/operator/receipts/consistency?old=%d&new=%d", cp1.Size, cp2.Size), nil)
 		exactKeys(t, "consistency", m, "hashes")
-		var cons workerapi.ConsistencyResponse
+		var cons wire.ConsistencyResponse
 		remarshalJSON(t, m, &cons)
 		if err := receipts.CheckConsistency(cp1.Tree(), cp2.Tree(), cons.Hashes); err != nil {
 			t.Errorf("consistency proof: %v", err)
@@ -922,10 +923,10 @@ func TestOperatorReceipts(t *testing.T) {
 			if strings.HasPrefix(q, "?") {
 				st, m = op(t, env, "GET", "/operator/receipts"+q, nil)
 			}
-			wantOpError(t, q, st, m, http.StatusBadRequest, workerapi.CodeInvalidRequest)
+			wantOpError(t, q, st, m, http.StatusBadRequest, wire.CodeInvalidRequest)
 		}
 		st, e := op(t, env, "GET", "/operator/receipts/rcp_nope", nil)
-		wantOpError(t, "unknown receipt", st, e, http.StatusNotFound, workerapi.CodeNotFound)
+		wantOpError(t, "unknown receipt", st, e, http.StatusNotFound, wire.CodeNotFound)
 		stateUnchanged(t, env, "refused receipt requests", before)
 	})
 }
@@ -1007,11 +1008,11 @@ func TestOperatorAuth(t *testing.T) {
 			status      int
 			code        string
 		}{
-			{"no token", "", http.StatusUnauthorized, workerapi.CodeMissingCredential},
-			{"garbage token", "nlc_garbage", http.StatusUnauthorized, workerapi.CodeInvalidToken},
-			{"node token", n.Token, http.StatusForbidden, workerapi.CodeInsufficientScope},
-			{"provisioning token", env.ProvisioningToken, http.StatusForbidden, workerapi.CodeInsufficientScope},
-			{"operator token lacking the scope", lacking[rt.scope], http.StatusForbidden, workerapi.CodeInsufficientScope},
+			{"no token", "", http.StatusUnauthorized, wire.CodeMissingCredential},
+			{"garbage token", "nlc_garbage", http.StatusUnauthorized, wire.CodeInvalidToken},
+			{"node token", n.Token, http.StatusForbidden, wire.CodeInsufficientScope},
+			{"provisioning token", env.ProvisioningToken, http.StatusForbidden, wire.CodeInsufficientScope},
+			{"operator token lacking the scope", lacking[rt.scope], http.StatusForbidden, wire.CodeInsufficientScope},
 		} {
 			var b any
 			if rt.method == "POST" {
@@ -1024,11 +1025,11 @@ func TestOperatorAuth(t *testing.T) {
 		resp, b := n.Do(t, rt.method, rt.path, body)
 		var m obj
 		json.Unmarshal(b, &m)
-		wantOpError(t, name+": signed by a node", resp.StatusCode, m, http.StatusForbidden, workerapi.CodeInsufficientScope)
+		wantOpError(t, name+": signed by a node", resp.StatusCode, m, http.StatusForbidden, wire.CodeInsufficientScope)
 	}
 	env.Clock.Advance(25 * time.Hour)
 	st, m := opCall(t, env, expired, "GET", "/operator/jobs", nil)
-	wantOpError(t, "expired token", st, m, http.StatusUnauthorized, workerapi.CodeTokenExpired)
+	wantOpError(t, "expired token", st, m, http.StatusUnauthorized, wire.CodeTokenExpired)
 	stateUnchanged(t, env, "refused requests", before)
 }
 
@@ -1077,7 +1078,7 @@ func TestOperatorBadRequests(t *testing.T) {
 		{"GET", "/operator/receipts?after=1.5", nil},
 	} {
 		st, m := op(t, env, tc.method, tc.path, tc.body)
-		wantOpError(t, fmt.Sprintf("%s %s %v", tc.method, tc.path, tc.body), st, m, http.StatusBadRequest, workerapi.CodeInvalidRequest)
+		wantOpError(t, fmt.Sprintf("%s %s %v", tc.method, tc.path, tc.body), st, m, http.StatusBadRequest, wire.CodeInvalidRequest)
 	}
 	// Framing: a POST without application/json.
 	req, _ := http.NewRequest(http.MethodPost, env.URL+"/operator/jobs", strings.NewReader(`{"job_type":"status_check"}`))
@@ -1086,9 +1087,9 @@ func TestOperatorBadRequests(t *testing.T) {
 	resp, b := env.Raw(t, req)
 	var m obj
 	json.Unmarshal(b, &m)
-	wantOpError(t, "text/plain body", resp.StatusCode, m, http.StatusUnsupportedMediaType, workerapi.CodeUnsupportedMediaType)
+	wantOpError(t, "text/plain body", resp.StatusCode, m, http.StatusUnsupportedMediaType, wire.CodeUnsupportedMediaType)
 	st, m := op(t, env, "DELETE", "/operator/jobs/"+jobID, nil)
-	wantOpError(t, "DELETE a job", st, m, http.StatusMethodNotAllowed, workerapi.CodeMethodNotAllowed)
+	wantOpError(t, "DELETE a job", st, m, http.StatusMethodNotAllowed, wire.CodeMethodNotAllowed)
 	stateUnchanged(t, env, "bad requests", before)
 }
 
@@ -1137,7 +1138,7 @@ func TestBootstrap(t *testing.T) {
 		}
 		// The provisioning token registers nodes, and nothing else.
 		st, m := opCall(t, env, res.ProvisioningToken, "GET", "/operator/jobs", nil)
-		wantOpError(t, "provisioning token on an operator route", st, m, http.StatusForbidden, workerapi.CodeInsufficientScope)
+		wantOpError(t, "provisioning token on an operator route", st, m, http.StatusForbidden, wire.CodeInsufficientScope)
 		env.ProvisioningToken = res.ProvisioningToken
 		opGPUNode(t, env, "provisioned-1", 1)
 

@@ -5,9 +5,8 @@ import (
 	"net/http"
 
 	"github.com/nodelane/nodelane/credential"
+	"github.com/nodelane/nodelane/workerapi/wire"
 )
-
-const pathRegister = "/workers/register"
 
 // workerRoutes are the worker routes of PROTOCOL.md.
 func (s *Server) workerRoutes() []route {
@@ -15,9 +14,9 @@ func (s *Server) workerRoutes() []route {
 		return route{method: http.MethodPost, path: path, scope: scope, signed: true, handle: h}
 	}
 	return []route{
-		post(pathRegister, credential.ScopeNodeRegister, nil), // s.register runs it: its key is in the body
-		post("/workers/heartbeat", credential.ScopeNodeHeartbeat, s.heartbeat),
-		post("/workers/jobs/lease", credential.ScopeNodePoll, s.lease),
+		post(wire.PathRegister, credential.ScopeNodeRegister, nil), // s.register runs it: its key is in the body
+		post(wire.PathHeartbeat, credential.ScopeNodeHeartbeat, s.heartbeat),
+		post(wire.PathLease, credential.ScopeNodePoll, s.lease),
 		post("/workers/jobs/{id}/accept", credential.ScopeNodePoll, s.accept),
 		post("/workers/jobs/{id}/status", credential.ScopeNodeHeartbeat, s.status),
 		post("/workers/jobs/{id}/logs", credential.ScopeNodeHeartbeat, s.logs),
@@ -25,8 +24,8 @@ func (s *Server) workerRoutes() []route {
 		post("/workers/jobs/{id}/complete", credential.ScopeNodeResultSubmit, s.complete),
 		post("/workers/jobs/{id}/fail", credential.ScopeNodeResultSubmit, s.failJob),
 		post("/workers/jobs/{id}/release", credential.ScopeNodePoll, s.release),
-		post("/workers/audit", credential.ScopeNodeAuditSubmit, s.audit),
-		{method: http.MethodGet, path: "/workers/openapi.json", public: true, handle: s.openAPI},
+		post(wire.PathAudit, credential.ScopeNodeAuditSubmit, s.audit),
+		{method: http.MethodGet, path: wire.PathOpenAPI, public: true, handle: s.openAPI},
 	}
 }
 

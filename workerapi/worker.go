@@ -16,6 +16,7 @@ import (
 	"github.com/nodelane/nodelane/envelope"
 	"github.com/nodelane/nodelane/lease"
 	"github.com/nodelane/nodelane/receipts"
+	"github.com/nodelane/nodelane/workerapi/wire"
 )
 
 // The worker routes of PROTOCOL.md. Each handler runs inside the
@@ -25,16 +26,6 @@ import (
 
 // Limits of the worker routes.
 const (
-	// maxMetricsBytes bounds a heartbeat's metrics object.
-	maxMetricsBytes = 16 << 10
-	// maxJobsPerLease is the largest max_jobs of a lease request:
-	// lease.Config.MaxJobsPerLease's default, which New keeps.
-	maxJobsPerLease = 32
-	// maxWaitSeconds is the longest long-poll PROTOCOL.md allows;
-	// Config.MaxWait may shorten it.
-	maxWaitSeconds = 60
-	// maxAuditEvents bounds the events of one audit request.
-	maxAuditEvents = 100
 	// pollTick is how often a long-poll looks again without a
 	// notification: a job whose retry backoff ends becomes eligible
 	// without one.
@@ -145,7 +136,7 @@ func (s *Server) register(ctx context.Context, c *call, token string) (int, any,
 		return 0, nil, err
 	}
 	c.principal, c.credentialID = p, cred.ID
-	var req RegisterRequest
+	var req wire.RegisterRequest
 	if err := c.decode(&req); err != nil {
 		return 0, nil, err
 	}
@@ -161,7 +152,7 @@ func (s *Server) register(ctx context.Context, c *call, token string) (int, any,
 	})
 }
 
-func (s *Server) registerSigned(ctx context.Context, c *call, req *RegisterRequest, pub ed25519.PublicKey) (int, any, error) {
+func (s *Server) registerSigned(ctx context.Context, c *call, req *wire.RegisterRequest, pub ed25519.PublicKey) (int, any, error) {
 	switch {
 	case req.NodeID == "":
 		return 0, nil, invalid("node_id is required")
@@ -250,7 +241,7 @@ func (s *Server) registerSigned(ctx context.Context, c *call, req *RegisterReque
 	}); err != nil {
 		return 0, nil, err
 	}
-	return code, RegisterResponse{
+	return code, wire.RegisterResponse{
 		WorkerID:             w.ID,
 		WorkerToken:          tok,
 		Status:               "registered",
@@ -262,7 +253,7 @@ func (s *Server) registerSigned(ctx context.Context, c *call, req *RegisterReque
 	}, nil
 }
 
-func leaseCapabilities(c Capabilities) lease.Capabilities {
+func leaseCapabilities(c wire.Capabilities) lease.Capabilities {
 	out := lease.Capabilities{JobTypes: c.JobTypes}
 	for _, g := range c.GPUs {
 		out.GPUs = append(out.GPUs, lease.GPU(g))
@@ -272,7 +263,7 @@ func leaseCapabilities(c Capabilities) lease.Capabilities {
 
 // heartbeat: POST /workers/heartbeat.
 func (s *Server) heartbeat(ctx context.Context, c *call) (int, any, error) {
-	var req HeartbeatRequest
+	var req wire.HeartbeatRequest
 	if err := c.decode(&req); err != nil {
 		return 0, nil, err
 	}
@@ -287,8 +278,8 @@ func (s *Server) heartbeat(ctx context.Context, c *call) (int, any, error) {
 	if err != nil {
 		return 0, nil, err
 	}
-	if len(metrics) > maxMetricsBytes {
-		return 0, nil, invalid("metrics are %d bytes, over the limit of %d", len(metrics), maxMetricsBytes)
+	if len(metrics) > wire.MaxMetricsBytes {
+		return 0, nil, invalid("metrics are %d bytes, over the limit of %d", len(metrics), wire.MaxMetricsBytes)
 	}
 	if req.Capabilities != nil {
 		for _, g := range req.Capabilities.GPUs {
@@ -319,18 +310,18 @@ func (s *Server) heartbeat(ctx context.Context, c *call) (int, any, error) {
 	if err != nil {
 		return 0, nil, err
 	}
-	out := HeartbeatResponse{
+	out := wire.HeartbeatResponse{
 		OK:                   true,
 		WorkerID:             id,
 		ServerTime:           s.now(),
 		NextHeartbeatSeconds: int(s.cfg.HeartbeatInterval / time.Second),
 		PolicyVersion:        snap.Version(),
-		Leases:               []LeaseExpiry{},
+		Leases:               []wire.LeaseExpiry{},
 		LostJobs:             append([]string{}, t.Lost...),
 		CancelJobs:           append([]string{}, t.Cancel...),
 	}
 	for _, j := range t.Leases {
-		out.Leases = append(out.Leases, LeaseExpiry{JobID: j.ID, ExpiresAt: j.Lease.ExpiresAt})
+		out.Leases = append(out.Leases, wire.LeaseExpiry{JobID: j.ID, ExpiresAt: j.Lease.ExpiresAt})
 	}
 	return http.StatusOK, out, nil
 }
@@ -356,8 +347,8 @@ func (s *Server) lease(ctx context.Context, c *call) (int, any, error) {
 	}
 	n, wait := 1, 0
 	if req.MaxJobs != nil {
-		if n = *req.MaxJobs; n < 1 || n > maxJobsPerLease {
-			return 0, nil, invalid("max_jobs must be 1 to %d", maxJobsPerLease)
+		if n = *req.MaxJobs; n < 1 || n > wire.MaxJobsPerLease {
+			return 0, nil, invalid("max_jobs must be 1 to %d", wire.MaxJobsPerLease)
 		}
 	}
 	if req.WaitSeconds != nil {
@@ -371,7 +362,7 @@ func (s *Server) lease(ctx context.Context, c *call) (int, any, error) {
 		GPUSKUs:  req.SupportedGPUSKUs,
 		MaxJobs:  n,
 	}
-	d := min(time.Duration(wait)*time.Second, maxWaitSeconds*time.Second, s.cfg.MaxWait)
+	d := min(time.Duration(wait)*time.Second, wire.MaxWaitSeconds*time.Second, s.cfg.MaxWait)
 	var (
 		wake   <-chan struct{}
 		cancel func()
@@ -404,7 +395,7 @@ func (s *Server) lease(ctx context.Context, c *call) (int, any, error) {
 			case <-wake:
 			case <-tick.C:
 			}
-			var next *LeaseResponse
+			var next *wire.LeaseResponse
 			queued := len(c.hooks)
 			err := s.st.Tx.InTx(ctx, func(ctx context.Context) error {
 				var err error
@@ -426,7 +417,7 @@ func (s *Server) lease(ctx context.Context, c *call) (int, any, error) {
 
 // leaseOnce makes one attempt to lease jobs under a fresh envelope
 // snapshot, and says why none was granted.
-func (s *Server) leaseOnce(ctx context.Context, c *call, lr lease.LeaseRequest) (*LeaseResponse, error) {
+func (s *Server) leaseOnce(ctx context.Context, c *call, lr lease.LeaseRequest) (*wire.LeaseResponse, error) {
 	snap, err := s.gate.Snapshot(ctx)
 	if err != nil {
 		return nil, err
@@ -439,12 +430,12 @@ func (s *Server) leaseOnce(ctx context.Context, c *call, lr lease.LeaseRequest) 
 	if err != nil {
 		return nil, err
 	}
-	out := &LeaseResponse{Leases: []Grant{}}
+	out := &wire.LeaseResponse{Leases: []wire.Grant{}}
 	for _, g := range grants {
 		if err := s.jobChanged(ctx, c, lease.StateQueued, g.Job); err != nil {
 			return nil, err
 		}
-		out.Leases = append(out.Leases, Grant{
+		out.Leases = append(out.Leases, wire.Grant{
 			LeaseID: g.Job.Lease.ID, LeaseToken: g.Token, Job: wireJob(g.Job),
 			ExpiresAt: g.Job.Lease.ExpiresAt, AcceptBy: g.Job.Lease.AcceptBy,
 		})
@@ -488,7 +479,7 @@ func (s *Server) whyNoJob(ctx context.Context, snap *envelope.Snapshot, lr lease
 			why = append(why, be.Reason)
 		}
 	}
-	live, _, err := s.leases.List(ctx, lease.JobFilter{WorkerID: w.ID, Limit: maxJobsPerLease + 1})
+	live, _, err := s.leases.List(ctx, lease.JobFilter{WorkerID: w.ID, Limit: wire.MaxJobsPerLease + 1})
 	if err != nil {
 		return "", err
 	}
@@ -502,7 +493,7 @@ func (s *Server) whyNoJob(ctx context.Context, snap *envelope.Snapshot, lr lease
 // first: a type blocked since the lease was granted is not accepted (403),
 // and its lease runs out at the accept deadline.
 func (s *Server) accept(ctx context.Context, c *call) (int, any, error) {
-	var req TokenRequest
+	var req wire.TokenRequest
 	ref, err := c.decodeLeased(&req, &req.LeaseToken)
 	if err != nil {
 		return 0, nil, err
@@ -525,12 +516,12 @@ func (s *Server) accept(ctx context.Context, c *call) (int, any, error) {
 	if err := s.jobChanged(ctx, c, before.State, j); err != nil {
 		return 0, nil, err
 	}
-	return http.StatusOK, AcceptResponse{Job: wireJob(j), ExpiresAt: j.Lease.ExpiresAt}, nil
+	return http.StatusOK, wire.AcceptResponse{Job: wireJob(j), ExpiresAt: j.Lease.ExpiresAt}, nil
 }
 
 // status: POST /workers/jobs/{id}/status.
 func (s *Server) status(ctx context.Context, c *call) (int, any, error) {
-	var req StatusRequest
+	var req wire.StatusRequest
 	ref, err := c.decodeLeased(&req, &req.LeaseToken)
 	if err != nil {
 		return 0, nil, err
@@ -548,14 +539,14 @@ func (s *Server) status(ctx context.Context, c *call) (int, any, error) {
 	if err != nil {
 		return 0, nil, err
 	}
-	return http.StatusOK, StatusResponse{
+	return http.StatusOK, wire.StatusResponse{
 		OK: true, ExpiresAt: res.Job.Lease.ExpiresAt, CancelRequested: res.Job.CancelRequested,
 	}, nil
 }
 
 // logs: POST /workers/jobs/{id}/logs, one entry or a batch.
 func (s *Server) logs(ctx context.Context, c *call) (int, any, error) {
-	var req LogsRequest
+	var req wire.LogsRequest
 	ref, err := c.decodeLeased(&req, &req.LeaseToken)
 	if err != nil {
 		return 0, nil, err
@@ -599,7 +590,7 @@ func (s *Server) logs(ctx context.Context, c *call) (int, any, error) {
 	if err != nil {
 		return 0, nil, err
 	}
-	return http.StatusOK, LogsResponse{
+	return http.StatusOK, wire.LogsResponse{
 		OK: true, Accepted: res.Accepted, Duplicates: res.Duplicates, ExpiresAt: res.Job.Lease.ExpiresAt,
 	}, nil
 }
@@ -607,7 +598,7 @@ func (s *Server) logs(ctx context.Context, c *call) (int, any, error) {
 // artifacts: POST /workers/jobs/{id}/artifacts. The artifact stores the
 // id of its artifact_reported receipt, so that id is chosen first.
 func (s *Server) artifacts(ctx context.Context, c *call) (int, any, error) {
-	var req ArtifactRequest
+	var req wire.ArtifactRequest
 	ref, err := c.decodeLeased(&req, &req.LeaseToken)
 	if err != nil {
 		return 0, nil, err
@@ -669,7 +660,7 @@ func (s *Server) artifacts(ctx context.Context, c *call) (int, any, error) {
 	if _, err := s.mintFor(ctx, c, snap, r); err != nil {
 		return 0, nil, err
 	}
-	return http.StatusCreated, ArtifactResponse{ArtifactID: a.ID, ReceiptID: rid}, nil
+	return http.StatusCreated, wire.ArtifactResponse{ArtifactID: a.ID, ReceiptID: rid}, nil
 }
 
 func isSHA256Hex(s string) bool {
@@ -690,7 +681,7 @@ func isSHA256Hex(s string) bool {
 // answers with their proofs. Completing again with the same lease token
 // mints nothing and rebuilds the same answer from what was stored.
 func (s *Server) complete(ctx context.Context, c *call) (int, any, error) {
-	var req CompleteRequest
+	var req wire.CompleteRequest
 	ref, err := c.decodeLeased(&req, &req.LeaseToken)
 	if err != nil {
 		return 0, nil, err
@@ -736,7 +727,7 @@ func (s *Server) complete(ctx context.Context, c *call) (int, any, error) {
 			return 0, nil, err
 		}
 	}
-	out := CompleteResponse{
+	out := wire.CompleteResponse{
 		Job:           wireJob(j),
 		ActualMS:      charge.ActualMS,
 		ActualHours:   receipts.Hours(charge.ActualMS),
@@ -807,7 +798,7 @@ func (s *Server) settle(ctx context.Context, c *call, j *lease.Job) (string, *re
 // the wait runs out the answer carries the receipts without index,
 // proof or checkpoint: the completion committed, and repeating it
 // returns them.
-func (s *Server) proofs(ctx context.Context, out *CompleteResponse, ids []string) {
+func (s *Server) proofs(ctx context.Context, out *wire.CompleteResponse, ids []string) {
 	if _, err := s.Sequence(ctx); err != nil {
 		s.log.Debug("sequencing receipts for a proof", "err", err)
 	}
@@ -836,7 +827,7 @@ func (s *Server) proofs(ctx context.Context, out *CompleteResponse, ids []string
 // failJob: POST /workers/jobs/{id}/fail. No charge: a job_failed receipt
 // says how the attempt ended (requeued, failed or canceled).
 func (s *Server) failJob(ctx context.Context, c *call) (int, any, error) {
-	var req FailRequest
+	var req wire.FailRequest
 	ref, err := c.decodeLeased(&req, &req.LeaseToken)
 	if err != nil {
 		return 0, nil, err
@@ -884,7 +875,7 @@ func (s *Server) failJob(ctx context.Context, c *call) (int, any, error) {
 	if err := s.jobChanged(ctx, c, before.State, j); err != nil {
 		return 0, nil, err
 	}
-	return http.StatusOK, FailResponse{Job: wireJob(j), Requeued: outcome == receipts.OutcomeRequeued, ReceiptID: rid}, nil
+	return http.StatusOK, wire.FailResponse{Job: wireJob(j), Requeued: outcome == receipts.OutcomeRequeued, ReceiptID: rid}, nil
 }
 
 // settleFailure mints a job_failed receipt and, when the job is back in
@@ -910,7 +901,7 @@ func (s *Server) settleFailure(ctx context.Context, c *call, j *lease.Job, r rec
 // whose cancel was requested ends canceled instead, with a job_failed
 // receipt (outcome canceled, error_code "released").
 func (s *Server) release(ctx context.Context, c *call) (int, any, error) {
-	var req ReleaseRequest
+	var req wire.ReleaseRequest
 	ref, err := c.decodeLeased(&req, &req.LeaseToken)
 	if err != nil {
 		return 0, nil, err
@@ -943,18 +934,18 @@ func (s *Server) release(ctx context.Context, c *call) (int, any, error) {
 	if err := s.jobChanged(ctx, c, before.State, j); err != nil {
 		return 0, nil, err
 	}
-	return http.StatusOK, JobResponse{Job: wireJob(j)}, nil
+	return http.StatusOK, wire.JobResponse{Job: wireJob(j)}, nil
 }
 
 // audit: POST /workers/audit. Each event becomes a node_audit receipt
 // that carries its payload's SHA-256.
 func (s *Server) audit(ctx context.Context, c *call) (int, any, error) {
-	var req AuditRequest
+	var req wire.AuditRequest
 	if err := c.decode(&req); err != nil {
 		return 0, nil, err
 	}
-	if len(req.Events) == 0 || len(req.Events) > maxAuditEvents {
-		return 0, nil, invalid("events must hold 1 to %d events", maxAuditEvents)
+	if len(req.Events) == 0 || len(req.Events) > wire.MaxAuditEvents {
+		return 0, nil, invalid("events must hold 1 to %d events", wire.MaxAuditEvents)
 	}
 	rs := make([]receipts.Receipt, len(req.Events))
 	for i, e := range req.Events {
@@ -984,7 +975,7 @@ func (s *Server) audit(ctx context.Context, c *call) (int, any, error) {
 	if err != nil {
 		return 0, nil, err
 	}
-	out := AuditResponse{ReceiptIDs: make([]string, 0, len(rs))}
+	out := wire.AuditResponse{ReceiptIDs: make([]string, 0, len(rs))}
 	for _, r := range rs {
 		r.WorkerID, r.NodeID = w.ID, w.NodeID
 		st, err := s.mintFor(ctx, c, snap, r)

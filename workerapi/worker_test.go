@@ -23,6 +23,7 @@ import (
 	"github.com/nodelane/nodelane/lease"
 	"github.com/nodelane/nodelane/receipts"
 	"github.com/nodelane/nodelane/workerapi"
+	"github.com/nodelane/nodelane/workerapi/wire"
 )
 
 // The worker routes over real HTTP, through internal/apitest, on SQLite;
@@ -51,14 +52,14 @@ func setup(t *testing.T, dialect string, opts ...apitest.Option) *fx {
 	return &fx{env: env, node: node}
 }
 
-func registerRequest() workerapi.RegisterRequest {
-	return workerapi.RegisterRequest{
+func registerRequest() wire.RegisterRequest {
+	return wire.RegisterRequest{
 		Name: "Studio-GPU", Hostname: "studio.local", Role: "local_gpu_compute",
-		Capabilities: workerapi.Capabilities{
-			GPUs:     []workerapi.GPU{{SKU: sku, VRAMMB: 24576}},
+		Capabilities: wire.Capabilities{
+			GPUs:     []wire.GPU{{SKU: sku, VRAMMB: 24576}},
 			JobTypes: []string{"status_check", "lora_train"},
 		},
-		GovernorLimits:           workerapi.GovernorLimits{MaxJobs: 4, MaxVRAMMB: 24576},
+		GovernorLimits:           wire.GovernorLimits{MaxJobs: 4, MaxVRAMMB: 24576},
 		Tags:                     []string{"lab"},
 		Version:                  "worker/1.0.0",
 		HeartbeatIntervalSeconds: 30,
@@ -181,11 +182,11 @@ func (f *fx) unchanged(t *testing.T, jobID string, do func()) {
 func (f *fx) leased(t *testing.T, jobType string) (string, string) {
 	t.Helper()
 	j := f.env.Enqueue(t, lease.NewJob{Type: jobType, Requirements: lease.Requirements{GPUSKU: sku, GPUCount: 1}})
-	st, b := post(t, f.node, "/workers/jobs/lease", workerapi.LeaseRequest{SupportedJobTypes: []string{jobType}})
+	st, b := post(t, f.node, "/workers/jobs/lease", wire.LeaseRequest{SupportedJobTypes: []string{jobType}})
 	if st != http.StatusOK {
 		t.Fatalf("lease: %d %s", st, b)
 	}
-	lr := decode[workerapi.LeaseResponse](t, b)
+	lr := decode[wire.LeaseResponse](t, b)
 	if lr.Job == nil || lr.Job.ID != j.ID {
 		t.Fatalf("lease: got %s, want job %s", b, j.ID)
 	}
@@ -196,7 +197,7 @@ func (f *fx) leased(t *testing.T, jobType string) (string, string) {
 func (f *fx) running(t *testing.T, jobType string) (string, string) {
 	t.Helper()
 	id, tok := f.leased(t, jobType)
-	if st, b := post(t, f.node, "/workers/jobs/"+id+"/accept", workerapi.TokenRequest{LeaseToken: tok}); st != http.StatusOK {
+	if st, b := post(t, f.node, "/workers/jobs/"+id+"/accept", wire.TokenRequest{LeaseToken: tok}); st != http.StatusOK {
 		t.Fatalf("accept: %d %s", st, b)
 	}
 	return id, tok
@@ -224,7 +225,7 @@ func TestRegister(t *testing.T) {
 	}
 	wantTime(t, "server_time", m["server_time"])
 	wantTime(t, "token_expires_at", m["token_expires_at"])
-	out := decode[workerapi.RegisterResponse](t, b)
+	out := decode[wire.RegisterResponse](t, b)
 	if d := out.TokenExpiresAt.Sub(out.ServerTime); d < 29*24*time.Hour || d > 31*24*time.Hour {
 		t.Errorf("token lives %v, want 30 days", d)
 	}
@@ -240,7 +241,7 @@ func TestRegister(t *testing.T) {
 	if err != nil || p.Kind != credential.KindNode || p.KeyID != credential.KeyID(node.Key.Public().(ed25519.PublicKey)) {
 		t.Errorf("principal %+v, %v", p, err)
 	}
-	if st, b := post(t, node, "/workers/heartbeat", workerapi.HeartbeatRequest{Status: "idle"}); st != http.StatusOK {
+	if st, b := post(t, node, "/workers/heartbeat", wire.HeartbeatRequest{Status: "idle"}); st != http.StatusOK {
 		t.Fatalf("heartbeat with the new token: %d %s", st, b)
 	}
 
@@ -252,9 +253,9 @@ func TestRegister(t *testing.T) {
 		}
 		stale := *node
 		stale.Token = old
-		st, b := post(t, &stale, "/workers/heartbeat", workerapi.HeartbeatRequest{Status: "idle"})
-		wantErr(t, st, b, http.StatusUnauthorized, workerapi.CodeTokenRevoked)
-		if st, b := post(t, node, "/workers/heartbeat", workerapi.HeartbeatRequest{Status: "idle"}); st != http.StatusOK {
+		st, b := post(t, &stale, "/workers/heartbeat", wire.HeartbeatRequest{Status: "idle"})
+		wantErr(t, st, b, http.StatusUnauthorized, wire.CodeTokenRevoked)
+		if st, b := post(t, node, "/workers/heartbeat", wire.HeartbeatRequest{Status: "idle"}); st != http.StatusOK {
 			t.Errorf("heartbeat with the rotated token: %d %s", st, b)
 		}
 		// The answer to a re-registration is 200.
@@ -264,7 +265,7 @@ func TestRegister(t *testing.T) {
 		if resp.StatusCode != http.StatusOK {
 			t.Fatalf("re-register: %d %s", resp.StatusCode, b)
 		}
-		node.Token = decode[workerapi.RegisterResponse](t, b).WorkerToken
+		node.Token = decode[wire.RegisterResponse](t, b).WorkerToken
 	})
 
 	provisioned := func(n *apitest.Node, body any) (int, []byte) {
@@ -281,7 +282,7 @@ func TestRegister(t *testing.T) {
 		r.PublicKey = other.PublicKey
 		f.unchanged(t, "", func() {
 			st, b := provisioned(other, r)
-			wantErr(t, st, b, http.StatusConflict, workerapi.CodeNodeExists)
+			wantErr(t, st, b, http.StatusConflict, wire.CodeNodeExists)
 		})
 	})
 
@@ -306,7 +307,7 @@ func TestRegister(t *testing.T) {
 			t.Run(c.name, func(t *testing.T) {
 				f.unchanged(t, "", func() {
 					st, b := provisioned(other, c.body)
-					wantErr(t, st, b, http.StatusBadRequest, workerapi.CodeInvalidRequest)
+					wantErr(t, st, b, http.StatusBadRequest, wire.CodeInvalidRequest)
 				})
 			})
 		}
@@ -318,7 +319,7 @@ func TestRegister(t *testing.T) {
 		r.NodeID, r.PublicKey = other.NodeID, other.PublicKey
 		f.unchanged(t, "", func() {
 			st, b := provisioned(signer, r)
-			wantErr(t, st, b, http.StatusUnauthorized, workerapi.CodeBadSignature)
+			wantErr(t, st, b, http.StatusUnauthorized, wire.CodeBadSignature)
 		})
 	})
 
@@ -330,7 +331,7 @@ func TestRegister(t *testing.T) {
 		rq.Header.Set("Authorization", "Bearer "+node.Token)
 		f.unchanged(t, "", func() {
 			resp, b := other.Raw(t, rq)
-			wantErr(t, resp.StatusCode, b, http.StatusForbidden, workerapi.CodeInsufficientScope)
+			wantErr(t, resp.StatusCode, b, http.StatusForbidden, wire.CodeInsufficientScope)
 		})
 	})
 
@@ -340,9 +341,9 @@ func TestRegister(t *testing.T) {
 		}
 		f.unchanged(t, "", func() {
 			st, b := provisioned(node, req)
-			wantErr(t, st, b, http.StatusForbidden, workerapi.CodeWorkerBanned)
-			st, b = post(t, node, "/workers/heartbeat", workerapi.HeartbeatRequest{Status: "idle"})
-			wantErr(t, st, b, http.StatusForbidden, workerapi.CodeWorkerBanned)
+			wantErr(t, st, b, http.StatusForbidden, wire.CodeWorkerBanned)
+			st, b = post(t, node, "/workers/heartbeat", wire.HeartbeatRequest{Status: "idle"})
+			wantErr(t, st, b, http.StatusForbidden, wire.CodeWorkerBanned)
 		})
 	})
 }
@@ -386,15 +387,15 @@ func TestHeartbeat(t *testing.T) {
 		if _, err := f.env.Server.Leases().Cancel(context.Background(), id); err != nil {
 			t.Fatal(err)
 		}
-		_, b := post(t, f.node, "/workers/heartbeat", workerapi.HeartbeatRequest{Status: "busy", CurrentJobs: []string{id}})
-		if out := decode[workerapi.HeartbeatResponse](t, b); !slices.Equal(out.CancelJobs, []string{id}) {
+		_, b := post(t, f.node, "/workers/heartbeat", wire.HeartbeatRequest{Status: "busy", CurrentJobs: []string{id}})
+		if out := decode[wire.HeartbeatResponse](t, b); !slices.Equal(out.CancelJobs, []string{id}) {
 			t.Errorf("cancel_jobs %v", out.CancelJobs)
 		}
 	})
 
 	t.Run("capabilities replace", func(t *testing.T) {
-		caps := workerapi.Capabilities{JobTypes: []string{"telemetry_sync"}}
-		if st, b := post(t, f.node, "/workers/heartbeat", workerapi.HeartbeatRequest{Status: "idle", Capabilities: &caps}); st != http.StatusOK {
+		caps := wire.Capabilities{JobTypes: []string{"telemetry_sync"}}
+		if st, b := post(t, f.node, "/workers/heartbeat", wire.HeartbeatRequest{Status: "idle", Capabilities: &caps}); st != http.StatusOK {
 			t.Fatalf("%d %s", st, b)
 		}
 		w, _ := f.env.Server.Leases().Worker(context.Background(), f.node.WorkerID)
@@ -417,7 +418,7 @@ func TestHeartbeat(t *testing.T) {
 			t.Run(name, func(t *testing.T) {
 				f.unchanged(t, id, func() {
 					st, b := post(t, f.node, "/workers/heartbeat", body)
-					wantErr(t, st, b, http.StatusBadRequest, workerapi.CodeInvalidRequest)
+					wantErr(t, st, b, http.StatusBadRequest, wire.CodeInvalidRequest)
 				})
 			})
 		}
@@ -431,7 +432,7 @@ func TestPipeline(t *testing.T) {
 	f := setup(t, "sqlite")
 	id, tok := f.running(t, "status_check")
 	path := "/workers/jobs/" + id + "/status"
-	body := workerapi.StatusRequest{LeaseToken: tok, EventType: "progress", Message: "50%", Payload: json.RawMessage(`{"step":5}`)}
+	body := wire.StatusRequest{LeaseToken: tok, EventType: "progress", Message: "50%", Payload: json.RawMessage(`{"step":5}`)}
 	ctx := context.Background()
 	is := f.env.Server.Issuer()
 
@@ -452,21 +453,21 @@ func TestPipeline(t *testing.T) {
 			r := f.node.Request(t, http.MethodPost, path, body)
 			r.Header.Set("Content-Type", "text/plain")
 			return r
-		}, http.StatusUnsupportedMediaType, workerapi.CodeUnsupportedMediaType},
+		}, http.StatusUnsupportedMediaType, wire.CodeUnsupportedMediaType},
 		{"oversized body", func(t *testing.T) *http.Request {
 			big := `{"lease_token":"` + tok + `","event_type":"x","message":"` + strings.Repeat("a", 1<<20) + `"}`
 			return f.node.Request(t, http.MethodPost, path, big)
-		}, http.StatusRequestEntityTooLarge, workerapi.CodePayloadTooLarge},
+		}, http.StatusRequestEntityTooLarge, wire.CodePayloadTooLarge},
 		{"no credential", func(t *testing.T) *http.Request {
 			r := f.node.Request(t, http.MethodPost, path, body)
 			r.Header.Del("Authorization")
 			return r
-		}, http.StatusUnauthorized, workerapi.CodeMissingCredential},
+		}, http.StatusUnauthorized, wire.CodeMissingCredential},
 		{"invalid token", func(t *testing.T) *http.Request {
 			r := f.node.Request(t, http.MethodPost, path, body)
 			r.Header.Set("Authorization", "Bearer nlc_notatoken")
 			return r
-		}, http.StatusUnauthorized, workerapi.CodeInvalidToken},
+		}, http.StatusUnauthorized, wire.CodeInvalidToken},
 		{"expired token", func(t *testing.T) *http.Request {
 			tk, _ := mintFor(t, time.Minute, credential.ScopeNodeHeartbeat)
 			f.env.Clock.Advance(2 * time.Minute)
@@ -474,7 +475,7 @@ func TestPipeline(t *testing.T) {
 			r := f.node.Request(t, http.MethodPost, path, body)
 			r.Header.Set("Authorization", "Bearer "+tk)
 			return r
-		}, http.StatusUnauthorized, workerapi.CodeTokenExpired},
+		}, http.StatusUnauthorized, wire.CodeTokenExpired},
 		{"revoked token", func(t *testing.T) *http.Request {
 			tk, c := mintFor(t, time.Hour, credential.ScopeNodeHeartbeat)
 			if _, err := is.Revoke(ctx, c.ID); err != nil {
@@ -483,60 +484,60 @@ func TestPipeline(t *testing.T) {
 			r := f.node.Request(t, http.MethodPost, path, body)
 			r.Header.Set("Authorization", "Bearer "+tk)
 			return r
-		}, http.StatusUnauthorized, workerapi.CodeTokenRevoked},
+		}, http.StatusUnauthorized, wire.CodeTokenRevoked},
 		{"provisioning token", func(t *testing.T) *http.Request {
 			r := f.node.Request(t, http.MethodPost, path, body)
 			r.Header.Set("Authorization", "Bearer "+f.env.ProvisioningToken)
 			return r
-		}, http.StatusForbidden, workerapi.CodeInsufficientScope},
+		}, http.StatusForbidden, wire.CodeInsufficientScope},
 		{"operator token", func(t *testing.T) *http.Request {
 			r := f.node.Request(t, http.MethodPost, path, body)
 			r.Header.Set("Authorization", "Bearer "+f.env.OperatorToken)
 			return r
-		}, http.StatusForbidden, workerapi.CodeInsufficientScope},
+		}, http.StatusForbidden, wire.CodeInsufficientScope},
 		{"node token of another scope", func(t *testing.T) *http.Request {
 			tk, _ := mintFor(t, time.Hour, credential.ScopeNodePoll)
 			r := f.node.Request(t, http.MethodPost, path, body)
 			r.Header.Set("Authorization", "Bearer "+tk)
 			return r
-		}, http.StatusForbidden, workerapi.CodeInsufficientScope},
+		}, http.StatusForbidden, wire.CodeInsufficientScope},
 		{"no signature", func(t *testing.T) *http.Request {
 			r := f.node.Request(t, http.MethodPost, path, body)
 			r.Header.Del("Signature")
 			return r
-		}, http.StatusUnauthorized, workerapi.CodeMissingSignature},
+		}, http.StatusUnauthorized, wire.CodeMissingSignature},
 		{"no content digest", func(t *testing.T) *http.Request {
 			r := f.node.Request(t, http.MethodPost, path, body)
 			r.Header.Del("Content-Digest")
 			return r
-		}, http.StatusUnauthorized, workerapi.CodeMissingSignature},
+		}, http.StatusUnauthorized, wire.CodeMissingSignature},
 		{"malformed signature", func(t *testing.T) *http.Request {
 			r := f.node.Request(t, http.MethodPost, path, body)
 			r.Header.Set("Signature-Input", "nodelane=(\"@method\");created=1")
 			return r
-		}, http.StatusUnauthorized, workerapi.CodeMalformedSignature},
+		}, http.StatusUnauthorized, wire.CodeMalformedSignature},
 		{"tampered body", func(t *testing.T) *http.Request {
 			r := f.node.Request(t, http.MethodPost, path, body)
-			b := apitest.Body(t, workerapi.StatusRequest{LeaseToken: tok, EventType: "progress", Message: "99%"})
+			b := apitest.Body(t, wire.StatusRequest{LeaseToken: tok, EventType: "progress", Message: "99%"})
 			r.Body, r.ContentLength = nil, int64(len(b))
 			r.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil }
 			return r
-		}, http.StatusUnauthorized, workerapi.CodeBadDigest},
+		}, http.StatusUnauthorized, wire.CodeBadDigest},
 		{"tampered query", func(t *testing.T) *http.Request {
 			r := f.node.Request(t, http.MethodPost, path, body)
 			r.URL.RawQuery = "x=1"
 			return r
-		}, http.StatusUnauthorized, workerapi.CodeBadSignature},
+		}, http.StatusUnauthorized, wire.CodeBadSignature},
 		{"another node's key", func(t *testing.T) *http.Request {
 			other := f.env.NewNode(t, "x")
 			other.Token = f.node.Token
 			return other.Request(t, http.MethodPost, path, body)
-		}, http.StatusUnauthorized, workerapi.CodeBadSignature},
+		}, http.StatusUnauthorized, wire.CodeBadSignature},
 		{"stale timestamp", func(t *testing.T) *http.Request {
 			f.env.Clock.Advance(10 * time.Minute)
 			t.Cleanup(func() { f.env.Clock.Advance(-10 * time.Minute) })
 			return f.node.Request(t, http.MethodPost, path, body)
-		}, http.StatusUnauthorized, workerapi.CodeStaleTimestamp},
+		}, http.StatusUnauthorized, wire.CodeStaleTimestamp},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -555,7 +556,7 @@ func TestPipeline(t *testing.T) {
 		}
 		f.unchanged(t, id, func() {
 			resp, b := f.env.Raw(t, r)
-			wantErr(t, resp.StatusCode, b, http.StatusUnauthorized, workerapi.CodeReplayedNonce)
+			wantErr(t, resp.StatusCode, b, http.StatusUnauthorized, wire.CodeReplayedNonce)
 		})
 	})
 
@@ -563,9 +564,9 @@ func TestPipeline(t *testing.T) {
 		r := f.node.Request(t, http.MethodPost, path, `{"lease_token":"`+tok+`"}`) // no event_type
 		f.unchanged(t, id, func() {
 			resp, b := f.env.Raw(t, r)
-			wantErr(t, resp.StatusCode, b, http.StatusBadRequest, workerapi.CodeInvalidRequest)
+			wantErr(t, resp.StatusCode, b, http.StatusBadRequest, wire.CodeInvalidRequest)
 			resp, b = f.env.Raw(t, r)
-			wantErr(t, resp.StatusCode, b, http.StatusUnauthorized, workerapi.CodeReplayedNonce)
+			wantErr(t, resp.StatusCode, b, http.StatusUnauthorized, wire.CodeReplayedNonce)
 		})
 	})
 
@@ -576,15 +577,15 @@ func TestPipeline(t *testing.T) {
 		defer is.Unban(ctx, f.node.WorkerID)
 		f.unchanged(t, id, func() {
 			st, b := post(t, f.node, path, body)
-			wantErr(t, st, b, http.StatusForbidden, workerapi.CodeWorkerBanned)
+			wantErr(t, st, b, http.StatusForbidden, wire.CodeWorkerBanned)
 		})
 	})
 
 	t.Run("unknown route and method", func(t *testing.T) {
 		st, b := post(t, f.node, "/workers/nothing", body)
-		wantErr(t, st, b, http.StatusNotFound, workerapi.CodeNotFound)
+		wantErr(t, st, b, http.StatusNotFound, wire.CodeNotFound)
 		resp, b := f.node.Do(t, http.MethodGet, path, nil)
-		wantErr(t, resp.StatusCode, b, http.StatusMethodNotAllowed, workerapi.CodeMethodNotAllowed)
+		wantErr(t, resp.StatusCode, b, http.StatusMethodNotAllowed, wire.CodeMethodNotAllowed)
 	})
 }
 
@@ -627,7 +628,7 @@ func TestLease(t *testing.T) {
 
 	t.Run("none", func(t *testing.T) {
 		f.env.Enqueue(t, lease.NewJob{Type: "lora_train"})
-		st, b := post(t, f.node, "/workers/jobs/lease", workerapi.LeaseRequest{SupportedJobTypes: []string{"status_check", "lora_train"}})
+		st, b := post(t, f.node, "/workers/jobs/lease", wire.LeaseRequest{SupportedJobTypes: []string{"status_check", "lora_train"}})
 		if st != http.StatusOK {
 			t.Fatalf("%d %s", st, b)
 		}
@@ -652,14 +653,14 @@ func TestLease(t *testing.T) {
 		f.env.Enqueue(t, lease.NewJob{Type: "telemetry_sync"})
 		f.env.Enqueue(t, lease.NewJob{Type: "telemetry_sync"})
 		// The governor allows 4 live leases; one is held.
-		_, b := post(t, f.node, "/workers/jobs/lease", workerapi.LeaseRequest{SupportedJobTypes: []string{"telemetry_sync"}, MaxJobs: 5})
-		out := decode[workerapi.LeaseResponse](t, b)
+		_, b := post(t, f.node, "/workers/jobs/lease", wire.LeaseRequest{SupportedJobTypes: []string{"telemetry_sync"}, MaxJobs: 5})
+		out := decode[wire.LeaseResponse](t, b)
 		if len(out.Leases) != 3 || out.Job.ID != a.ID || out.Leases[0].Job.ID != a.ID || *out.LeaseToken != out.Leases[0].LeaseToken ||
 			out.Message != "leased 3 jobs" {
 			t.Errorf("lease of 5 under a governor of 4: %s", b)
 		}
-		_, b = post(t, f.node, "/workers/jobs/lease", workerapi.LeaseRequest{SupportedJobTypes: []string{"telemetry_sync"}})
-		if msg := decode[workerapi.LeaseResponse](t, b).Message; !strings.Contains(msg, "max_jobs") {
+		_, b = post(t, f.node, "/workers/jobs/lease", wire.LeaseRequest{SupportedJobTypes: []string{"telemetry_sync"}})
+		if msg := decode[wire.LeaseResponse](t, b).Message; !strings.Contains(msg, "max_jobs") {
 			t.Errorf("message at the governor's limit: %q", msg)
 		}
 	})
@@ -677,7 +678,7 @@ func TestLease(t *testing.T) {
 			t.Run(name, func(t *testing.T) {
 				f.unchanged(t, j.ID, func() {
 					st, b := post(t, f.node, "/workers/jobs/lease", body)
-					wantErr(t, st, b, http.StatusBadRequest, workerapi.CodeInvalidRequest)
+					wantErr(t, st, b, http.StatusBadRequest, wire.CodeInvalidRequest)
 				})
 			})
 		}
@@ -697,7 +698,7 @@ func TestLongPoll(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			start := time.Now()
-			resp, body := f.node.Do(t, http.MethodPost, "/workers/jobs/lease", workerapi.LeaseRequest{SupportedJobTypes: []string{"status_check"}, WaitSeconds: 20})
+			resp, body := f.node.Do(t, http.MethodPost, "/workers/jobs/lease", wire.LeaseRequest{SupportedJobTypes: []string{"status_check"}, WaitSeconds: 20})
 			st, b, taken = resp.StatusCode, body, time.Since(start)
 		}()
 		time.Sleep(300 * time.Millisecond)
@@ -706,7 +707,7 @@ func TestLongPoll(t *testing.T) {
 			t.Fatal(err)
 		}
 		wg.Wait()
-		out := decode[workerapi.LeaseResponse](t, b)
+		out := decode[wire.LeaseResponse](t, b)
 		if st != http.StatusOK || out.Job == nil || out.Job.ID != j.ID {
 			t.Fatalf("long-poll: %d %s", st, b)
 		}
@@ -716,9 +717,9 @@ func TestLongPoll(t *testing.T) {
 	})
 	t.Run("empty after the wait", func(t *testing.T) {
 		start := time.Now()
-		st, b := post(t, f.node, "/workers/jobs/lease", workerapi.LeaseRequest{SupportedJobTypes: []string{"status_check"}, WaitSeconds: 1})
+		st, b := post(t, f.node, "/workers/jobs/lease", wire.LeaseRequest{SupportedJobTypes: []string{"status_check"}, WaitSeconds: 1})
 		taken := time.Since(start)
-		out := decode[workerapi.LeaseResponse](t, b)
+		out := decode[wire.LeaseResponse](t, b)
 		if st != http.StatusOK || out.Job != nil || len(out.Leases) != 0 || out.LeaseToken != nil {
 			t.Fatalf("empty long-poll: %d %s", st, b)
 		}
@@ -728,8 +729,8 @@ func TestLongPoll(t *testing.T) {
 	})
 	t.Run("a job whose backoff ends", func(t *testing.T) {
 		j := f.env.Enqueue(t, lease.NewJob{Type: "telemetry_sync", ScheduledAt: time.Now().Add(1500 * time.Millisecond)})
-		st, b := post(t, f.node, "/workers/jobs/lease", workerapi.LeaseRequest{SupportedJobTypes: []string{"telemetry_sync"}, WaitSeconds: 10})
-		out := decode[workerapi.LeaseResponse](t, b)
+		st, b := post(t, f.node, "/workers/jobs/lease", wire.LeaseRequest{SupportedJobTypes: []string{"telemetry_sync"}, WaitSeconds: 10})
+		out := decode[wire.LeaseResponse](t, b)
 		if st != http.StatusOK || out.Job == nil || out.Job.ID != j.ID {
 			t.Fatalf("long-poll for a scheduled job: %d %s", st, b)
 		}
@@ -739,7 +740,7 @@ func TestLongPoll(t *testing.T) {
 		n := env.NewNode(t, "n")
 		n.Register(t, registerRequest())
 		start := time.Now()
-		resp, b := n.Do(t, http.MethodPost, "/workers/jobs/lease", workerapi.LeaseRequest{WaitSeconds: 60})
+		resp, b := n.Do(t, http.MethodPost, "/workers/jobs/lease", wire.LeaseRequest{WaitSeconds: 60})
 		if resp.StatusCode != http.StatusOK || time.Since(start) > 3*time.Second {
 			t.Errorf("capped long-poll: %d after %v: %s", resp.StatusCode, time.Since(start), b)
 		}
@@ -761,17 +762,17 @@ func TestAccept(t *testing.T) {
 			t.Run(name, func(t *testing.T) {
 				f.unchanged(t, id, func() {
 					st, b := post(t, f.node, path, body)
-					wantErr(t, st, b, http.StatusBadRequest, workerapi.CodeInvalidRequest)
+					wantErr(t, st, b, http.StatusBadRequest, wire.CodeInvalidRequest)
 				})
 			})
 		}
 	})
 	t.Run("unknown job", func(t *testing.T) {
-		st, b := post(t, f.node, "/workers/jobs/job-nope/accept", workerapi.TokenRequest{LeaseToken: tok})
-		wantErr(t, st, b, http.StatusNotFound, workerapi.CodeNotFound)
+		st, b := post(t, f.node, "/workers/jobs/job-nope/accept", wire.TokenRequest{LeaseToken: tok})
+		wantErr(t, st, b, http.StatusNotFound, wire.CodeNotFound)
 	})
 
-	st, b := post(t, f.node, path, workerapi.TokenRequest{LeaseToken: tok})
+	st, b := post(t, f.node, path, wire.TokenRequest{LeaseToken: tok})
 	if st != http.StatusOK {
 		t.Fatalf("accept: %d %s", st, b)
 	}
@@ -783,23 +784,23 @@ func TestAccept(t *testing.T) {
 	wantTime(t, "expires_at", m["expires_at"])
 	// Accepting again under the same lease changes nothing.
 	f.unchanged(t, id, func() {
-		if st, b := post(t, f.node, path, workerapi.TokenRequest{LeaseToken: tok}); st != http.StatusOK {
+		if st, b := post(t, f.node, path, wire.TokenRequest{LeaseToken: tok}); st != http.StatusOK {
 			t.Errorf("accept again: %d %s", st, b)
 		}
 	})
 
 	t.Run("stale token after re-lease", func(t *testing.T) {
 		id, old := f.leased(t, "telemetry_sync")
-		if st, b := post(t, f.node, "/workers/jobs/"+id+"/release", workerapi.ReleaseRequest{LeaseToken: old}); st != http.StatusOK {
+		if st, b := post(t, f.node, "/workers/jobs/"+id+"/release", wire.ReleaseRequest{LeaseToken: old}); st != http.StatusOK {
 			t.Fatalf("release: %d %s", st, b)
 		}
-		_, b := post(t, f.node, "/workers/jobs/lease", workerapi.LeaseRequest{SupportedJobTypes: []string{"telemetry_sync"}})
-		if out := decode[workerapi.LeaseResponse](t, b); out.Job == nil || out.Job.ID != id || *out.LeaseToken == old {
+		_, b := post(t, f.node, "/workers/jobs/lease", wire.LeaseRequest{SupportedJobTypes: []string{"telemetry_sync"}})
+		if out := decode[wire.LeaseResponse](t, b); out.Job == nil || out.Job.ID != id || *out.LeaseToken == old {
 			t.Fatalf("re-lease: %s", b)
 		}
 		f.unchanged(t, id, func() {
-			st, b := post(t, f.node, "/workers/jobs/"+id+"/accept", workerapi.TokenRequest{LeaseToken: old})
-			wantErr(t, st, b, http.StatusConflict, workerapi.CodeLeaseLost)
+			st, b := post(t, f.node, "/workers/jobs/"+id+"/accept", wire.TokenRequest{LeaseToken: old})
+			wantErr(t, st, b, http.StatusConflict, wire.CodeLeaseLost)
 		})
 	})
 
@@ -808,8 +809,8 @@ func TestAccept(t *testing.T) {
 		other.Register(t, registerRequest())
 		id, tok := f.leased(t, "telemetry_sync")
 		f.unchanged(t, id, func() {
-			st, b := post(t, other, "/workers/jobs/"+id+"/accept", workerapi.TokenRequest{LeaseToken: tok})
-			wantErr(t, st, b, http.StatusConflict, workerapi.CodeLeaseLost)
+			st, b := post(t, other, "/workers/jobs/"+id+"/accept", wire.TokenRequest{LeaseToken: tok})
+			wantErr(t, st, b, http.StatusConflict, wire.CodeLeaseLost)
 		})
 	})
 
@@ -822,8 +823,8 @@ func TestAccept(t *testing.T) {
 			t.Fatalf("deactivate: %d %s", st, b)
 		}
 		f.unchanged(t, id, func() {
-			st, b := post(t, f.node, "/workers/jobs/"+id+"/accept", workerapi.TokenRequest{LeaseToken: tok})
-			wantErr(t, st, b, http.StatusForbidden, workerapi.CodeBlockedByEnvelope)
+			st, b := post(t, f.node, "/workers/jobs/"+id+"/accept", wire.TokenRequest{LeaseToken: tok})
+			wantErr(t, st, b, http.StatusForbidden, wire.CodeBlockedByEnvelope)
 		})
 	})
 }
@@ -853,7 +854,7 @@ func TestStatusAndLogs(t *testing.T) {
 	if m["ok"] != true || m["cancel_requested"] != false {
 		t.Errorf("status answer %s", b)
 	}
-	if out := decode[workerapi.StatusResponse](t, b); !out.ExpiresAt.After(before) {
+	if out := decode[wire.StatusResponse](t, b); !out.ExpiresAt.After(before) {
 		t.Errorf("status did not extend the lease: %v, was %v", out.ExpiresAt, before)
 	}
 
@@ -870,7 +871,7 @@ func TestStatusAndLogs(t *testing.T) {
 	st, b = post(t, f.node, logs, map[string]any{"lease_token": tok, "entries": []map[string]any{
 		{"seq": 1, "message": "again"}, {"seq": 2, "message": "epoch 2", "payload": map[string]any{"loss": 0.1}}, {"seq": 3, "message": "epoch 3"},
 	}})
-	if out := decode[workerapi.LogsResponse](t, b); st != http.StatusOK || out.Accepted != 2 || out.Duplicates != 1 {
+	if out := decode[wire.LogsResponse](t, b); st != http.StatusOK || out.Accepted != 2 || out.Duplicates != 1 {
 		t.Errorf("batch: %d %s", st, b)
 	}
 	evs, err := f.env.Server.Leases().Events(context.Background(), id, 0, 100)
@@ -893,7 +894,7 @@ func TestStatusAndLogs(t *testing.T) {
 			t.Run(name, func(t *testing.T) {
 				f.unchanged(t, id, func() {
 					st, b := post(t, f.node, "/workers/jobs/"+id+c.path, c.body)
-					wantErr(t, st, b, http.StatusBadRequest, workerapi.CodeInvalidRequest)
+					wantErr(t, st, b, http.StatusBadRequest, wire.CodeInvalidRequest)
 				})
 			})
 		}
@@ -902,8 +903,8 @@ func TestStatusAndLogs(t *testing.T) {
 		if _, err := f.env.Server.Leases().Cancel(context.Background(), id); err != nil {
 			t.Fatal(err)
 		}
-		_, b := post(t, f.node, "/workers/jobs/"+id+"/status", workerapi.StatusRequest{LeaseToken: tok, EventType: "progress"})
-		if !decode[workerapi.StatusResponse](t, b).CancelRequested {
+		_, b := post(t, f.node, "/workers/jobs/"+id+"/status", wire.StatusRequest{LeaseToken: tok, EventType: "progress"})
+		if !decode[wire.StatusResponse](t, b).CancelRequested {
 			t.Errorf("status answer %s", b)
 		}
 	})
@@ -924,7 +925,7 @@ func TestArtifacts(t *testing.T) {
 	}
 	m := asMap(t, b)
 	wantKeys(t, "artifacts", m, "artifact_id", "receipt_id")
-	out := decode[workerapi.ArtifactResponse](t, b)
+	out := decode[wire.ArtifactResponse](t, b)
 	if f.env.Receipts(t) != n+1 {
 		t.Errorf("no artifact_reported receipt")
 	}
@@ -952,7 +953,7 @@ func TestArtifacts(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			f.unchanged(t, id, func() {
 				st, b := post(t, f.node, path, body)
-				wantErr(t, st, b, http.StatusBadRequest, workerapi.CodeInvalidRequest)
+				wantErr(t, st, b, http.StatusBadRequest, wire.CodeInvalidRequest)
 			})
 		})
 	}
@@ -1006,7 +1007,7 @@ func completeFlow(t *testing.T, f *fx) {
 	if job["state"] != "succeeded" || job["receipt_id"] != m["receipt_id"] {
 		t.Errorf("job %v", job)
 	}
-	out := decode[workerapi.CompleteResponse](t, b)
+	out := decode[wire.CompleteResponse](t, b)
 	if len(out.Receipts) != 2 || len(out.Proofs) != 2 || out.Checkpoint == "" {
 		t.Fatalf("receipts %d, proofs %d, checkpoint %q", len(out.Receipts), len(out.Proofs), out.Checkpoint)
 	}
@@ -1052,12 +1053,12 @@ func completeFlow(t *testing.T, f *fx) {
 	// The request itself replayed is refused.
 	f.unchanged(t, id, func() {
 		resp, b := f.env.Raw(t, r)
-		wantErr(t, resp.StatusCode, b, http.StatusUnauthorized, workerapi.CodeReplayedNonce)
+		wantErr(t, resp.StatusCode, b, http.StatusUnauthorized, wire.CodeReplayedNonce)
 	})
 	// Fail after complete.
 	f.unchanged(t, id, func() {
-		st, b := post(t, f.node, "/workers/jobs/"+id+"/fail", workerapi.FailRequest{LeaseToken: tok, ErrorCode: "oom"})
-		wantErr(t, st, b, http.StatusConflict, workerapi.CodeInvalidTransition)
+		st, b := post(t, f.node, "/workers/jobs/"+id+"/fail", wire.FailRequest{LeaseToken: tok, ErrorCode: "oom"})
+		wantErr(t, st, b, http.StatusConflict, wire.CodeInvalidTransition)
 	})
 }
 
@@ -1068,8 +1069,8 @@ func TestComplete(t *testing.T) {
 	t.Run("before accept", func(t *testing.T) {
 		id, tok := f.leased(t, "status_check")
 		f.unchanged(t, id, func() {
-			st, b := post(t, f.node, "/workers/jobs/"+id+"/complete", workerapi.CompleteRequest{LeaseToken: tok})
-			wantErr(t, st, b, http.StatusConflict, workerapi.CodeInvalidTransition)
+			st, b := post(t, f.node, "/workers/jobs/"+id+"/complete", wire.CompleteRequest{LeaseToken: tok})
+			wantErr(t, st, b, http.StatusConflict, wire.CodeInvalidTransition)
 		})
 	})
 	t.Run("invalid", func(t *testing.T) {
@@ -1082,7 +1083,7 @@ func TestComplete(t *testing.T) {
 			t.Run(name, func(t *testing.T) {
 				f.unchanged(t, id, func() {
 					st, b := post(t, f.node, "/workers/jobs/"+id+"/complete", body)
-					wantErr(t, st, b, http.StatusBadRequest, workerapi.CodeInvalidRequest)
+					wantErr(t, st, b, http.StatusBadRequest, wire.CodeInvalidRequest)
 				})
 			})
 		}
@@ -1095,8 +1096,8 @@ func TestComplete(t *testing.T) {
 		}
 		f.env.Clock.Advance(-11 * time.Minute)
 		f.unchanged(t, id, func() {
-			st, b := post(t, f.node, "/workers/jobs/"+id+"/complete", workerapi.CompleteRequest{LeaseToken: tok})
-			wantErr(t, st, b, http.StatusConflict, workerapi.CodeLeaseLost)
+			st, b := post(t, f.node, "/workers/jobs/"+id+"/complete", wire.CompleteRequest{LeaseToken: tok})
+			wantErr(t, st, b, http.StatusConflict, wire.CodeLeaseLost)
 		})
 	})
 }
@@ -1114,7 +1115,7 @@ func TestFailAndRelease(t *testing.T) {
 		}
 		m := asMap(t, b)
 		wantKeys(t, "fail", m, "job", "requeued", "receipt_id")
-		out := decode[workerapi.FailResponse](t, b)
+		out := decode[wire.FailResponse](t, b)
 		if !out.Requeued || out.Job.State != "queued" || out.Job.Attempt != 2 || out.Job.ReceiptID != nil {
 			t.Errorf("fail answer %s", b)
 		}
@@ -1128,14 +1129,14 @@ func TestFailAndRelease(t *testing.T) {
 		}
 		// The lease is gone.
 		f.unchanged(t, id, func() {
-			st, b := post(t, f.node, "/workers/jobs/"+id+"/fail", workerapi.FailRequest{LeaseToken: tok, ErrorCode: "oom"})
-			wantErr(t, st, b, http.StatusConflict, workerapi.CodeLeaseLost)
+			st, b := post(t, f.node, "/workers/jobs/"+id+"/fail", wire.FailRequest{LeaseToken: tok, ErrorCode: "oom"})
+			wantErr(t, st, b, http.StatusConflict, wire.CodeLeaseLost)
 		})
 	})
 	t.Run("not retryable", func(t *testing.T) {
 		id, tok := f.running(t, "status_check")
-		_, b := post(t, f.node, "/workers/jobs/"+id+"/fail", workerapi.FailRequest{LeaseToken: tok, ErrorCode: "bad_input"})
-		out := decode[workerapi.FailResponse](t, b)
+		_, b := post(t, f.node, "/workers/jobs/"+id+"/fail", wire.FailRequest{LeaseToken: tok, ErrorCode: "bad_input"})
+		out := decode[wire.FailResponse](t, b)
 		if out.Requeued || out.Job.State != "failed" || out.Job.ReceiptID == nil || *out.Job.ReceiptID != out.ReceiptID {
 			t.Errorf("fail answer %s", b)
 		}
@@ -1144,7 +1145,7 @@ func TestFailAndRelease(t *testing.T) {
 		// error_code is optional, as in the v0.2 contract.
 		id, tok := f.running(t, "status_check")
 		_, b := post(t, f.node, "/workers/jobs/"+id+"/fail", `{"lease_token":"`+tok+`","message":"gave up"}`)
-		out := decode[workerapi.FailResponse](t, b)
+		out := decode[wire.FailResponse](t, b)
 		if out.Job.State != "failed" || out.Job.LastError == nil || out.Job.LastError.Code != "unspecified" {
 			t.Errorf("fail without error_code: %s", b)
 		}
@@ -1154,8 +1155,8 @@ func TestFailAndRelease(t *testing.T) {
 		if _, err := f.env.Server.Leases().Cancel(context.Background(), id); err != nil {
 			t.Fatal(err)
 		}
-		_, b := post(t, f.node, "/workers/jobs/"+id+"/fail", workerapi.FailRequest{LeaseToken: tok, ErrorCode: "canceled", Retryable: true})
-		out := decode[workerapi.FailResponse](t, b)
+		_, b := post(t, f.node, "/workers/jobs/"+id+"/fail", wire.FailRequest{LeaseToken: tok, ErrorCode: "canceled", Retryable: true})
+		out := decode[wire.FailResponse](t, b)
 		if out.Requeued || out.Job.State != "canceled" || receiptOf(t, f.env, out.ReceiptID).Outcome != receipts.OutcomeCanceled {
 			t.Errorf("fail answer %s", b)
 		}
@@ -1169,7 +1170,7 @@ func TestFailAndRelease(t *testing.T) {
 			t.Run(name, func(t *testing.T) {
 				f.unchanged(t, id, func() {
 					st, b := post(t, f.node, "/workers/jobs/"+id+"/fail", body)
-					wantErr(t, st, b, http.StatusBadRequest, workerapi.CodeInvalidRequest)
+					wantErr(t, st, b, http.StatusBadRequest, wire.CodeInvalidRequest)
 				})
 			})
 		}
@@ -1182,7 +1183,7 @@ func TestFailAndRelease(t *testing.T) {
 			t.Fatalf("release: %d %s", st, b)
 		}
 		wantKeys(t, "release", asMap(t, b), "job")
-		out := decode[workerapi.JobResponse](t, b)
+		out := decode[wire.JobResponse](t, b)
 		if out.Job.State != "queued" || out.Job.Attempt != 1 {
 			t.Errorf("release answer %s", b)
 		}
@@ -1190,12 +1191,12 @@ func TestFailAndRelease(t *testing.T) {
 			t.Errorf("release minted a receipt")
 		}
 		f.unchanged(t, id, func() {
-			st, b := post(t, f.node, "/workers/jobs/"+id+"/release", workerapi.ReleaseRequest{LeaseToken: tok})
-			wantErr(t, st, b, http.StatusConflict, workerapi.CodeLeaseLost)
+			st, b := post(t, f.node, "/workers/jobs/"+id+"/release", wire.ReleaseRequest{LeaseToken: tok})
+			wantErr(t, st, b, http.StatusConflict, wire.CodeLeaseLost)
 		})
 		// It is leasable again at once.
-		_, b = post(t, f.node, "/workers/jobs/lease", workerapi.LeaseRequest{SupportedJobTypes: []string{"telemetry_sync"}})
-		if lr := decode[workerapi.LeaseResponse](t, b); lr.Job == nil || lr.Job.ID != id {
+		_, b = post(t, f.node, "/workers/jobs/lease", wire.LeaseRequest{SupportedJobTypes: []string{"telemetry_sync"}})
+		if lr := decode[wire.LeaseResponse](t, b); lr.Job == nil || lr.Job.ID != id {
 			t.Errorf("lease after release: %s", b)
 		}
 	})
@@ -1213,7 +1214,7 @@ func TestAudit(t *testing.T) {
 		t.Fatalf("audit: %d %s", st, b)
 	}
 	wantKeys(t, "audit", asMap(t, b), "receipt_ids")
-	out := decode[workerapi.AuditResponse](t, b)
+	out := decode[wire.AuditResponse](t, b)
 	if len(out.ReceiptIDs) != 2 || f.env.Receipts(t) != n+2 {
 		t.Fatalf("audit answer %s", b)
 	}
@@ -1245,7 +1246,7 @@ func TestAudit(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			f.unchanged(t, "", func() {
 				st, b := post(t, f.node, "/workers/audit", body)
-				wantErr(t, st, b, http.StatusBadRequest, workerapi.CodeInvalidRequest)
+				wantErr(t, st, b, http.StatusBadRequest, wire.CodeInvalidRequest)
 			})
 		})
 	}
@@ -1258,7 +1259,7 @@ func TestAudit(t *testing.T) {
 		r.Header.Set("Authorization", "Bearer "+tok)
 		f.unchanged(t, "", func() {
 			resp, b := f.env.Raw(t, r)
-			wantErr(t, resp.StatusCode, b, http.StatusForbidden, workerapi.CodeInsufficientScope)
+			wantErr(t, resp.StatusCode, b, http.StatusForbidden, wire.CodeInsufficientScope)
 		})
 	})
 }
@@ -1286,12 +1287,12 @@ func TestHooks(t *testing.T) {
 	rec := &recorder{}
 	f := setup(t, "sqlite", apitest.WithConfig(func(c *workerapi.Config) { c.Hooks = rec }))
 	id, tok := f.running(t, "status_check")
-	if st, b := post(t, f.node, "/workers/jobs/"+id+"/artifacts", workerapi.ArtifactRequest{
+	if st, b := post(t, f.node, "/workers/jobs/"+id+"/artifacts", wire.ArtifactRequest{
 		LeaseToken: tok, ArtifactType: "log", Name: "n", URI: "u", ChecksumSHA256: ptr(strings.Repeat("0", 64)), SizeBytes: ptr(int64(1)),
 	}); st != http.StatusCreated {
 		t.Fatalf("%d %s", st, b)
 	}
-	if st, b := post(t, f.node, "/workers/jobs/"+id+"/complete", workerapi.CompleteRequest{LeaseToken: tok}); st != http.StatusOK {
+	if st, b := post(t, f.node, "/workers/jobs/"+id+"/complete", wire.CompleteRequest{LeaseToken: tok}); st != http.StatusOK {
 		t.Fatalf("%d %s", st, b)
 	}
 	deadline := time.Now().Add(5 * time.Second)
@@ -1341,11 +1342,11 @@ func TestWorkerFlow(t *testing.T) {
 			other := f.env.Replica(t)
 			// The node registered on one replica works on the other.
 			on := f.node.On(other)
-			if st, b := post(t, on, "/workers/heartbeat", workerapi.HeartbeatRequest{Status: "idle"}); st != http.StatusOK {
+			if st, b := post(t, on, "/workers/heartbeat", wire.HeartbeatRequest{Status: "idle"}); st != http.StatusOK {
 				t.Fatalf("heartbeat on the replica: %d %s", st, b)
 			}
 			// A nonce used on one replica is refused on the other.
-			r := f.node.Request(t, http.MethodPost, "/workers/heartbeat", workerapi.HeartbeatRequest{Status: "idle"})
+			r := f.node.Request(t, http.MethodPost, "/workers/heartbeat", wire.HeartbeatRequest{Status: "idle"})
 			if resp, b := f.env.Raw(t, r); resp.StatusCode != http.StatusOK {
 				t.Fatalf("heartbeat: %d %s", resp.StatusCode, b)
 			}
@@ -1358,23 +1359,23 @@ func TestWorkerFlow(t *testing.T) {
 			}
 			again.URL, again.Host = u, r.URL.Host
 			resp, b := other.Raw(t, again)
-			wantErr(t, resp.StatusCode, b, http.StatusUnauthorized, workerapi.CodeReplayedNonce)
+			wantErr(t, resp.StatusCode, b, http.StatusUnauthorized, wire.CodeReplayedNonce)
 
 			completeFlow(t, f)
 
 			id, tok := f.running(t, "status_check")
-			if st, b := post(t, on, "/workers/jobs/"+id+"/logs", workerapi.LogsRequest{LeaseToken: tok, Entries: []workerapi.LogEntry{{Seq: 1, Message: "m"}}}); st != http.StatusOK {
+			if st, b := post(t, on, "/workers/jobs/"+id+"/logs", wire.LogsRequest{LeaseToken: tok, Entries: []wire.LogEntry{{Seq: 1, Message: "m"}}}); st != http.StatusOK {
 				t.Errorf("logs on the replica: %d %s", st, b)
 			}
-			_, b = post(t, f.node, "/workers/jobs/"+id+"/fail", workerapi.FailRequest{LeaseToken: tok, ErrorCode: "oom", Retryable: true})
-			if out := decode[workerapi.FailResponse](t, b); !out.Requeued {
+			_, b = post(t, f.node, "/workers/jobs/"+id+"/fail", wire.FailRequest{LeaseToken: tok, ErrorCode: "oom", Retryable: true})
+			if out := decode[wire.FailResponse](t, b); !out.Requeued {
 				t.Errorf("fail: %s", b)
 			}
 
 			// A long-poll on one replica wakes when the other dispatches.
 			done := make(chan []byte)
 			go func() {
-				resp, b := on.Do(t, http.MethodPost, "/workers/jobs/lease", workerapi.LeaseRequest{SupportedJobTypes: []string{"telemetry_sync"}, WaitSeconds: 20})
+				resp, b := on.Do(t, http.MethodPost, "/workers/jobs/lease", wire.LeaseRequest{SupportedJobTypes: []string{"telemetry_sync"}, WaitSeconds: 20})
 				if resp.StatusCode != http.StatusOK {
 					t.Errorf("long-poll: %d %s", resp.StatusCode, b)
 				}
@@ -1387,7 +1388,7 @@ func TestWorkerFlow(t *testing.T) {
 			}
 			select {
 			case b := <-done:
-				if lr := decode[workerapi.LeaseResponse](t, b); lr.Job == nil || lr.Job.ID != j.ID {
+				if lr := decode[wire.LeaseResponse](t, b); lr.Job == nil || lr.Job.ID != j.ID {
 					t.Errorf("long-poll answer %s", b)
 				}
 			case <-time.After(10 * time.Second):

@@ -35,7 +35,8 @@ import (
 	"github.com/nodelane/nodelane/examples/internal/controlplane"
 	"github.com/nodelane/nodelane/examples/internal/jobs"
 	"github.com/nodelane/nodelane/receipts"
-	"github.com/nodelane/nodelane/workerapi"
+	"github.com/nodelane/nodelane/workerapi/client"
+	"github.com/nodelane/nodelane/workerapi/wire"
 )
 
 func main() {
@@ -129,15 +130,15 @@ func run(ctx context.Context, args []string, stdout io.Writer) (err error) {
 
 	// 2. The worker node.
 	say("2. Registering a worker node (Ed25519 key, signed requests)")
-	id, err := workerapi.LoadOrCreateIdentity(filepath.Join(*dir, "nodelane-worker.json"))
+	id, err := client.LoadOrCreateIdentity(filepath.Join(*dir, "nodelane-worker.json"))
 	if err != nil {
 		return err
 	}
-	c, err := workerapi.NewClient(base, &workerapi.ClientConfig{Identity: id, Logger: logger.With("component", "worker")})
+	c, err := client.New(base, &client.Config{Identity: id, Logger: logger.With("component", "worker")})
 	if err != nil {
 		return err
 	}
-	reg := jobs.Registration("demo-gpu-1", "Demo GPU node", []workerapi.GPU{{SKU: "rtx-4090", VRAMMB: 24576}}, 1)
+	reg := jobs.Registration("demo-gpu-1", "Demo GPU node", []wire.GPU{{SKU: "rtx-4090", VRAMMB: 24576}}, 1)
 	if id.Token() == "" {
 		out, err := c.Register(ctx, tokens.ProvisioningToken, *reg)
 		if err != nil {
@@ -147,7 +148,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) (err error) {
 	} else {
 		say("   node %s is already registered as worker %s", id.NodeID(), id.WorkerID())
 	}
-	w := workerapi.NewWorker(c, &workerapi.WorkerConfig{
+	w := client.NewRunner(c, &client.RunnerConfig{
 		ProvisioningToken: tokens.ProvisioningToken, Registration: reg,
 		WaitSeconds: 5, LogFlushInterval: 200 * time.Millisecond, DrainTimeout: 5 * time.Second,
 		Logger: logger.With("component", "worker"),
@@ -204,7 +205,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) (err error) {
 
 	// 5. Activate.
 	say("5. Activating the runtime through POST /operator/envelope/activate")
-	var env workerapi.EnvelopeResponse
+	var env wire.EnvelopeResponse
 	if err := op.do(ctx, "POST", "/operator/envelope/activate", map[string]any{"reason": "demo: allow lora_train"}, &env); err != nil {
 		return err
 	}
@@ -390,7 +391,7 @@ func (o *operator) do(ctx context.Context, method, path string, in, out any) err
 	return json.Unmarshal(b, out)
 }
 
-func (o *operator) dispatch(ctx context.Context, jobType string, payload any) (*workerapi.DispatchResponse, error) {
+func (o *operator) dispatch(ctx context.Context, jobType string, payload any) (*wire.DispatchResponse, error) {
 	p := json.RawMessage(`{}`)
 	if payload != nil {
 		b, err := json.Marshal(payload)
@@ -399,16 +400,16 @@ func (o *operator) dispatch(ctx context.Context, jobType string, payload any) (*
 		}
 		p = b
 	}
-	var d workerapi.DispatchResponse
-	err := o.do(ctx, "POST", "/operator/jobs", workerapi.DispatchRequest{JobType: jobType, Payload: p,
-		Requirements: workerapi.Requirements{GPUSKU: "rtx-4090", GPUCount: 1}, MaxAttempts: 3}, &d)
+	var d wire.DispatchResponse
+	err := o.do(ctx, "POST", "/operator/jobs", wire.DispatchRequest{JobType: jobType, Payload: p,
+		Requirements: wire.Requirements{GPUSKU: "rtx-4090", GPUCount: 1}, MaxAttempts: 3}, &d)
 	return &d, err
 }
 
 // waitDone polls the job until it has ended.
-func (o *operator) waitDone(ctx context.Context, id string) (*workerapi.JobDetailResponse, error) {
+func (o *operator) waitDone(ctx context.Context, id string) (*wire.JobDetailResponse, error) {
 	for {
-		var d workerapi.JobDetailResponse
+		var d wire.JobDetailResponse
 		if err := o.do(ctx, "GET", "/operator/jobs/"+id, nil, &d); err != nil {
 			return nil, err
 		}
@@ -432,7 +433,7 @@ func (o *operator) findCharge(ctx context.Context, jobID string) (*receipts.Rece
 			if after >= 0 {
 				path += "&after=" + strconv.FormatInt(after, 10)
 			}
-			var page workerapi.ReceiptListResponse
+			var page wire.ReceiptListResponse
 			if err := o.do(ctx, "GET", path, nil, &page); err != nil {
 				return nil, err
 			}

@@ -28,7 +28,8 @@ import (
 	"time"
 
 	"github.com/nodelane/nodelane/examples/internal/jobs"
-	"github.com/nodelane/nodelane/workerapi"
+	"github.com/nodelane/nodelane/workerapi/client"
+	"github.com/nodelane/nodelane/workerapi/wire"
 )
 
 func main() {
@@ -47,7 +48,7 @@ func main() {
 type errUsage struct{ error }
 
 // gpuFlags is the repeatable -gpu flag.
-type gpuFlags []workerapi.GPU
+type gpuFlags []wire.GPU
 
 func (g *gpuFlags) String() string {
 	var s []string
@@ -104,7 +105,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 
-	id, err := workerapi.LoadOrCreateIdentity(*identityPath)
+	id, err := client.LoadOrCreateIdentity(*identityPath)
 	if err != nil {
 		return err
 	}
@@ -121,11 +122,11 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		return fmt.Errorf("%s holds no worker token: give -provisioning-token (or NODELANE_PROVISIONING_TOKEN) to register", *identityPath)
 	}
 
-	c, err := workerapi.NewClient(*server, &workerapi.ClientConfig{Identity: id, Logger: log})
+	c, err := client.New(*server, &client.Config{Identity: id, Logger: log})
 	if err != nil {
 		return err
 	}
-	w := workerapi.NewWorker(c, &workerapi.WorkerConfig{
+	w := client.NewRunner(c, &client.RunnerConfig{
 		MaxConcurrent:     *maxJobs,
 		ProvisioningToken: *provToken,
 		Registration:      jobs.Registration(node, *name, gpus, *maxJobs),

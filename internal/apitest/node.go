@@ -12,7 +12,7 @@ import (
 
 	"github.com/nodelane/nodelane/receipts"
 	"github.com/nodelane/nodelane/replay"
-	"github.com/nodelane/nodelane/workerapi"
+	"github.com/nodelane/nodelane/workerapi/wire"
 )
 
 // keyName names the receipt log's key and is the checkpoints' origin.
@@ -62,7 +62,7 @@ func (n *Node) On(e *Env) *Node {
 // Register registers the node with the provisioning token, filling
 // NodeID and PublicKey into req when they are empty, and fails the test
 // unless the answer is 201 or 200. It keeps the worker token and id.
-func (n *Node) Register(t testing.TB, req workerapi.RegisterRequest) workerapi.RegisterResponse {
+func (n *Node) Register(t testing.TB, req wire.RegisterRequest) wire.RegisterResponse {
 	t.Helper()
 	if req.NodeID == "" {
 		req.NodeID = n.NodeID
@@ -76,7 +76,7 @@ func (n *Node) Register(t testing.TB, req workerapi.RegisterRequest) workerapi.R
 	if resp.StatusCode != http.StatusCreated && resp.StatusCode != http.StatusOK {
 		t.Fatalf("apitest: register %s: %d %s", n.NodeID, resp.StatusCode, body)
 	}
-	var out workerapi.RegisterResponse
+	var out wire.RegisterResponse
 	if err := json.Unmarshal(body, &out); err != nil {
 		t.Fatalf("apitest: register %s: %v in %s", n.NodeID, err, body)
 	}

@@ -18,7 +18,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/nodelane/nodelane/workerapi"
+	"github.com/nodelane/nodelane/workerapi/client"
+	"github.com/nodelane/nodelane/workerapi/wire"
 )
 
 // Job types the handlers run.
@@ -33,7 +34,7 @@ func Types() []string { return []string{EmbeddingDryRun, LoraTrain, StatusCheck}
 
 // Register installs every handler on w. lora_train writes its checkpoints
 // under workdir (created 0700 if missing).
-func Register(w *workerapi.Worker, workdir string) {
+func Register(w *client.Runner, workdir string) {
 	w.Handle(StatusCheck, StatusCheckHandler)
 	w.Handle(EmbeddingDryRun, EmbeddingDryRunHandler)
 	w.Handle(LoraTrain, LoraTrainHandler(workdir))
@@ -41,7 +42,7 @@ func Register(w *workerapi.Worker, workdir string) {
 
 // StatusCheckHandler reports one status event describing the node and
 // completes.
-func StatusCheckHandler(ctx context.Context, job *workerapi.Job, r *workerapi.Reporter) error {
+func StatusCheckHandler(ctx context.Context, job *wire.Job, r *client.Reporter) error {
 	host, _ := os.Hostname()
 	info := map[string]any{"hostname": host, "go": runtime.Version(), "os": runtime.GOOS, "arch": runtime.GOARCH, "cpus": runtime.NumCPU()}
 	if err := r.Status(ctx, "status", "node is healthy", info); err != nil {
@@ -53,7 +54,7 @@ func StatusCheckHandler(ctx context.Context, job *workerapi.Job, r *workerapi.Re
 
 // EmbeddingDryRunHandler logs a few lines, as an embedding run would, and
 // completes with metrics; it computes nothing.
-func EmbeddingDryRunHandler(ctx context.Context, job *workerapi.Job, r *workerapi.Reporter) error {
+func EmbeddingDryRunHandler(ctx context.Context, job *wire.Job, r *client.Reporter) error {
 	var p struct {
 		Documents int `json:"documents"`
 	}
@@ -83,12 +84,12 @@ type LoraPayload struct {
 // reports progress and a log line, and sleeps; then it writes a
 // checkpoint file under workdir, reports it as an "adapter" artifact with
 // its SHA-256 and size, and completes with the final loss.
-func LoraTrainHandler(workdir string) workerapi.HandlerFunc {
-	return func(ctx context.Context, job *workerapi.Job, r *workerapi.Reporter) error {
+func LoraTrainHandler(workdir string) client.HandlerFunc {
+	return func(ctx context.Context, job *wire.Job, r *client.Reporter) error {
 		p := LoraPayload{Steps: 20, StepMS: 100}
 		if len(job.Payload) > 0 && string(job.Payload) != "null" {
 			if err := json.Unmarshal(job.Payload, &p); err != nil {
-				return workerapi.Permanent(workerapi.WithErrorCode("bad_payload", fmt.Errorf("lora_train payload: %w", err)))
+				return client.Permanent(client.WithErrorCode("bad_payload", fmt.Errorf("lora_train payload: %w", err)))
 			}
 		}
 		if p.Steps <= 0 {
@@ -98,7 +99,7 @@ func LoraTrainHandler(workdir string) workerapi.HandlerFunc {
 			p.StepMS = 0
 		}
 		if p.Steps > 100000 {
-			return workerapi.Permanent(workerapi.WithErrorCode("bad_payload", errors.New("lora_train: at most 100000 steps")))
+			return client.Permanent(client.WithErrorCode("bad_payload", errors.New("lora_train: at most 100000 steps")))
 		}
 		loss := 2.0
 		for step := 1; step <= p.Steps; step++ {
@@ -116,14 +117,14 @@ func LoraTrainHandler(workdir string) workerapi.HandlerFunc {
 				}
 				// Progress is advisory: a missed event does not fail the job
 				// (the heartbeat keeps the lease; a lost lease stops ctx).
-				r.Logf("progress not reported: %v", workerapi.ErrorCode(err))
+				r.Logf("progress not reported: %v", client.ErrorCode(err))
 			}
 		}
 		path, err := writeCheckpoint(workdir, job, p.Steps, loss)
 		if err != nil {
 			return err
 		}
-		if _, err := r.Artifact(ctx, workerapi.ArtifactInfo{
+		if _, err := r.Artifact(ctx, client.ArtifactInfo{
 			Type: "adapter", Name: filepath.Base(path), URI: fileURI(path), Path: path,
 			Metadata: map[string]any{"steps": p.Steps, "format": "simulated"},
 		}); err != nil {
@@ -140,7 +141,7 @@ func LoraTrainHandler(workdir string) workerapi.HandlerFunc {
 func round(f float64) float64 { return math.Round(f*1e6) / 1e6 }
 
 // writeCheckpoint writes a fake adapter file, unique per attempt.
-func writeCheckpoint(workdir string, job *workerapi.Job, steps int, loss float64) (string, error) {
+func writeCheckpoint(workdir string, job *wire.Job, steps int, loss float64) (string, error) {
 	dir, err := filepath.Abs(workdir)
 	if err != nil {
 		return "", err
@@ -175,7 +176,7 @@ func fileURI(path string) string { return "file://" + filepath.ToSlash(path) }
 
 // Registration is what a node running these handlers registers: its GPUs,
 // every job type Register handles, and max_jobs.
-func Registration(nodeID, name string, gpus []workerapi.GPU, maxJobs int) *workerapi.RegisterRequest {
+func Registration(nodeID, name string, gpus []wire.GPU, maxJobs int) *wire.RegisterRequest {
 	host, _ := os.Hostname()
 	if name == "" {
 		name = nodeID
@@ -184,20 +185,20 @@ func Registration(nodeID, name string, gpus []workerapi.GPU, maxJobs int) *worke
 	for _, g := range gpus {
 		maxVRAM += g.VRAMMB
 	}
-	return &workerapi.RegisterRequest{
+	return &wire.RegisterRequest{
 		NodeID: nodeID, Name: name, Hostname: host, Role: "local_gpu_compute",
-		Capabilities:   workerapi.Capabilities{GPUs: gpus, JobTypes: Types()},
-		GovernorLimits: workerapi.GovernorLimits{MaxJobs: maxJobs, MaxVRAMMB: maxVRAM},
+		Capabilities:   wire.Capabilities{GPUs: gpus, JobTypes: Types()},
+		GovernorLimits: wire.GovernorLimits{MaxJobs: maxJobs, MaxVRAMMB: maxVRAM},
 		Tags:           []string{"example"}, Version: "nodelane-example-worker/1",
 	}
 }
 
 // ParseGPU parses SKU:VRAM_MB, as in "rtx-4090:24576".
-func ParseGPU(s string) (workerapi.GPU, error) {
+func ParseGPU(s string) (wire.GPU, error) {
 	sku, mb, ok := strings.Cut(s, ":")
 	n, err := strconv.Atoi(mb)
 	if !ok || sku == "" || err != nil || n <= 0 {
-		return workerapi.GPU{}, fmt.Errorf("GPU %q is not SKU:VRAM_MB", s)
+		return wire.GPU{}, fmt.Errorf("GPU %q is not SKU:VRAM_MB", s)
 	}
-	return workerapi.GPU{SKU: sku, VRAMMB: n}, nil
+	return wire.GPU{SKU: sku, VRAMMB: n}, nil
 }

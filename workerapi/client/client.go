@@ -1,4 +1,4 @@
-package workerapi
+package client
 
 import (
 	"bytes"
@@ -18,11 +18,12 @@ import (
 	"time"
 
 	"github.com/nodelane/nodelane/replay"
+	"github.com/nodelane/nodelane/workerapi/wire"
 )
 
-// ClientConfig holds a Client's settings. A nil *ClientConfig is not
+// Config holds a Client's settings. A nil *Config is not
 // enough: Identity is required.
-type ClientConfig struct {
+type Config struct {
 	// Identity is the node's Ed25519 key and, once registered, its worker
 	// id and token (see LoadOrCreateIdentity). Required.
 	Identity *Identity
@@ -64,7 +65,7 @@ type ClientConfig struct {
 // Client is safe for concurrent use.
 type Client struct {
 	base   *url.URL
-	cfg    ClientConfig
+	cfg    Config
 	id     *Identity
 	hc     *http.Client
 	log    *slog.Logger
@@ -75,26 +76,26 @@ type Client struct {
 	offsetKnown bool
 }
 
-// NewClient returns a Client for the control plane at baseURL: the URL
+// New returns a Client for the control plane at baseURL: the URL
 // where the host mounted the worker routes, so that baseURL +
 // "/workers/heartbeat" is the heartbeat route.
-func NewClient(baseURL string, cfg *ClientConfig) (*Client, error) {
-	var c ClientConfig
+func New(baseURL string, cfg *Config) (*Client, error) {
+	var c Config
 	if cfg != nil {
 		c = *cfg
 	}
 	if c.Identity == nil {
-		return nil, errors.New("workerapi: ClientConfig.Identity is required")
+		return nil, errors.New("client: Config.Identity is required")
 	}
 	u, err := url.Parse(strings.TrimRight(baseURL, "/"))
 	if err != nil {
-		return nil, fmt.Errorf("workerapi: base URL: %w", err)
+		return nil, fmt.Errorf("client: base URL: %w", err)
 	}
 	if u.Scheme != "http" && u.Scheme != "https" || u.Host == "" {
-		return nil, fmt.Errorf("workerapi: base URL %q is not an absolute http(s) URL", baseURL)
+		return nil, fmt.Errorf("client: base URL %q is not an absolute http(s) URL", baseURL)
 	}
 	if u.RawQuery != "" || u.Fragment != "" {
-		return nil, fmt.Errorf("workerapi: base URL %q has a query or fragment", baseURL)
+		return nil, fmt.Errorf("client: base URL %q has a query or fragment", baseURL)
 	}
 	if c.HTTPClient == nil {
 		c.HTTPClient = &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}
@@ -177,7 +178,7 @@ func (e *APIError) Error() string {
 	if code == "" {
 		code = http.StatusText(e.Status)
 	}
-	msg := fmt.Sprintf("workerapi: %s: %d %s", e.Route, e.Status, code)
+	msg := fmt.Sprintf("client: %s: %d %s", e.Route, e.Status, code)
 	if e.Message != "" {
 		msg += ": " + e.Message
 	}
@@ -198,7 +199,7 @@ type transportError struct {
 	err   error
 }
 
-func (e *transportError) Error() string { return fmt.Sprintf("workerapi: %s: %v", e.route, e.err) }
+func (e *transportError) Error() string { return fmt.Sprintf("client: %s: %v", e.route, e.err) }
 func (e *transportError) Unwrap() error { return e.err }
 
 // unansweredError is a final answer to a call an earlier attempt of
@@ -230,7 +231,7 @@ func ErrorCode(err error) string {
 // IsLeaseLost reports whether the server said the lease token is not the
 // job's live lease (409 lease_lost): the job is no longer this worker's,
 // and it must stop working on it.
-func IsLeaseLost(err error) bool { return IsCode(err, CodeLeaseLost) }
+func IsLeaseLost(err error) bool { return IsCode(err, wire.CodeLeaseLost) }
 
 // IsRetryable reports whether err is worth sending again: no answer
 // (network error or timeout), a 5xx or a 429. Other 4xx answers are final.
@@ -251,8 +252,8 @@ func isAuthFatal(err error) bool {
 		return false
 	}
 	switch ae.Code {
-	case CodeMissingCredential, CodeInvalidToken, CodeTokenExpired, CodeTokenRevoked,
-		CodeBadSignature, CodeWorkerBanned, CodeInsufficientScope:
+	case wire.CodeMissingCredential, wire.CodeInvalidToken, wire.CodeTokenExpired, wire.CodeTokenRevoked,
+		wire.CodeBadSignature, wire.CodeWorkerBanned, wire.CodeInsufficientScope:
 		return true
 	}
 	return false
@@ -267,11 +268,11 @@ type callOpts struct {
 }
 
 // do POSTs in as JSON to route and decodes a 2xx answer into out,
-// retrying as ClientConfig says. It returns the answer's status.
+// retrying as Config says. It returns the answer's status.
 func (c *Client) do(ctx context.Context, route string, in, out any, o callOpts) (int, error) {
 	body, err := json.Marshal(in)
 	if err != nil {
-		return 0, fmt.Errorf("workerapi: %s: encoding the request: %w", route, err)
+		return 0, fmt.Errorf("client: %s: encoding the request: %w", route, err)
 	}
 	var (
 		staleRetried, tokenRetried bool
@@ -297,13 +298,13 @@ func (c *Client) do(ctx context.Context, route string, in, out any, o callOpts) 
 		var ae *APIError
 		if errors.As(err, &ae) {
 			switch {
-			case ae.Code == CodeStaleTimestamp && !staleRetried:
+			case ae.Code == wire.CodeStaleTimestamp && !staleRetried:
 				// once has corrected the offset from this very answer
 				// (its server_time or Date): sign again at once.
 				staleRetried = true
 				attempt--
 				continue
-			case (ae.Code == CodeTokenRevoked || ae.Code == CodeInvalidToken) && o.token == "" &&
+			case (ae.Code == wire.CodeTokenRevoked || ae.Code == wire.CodeInvalidToken) && o.token == "" &&
 				!tokenRetried && c.id.Token() != tok:
 				// The token was rotated (a re-registration) while this
 				// request was in flight: send it again with the new one.
@@ -389,7 +390,7 @@ func (c *Client) once(ctx context.Context, route string, body []byte, out any, t
 	// route is escaped already (jobRoute), as is the base's String.
 	req, err := http.NewRequestWithContext(actx, http.MethodPost, c.base.String()+route, bytes.NewReader(body))
 	if err != nil {
-		return 0, fmt.Errorf("workerapi: %s: %w", route, err)
+		return 0, fmt.Errorf("client: %s: %w", route, err)
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Accept", "application/json")
@@ -398,7 +399,7 @@ func (c *Client) once(ctx context.Context, route string, body []byte, out any, t
 		req.Header.Set("Authorization", "Bearer "+token)
 	}
 	if err := c.signer.Sign(req, body); err != nil {
-		return 0, fmt.Errorf("workerapi: %s: signing: %w", route, err)
+		return 0, fmt.Errorf("client: %s: signing: %w", route, err)
 	}
 	sent := c.cfg.Now()
 	resp, err := c.hc.Do(req)
@@ -514,11 +515,6 @@ func (c *Client) observe(serverTime *time.Time, date string, sent, recv time.Tim
 	c.offset, c.offsetKnown = sample, true
 }
 
-// jobRoute is the route of a job's action.
-func jobRoute(jobID, action string) string {
-	return "/workers/jobs/" + url.PathEscape(jobID) + "/" + action
-}
-
 // Register registers the node (POST /workers/register) with a
 // provisioning token that carries node:register, signed by the identity's
 // key. It fills req.PublicKey, and req.NodeID from the identity when
@@ -527,26 +523,26 @@ func jobRoute(jobID, action string) string {
 // revoked). The worker id and token are kept in the identity and, if it
 // has a file, saved to it; if saving fails, Register returns the answer
 // together with the error, and the Client goes on with the new token.
-func (c *Client) Register(ctx context.Context, provisioningToken string, req RegisterRequest) (*RegisterResponse, error) {
+func (c *Client) Register(ctx context.Context, provisioningToken string, req wire.RegisterRequest) (*wire.RegisterResponse, error) {
 	if provisioningToken == "" {
-		return nil, errors.New("workerapi: register needs a provisioning token")
+		return nil, errors.New("client: register needs a provisioning token")
 	}
 	if req.NodeID == "" {
 		req.NodeID = c.id.NodeID()
 	}
 	if req.NodeID == "" {
-		return nil, errors.New("workerapi: register needs a node_id")
+		return nil, errors.New("client: register needs a node_id")
 	}
 	req.PublicKey = c.id.PublicKey()
-	var out RegisterResponse
-	if _, err := c.do(ctx, pathRegister, req, &out, callOpts{token: provisioningToken}); err != nil {
+	var out wire.RegisterResponse
+	if _, err := c.do(ctx, wire.PathRegister, req, &out, callOpts{token: provisioningToken}); err != nil {
 		return nil, err
 	}
 	if out.WorkerToken == "" || out.WorkerID == "" {
-		return nil, &APIError{Status: http.StatusOK, Route: pathRegister, Message: "the answer has no worker_id or worker_token"}
+		return nil, &APIError{Status: http.StatusOK, Route: wire.PathRegister, Message: "the answer has no worker_id or worker_token"}
 	}
 	if err := c.id.setRegistration(req.NodeID, out.WorkerID, out.WorkerToken, out.TokenExpiresAt); err != nil {
-		return &out, fmt.Errorf("workerapi: registered as %s, but %w", out.WorkerID, err)
+		return &out, fmt.Errorf("client: registered as %s, but %w", out.WorkerID, err)
 	}
 	return &out, nil
 }
@@ -554,12 +550,12 @@ func (c *Client) Register(ctx context.Context, provisioningToken string, req Reg
 // Heartbeat reports liveness (POST /workers/heartbeat). Listed jobs whose
 // lease the worker holds are extended; the answer names the jobs lost and
 // the jobs whose cancel was requested.
-func (c *Client) Heartbeat(ctx context.Context, req HeartbeatRequest) (*HeartbeatResponse, error) {
+func (c *Client) Heartbeat(ctx context.Context, req wire.HeartbeatRequest) (*wire.HeartbeatResponse, error) {
 	if req.CurrentJobs == nil {
 		req.CurrentJobs = []string{}
 	}
-	var out HeartbeatResponse
-	_, err := c.do(ctx, "/workers/heartbeat", req, &out, callOpts{})
+	var out wire.HeartbeatResponse
+	_, err := c.do(ctx, wire.PathHeartbeat, req, &out, callOpts{})
 	if err != nil {
 		return nil, err
 	}
@@ -571,15 +567,15 @@ func (c *Client) Heartbeat(ctx context.Context, req HeartbeatRequest) (*Heartbea
 // lease request that timed out may still have leased a job the answer
 // never brought; such a lease lapses at its accept_by without using an
 // attempt.
-func (c *Client) Lease(ctx context.Context, req LeaseRequest) (*LeaseResponse, error) {
-	var out LeaseResponse
-	_, err := c.do(ctx, "/workers/jobs/lease", req, &out, callOpts{wait: time.Duration(max(req.WaitSeconds, 0)) * time.Second})
+func (c *Client) Lease(ctx context.Context, req wire.LeaseRequest) (*wire.LeaseResponse, error) {
+	var out wire.LeaseResponse
+	_, err := c.do(ctx, wire.PathLease, req, &out, callOpts{wait: time.Duration(max(req.WaitSeconds, 0)) * time.Second})
 	if err != nil {
 		return nil, err
 	}
 	if out.Leases == nil && out.LeaseToken != nil && out.Job != nil {
 		// A v0.2-style answer with the grant at the top level only.
-		g := Grant{LeaseToken: *out.LeaseToken, Job: *out.Job}
+		g := wire.Grant{LeaseToken: *out.LeaseToken, Job: *out.Job}
 		if out.LeaseID != nil {
 			g.LeaseID = *out.LeaseID
 		}
@@ -589,16 +585,16 @@ func (c *Client) Lease(ctx context.Context, req LeaseRequest) (*LeaseResponse, e
 		if out.AcceptBy != nil {
 			g.AcceptBy = *out.AcceptBy
 		}
-		out.Leases = []Grant{g}
+		out.Leases = []wire.Grant{g}
 	}
 	return &out, nil
 }
 
 // Accept accepts a leased job (POST /workers/jobs/{id}/accept): it moves
 // to running. Accepting again under the same lease is harmless.
-func (c *Client) Accept(ctx context.Context, jobID string, req TokenRequest) (*AcceptResponse, error) {
-	var out AcceptResponse
-	if _, err := c.do(ctx, jobRoute(jobID, "accept"), req, &out, callOpts{}); err != nil {
+func (c *Client) Accept(ctx context.Context, jobID string, req wire.TokenRequest) (*wire.AcceptResponse, error) {
+	var out wire.AcceptResponse
+	if _, err := c.do(ctx, wire.JobPath(jobID, "accept"), req, &out, callOpts{}); err != nil {
 		return nil, err
 	}
 	return &out, nil
@@ -606,9 +602,9 @@ func (c *Client) Accept(ctx context.Context, jobID string, req TokenRequest) (*A
 
 // Status reports a status event (POST /workers/jobs/{id}/status), which
 // extends the lease; the answer says whether a cancel was requested.
-func (c *Client) Status(ctx context.Context, jobID string, req StatusRequest) (*StatusResponse, error) {
-	var out StatusResponse
-	if _, err := c.do(ctx, jobRoute(jobID, "status"), req, &out, callOpts{}); err != nil {
+func (c *Client) Status(ctx context.Context, jobID string, req wire.StatusRequest) (*wire.StatusResponse, error) {
+	var out wire.StatusResponse
+	if _, err := c.do(ctx, wire.JobPath(jobID, "status"), req, &out, callOpts{}); err != nil {
 		return nil, err
 	}
 	return &out, nil
@@ -617,9 +613,9 @@ func (c *Client) Status(ctx context.Context, jobID string, req StatusRequest) (*
 // Logs sends log lines (POST /workers/jobs/{id}/logs). A seq the server
 // has already stored counts as a duplicate, so sending a batch again is
 // harmless.
-func (c *Client) Logs(ctx context.Context, jobID string, req LogsRequest) (*LogsResponse, error) {
-	var out LogsResponse
-	if _, err := c.do(ctx, jobRoute(jobID, "logs"), req, &out, callOpts{}); err != nil {
+func (c *Client) Logs(ctx context.Context, jobID string, req wire.LogsRequest) (*wire.LogsResponse, error) {
+	var out wire.LogsResponse
+	if _, err := c.do(ctx, wire.JobPath(jobID, "logs"), req, &out, callOpts{}); err != nil {
 		return nil, err
 	}
 	return &out, nil
@@ -628,9 +624,9 @@ func (c *Client) Logs(ctx context.Context, jobID string, req LogsRequest) (*Logs
 // Artifact reports an artifact (POST /workers/jobs/{id}/artifacts). A
 // retry after an answer was lost in transit may record the artifact
 // twice, under the same checksum.
-func (c *Client) Artifact(ctx context.Context, jobID string, req ArtifactRequest) (*ArtifactResponse, error) {
-	var out ArtifactResponse
-	if _, err := c.do(ctx, jobRoute(jobID, "artifacts"), req, &out, callOpts{}); err != nil {
+func (c *Client) Artifact(ctx context.Context, jobID string, req wire.ArtifactRequest) (*wire.ArtifactResponse, error) {
+	var out wire.ArtifactResponse
+	if _, err := c.do(ctx, wire.JobPath(jobID, "artifacts"), req, &out, callOpts{}); err != nil {
 		return nil, err
 	}
 	return &out, nil
@@ -639,9 +635,9 @@ func (c *Client) Artifact(ctx context.Context, jobID string, req ArtifactRequest
 // Complete reports success (POST /workers/jobs/{id}/complete). The server
 // answers a repeated completion under the same lease token with its first
 // answer, so retrying is safe.
-func (c *Client) Complete(ctx context.Context, jobID string, req CompleteRequest) (*CompleteResponse, error) {
-	var out CompleteResponse
-	if _, err := c.do(ctx, jobRoute(jobID, "complete"), req, &out, callOpts{}); err != nil {
+func (c *Client) Complete(ctx context.Context, jobID string, req wire.CompleteRequest) (*wire.CompleteResponse, error) {
+	var out wire.CompleteResponse
+	if _, err := c.do(ctx, wire.JobPath(jobID, "complete"), req, &out, callOpts{}); err != nil {
 		return nil, err
 	}
 	return &out, nil
@@ -650,9 +646,9 @@ func (c *Client) Complete(ctx context.Context, jobID string, req CompleteRequest
 // Fail reports a failed attempt (POST /workers/jobs/{id}/fail). If an
 // earlier attempt of the same call reached the server, a retry answers 409
 // (lease_lost or invalid_transition): the failure was recorded.
-func (c *Client) Fail(ctx context.Context, jobID string, req FailRequest) (*FailResponse, error) {
-	var out FailResponse
-	if _, err := c.do(ctx, jobRoute(jobID, "fail"), req, &out, callOpts{}); err != nil {
+func (c *Client) Fail(ctx context.Context, jobID string, req wire.FailRequest) (*wire.FailResponse, error) {
+	var out wire.FailResponse
+	if _, err := c.do(ctx, wire.JobPath(jobID, "fail"), req, &out, callOpts{}); err != nil {
 		return nil, err
 	}
 	return &out, nil
@@ -660,9 +656,9 @@ func (c *Client) Fail(ctx context.Context, jobID string, req FailRequest) (*Fail
 
 // Release hands a job back to the queue without using an attempt (POST
 // /workers/jobs/{id}/release).
-func (c *Client) Release(ctx context.Context, jobID string, req ReleaseRequest) (*JobResponse, error) {
-	var out JobResponse
-	if _, err := c.do(ctx, jobRoute(jobID, "release"), req, &out, callOpts{}); err != nil {
+func (c *Client) Release(ctx context.Context, jobID string, req wire.ReleaseRequest) (*wire.JobResponse, error) {
+	var out wire.JobResponse
+	if _, err := c.do(ctx, wire.JobPath(jobID, "release"), req, &out, callOpts{}); err != nil {
 		return nil, err
 	}
 	return &out, nil
@@ -670,9 +666,9 @@ func (c *Client) Release(ctx context.Context, jobID string, req ReleaseRequest) 
 
 // Audit reports node audit events (POST /workers/audit); each becomes a
 // receipt.
-func (c *Client) Audit(ctx context.Context, req AuditRequest) (*AuditResponse, error) {
-	var out AuditResponse
-	if _, err := c.do(ctx, "/workers/audit", req, &out, callOpts{}); err != nil {
+func (c *Client) Audit(ctx context.Context, req wire.AuditRequest) (*wire.AuditResponse, error) {
+	var out wire.AuditResponse
+	if _, err := c.do(ctx, wire.PathAudit, req, &out, callOpts{}); err != nil {
 		return nil, err
 	}
 	return &out, nil

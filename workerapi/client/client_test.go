@@ -1,4 +1,4 @@
-package workerapi_test
+package client_test
 
 import (
 	"context"
@@ -26,9 +26,11 @@ import (
 	"github.com/nodelane/nodelane/internal/apitest"
 	"github.com/nodelane/nodelane/lease"
 	"github.com/nodelane/nodelane/workerapi"
+	"github.com/nodelane/nodelane/workerapi/client"
+	"github.com/nodelane/nodelane/workerapi/wire"
 )
 
-// The Client and the Worker runtime against the real handler over HTTP
+// The Client and the Runner runtime against the real handler over HTTP
 // (internal/apitest on SQLite), behind a proxy that can inject failures.
 
 // clFault makes the next n requests whose path ends with suffix fail
@@ -95,10 +97,10 @@ func newClProxy(t *testing.T, opts ...apitest.Option) *clProxy {
 			if f.retryAfter != "" {
 				hdr.Set("Retry-After", f.retryAfter)
 			}
-			body, _ = json.Marshal(workerapi.ErrorBody{Error: workerapi.ErrorDetail{
+			body, _ = json.Marshal(wire.ErrorBody{Error: wire.ErrorDetail{
 				Code: "injected", Message: "injected failure", ServerTime: env.Clock.Now().UTC()}})
 		}
-		var eb workerapi.ErrorBody
+		var eb wire.ErrorBody
 		_ = json.Unmarshal(body, &eb)
 		p.mu.Lock()
 		p.seen = append(p.seen, clSeen{path: r.URL.Path, nonce: nonce, status: status, code: eb.Error.Code})
@@ -141,37 +143,37 @@ func (p *clProxy) reset() {
 
 // newClClient returns a Client with a fresh in-memory identity and quick
 // retries.
-func newClClient(t *testing.T, url string, mod func(*workerapi.ClientConfig)) *workerapi.Client {
+func newClClient(t *testing.T, url string, mod func(*client.Config)) *client.Client {
 	t.Helper()
 	_, key, err := ed25519.GenerateKey(rand.Reader)
 	if err != nil {
 		t.Fatal(err)
 	}
-	id, err := workerapi.NewIdentity(key)
+	id, err := client.NewIdentity(key)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := &workerapi.ClientConfig{Identity: id, RetryBase: 10 * time.Millisecond, RetryMax: 100 * time.Millisecond}
+	cfg := &client.Config{Identity: id, RetryBase: 10 * time.Millisecond, RetryMax: 100 * time.Millisecond}
 	if mod != nil {
 		mod(cfg)
 	}
-	c, err := workerapi.NewClient(url, cfg)
+	c, err := client.New(url, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return c
 }
 
-func clRegistration(node string) workerapi.RegisterRequest {
-	return workerapi.RegisterRequest{
+func clRegistration(node string) wire.RegisterRequest {
+	return wire.RegisterRequest{
 		NodeID: node, Name: node, Hostname: node + ".local", Role: "local_gpu_compute",
-		Capabilities:   workerapi.Capabilities{JobTypes: []string{"status_check"}},
-		GovernorLimits: workerapi.GovernorLimits{MaxJobs: 4},
+		Capabilities:   wire.Capabilities{JobTypes: []string{"status_check"}},
+		GovernorLimits: wire.GovernorLimits{MaxJobs: 4},
 		Version:        "worker/test", HeartbeatIntervalSeconds: 1,
 	}
 }
 
-func clRegister(t *testing.T, p *clProxy, c *workerapi.Client, node string) {
+func clRegister(t *testing.T, p *clProxy, c *client.Client, node string) {
 	t.Helper()
 	if _, err := c.Register(context.Background(), p.env.ProvisioningToken, clRegistration(node)); err != nil {
 		t.Fatalf("register: %v", err)
@@ -181,7 +183,7 @@ func clRegister(t *testing.T, p *clProxy, c *workerapi.Client, node string) {
 func TestClientIdentityFile(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "sub", "identity.json")
-	id, err := workerapi.LoadOrCreateIdentity(path)
+	id, err := client.LoadOrCreateIdentity(path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -199,7 +201,7 @@ func TestClientIdentityFile(t *testing.T) {
 	if err := id.SetCredential("node-1", "wrk_1", "nlc_secret", exp); err != nil {
 		t.Fatal(err)
 	}
-	again, err := workerapi.LoadOrCreateIdentity(path)
+	again, err := client.LoadOrCreateIdentity(path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -219,14 +221,14 @@ func TestClientIdentityFile(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer os.Chmod(path, 0o600)
-		if _, err := workerapi.LoadOrCreateIdentity(path); err == nil || !strings.Contains(err.Error(), "0600") {
+		if _, err := client.LoadOrCreateIdentity(path); err == nil || !strings.Contains(err.Error(), "0600") {
 			t.Errorf("loading a 0644 file: %v", err)
 		}
 	})
 	t.Run("corrupt", func(t *testing.T) {
 		bad := filepath.Join(dir, "bad.json")
 		os.WriteFile(bad, []byte(`{"version":1,"private_key":"short"}`), 0o600)
-		if _, err := workerapi.LoadOrCreateIdentity(bad); err == nil {
+		if _, err := client.LoadOrCreateIdentity(bad); err == nil {
 			t.Error("a bad key loaded")
 		}
 	})
@@ -236,7 +238,7 @@ func TestClientIdentityFile(t *testing.T) {
 		var wg sync.WaitGroup
 		for i := range keys {
 			wg.Go(func() {
-				id, err := workerapi.LoadOrCreateIdentity(p)
+				id, err := client.LoadOrCreateIdentity(p)
 				if err != nil {
 					t.Error(err)
 					return
@@ -257,11 +259,11 @@ func TestClientRegister(t *testing.T) {
 	p := newClProxy(t)
 	ctx := context.Background()
 	dir := t.TempDir()
-	id, err := workerapi.LoadOrCreateIdentity(filepath.Join(dir, "id.json"))
+	id, err := client.LoadOrCreateIdentity(filepath.Join(dir, "id.json"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := workerapi.NewClient(p.URL+"/", &workerapi.ClientConfig{Identity: id})
+	c, err := client.New(p.URL+"/", &client.Config{Identity: id})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -269,7 +271,7 @@ func TestClientRegister(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.Heartbeat(ctx, workerapi.HeartbeatRequest{Status: "idle"}); err != nil {
+	if _, err := c.Heartbeat(ctx, wire.HeartbeatRequest{Status: "idle"}); err != nil {
 		t.Fatalf("heartbeat: %v", err)
 	}
 	// Again with the same key: 200, a new token, saved.
@@ -283,25 +285,25 @@ func TestClientRegister(t *testing.T) {
 	if got := p.requests("/workers/register"); got[len(got)-1].status != http.StatusOK || got[0].status != http.StatusCreated {
 		t.Errorf("register statuses: %+v", got)
 	}
-	reload, err := workerapi.LoadOrCreateIdentity(filepath.Join(dir, "id.json"))
+	reload, err := client.LoadOrCreateIdentity(filepath.Join(dir, "id.json"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if reload.Token() != second.WorkerToken || reload.WorkerID() != second.WorkerID || reload.NodeID() != "node-r" {
 		t.Errorf("saved identity: %q %q", reload.WorkerID(), reload.NodeID())
 	}
-	if _, err := c.Heartbeat(ctx, workerapi.HeartbeatRequest{Status: "idle"}); err != nil {
+	if _, err := c.Heartbeat(ctx, wire.HeartbeatRequest{Status: "idle"}); err != nil {
 		t.Fatalf("heartbeat with the rotated token: %v", err)
 	}
 
 	// Another key for the same node: 409 node_exists, an *APIError.
 	other := newClClient(t, p.URL, nil)
 	_, err = other.Register(ctx, p.env.ProvisioningToken, clRegistration("node-r"))
-	var ae *workerapi.APIError
-	if !errors.As(err, &ae) || ae.Status != http.StatusConflict || ae.Code != workerapi.CodeNodeExists {
+	var ae *client.APIError
+	if !errors.As(err, &ae) || ae.Status != http.StatusConflict || ae.Code != wire.CodeNodeExists {
 		t.Errorf("other key: %v", err)
 	}
-	if workerapi.IsRetryable(err) {
+	if client.IsRetryable(err) {
 		t.Error("409 is retryable")
 	}
 }
@@ -318,7 +320,7 @@ func TestClientRetries(t *testing.T) {
 		// is replaced: a retry with the same signature would be refused as
 		// replayed_nonce.
 		p.inject(clFault{suffix: "/heartbeat", n: 3, status: http.StatusServiceUnavailable, after: true})
-		if _, err := c.Heartbeat(ctx, workerapi.HeartbeatRequest{Status: "idle"}); err != nil {
+		if _, err := c.Heartbeat(ctx, wire.HeartbeatRequest{Status: "idle"}); err != nil {
 			t.Fatalf("heartbeat: %v", err)
 		}
 		seen := p.requests("/heartbeat")
@@ -327,7 +329,7 @@ func TestClientRetries(t *testing.T) {
 		}
 		nonces := map[string]bool{}
 		for _, s := range seen {
-			if s.code == workerapi.CodeReplayedNonce {
+			if s.code == wire.CodeReplayedNonce {
 				t.Errorf("replayed nonce: %+v", s)
 			}
 			nonces[s.nonce] = true
@@ -343,7 +345,7 @@ func TestClientRetries(t *testing.T) {
 		p.reset()
 		p.inject(clFault{suffix: "/heartbeat", n: 1, status: http.StatusTooManyRequests, retryAfter: "1"})
 		start := time.Now()
-		if _, err := c.Heartbeat(ctx, workerapi.HeartbeatRequest{Status: "idle"}); err != nil {
+		if _, err := c.Heartbeat(ctx, wire.HeartbeatRequest{Status: "idle"}); err != nil {
 			t.Fatalf("heartbeat: %v", err)
 		}
 		if d := time.Since(start); d < time.Second {
@@ -356,9 +358,9 @@ func TestClientRetries(t *testing.T) {
 	t.Run("gives up after MaxAttempts", func(t *testing.T) {
 		p.reset()
 		p.inject(clFault{suffix: "/heartbeat", n: 100, status: http.StatusBadGateway})
-		_, err := c.Heartbeat(ctx, workerapi.HeartbeatRequest{Status: "idle"})
-		var ae *workerapi.APIError
-		if !errors.As(err, &ae) || ae.Status != http.StatusBadGateway || !workerapi.IsRetryable(err) {
+		_, err := c.Heartbeat(ctx, wire.HeartbeatRequest{Status: "idle"})
+		var ae *client.APIError
+		if !errors.As(err, &ae) || ae.Status != http.StatusBadGateway || !client.IsRetryable(err) {
 			t.Errorf("err = %v", err)
 		}
 		if n := len(p.requests("/heartbeat")); n != 5 {
@@ -370,14 +372,14 @@ func TestClientRetries(t *testing.T) {
 	})
 	t.Run("no retry on 4xx", func(t *testing.T) {
 		p.reset()
-		_, err := c.Accept(ctx, "no-such-job", workerapi.TokenRequest{LeaseToken: "nll_bogus"})
-		if err == nil || workerapi.IsRetryable(err) {
+		_, err := c.Accept(ctx, "no-such-job", wire.TokenRequest{LeaseToken: "nll_bogus"})
+		if err == nil || client.IsRetryable(err) {
 			t.Fatalf("err = %v", err)
 		}
 		if n := len(p.requests("/accept")); n != 1 {
 			t.Errorf("%d attempts of a 4xx", n)
 		}
-		if code := workerapi.ErrorCode(err); code != workerapi.CodeInvalidRequest {
+		if code := client.ErrorCode(err); code != wire.CodeInvalidRequest {
 			t.Errorf("code = %q", code)
 		}
 	})
@@ -388,14 +390,14 @@ func TestClientRetries(t *testing.T) {
 			conn.Close()
 		}))
 		defer srv.Close()
-		nc := newClClient(t, srv.URL, func(c *workerapi.ClientConfig) { c.MaxAttempts = 3 })
-		_, err := nc.Heartbeat(ctx, workerapi.HeartbeatRequest{Status: "idle"})
-		if err == nil || !workerapi.IsRetryable(err) {
+		nc := newClClient(t, srv.URL, func(c *client.Config) { c.MaxAttempts = 3 })
+		_, err := nc.Heartbeat(ctx, wire.HeartbeatRequest{Status: "idle"})
+		if err == nil || !client.IsRetryable(err) {
 			t.Errorf("err = %v", err)
 		}
 		cctx, cancel := context.WithCancel(ctx)
 		cancel()
-		if _, err := nc.Heartbeat(cctx, workerapi.HeartbeatRequest{Status: "idle"}); !errors.Is(err, context.Canceled) {
+		if _, err := nc.Heartbeat(cctx, wire.HeartbeatRequest{Status: "idle"}); !errors.Is(err, context.Canceled) {
 			t.Errorf("cancelled: %v", err)
 		}
 	})
@@ -413,12 +415,12 @@ func TestClientClockOffset(t *testing.T) {
 			t.Errorf("offset = %v %v, want about 10m", off, ok)
 		}
 		regs := p.requests("/register")
-		if len(regs) != 2 || regs[0].code != workerapi.CodeStaleTimestamp || regs[1].status != http.StatusCreated {
+		if len(regs) != 2 || regs[0].code != wire.CodeStaleTimestamp || regs[1].status != http.StatusCreated {
 			t.Errorf("register attempts: %+v", regs)
 		}
 		p.reset()
 		for range 3 {
-			if _, err := c.Heartbeat(ctx, workerapi.HeartbeatRequest{Status: "idle"}); err != nil {
+			if _, err := c.Heartbeat(ctx, wire.HeartbeatRequest{Status: "idle"}); err != nil {
 				t.Fatalf("heartbeat: %v", err)
 			}
 		}
@@ -427,17 +429,17 @@ func TestClientClockOffset(t *testing.T) {
 		}
 		// The server's clock jumps again: the next request is corrected.
 		p.env.Clock.Advance(-20 * time.Minute)
-		if _, err := c.Heartbeat(ctx, workerapi.HeartbeatRequest{Status: "idle"}); err != nil {
+		if _, err := c.Heartbeat(ctx, wire.HeartbeatRequest{Status: "idle"}); err != nil {
 			t.Fatalf("heartbeat after a jump back: %v", err)
 		}
 	})
 	t.Run("node clock behind", func(t *testing.T) {
 		p := newClProxy(t)
-		c := newClClient(t, p.URL, func(cfg *workerapi.ClientConfig) {
+		c := newClClient(t, p.URL, func(cfg *client.Config) {
 			cfg.Now = func() time.Time { return time.Now().Add(-7 * time.Minute) }
 		})
 		clRegister(t, p, c, "node-behind")
-		if _, err := c.Heartbeat(ctx, workerapi.HeartbeatRequest{Status: "idle"}); err != nil {
+		if _, err := c.Heartbeat(ctx, wire.HeartbeatRequest{Status: "idle"}); err != nil {
 			t.Fatal(err)
 		}
 		if d := c.ServerNow().Sub(time.Now()); d > 2*time.Second || d < -2*time.Second {
@@ -452,7 +454,7 @@ func TestClientClockOffset(t *testing.T) {
 		}))
 		defer srv.Close()
 		c := newClClient(t, srv.URL, nil)
-		if _, err := c.Release(ctx, "j", workerapi.ReleaseRequest{LeaseToken: "t"}); err != nil {
+		if _, err := c.Release(ctx, "j", wire.ReleaseRequest{LeaseToken: "t"}); err != nil {
 			t.Fatal(err)
 		}
 		if off, _ := c.ClockOffset(); off < time.Hour-2*time.Second || off > time.Hour+2*time.Second {
@@ -461,22 +463,22 @@ func TestClientClockOffset(t *testing.T) {
 	})
 }
 
-// clWorker runs a Worker until the test ends.
+// clWorker runs a Runner until the test ends.
 type clWorker struct {
-	w    *workerapi.Worker
-	c    *workerapi.Client
+	w    *client.Runner
+	c    *client.Client
 	done chan error
 
 	mu   sync.Mutex
-	ends []workerapi.JobEnd
+	ends []client.JobEnd
 }
 
-func startClWorker(t *testing.T, p *clProxy, node string, mod func(*workerapi.WorkerConfig), handlers map[string]workerapi.HandlerFunc) *clWorker {
+func startClWorker(t *testing.T, p *clProxy, node string, mod func(*client.RunnerConfig), handlers map[string]client.HandlerFunc) *clWorker {
 	t.Helper()
 	c := newClClient(t, p.URL, nil)
 	cw := &clWorker{c: c, done: make(chan error, 1)}
 	reg := clRegistration(node)
-	cfg := &workerapi.WorkerConfig{
+	cfg := &client.RunnerConfig{
 		ProvisioningToken: p.env.ProvisioningToken,
 		Registration:      &reg,
 		MaxConcurrent:     2,
@@ -486,7 +488,7 @@ func startClWorker(t *testing.T, p *clProxy, node string, mod func(*workerapi.Wo
 		LogFlushInterval:  50 * time.Millisecond,
 		DrainTimeout:      5 * time.Second,
 		DrainGrace:        time.Second,
-		OnJobEnd: func(e workerapi.JobEnd) {
+		OnJobEnd: func(e client.JobEnd) {
 			cw.mu.Lock()
 			cw.ends = append(cw.ends, e)
 			cw.mu.Unlock()
@@ -495,7 +497,7 @@ func startClWorker(t *testing.T, p *clProxy, node string, mod func(*workerapi.Wo
 	if mod != nil {
 		mod(cfg)
 	}
-	cw.w = workerapi.NewWorker(c, cfg)
+	cw.w = client.NewRunner(c, cfg)
 	for typ, h := range handlers {
 		cw.w.Handle(typ, h)
 	}
@@ -512,7 +514,7 @@ func startClWorker(t *testing.T, p *clProxy, node string, mod func(*workerapi.Wo
 	return cw
 }
 
-func (cw *clWorker) end(t *testing.T, jobID string) workerapi.JobEnd {
+func (cw *clWorker) end(t *testing.T, jobID string) client.JobEnd {
 	t.Helper()
 	deadline := time.Now().Add(15 * time.Second)
 	for time.Now().Before(deadline) {
@@ -527,7 +529,7 @@ func (cw *clWorker) end(t *testing.T, jobID string) workerapi.JobEnd {
 		time.Sleep(20 * time.Millisecond)
 	}
 	t.Fatalf("job %s did not end", jobID)
-	return workerapi.JobEnd{}
+	return client.JobEnd{}
 }
 
 // clSignal sends v if ch has room: a handler that runs again must not
@@ -574,8 +576,8 @@ func TestClientWorkerRunsJobs(t *testing.T) {
 	if err := os.WriteFile(art, content, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cw := startClWorker(t, p, "node-run", nil, map[string]workerapi.HandlerFunc{
-		"status_check": func(ctx context.Context, job *workerapi.Job, r *workerapi.Reporter) error {
+	cw := startClWorker(t, p, "node-run", nil, map[string]client.HandlerFunc{
+		"status_check": func(ctx context.Context, job *wire.Job, r *client.Reporter) error {
 			var in struct{ Mode string }
 			json.Unmarshal(job.Payload, &in)
 			r.Logf("starting %s", in.Mode)
@@ -586,13 +588,13 @@ func TestClientWorkerRunsJobs(t *testing.T) {
 			r.Log("not an object", 42)
 			switch in.Mode {
 			case "permanent":
-				return workerapi.Permanent(errors.New("bad input"))
+				return client.Permanent(errors.New("bad input"))
 			case "retry":
-				return workerapi.WithErrorCode("oom", errors.New("out of memory"))
+				return client.WithErrorCode("oom", errors.New("out of memory"))
 			case "panic":
 				panic("boom")
 			}
-			if _, err := r.Artifact(ctx, workerapi.ArtifactInfo{Type: "adapter", Name: "out.bin", URI: "file:///out.bin", Path: art,
+			if _, err := r.Artifact(ctx, client.ArtifactInfo{Type: "adapter", Name: "out.bin", URI: "file:///out.bin", Path: art,
 				Metadata: map[string]string{"format": "raw"}}); err != nil {
 				return err
 			}
@@ -606,7 +608,7 @@ func TestClientWorkerRunsJobs(t *testing.T) {
 	pan := p.env.Enqueue(t, lease.NewJob{Type: "status_check", Payload: json.RawMessage(`{"mode":"panic"}`)})
 
 	e := cw.end(t, ok.ID)
-	if e.Outcome != workerapi.JobSucceeded || e.Complete == nil || e.Complete.ReceiptID == "" {
+	if e.Outcome != client.JobSucceeded || e.Complete == nil || e.Complete.ReceiptID == "" {
 		t.Fatalf("ok: %+v", e)
 	}
 	j := p.env.Job(t, ok.ID)
@@ -634,19 +636,19 @@ func TestClientWorkerRunsJobs(t *testing.T) {
 		t.Errorf("artifacts: %+v", arts)
 	}
 
-	if e := cw.end(t, perm.ID); e.Outcome != workerapi.JobFailed || e.Fail == nil || e.Fail.Requeued {
+	if e := cw.end(t, perm.ID); e.Outcome != client.JobFailed || e.Fail == nil || e.Fail.Requeued {
 		t.Errorf("permanent: %+v", e)
 	}
 	if j := p.env.Job(t, perm.ID); j.State != lease.StateFailed || j.LastError.Code != "handler_error" {
 		t.Errorf("permanent job: %s %+v", j.State, j.LastError)
 	}
-	if e := cw.end(t, retry.ID); e.Outcome != workerapi.JobFailed || e.Fail == nil || !e.Fail.Requeued {
+	if e := cw.end(t, retry.ID); e.Outcome != client.JobFailed || e.Fail == nil || !e.Fail.Requeued {
 		t.Errorf("retryable: %+v", e)
 	}
 	if j := p.env.Job(t, retry.ID); j.State != lease.StateQueued || j.LastError.Code != "oom" {
 		t.Errorf("retryable job: %s %+v", j.State, j.LastError)
 	}
-	if e := cw.end(t, pan.ID); e.Outcome != workerapi.JobFailed {
+	if e := cw.end(t, pan.ID); e.Outcome != client.JobFailed {
 		t.Errorf("panic: %+v", e)
 	}
 	if j := p.env.Job(t, pan.ID); j.LastError == nil || j.LastError.Code != "panic" {
@@ -658,8 +660,8 @@ func TestClientCancelReachesHandler(t *testing.T) {
 	p := newClProxy(t)
 	running := make(chan string, 1)
 	causes := make(chan error, 1)
-	cw := startClWorker(t, p, "node-cancel", nil, map[string]workerapi.HandlerFunc{
-		"status_check": func(ctx context.Context, job *workerapi.Job, r *workerapi.Reporter) error {
+	cw := startClWorker(t, p, "node-cancel", nil, map[string]client.HandlerFunc{
+		"status_check": func(ctx context.Context, job *wire.Job, r *client.Reporter) error {
 			r.Log("working", nil)
 			running <- job.ID
 			<-ctx.Done()
@@ -674,11 +676,11 @@ func TestClientCancelReachesHandler(t *testing.T) {
 	if _, err := p.env.Server.Leases().Cancel(context.Background(), j.ID); err != nil {
 		t.Fatal(err)
 	}
-	if cause := clWait(t, causes, "the cancel"); !errors.Is(cause, workerapi.ErrJobCanceled) {
+	if cause := clWait(t, causes, "the cancel"); !errors.Is(cause, client.ErrJobCanceled) {
 		t.Errorf("cause = %v", cause)
 	}
 	e := cw.end(t, j.ID)
-	if e.Outcome != workerapi.JobCanceled {
+	if e.Outcome != client.JobCanceled {
 		t.Errorf("outcome %+v", e)
 	}
 	got := p.env.Job(t, j.ID)
@@ -697,8 +699,8 @@ func TestClientLeaseLost(t *testing.T) {
 	p := newClProxy(t)
 	running := make(chan string, 1)
 	causes := make(chan error, 1)
-	cw := startClWorker(t, p, "node-lost", func(c *workerapi.WorkerConfig) { c.MaxConcurrent = 1 }, map[string]workerapi.HandlerFunc{
-		"status_check": func(ctx context.Context, job *workerapi.Job, r *workerapi.Reporter) error {
+	cw := startClWorker(t, p, "node-lost", func(c *client.RunnerConfig) { c.MaxConcurrent = 1 }, map[string]client.HandlerFunc{
+		"status_check": func(ctx context.Context, job *wire.Job, r *client.Reporter) error {
 			clSignal(running, job.ID)
 			<-ctx.Done()
 			clSignal(causes, context.Cause(ctx))
@@ -714,10 +716,10 @@ func TestClientLeaseLost(t *testing.T) {
 		t.Fatalf("expire: %d %v", n, err)
 	}
 	cause := clWait(t, causes, "the lease loss")
-	if !errors.Is(cause, workerapi.ErrLeaseLost) && !errors.Is(cause, workerapi.ErrLeaseExpiring) {
+	if !errors.Is(cause, client.ErrLeaseLost) && !errors.Is(cause, client.ErrLeaseExpiring) {
 		t.Errorf("cause = %v", cause)
 	}
-	if e := cw.end(t, j.ID); e.Outcome != workerapi.JobLost {
+	if e := cw.end(t, j.ID); e.Outcome != client.JobLost {
 		t.Errorf("outcome %+v", e)
 	}
 	for _, s := range []string{"/complete", "/fail", "/logs"} {
@@ -737,11 +739,11 @@ func TestClientLeaseExpiringStopsJob(t *testing.T) {
 	p := newClProxy(t, apitest.WithConfig(func(c *workerapi.Config) { c.LeaseTTL = 3 * time.Second }))
 	running := make(chan string, 1)
 	causes := make(chan error, 1)
-	cw := startClWorker(t, p, "node-expiring", func(c *workerapi.WorkerConfig) {
+	cw := startClWorker(t, p, "node-expiring", func(c *client.RunnerConfig) {
 		c.MaxConcurrent = 1
 		c.DrainTimeout = 200 * time.Millisecond
-	}, map[string]workerapi.HandlerFunc{
-		"status_check": func(ctx context.Context, job *workerapi.Job, r *workerapi.Reporter) error {
+	}, map[string]client.HandlerFunc{
+		"status_check": func(ctx context.Context, job *wire.Job, r *client.Reporter) error {
 			clSignal(running, job.ID)
 			<-ctx.Done()
 			clSignal(causes, context.Cause(ctx))
@@ -753,13 +755,13 @@ func TestClientLeaseExpiringStopsJob(t *testing.T) {
 	p.inject(clFault{suffix: "/heartbeat", n: 1000, status: http.StatusServiceUnavailable})
 	cause := clWait(t, causes, "the watchdog")
 	stoppedAt := time.Now()
-	if !errors.Is(cause, workerapi.ErrLeaseExpiring) {
+	if !errors.Is(cause, client.ErrLeaseExpiring) {
 		t.Errorf("cause = %v", cause)
 	}
 	if l := p.env.Job(t, j.ID).Lease; l != nil && !stoppedAt.Before(l.ExpiresAt) {
 		t.Errorf("stopped at %v, after the lease expired at %v", stoppedAt, l.ExpiresAt)
 	}
-	if e := cw.end(t, j.ID); e.Outcome != workerapi.JobLost {
+	if e := cw.end(t, j.ID); e.Outcome != client.JobLost {
 		t.Errorf("outcome %+v", e)
 	}
 	if got := p.requests("/complete"); len(got) != 0 {
@@ -777,12 +779,12 @@ func TestClientDrain(t *testing.T) {
 	causes := make(chan error, 2)
 	stubborn := make(chan struct{})
 	defer close(stubborn)
-	cw := startClWorker(t, p, "node-drain", func(c *workerapi.WorkerConfig) {
+	cw := startClWorker(t, p, "node-drain", func(c *client.RunnerConfig) {
 		c.MaxConcurrent = 3
 		c.DrainTimeout = 3 * time.Second
 		c.DrainGrace = 300 * time.Millisecond
-	}, map[string]workerapi.HandlerFunc{
-		"status_check": func(ctx context.Context, job *workerapi.Job, r *workerapi.Reporter) error {
+	}, map[string]client.HandlerFunc{
+		"status_check": func(ctx context.Context, job *wire.Job, r *client.Reporter) error {
 			running <- string(job.Payload)
 			switch {
 			case strings.Contains(string(job.Payload), "quick"):
@@ -807,7 +809,7 @@ func TestClientDrain(t *testing.T) {
 
 	cw.w.Drain()
 	close(finishA)
-	if e := cw.end(t, a.ID); e.Outcome != workerapi.JobSucceeded {
+	if e := cw.end(t, a.ID); e.Outcome != client.JobSucceeded {
 		t.Errorf("a: %+v", e)
 	}
 	// A job dispatched while the worker drains is not leased.
@@ -820,16 +822,16 @@ func TestClientDrain(t *testing.T) {
 	if j := p.env.Job(t, a.ID); j.State != lease.StateSucceeded {
 		t.Errorf("a: %s", j.State)
 	}
-	if cause := clWait(t, causes, "b's cancel"); !errors.Is(cause, workerapi.ErrDrained) {
+	if cause := clWait(t, causes, "b's cancel"); !errors.Is(cause, client.ErrDrained) {
 		t.Errorf("b's cause = %v", cause)
 	}
-	if e := cw.end(t, b.ID); e.Outcome != workerapi.JobReleased {
+	if e := cw.end(t, b.ID); e.Outcome != client.JobReleased {
 		t.Errorf("b: %+v", e)
 	}
 	if j := p.env.Job(t, b.ID); j.State != lease.StateQueued || j.Attempt != 1 {
 		t.Errorf("b: %s attempt %d, want queued with no attempt used", j.State, j.Attempt)
 	}
-	if e := cw.end(t, s.ID); e.Outcome != workerapi.JobReleased {
+	if e := cw.end(t, s.ID); e.Outcome != client.JobReleased {
 		t.Errorf("stubborn: %+v", e)
 	}
 	if j := p.env.Job(t, s.ID); j.State != lease.StateQueued || j.Attempt != 1 {
@@ -850,10 +852,10 @@ func TestClientDrain(t *testing.T) {
 func TestClientLogsResent(t *testing.T) {
 	p := newClProxy(t)
 	flushErr := make(chan error, 1)
-	cw := startClWorker(t, p, "node-logs", func(c *workerapi.WorkerConfig) {
+	cw := startClWorker(t, p, "node-logs", func(c *client.RunnerConfig) {
 		c.LogFlushInterval = time.Hour // only explicit and final flushes
-	}, map[string]workerapi.HandlerFunc{
-		"status_check": func(ctx context.Context, job *workerapi.Job, r *workerapi.Reporter) error {
+	}, map[string]client.HandlerFunc{
+		"status_check": func(ctx context.Context, job *wire.Job, r *client.Reporter) error {
 			for i := range 5 {
 				r.Logf("line %d", i)
 			}
@@ -869,10 +871,10 @@ func TestClientLogsResent(t *testing.T) {
 	// with the next batch.
 	p.inject(clFault{suffix: "/logs", n: 5, status: http.StatusServiceUnavailable, after: true})
 	j := p.env.Enqueue(t, lease.NewJob{Type: "status_check"})
-	if err := clWait(t, flushErr, "the flush"); err == nil || !workerapi.IsRetryable(err) {
+	if err := clWait(t, flushErr, "the flush"); err == nil || !client.IsRetryable(err) {
 		t.Errorf("flush during the outage: %v", err)
 	}
-	if e := cw.end(t, j.ID); e.Outcome != workerapi.JobSucceeded {
+	if e := cw.end(t, j.ID); e.Outcome != client.JobSucceeded {
 		t.Fatalf("outcome %+v", e)
 	}
 	lines := clLogLines(t, p, j.ID)
@@ -902,8 +904,8 @@ func TestClientTokenRenewal(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cw := startClWorker(t, p, "node-renew", func(c *workerapi.WorkerConfig) { c.ProvisioningToken = prov },
-		map[string]workerapi.HandlerFunc{"status_check": func(context.Context, *workerapi.Job, *workerapi.Reporter) error { return nil }})
+	cw := startClWorker(t, p, "node-renew", func(c *client.RunnerConfig) { c.ProvisioningToken = prov },
+		map[string]client.HandlerFunc{"status_check": func(context.Context, *wire.Job, *client.Reporter) error { return nil }})
 	id := cw.c.Identity()
 	for deadline := time.Now().Add(10 * time.Second); id.Token() == "" && time.Now().Before(deadline); {
 		time.Sleep(10 * time.Millisecond)
@@ -939,7 +941,7 @@ func TestClientTokenRenewal(t *testing.T) {
 		t.Errorf("heartbeats after the first token expired: %+v", p.requests("/heartbeat"))
 	}
 	j := p.env.Enqueue(t, lease.NewJob{Type: "status_check"})
-	if e := cw.end(t, j.ID); e.Outcome != workerapi.JobSucceeded {
+	if e := cw.end(t, j.ID); e.Outcome != client.JobSucceeded {
 		t.Errorf("job after renewal: %+v", e)
 	}
 	if regs := len(p.requests("/register")); regs != 0 {
@@ -965,8 +967,8 @@ func TestClientBaseURLPrefix(t *testing.T) {
 	}
 	// An odd job id is escaped once, and the signature covers it as sent:
 	// the answer is about the body, not the signature.
-	_, err := c.Accept(ctx, "a b/c", workerapi.TokenRequest{LeaseToken: "nll_bogus"})
-	if code := workerapi.ErrorCode(err); code != workerapi.CodeInvalidRequest {
+	_, err := c.Accept(ctx, "a b/c", wire.TokenRequest{LeaseToken: "nll_bogus"})
+	if code := client.ErrorCode(err); code != wire.CodeInvalidRequest {
 		t.Errorf("accept: %v", err)
 	}
 	mu.Lock()
@@ -979,25 +981,25 @@ func TestClientBaseURLPrefix(t *testing.T) {
 // A worker node: its identity in a 0600 file, registered with a
 // provisioning token on first start, draining on SIGTERM (a spot reclaim)
 // or Ctrl-C.
-func ExampleWorker() {
-	id, err := workerapi.LoadOrCreateIdentity("/var/lib/nodelane/identity.json")
+func ExampleRunner() {
+	id, err := client.LoadOrCreateIdentity("/var/lib/nodelane/identity.json")
 	if err != nil {
 		log.Fatal(err)
 	}
-	c, err := workerapi.NewClient("https://cp.example.com/nodelane", &workerapi.ClientConfig{Identity: id})
+	c, err := client.New("https://cp.example.com/nodelane", &client.Config{Identity: id})
 	if err != nil {
 		log.Fatal(err)
 	}
-	w := workerapi.NewWorker(c, &workerapi.WorkerConfig{
+	w := client.NewRunner(c, &client.RunnerConfig{
 		ProvisioningToken: os.Getenv("NODELANE_PROVISIONING_TOKEN"),
-		Registration: &workerapi.RegisterRequest{
+		Registration: &wire.RegisterRequest{
 			NodeID: "studio-gpu-1", Name: "Studio-GPU", Role: "local_gpu_compute",
-			Capabilities:   workerapi.Capabilities{GPUs: []workerapi.GPU{{SKU: "rtx-4090", VRAMMB: 24576}}},
-			GovernorLimits: workerapi.GovernorLimits{MaxJobs: 2, MaxVRAMMB: 24576},
+			Capabilities:   wire.Capabilities{GPUs: []wire.GPU{{SKU: "rtx-4090", VRAMMB: 24576}}},
+			GovernorLimits: wire.GovernorLimits{MaxJobs: 2, MaxVRAMMB: 24576},
 		},
 		DrainTimeout: 90 * time.Second,
 	})
-	w.Handle("status_check", func(ctx context.Context, job *workerapi.Job, r *workerapi.Reporter) error {
+	w.Handle("status_check", func(ctx context.Context, job *wire.Job, r *client.Reporter) error {
 		r.Logf("checking %s", job.ID)
 		if err := r.Progress(ctx, "50%", map[string]int{"step": 1}); err != nil {
 			return err

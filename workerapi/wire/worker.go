@@ -1,27 +1,13 @@
-package workerapi
+package wire
 
 import (
 	"encoding/json"
 	"time"
 
-	"github.com/nodelane/nodelane/lease"
 	"github.com/nodelane/nodelane/receipts"
 )
 
-// The wire types of PROTOCOL.md, shared by the handlers and the Client.
-// Times are RFC 3339 in UTC with at most microsecond precision.
-
-// ErrorBody is every error answer.
-type ErrorBody struct {
-	Error ErrorDetail `json:"error"`
-}
-
-// ErrorDetail says what went wrong.
-type ErrorDetail struct {
-	Code       string    `json:"code"`
-	Message    string    `json:"message"`
-	ServerTime time.Time `json:"server_time"`
-}
+// The bodies and answers of the worker routes.
 
 // GPU is one GPU of a worker.
 type GPU struct {
@@ -301,39 +287,4 @@ type AuditRequest struct {
 // AuditResponse answers audit.
 type AuditResponse struct {
 	ReceiptIDs []string `json:"receipt_ids"`
-}
-
-// wireJob turns a lease.Job into its wire form.
-func wireJob(j *lease.Job) Job {
-	w := Job{
-		ID:              j.ID,
-		JobType:         j.Type,
-		Payload:         j.Payload,
-		Requirements:    Requirements(j.Requirements),
-		State:           string(j.State),
-		Attempt:         j.Attempt,
-		MaxAttempts:     j.MaxAttempts,
-		Priority:        j.Priority,
-		CreatedAt:       j.CreatedAt,
-		ScheduledAt:     j.ScheduledAt,
-		LeasedAt:        j.LeasedAt,
-		AcceptedAt:      j.AcceptedAt,
-		FinishedAt:      j.FinishedAt,
-		CancelRequested: j.CancelRequested,
-	}
-	if len(w.Payload) == 0 {
-		w.Payload = json.RawMessage(`{}`)
-	}
-	if j.ReceiptID != "" {
-		id := j.ReceiptID
-		w.ReceiptID = &id
-	}
-	if e := j.LastError; e != nil {
-		w.LastError = &JobError{Code: e.Code, Message: e.Message, Attempt: e.Attempt, At: e.At, Payload: e.Payload}
-	}
-	if l := j.Lease; l != nil {
-		id, pv := l.WorkerID, l.PolicyVersion
-		w.WorkerID, w.PolicyVersion = &id, &pv
-	}
-	return w
 }

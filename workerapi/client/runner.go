@@ -1,4 +1,4 @@
-package workerapi
+package client
 
 import (
 	"context"
@@ -16,6 +16,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/nodelane/nodelane/workerapi/wire"
 )
 
 // HandlerFunc runs one job. Its ctx is cancelled when the job must stop:
@@ -23,25 +25,25 @@ import (
 // ErrLeaseExpiring, ErrDrained). Returning nil completes the job; an
 // error fails it, to be retried unless wrapped with Permanent. r reports
 // progress, logs and artifacts.
-type HandlerFunc func(ctx context.Context, job *Job, r *Reporter) error
+type HandlerFunc func(ctx context.Context, job *wire.Job, r *Reporter) error
 
 // Why a job's context is cancelled (context.Cause).
 var (
 	// ErrJobCanceled: an operator cancelled the job (announced in a
 	// heartbeat, status or accept answer). If the handler then returns an
 	// error, the job is failed with error_code "canceled" and ends canceled.
-	ErrJobCanceled = errors.New("workerapi: the job was canceled")
+	ErrJobCanceled = errors.New("client: the job was canceled")
 	// ErrLeaseLost: the server says this worker no longer holds the job's
 	// lease (it expired, or it was released). Nothing more is reported.
-	ErrLeaseLost = errors.New("workerapi: the job's lease was lost")
+	ErrLeaseLost = errors.New("client: the job's lease was lost")
 	// ErrLeaseExpiring: the lease could not be extended and is about to
-	// expire (WorkerConfig.LeaseMargin before expires_at), so the worker
+	// expire (RunnerConfig.LeaseMargin before expires_at), so the worker
 	// stops the job before the server may hand it to another worker.
-	ErrLeaseExpiring = errors.New("workerapi: the job's lease could not be renewed before it expires")
+	ErrLeaseExpiring = errors.New("client: the job's lease could not be renewed before it expires")
 	// ErrDrained: the worker is draining and the job did not finish within
-	// WorkerConfig.DrainTimeout (or had not started when the drain began).
+	// RunnerConfig.DrainTimeout (or had not started when the drain began).
 	// The job is released (no attempt used).
-	ErrDrained = errors.New("workerapi: the worker drained before the job finished")
+	ErrDrained = errors.New("client: the worker drained before the job finished")
 )
 
 // Permanent marks a handler's error as one that another attempt cannot
@@ -103,20 +105,20 @@ const (
 	JobAbandoned JobOutcome = "abandoned"
 )
 
-// JobEnd says how a job ended, for WorkerConfig.OnJobEnd.
+// JobEnd says how a job ended, for RunnerConfig.OnJobEnd.
 type JobEnd struct {
-	Job     Job
+	Job     wire.Job
 	Outcome JobOutcome
 	// Err is the handler's error, or why the outcome could not be reported.
 	Err error
 	// Complete or Fail is the server's answer, when one was given.
-	Complete *CompleteResponse
-	Fail     *FailResponse
+	Complete *wire.CompleteResponse
+	Fail     *wire.FailResponse
 }
 
-// WorkerConfig holds a Worker's settings. A nil *WorkerConfig means all
+// RunnerConfig holds a Runner's settings. A nil *RunnerConfig means all
 // defaults (the identity must then hold a worker token).
-type WorkerConfig struct {
+type RunnerConfig struct {
 	// MaxConcurrent is how many jobs run at once. Defaults to the
 	// registration's governor max_jobs, or 1.
 	MaxConcurrent int
@@ -131,7 +133,7 @@ type WorkerConfig struct {
 	// identity's node id (or the host name) with the registered handlers'
 	// job types and MaxConcurrent as governor max_jobs, and no GPU; when
 	// given, an empty job_types is filled the same way.
-	Registration *RegisterRequest
+	Registration *wire.RegisterRequest
 	// SupportedGPUSKUs go in every lease request. Defaults to the SKUs of
 	// Registration's GPUs.
 	SupportedGPUSKUs []string
@@ -179,12 +181,12 @@ type WorkerConfig struct {
 	Logger *slog.Logger
 }
 
-// Worker is a worker node's runtime: it registers, heartbeats, leases jobs
+// Runner is a worker node's runtime: it registers, heartbeats, leases jobs
 // for its handlers, runs them with contexts that are cancelled when the
 // job must stop, reports their logs and results, and drains on shutdown.
-type Worker struct {
+type Runner struct {
 	c   *Client
-	cfg WorkerConfig
+	cfg RunnerConfig
 	log *slog.Logger
 
 	mu         sync.Mutex
@@ -210,9 +212,9 @@ type Worker struct {
 	renewAt, lastTry time.Time
 }
 
-// NewWorker returns a Worker that talks through c. cfg may be nil.
-func NewWorker(c *Client, cfg *WorkerConfig) *Worker {
-	var wc WorkerConfig
+// NewRunner returns a Runner that talks through c. cfg may be nil.
+func NewRunner(c *Client, cfg *RunnerConfig) *Runner {
+	var wc RunnerConfig
 	if cfg != nil {
 		wc = *cfg
 	}
@@ -266,7 +268,7 @@ func NewWorker(c *Client, cfg *WorkerConfig) *Worker {
 			}
 		}
 	}
-	return &Worker{
+	return &Runner{
 		c: c, cfg: wc, log: wc.Logger,
 		handlers: map[string]HandlerFunc{},
 		jobs:     map[string]*task{},
@@ -279,7 +281,7 @@ func NewWorker(c *Client, cfg *WorkerConfig) *Worker {
 }
 
 // Handle registers h for jobType. Call it before Run.
-func (w *Worker) Handle(jobType string, h HandlerFunc) {
+func (w *Runner) Handle(jobType string, h HandlerFunc) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.handlers[jobType] = h
@@ -289,10 +291,10 @@ func (w *Worker) Handle(jobType string, h HandlerFunc) {
 // finish within DrainTimeout, releases those that do not, sends a last
 // heartbeat with status "draining", and Run returns. Safe to call at any
 // time, from any goroutine, more than once.
-func (w *Worker) Drain() { w.drainOnce.Do(func() { close(w.drainCh) }) }
+func (w *Runner) Drain() { w.drainOnce.Do(func() { close(w.drainCh) }) }
 
 // Jobs returns the ids of the jobs the worker holds.
-func (w *Worker) Jobs() []string {
+func (w *Runner) Jobs() []string {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	ids := make([]string, 0, len(w.jobs))
@@ -309,11 +311,11 @@ func (w *Worker) Jobs() []string {
 // the worker cannot register, and after stopping its jobs if the server
 // refuses its credential for good (revoked, banned). Run may be called
 // once.
-func (w *Worker) Run(ctx context.Context) error {
+func (w *Runner) Run(ctx context.Context) error {
 	w.mu.Lock()
 	if w.started {
 		w.mu.Unlock()
-		return errors.New("workerapi: Worker.Run called twice")
+		return errors.New("client: Runner.Run called twice")
 	}
 	w.started = true
 	types := make([]string, 0, len(w.handlers))
@@ -322,7 +324,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	w.mu.Unlock()
 	if len(types) == 0 {
-		return errors.New("workerapi: the worker has no handler")
+		return errors.New("client: the worker has no handler")
 	}
 	sort.Strings(types)
 	if w.cfg.Registration == nil && w.cfg.ProvisioningToken != "" {
@@ -331,8 +333,8 @@ func (w *Worker) Run(ctx context.Context) error {
 		if node == "" {
 			node = host
 		}
-		w.cfg.Registration = &RegisterRequest{NodeID: node, Name: node, Hostname: host, Role: "worker",
-			GovernorLimits: GovernorLimits{MaxJobs: w.cfg.MaxConcurrent}}
+		w.cfg.Registration = &wire.RegisterRequest{NodeID: node, Name: node, Hostname: host, Role: "worker",
+			GovernorLimits: wire.GovernorLimits{MaxJobs: w.cfg.MaxConcurrent}}
 	}
 	if r := w.cfg.Registration; r != nil && len(r.Capabilities.JobTypes) == 0 {
 		r.Capabilities.JobTypes = types
@@ -401,7 +403,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	<-hbDone
 	if fatal == nil {
 		fctx, cancel := context.WithTimeout(w.baseCtx, w.finalTimeout())
-		_, err := w.c.Heartbeat(fctx, HeartbeatRequest{Status: "draining", CurrentJobs: w.Jobs(), Metrics: w.metrics()})
+		_, err := w.c.Heartbeat(fctx, wire.HeartbeatRequest{Status: "draining", CurrentJobs: w.Jobs(), Metrics: w.metrics()})
 		cancel()
 		if err != nil {
 			w.log.Warn("final heartbeat", "err", err)
@@ -412,7 +414,7 @@ func (w *Worker) Run(ctx context.Context) error {
 
 // ensureRegistered registers the node when it has no token, or renews a
 // token close to its expiry.
-func (w *Worker) ensureRegistered(ctx context.Context) error {
+func (w *Runner) ensureRegistered(ctx context.Context) error {
 	tok, exp := w.c.id.Token(), w.c.id.TokenExpiresAt()
 	if !exp.IsZero() {
 		w.renewMu.Lock()
@@ -421,7 +423,7 @@ func (w *Worker) ensureRegistered(ctx context.Context) error {
 	}
 	switch {
 	case tok == "" && w.cfg.ProvisioningToken == "":
-		return errors.New("workerapi: the identity has no worker token and WorkerConfig.ProvisioningToken is empty")
+		return errors.New("client: the identity has no worker token and RunnerConfig.ProvisioningToken is empty")
 	case tok == "":
 		return w.register(ctx)
 	case !exp.IsZero() && w.c.until(exp) < w.cfg.TokenRenewBefore && w.cfg.ProvisioningToken != "":
@@ -434,7 +436,7 @@ func (w *Worker) ensureRegistered(ctx context.Context) error {
 
 // maybeRenew renews the token when it is due, at most once a minute
 // (server time).
-func (w *Worker) maybeRenew(ctx context.Context) {
+func (w *Runner) maybeRenew(ctx context.Context) {
 	w.renewMu.Lock()
 	defer w.renewMu.Unlock()
 	now := w.c.ServerNow()
@@ -446,15 +448,15 @@ func (w *Worker) maybeRenew(ctx context.Context) {
 	}
 }
 
-func (w *Worker) register(ctx context.Context) error {
+func (w *Runner) register(ctx context.Context) error {
 	w.renewMu.Lock()
 	defer w.renewMu.Unlock()
 	return w.registerLocked(ctx)
 }
 
-func (w *Worker) registerLocked(ctx context.Context) error {
+func (w *Runner) registerLocked(ctx context.Context) error {
 	if w.cfg.ProvisioningToken == "" || w.cfg.Registration == nil {
-		return errors.New("workerapi: cannot register: no WorkerConfig.ProvisioningToken")
+		return errors.New("client: cannot register: no RunnerConfig.ProvisioningToken")
 	}
 	w.lastTry = w.c.ServerNow()
 	out, err := w.c.Register(ctx, w.cfg.ProvisioningToken, *w.cfg.Registration)
@@ -477,7 +479,7 @@ func (w *Worker) registerLocked(ctx context.Context) error {
 
 // renew re-registers after the server said the token used expired,
 // unless another goroutine has renewed it since.
-func (w *Worker) renew(ctx context.Context, used string) error {
+func (w *Runner) renew(ctx context.Context, used string) error {
 	w.renewMu.Lock()
 	defer w.renewMu.Unlock()
 	if w.c.id.Token() != used {
@@ -486,21 +488,21 @@ func (w *Worker) renew(ctx context.Context, used string) error {
 	return w.registerLocked(ctx)
 }
 
-func (w *Worker) setFatal(err error) {
+func (w *Runner) setFatal(err error) {
 	select {
 	case w.fatalCh <- err:
 	default:
 	}
 }
 
-func (w *Worker) kickHeartbeat() {
+func (w *Runner) kickHeartbeat() {
 	select {
 	case w.hbKick <- struct{}{}:
 	default:
 	}
 }
 
-func (w *Worker) metrics() json.RawMessage {
+func (w *Runner) metrics() json.RawMessage {
 	if w.cfg.Metrics == nil {
 		return nil
 	}
@@ -513,7 +515,7 @@ func (w *Worker) metrics() json.RawMessage {
 }
 
 // heartbeatLoop heartbeats until ctx ends.
-func (w *Worker) heartbeatLoop(ctx context.Context) {
+func (w *Runner) heartbeatLoop(ctx context.Context) {
 	failures := 0
 	next := time.Duration(0)
 	for {
@@ -535,7 +537,7 @@ func (w *Worker) heartbeatLoop(ctx context.Context) {
 			next = interval
 		case ctx.Err() != nil:
 			return
-		case IsCode(err, CodeTokenExpired):
+		case IsCode(err, wire.CodeTokenExpired):
 			if rerr := w.renew(ctx, used); rerr != nil {
 				w.setFatal(fmt.Errorf("%w; renewing: %w", err, rerr))
 				return
@@ -556,7 +558,7 @@ func (w *Worker) heartbeatLoop(ctx context.Context) {
 	}
 }
 
-func (w *Worker) heartbeatInterval() time.Duration {
+func (w *Runner) heartbeatInterval() time.Duration {
 	if w.cfg.HeartbeatInterval > 0 {
 		return w.cfg.HeartbeatInterval
 	}
@@ -570,7 +572,7 @@ func (w *Worker) heartbeatInterval() time.Duration {
 
 // leaseUrgency is how soon the next heartbeat must come so that every
 // lease is extended well before its margin.
-func (w *Worker) leaseUrgency() time.Duration {
+func (w *Runner) leaseUrgency() time.Duration {
 	d := time.Hour
 	for _, t := range w.tasks() {
 		t.mu.Lock()
@@ -581,7 +583,7 @@ func (w *Worker) leaseUrgency() time.Duration {
 	return max(d, 100*time.Millisecond)
 }
 
-func (w *Worker) tasks() []*task {
+func (w *Runner) tasks() []*task {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	ts := make([]*task, 0, len(w.jobs))
@@ -591,7 +593,7 @@ func (w *Worker) tasks() []*task {
 	return ts
 }
 
-func (w *Worker) heartbeatOnce(ctx context.Context) error {
+func (w *Runner) heartbeatOnce(ctx context.Context) error {
 	w.mu.Lock()
 	listed := make(map[string]*task, len(w.jobs))
 	ids := make([]string, 0, len(w.jobs))
@@ -608,7 +610,7 @@ func (w *Worker) heartbeatOnce(ctx context.Context) error {
 	}
 	w.mu.Unlock()
 	sort.Strings(ids)
-	resp, err := w.c.Heartbeat(ctx, HeartbeatRequest{Status: status, CurrentJobs: ids, Metrics: w.metrics()})
+	resp, err := w.c.Heartbeat(ctx, wire.HeartbeatRequest{Status: status, CurrentJobs: ids, Metrics: w.metrics()})
 	if err != nil {
 		return err
 	}
@@ -641,7 +643,7 @@ func (w *Worker) heartbeatOnce(ctx context.Context) error {
 }
 
 // leaseLoop leases jobs while slots are free, until ctx ends.
-func (w *Worker) leaseLoop(ctx context.Context, types []string) {
+func (w *Runner) leaseLoop(ctx context.Context, types []string) {
 	failures := 0
 	for ctx.Err() == nil {
 		free := w.freeSlots()
@@ -654,16 +656,16 @@ func (w *Worker) leaseLoop(ctx context.Context, types []string) {
 			continue
 		}
 		start, used := time.Now(), w.c.id.Token()
-		resp, err := w.c.Lease(ctx, LeaseRequest{
+		resp, err := w.c.Lease(ctx, wire.LeaseRequest{
 			SupportedJobTypes: types, SupportedGPUSKUs: w.cfg.SupportedGPUSKUs,
-			MaxJobs: min(free, maxJobsPerLease), WaitSeconds: w.cfg.WaitSeconds,
+			MaxJobs: min(free, wire.MaxJobsPerLease), WaitSeconds: w.cfg.WaitSeconds,
 		})
 		switch {
 		case err == nil:
 			failures = 0
 		case ctx.Err() != nil:
 			return
-		case IsCode(err, CodeTokenExpired):
+		case IsCode(err, wire.CodeTokenExpired):
 			if rerr := w.renew(ctx, used); rerr != nil {
 				w.setFatal(fmt.Errorf("%w; renewing: %w", err, rerr))
 				return
@@ -687,7 +689,7 @@ func (w *Worker) leaseLoop(ctx context.Context, types []string) {
 	}
 }
 
-func (w *Worker) freeSlots() int {
+func (w *Runner) freeSlots() int {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.cfg.MaxConcurrent - len(w.jobs)
@@ -695,7 +697,7 @@ func (w *Worker) freeSlots() int {
 
 // start runs a granted job, or hands it back at once if the worker is
 // draining or has no handler for it.
-func (w *Worker) start(g Grant) {
+func (w *Runner) start(g wire.Grant) {
 	w.mu.Lock()
 	h := w.handlers[g.Job.JobType]
 	_, dup := w.jobs[g.Job.ID]
@@ -712,7 +714,7 @@ func (w *Worker) start(g Grant) {
 	}
 	if reason != "" {
 		w.mu.Unlock()
-		if _, err := w.c.Release(w.hardCtx, g.Job.ID, ReleaseRequest{LeaseToken: g.LeaseToken, Reason: reason}); err != nil {
+		if _, err := w.c.Release(w.hardCtx, g.Job.ID, wire.ReleaseRequest{LeaseToken: g.LeaseToken, Reason: reason}); err != nil {
 			w.log.Warn("releasing a job not run", "job", g.Job.ID, "reason", reason, "err", err)
 		}
 		w.ended(JobEnd{Job: g.Job, Outcome: JobReleased})
@@ -730,13 +732,13 @@ func (w *Worker) start(g Grant) {
 	go t.run(h)
 }
 
-func (w *Worker) notifyLocked() {
+func (w *Runner) notifyLocked() {
 	close(w.changed)
 	w.changed = make(chan struct{})
 }
 
 // remove forgets t and frees its slot.
-func (w *Worker) remove(t *task) {
+func (w *Runner) remove(t *task) {
 	w.mu.Lock()
 	if w.jobs[t.id] == t {
 		delete(w.jobs, t.id)
@@ -750,7 +752,7 @@ func (w *Worker) remove(t *task) {
 }
 
 // waitIdle waits up to d for the worker to hold no job.
-func (w *Worker) waitIdle(d time.Duration) bool {
+func (w *Runner) waitIdle(d time.Duration) bool {
 	timer := time.NewTimer(d)
 	defer timer.Stop()
 	for {
@@ -769,7 +771,7 @@ func (w *Worker) waitIdle(d time.Duration) bool {
 }
 
 // stopJobs cancels every running job with cause.
-func (w *Worker) stopJobs(cause error) {
+func (w *Runner) stopJobs(cause error) {
 	for _, t := range w.tasks() {
 		t.stop(cause)
 	}
@@ -777,7 +779,7 @@ func (w *Worker) stopJobs(cause error) {
 
 // forceRelease releases, all at once, the jobs whose handlers did not
 // return in time; their goroutines are abandoned and report nothing.
-func (w *Worker) forceRelease() {
+func (w *Runner) forceRelease() {
 	ctx, cancel := context.WithTimeout(w.baseCtx, w.finalTimeout())
 	defer cancel()
 	var wg sync.WaitGroup
@@ -787,7 +789,7 @@ func (w *Worker) forceRelease() {
 		}
 		t.stop(ErrDrained)
 		wg.Go(func() {
-			_, err := w.c.Release(ctx, t.id, ReleaseRequest{LeaseToken: t.token, Reason: "drain"})
+			_, err := w.c.Release(ctx, t.id, wire.ReleaseRequest{LeaseToken: t.token, Reason: "drain"})
 			end := JobEnd{Job: t.jobCopy(), Outcome: JobReleased, Err: ErrDrained}
 			if err != nil && !IsLeaseLost(err) {
 				w.log.Warn("releasing a job at drain", "job", t.id, "err", err)
@@ -803,11 +805,11 @@ func (w *Worker) forceRelease() {
 
 // finalTimeout bounds the last calls of a drain (releases, the final
 // heartbeat): the node may be about to vanish.
-func (w *Worker) finalTimeout() time.Duration {
+func (w *Runner) finalTimeout() time.Duration {
 	return min(w.c.cfg.RequestTimeout, max(w.cfg.DrainGrace, 5*time.Second))
 }
 
-func (w *Worker) ended(e JobEnd) {
+func (w *Runner) ended(e JobEnd) {
 	w.log.Info("job ended", "job", e.Job.ID, "type", e.Job.JobType, "outcome", e.Outcome, "err", e.Err)
 	if w.cfg.OnJobEnd != nil {
 		w.cfg.OnJobEnd(e)
@@ -816,7 +818,7 @@ func (w *Worker) ended(e JobEnd) {
 
 // task is one leased job.
 type task struct {
-	w      *Worker
+	w      *Runner
 	id     string
 	token  string
 	ctx    context.Context
@@ -828,21 +830,21 @@ type task struct {
 	claimed atomic.Bool
 
 	mu        sync.Mutex
-	job       Job       // as leased, then as accepted
+	job       wire.Job  // as leased, then as accepted
 	expiresAt time.Time // server time
 	ttl       time.Duration
 	timer     *time.Timer
 	done      bool
 }
 
-func newTask(w *Worker, g Grant) *task {
+func newTask(w *Runner, g wire.Grant) *task {
 	t := &task{w: w, id: g.Job.ID, job: g.Job, token: g.LeaseToken}
 	t.ctx, t.cancel = context.WithCancelCause(w.baseCtx)
 	t.rep = &Reporter{t: t, kick: make(chan struct{}, 1)}
 	return t
 }
 
-func (t *task) jobCopy() Job {
+func (t *task) jobCopy() wire.Job {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.job
@@ -954,7 +956,7 @@ func (t *task) persist(what string, settledBy409 bool, fn func(ctx context.Conte
 		if err == nil {
 			return nil
 		}
-		if settledBy409 && (unanswered || afterUnanswered(err)) && (IsLeaseLost(err) || IsCode(err, CodeInvalidTransition)) {
+		if settledBy409 && (unanswered || afterUnanswered(err)) && (IsLeaseLost(err) || IsCode(err, wire.CodeInvalidTransition)) {
 			t.w.log.Info("an earlier unanswered request did it", "job", t.id, "op", what)
 			return nil
 		}
@@ -962,7 +964,7 @@ func (t *task) persist(what string, settledBy409 bool, fn func(ctx context.Conte
 			t.lose()
 			return err
 		}
-		if IsCode(err, CodeTokenExpired) && renewals < 2 {
+		if IsCode(err, wire.CodeTokenExpired) && renewals < 2 {
 			renewals++
 			if rerr := t.w.renew(t.w.hardCtx, used); rerr == nil {
 				continue
@@ -1005,10 +1007,10 @@ func (t *task) run(h HandlerFunc) {
 		}
 	}()
 
-	var acc *AcceptResponse
+	var acc *wire.AcceptResponse
 	err := t.persist("accept", false, func(ctx context.Context) error {
 		var err error
-		acc, err = w.c.Accept(ctx, t.id, TokenRequest{LeaseToken: t.token})
+		acc, err = w.c.Accept(ctx, t.id, wire.TokenRequest{LeaseToken: t.token})
 		return err
 	})
 	if err != nil || acc == nil {
@@ -1016,10 +1018,10 @@ func (t *task) run(h HandlerFunc) {
 			return
 		}
 		end.Outcome, end.Err = JobLost, err
-		if !IsLeaseLost(err) && !IsCode(err, CodeInvalidTransition) {
+		if !IsLeaseLost(err) && !IsCode(err, wire.CodeInvalidTransition) {
 			// Not ours to run (blocked by the envelope since the lease, or
 			// the server could not be reached in time): hand it back.
-			if _, rerr := w.c.Release(w.hardCtx, t.id, ReleaseRequest{LeaseToken: t.token, Reason: "not accepted: " + ErrorCode(err)}); rerr == nil {
+			if _, rerr := w.c.Release(w.hardCtx, t.id, wire.ReleaseRequest{LeaseToken: t.token, Reason: "not accepted: " + ErrorCode(err)}); rerr == nil {
 				end.Outcome = JobReleased
 			}
 		}
@@ -1070,7 +1072,7 @@ func (t *task) run(h HandlerFunc) {
 	case errors.Is(cause, ErrLeaseExpiring) && herr != nil:
 		end.Outcome = JobLost
 		ctx, cancel := context.WithTimeout(w.hardCtx, w.c.cfg.RequestTimeout)
-		_, _ = w.c.Release(ctx, t.id, ReleaseRequest{LeaseToken: t.token, Reason: "lease could not be renewed"})
+		_, _ = w.c.Release(ctx, t.id, wire.ReleaseRequest{LeaseToken: t.token, Reason: "lease could not be renewed"})
 		cancel()
 		return
 	}
@@ -1083,7 +1085,7 @@ func (t *task) run(h HandlerFunc) {
 	}
 	switch {
 	case herr == nil:
-		var out *CompleteResponse
+		var out *wire.CompleteResponse
 		err := t.persist("complete", false, func(ctx context.Context) error {
 			var err error
 			out, err = w.c.Complete(ctx, t.id, t.rep.completeRequest())
@@ -1095,7 +1097,7 @@ func (t *task) run(h HandlerFunc) {
 		}
 	case errors.Is(cause, ErrDrained):
 		err := t.persist("release", true, func(ctx context.Context) error {
-			_, err := w.c.Release(ctx, t.id, ReleaseRequest{LeaseToken: t.token, Reason: "drain"})
+			_, err := w.c.Release(ctx, t.id, wire.ReleaseRequest{LeaseToken: t.token, Reason: "drain"})
 			return err
 		})
 		end.Outcome = JobReleased
@@ -1103,7 +1105,7 @@ func (t *task) run(h HandlerFunc) {
 			end.Outcome, end.Err = t.failedReport(), err
 		}
 	default:
-		req := FailRequest{LeaseToken: t.token, ErrorCode: "handler_error", Message: truncate(herr.Error(), 4096),
+		req := wire.FailRequest{LeaseToken: t.token, ErrorCode: "handler_error", Message: truncate(herr.Error(), 4096),
 			Retryable: !IsPermanent(herr)}
 		end.Outcome = JobFailed
 		var ce *codedError
@@ -1114,7 +1116,7 @@ func (t *task) run(h HandlerFunc) {
 		case errors.As(herr, &ce):
 			req.ErrorCode = ce.code
 		}
-		var out *FailResponse
+		var out *wire.FailResponse
 		err := t.persist("fail", true, func(ctx context.Context) error {
 			var err error
 			out, err = w.c.Fail(ctx, t.id, req)
@@ -1199,7 +1201,7 @@ type Reporter struct {
 	mu           sync.Mutex
 	seqBase      int64
 	n            int64
-	pending      []LogEntry
+	pending      []wire.LogEntry
 	pendingBytes int
 	dropped      int64
 	output       *string
@@ -1218,7 +1220,7 @@ func (r *Reporter) JobID() string { return r.t.id }
 // cancel was requested, the job's context is cancelled with
 // ErrJobCanceled.
 func (r *Reporter) Status(ctx context.Context, eventType, message string, payload any) error {
-	out, err := r.t.w.c.Status(ctx, r.t.id, StatusRequest{LeaseToken: r.t.token, EventType: eventType,
+	out, err := r.t.w.c.Status(ctx, r.t.id, wire.StatusRequest{LeaseToken: r.t.token, EventType: eventType,
 		Message: message, Payload: objectPayload(payload)})
 	if err != nil {
 		if IsLeaseLost(err) {
@@ -1255,7 +1257,7 @@ func (r *Reporter) Log(message string, payload any) {
 	}
 	r.mu.Lock()
 	r.n++
-	e := LogEntry{Seq: r.seqBase + r.n, Message: message, Payload: p}
+	e := wire.LogEntry{Seq: r.seqBase + r.n, Message: message, Payload: p}
 	r.pending = append(r.pending, e)
 	r.pendingBytes += entrySize(e)
 	for len(r.pending) > r.t.w.cfg.MaxBufferedLogs {
@@ -1276,7 +1278,7 @@ func (r *Reporter) Log(message string, payload any) {
 // Logf is Log with a formatted message and no payload.
 func (r *Reporter) Logf(format string, args ...any) { r.Log(fmt.Sprintf(format, args...), nil) }
 
-func entrySize(e LogEntry) int { return len(e.Message) + len(e.Payload) + 48 }
+func entrySize(e wire.LogEntry) int { return len(e.Message) + len(e.Payload) + 48 }
 
 // Flush sends the buffered log lines now. Lines that could not be sent
 // stay buffered.
@@ -1287,7 +1289,7 @@ func (r *Reporter) Flush(ctx context.Context) error {
 		r.mu.Lock()
 		if r.dropped > 0 {
 			r.n++
-			e := LogEntry{Seq: r.seqBase + r.n, Message: fmt.Sprintf("%d log lines dropped: the buffer was full while the server was out of reach", r.dropped)}
+			e := wire.LogEntry{Seq: r.seqBase + r.n, Message: fmt.Sprintf("%d log lines dropped: the buffer was full while the server was out of reach", r.dropped)}
 			r.pending = append(r.pending, e)
 			r.pendingBytes += entrySize(e)
 			r.dropped = 0
@@ -1302,14 +1304,14 @@ func (r *Reporter) Flush(ctx context.Context) error {
 		if n == 0 {
 			return nil
 		}
-		out, err := r.t.w.c.Logs(ctx, r.t.id, LogsRequest{LeaseToken: r.t.token, Entries: batch})
+		out, err := r.t.w.c.Logs(ctx, r.t.id, wire.LogsRequest{LeaseToken: r.t.token, Entries: batch})
 		switch {
 		case err == nil:
 			r.t.extend(out.ExpiresAt)
 		case IsLeaseLost(err):
 			r.t.lose()
 			return err
-		case IsCode(err, CodeInvalidRequest) || IsCode(err, CodePayloadTooLarge):
+		case IsCode(err, wire.CodeInvalidRequest) || IsCode(err, wire.CodePayloadTooLarge):
 			// Sending them again cannot help.
 			r.t.w.log.Error("log lines refused: dropped", "job", r.t.id, "lines", n, "err", err)
 		default:
@@ -1363,10 +1365,10 @@ func (r *Reporter) SetOutput(outputURI string, metrics any, finalMessage string)
 	r.metrics = objectPayload(metrics)
 }
 
-func (r *Reporter) completeRequest() CompleteRequest {
+func (r *Reporter) completeRequest() wire.CompleteRequest {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return CompleteRequest{LeaseToken: r.t.token, OutputURI: r.output, Metrics: r.metrics, FinalMessage: r.final}
+	return wire.CompleteRequest{LeaseToken: r.t.token, OutputURI: r.output, Metrics: r.metrics, FinalMessage: r.final}
 }
 
 // ArtifactInfo describes an artifact to report. Give Path to have the
@@ -1385,7 +1387,7 @@ type ArtifactInfo struct {
 
 // Artifact reports an artifact (POST /workers/jobs/{id}/artifacts),
 // computing its SHA-256 and size from Path if set.
-func (r *Reporter) Artifact(ctx context.Context, a ArtifactInfo) (*ArtifactResponse, error) {
+func (r *Reporter) Artifact(ctx context.Context, a ArtifactInfo) (*wire.ArtifactResponse, error) {
 	sum, size := a.SHA256, a.SizeBytes
 	if a.Path != "" {
 		var err error
@@ -1393,7 +1395,7 @@ func (r *Reporter) Artifact(ctx context.Context, a ArtifactInfo) (*ArtifactRespo
 			return nil, err
 		}
 	}
-	req := ArtifactRequest{LeaseToken: r.t.token, ArtifactType: a.Type, Name: a.Name, URI: a.URI,
+	req := wire.ArtifactRequest{LeaseToken: r.t.token, ArtifactType: a.Type, Name: a.Name, URI: a.URI,
 		ChecksumSHA256: &sum, SizeBytes: &size, Metadata: objectPayload(a.Metadata)}
 	out, err := r.t.w.c.Artifact(ctx, r.t.id, req)
 	if IsLeaseLost(err) {
@@ -1406,13 +1408,13 @@ func (r *Reporter) Artifact(ctx context.Context, a ArtifactInfo) (*ArtifactRespo
 func fileDigest(path string) (string, int64, error) {
 	f, err := os.Open(path)
 	if err != nil {
-		return "", 0, fmt.Errorf("workerapi: artifact: %w", err)
+		return "", 0, fmt.Errorf("client: artifact: %w", err)
 	}
 	defer f.Close()
 	h := sha256.New()
 	n, err := io.Copy(h, f)
 	if err != nil {
-		return "", 0, fmt.Errorf("workerapi: artifact: reading %s: %w", path, err)
+		return "", 0, fmt.Errorf("client: artifact: reading %s: %w", path, err)
 	}
 	return hex.EncodeToString(h.Sum(nil)), n, nil
 }

@@ -1,4 +1,4 @@
-package workerapi
+package client
 
 import (
 	"crypto/ed25519"
@@ -54,7 +54,7 @@ const identityVersion = 1
 // registration is not saved anywhere.
 func NewIdentity(key ed25519.PrivateKey) (*Identity, error) {
 	if len(key) != ed25519.PrivateKeySize {
-		return nil, fmt.Errorf("workerapi: Ed25519 private key has %d bytes, not %d", len(key), ed25519.PrivateKeySize)
+		return nil, fmt.Errorf("client: Ed25519 private key has %d bytes, not %d", len(key), ed25519.PrivateKeySize)
 	}
 	return &Identity{key: key}, nil
 }
@@ -74,11 +74,11 @@ func LoadOrCreateIdentity(path string) (*Identity, error) {
 	}
 	_, key, err := ed25519.GenerateKey(rand.Reader)
 	if err != nil {
-		return nil, fmt.Errorf("workerapi: generating a key: %w", err)
+		return nil, fmt.Errorf("client: generating a key: %w", err)
 	}
 	id = &Identity{key: key, path: path}
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		return nil, fmt.Errorf("workerapi: identity directory: %w", err)
+		return nil, fmt.Errorf("client: identity directory: %w", err)
 	}
 	b, err := id.marshal()
 	if err != nil {
@@ -105,7 +105,7 @@ func LoadOrCreateIdentity(path string) (*Identity, error) {
 	}
 	if err := os.Rename(tmp, path); err != nil {
 		os.Remove(tmp)
-		return nil, fmt.Errorf("workerapi: saving the identity: %w", err)
+		return nil, fmt.Errorf("client: saving the identity: %w", err)
 	}
 	syncDir(filepath.Dir(path))
 	return id, nil
@@ -119,30 +119,30 @@ func loadIdentity(path string) (*Identity, error) {
 	defer f.Close()
 	st, err := f.Stat()
 	if err != nil {
-		return nil, fmt.Errorf("workerapi: identity file: %w", err)
+		return nil, fmt.Errorf("client: identity file: %w", err)
 	}
 	if !st.Mode().IsRegular() {
-		return nil, fmt.Errorf("workerapi: identity file %s is not a regular file", path)
+		return nil, fmt.Errorf("client: identity file %s is not a regular file", path)
 	}
 	if perm := st.Mode().Perm(); perm&0o077 != 0 && runtime.GOOS != "windows" {
-		return nil, fmt.Errorf("workerapi: identity file %s has mode %04o: it holds the node's key and must be 0600 (chmod 600 %s)", path, perm, path)
+		return nil, fmt.Errorf("client: identity file %s has mode %04o: it holds the node's key and must be 0600 (chmod 600 %s)", path, perm, path)
 	}
 	var v identityFile
 	dec := json.NewDecoder(f)
 	if err := dec.Decode(&v); err != nil {
-		return nil, fmt.Errorf("workerapi: identity file %s: %w", path, err)
+		return nil, fmt.Errorf("client: identity file %s: %w", path, err)
 	}
 	if v.Version != identityVersion {
-		return nil, fmt.Errorf("workerapi: identity file %s has version %d, not %d", path, v.Version, identityVersion)
+		return nil, fmt.Errorf("client: identity file %s has version %d, not %d", path, v.Version, identityVersion)
 	}
 	seed, err := base64.RawURLEncoding.DecodeString(v.PrivateKey)
 	if err != nil || len(seed) != ed25519.SeedSize {
-		return nil, fmt.Errorf("workerapi: identity file %s: private_key is not a %d-byte Ed25519 seed in unpadded base64url", path, ed25519.SeedSize)
+		return nil, fmt.Errorf("client: identity file %s: private_key is not a %d-byte Ed25519 seed in unpadded base64url", path, ed25519.SeedSize)
 	}
 	id := &Identity{key: ed25519.NewKeyFromSeed(seed), path: path,
 		nodeID: v.NodeID, workerID: v.WorkerID, token: v.WorkerToken}
 	if v.PublicKey != "" && v.PublicKey != id.PublicKey() {
-		return nil, fmt.Errorf("workerapi: identity file %s: public_key does not match private_key", path)
+		return nil, fmt.Errorf("client: identity file %s: public_key does not match private_key", path)
 	}
 	if v.TokenExpiresAt != nil {
 		id.expiresAt = *v.TokenExpiresAt
@@ -237,7 +237,7 @@ func (id *Identity) marshalLocked() ([]byte, error) {
 	}
 	b, err := json.MarshalIndent(v, "", "  ")
 	if err != nil {
-		return nil, fmt.Errorf("workerapi: encoding the identity: %w", err)
+		return nil, fmt.Errorf("client: encoding the identity: %w", err)
 	}
 	return append(b, '\n'), nil
 }
@@ -247,13 +247,13 @@ func (id *Identity) marshalLocked() ([]byte, error) {
 func writeTemp(path string, b []byte) (string, error) {
 	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
 	if err != nil {
-		return "", fmt.Errorf("workerapi: saving the identity: %w", err)
+		return "", fmt.Errorf("client: saving the identity: %w", err)
 	}
 	name := f.Name()
 	fail := func(err error) (string, error) {
 		f.Close()
 		os.Remove(name)
-		return "", fmt.Errorf("workerapi: saving the identity: %w", err)
+		return "", fmt.Errorf("client: saving the identity: %w", err)
 	}
 	if err := f.Chmod(0o600); err != nil && runtime.GOOS != "windows" {
 		return fail(err)
@@ -266,7 +266,7 @@ func writeTemp(path string, b []byte) (string, error) {
 	}
 	if err := f.Close(); err != nil {
 		os.Remove(name)
-		return "", fmt.Errorf("workerapi: saving the identity: %w", err)
+		return "", fmt.Errorf("client: saving the identity: %w", err)
 	}
 	return name, nil
 }
@@ -280,7 +280,7 @@ func writeAtomic(path string, b []byte) error {
 	}
 	if err := os.Rename(tmp, path); err != nil {
 		os.Remove(tmp)
-		return fmt.Errorf("workerapi: saving the identity: %w", err)
+		return fmt.Errorf("client: saving the identity: %w", err)
 	}
 	syncDir(filepath.Dir(path))
 	return nil

@@ -1,0 +1,261 @@
+package wire
+
+import (
+	"encoding/json"
+	"time"
+
+	"golang.org/x/mod/sumdb/tlog"
+
+	"github.com/nodelane/nodelane/receipts"
+)
+
+// The bodies and answers of the operator routes.
+
+// DispatchRequest is the body of POST /operator/jobs.
+type DispatchRequest struct {
+	JobType string `json:"job_type"`
+	// Payload is a JSON object; absent or null means {}.
+	Payload      json.RawMessage `json:"payload"`
+	Requirements Requirements    `json:"requirements"`
+	Priority     int             `json:"priority"`
+	// MaxAttempts defaults to 3; at most 100.
+	MaxAttempts int `json:"max_attempts"`
+}
+
+// DispatchResponse answers POST /operator/jobs: the queued job and
+// whether a registered worker could lease it now; when not, Reason says
+// why.
+type DispatchResponse struct {
+	Job      Job    `json:"job"`
+	Leasable bool   `json:"leasable"`
+	Reason   string `json:"reason"`
+}
+
+// JobListResponse answers GET /operator/jobs[?state=&job_type=&after=&limit=]:
+// jobs in id order (ids are time-ordered), 100 a page unless limit (1 to
+// 1,000) says otherwise. Next is the after= of the next page, null after
+// the last.
+type JobListResponse struct {
+	Jobs []Job   `json:"jobs"`
+	Next *string `json:"next"`
+}
+
+// JobResult is what the worker reported when it completed a job.
+type JobResult struct {
+	OutputURI    *string         `json:"output_uri"`
+	Metrics      json.RawMessage `json:"metrics"`
+	FinalMessage *string         `json:"final_message"`
+}
+
+// JobEventView is a status event or a log line of a job.
+type JobEventView struct {
+	ID int64 `json:"id"`
+	// Kind is "status" or "log".
+	Kind string `json:"kind"`
+	// EventType is a status event's event_type; null for a log line.
+	EventType  *string         `json:"event_type"`
+	Message    string          `json:"message"`
+	Payload    json.RawMessage `json:"payload"`
+	Seq        *int64          `json:"seq"`
+	LeaseEpoch int64           `json:"lease_epoch"`
+	CreatedAt  time.Time       `json:"created_at"`
+}
+
+// JobDetailResponse answers GET /operator/jobs/{id}. Reason says why a
+// queued job cannot be leased now ("" when it can, and for a job in any
+// other state). Events are the first page of the job's events after
+// ?events_after= (1,000 at most); EventsNext is the events_after= of the
+// next page, null after the last.
+type JobDetailResponse struct {
+	Job        Job            `json:"job"`
+	Leasable   bool           `json:"leasable"`
+	Reason     string         `json:"reason"`
+	Result     *JobResult     `json:"result"`
+	Events     []JobEventView `json:"events"`
+	EventsNext *int64         `json:"events_next"`
+	Artifacts  []ArtifactView `json:"artifacts"`
+}
+
+// The statuses of an artifact, from its job's outcome.
+const (
+	// ArtifactTrained: an adapter of a lora_train job that succeeded.
+	ArtifactTrained = "trained"
+	// ArtifactSucceeded: any other artifact of the attempt that succeeded.
+	ArtifactSucceeded = "succeeded"
+	// ArtifactFailed and ArtifactCanceled: the job ended so.
+	ArtifactFailed   = "failed"
+	ArtifactCanceled = "canceled"
+	// ArtifactPending: the job has not ended.
+	ArtifactPending = "pending"
+	// ArtifactSuperseded: the job succeeded, but under a later lease than
+	// the one that reported the artifact: the artifact is from an
+	// abandoned attempt (an expired or released lease), not the result.
+	ArtifactSuperseded = "superseded"
+)
+
+// ArtifactView is an artifact with its job's outcome.
+type ArtifactView struct {
+	ArtifactID     string          `json:"artifact_id"`
+	ArtifactType   string          `json:"artifact_type"`
+	Name           string          `json:"name"`
+	URI            string          `json:"uri"`
+	ChecksumSHA256 *string         `json:"checksum_sha256"`
+	SizeBytes      int64           `json:"size_bytes"`
+	Metadata       json.RawMessage `json:"metadata"`
+	ReceiptID      *string         `json:"receipt_id"`
+	CreatedAt      time.Time       `json:"created_at"`
+	WorkerID       string          `json:"worker_id"`
+	LeaseEpoch     int64           `json:"lease_epoch"`
+	JobID          string          `json:"job_id"`
+	JobType        string          `json:"job_type"`
+	JobState       string          `json:"job_state"`
+	// Status is one of the Artifact* constants.
+	Status string `json:"status"`
+}
+
+// ArtifactListResponse answers
+// GET /operator/artifacts[?job_id=&artifact_type=&after=&limit=]:
+// artifacts in id order, 1,000 a page unless limit says fewer. Next is
+// the after= of the next page, null after the last.
+type ArtifactListResponse struct {
+	Artifacts []ArtifactView `json:"artifacts"`
+	Next      *string        `json:"next"`
+}
+
+// WorkerView is a registered worker and its ban.
+type WorkerView struct {
+	WorkerID                 string         `json:"worker_id"`
+	NodeID                   string         `json:"node_id"`
+	Name                     string         `json:"name"`
+	Hostname                 string         `json:"hostname"`
+	EndpointURL              *string        `json:"endpoint_url"`
+	Role                     string         `json:"role"`
+	Tags                     []string       `json:"tags"`
+	Version                  string         `json:"version"`
+	HeartbeatIntervalSeconds int            `json:"heartbeat_interval_seconds"`
+	Capabilities             Capabilities   `json:"capabilities"`
+	GovernorLimits           GovernorLimits `json:"governor_limits"`
+	PolicyVersion            int64          `json:"policy_version"`
+	// Status is the last heartbeat's: idle, busy or draining.
+	Status       string     `json:"status"`
+	RegisteredAt time.Time  `json:"registered_at"`
+	LastSeenAt   time.Time  `json:"last_seen_at"`
+	Banned       bool       `json:"banned"`
+	BanReason    *string    `json:"ban_reason"`
+	BannedAt     *time.Time `json:"banned_at"`
+}
+
+// WorkerListResponse answers GET /operator/workers[?after=&limit=]:
+// workers in id order, 1,000 a page unless limit says fewer. Next is the
+// after= of the next page, null after the last.
+type WorkerListResponse struct {
+	Workers []WorkerView `json:"workers"`
+	Next    *string      `json:"next"`
+}
+
+// WorkerLease is one live lease a worker holds.
+type WorkerLease struct {
+	JobID           string    `json:"job_id"`
+	JobType         string    `json:"job_type"`
+	State           string    `json:"state"`
+	LeaseID         string    `json:"lease_id"`
+	LeaseEpoch      int64     `json:"lease_epoch"`
+	ExpiresAt       time.Time `json:"expires_at"`
+	AcceptBy        time.Time `json:"accept_by"`
+	CancelRequested bool      `json:"cancel_requested"`
+}
+
+// WorkerDetailResponse answers GET /operator/workers/{id}: the worker, its
+// latest heartbeat metrics (null before the first) and its live leases.
+type WorkerDetailResponse struct {
+	Worker  WorkerView      `json:"worker"`
+	Metrics json.RawMessage `json:"metrics"`
+	Leases  []WorkerLease   `json:"leases"`
+}
+
+// WorkerResponse answers ban and unban. ReceiptID is the receipt of the
+// change, null when the call changed nothing.
+type WorkerResponse struct {
+	Worker    WorkerView `json:"worker"`
+	ReceiptID *string    `json:"receipt_id"`
+}
+
+// ReasonRequest is the body of ban, unban, revoke and deactivate: a
+// reason, which deactivate requires and the others record if given.
+type ReasonRequest struct {
+	Reason string `json:"reason"`
+}
+
+// MintCredentialRequest is the body of POST /operator/credentials.
+type MintCredentialRequest struct {
+	Principal string   `json:"principal"`
+	Scopes    []string `json:"scopes"`
+	// TTLSeconds is the credential's lifetime; absent or 0 means 30 days.
+	TTLSeconds int64 `json:"ttl_seconds"`
+}
+
+// MintCredentialResponse answers POST /operator/credentials. Token is
+// shown this once.
+type MintCredentialResponse struct {
+	CredentialID string    `json:"credential_id"`
+	Token        string    `json:"token"`
+	Principal    string    `json:"principal"`
+	Scopes       []string  `json:"scopes"`
+	ExpiresAt    time.Time `json:"expires_at"`
+	ReceiptID    string    `json:"receipt_id"`
+}
+
+// RevokeCredentialResponse answers POST /operator/credentials/{id}/revoke.
+// ReceiptID is null when the credential was revoked already.
+type RevokeCredentialResponse struct {
+	CredentialID string    `json:"credential_id"`
+	Principal    string    `json:"principal"`
+	RevokedAt    time.Time `json:"revoked_at"`
+	ReceiptID    *string   `json:"receipt_id"`
+}
+
+// EnvelopeResponse is the envelope's state: whether blocked job types may
+// run now (Active accounts for the deadline), the policy version, the
+// last change, and the job type classes (unlisted types are blocked).
+// ReceiptID is set on the answers of activate and deactivate.
+type EnvelopeResponse struct {
+	Active        bool       `json:"active"`
+	PolicyVersion int64      `json:"policy_version"`
+	By            string     `json:"by"`
+	Reason        string     `json:"reason"`
+	Until         *time.Time `json:"until"`
+	ChangedAt     *time.Time `json:"changed_at"`
+	SafeTypes     []string   `json:"safe_types"`
+	BlockedTypes  []string   `json:"blocked_types"`
+	ReceiptID     string     `json:"receipt_id,omitempty"`
+}
+
+// ActivateRequest is the body of POST /operator/envelope/activate.
+type ActivateRequest struct {
+	Reason string `json:"reason"`
+	// Until, when set, ends the activation at that time.
+	Until *time.Time `json:"until"`
+}
+
+// ReceiptListResponse answers GET /operator/receipts[?after=&limit=]:
+// sequenced receipts with an index above after, in index order, 100 a
+// page unless limit (1 to 1,000) says otherwise. Next is the after= of
+// the next page (the last index listed), null after the last.
+type ReceiptListResponse struct {
+	Receipts []receipts.WireReceipt `json:"receipts"`
+	Next     *int64                 `json:"next"`
+}
+
+// ReceiptResponse answers GET /operator/receipts/{id}: the receipt, and,
+// once it is sequenced, its inclusion proof and the signed checkpoint the
+// proof is against (both null before).
+type ReceiptResponse struct {
+	Receipt    receipts.WireReceipt `json:"receipt"`
+	Proof      *receipts.Proof      `json:"proof"`
+	Checkpoint *string              `json:"checkpoint"`
+}
+
+// ConsistencyResponse answers GET /operator/receipts/consistency.
+type ConsistencyResponse struct {
+	Hashes []tlog.Hash `json:"hashes"`
+}

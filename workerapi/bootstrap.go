@@ -116,10 +116,10 @@ func (s *Server) Bootstrap(ctx context.Context) (*BootstrapResult, error) {
 	if !res.Created {
 		return &BootstrapResult{}, nil
 	}
-	evs := make([]func(Hooks), len(minted))
+	evs := make([]hookEvent, len(minted))
 	for i, r := range minted {
 		st := *r
-		evs[i] = func(h Hooks) { h.ReceiptMinted(context.Background(), st) }
+		evs[i] = func(ctx context.Context, h Hooks) { h.ReceiptMinted(ctx, st) }
 	}
 	s.hooks.emit(evs)
 	return &res, nil

@@ -4,10 +4,10 @@ import (
 	"context"
 	"crypto/rand"
 	"fmt"
+	"log"
 	"net/http"
 	"os"
 	"path/filepath"
-	"time"
 
 	"github.com/nodelane/nodelane/bunstore"
 	"github.com/nodelane/nodelane/lease"
@@ -16,29 +16,47 @@ import (
 )
 
 // Embedding nodelane in a Go service: open a database, build a Server on
-// its stores, mount the handlers under any prefix, and run the
-// maintainer. Keep the pepper and the receipt signer key in your secret
-// store: every replica needs the same ones.
+// its stores, mount the handlers under any prefix, and start the
+// background work. Keep the pepper and the receipt signer key in your
+// secret store: every replica needs the same ones. The README shows this
+// function's body.
 func Example_embed() {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	dir, _ := os.MkdirTemp("", "nodelane-example")
-	defer os.RemoveAll(dir)
-
-	db, err := bunstore.Open(ctx, "sqlite:"+filepath.Join(dir, "nodelane.db"), nil) // or postgres://...
+	dir, err := os.MkdirTemp("", "nodelane-example")
 	if err != nil {
-		panic(err)
+		log.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	if err := embed(context.Background(), filepath.Join(dir, "nodelane.db")); err != nil {
+		log.Fatal(err)
+	}
+	// Output:
+	// bootstrapped: true
+	// queued false lora_train is blocked: the runtime is not activated
+}
+
+// embed is what a host's startup does.
+func embed(ctx context.Context, path string) error {
+	// begin embed
+	db, err := bunstore.Open(ctx, "sqlite:"+path, nil) // or "postgres://..."
+	if err != nil {
+		return err
 	}
 	defer db.Close()
 	notifier, err := db.Notifier(ctx, nil)
 	if err != nil {
-		panic(err)
+		return err
 	}
 	defer notifier.Close()
 
+	// From your secret store in production; generated here.
 	pepper := make([]byte, 32)
-	rand.Read(pepper)
-	signer, _, _ := receipts.GenerateKey(rand.Reader, "example-receipts")
+	if _, err := rand.Read(pepper); err != nil {
+		return err
+	}
+	signer, _, err := receipts.GenerateKey(rand.Reader, receipts.DefaultOrigin)
+	if err != nil {
+		return err
+	}
 
 	srv, err := workerapi.New(workerapi.Stores{
 		Tx:          db,
@@ -55,28 +73,31 @@ func Example_embed() {
 		Prices:        receipts.Prices{BySKU: map[string]int64{"rtx-4090": 1_800_000}}, // $1.80 per GPU-hour
 	})
 	if err != nil {
-		panic(err)
+		return err // names the missing or invalid setting
 	}
+	// The maintainer and hook delivery run until Stop.
+	if err := srv.Start(ctx); err != nil {
+		return err
+	}
+	defer srv.Stop(context.Background())
 
 	// Mount under any prefix: signatures cover the path as the worker sent it.
 	mux := http.NewServeMux()
 	mux.Handle("/nodelane/", http.StripPrefix("/nodelane", srv.Handler()))
-	go srv.Maintain(ctx, time.Second)
 
 	// First start: an operator token and a provisioning token for nodes.
 	boot, err := srv.Bootstrap(ctx)
 	if err != nil {
-		panic(err)
+		return err
 	}
 	fmt.Println("bootstrapped:", boot.Created)
 
 	// Jobs can be dispatched from Go as well as through the operator route.
 	job, leasable, reason, err := srv.Dispatch(ctx, lease.NewJob{Type: "lora_train"})
 	if err != nil {
-		panic(err)
+		return err
 	}
 	fmt.Println(job.State, leasable, reason)
-	// Output:
-	// bootstrapped: true
-	// queued false lora_train is blocked: the runtime is not activated
+	// end embed
+	return nil
 }

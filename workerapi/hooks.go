@@ -3,6 +3,7 @@ package workerapi
 import (
 	"context"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/nodelane/nodelane/lease"
@@ -12,10 +13,11 @@ import (
 // Hooks let a host react in Go to what happens, for example to put a
 // trained adapter into its own model registry when a lora_train job
 // succeeds, without polling its database. Hooks run after the request's
-// transaction committed, on a goroutine of their own, one at a time in
-// order: a hook that fails, panics or is slow never blocks or rolls back
-// a request. If hooks fall more than 1,024 events behind, the newest are
-// dropped and logged.
+// transaction committed, on a goroutine that Server.Start starts, one at a
+// time in order: a hook that fails, panics or is slow never blocks or
+// rolls back a request. If hooks fall more than 1,024 events behind, the
+// newest are dropped and logged. Server.Stop delivers what is queued, and
+// ends the context hooks are given when its own context ends.
 type Hooks interface {
 	// JobChanged is called after a job's state changed.
 	JobChanged(ctx context.Context, e JobEvent)
@@ -49,42 +51,76 @@ type RequestInfo struct {
 	Duration time.Duration
 }
 
+// hookQueue is how many hook events wait for delivery before the newest
+// are dropped.
 const hookQueue = 1024
 
-// hookRunner delivers events to Hooks off the request path.
+// hookEvent delivers one committed event to the host's Hooks.
+type hookEvent func(ctx context.Context, h Hooks)
+
+// hookRunner delivers events to Hooks off the request path, on the
+// goroutine that Server.Start runs. Events emitted before Start wait in the
+// queue; events emitted after Stop are dropped.
 type hookRunner struct {
 	hooks Hooks
 	log   *slog.Logger
-	q     chan func(Hooks)
+	q     chan hookEvent
+
+	mu      sync.Mutex
+	stopped bool
 }
 
 func newHookRunner(h Hooks, log *slog.Logger) *hookRunner {
 	r := &hookRunner{hooks: h, log: log}
 	if h != nil {
-		r.q = make(chan func(Hooks), hookQueue)
-		go r.loop()
+		r.q = make(chan hookEvent, hookQueue)
 	}
 	return r
 }
 
-func (r *hookRunner) loop() {
-	for f := range r.q {
-		r.call(f)
+// run delivers events until stop is closed, then delivers what is queued
+// unless ctx ended, and returns. Hooks get ctx, which ends when Stop gives
+// up waiting for them.
+func (r *hookRunner) run(ctx context.Context, stop <-chan struct{}) {
+	if r.hooks == nil {
+		return
+	}
+	for {
+		select {
+		case f := <-r.q:
+			r.call(ctx, f)
+		case <-stop:
+			for ctx.Err() == nil {
+				select {
+				case f := <-r.q:
+					r.call(ctx, f)
+				default:
+					return
+				}
+			}
+			return
+		}
 	}
 }
 
-func (r *hookRunner) call(f func(Hooks)) {
+func (r *hookRunner) call(ctx context.Context, f hookEvent) {
 	defer func() {
 		if p := recover(); p != nil {
 			r.log.Error("hook panicked", "panic", p)
 		}
 	}()
-	f(r.hooks)
+	f(ctx, r.hooks)
 }
 
 // emit queues events without ever blocking.
-func (r *hookRunner) emit(evs []func(Hooks)) {
-	if r.hooks == nil {
+func (r *hookRunner) emit(evs []hookEvent) {
+	if r.hooks == nil || len(evs) == 0 {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.stopped {
+		r.log.Warn("server stopped: hook events dropped", "events", len(evs))
 		return
 	}
 	for _, f := range evs {
@@ -94,4 +130,11 @@ func (r *hookRunner) emit(evs []func(Hooks)) {
 			r.log.Warn("hook queue full: event dropped")
 		}
 	}
+}
+
+// close makes every later emit drop its events.
+func (r *hookRunner) close() {
+	r.mu.Lock()
+	r.stopped = true
+	r.mu.Unlock()
 }

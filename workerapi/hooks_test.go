@@ -66,7 +66,7 @@ func runJobs(t *testing.T, env *apitest.Env, n int) bool {
 // A hook that never returns blocks no request and rolls nothing back.
 func TestStuckHookNeverBlocks(t *testing.T) {
 	h := stuckHooks{release: make(chan struct{})}
-	env := apitest.New(t, "sqlite", apitest.WithConfig(func(c *workerapi.Config) { c.Hooks = h }))
+	env := apitest.New(t, "sqlite", apitest.Started(), apitest.WithConfig(func(c *workerapi.Config) { c.Hooks = h }))
 	defer close(h.release)
 	if !runJobs(t, env, 5) {
 		t.Fatal("requests did not finish while a hook was stuck")
@@ -77,7 +77,7 @@ func TestStuckHookNeverBlocks(t *testing.T) {
 // still delivered.
 func TestPanickingHookIsContained(t *testing.T) {
 	h := &panickyHooks{}
-	env := apitest.New(t, "sqlite", apitest.WithConfig(func(c *workerapi.Config) { c.Hooks = h }))
+	env := apitest.New(t, "sqlite", apitest.Started(), apitest.WithConfig(func(c *workerapi.Config) { c.Hooks = h }))
 	if !runJobs(t, env, 3) {
 		t.Fatal("requests did not finish")
 	}

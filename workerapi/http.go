@@ -44,7 +44,7 @@ type call struct {
 	credentialID string
 	reqID        string
 	// hooks are the events to deliver once the request has committed.
-	hooks []func(Hooks)
+	hooks []hookEvent
 	// then, when a handler sets it, runs after the request's transaction
 	// committed and gives the answer: for work that must hold no
 	// transaction, such as a long-poll wait or waiting for a proof.
@@ -57,7 +57,7 @@ type call struct {
 }
 
 // after queues a hook event for delivery once the request commits.
-func (c *call) after(f func(Hooks)) { c.hooks = append(c.hooks, f) }
+func (c *call) after(f hookEvent) { c.hooks = append(c.hooks, f) }
 
 // cleanup runs f when the request ends, whatever its outcome: for
 // resources a handler takes for its then (a Notifier subscription), which

@@ -4,45 +4,13 @@ import (
 	"context"
 	"errors"
 	"sync"
-	"time"
 
 	"github.com/nodelane/nodelane/receipts"
 )
 
-// Maintain runs the background work of DESIGN §5 until ctx ends: it
-// expires leases, records the end of timed activations (with their
-// receipts), sequences receipts and signs checkpoints, and collects
-// expired nonces, every interval (1 s if zero or negative). It is safe to
-// run on every replica at once: each step is conditional on what it read,
-// and the sequencer is one at a time across replicas. The same checks also
-// run lazily where a request needs them. It returns ctx's error.
-func (s *Server) Maintain(ctx context.Context, interval time.Duration) error {
-	if interval <= 0 {
-		interval = time.Second
-	}
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		s.seq.Run(ctx)
-	}()
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		if err := s.MaintainOnce(ctx); err != nil && ctx.Err() == nil {
-			s.log.Error("maintainer", "err", err)
-		}
-		select {
-		case <-ctx.Done():
-			wg.Wait()
-			return ctx.Err()
-		case <-t.C:
-		}
-	}
-}
-
-// MaintainOnce does one round of Maintain's work except sequencing, which
-// Maintain runs continuously (see Sequence).
+// MaintainOnce does one round of the maintainer's work (see Start) except
+// sequencing, which the maintainer runs continuously (see Sequence). It is
+// safe to call on every replica at once.
 func (s *Server) MaintainOnce(ctx context.Context) error {
 	var errs []error
 	n, err := s.leases.Expire(ctx)
@@ -58,7 +26,7 @@ func (s *Server) MaintainOnce(ctx context.Context) error {
 }
 
 // Sequence integrates every minted receipt into the log and signs a
-// checkpoint for it; Maintain does this continuously, and routes that
+// checkpoint for it; the maintainer does this continuously, and routes that
 // answer with proofs wait for it.
 func (s *Server) Sequence(ctx context.Context) (*receipts.Checkpoint, error) {
 	for {
@@ -92,7 +60,7 @@ func (s *Server) expireActivation(ctx context.Context) error {
 	})
 	if err == nil && minted != nil {
 		r := *minted
-		s.hooks.emit([]func(Hooks){func(h Hooks) { h.ReceiptMinted(context.Background(), r) }})
+		s.hooks.emit([]hookEvent{func(ctx context.Context, h Hooks) { h.ReceiptMinted(ctx, r) }})
 	}
 	return err
 }

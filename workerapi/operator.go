@@ -63,7 +63,7 @@ func (s *Server) Dispatch(ctx context.Context, nj lease.NewJob) (job *lease.Job,
 		return nil, false, "", err
 	}
 	j := *job
-	s.hooks.emit([]func(Hooks){func(h Hooks) { h.JobChanged(context.Background(), JobEvent{Job: j}) }})
+	s.hooks.emit([]hookEvent{func(ctx context.Context, h Hooks) { h.JobChanged(ctx, JobEvent{Job: j}) }})
 	leasable, reason, err = s.leasability(ctx, job)
 	if err != nil {
 		s.log.Error("checking whether a job is leasable", "job_id", job.ID, "err", err)
@@ -216,7 +216,7 @@ func (s *Server) opCancelJob(ctx context.Context, c *call) (int, any, error) {
 		for _, a := range arts {
 			ev.Artifacts = append(ev.Artifacts, *a)
 		}
-		c.after(func(h Hooks) { h.JobChanged(context.Background(), ev) })
+		c.after(func(ctx context.Context, h Hooks) { h.JobChanged(ctx, ev) })
 	}
 	return http.StatusOK, wire.JobResponse{Job: wireJob(j)}, nil
 }
@@ -1016,7 +1016,7 @@ func (s *Server) mint(ctx context.Context, r receipts.Receipt) (*receipts.Stored
 // returns its id.
 func (s *Server) announce(c *call, r *receipts.Stored) *string {
 	st := *r
-	c.after(func(h Hooks) { h.ReceiptMinted(context.Background(), st) })
+	c.after(func(ctx context.Context, h Hooks) { h.ReceiptMinted(ctx, st) })
 	id := r.ID
 	return &id
 }

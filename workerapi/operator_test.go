@@ -368,7 +368,7 @@ func (h *opHookLog) waitFor(t *testing.T, what string, cond func() bool) {
 func TestOperatorJobs(t *testing.T) {
 	onDialects(t, func(t *testing.T, dialect string) {
 		hooks := &opHookLog{}
-		env := newOpEnv(t, dialect, apitest.WithConfig(func(c *workerapi.Config) { c.Hooks = hooks }))
+		env := newOpEnv(t, dialect, apitest.Started(), apitest.WithConfig(func(c *workerapi.Config) { c.Hooks = hooks }))
 		n := opGPUNode(t, env, "studio-gpu-1", 2)
 		activateEnvelope(t, env)
 

@@ -16,6 +16,7 @@ import (
 	"github.com/nodelane/nodelane/lease"
 	"github.com/nodelane/nodelane/receipts"
 	"github.com/nodelane/nodelane/replay"
+	"github.com/nodelane/nodelane/workerapi/wire"
 )
 
 // Transactor runs fn in one transaction carried in fn's context: every
@@ -51,14 +52,33 @@ type Stores struct {
 	Receipts    receipts.Store
 }
 
-// Config holds a Server's settings.
+// The defaults of Config, exported so that hosts and their flags say them
+// once.
+const (
+	DefaultLeaseTTL          = 600 * time.Second
+	DefaultAcceptTimeout     = 60 * time.Second
+	DefaultRetryBase         = 10 * time.Second
+	DefaultRetryMax          = time.Hour
+	DefaultWorkerTokenTTL    = 30 * 24 * time.Hour
+	DefaultHeartbeatInterval = 30 * time.Second
+	DefaultPollInterval      = 300 * time.Second
+	DefaultMaxWait           = wire.MaxWaitSeconds * time.Second
+	DefaultProofWait         = 10 * time.Second
+	DefaultBodyLimit         = 1 << 20
+	DefaultMaintainInterval  = time.Second
+)
+
+// Config holds a Server's settings. A zero duration or limit means its
+// default; a negative one is an error from New.
 type Config struct {
 	// Peppers and PepperVersion key the credential digests (see
-	// credential.Config). Required.
+	// credential.Config): at least one pepper of 32 bytes or more, and
+	// PepperVersion names one of them. Required.
 	Peppers       map[int][]byte
 	PepperVersion int
 	// ReceiptSigner is the note signer key (receipts.GenerateKey) that
-	// signs checkpoints. Required.
+	// signs checkpoints. Its key name must equal Origin, as C2SP
+	// tlog-checkpoint recommends. Required.
 	ReceiptSigner string
 	// Origin names the receipt log in its checkpoints. Defaults to
 	// receipts.DefaultOrigin.
@@ -67,26 +87,37 @@ type Config struct {
 	// Prices per GPU-hour in micro-USD, by SKU, snapshotted on each lease.
 	Prices receipts.Prices
 
-	// LeaseTTL defaults to 600 s; AcceptTimeout to 60 s.
-	LeaseTTL      time.Duration
+	// LeaseTTL is how long a lease lives without an extension. Defaults to
+	// DefaultLeaseTTL.
+	LeaseTTL time.Duration
+	// AcceptTimeout is how long a worker has to accept a lease. Defaults
+	// to DefaultAcceptTimeout.
 	AcceptTimeout time.Duration
 	// RetryBase and RetryMax shape the backoff before a retried job is
-	// eligible again (see lease.Config). Default to 10 s and 1 h.
+	// eligible again (see lease.Config). Default to DefaultRetryBase and
+	// DefaultRetryMax.
 	RetryBase, RetryMax time.Duration
-	// WorkerTokenTTL is the lifetime of a worker token. Defaults to 30 days.
+	// WorkerTokenTTL is the lifetime of a worker token. Defaults to
+	// DefaultWorkerTokenTTL.
 	WorkerTokenTTL time.Duration
-	// HeartbeatInterval is the next_heartbeat_seconds answered. Defaults to 30 s.
+	// HeartbeatInterval is the next_heartbeat_seconds answered. Defaults
+	// to DefaultHeartbeatInterval.
 	HeartbeatInterval time.Duration
 	// PollInterval is the poll_interval_seconds answered at registration.
-	// Defaults to 300 s.
+	// Defaults to DefaultPollInterval.
 	PollInterval time.Duration
-	// MaxWait caps a lease request's wait_seconds. Defaults to 60 s.
+	// MaxWait caps a lease request's wait_seconds. Defaults to (and may
+	// not exceed) DefaultMaxWait.
 	MaxWait time.Duration
 	// ProofWait bounds how long a route that answers with a proof waits for
-	// its receipt to be sequenced. Defaults to 10 s.
+	// its receipt to be sequenced. Defaults to DefaultProofWait.
 	ProofWait time.Duration
-	// BodyLimit caps request bodies. Defaults to 1 MiB.
+	// BodyLimit caps request bodies, in bytes. Defaults to DefaultBodyLimit.
 	BodyLimit int64
+	// MaintainInterval is how often the maintainer that Start runs
+	// expires leases and activations and collects nonces. Defaults to
+	// DefaultMaintainInterval.
+	MaintainInterval time.Duration
 	// EnvelopeSafe and EnvelopeBlocked extend the envelope's job types.
 	EnvelopeSafe, EnvelopeBlocked []string
 
@@ -95,8 +126,8 @@ type Config struct {
 	Logger *slog.Logger
 	// Metrics observes requests. Defaults to nil: none.
 	Metrics Metrics
-	// Hooks lets the host react to job changes and receipts. Defaults to
-	// nil: none.
+	// Hooks lets the host react to job changes and receipts; Start runs
+	// their delivery. Defaults to nil: none.
 	Hooks Hooks
 
 	// Now is the clock. Defaults to time.Now.
@@ -107,7 +138,7 @@ type Config struct {
 
 // Server serves the worker and operator routes over its Stores. It is
 // safe for concurrent use; several Servers (replicas) may share one
-// database.
+// database. Start runs its background work and Stop ends it.
 type Server struct {
 	st          Stores
 	cfg         Config
@@ -120,76 +151,135 @@ type Server struct {
 	seq         *receipts.Sequencer
 	verifierKey string
 	hooks       *hookRunner
+	life        lifecycle
 }
 
-// New returns a Server. It reports a missing store or setting.
+// ErrConfig is wrapped by every error of New about a missing or invalid
+// store or setting; the message names it.
+var ErrConfig = errors.New("workerapi: invalid configuration")
+
+// New returns a Server. It fails, with an error that wraps ErrConfig and
+// names the setting, when a store is missing or a setting is missing or
+// invalid, so that a misconfigured host stops at startup rather than on
+// its first request.
 func New(st Stores, cfg Config) (*Server, error) {
-	switch {
-	case st.Tx == nil || st.Notifier == nil || st.Leases == nil || st.Credentials == nil ||
-		st.Nonces == nil || st.Envelope == nil || st.Receipts == nil:
-		return nil, errors.New("workerapi: every store is required")
-	case cfg.ReceiptSigner == "":
-		return nil, errors.New("workerapi: Config.ReceiptSigner is required")
+	if err := checkStores(st); err != nil {
+		return nil, err
 	}
-	if cfg.Now == nil {
-		cfg.Now = time.Now
-	}
-	if cfg.Rand == nil {
-		cfg.Rand = rand.Reader
-	}
-	if cfg.WorkerTokenTTL <= 0 {
-		cfg.WorkerTokenTTL = 30 * 24 * time.Hour
-	}
-	if cfg.HeartbeatInterval <= 0 {
-		cfg.HeartbeatInterval = 30 * time.Second
-	}
-	if cfg.PollInterval <= 0 {
-		cfg.PollInterval = 300 * time.Second
-	}
-	if cfg.MaxWait <= 0 {
-		cfg.MaxWait = 60 * time.Second
-	}
-	if cfg.ProofWait <= 0 {
-		cfg.ProofWait = 10 * time.Second
-	}
-	if cfg.BodyLimit <= 0 {
-		cfg.BodyLimit = 1 << 20
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.DiscardHandler)
+	if err := cfg.setDefaults(); err != nil {
+		return nil, err
 	}
 	s := &Server{st: st, cfg: cfg, log: cfg.Logger}
 	s.leases = lease.NewManager(st.Leases, &lease.Config{
 		LeaseTTL: cfg.LeaseTTL, AcceptTimeout: cfg.AcceptTimeout, RetryBase: cfg.RetryBase, RetryMax: cfg.RetryMax,
-		Now: cfg.Now, Rand: cfg.Rand,
+		MaxJobsPerLease: wire.MaxJobsPerLease, Now: cfg.Now, Rand: cfg.Rand,
 	})
 	var err error
 	if s.issuer, err = credential.NewIssuer(st.Credentials, &credential.Config{
 		Peppers: cfg.Peppers, PepperVersion: cfg.PepperVersion, Now: cfg.Now, Rand: cfg.Rand,
 	}); err != nil {
-		return nil, fmt.Errorf("workerapi: %w", err)
+		return nil, fmt.Errorf("%w: Peppers/PepperVersion: %w", ErrConfig, err)
 	}
 	s.verifier = replay.NewVerifier(st.Nonces, &replay.VerifierConfig{Now: cfg.Now})
 	if s.gate, err = envelope.NewGate(st.Envelope, &envelope.Config{
 		ExtraSafe: cfg.EnvelopeSafe, ExtraBlocked: cfg.EnvelopeBlocked, Now: cfg.Now,
 	}); err != nil {
-		return nil, fmt.Errorf("workerapi: %w", err)
+		return nil, fmt.Errorf("%w: EnvelopeSafe/EnvelopeBlocked: %w", ErrConfig, err)
 	}
 	rcfg := &receipts.Config{Origin: cfg.Origin, Now: cfg.Now, Rand: cfg.Rand,
 		OnError: func(err error) { s.log.Error("receipt sequencer", "err", err) }}
 	s.receipts = receipts.NewLog(st.Receipts, rcfg)
 	signer, err := note.NewSigner(cfg.ReceiptSigner)
 	if err != nil {
-		return nil, errors.New("workerapi: Config.ReceiptSigner is not a note signer key")
+		return nil, fmt.Errorf("%w: ReceiptSigner is not a note signer key (receipts.GenerateKey makes one)", ErrConfig)
+	}
+	if signer.Name() != cfg.Origin {
+		return nil, fmt.Errorf("%w: ReceiptSigner's key name %q differs from Origin %q: generate the key with the origin as its name", ErrConfig, signer.Name(), cfg.Origin)
 	}
 	if s.seq, err = receipts.NewSequencer(st.Receipts, signer, rcfg); err != nil {
-		return nil, fmt.Errorf("workerapi: %w", err)
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	if s.verifierKey, err = receipts.VerifierKey(cfg.ReceiptSigner); err != nil {
-		return nil, fmt.Errorf("workerapi: %w", err)
+		return nil, fmt.Errorf("%w: ReceiptSigner: %w", ErrConfig, err)
 	}
 	s.hooks = newHookRunner(cfg.Hooks, s.log)
 	return s, nil
+}
+
+// checkStores names the first missing store.
+func checkStores(st Stores) error {
+	for _, c := range []struct {
+		name    string
+		missing bool
+	}{
+		{"Tx", st.Tx == nil}, {"Notifier", st.Notifier == nil}, {"Leases", st.Leases == nil},
+		{"Credentials", st.Credentials == nil}, {"Nonces", st.Nonces == nil},
+		{"Envelope", st.Envelope == nil}, {"Receipts", st.Receipts == nil},
+	} {
+		if c.missing {
+			return fmt.Errorf("%w: Stores.%s is required", ErrConfig, c.name)
+		}
+	}
+	return nil
+}
+
+// setDefaults fills in the defaults and reports the first invalid setting.
+func (c *Config) setDefaults() error {
+	switch {
+	case len(c.Peppers) == 0:
+		return fmt.Errorf("%w: Peppers is required (at least one pepper of 32 random bytes)", ErrConfig)
+	case c.Peppers[c.PepperVersion] == nil:
+		return fmt.Errorf("%w: PepperVersion %d names no pepper of Peppers", ErrConfig, c.PepperVersion)
+	case c.ReceiptSigner == "":
+		return fmt.Errorf("%w: ReceiptSigner is required (receipts.GenerateKey makes one)", ErrConfig)
+	}
+	durations := []struct {
+		name string
+		v    *time.Duration
+		def  time.Duration
+	}{
+		{"LeaseTTL", &c.LeaseTTL, DefaultLeaseTTL},
+		{"AcceptTimeout", &c.AcceptTimeout, DefaultAcceptTimeout},
+		{"RetryBase", &c.RetryBase, DefaultRetryBase},
+		{"RetryMax", &c.RetryMax, DefaultRetryMax},
+		{"WorkerTokenTTL", &c.WorkerTokenTTL, DefaultWorkerTokenTTL},
+		{"HeartbeatInterval", &c.HeartbeatInterval, DefaultHeartbeatInterval},
+		{"PollInterval", &c.PollInterval, DefaultPollInterval},
+		{"MaxWait", &c.MaxWait, DefaultMaxWait},
+		{"ProofWait", &c.ProofWait, DefaultProofWait},
+		{"MaintainInterval", &c.MaintainInterval, DefaultMaintainInterval},
+	}
+	for _, d := range durations {
+		switch {
+		case *d.v < 0:
+			return fmt.Errorf("%w: %s is negative (%v)", ErrConfig, d.name, *d.v)
+		case *d.v == 0:
+			*d.v = d.def
+		}
+	}
+	switch {
+	case c.MaxWait > DefaultMaxWait:
+		return fmt.Errorf("%w: MaxWait %v is over the protocol's %v", ErrConfig, c.MaxWait, DefaultMaxWait)
+	case c.RetryMax < c.RetryBase:
+		return fmt.Errorf("%w: RetryMax %v is below RetryBase %v", ErrConfig, c.RetryMax, c.RetryBase)
+	case c.BodyLimit < 0:
+		return fmt.Errorf("%w: BodyLimit is negative (%d)", ErrConfig, c.BodyLimit)
+	case c.BodyLimit == 0:
+		c.BodyLimit = DefaultBodyLimit
+	}
+	if c.Origin == "" {
+		c.Origin = receipts.DefaultOrigin
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	if c.Rand == nil {
+		c.Rand = rand.Reader
+	}
+	return nil
 }
 
 // ReceiptVerifierKey is the note verifier key of the receipt log, what

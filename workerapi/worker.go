@@ -109,7 +109,7 @@ func (s *Server) jobChanged(ctx context.Context, c *call, from lease.State, j *l
 			ev.Artifacts = append(ev.Artifacts, *a)
 		}
 	}
-	c.after(func(h Hooks) { h.JobChanged(context.Background(), ev) })
+	c.after(func(ctx context.Context, h Hooks) { h.JobChanged(ctx, ev) })
 	return nil
 }
 
@@ -122,7 +122,7 @@ func (s *Server) mintFor(ctx context.Context, c *call, snap *envelope.Snapshot, 
 		return nil, err
 	}
 	cp := *st
-	c.after(func(h Hooks) { h.ReceiptMinted(context.Background(), cp) })
+	c.after(func(ctx context.Context, h Hooks) { h.ReceiptMinted(ctx, cp) })
 	return st, nil
 }
 

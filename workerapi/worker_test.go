@@ -1285,7 +1285,7 @@ func (r *recorder) ReceiptMinted(_ context.Context, s receipts.Stored) {
 
 func TestHooks(t *testing.T) {
 	rec := &recorder{}
-	f := setup(t, "sqlite", apitest.WithConfig(func(c *workerapi.Config) { c.Hooks = rec }))
+	f := setup(t, "sqlite", apitest.Started(), apitest.WithConfig(func(c *workerapi.Config) { c.Hooks = rec }))
 	id, tok := f.running(t, "status_check")
 	if st, b := post(t, f.node, "/workers/jobs/"+id+"/artifacts", wire.ArtifactRequest{
 		LeaseToken: tok, ArtifactType: "log", Name: "n", URI: "u", ChecksumSHA256: ptr(strings.Repeat("0", 64)), SizeBytes: ptr(int64(1)),

@@ -96,12 +96,18 @@ func run(ctx context.Context, args []string, stdout io.Writer) (err error) {
 	say("1. Starting the control plane on SQLite (%s)", dbPath)
 	cp, err := controlplane.Open(ctx, controlplane.Options{
 		DB: "sqlite:" + dbPath, SecretsFile: filepath.Join(*dir, "nodelane-secrets.json"),
-		LeaseTTL: 60 * time.Second, AcceptTimeout: 20 * time.Second, Prices: prices, Logger: logger.With("component", "control-plane"),
+		LeaseTTL: 60 * time.Second, AcceptTimeout: 20 * time.Second, MaintainInterval: 250 * time.Millisecond, Prices: prices, Logger: logger.With("component", "control-plane"),
 	})
 	if err != nil {
 		return err
 	}
-	defer cp.Close()
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if err := cp.Close(sctx); err != nil {
+			say("   closing the control plane: %v", err)
+		}
+	}()
 	tokens, err := bootstrap(ctx, cp, filepath.Join(*dir, "nodelane-tokens.json"))
 	if err != nil {
 		return err
@@ -113,16 +119,14 @@ func run(ctx context.Context, args []string, stdout io.Writer) (err error) {
 	srv := &http.Server{Handler: cp.Server.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
-	mctx, stopMaintainer := context.WithCancel(ctx)
-	maintained := make(chan error, 1)
-	go func() { maintained <- cp.Server.Maintain(mctx, 250*time.Millisecond) }()
+	if err := cp.Server.Start(ctx); err != nil {
+		return err
+	}
 	defer func() {
 		sctx, c := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer c()
 		_ = srv.Shutdown(sctx)
 		<-served
-		stopMaintainer()
-		<-maintained
 	}()
 	base := "http://" + ln.Addr().String()
 	say("   listening on %s; operator and provisioning credentials minted (kept in %s, not printed)", base, filepath.Base(filepath.Join(*dir, "nodelane-tokens.json")))
@@ -148,11 +152,14 @@ func run(ctx context.Context, args []string, stdout io.Writer) (err error) {
 	} else {
 		say("   node %s is already registered as worker %s", id.NodeID(), id.WorkerID())
 	}
-	w := client.NewRunner(c, &client.RunnerConfig{
+	w, err := client.NewRunner(c, &client.RunnerConfig{
 		ProvisioningToken: tokens.ProvisioningToken, Registration: reg,
 		WaitSeconds: 5, LogFlushInterval: 200 * time.Millisecond, DrainTimeout: 5 * time.Second,
 		Logger: logger.With("component", "worker"),
 	})
+	if err != nil {
+		return err
+	}
 	jobs.Register(w, filepath.Join(*dir, "work"))
 	wctx, stopWorker := context.WithCancel(context.WithoutCancel(ctx))
 	workerDone := make(chan error, 1)

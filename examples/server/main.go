@@ -26,6 +26,7 @@ import (
 
 	"github.com/nodelane/nodelane/examples/internal/controlplane"
 	"github.com/nodelane/nodelane/receipts"
+	"github.com/nodelane/nodelane/workerapi"
 )
 
 func main() {
@@ -41,8 +42,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var (
 		addr          = fs.String("addr", "127.0.0.1:8080", "listen address")
 		dsn           = fs.String("db", "sqlite:nodelane.db", "database: sqlite:PATH or postgres://...")
-		leaseTTL      = fs.Duration("lease-ttl", 600*time.Second, "lease lifetime without an extension")
-		acceptTimeout = fs.Duration("accept-timeout", 60*time.Second, "time a worker has to accept a lease")
+		leaseTTL      = fs.Duration("lease-ttl", workerapi.DefaultLeaseTTL, "lease lifetime without an extension")
+		acceptTimeout = fs.Duration("accept-timeout", workerapi.DefaultAcceptTimeout, "time a worker has to accept a lease")
 		secretsFile   = fs.String("secrets-file", "nodelane-secrets.json", "pepper and receipt signing key, created 0600 on first start; replicas share it")
 		tokensFile    = fs.String("tokens-file", "", "on first start, write the operator and provisioning tokens here (JSON, 0600)")
 		prices        receipts.Prices
@@ -63,7 +64,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	defer cp.Close()
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		if err := cp.Close(sctx); err != nil {
+			log.Warn("closing the control plane", "err", err)
+		}
+	}()
 
 	boot, err := cp.Server.Bootstrap(ctx)
 	if err != nil {
@@ -89,10 +96,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 	}
 
-	maintained := make(chan error, 1)
-	mctx, stopMaintainer := context.WithCancel(ctx)
-	defer stopMaintainer()
-	go func() { maintained <- cp.Server.Maintain(mctx, time.Second) }()
+	if err := cp.Server.Start(ctx); err != nil {
+		ln.Close()
+		return err
+	}
 
 	srv := &http.Server{
 		Handler:           cp.Server.Handler(),
@@ -115,8 +122,6 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
 	err = srv.Shutdown(sctx)
-	stopMaintainer()
-	<-maintained
 	if errors.Is(err, http.ErrServerClosed) {
 		err = nil
 	}

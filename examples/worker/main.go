@@ -1,5 +1,5 @@
 // Command worker is a runnable nodelane worker node (DESIGN §1) built on
-// workerapi.Client: it registers on first start, heartbeats, leases jobs
+// workerapi/client's Runner: it registers on first start, heartbeats, leases jobs
 // with long-polls, and runs the example handlers (status_check,
 // embedding_dry_run and a simulated lora_train, see examples/internal/jobs).
 //
@@ -25,7 +25,6 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
-	"time"
 
 	"github.com/nodelane/nodelane/examples/internal/jobs"
 	"github.com/nodelane/nodelane/workerapi/client"
@@ -78,8 +77,8 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		name         = fs.String("name", "", "display name (default: the node id)")
 		maxJobs      = fs.Int("max-jobs", 1, "jobs run at once")
 		workdir      = fs.String("workdir", "nodelane-work", "directory for job outputs (lora_train checkpoints)")
-		drainTimeout = fs.Duration("drain-timeout", 25*time.Second, "on SIGTERM/SIGINT, how long running jobs may take to finish before they are released")
-		waitSeconds  = fs.Int("wait-seconds", 20, "lease long-poll, in seconds (max 60)")
+		drainTimeout = fs.Duration("drain-timeout", client.DefaultDrainTimeout, "on SIGTERM/SIGINT, how long running jobs may take to finish before they are released")
+		waitSeconds  = fs.Int("wait-seconds", client.DefaultWaitSeconds, "lease long-poll, in seconds (max 60)")
 		verbose      = fs.Bool("v", false, "debug logging")
 		gpus         gpuFlags
 	)
@@ -126,7 +125,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	w := client.NewRunner(c, &client.RunnerConfig{
+	w, err := client.NewRunner(c, &client.RunnerConfig{
 		MaxConcurrent:     *maxJobs,
 		ProvisioningToken: *provToken,
 		Registration:      jobs.Registration(node, *name, gpus, *maxJobs),
@@ -134,6 +133,9 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		DrainTimeout:      *drainTimeout,
 		Logger:            log,
 	})
+	if err != nil {
+		return err
+	}
 	jobs.Register(w, *workdir)
 
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)

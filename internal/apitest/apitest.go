@@ -73,6 +73,13 @@ type options struct {
 	config   []func(*workerapi.Config)
 	notifier func(t testing.TB, db *bunstore.DB) workerapi.Notifier
 	local    *workerapi.LocalNotifier
+	start    bool
+}
+
+// Started starts the Server's background work (Server.Start: the
+// maintainer and hook delivery) and stops it when the test ends.
+func Started() Option {
+	return func(o *options) { o.start = true }
 }
 
 // WithConfig lets f change the workerapi.Config before the Server is
@@ -187,8 +194,18 @@ func start(t testing.TB, dialect, dsn string, cfg workerapi.Config, clock *Clock
 	if err != nil {
 		t.Fatalf("apitest: workerapi.New: %v", err)
 	}
+	if o.start {
+		if err := srv.Start(ctx); err != nil {
+			t.Fatalf("apitest: Server.Start: %v", err)
+		}
+		t.Cleanup(func() {
+			if err := srv.Stop(ctx); err != nil {
+				t.Errorf("apitest: Server.Stop: %v", err)
+			}
+		})
+	}
 	hs := httptest.NewServer(srv.Handler())
-	t.Cleanup(hs.Close) // runs before db.Close
+	t.Cleanup(hs.Close) // runs before Stop and db.Close
 	return &Env{
 		Server: srv, URL: hs.URL, DB: db, Dialect: dialect, DSN: dsn, Config: cfg, Notifier: n, Clock: clock,
 		opts: o,

@@ -21,8 +21,43 @@ import (
 	"github.com/nodelane/nodelane/workerapi/wire"
 )
 
-// Config holds a Client's settings. A nil *Config is not
-// enough: Identity is required.
+// The defaults of Config.
+const (
+	DefaultRequestTimeout = 30 * time.Second
+	DefaultMaxAttempts    = 5
+	DefaultRetryBase      = 250 * time.Millisecond
+	DefaultRetryMax       = 15 * time.Second
+	DefaultUserAgent      = "nodelane-worker/1"
+)
+
+// ErrConfig is wrapped by every error of New and NewRunner about a missing
+// or invalid setting; the message names it.
+var ErrConfig = errors.New("client: invalid configuration")
+
+// setting is a duration setting with its default, for defaults.
+type setting struct {
+	name string
+	v    *time.Duration
+	def  time.Duration
+}
+
+// defaults sets each zero setting to its default and refuses a negative
+// one, naming it as a field of typ.
+func defaults(typ string, ss []setting) error {
+	for _, s := range ss {
+		switch {
+		case *s.v < 0:
+			return fmt.Errorf("%w: %s.%s is negative (%v)", ErrConfig, typ, s.name, *s.v)
+		case *s.v == 0:
+			*s.v = s.def
+		}
+	}
+	return nil
+}
+
+// Config holds a Client's settings. A nil *Config is not enough: Identity
+// is required. A zero duration or count means its default; a negative one
+// is an error from New.
 type Config struct {
 	// Identity is the node's Ed25519 key and, once registered, its worker
 	// id and token (see LoadOrCreateIdentity). Required.
@@ -33,19 +68,19 @@ type Config struct {
 	// http.DefaultTransport.
 	HTTPClient *http.Client
 	// RequestTimeout bounds one attempt of one request (a lease long-poll
-	// gets its wait_seconds on top). Defaults to 30 s.
+	// gets its wait_seconds on top). Defaults to DefaultRequestTimeout.
 	RequestTimeout time.Duration
 	// MaxAttempts is how many times one call is sent before its error is
 	// returned: network errors, 5xx and 429 are retried; other 4xx never.
-	// Defaults to 5.
+	// Defaults to DefaultMaxAttempts.
 	MaxAttempts int
 	// RetryBase and RetryMax shape the backoff between attempts: a random
 	// delay from 0 to RetryBase·2^(attempt-1), capped at RetryMax ("full
-	// jitter"). A Retry-After the server sends is honoured. Defaults to
-	// 250 ms and 15 s.
+	// jitter"). A Retry-After the server sends is honoured. Default to
+	// DefaultRetryBase and DefaultRetryMax.
 	RetryBase time.Duration
 	RetryMax  time.Duration
-	// UserAgent is sent with every request. Defaults to "nodelane-worker/1".
+	// UserAgent is sent with every request. Defaults to DefaultUserAgent.
 	UserAgent string
 	// Logger receives retries and clock corrections (never a token).
 	// Defaults to a logger that discards everything.
@@ -85,35 +120,36 @@ func New(baseURL string, cfg *Config) (*Client, error) {
 		c = *cfg
 	}
 	if c.Identity == nil {
-		return nil, errors.New("client: Config.Identity is required")
+		return nil, fmt.Errorf("%w: Config.Identity is required", ErrConfig)
 	}
 	u, err := url.Parse(strings.TrimRight(baseURL, "/"))
 	if err != nil {
-		return nil, fmt.Errorf("client: base URL: %w", err)
+		return nil, fmt.Errorf("%w: base URL: %w", ErrConfig, err)
 	}
 	if u.Scheme != "http" && u.Scheme != "https" || u.Host == "" {
-		return nil, fmt.Errorf("client: base URL %q is not an absolute http(s) URL", baseURL)
+		return nil, fmt.Errorf("%w: base URL %q is not an absolute http(s) URL", ErrConfig, baseURL)
 	}
 	if u.RawQuery != "" || u.Fragment != "" {
-		return nil, fmt.Errorf("client: base URL %q has a query or fragment", baseURL)
+		return nil, fmt.Errorf("%w: base URL %q has a query or fragment", ErrConfig, baseURL)
 	}
 	if c.HTTPClient == nil {
 		c.HTTPClient = &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}
 	}
-	if c.RequestTimeout <= 0 {
-		c.RequestTimeout = 30 * time.Second
+	if err := defaults("Config", []setting{
+		{"RequestTimeout", &c.RequestTimeout, DefaultRequestTimeout},
+		{"RetryBase", &c.RetryBase, DefaultRetryBase},
+		{"RetryMax", &c.RetryMax, DefaultRetryMax},
+	}); err != nil {
+		return nil, err
 	}
-	if c.MaxAttempts <= 0 {
-		c.MaxAttempts = 5
-	}
-	if c.RetryBase <= 0 {
-		c.RetryBase = 250 * time.Millisecond
-	}
-	if c.RetryMax <= 0 {
-		c.RetryMax = 15 * time.Second
+	switch {
+	case c.MaxAttempts < 0:
+		return nil, fmt.Errorf("%w: Config.MaxAttempts is negative (%d)", ErrConfig, c.MaxAttempts)
+	case c.MaxAttempts == 0:
+		c.MaxAttempts = DefaultMaxAttempts
 	}
 	if c.UserAgent == "" {
-		c.UserAgent = "nodelane-worker/1"
+		c.UserAgent = DefaultUserAgent
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)

@@ -497,7 +497,11 @@ func startClWorker(t *testing.T, p *clProxy, node string, mod func(*client.Runne
 	if mod != nil {
 		mod(cfg)
 	}
-	cw.w = client.NewRunner(c, cfg)
+	w, err := client.NewRunner(c, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cw.w = w
 	for typ, h := range handlers {
 		cw.w.Handle(typ, h)
 	}
@@ -990,7 +994,7 @@ func ExampleRunner() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	w := client.NewRunner(c, &client.RunnerConfig{
+	w, err := client.NewRunner(c, &client.RunnerConfig{
 		ProvisioningToken: os.Getenv("NODELANE_PROVISIONING_TOKEN"),
 		Registration: &wire.RegisterRequest{
 			NodeID: "studio-gpu-1", Name: "Studio-GPU", Role: "local_gpu_compute",
@@ -999,6 +1003,9 @@ func ExampleRunner() {
 		},
 		DrainTimeout: 90 * time.Second,
 	})
+	if err != nil {
+		log.Fatal(err)
+	}
 	w.Handle("status_check", func(ctx context.Context, job *wire.Job, r *client.Reporter) error {
 		r.Logf("checking %s", job.ID)
 		if err := r.Progress(ctx, "50%", map[string]int{"step": 1}); err != nil {

@@ -116,8 +116,23 @@ type JobEnd struct {
 	Fail     *wire.FailResponse
 }
 
+// The defaults of RunnerConfig.
+const (
+	DefaultWaitSeconds      = 20
+	DefaultIdlePoll         = 5 * time.Second
+	DefaultLeaseMargin      = 30 * time.Second
+	DefaultDrainTimeout     = 25 * time.Second
+	DefaultDrainGrace       = 3 * time.Second
+	DefaultReportPatience   = 10 * time.Minute
+	DefaultLogFlushInterval = 2 * time.Second
+	DefaultLogBatchSize     = 200
+	DefaultMaxBufferedLogs  = 20000
+	DefaultTokenRenewBefore = 72 * time.Hour
+)
+
 // RunnerConfig holds a Runner's settings. A nil *RunnerConfig means all
-// defaults (the identity must then hold a worker token).
+// defaults (the identity must then hold a worker token). A zero duration
+// or count means its default; a negative one is an error from NewRunner.
 type RunnerConfig struct {
 	// MaxConcurrent is how many jobs run at once. Defaults to the
 	// registration's governor max_jobs, or 1.
@@ -137,39 +152,44 @@ type RunnerConfig struct {
 	// SupportedGPUSKUs go in every lease request. Defaults to the SKUs of
 	// Registration's GPUs.
 	SupportedGPUSKUs []string
-	// WaitSeconds is each lease request's long-poll. Defaults to 20.
+	// WaitSeconds is each lease request's long-poll, at most wire.MaxWaitSeconds. Defaults to
+	// DefaultWaitSeconds.
 	WaitSeconds int
 	// IdlePoll is the pause after an empty lease answer that came back
-	// without waiting (a server that does not long-poll). Defaults to 5 s.
+	// without waiting (a server that does not long-poll). Defaults to
+	// DefaultIdlePoll.
 	IdlePoll time.Duration
 	// HeartbeatInterval overrides the server's next_heartbeat_seconds.
 	// Heartbeats also come sooner when a lease is close to its margin.
 	HeartbeatInterval time.Duration
 	// LeaseMargin is how long before a lease's expires_at a job whose lease
 	// could not be extended is stopped (ErrLeaseExpiring); capped at a fifth
-	// of the lease's lifetime. Defaults to 30 s.
+	// of the lease's lifetime. Defaults to DefaultLeaseMargin.
 	LeaseMargin time.Duration
 	// DrainTimeout is how long running jobs may take to finish once the
 	// worker drains, before they are cancelled (ErrDrained) and released.
-	// Defaults to 25 s (a spot reclaim or a Kubernetes grace period gives
-	// 30 s or more). DrainGrace is how long a cancelled handler then has to
-	// return before its job is released anyway. Defaults to 3 s.
+	// Defaults to DefaultDrainTimeout (a spot reclaim or a Kubernetes grace
+	// period gives 30 s or more). DrainGrace is how long a cancelled handler
+	// then has to return before its job is released anyway. Defaults to
+	// DefaultDrainGrace.
 	DrainTimeout time.Duration
 	DrainGrace   time.Duration
 	// ReportPatience bounds how long a job's result (complete, fail) is
 	// retried while the server is out of reach; the lease's expiry bounds it
-	// too. Defaults to 10 min.
+	// too. Defaults to DefaultReportPatience.
 	ReportPatience time.Duration
 	// LogFlushInterval is how often buffered log lines are sent.
-	// Defaults to 2 s. LogBatchSize bounds the lines of one request
-	// (defaults to 200), MaxBufferedLogs the lines kept while the server is
-	// out of reach (defaults to 20000; the oldest are dropped beyond).
+	// Defaults to DefaultLogFlushInterval. LogBatchSize bounds the lines of
+	// one request (defaults to DefaultLogBatchSize), MaxBufferedLogs the
+	// lines kept while the server is out of reach (defaults to
+	// DefaultMaxBufferedLogs; the oldest are dropped beyond).
 	LogFlushInterval time.Duration
 	LogBatchSize     int
 	MaxBufferedLogs  int
 	// TokenRenewBefore: with a ProvisioningToken, the worker token is
 	// renewed (by registering again) this long before it expires, or a
-	// third of its lifetime before, if that is sooner. Defaults to 72 h.
+	// third of its lifetime before, if that is sooner. Defaults to
+	// DefaultTokenRenewBefore.
 	TokenRenewBefore time.Duration
 	// Metrics, if set, gives each heartbeat's metrics: a value that
 	// marshals to a JSON object.
@@ -212,41 +232,48 @@ type Runner struct {
 	renewAt, lastTry time.Time
 }
 
-// NewRunner returns a Runner that talks through c. cfg may be nil.
-func NewRunner(c *Client, cfg *RunnerConfig) *Runner {
+// NewRunner returns a Runner that talks through c. cfg may be nil. It
+// fails, with an error that wraps ErrConfig and names the setting, when c
+// is nil or a setting is invalid.
+func NewRunner(c *Client, cfg *RunnerConfig) (*Runner, error) {
+	if c == nil {
+		return nil, fmt.Errorf("%w: NewRunner needs a Client", ErrConfig)
+	}
 	var wc RunnerConfig
 	if cfg != nil {
 		wc = *cfg
 	}
-	if wc.WaitSeconds <= 0 {
-		wc.WaitSeconds = 20
+	if err := defaults("RunnerConfig", []setting{
+		{"IdlePoll", &wc.IdlePoll, DefaultIdlePoll},
+		{"LeaseMargin", &wc.LeaseMargin, DefaultLeaseMargin},
+		{"DrainTimeout", &wc.DrainTimeout, DefaultDrainTimeout},
+		{"DrainGrace", &wc.DrainGrace, DefaultDrainGrace},
+		{"ReportPatience", &wc.ReportPatience, DefaultReportPatience},
+		{"LogFlushInterval", &wc.LogFlushInterval, DefaultLogFlushInterval},
+		{"TokenRenewBefore", &wc.TokenRenewBefore, DefaultTokenRenewBefore},
+		{"HeartbeatInterval", &wc.HeartbeatInterval, 0},
+	}); err != nil {
+		return nil, err
 	}
-	if wc.IdlePoll <= 0 {
-		wc.IdlePoll = 5 * time.Second
-	}
-	if wc.LeaseMargin <= 0 {
-		wc.LeaseMargin = 30 * time.Second
-	}
-	if wc.DrainTimeout <= 0 {
-		wc.DrainTimeout = 25 * time.Second
-	}
-	if wc.DrainGrace <= 0 {
-		wc.DrainGrace = 3 * time.Second
-	}
-	if wc.ReportPatience <= 0 {
-		wc.ReportPatience = 10 * time.Minute
-	}
-	if wc.LogFlushInterval <= 0 {
-		wc.LogFlushInterval = 2 * time.Second
-	}
-	if wc.LogBatchSize <= 0 {
-		wc.LogBatchSize = 200
-	}
-	if wc.MaxBufferedLogs <= 0 {
-		wc.MaxBufferedLogs = 20000
-	}
-	if wc.TokenRenewBefore <= 0 {
-		wc.TokenRenewBefore = 72 * time.Hour
+	for _, n := range []struct {
+		name string
+		v    *int
+		def  int
+		max  int
+	}{
+		{"WaitSeconds", &wc.WaitSeconds, DefaultWaitSeconds, wire.MaxWaitSeconds},
+		{"LogBatchSize", &wc.LogBatchSize, DefaultLogBatchSize, 0},
+		{"MaxBufferedLogs", &wc.MaxBufferedLogs, DefaultMaxBufferedLogs, 0},
+		{"MaxConcurrent", &wc.MaxConcurrent, 0, 0},
+	} {
+		switch {
+		case *n.v < 0:
+			return nil, fmt.Errorf("%w: RunnerConfig.%s is negative (%d)", ErrConfig, n.name, *n.v)
+		case n.max > 0 && *n.v > n.max:
+			return nil, fmt.Errorf("%w: RunnerConfig.%s %d is over %d", ErrConfig, n.name, *n.v, n.max)
+		case *n.v == 0:
+			*n.v = n.def
+		}
 	}
 	if wc.Logger == nil {
 		wc.Logger = c.log
@@ -277,7 +304,7 @@ func NewRunner(c *Client, cfg *RunnerConfig) *Runner {
 		slotCh:   make(chan struct{}, 1),
 		hbKick:   make(chan struct{}, 1),
 		fatalCh:  make(chan error, 1),
-	}
+	}, nil
 }
 
 // Handle registers h for jobType. Call it before Run.

@@ -34,7 +34,9 @@ type Options struct {
 	Prices        receipts.Prices
 	// Origin names the receipt log. Defaults to receipts.DefaultOrigin.
 	Origin string
-	Logger *slog.Logger
+	// MaintainInterval is workerapi.Config.MaintainInterval.
+	MaintainInterval time.Duration
+	Logger           *slog.Logger
 	// Now is the clock, for tests. Defaults to time.Now.
 	Now func() time.Time
 }
@@ -49,7 +51,10 @@ type ControlPlane struct {
 // Open opens the database (migrating it), loads or creates the secrets,
 // and builds the Server.
 func Open(ctx context.Context, o Options) (*ControlPlane, error) {
-	sec, err := LoadOrCreateSecrets(o.SecretsFile)
+	if o.Origin == "" {
+		o.Origin = receipts.DefaultOrigin
+	}
+	sec, err := LoadOrCreateSecrets(o.SecretsFile, o.Origin)
 	if err != nil {
 		return nil, err
 	}
@@ -71,15 +76,16 @@ func Open(ctx context.Context, o Options) (*ControlPlane, error) {
 		Envelope:    db.EnvelopeStore(),
 		Receipts:    db.ReceiptsStore(),
 	}, workerapi.Config{
-		Peppers:       map[int][]byte{sec.PepperVersion: sec.Pepper},
-		PepperVersion: sec.PepperVersion,
-		ReceiptSigner: sec.ReceiptSigner,
-		Origin:        o.Origin,
-		Prices:        o.Prices,
-		LeaseTTL:      o.LeaseTTL,
-		AcceptTimeout: o.AcceptTimeout,
-		Logger:        o.Logger,
-		Now:           o.Now,
+		Peppers:          map[int][]byte{sec.PepperVersion: sec.Pepper},
+		PepperVersion:    sec.PepperVersion,
+		ReceiptSigner:    sec.ReceiptSigner,
+		Origin:           o.Origin,
+		Prices:           o.Prices,
+		LeaseTTL:         o.LeaseTTL,
+		AcceptTimeout:    o.AcceptTimeout,
+		MaintainInterval: o.MaintainInterval,
+		Logger:           o.Logger,
+		Now:              o.Now,
 	})
 	if err != nil {
 		n.Close()
@@ -89,9 +95,10 @@ func Open(ctx context.Context, o Options) (*ControlPlane, error) {
 	return &ControlPlane{DB: db, Notifier: n, Server: srv}, nil
 }
 
-// Close closes the notifier and the database.
-func (cp *ControlPlane) Close() error {
-	return errors.Join(cp.Notifier.Close(), cp.DB.Close())
+// Close stops the server's background work (see workerapi.Server.Stop,
+// bounded by ctx) and closes the notifier and the database.
+func (cp *ControlPlane) Close(ctx context.Context) error {
+	return errors.Join(cp.Server.Stop(ctx), cp.Notifier.Close(), cp.DB.Close())
 }
 
 // Secrets are what every replica of one control plane shares.
@@ -103,12 +110,13 @@ type Secrets struct {
 }
 
 // LoadOrCreateSecrets reads the secrets file, or creates it (mode 0600,
+// its receipt signing key named origin, as checkpoints require,
 // never overwriting) with a fresh 32-byte pepper and signing key. It
 // refuses a file that others may read.
-func LoadOrCreateSecrets(path string) (*Secrets, error) {
+func LoadOrCreateSecrets(path, origin string) (*Secrets, error) {
 	b, err := os.ReadFile(path)
 	if errors.Is(err, fs.ErrNotExist) {
-		return createSecrets(path)
+		return createSecrets(path, origin)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("secrets file: %w", err)
@@ -123,13 +131,13 @@ func LoadOrCreateSecrets(path string) (*Secrets, error) {
 	return &s, nil
 }
 
-func createSecrets(path string) (*Secrets, error) {
+func createSecrets(path, origin string) (*Secrets, error) {
 	s := &Secrets{PepperVersion: 1, Pepper: make([]byte, 32)}
 	if _, err := rand.Read(s.Pepper); err != nil {
 		return nil, err
 	}
 	var err error
-	if s.ReceiptSigner, _, err = receipts.GenerateKey(rand.Reader, "nodelane-receipts"); err != nil {
+	if s.ReceiptSigner, _, err = receipts.GenerateKey(rand.Reader, origin); err != nil {
 		return nil, err
 	}
 	b, err := json.MarshalIndent(s, "", "  ")
@@ -143,7 +151,7 @@ func createSecrets(path string) (*Secrets, error) {
 	}
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if errors.Is(err, fs.ErrExist) {
-		return LoadOrCreateSecrets(path) // another replica created it first
+		return LoadOrCreateSecrets(path, origin) // another replica created it first
 	}
 	if err != nil {
 		return nil, fmt.Errorf("secrets file: %w", err)

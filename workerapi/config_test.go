@@ -1,0 +1,66 @@
+package workerapi_test
+
+import (
+	"crypto/rand"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nodelane/nodelane/receipts"
+	"github.com/nodelane/nodelane/workerapi"
+)
+
+// New refuses a missing store or a missing or invalid setting, with an
+// error that wraps ErrConfig and names it, instead of failing later.
+func TestNewFailsFast(t *testing.T) {
+	otherName, _, err := receipts.GenerateKey(rand.Reader, "nodelane-receipts")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name   string
+		change func(*workerapi.Stores, *workerapi.Config)
+		want   string
+	}{
+		{"no Tx", func(s *workerapi.Stores, _ *workerapi.Config) { s.Tx = nil }, "Stores.Tx"},
+		{"no Notifier", func(s *workerapi.Stores, _ *workerapi.Config) { s.Notifier = nil }, "Stores.Notifier"},
+		{"no Leases", func(s *workerapi.Stores, _ *workerapi.Config) { s.Leases = nil }, "Stores.Leases"},
+		{"no Credentials", func(s *workerapi.Stores, _ *workerapi.Config) { s.Credentials = nil }, "Stores.Credentials"},
+		{"no Nonces", func(s *workerapi.Stores, _ *workerapi.Config) { s.Nonces = nil }, "Stores.Nonces"},
+		{"no Envelope", func(s *workerapi.Stores, _ *workerapi.Config) { s.Envelope = nil }, "Stores.Envelope"},
+		{"no Receipts", func(s *workerapi.Stores, _ *workerapi.Config) { s.Receipts = nil }, "Stores.Receipts"},
+		{"no peppers", func(_ *workerapi.Stores, c *workerapi.Config) { c.Peppers = nil }, "Peppers"},
+		{"pepper version unknown", func(_ *workerapi.Stores, c *workerapi.Config) { c.PepperVersion = 2 }, "PepperVersion"},
+		{"short pepper", func(_ *workerapi.Stores, c *workerapi.Config) { c.Peppers = map[int][]byte{1: make([]byte, 8)} }, "Peppers"},
+		{"no signer", func(_ *workerapi.Stores, c *workerapi.Config) { c.ReceiptSigner = "" }, "ReceiptSigner"},
+		{"bad signer", func(_ *workerapi.Stores, c *workerapi.Config) { c.ReceiptSigner = "PRIVATE+KEY+x+1+abc" }, "ReceiptSigner"},
+		{"signer name is not the origin", func(_ *workerapi.Stores, c *workerapi.Config) { c.ReceiptSigner = otherName }, "Origin"},
+		{"negative LeaseTTL", func(_ *workerapi.Stores, c *workerapi.Config) { c.LeaseTTL = -time.Second }, "LeaseTTL"},
+		{"negative AcceptTimeout", func(_ *workerapi.Stores, c *workerapi.Config) { c.AcceptTimeout = -time.Second }, "AcceptTimeout"},
+		{"negative MaintainInterval", func(_ *workerapi.Stores, c *workerapi.Config) { c.MaintainInterval = -1 }, "MaintainInterval"},
+		{"negative ProofWait", func(_ *workerapi.Stores, c *workerapi.Config) { c.ProofWait = -1 }, "ProofWait"},
+		{"MaxWait over the protocol", func(_ *workerapi.Stores, c *workerapi.Config) { c.MaxWait = 2 * time.Minute }, "MaxWait"},
+		{"RetryMax below RetryBase", func(_ *workerapi.Stores, c *workerapi.Config) { c.RetryBase, c.RetryMax = time.Hour, time.Minute }, "RetryMax"},
+		{"negative BodyLimit", func(_ *workerapi.Stores, c *workerapi.Config) { c.BodyLimit = -1 }, "BodyLimit"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			st, cfg := sqliteStores(t)
+			tt.change(&st, &cfg)
+			srv, err := workerapi.New(st, cfg)
+			if !errors.Is(err, workerapi.ErrConfig) {
+				t.Fatalf("New: %v (server %v), want ErrConfig", err, srv)
+			}
+			if !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("New: %q does not name %s", err, tt.want)
+			}
+		})
+	}
+	t.Run("valid", func(t *testing.T) {
+		st, cfg := sqliteStores(t)
+		if _, err := workerapi.New(st, cfg); err != nil {
+			t.Fatalf("New with a valid configuration: %v", err)
+		}
+	})
+}

@@ -1,0 +1,126 @@
+package workerapi
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+)
+
+// ErrStarted is returned by Start on a Server that was started before.
+var ErrStarted = errors.New("workerapi: server already started")
+
+// lifecycle is the Server's background work between Start and Stop.
+type lifecycle struct {
+	mu      sync.Mutex
+	started bool
+	cancel  context.CancelFunc // ends the maintainer
+	stopped chan struct{}      // closed by Stop: hooks deliver what is queued
+	endHook context.CancelFunc // ends the hooks' context
+	stopCtx func() bool        // unregisters the AfterFunc on Start's ctx
+	once    sync.Once
+	done    sync.WaitGroup
+}
+
+// stop closes stopped once, whoever calls it first: Stop or the end of
+// Start's context.
+func (lc *lifecycle) stop(stopped chan struct{}) {
+	lc.once.Do(func() { close(stopped) })
+}
+
+// Start starts the Server's background work and returns at once:
+//   - the maintainer, every Config.MaintainInterval: it expires leases,
+//     records the end of timed activations (with their receipts), collects
+//     expired nonces, and sequences receipts and signs checkpoints
+//     continuously. It is safe to run on every replica at once: each step
+//     is conditional on what it read, and the sequencer is one at a time
+//     across replicas. The same checks also run lazily where a request
+//     needs them, so requests are correct without it, only slower to see
+//     expiries and proofs;
+//   - the delivery of events to Config.Hooks.
+//
+// The work runs until Stop is called or ctx ends. Start may be called
+// once; a second call returns ErrStarted. Call Stop before the stores
+// close, even when ctx ended, to wait for the work to end.
+func (s *Server) Start(ctx context.Context) error {
+	lc := &s.life
+	lc.mu.Lock()
+	defer lc.mu.Unlock()
+	if lc.started {
+		return ErrStarted
+	}
+	lc.started = true
+	mctx, cancel := context.WithCancel(ctx)
+	hctx, endHook := context.WithCancel(context.WithoutCancel(ctx))
+	lc.cancel, lc.endHook, lc.stopped = cancel, endHook, make(chan struct{})
+	lc.done.Add(3)
+	go func() {
+		defer lc.done.Done()
+		s.seq.Run(mctx)
+	}()
+	go func() {
+		defer lc.done.Done()
+		s.maintain(mctx)
+	}()
+	go func() {
+		defer lc.done.Done()
+		s.hooks.run(hctx, lc.stopped)
+	}()
+	// The end of ctx stops the work as Stop does, but waits for nothing.
+	stopped := lc.stopped
+	lc.stopCtx = context.AfterFunc(ctx, func() { lc.stop(stopped) })
+	return nil
+}
+
+// Stop stops the background work that Start started and waits for it to
+// end: the maintainer stops after its current step; events already queued
+// for Hooks are delivered, and later ones are dropped. If ctx ends first,
+// the context the hooks were given is cancelled and Stop returns ctx's
+// error without waiting further (a hook that ignores its context keeps
+// its goroutine until it returns). Stop on a Server that was never
+// started, or a second time, returns nil.
+func (s *Server) Stop(ctx context.Context) error {
+	lc := &s.life
+	lc.mu.Lock()
+	if !lc.started || lc.cancel == nil {
+		lc.mu.Unlock()
+		return nil
+	}
+	cancel, endHook, stopped := lc.cancel, lc.endHook, lc.stopped
+	lc.cancel = nil // a second Stop returns at once
+	lc.mu.Unlock()
+
+	lc.stopCtx()
+	s.hooks.close()
+	cancel()
+	lc.stop(stopped)
+	done := make(chan struct{})
+	go func() {
+		lc.done.Wait()
+		close(done)
+	}()
+	defer endHook()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		endHook()
+		return ctx.Err()
+	}
+}
+
+// maintain runs MaintainOnce every Config.MaintainInterval until ctx ends.
+func (s *Server) maintain(ctx context.Context) {
+	t := time.NewTicker(s.cfg.MaintainInterval)
+	defer t.Stop()
+	for {
+		if err := s.MaintainOnce(ctx); err != nil && ctx.Err() == nil {
+			s.log.Error("maintainer", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}

@@ -151,7 +151,7 @@ func (fuzzTx) InTx(ctx context.Context, fn func(context.Context) error) error { 
 func newFuzzServer(t testing.TB, now time.Time, logs ...io.Writer) *Server {
 	t.Helper()
 	rnd := newFuzzRand(1)
-	signer, _, err := receipts.GenerateKey(rnd, "nodelane.test/fuzz")
+	signer, _, err := receipts.GenerateKey(rnd, receipts.DefaultOrigin)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -43,7 +42,7 @@ const maxPage = 1000
 
 // Dispatch enqueues a job and wakes long-polls, in one transaction, and
 // then says whether a registered worker could lease it now; when not,
-// reason says why (see leasability, and the operator route POST
+// reason says why (see lease.Manager.Explain, and the operator route POST
 // /operator/jobs; a job a worker already leased is leasable). The Hooks
 // hear of the new job once it committed. If ctx carries a transaction,
 // the job joins it and the hook may run before that transaction commits.
@@ -64,19 +63,16 @@ func (s *Server) Dispatch(ctx context.Context, nj lease.NewJob) (job *lease.Job,
 	}
 	j := *job
 	s.hooks.emit([]hookEvent{func(ctx context.Context, h Hooks) { h.JobChanged(ctx, JobEvent{Job: j}) }})
-	leasable, reason, err = s.leasability(ctx, job)
+	leasable, why, err := s.leasability(ctx, job)
 	if err != nil {
 		s.log.Error("checking whether a job is leasable", "job_id", job.ID, "err", err)
 		return job, false, "unknown: a store did not answer while leasability was checked", nil
 	}
-	if !leasable {
-		// A worker waiting in a long-poll may have leased the job since
-		// the commit, and now counts it against its max_jobs.
-		if cur, err := s.leases.Get(ctx, job.ID); err == nil && cur.Lease != nil {
-			return job, true, "", nil
-		}
+	if why.Code == lease.ReasonJobLeased || why.Code == lease.ReasonJobFinished {
+		// A worker waiting in a long-poll leased the job since the commit.
+		return job, true, "", nil
 	}
-	return job, leasable, reason, nil
+	return job, leasable, why.Message, nil
 }
 
 func (s *Server) opDispatch(ctx context.Context, c *call) (int, any, error) {
@@ -160,14 +156,14 @@ func (s *Server) opGetJob(ctx context.Context, c *call) (int, any, error) {
 	if err != nil {
 		return 0, nil, err
 	}
-	ok, reason, err := s.leasability(ctx, j)
+	ok, why, err := s.leasability(ctx, j)
 	if err != nil {
 		return 0, nil, err
 	}
 	out := wire.JobDetailResponse{
 		Job:       wireJob(j),
 		Leasable:  ok,
-		Reason:    reason,
+		Reason:    why.Message,
 		Events:    make([]wire.JobEventView, len(evs)),
 		Artifacts: make([]wire.ArtifactView, len(arts)),
 	}
@@ -348,186 +344,49 @@ func wireEvent(e *lease.Event) wire.JobEventView {
 // Leasability.
 
 // leasability says whether a registered worker could lease the queued job
-// j now, matching as lease.Manager.Lease does, and if not, why. The
-// checks, in order, and the first that fails answers:
-//
-//  1. the envelope allows the job type (else the envelope's reason);
-//  2. a registered worker supports the type and has the GPUs the job
-//     requires: its SKU, enough of them, and enough VRAM on each, capped
-//     by the worker's governor max_vram_mb (else the requirement that no
-//     worker meets, naming it);
-//  3. the job is not scheduled later (a retry's backoff);
-//  4. one such worker is not banned and holds fewer live leases than its
-//     governor max_jobs.
-//
-// A job that fails only check 4 is not leasable: it waits for a slot, and
-// the reason says so. Leasable means a worker could take the job at its
-// next poll, not that the job is next in line: higher priorities and
-// older jobs go first. Workers are judged by what they registered; one
-// that polls offering fewer types or SKUs, or that no longer polls at
-// all, may still leave the job waiting. For a job in any other state it
-// reports false and no reason.
-func (s *Server) leasability(ctx context.Context, j *lease.Job) (bool, string, error) {
+// j now and, if not, why: the envelope first (a blocked type gives the
+// envelope's reason), then lease.Manager.Explain, which matches as Lease
+// does (type, SKU, GPU count, VRAM within the governor's max_vram_mb,
+// backoff, bans, governor max_jobs) and gives the most decisive reason
+// first. For a job in any other state it reports false and no reason; the
+// reason's code tells a caller that the job was leased since j was read.
+func (s *Server) leasability(ctx context.Context, j *lease.Job) (bool, lease.Reason, error) {
 	if j.State != lease.StateQueued {
-		return false, "", nil
+		return false, lease.Reason{}, nil
 	}
 	snap, err := s.gate.Snapshot(ctx)
 	if err != nil {
-		return false, "", err
+		return false, lease.Reason{}, err
 	}
 	if err := snap.Allow(j.Type); err != nil {
 		var be *envelope.BlockedError
 		if errors.As(err, &be) {
-			return false, be.Reason, nil
+			return false, lease.Reason{Code: lease.ReasonTypeNotAllowed, Message: be.Reason, JobType: j.Type}, nil
 		}
-		return false, "", err
+		return false, lease.Reason{}, err
 	}
-	var (
-		capable []*lease.Worker
-		m       shortfall
-	)
-	for after := ""; ; {
-		page, err := s.leases.Workers(ctx, after, maxPage)
-		if err != nil {
-			return false, "", err
-		}
-		for _, w := range page {
-			if m.add(w, j) {
-				capable = append(capable, w)
-			}
-		}
-		if len(page) < maxPage {
-			break
-		}
-		after = page[len(page)-1].ID
+	ex, err := s.leases.Explain(ctx, j.ID, &lease.ExplainOptions{Banned: s.banned})
+	if err != nil || ex.Leasable || len(ex.Reasons) == 0 {
+		return err == nil && ex.Leasable, lease.Reason{}, err
 	}
-	if len(capable) == 0 {
-		return false, m.reason(j), nil
+	r := ex.Reasons[0]
+	if r.Code == lease.ReasonJobLeased || r.Code == lease.ReasonJobFinished {
+		r.Message = ""
 	}
-	now := s.now()
-	if j.ScheduledAt.After(now) {
-		return false, "scheduled for " + j.ScheduledAt.Format(time.RFC3339Nano) + " (a retry's backoff): not leasable before then", nil
-	}
-	banned := 0
-	for _, w := range capable {
-		p, err := s.issuer.Principal(ctx, w.ID)
-		switch {
-		case err == nil && p.Banned:
-			banned++
-			continue
-		case err != nil && !errors.Is(err, credential.ErrNotFound):
-			return false, "", err
-		}
-		free, err := s.hasSlot(ctx, w, now)
-		if err != nil {
-			return false, "", err
-		}
-		if free {
-			return true, "", nil
-		}
-	}
-	if banned == len(capable) {
-		return false, fmt.Sprintf("every worker that can run it is banned (%d)", banned), nil
-	}
-	return false, fmt.Sprintf("every worker that can run it is at its governor max_jobs (%d busy, %d banned): it waits for a free slot",
-		len(capable)-banned, banned), nil
+	return false, r, nil
 }
 
-// hasSlot reports whether w holds fewer live leases than its governor
-// max_jobs, not counting leases already past their TTL or accept
-// deadline, which the next lease call expires first.
-func (s *Server) hasSlot(ctx context.Context, w *lease.Worker, now time.Time) (bool, error) {
-	jobs, _, err := s.leases.List(ctx, lease.JobFilter{WorkerID: w.ID, Limit: maxPage})
-	if err != nil {
+// banned reports whether worker id is banned. A worker's principal has
+// the worker's id; a worker without one (registered in Go) is not banned.
+func (s *Server) banned(ctx context.Context, id string) (bool, error) {
+	p, err := s.issuer.Principal(ctx, id)
+	switch {
+	case errors.Is(err, credential.ErrNotFound):
+		return false, nil
+	case err != nil:
 		return false, err
 	}
-	live := 0
-	for _, j := range jobs {
-		if l := j.Lease; j.State.Live() && l != nil && now.Before(l.ExpiresAt) &&
-			(j.State != lease.StateLeased || now.Before(l.AcceptBy)) {
-			live++
-		}
-	}
-	return live < max(w.Governor.MaxJobs, 1), nil
-}
-
-// The steps at which a worker falls short of a job, in matching order.
-const (
-	shortNone  = iota // no worker at all
-	shortType         // does not support the job type
-	shortSKU          // has no GPU of the job's SKU
-	shortCount        // has too few GPUs (of the SKU)
-	shortVRAM         // has too few GPUs with enough VRAM each
-)
-
-// shortfall gathers how far the registered workers come to a job's
-// requirements, to name the one none of them meets.
-type shortfall struct {
-	// step is the furthest any worker got.
-	step int
-	// mostGPUs is the most GPUs (of the SKU) of a worker with the SKU;
-	// mostVRAM the most VRAM a worker with enough GPUs offers on each of
-	// the GPUs the job needs.
-	mostGPUs, mostVRAM int
-}
-
-// add judges w and reports whether it can run j.
-func (m *shortfall) add(w *lease.Worker, j *lease.Job) bool {
-	r := j.Requirements
-	reach := func(step int) {
-		m.step = max(m.step, step)
-	}
-	reach(shortType)
-	if !slices.Contains(w.Capabilities.JobTypes, j.Type) {
-		return false
-	}
-	var vram []int // the VRAM of each GPU the job may use
-	for _, g := range w.Capabilities.GPUs {
-		if r.GPUSKU == "" || g.SKU == r.GPUSKU {
-			vram = append(vram, g.VRAMMB)
-		}
-	}
-	reach(shortSKU)
-	if r.GPUSKU != "" && len(vram) == 0 {
-		return false
-	}
-	reach(shortCount)
-	m.mostGPUs = max(m.mostGPUs, len(vram))
-	if r.GPUCount > len(vram) {
-		return false
-	}
-	reach(shortVRAM)
-	if r.GPUCount > 0 {
-		slices.Sort(vram)
-		best := vram[len(vram)-r.GPUCount] // the r.GPUCount-th largest
-		if w.Governor.MaxVRAMMB > 0 {
-			best = min(best, w.Governor.MaxVRAMMB)
-		}
-		m.mostVRAM = max(m.mostVRAM, best)
-	}
-	return r.Matches(w.Fits(nil))
-}
-
-// reason names the requirement no worker meets.
-func (m *shortfall) reason(j *lease.Job) string {
-	r := j.Requirements
-	of := ""
-	if r.GPUSKU != "" {
-		of = fmt.Sprintf(" of SKU %q", r.GPUSKU)
-	}
-	switch m.step {
-	case shortNone:
-		return "no worker is registered"
-	case shortType:
-		return fmt.Sprintf("no registered worker supports job type %q", j.Type)
-	case shortSKU:
-		return fmt.Sprintf("no registered worker that supports %s has a GPU of SKU %q", j.Type, r.GPUSKU)
-	case shortCount:
-		return fmt.Sprintf("no registered worker that supports %s has %d GPUs%s (the most is %d)", j.Type, r.GPUCount, of, m.mostGPUs)
-	default:
-		return fmt.Sprintf("no registered worker that supports %s has %d GPUs%s with %d MiB of VRAM each, within its governor max_vram_mb (the most is %d MiB)",
-			j.Type, r.GPUCount, of, r.MinVRAMMB, m.mostVRAM)
-	}
+	return p.Banned, nil
 }
 
 // Workers.

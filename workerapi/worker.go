@@ -453,38 +453,26 @@ func (s *Server) leaseOnce(ctx context.Context, c *call, lr lease.LeaseRequest) 
 	return out, err
 }
 
-// whyNoJob explains an empty lease: the types the envelope blocks, and a
-// worker already at its governor's max_jobs.
+// whyNoJob explains an empty lease with lease.Manager.ExplainLease: the
+// types the envelope blocks (in the envelope's words), the types with no
+// queued, fitting or due job, and a worker already at its governor's
+// max_jobs.
 func (s *Server) whyNoJob(ctx context.Context, snap *envelope.Snapshot, lr lease.LeaseRequest) (string, error) {
-	w, err := s.leases.Worker(ctx, lr.WorkerID)
+	ex, err := s.leases.ExplainLease(ctx, lr, nil)
 	if err != nil {
 		return "", err
-	}
-	types := lr.JobTypes
-	if len(types) == 0 {
-		types = w.Capabilities.JobTypes
-	}
-	if len(types) == 0 {
-		return "no eligible job: the worker offers no job type", nil
 	}
 	why := []string{"no eligible job"}
-	seen := map[string]bool{}
-	for _, t := range types {
-		if seen[t] {
-			continue
-		}
-		seen[t] = true
+	for _, r := range ex.Reasons {
 		var be *envelope.BlockedError
-		if err := snap.Allow(t); errors.As(err, &be) {
+		switch {
+		case r.Code == lease.ReasonNoJobTypes:
+			return "no eligible job: " + r.Message, nil
+		case r.Code == lease.ReasonTypeNotAllowed && errors.As(snap.Allow(r.JobType), &be):
 			why = append(why, be.Reason)
+		default:
+			why = append(why, r.Message)
 		}
-	}
-	live, _, err := s.leases.List(ctx, lease.JobFilter{WorkerID: w.ID, Limit: wire.MaxJobsPerLease + 1})
-	if err != nil {
-		return "", err
-	}
-	if limit := max(w.Governor.MaxJobs, 1); len(live) >= limit {
-		why = append(why, fmt.Sprintf("the worker holds %d live leases, its governor's max_jobs", limit))
 	}
 	return strings.Join(why, "; "), nil
 }

@@ -1,0 +1,689 @@
+package lease
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Bounds on what one explanation reads, so that asking why costs about as
+// much as one lease call and never scans a whole fleet or queue.
+const (
+	// ExplainMaxWorkers is how many registered workers Explain examines,
+	// the first in id order (one Store.ListWorkers call). Each one that
+	// matches the job costs at most two more reads: its ban (through
+	// ExplainOptions.Banned) and its live leases (one Store.ListJobs).
+	ExplainMaxWorkers = 1000
+	// ExplainMaxTypes is how many distinct job types ExplainLease examines,
+	// in the order the request lists them.
+	ExplainMaxTypes = 64
+	// ExplainMaxJobsPerType is how many queued jobs of each type
+	// ExplainLease examines, the first in id order (one Store.ListJobs
+	// call per type).
+	ExplainMaxJobsPerType = 100
+)
+
+// ReasonCode names one reason why a job is not leasable, or why a worker
+// leases nothing. Codes are stable: callers may switch on them, render
+// their own text, or send them over the wire.
+type ReasonCode string
+
+// Reasons about the job itself (Explain).
+const (
+	// ReasonJobLeased: the job is leased or running under a worker's lease.
+	ReasonJobLeased ReasonCode = "job_leased"
+	// ReasonJobFinished: the job ended succeeded, failed or canceled.
+	ReasonJobFinished ReasonCode = "job_finished"
+	// ReasonCancelRequested: the job is live and its cancel was requested,
+	// so it ends canceled and is never leased again.
+	ReasonCancelRequested ReasonCode = "cancel_requested"
+	// ReasonScheduled: the job (or, in ExplainLease, every fitting job of a
+	// type) is scheduled later, after a retry's backoff or because it was
+	// enqueued with a later ScheduledAt.
+	ReasonScheduled ReasonCode = "job_scheduled"
+)
+
+// Reasons about one worker against one job's requirements, in matching
+// order: a worker is judged by the first it fails.
+const (
+	// ReasonNoWorker: no worker is registered (Explain only).
+	ReasonNoWorker ReasonCode = "no_worker"
+	// ReasonJobType: the worker does not support the job type.
+	ReasonJobType ReasonCode = "job_type"
+	// ReasonGPUSKU: the worker has no GPU of the job's SKU.
+	ReasonGPUSKU ReasonCode = "gpu_sku"
+	// ReasonSKUNotOffered: the worker has GPUs of the job's SKU but did not
+	// offer that SKU in its lease request (ExplainLease only).
+	ReasonSKUNotOffered ReasonCode = "gpu_sku_not_offered"
+	// ReasonGPUCount: the worker has fewer GPUs (of the job's SKU, among
+	// those offered) than the job needs.
+	ReasonGPUCount ReasonCode = "gpu_count"
+	// ReasonVRAM: the worker's GPUs have too little VRAM for the job.
+	ReasonVRAM ReasonCode = "vram"
+	// ReasonMaxVRAM: the GPUs have the VRAM, but the worker's governor
+	// max_vram_mb caps it below what the job needs.
+	ReasonMaxVRAM ReasonCode = "max_vram"
+	// ReasonBanned: the worker is banned (as ExplainOptions.Banned says).
+	ReasonBanned ReasonCode = "banned"
+	// ReasonMaxJobs: the worker holds as many live leases as its governor
+	// max_jobs allows.
+	ReasonMaxJobs ReasonCode = "max_jobs"
+)
+
+// Reasons about a worker's lease request (ExplainLease).
+const (
+	// ReasonNoJobTypes: the request names no job type and the worker
+	// registered none.
+	ReasonNoJobTypes ReasonCode = "no_job_types"
+	// ReasonTypeNotAllowed: LeaseRequest.Allow refuses the type (in
+	// nodelane, the envelope blocks it; the caller knows the policy's
+	// wording and may render its own).
+	ReasonTypeNotAllowed ReasonCode = "type_not_allowed"
+	// ReasonNoQueuedJob: no job of the type is queued.
+	ReasonNoQueuedJob ReasonCode = "no_queued_job"
+	// ReasonNoFittingJob: jobs of the type are queued, but none of those
+	// examined fits the worker's GPUs (as offered).
+	ReasonNoFittingJob ReasonCode = "no_fitting_job"
+)
+
+// Reason is one reason, with a message for people. Messages may change
+// wording; codes do not.
+type Reason struct {
+	Code    ReasonCode `json:"code"`
+	Message string     `json:"message"`
+	// JobType is the job type a per-type reason of ExplainLease is about
+	// (ReasonTypeNotAllowed, ReasonNoQueuedJob, ReasonNoFittingJob,
+	// ReasonScheduled); empty otherwise.
+	JobType string `json:"job_type,omitempty"`
+}
+
+func (r Reason) String() string { return r.Message }
+
+// ExplainOptions are the optional inputs of Explain and ExplainLease. A
+// nil *ExplainOptions means all defaults.
+type ExplainOptions struct {
+	// Banned reports whether a worker is banned. Package lease keeps no
+	// bans (package credential does), so the caller supplies them; it is
+	// asked only about workers that match the job. Defaults to none banned.
+	Banned func(ctx context.Context, workerID string) (bool, error)
+	// AllWorkers makes Explain check the ban and the governor slot of
+	// every matching worker it examines. Defaults to false: it stops at
+	// the first matching worker that could take the job now, which is
+	// enough to say whether the job is leasable and bounds the reads when
+	// many workers match.
+	AllWorkers bool
+}
+
+// Explanation says whether a job is leasable now and, if not, why.
+type Explanation struct {
+	// Job is the job as read.
+	Job *Job `json:"job"`
+	// Leasable reports that the job is queued and due, and that a worker
+	// examined matches it, is not banned and has a free governor slot: that
+	// worker could take it at its next poll, as it registered it (a worker
+	// that polls offering fewer types or SKUs, or no longer polls, may
+	// still leave it waiting). It does not mean the job is next in line:
+	// higher priorities and older jobs go first.
+	Leasable bool `json:"leasable"`
+	// Reasons are why the job is not leasable, the most decisive first;
+	// empty when Leasable. For a queued job they come in this order, each
+	// present when it holds:
+	//
+	//  1. no worker examined matches the job: one summary reason, coded as
+	//     the furthest matching step a worker reached (ReasonNoWorker,
+	//     ReasonJobType, ReasonGPUSKU, ReasonGPUCount, ReasonVRAM, or
+	//     ReasonMaxVRAM when some worker's GPUs have the VRAM but its
+	//     governor caps it), naming the requirement none meets;
+	//  2. ReasonScheduled, with the time;
+	//  3. workers match but none could take the job now: ReasonBanned when
+	//     every one of them is banned, else ReasonMaxJobs.
+	//
+	// For a job in another state: ReasonJobLeased or ReasonJobFinished,
+	// then ReasonCancelRequested when it applies; no worker is examined.
+	Reasons []Reason `json:"reasons"`
+	// Workers are the verdicts on the workers examined, in id order; nil
+	// unless the job is queued.
+	Workers []WorkerVerdict `json:"workers"`
+	// Truncated reports that more than ExplainMaxWorkers workers are
+	// registered and only the first were examined, so a job reported not
+	// leasable may still be leasable by one of the others. The summary
+	// reasons then say so.
+	Truncated bool `json:"truncated"`
+}
+
+// WorkerVerdict is Explain's judgement of one registered worker.
+type WorkerVerdict struct {
+	WorkerID string `json:"worker_id"`
+	NodeID   string `json:"node_id"`
+	// Matches reports that the worker's registered job types and GPUs fit
+	// the job, as Lease would match them (Requirements.Matches on
+	// Worker.Fits), within its governor max_vram_mb.
+	Matches bool `json:"matches"`
+	// Checked reports that the worker's ban and governor slot were
+	// checked. Only matching workers are checked, and, unless
+	// ExplainOptions.AllWorkers, only until one could take the job.
+	Checked bool `json:"checked"`
+	Banned  bool `json:"banned"`
+	// LiveLeases counts the worker's live leases that are still within
+	// their TTL and accept deadline (a lease past them is expired by the
+	// next Lease call before it claims); ExpiredLeases counts the others.
+	// Both are set only when Checked and not Banned.
+	LiveLeases    int `json:"live_leases"`
+	ExpiredLeases int `json:"expired_leases"`
+	// MaxJobs is the worker's governor max_jobs as the Manager applies it
+	// (at least 1).
+	MaxJobs int `json:"max_jobs"`
+	// Slot reports LiveLeases < MaxJobs (set only when Checked and not Banned).
+	Slot bool `json:"slot"`
+	// Available reports that the worker could take the job now: it
+	// matches, was checked, is not banned and has a slot.
+	Available bool `json:"available"`
+	// GPUs is how many of the worker's GPUs the job may use (those of its
+	// SKU, or all when it names none); VRAMMB the VRAM each of the best
+	// Requirements.GPUCount of them offers, capped by the governor
+	// max_vram_mb (0 when there are too few or the job needs no GPU).
+	// Both are zero for a worker that does not support the job type.
+	GPUs   int `json:"gpus"`
+	VRAMMB int `json:"vram_mb"`
+	// Reasons are why this worker cannot take the job: the first matching
+	// step it fails (ReasonJobType, ReasonGPUSKU, ReasonGPUCount,
+	// ReasonVRAM, ReasonMaxVRAM), else ReasonBanned or ReasonMaxJobs.
+	// Empty for an available worker and for one not checked. Job-side
+	// reasons (ReasonScheduled) are not repeated here.
+	Reasons []Reason `json:"reasons"`
+}
+
+// Explain says whether the job jobID is leasable now and, if not, why: the
+// job's own state and schedule, and for each registered worker (at most
+// ExplainMaxWorkers) whether it matches the job (type, GPU SKU, GPU count,
+// VRAM per GPU, governor max_vram_mb), is banned, and has a free governor
+// slot (max_jobs against its live leases). It writes nothing, and does
+// not expire leases: it judges them as the next Lease would, after its
+// expiry. It does not consult any job-type policy (the envelope): callers
+// that gate types check them first. It reads the job, one page of at most
+// ExplainMaxWorkers workers, and for each matching worker it checks its
+// ban and its live leases (one Store.ListJobs). ErrNotFound if there is no
+// such job.
+func (m *Manager) Explain(ctx context.Context, jobID string, opts *ExplainOptions) (*Explanation, error) {
+	var o ExplainOptions
+	if opts != nil {
+		o = *opts
+	}
+	j, err := m.store.GetJob(ctx, jobID)
+	if err != nil {
+		return nil, err
+	}
+	now := m.now()
+	ex := &Explanation{Job: j, Reasons: []Reason{}}
+	if j.State != StateQueued {
+		ex.Reasons = notQueued(j, now)
+		return ex, nil
+	}
+	ws, err := m.store.ListWorkers(ctx, "", ExplainMaxWorkers+1)
+	if err != nil {
+		return nil, err
+	}
+	if len(ws) > ExplainMaxWorkers {
+		ws, ex.Truncated = ws[:ExplainMaxWorkers], true
+	}
+	ex.Workers = make([]WorkerVerdict, len(ws))
+	var matching []int
+	for i, w := range ws {
+		v := &ex.Workers[i]
+		*v = WorkerVerdict{WorkerID: w.ID, NodeID: w.NodeID, MaxJobs: max(w.Governor.MaxJobs, 1), Reasons: []Reason{}}
+		if !slices.Contains(w.Capabilities.JobTypes, j.Type) {
+			v.Reasons = append(v.Reasons, Reason{Code: ReasonJobType, Message: fmt.Sprintf("the worker does not support job type %q", j.Type)})
+			continue
+		}
+		f := judge(w, j.Requirements, nil)
+		v.GPUs, v.VRAMMB = f.gpus, f.vram
+		if f.code != "" {
+			v.Reasons = append(v.Reasons, f.reason(w, j.Requirements))
+			continue
+		}
+		v.Matches = true
+		matching = append(matching, i)
+	}
+	available, banned := false, 0
+	for _, i := range matching {
+		if available && !o.AllWorkers {
+			break
+		}
+		v := &ex.Workers[i]
+		v.Checked = true
+		if o.Banned != nil {
+			b, err := o.Banned(ctx, v.WorkerID)
+			if err != nil {
+				return nil, err
+			}
+			if b {
+				v.Banned = true
+				v.Reasons = append(v.Reasons, Reason{Code: ReasonBanned, Message: "the worker is banned"})
+				banned++
+				continue
+			}
+		}
+		if v.LiveLeases, v.ExpiredLeases, err = m.liveLeases(ctx, v.WorkerID, now); err != nil {
+			return nil, err
+		}
+		if v.Slot = v.LiveLeases < v.MaxJobs; !v.Slot {
+			v.Reasons = append(v.Reasons, maxJobsReason(v.LiveLeases, v.MaxJobs))
+			continue
+		}
+		v.Available, available = true, true
+	}
+
+	among := ""
+	if ex.Truncated {
+		among = fmt.Sprintf(" (only the first %d registered workers were examined)", ExplainMaxWorkers)
+	}
+	if len(matching) == 0 {
+		r := shortfall(j, ex.Workers)
+		r.Message += among
+		ex.Reasons = append(ex.Reasons, r)
+	}
+	if j.ScheduledAt.After(now) {
+		ex.Reasons = append(ex.Reasons, scheduled(j))
+	}
+	if len(matching) > 0 && !available {
+		if banned == len(matching) {
+			ex.Reasons = append(ex.Reasons, Reason{Code: ReasonBanned,
+				Message: fmt.Sprintf("every worker that can run it is banned (%d)", banned) + among})
+		} else {
+			ex.Reasons = append(ex.Reasons, Reason{Code: ReasonMaxJobs,
+				Message: fmt.Sprintf("every worker that can run it is at its governor max_jobs (%d busy, %d banned): it waits for a free slot",
+					len(matching)-banned, banned) + among})
+		}
+	}
+	ex.Leasable = len(ex.Reasons) == 0
+	return ex, nil
+}
+
+// notQueued gives the reasons of a job that is not queued.
+func notQueued(j *Job, now time.Time) []Reason {
+	var out []Reason
+	if l := j.Lease; j.State.Live() && l != nil {
+		msg := fmt.Sprintf("the job is %s under the lease of worker %s (epoch %d)", j.State, l.WorkerID, l.Epoch)
+		if !now.Before(l.ExpiresAt) || (j.State == StateLeased && !now.Before(l.AcceptBy)) {
+			msg += "; the lease is past its deadline and the next expiry ends it"
+		}
+		out = append(out, Reason{Code: ReasonJobLeased, Message: msg})
+	} else {
+		out = append(out, Reason{Code: ReasonJobFinished, Message: fmt.Sprintf("the job ended %s", j.State)})
+	}
+	if j.CancelRequested && j.State.Live() {
+		out = append(out, Reason{Code: ReasonCancelRequested, Message: "its cancel was requested: the job ends canceled and is not leased again"})
+	}
+	return out
+}
+
+func scheduled(j *Job) Reason {
+	why := ""
+	if j.Attempt > 1 {
+		why = " (a retry's backoff)"
+	}
+	return Reason{Code: ReasonScheduled,
+		Message: "scheduled for " + j.ScheduledAt.Format(time.RFC3339Nano) + why + ": not leasable before then"}
+}
+
+func maxJobsReason(live, limit int) Reason {
+	if live > limit {
+		return Reason{Code: ReasonMaxJobs, Message: fmt.Sprintf("the worker holds %d live leases, over its governor's max_jobs of %d", live, limit)}
+	}
+	return Reason{Code: ReasonMaxJobs, Message: fmt.Sprintf("the worker holds %d live leases, its governor's max_jobs", limit)}
+}
+
+// liveLeases counts a worker's live leases that are within their TTL and
+// accept deadline, and those past them.
+func (m *Manager) liveLeases(ctx context.Context, workerID string, now time.Time) (live, expired int, err error) {
+	jobs, err := m.store.ListJobs(ctx, JobFilter{WorkerID: workerID, Limit: maxListPage})
+	if err != nil {
+		return 0, 0, err
+	}
+	for _, j := range jobs {
+		l := j.Lease
+		if !j.State.Live() || l == nil || l.WorkerID != workerID {
+			continue
+		}
+		if now.Before(l.ExpiresAt) && (j.State != StateLeased || now.Before(l.AcceptBy)) {
+			live++
+		} else {
+			expired++
+		}
+	}
+	return live, expired, nil
+}
+
+// stepOf ranks the matching steps, for the summary of how far any worker
+// got.
+func stepOf(c ReasonCode) int {
+	switch c {
+	case ReasonJobType:
+		return 1
+	case ReasonGPUSKU, ReasonSKUNotOffered:
+		return 2
+	case ReasonGPUCount:
+		return 3
+	case ReasonVRAM, ReasonMaxVRAM:
+		return 4
+	}
+	return 0
+}
+
+// shortfall names the requirement that no worker meets: the furthest
+// matching step any worker reached, with the most any worker offers there.
+func shortfall(j *Job, vs []WorkerVerdict) Reason {
+	r := j.Requirements
+	step, mostGPUs, mostVRAM, capped := 0, 0, 0, false
+	for _, v := range vs {
+		c := v.Reasons[0].Code
+		s := stepOf(c)
+		step = max(step, s)
+		if s >= 3 {
+			mostGPUs = max(mostGPUs, v.GPUs)
+		}
+		if s == 4 {
+			mostVRAM = max(mostVRAM, v.VRAMMB)
+			capped = capped || c == ReasonMaxVRAM
+		}
+	}
+	of := ""
+	if r.GPUSKU != "" {
+		of = fmt.Sprintf(" of SKU %q", r.GPUSKU)
+	}
+	switch step {
+	case 0:
+		return Reason{Code: ReasonNoWorker, Message: "no worker is registered"}
+	case 1:
+		return Reason{Code: ReasonJobType, Message: fmt.Sprintf("no registered worker supports job type %q", j.Type)}
+	case 2:
+		return Reason{Code: ReasonGPUSKU, Message: fmt.Sprintf("no registered worker that supports %s has a GPU of SKU %q", j.Type, r.GPUSKU)}
+	case 3:
+		return Reason{Code: ReasonGPUCount, Message: fmt.Sprintf("no registered worker that supports %s has %d GPUs%s (the most is %d)", j.Type, r.GPUCount, of, mostGPUs)}
+	}
+	code := ReasonVRAM
+	if capped {
+		code = ReasonMaxVRAM
+	}
+	return Reason{Code: code, Message: fmt.Sprintf("no registered worker that supports %s has %d GPUs%s with %d MiB of VRAM each, within its governor max_vram_mb (the most is %d MiB)",
+		j.Type, r.GPUCount, of, r.MinVRAMMB, mostVRAM)}
+}
+
+// fit is how a job's requirements meet one worker's GPUs.
+type fit struct {
+	// code is the first matching step the worker fails, "" if the job fits.
+	code ReasonCode
+	// gpus is how many GPUs the job may use: of its SKU (any without one),
+	// among those offered. vram is what each of the best of them offers,
+	// within the governor's max_vram_mb; raw the same before the cap. Both
+	// are zero when there are too few GPUs or the job needs none.
+	gpus, vram, raw int
+}
+
+// judge matches requirements r against w's GPUs of the SKUs offered (all
+// of w's when offered is empty), step by step so that a mismatch can be
+// named. Requirements.Matches on Worker.Fits, which Lease uses, has the
+// last word: the steps only name what it decided.
+func judge(w *Worker, r Requirements, offered []string) fit {
+	need := r.GPUCount
+	if need == 0 && (r.GPUSKU != "" || r.MinVRAMMB > 0) {
+		need = 1 // as Enqueue normalises it
+	}
+	has := false
+	var vram []int
+	for _, g := range w.Capabilities.GPUs {
+		if r.GPUSKU != "" && g.SKU != r.GPUSKU {
+			continue
+		}
+		has = true
+		if len(offered) == 0 || slices.Contains(offered, g.SKU) {
+			vram = append(vram, g.VRAMMB)
+		}
+	}
+	f := fit{gpus: len(vram)}
+	switch {
+	case r.GPUSKU != "" && !has:
+		f.code = ReasonGPUSKU
+	case r.GPUSKU != "" && len(vram) == 0:
+		f.code = ReasonSKUNotOffered
+	case need > len(vram):
+		f.code = ReasonGPUCount
+	case need > 0:
+		slices.Sort(vram)
+		f.raw = vram[len(vram)-need] // the need-th largest
+		f.vram = f.raw
+		if w.Governor.MaxVRAMMB > 0 {
+			f.vram = min(f.vram, w.Governor.MaxVRAMMB)
+		}
+		switch {
+		case f.raw < r.MinVRAMMB:
+			f.code = ReasonVRAM
+		case f.vram < r.MinVRAMMB:
+			f.code = ReasonMaxVRAM
+		}
+	}
+	switch ok := r.Matches(w.Fits(offered)); {
+	case ok:
+		f.code = ""
+	case f.code == "":
+		f.code = ReasonVRAM
+	}
+	return f
+}
+
+// reason words f for one worker.
+func (f fit) reason(w *Worker, r Requirements) Reason {
+	of := ""
+	if r.GPUSKU != "" {
+		of = fmt.Sprintf(" of SKU %q", r.GPUSKU)
+	}
+	var msg string
+	switch f.code {
+	case ReasonGPUSKU:
+		msg = fmt.Sprintf("the worker has no GPU of SKU %q", r.GPUSKU)
+	case ReasonSKUNotOffered:
+		msg = fmt.Sprintf("the worker did not offer its GPUs of SKU %q", r.GPUSKU)
+	case ReasonGPUCount:
+		msg = fmt.Sprintf("the job needs %d GPUs%s; the worker offers %d", max(r.GPUCount, 1), of, f.gpus)
+	case ReasonMaxVRAM:
+		msg = fmt.Sprintf("the job needs %d MiB of VRAM on each GPU; the worker's governor max_vram_mb caps it at %d MiB", r.MinVRAMMB, w.Governor.MaxVRAMMB)
+	default:
+		msg = fmt.Sprintf("the job needs %d GPUs%s with %d MiB of VRAM each; the worker's best %d have %d MiB each", max(r.GPUCount, 1), of, r.MinVRAMMB, max(r.GPUCount, 1), f.raw)
+	}
+	return Reason{Code: f.code, Message: msg}
+}
+
+// LeaseExplanation says why a lease request leases nothing now (or that
+// it would lease a job).
+type LeaseExplanation struct {
+	Worker *Worker `json:"worker"`
+	// Leasable reports that a queued, due job of a type examined fits the
+	// worker as it asked, and that the worker is not banned and has a free
+	// governor slot, so the same request could lease it now (unless
+	// another worker takes it first).
+	Leasable bool `json:"leasable"`
+	// Reasons are why the request leases nothing, in this order, each
+	// present when it holds: ReasonNoJobTypes; per type examined, in the
+	// request's order, one of ReasonTypeNotAllowed, ReasonNoQueuedJob,
+	// ReasonNoFittingJob, ReasonScheduled (none for a type with a fitting
+	// job that is due); ReasonBanned; ReasonMaxJobs. Per-type reasons set
+	// Reason.JobType. A request may lease nothing with Reasons that do not
+	// explain it when another worker took the job first.
+	Reasons []Reason `json:"reasons"`
+	// Types are the verdicts per distinct job type examined, in the
+	// request's order (at most ExplainMaxTypes).
+	Types []TypeVerdict `json:"types"`
+	// Banned, LiveLeases, ExpiredLeases, MaxJobs and Slot are as in
+	// WorkerVerdict, always checked.
+	Banned        bool `json:"banned"`
+	LiveLeases    int  `json:"live_leases"`
+	ExpiredLeases int  `json:"expired_leases"`
+	MaxJobs       int  `json:"max_jobs"`
+	Slot          bool `json:"slot"`
+	// Truncated reports that the request named more than ExplainMaxTypes
+	// types, or that a type had more than ExplainMaxJobsPerType queued
+	// jobs, and only the first were examined.
+	Truncated bool `json:"truncated"`
+}
+
+// TypeVerdict is ExplainLease's judgement of one job type.
+type TypeVerdict struct {
+	Type string `json:"job_type"`
+	// Allowed is false when LeaseRequest.Allow refused the type; nothing
+	// else is examined then.
+	Allowed bool `json:"allowed"`
+	// Queued is how many queued jobs of the type were examined (at most
+	// ExplainMaxJobsPerType, the first in id order; Truncated if there
+	// are more). Fitting is how many of them fit the worker's GPUs as
+	// offered, and Due how many of those are due now.
+	Queued    int  `json:"queued"`
+	Fitting   int  `json:"fitting"`
+	Due       int  `json:"due"`
+	Truncated bool `json:"truncated"`
+	// NextAt is the earliest time a fitting job that is not due yet
+	// becomes due; zero when there is none.
+	NextAt time.Time `json:"next_at,omitzero"`
+	// Shortfalls counts the examined jobs that do not fit, by the first
+	// matching step the worker fails (ReasonGPUSKU, ReasonSKUNotOffered,
+	// ReasonGPUCount, ReasonVRAM, ReasonMaxVRAM).
+	Shortfalls map[ReasonCode]int `json:"shortfalls"`
+	// Reasons are the type's reasons, as in LeaseExplanation.Reasons.
+	Reasons []Reason `json:"reasons"`
+}
+
+// ExplainLease says why Lease(req) leases nothing now: the job types it
+// would consider (req.JobTypes, else the worker's registered ones;
+// req.Allow refusing some), for each type whether a queued job fits the
+// worker's GPUs of the SKUs offered (req.GPUSKUs, else all its own) and is
+// due, and whether the worker is banned (ExplainOptions.Banned) or at its
+// governor max_jobs. MaxJobs, PolicyVersion and Price are ignored, as is
+// ExplainOptions.AllWorkers. It reads at most 1 worker, ExplainMaxTypes
+// pages of ExplainMaxJobsPerType queued jobs, and the worker's live
+// leases; it writes nothing and expires nothing. ErrNotFound if the worker
+// is not registered.
+func (m *Manager) ExplainLease(ctx context.Context, req LeaseRequest, opts *ExplainOptions) (*LeaseExplanation, error) {
+	var o ExplainOptions
+	if opts != nil {
+		o = *opts
+	}
+	w, err := m.store.GetWorker(ctx, req.WorkerID)
+	if err != nil {
+		return nil, err
+	}
+	now := m.now()
+	ex := &LeaseExplanation{Worker: w, MaxJobs: max(w.Governor.MaxJobs, 1), Reasons: []Reason{}, Types: []TypeVerdict{}}
+	asked := req.JobTypes
+	if len(asked) == 0 {
+		asked = w.Capabilities.JobTypes
+	}
+	var types []string
+	for _, t := range asked {
+		if !slices.Contains(types, t) {
+			types = append(types, t)
+		}
+	}
+	if len(types) == 0 {
+		ex.Reasons = append(ex.Reasons, Reason{Code: ReasonNoJobTypes, Message: "the worker offers no job type"})
+	}
+	if len(types) > ExplainMaxTypes {
+		types, ex.Truncated = types[:ExplainMaxTypes], true
+	}
+	due := false
+	for _, t := range types {
+		tv, err := m.explainType(ctx, w, t, req, now)
+		if err != nil {
+			return nil, err
+		}
+		ex.Truncated = ex.Truncated || tv.Truncated
+		due = due || tv.Due > 0
+		ex.Reasons = append(ex.Reasons, tv.Reasons...)
+		ex.Types = append(ex.Types, tv)
+	}
+	if o.Banned != nil {
+		if ex.Banned, err = o.Banned(ctx, w.ID); err != nil {
+			return nil, err
+		}
+	}
+	if ex.Banned {
+		ex.Reasons = append(ex.Reasons, Reason{Code: ReasonBanned, Message: "the worker is banned"})
+	} else {
+		if ex.LiveLeases, ex.ExpiredLeases, err = m.liveLeases(ctx, w.ID, now); err != nil {
+			return nil, err
+		}
+		if ex.Slot = ex.LiveLeases < ex.MaxJobs; !ex.Slot {
+			ex.Reasons = append(ex.Reasons, maxJobsReason(ex.LiveLeases, ex.MaxJobs))
+		}
+	}
+	ex.Leasable = due && ex.Slot
+	return ex, nil
+}
+
+func (m *Manager) explainType(ctx context.Context, w *Worker, t string, req LeaseRequest, now time.Time) (TypeVerdict, error) {
+	tv := TypeVerdict{Type: t, Allowed: true, Shortfalls: map[ReasonCode]int{}, Reasons: []Reason{}}
+	if req.Allow != nil && !req.Allow(t) {
+		tv.Allowed = false
+		tv.Reasons = append(tv.Reasons, Reason{Code: ReasonTypeNotAllowed, JobType: t, Message: fmt.Sprintf("job type %q is not allowed", t)})
+		return tv, nil
+	}
+	jobs, err := m.store.ListJobs(ctx, JobFilter{State: StateQueued, Type: t, Limit: ExplainMaxJobsPerType + 1})
+	if err != nil {
+		return tv, err
+	}
+	if len(jobs) > ExplainMaxJobsPerType {
+		jobs, tv.Truncated = jobs[:ExplainMaxJobsPerType], true
+	}
+	tv.Queued = len(jobs)
+	for _, j := range jobs {
+		if f := judge(w, j.Requirements, req.GPUSKUs); f.code != "" {
+			tv.Shortfalls[f.code]++
+			continue
+		}
+		tv.Fitting++
+		if !j.ScheduledAt.After(now) {
+			tv.Due++
+		} else if tv.NextAt.IsZero() || j.ScheduledAt.Before(tv.NextAt) {
+			tv.NextAt = j.ScheduledAt
+		}
+	}
+	examined := ""
+	if tv.Truncated {
+		examined = fmt.Sprintf(" among the first %d queued", ExplainMaxJobsPerType)
+	}
+	switch {
+	case tv.Queued == 0:
+		tv.Reasons = append(tv.Reasons, Reason{Code: ReasonNoQueuedJob, JobType: t, Message: fmt.Sprintf("no %s job is queued", t)})
+	case tv.Fitting == 0:
+		tv.Reasons = append(tv.Reasons, Reason{Code: ReasonNoFittingJob, JobType: t,
+			Message: fmt.Sprintf("no queued %s job fits the worker%s (%s)", t, examined, shortfalls(tv.Shortfalls))})
+	case tv.Due == 0:
+		tv.Reasons = append(tv.Reasons, Reason{Code: ReasonScheduled, JobType: t,
+			Message: fmt.Sprintf("the next %s job that fits%s is scheduled for %s: not leasable before then", t, examined, tv.NextAt.Format(time.RFC3339Nano))})
+	}
+	return tv, nil
+}
+
+// shortfalls words the counts of jobs that do not fit, in matching order.
+func shortfalls(n map[ReasonCode]int) string {
+	var parts []string
+	for _, s := range []struct {
+		code ReasonCode
+		what string
+	}{
+		{ReasonGPUSKU, "a GPU SKU it does not have"},
+		{ReasonSKUNotOffered, "a GPU SKU it did not offer"},
+		{ReasonGPUCount, "more GPUs than it offers"},
+		{ReasonVRAM, "more VRAM per GPU than it has"},
+		{ReasonMaxVRAM, "more VRAM per GPU than its governor max_vram_mb allows"},
+	} {
+		switch c := n[s.code]; c {
+		case 0:
+		case 1:
+			parts = append(parts, "1 needs "+s.what)
+		default:
+			parts = append(parts, fmt.Sprintf("%d need %s", c, s.what))
+		}
+	}
+	return strings.Join(parts, ", ")
+}

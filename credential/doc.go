@@ -1,6 +1,6 @@
 // Package credential keeps the principals of nodelane (nodes and
 // operators), their scoped bearer credentials, node public keys and bans
-// (DESIGN §4).
+// (PROTOCOL.md, section 2 "Credentials and tokens").
 //
 // # Tokens
 //

@@ -1,4 +1,4 @@
-// Package envelope is nodelane's safety envelope (DESIGN §6): which job
+// Package envelope is nodelane's safety envelope: which job
 // types a worker may lease and accept, and the operator switch that lets
 // the blocked ones run for a while.
 //

@@ -8,7 +8,7 @@ import (
 // Class is how a Policy treats a job type.
 type Class string
 
-// The classes of DESIGN §6.
+// The classes of job types.
 const (
 	// ClassSafe types always run.
 	ClassSafe Class = "safe"
@@ -19,14 +19,14 @@ const (
 	ClassUnknown Class = "unknown"
 )
 
-// SafeTypes returns the canonical safe job types of DESIGN §6, in the
-// order the design lists them. Each call returns a new slice.
+// SafeTypes returns the canonical safe job types, in the order
+// the founding contract lists them. Each call returns a new slice.
 func SafeTypes() []string {
 	return []string{"status_check", "telemetry_sync", "dataset_prepare_dry_run", "embedding_dry_run"}
 }
 
-// BlockedTypes returns the canonical blocked job types of DESIGN §6, in
-// the order the design lists them. Each call returns a new slice.
+// BlockedTypes returns the canonical blocked job types, in the
+// order the founding contract lists them. Each call returns a new slice.
 func BlockedTypes() []string {
 	return []string{
 		"teacher_write_confirmed", "raw_training", "lora_train", "auto_promotion",

@@ -1,4 +1,4 @@
-// Package lease is the job lease state machine of nodelane (DESIGN §5).
+// Package lease is the job lease state machine of nodelane (PROTOCOL.md, section 6 "Jobs and leases").
 //
 // A job is queued, leased to one worker, accepted (running), and ends
 // succeeded, failed or canceled:

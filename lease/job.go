@@ -8,7 +8,7 @@ import (
 // State is where a job stands in its lifecycle.
 type State string
 
-// The job states of DESIGN §5. Succeeded, Failed and Canceled are terminal.
+// The job states (PROTOCOL.md, section 6 "Jobs and leases"). Succeeded, Failed and Canceled are terminal.
 const (
 	StateQueued    State = "queued"
 	StateLeased    State = "leased"

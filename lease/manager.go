@@ -40,7 +40,7 @@ type Config struct {
 	Rand io.Reader
 }
 
-// Manager runs the lease state machine of DESIGN §5 over a Store. It is
+// Manager runs the lease state machine over a Store. It is
 // safe for concurrent use, and several Managers (on several replicas) may
 // share one Store: every write is conditional on the revision it read.
 type Manager struct {

@@ -1,4 +1,4 @@
-// Package receipts mints nodelane's verifiable receipts (DESIGN §7): every
+// Package receipts mints nodelane's verifiable receipts (PROTOCOL.md, sections 8 to 11): every
 // consequential event (a worker registered, an artifact reported, a job
 // completed, charged or failed, the envelope changed, a credential minted
 // or revoked, a worker banned, a node's audit event) leaves a receipt with

@@ -1,5 +1,7 @@
-// Package replay signs and verifies nodelane worker requests (DESIGN §4)
-// and makes each signature single use.
+// Package replay signs and verifies nodelane worker requests (RFC 9421
+// HTTP Message Signatures, RFC 9530 digests, and the profile of
+// PROTOCOL.md, section 4 "Request signing") and makes each signature
+// single use.
 //
 // It has two layers. The generic one is RFC 9421 (HTTP Message
 // Signatures) with Ed25519 and RFC 9530 (Content-Digest): [SignatureBase]

@@ -11,7 +11,7 @@ import (
 	"time"
 )
 
-// The nodelane profile (DESIGN §4).
+// The nodelane profile of RFC 9421 (PROTOCOL.md, section 4.3).
 const (
 	// Label is the label of the one signature the profile reads.
 	Label = "nodelane"

@@ -90,7 +90,7 @@ func (v *Verifier) Verify(ctx context.Context, r *http.Request, body []byte, nod
 //   - window: |now - created| <= Window, created < expires <= created +
 //     Window, and now < expires (ErrStaleTimestamp).
 //
-// A caller that must consume the nonce whatever happens next (DESIGN §4)
+// A caller that must consume the nonce whatever happens next, so that a replay never runs late,
 // calls Check, then Consume with the nonce and expiry it returns.
 func (v *Verifier) Check(r *http.Request, body []byte, pub ed25519.PublicKey) (*Verified, error) {
 	h := r.Header

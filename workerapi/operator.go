@@ -498,8 +498,7 @@ func (s *Server) opUnbanWorker(ctx context.Context, c *call) (int, any, error) {
 // change, in one transaction. A call that changes nothing (banning again
 // with the same reason, unbanning a worker that is not banned) mints
 // nothing. A banned worker can no longer call any route, heartbeats
-// included: its live leases run out at their TTL and go back to the queue
-// (DESIGN §5).
+// included: its live leases run out at their TTL and go back to the queue.
 func (s *Server) setBan(ctx context.Context, c *call, ban bool) (int, any, error) {
 	var req wire.ReasonRequest
 	if err := c.decodeOptional(&req); err != nil {

@@ -291,7 +291,7 @@ func TestOperatorDispatchLeasability(t *testing.T) {
 		}
 
 		// Scheduled later.
-		j, ok, reason, err = env.Server.Dispatch(ctx, lease.NewJob{Type: "status_check", ScheduledAt: env.Clock.Now().Add(time.Hour)})
+		_, ok, reason, err = env.Server.Dispatch(ctx, lease.NewJob{Type: "status_check", ScheduledAt: env.Clock.Now().Add(time.Hour)})
 		if err != nil || ok || !strings.HasPrefix(reason, "scheduled for ") {
 			t.Errorf("scheduled job: %v %q %v", ok, reason, err)
 		}

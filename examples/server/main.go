@@ -1,4 +1,4 @@
-// Command server is a runnable nodelane control plane (DESIGN §3): the
+// Command server is a runnable nodelane control plane: the
 // worker and operator routes on one address, over SQLite by default or
 // PostgreSQL, with the maintainer running.
 //

@@ -1,4 +1,4 @@
-// Command worker is a runnable nodelane worker node (DESIGN §1) built on
+// Command worker is a runnable nodelane worker node built on
 // workerapi/client's Runner: it registers on first start, heartbeats, leases jobs
 // with long-polls, and runs the example handlers (status_check,
 // embedding_dry_run and a simulated lora_train, see examples/internal/jobs).

@@ -7,7 +7,7 @@
 //	}
 //
 // The suite drives the store through receipts.Log and receipts.Sequencer,
-// so it checks DESIGN §7 end to end on that store: minting, sequencing in
+// so it checks the receipt log end to end on that store: minting, sequencing in
 // mint order and in batches, the tree and its stored hashes against an
 // independent computation, inclusion and consistency proofs for every
 // size, checkpoints signed only after a batch committed (and signed late

@@ -168,7 +168,7 @@ func createSecrets(path, origin string) (*Secrets, error) {
 	return s, f.Close()
 }
 
-// Tokens is the tokens file of DESIGN §3.
+// Tokens is the tokens file the example server writes on its first start.
 type Tokens struct {
 	OperatorToken     string `json:"operator_token"`
 	ProvisioningToken string `json:"provisioning_token"`

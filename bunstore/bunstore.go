@@ -87,6 +87,8 @@ type DB struct {
 	writeSlot chan struct{}
 	// writes counts the writes that released the slot.
 	writes atomic.Uint64
+	// hub, on SQLite, connects the Notifiers made from this DB.
+	hub notifyHub
 }
 
 func newDB(b *bun.DB, name dialect.Name, cfg Config, owned bool) *DB {

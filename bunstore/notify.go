@@ -5,7 +5,6 @@ import (
 	"crypto/sha256"
 	"database/sql"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
@@ -25,18 +24,20 @@ const DefaultChannel = "nodelane_jobs"
 // maxChannel is the longest channel name PostgreSQL accepts (NAMEDATALEN-1).
 const maxChannel = 63
 
-// The listener's timings. Vars, not consts, so that tests in the package
-// could shorten them; nothing changes them today.
-var (
-	// listenerPing is how long the listener waits for a notification
-	// before it checks that its connection is still alive, so that a
-	// connection that died silently (a dropped network path) is noticed.
-	listenerPing = 30 * time.Second
-	// listenerConnectTimeout bounds one connection attempt, LISTEN included.
-	listenerConnectTimeout = 10 * time.Second
-	// The reconnect backoff doubles from min to max, with jitter.
-	listenerBackoffMin = 100 * time.Millisecond
-	listenerBackoffMax = 10 * time.Second
+// The defaults of NotifierConfig's timings.
+const (
+	// DefaultNotifierPingInterval is the default of
+	// NotifierConfig.PingInterval.
+	DefaultNotifierPingInterval = 30 * time.Second
+	// DefaultNotifierConnectTimeout is the default of
+	// NotifierConfig.ConnectTimeout.
+	DefaultNotifierConnectTimeout = 10 * time.Second
+	// DefaultNotifierReconnectMin is the default of
+	// NotifierConfig.ReconnectMin.
+	DefaultNotifierReconnectMin = 100 * time.Millisecond
+	// DefaultNotifierReconnectMax is the default of
+	// NotifierConfig.ReconnectMax.
+	DefaultNotifierReconnectMax = 10 * time.Second
 )
 
 // NotifierConfig holds a Notifier's optional settings. A nil
@@ -53,6 +54,57 @@ type NotifierConfig struct {
 	// Logger receives the listener's connection losses and reconnections
 	// (never a secret). Defaults to discarding them.
 	Logger *slog.Logger
+	// PingInterval is how long the listener waits for a notification
+	// before it pings the server, so that a connection that died silently
+	// (a dropped network path) is noticed and replaced. Defaults to
+	// DefaultNotifierPingInterval (30 s). Unused on SQLite.
+	PingInterval time.Duration
+	// ConnectTimeout bounds one connection attempt of the listener,
+	// LISTEN included, and one ping. Defaults to
+	// DefaultNotifierConnectTimeout (10 s). Unused on SQLite.
+	ConnectTimeout time.Duration
+	// ReconnectMin and ReconnectMax bound the wait before each attempt
+	// to reconnect a lost listener: it starts at ReconnectMin and doubles
+	// up to ReconnectMax, each wait drawn at random from its upper half so
+	// that replicas that lost the server together do not return in step.
+	// ReconnectMin defaults to DefaultNotifierReconnectMin (100 ms),
+	// ReconnectMax to DefaultNotifierReconnectMax (10 s), and ReconnectMin
+	// may not exceed ReconnectMax. Unused on SQLite.
+	ReconnectMin time.Duration
+	ReconnectMax time.Duration
+}
+
+// withDefaults validates c and returns it with every zero setting
+// replaced by its default.
+func (c *NotifierConfig) withDefaults() (NotifierConfig, error) {
+	var out NotifierConfig
+	if c != nil {
+		out = *c
+	}
+	for _, d := range []struct {
+		name string
+		v    *time.Duration
+		def  time.Duration
+	}{
+		{"PingInterval", &out.PingInterval, DefaultNotifierPingInterval},
+		{"ConnectTimeout", &out.ConnectTimeout, DefaultNotifierConnectTimeout},
+		{"ReconnectMin", &out.ReconnectMin, DefaultNotifierReconnectMin},
+		{"ReconnectMax", &out.ReconnectMax, DefaultNotifierReconnectMax},
+	} {
+		if *d.v < 0 {
+			return NotifierConfig{}, fmt.Errorf("bunstore: NotifierConfig.%s is negative (%v)", d.name, *d.v)
+		}
+		if *d.v == 0 {
+			*d.v = d.def
+		}
+	}
+	if out.ReconnectMin > out.ReconnectMax {
+		return NotifierConfig{}, fmt.Errorf("bunstore: NotifierConfig.ReconnectMin (%v) exceeds NotifierConfig.ReconnectMax (%v)", out.ReconnectMin, out.ReconnectMax)
+	}
+	if out.Logger == nil {
+		out.Logger = slog.New(slog.DiscardHandler)
+	}
+	return out, nil
 }
 
 // Notifier wakes long-polls, on every replica, when jobs may have become
@@ -74,23 +126,28 @@ type NotifierConfig struct {
 // databases, and replicas must reach the database directly or through a
 // session-pooling proxy.
 //
-// On SQLite, Notify wakes, in this process, the subscribers of every
-// Notifier on the same database file. Notify with a context that carries a
-// transaction of this DB (DB.InTx) delivers once that transaction ends,
-// which on SQLite is also when it has committed or rolled back; a rollback
-// thus wakes the subscribers too, needlessly but harmlessly (a long-poll
-// woken early looks again and finds nothing new). A transaction the host
-// began itself (WithTx) is not tracked, and Notify in it delivers at
-// once, possibly before the commit: notify after the commit instead.
-// Other processes on the same file are not woken; they see new work at
-// their next poll.
+// On SQLite, Notify wakes the subscribers of every Notifier made from the
+// same *DB, and no others: the wake-ups travel through the DB, not the
+// database file. Two *DB handles opened separately on one file, in one
+// process or in two, do not wake each other's subscribers; a long-poll on
+// the other handle sees the new work when it next looks again, as one in
+// another process would (workerapi's long-poll looks again every second).
+// Make every Notifier that should wake the others from one *DB. Notify
+// with a context that carries a transaction of this DB (DB.InTx) delivers
+// once that transaction ends, which on SQLite is also when it has
+// committed or rolled back; a rollback thus wakes the subscribers too,
+// needlessly but harmlessly (a long-poll woken early looks again and finds
+// nothing new). A transaction the host began itself (WithTx) is not
+// tracked, and Notify in it delivers as soon as no DB.InTx transaction or
+// write of this DB is running, possibly before the host's commit: notify
+// after the commit instead.
 //
 // Each subscriber channel holds one wake-up: notifications that arrive
 // while one is pending fold into it.
 type Notifier struct {
 	db      *DB
-	channel string // PostgreSQL
-	hub     string // SQLite: the key of sqliteHubs
+	cfg     NotifierConfig // with defaults
+	channel string         // PostgreSQL
 	log     *slog.Logger
 
 	mu     sync.Mutex
@@ -102,25 +159,78 @@ type Notifier struct {
 	done      chan struct{}      // PostgreSQL: closed when the listener returns
 }
 
+// notifyHub connects the SQLite Notifiers of one DB: a Notify on any of
+// them wakes the subscribers of all. Its zero value is ready to use.
+type notifyHub struct {
+	mu sync.Mutex
+	ns map[*Notifier]struct{}
+	// waiting is set while a goroutine waits for the running DB.InTx
+	// transaction to end to publish; further Notify calls fold into it.
+	waiting bool
+}
+
+func (h *notifyHub) add(n *Notifier) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.ns == nil {
+		h.ns = map[*Notifier]struct{}{}
+	}
+	h.ns[n] = struct{}{}
+}
+
+func (h *notifyHub) remove(n *Notifier) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	delete(h.ns, n)
+}
+
+// publish wakes the subscribers of every Notifier in h.
+func (h *notifyHub) publish() {
+	h.mu.Lock()
+	ns := make([]*Notifier, 0, len(h.ns))
+	for n := range h.ns {
+		ns = append(ns, n)
+	}
+	h.mu.Unlock()
+	for _, n := range ns {
+		n.wake()
+	}
+}
+
+// publishAfterWrites publishes once the write slot is free: after the
+// DB.InTx transaction that holds it, and every write queued before, has
+// ended. A transaction of DB.InTx holds the slot from before it begins
+// until after it ends. Calls made while a publication waits fold into it.
+func (h *notifyHub) publishAfterWrites(slot chan struct{}) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.waiting {
+		return
+	}
+	h.waiting = true
+	go func() {
+		slot <- struct{}{}
+		// Clear the flag while holding the slot: a Notify in the next
+		// transaction, which takes the slot after us, must wait again.
+		h.mu.Lock()
+		h.waiting = false
+		h.mu.Unlock()
+		<-slot
+		h.publish()
+	}()
+}
+
 // Notifier returns a Notifier on db; cfg may be nil. On PostgreSQL it
 // connects the listener before it returns, so that any Notify that
 // follows is heard, and fails if it cannot.
 func (db *DB) Notifier(ctx context.Context, cfg *NotifierConfig) (*Notifier, error) {
-	var c NotifierConfig
-	if cfg != nil {
-		c = *cfg
+	c, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
 	}
-	if c.Logger == nil {
-		c.Logger = slog.New(slog.DiscardHandler)
-	}
-	n := &Notifier{db: db, log: c.Logger, subs: map[chan struct{}]struct{}{}}
+	n := &Notifier{db: db, cfg: c, log: c.Logger, subs: map[chan struct{}]struct{}{}}
 	if !db.postgres() {
-		key, err := db.sqliteHubKey(ctx)
-		if err != nil {
-			return nil, err
-		}
-		n.hub = key
-		sqliteHubs.add(key, n)
+		db.hub.add(n)
 		return n, nil
 	}
 
@@ -158,26 +268,19 @@ func (n *Notifier) Notify(ctx context.Context) error {
 		}
 		return nil
 	}
-	if _, ok := txFrom(ctx); ok && n.db.writeSlot != nil {
-		// A transaction of DB.InTx holds the write slot from before it
-		// begins until after it ends: the slot is free once it has
-		// committed or rolled back. A host's own transaction (WithTx) does
-		// not hold it, and the wake-up goes out at once.
-		slot := n.db.writeSlot
-		go func() {
-			slot <- struct{}{}
-			<-slot
-			sqliteHubs.publish(n.hub)
-		}()
+	if _, ok := txFrom(ctx); ok {
+		// A host's own transaction (WithTx) does not hold the slot, and
+		// the wake-up goes out once the DB's own writes are done.
+		n.db.hub.publishAfterWrites(n.db.writeSlot)
 		return nil
 	}
-	sqliteHubs.publish(n.hub)
+	n.db.hub.publish()
 	return nil
 }
 
-// Subscribe returns a channel that receives after every Notify, on this or
-// any other replica, until cancel is called or n is closed. The channel is
-// never closed. cancel may be called more than once.
+// Subscribe returns a channel that receives after every Notify that
+// reaches n (see Notifier), until cancel is called or n is closed. The
+// channel is never closed. cancel may be called more than once.
 func (n *Notifier) Subscribe() (<-chan struct{}, func()) {
 	ch := make(chan struct{}, 1)
 	n.mu.Lock()
@@ -191,9 +294,10 @@ func (n *Notifier) Subscribe() (<-chan struct{}, func()) {
 }
 
 // Close stops delivering to n's subscribers and, on PostgreSQL, closes the
-// listener's connection. It leaves the subscribers' channels open. Notify
-// still works after Close, for the other replicas' sake. Close always
-// returns nil.
+// listener's connection and waits for the listener's goroutine to return.
+// It leaves the subscribers' channels open. Notify still works after
+// Close, for the other Notifiers' and replicas' sake. Close always returns
+// nil.
 func (n *Notifier) Close() error {
 	n.closeOnce.Do(func() {
 		n.mu.Lock()
@@ -204,8 +308,8 @@ func (n *Notifier) Close() error {
 			n.stop()
 			<-n.done
 		}
-		if n.hub != "" {
-			sqliteHubs.remove(n.hub, n)
+		if !n.db.postgres() {
+			n.db.hub.remove(n)
 		}
 	})
 	return nil
@@ -278,7 +382,7 @@ func (db *DB) listenerConfig(ctx context.Context) (*pgx.ConnConfig, string, erro
 
 // connect opens a listener connection and LISTENs on n's channel.
 func (n *Notifier) connect(ctx context.Context, pc *pgx.ConnConfig) (*pgx.Conn, error) {
-	ctx, cancel := context.WithTimeout(ctx, listenerConnectTimeout)
+	ctx, cancel := context.WithTimeout(ctx, n.cfg.ConnectTimeout)
 	defer cancel()
 	conn, err := pgx.ConnectConfig(ctx, pc)
 	if err != nil {
@@ -322,7 +426,7 @@ func (n *Notifier) listen(ctx context.Context, pc *pgx.ConnConfig, conn *pgx.Con
 // then, so that a silently dead connection is replaced.
 func (n *Notifier) receive(ctx context.Context, conn *pgx.Conn) error {
 	for {
-		wctx, cancel := context.WithTimeout(ctx, listenerPing)
+		wctx, cancel := context.WithTimeout(ctx, n.cfg.PingInterval)
 		_, err := conn.WaitForNotification(wctx)
 		cancel()
 		switch {
@@ -334,7 +438,7 @@ func (n *Notifier) receive(ctx context.Context, conn *pgx.Conn) error {
 		case conn.IsClosed() || !pgconn.Timeout(err):
 			return err
 		}
-		pctx, cancel := context.WithTimeout(ctx, listenerConnectTimeout)
+		pctx, cancel := context.WithTimeout(ctx, n.cfg.ConnectTimeout)
 		err = conn.Ping(pctx)
 		cancel()
 		if err != nil {
@@ -349,7 +453,7 @@ func (n *Notifier) receive(ctx context.Context, conn *pgx.Conn) error {
 // reconnect connects until it succeeds, waiting longer after each
 // failure, or returns nil when ctx ends.
 func (n *Notifier) reconnect(ctx context.Context, pc *pgx.ConnConfig) *pgx.Conn {
-	backoff := listenerBackoffMin
+	backoff := n.cfg.ReconnectMin
 	for {
 		// Full jitter in [backoff/2, backoff), so that replicas that lost
 		// the server together do not return in step.
@@ -368,61 +472,7 @@ func (n *Notifier) reconnect(ctx context.Context, pc *pgx.ConnConfig) *pgx.Conn 
 		if ctx.Err() != nil {
 			return nil
 		}
-		n.log.Warn("bunstore: notifier reconnect failed", "channel", n.channel, "err", err, "retry_in", min(2*backoff, listenerBackoffMax))
-		backoff = min(2*backoff, listenerBackoffMax)
-	}
-}
-
-// sqliteHubKey names db's SQLite database in sqliteHubs: its main file's
-// path, so that every DB of this process on one file shares wake-ups, or,
-// for an in-memory database, db itself.
-func (db *DB) sqliteHubKey(ctx context.Context) (string, error) {
-	var file sql.NullString
-	err := db.bun.QueryRowContext(ctx, "SELECT file FROM pragma_database_list WHERE name = 'main'").Scan(&file)
-	if err != nil && !errors.Is(err, sql.ErrNoRows) {
-		return "", fmt.Errorf("bunstore: notifier: database file: %w", err)
-	}
-	if file.String == "" {
-		return fmt.Sprintf("memory:%p", db), nil
-	}
-	return "file:" + file.String, nil
-}
-
-// sqliteHubs holds every open SQLite Notifier of the process by database.
-var sqliteHubs = hubs{m: map[string]map[*Notifier]struct{}{}}
-
-type hubs struct {
-	mu sync.Mutex
-	m  map[string]map[*Notifier]struct{}
-}
-
-func (h *hubs) add(key string, n *Notifier) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.m[key] == nil {
-		h.m[key] = map[*Notifier]struct{}{}
-	}
-	h.m[key][n] = struct{}{}
-}
-
-func (h *hubs) remove(key string, n *Notifier) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	delete(h.m[key], n)
-	if len(h.m[key]) == 0 {
-		delete(h.m, key)
-	}
-}
-
-// publish wakes the subscribers of every Notifier on key's database.
-func (h *hubs) publish(key string) {
-	h.mu.Lock()
-	ns := make([]*Notifier, 0, len(h.m[key]))
-	for n := range h.m[key] {
-		ns = append(ns, n)
-	}
-	h.mu.Unlock()
-	for _, n := range ns {
-		n.wake()
+		n.log.Warn("bunstore: notifier reconnect failed", "channel", n.channel, "err", err, "retry_in", min(2*backoff, n.cfg.ReconnectMax))
+		backoff = min(2*backoff, n.cfg.ReconnectMax)
 	}
 }

@@ -2,9 +2,12 @@ package bunstore_test
 
 import (
 	"context"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
+
+	"go.uber.org/goleak"
 
 	"github.com/nodelane/nodelane/bunstore"
 	"github.com/nodelane/nodelane/internal/testdb"
@@ -67,17 +70,29 @@ func mustNotify(t *testing.T, ctx context.Context, n *bunstore.Notifier) {
 	}
 }
 
-// A Notify on one replica wakes the subscribers of every replica; a
-// cancelled subscription and a closed Notifier receive no more.
-func TestNotifierReplicas(t *testing.T) {
+// fast is a NotifierConfig with short listener timings, for tests that
+// exercise the listener's pings and reconnections.
+func fast() *bunstore.NotifierConfig {
+	return &bunstore.NotifierConfig{
+		PingInterval:   20 * time.Millisecond,
+		ConnectTimeout: 5 * time.Second,
+		ReconnectMin:   10 * time.Millisecond,
+		ReconnectMax:   50 * time.Millisecond,
+	}
+}
+
+// Notifiers made from one DB wake each other's subscribers; a cancelled
+// subscription and a closed Notifier receive no more, and a closed
+// Notifier's Notify still reaches the others.
+func TestNotifierSharedDB(t *testing.T) {
 	for _, d := range testdb.Dialects() {
 		t.Run(d.Name, func(t *testing.T) {
 			ctx := context.Background()
-			tdb := d.New(t)
-			a := notifier(t, open(t, tdb), nil)
-			b := notifier(t, open(t, tdb), nil)
+			db := open(t, d.New(t))
+			a := notifier(t, db, nil)
+			b := notifier(t, db, nil)
 			if a.Channel() != b.Channel() {
-				t.Fatalf("replicas use channels %q and %q", a.Channel(), b.Channel())
+				t.Fatalf("Notifiers of one DB use channels %q and %q", a.Channel(), b.Channel())
 			}
 			onA, cancelA := a.Subscribe()
 			defer cancelA()
@@ -116,7 +131,7 @@ func TestNotifierReplicas(t *testing.T) {
 			defer cancelB2()
 			mustNotify(t, ctx, a)
 			if !receives(onB2, delivered) {
-				t.Fatal("a Notify on a closed Notifier did not reach another replica")
+				t.Fatal("a Notify on a closed Notifier did not reach another Notifier")
 			}
 			if receives(onA, quiet) {
 				t.Fatal("a closed Notifier delivered")
@@ -132,8 +147,54 @@ func TestNotifierReplicas(t *testing.T) {
 	}
 }
 
-// Notify in a transaction is delivered once it commits, not before, and on
-// PostgreSQL never if it rolls back.
+// Two DB handles on one database are two replicas. On PostgreSQL their
+// Notifiers wake each other; on SQLite they do not, even in one process
+// (their long-polls find new work when they look again).
+func TestNotifierReplicas(t *testing.T) {
+	for _, d := range testdb.Dialects() {
+		t.Run(d.Name, func(t *testing.T) {
+			ctx := context.Background()
+			tdb := d.New(t)
+			a := notifier(t, open(t, tdb), nil)
+			b := notifier(t, open(t, tdb), nil)
+			if a.Channel() != b.Channel() {
+				t.Fatalf("replicas use channels %q and %q", a.Channel(), b.Channel())
+			}
+			onA, cancelA := a.Subscribe()
+			defer cancelA()
+			onB, cancelB := b.Subscribe()
+			defer cancelB()
+
+			mustNotify(t, ctx, a)
+			if !receives(onA, delivered) {
+				t.Fatal("a subscriber on A missed its own Notify")
+			}
+			if d.Name == "postgres" {
+				if !receives(onB, delivered) {
+					t.Fatal("a subscriber on replica B missed a Notify made on replica A")
+				}
+			} else if receives(onB, quiet) {
+				t.Fatal("a Notify on one SQLite DB woke a subscriber of another DB on the same file")
+			}
+
+			mustNotify(t, ctx, b)
+			if !receives(onB, delivered) {
+				t.Fatal("a subscriber on B missed its own Notify")
+			}
+			if d.Name == "postgres" {
+				if !receives(onA, delivered) {
+					t.Fatal("a subscriber on replica A missed a Notify made on replica B")
+				}
+			} else if receives(onA, quiet) {
+				t.Fatal("a Notify on one SQLite DB woke a subscriber of another DB on the same file")
+			}
+		})
+	}
+}
+
+// Notify in a DB.InTx transaction is delivered once the transaction ends,
+// not before, to the Notifiers of the same DB and, on PostgreSQL, of the
+// other replicas; on PostgreSQL never if it rolls back.
 func TestNotifierTx(t *testing.T) {
 	for _, d := range testdb.Dialects() {
 		t.Run(d.Name, func(t *testing.T) {
@@ -141,11 +202,30 @@ func TestNotifierTx(t *testing.T) {
 			tdb := d.New(t)
 			a := open(t, tdb)
 			na := notifier(t, a, nil)
-			nb := notifier(t, open(t, tdb), nil)
+			same := notifier(t, a, nil)
 			onA, cancelA := na.Subscribe()
 			defer cancelA()
-			onB, cancelB := nb.Subscribe()
-			defer cancelB()
+			onSame, cancelSame := same.Subscribe()
+			defer cancelSame()
+			subs := map[string]<-chan struct{}{"the notifying Notifier": onA, "another Notifier of the DB": onSame}
+			if d.Name == "postgres" {
+				other := notifier(t, open(t, tdb), nil)
+				onOther, cancelOther := other.Subscribe()
+				defer cancelOther()
+				subs["a Notifier of another replica"] = onOther
+			}
+			none := func(t *testing.T, within time.Duration) bool {
+				t.Helper()
+				got := false
+				for name, ch := range subs {
+					if receives(ch, within) {
+						t.Errorf("%s received", name)
+						got = true
+					}
+					within = 0 // the first waited for all
+				}
+				return got
+			}
 
 			err := a.InTx(ctx, func(ctx context.Context) error {
 				mustNotify(t, ctx, na)
@@ -155,19 +235,21 @@ func TestNotifierTx(t *testing.T) {
 				t.Fatalf("InTx = %v, want %v", err, errRollback)
 			}
 			if d.Name == "postgres" {
-				if receives(onB, quiet) || receives(onA, 0) {
+				if none(t, quiet) {
 					t.Fatal("a Notify in a rolled-back transaction was delivered")
 				}
 			} else {
 				// SQLite cannot tell a rollback from a commit and wakes
 				// the subscribers once the transaction has ended.
-				receives(onA, delivered)
-				receives(onB, delivered)
+				for _, ch := range subs {
+					receives(ch, delivered)
+				}
 			}
 
 			err = a.InTx(ctx, func(ctx context.Context) error {
 				mustNotify(t, ctx, na)
-				if receives(onB, quiet) || receives(onA, 0) {
+				mustNotify(t, ctx, same)
+				if none(t, quiet) {
 					t.Error("a Notify was delivered before its transaction committed")
 				}
 				return nil
@@ -175,12 +257,101 @@ func TestNotifierTx(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if !receives(onB, delivered) {
-				t.Fatal("a subscriber on another replica missed a committed Notify")
+			for name, ch := range subs {
+				if !receives(ch, delivered) {
+					t.Fatalf("%s missed a committed Notify", name)
+				}
 			}
-			if !receives(onA, delivered) {
-				t.Fatal("a subscriber on the same replica missed a committed Notify")
+			// The two Notify calls of one transaction fold into one
+			// wake-up.
+			none(t, quiet)
+		})
+	}
+}
+
+// Negative timings are refused, naming the field; zero ones take their
+// defaults.
+func TestNotifierConfig(t *testing.T) {
+	tests := []struct {
+		name string
+		cfg  bunstore.NotifierConfig
+		want string // in the error; "" means no error
+	}{
+		{name: "zero", cfg: bunstore.NotifierConfig{}},
+		{name: "fast", cfg: *fast()},
+		{name: "negative PingInterval", cfg: bunstore.NotifierConfig{PingInterval: -time.Second}, want: "NotifierConfig.PingInterval"},
+		{name: "negative ConnectTimeout", cfg: bunstore.NotifierConfig{ConnectTimeout: -1}, want: "NotifierConfig.ConnectTimeout"},
+		{name: "negative ReconnectMin", cfg: bunstore.NotifierConfig{ReconnectMin: -time.Millisecond}, want: "NotifierConfig.ReconnectMin"},
+		{name: "negative ReconnectMax", cfg: bunstore.NotifierConfig{ReconnectMax: -time.Minute}, want: "NotifierConfig.ReconnectMax"},
+		{name: "min above max", cfg: bunstore.NotifierConfig{ReconnectMin: time.Second, ReconnectMax: time.Millisecond}, want: "NotifierConfig.ReconnectMin"},
+		{name: "min above default max", cfg: bunstore.NotifierConfig{ReconnectMin: 2 * bunstore.DefaultNotifierReconnectMax}, want: "NotifierConfig.ReconnectMax"},
+		{name: "max below default min", cfg: bunstore.NotifierConfig{ReconnectMax: bunstore.DefaultNotifierReconnectMin / 2}, want: "NotifierConfig.ReconnectMin"},
+	}
+	for _, d := range testdb.Dialects() {
+		t.Run(d.Name, func(t *testing.T) {
+			db := open(t, d.New(t))
+			for _, tt := range tests {
+				t.Run(tt.name, func(t *testing.T) {
+					n, err := db.Notifier(context.Background(), &tt.cfg)
+					if tt.want == "" {
+						if err != nil {
+							t.Fatalf("Notifier: %v", err)
+						}
+						n.Close()
+						return
+					}
+					if err == nil {
+						n.Close()
+						t.Fatalf("Notifier succeeded, want an error naming %s", tt.want)
+					}
+					if !strings.Contains(err.Error(), tt.want) {
+						t.Fatalf("Notifier: %v, want an error naming %s", err, tt.want)
+					}
+				})
 			}
+		})
+	}
+}
+
+// Close leaves no goroutine of the Notifier behind, a delivery that
+// waited for a transaction included.
+func TestNotifierCloseLeavesNoGoroutine(t *testing.T) {
+	for _, d := range testdb.Dialects() {
+		t.Run(d.Name, func(t *testing.T) {
+			ctx := context.Background()
+			db := open(t, d.New(t))
+			// The pool's goroutines, if any, predate the snapshot.
+			ignore := goleak.IgnoreCurrent()
+
+			a, err := db.Notifier(ctx, fast())
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, err := db.Notifier(ctx, fast())
+			if err != nil {
+				t.Fatal(err)
+			}
+			ch, cancel := b.Subscribe()
+			mustNotify(t, ctx, a)
+			if !receives(ch, delivered) {
+				t.Fatal("missed a Notify")
+			}
+			if err := db.InTx(ctx, func(ctx context.Context) error { return a.Notify(ctx) }); err != nil {
+				t.Fatal(err)
+			}
+			if !receives(ch, delivered) {
+				t.Fatal("missed a Notify made in a transaction")
+			}
+			// Let the listeners ping at least once.
+			time.Sleep(100 * time.Millisecond)
+			cancel()
+			if err := a.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if err := b.Close(); err != nil {
+				t.Fatal(err)
+			}
+			goleak.VerifyNone(t, ignore)
 		})
 	}
 }
@@ -240,7 +411,10 @@ func TestNotifierReconnects(t *testing.T) {
 	ctx := context.Background()
 	tdb := testdb.Postgres(t)
 	a, b := open(t, tdb), open(t, tdb)
-	na, nb := notifier(t, a, nil), notifier(t, b, nil)
+	// Short backoffs; the default ping interval, so that the listeners'
+	// last statement stays their LISTEN, which is how listeners finds them.
+	cfg := &bunstore.NotifierConfig{ReconnectMin: 10 * time.Millisecond, ReconnectMax: 50 * time.Millisecond}
+	na, nb := notifier(t, a, cfg), notifier(t, b, cfg)
 	onB, cancel := nb.Subscribe()
 	defer cancel()
 
@@ -256,7 +430,7 @@ func TestNotifierReconnects(t *testing.T) {
 			t.Fatalf("pg_terminate_backend(%d) = %v, %v", pid, ok, err)
 		}
 	}
-	if !receives(onB, 5*time.Second) {
+	if !receives(onB, delivered) {
 		t.Fatal("no wake-up after the listener reconnected")
 	}
 	mustNotify(t, ctx, na)
@@ -272,6 +446,58 @@ func TestNotifierReconnects(t *testing.T) {
 				t.Fatalf("listener %d is still there after it was terminated", p)
 			}
 		}
+	}
+}
+
+// The listener pings the server while nothing arrives; a ping that
+// succeeds neither wakes the subscribers nor replaces the connection.
+func TestNotifierPings(t *testing.T) {
+	ctx := context.Background()
+	tdb := testdb.Postgres(t)
+	// Name the connections, so that the listener can be told from those of
+	// other tests by its application_name and from the pool's by its last
+	// statement.
+	u, err := url.Parse(tdb.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := u.Query()
+	app := "nodelane_test_" + q.Get("search_path")
+	q.Set("application_name", app)
+	u.RawQuery = q.Encode()
+	tdb.DSN = u.String()
+	db := open(t, tdb)
+	n := notifier(t, db, fast())
+	ch, cancel := n.Subscribe()
+	defer cancel()
+
+	pinging := func() []int {
+		t.Helper()
+		var pids []int
+		err := db.Bun().NewRaw(
+			"SELECT pid FROM pg_stat_activity WHERE application_name = ? AND query = '-- ping'", app).Scan(ctx, &pids)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pids
+	}
+	var pids []int
+	for deadline := time.Now().Add(delivered); len(pids) == 0; {
+		if time.Now().After(deadline) {
+			t.Fatal("the listener did not ping")
+		}
+		time.Sleep(10 * time.Millisecond)
+		pids = pinging()
+	}
+	if receives(ch, quiet) { // many pings
+		t.Fatal("a subscriber woke without a Notify")
+	}
+	if again := pinging(); len(again) != 1 || again[0] != pids[0] {
+		t.Fatalf("pinging listeners %v, then %v: the connection was replaced", pids, again)
+	}
+	mustNotify(t, ctx, n)
+	if !receives(ch, delivered) {
+		t.Fatal("a Notify was not delivered between pings")
 	}
 }
 

@@ -10,10 +10,11 @@ import (
 	"hash/crc32"
 	"os"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/nodelane/nodelane/internal/testclock"
 )
 
 // countingStore counts the calls that reach the store, and fails those
@@ -81,29 +82,12 @@ func (s *countingStore) ListCredentials(ctx context.Context, principalID string)
 	return s.Store.ListCredentials(ctx, principalID)
 }
 
-type testClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *testClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *testClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
-}
-
 var testPepper = []byte("nodelane test pepper, 32 bytes..")
 
 type env struct {
 	ctx   context.Context
 	store *countingStore
-	clock *testClock
+	clock *testclock.Clock
 	is    *Issuer
 }
 
@@ -112,7 +96,7 @@ func newEnv(t testing.TB) *env {
 	e := &env{
 		ctx:   context.Background(),
 		store: &countingStore{Store: NewMemoryStore()},
-		clock: &testClock{t: time.Date(2026, 11, 30, 9, 0, 0, 0, time.UTC)},
+		clock: testclock.New(time.Date(2026, 11, 30, 9, 0, 0, 0, time.UTC)),
 	}
 	is, err := NewIssuer(e.store, &Config{Peppers: map[int][]byte{1: testPepper}, Now: e.clock.Now})
 	if err != nil {

@@ -986,7 +986,7 @@ func receiptOf(t *testing.T, env *apitest.Env, id string) *receipts.Receipt {
 func completeFlow(t *testing.T, f *fx) {
 	t.Helper()
 	f.env.Clock.Set(time.Now().UTC().Truncate(time.Millisecond))
-	defer f.env.Clock.Set(time.Time{})
+	defer f.env.Clock.Follow()
 	id, tok := f.running(t, "status_check")
 	f.env.Clock.Advance(1234 * time.Millisecond)
 	n := f.env.Receipts(t)

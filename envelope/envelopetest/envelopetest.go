@@ -6,7 +6,7 @@
 //		envelopetest.Run(t, func(t *testing.T) envelope.Store { return newEmptyStore(t) })
 //	}
 //
-// The suite drives the store through envelope.Gate, so it checks DESIGN §6
+// The suite drives the store through envelope.Gate, so it checks the envelope
 // end to end on that store: classes of job types, activation, deadlines
 // (lazy and recorded), the policy version and history, exact timestamps,
 // and concurrent changes from two Gates. An adapter whose replicas open
@@ -28,37 +28,8 @@ import (
 	"github.com/google/go-cmp/cmp/cmpopts"
 
 	"github.com/nodelane/nodelane/envelope"
+	"github.com/nodelane/nodelane/internal/testclock"
 )
-
-// Clock is a settable clock for tests.
-type Clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-// NewClock returns a Clock reading t.
-func NewClock(t time.Time) *Clock { return &Clock{t: t} }
-
-// Now returns the clock's time.
-func (c *Clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-// Advance moves the clock forward by d.
-func (c *Clock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
-}
-
-// Set moves the clock to t.
-func (c *Clock) Set(t time.Time) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = t
-}
 
 // epoch has a nanosecond part so that stores that fail to truncate or to
 // round-trip microseconds are caught; start is what the Gate makes of it.
@@ -74,13 +45,13 @@ type fixture struct {
 	t     *testing.T
 	ctx   context.Context
 	store envelope.Store
-	clock *Clock
+	clock *testclock.Clock
 	g     *envelope.Gate
 }
 
 func newFixture(t *testing.T, newStore func(t *testing.T) envelope.Store) *fixture {
 	t.Helper()
-	f := &fixture{t: t, ctx: context.Background(), store: newStore(t), clock: NewClock(epoch)}
+	f := &fixture{t: t, ctx: context.Background(), store: newStore(t), clock: testclock.New(epoch)}
 	f.g = f.gate(f.store, nil)
 	return f
 }

@@ -21,12 +21,12 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/nodelane/nodelane/bunstore"
 	"github.com/nodelane/nodelane/credential"
+	"github.com/nodelane/nodelane/internal/testclock"
 	"github.com/nodelane/nodelane/internal/testdb"
 	"github.com/nodelane/nodelane/lease"
 	"github.com/nodelane/nodelane/workerapi"
@@ -58,7 +58,7 @@ type Env struct {
 	OperatorToken     string
 	ProvisioningToken string
 	// Clock is the Server's clock (shared by replicas).
-	Clock *Clock
+	Clock *testclock.Clock
 
 	opts *options
 	// client sends every request; it follows no redirects.
@@ -128,7 +128,7 @@ func New(t testing.TB, dialect string, opts ...Option) *Env {
 	if err != nil {
 		t.Fatalf("apitest: receipt key: %v", err)
 	}
-	clock := &Clock{}
+	clock := testclock.Real()
 	cfg := workerapi.Config{
 		Peppers:       map[int][]byte{1: pepper},
 		PepperVersion: 1,
@@ -166,7 +166,7 @@ func New(t testing.TB, dialect string, opts ...Option) *Env {
 }
 
 // start opens dsn, builds a Server with cfg and serves it.
-func start(t testing.TB, dialect, dsn string, cfg workerapi.Config, clock *Clock, o *options) *Env {
+func start(t testing.TB, dialect, dsn string, cfg workerapi.Config, clock *testclock.Clock, o *options) *Env {
 	t.Helper()
 	ctx := context.Background()
 	db, err := bunstore.Open(ctx, dsn, nil)
@@ -329,42 +329,4 @@ func Body(t testing.TB, body any) []byte {
 		t.Fatalf("apitest: marshal body: %v", err)
 	}
 	return b
-}
-
-// Clock is a settable clock. By default it is real time; Advance moves it
-// ahead of real time, Set stops it at a fixed time. It is safe for
-// concurrent use.
-type Clock struct {
-	mu     sync.Mutex
-	offset time.Duration
-	fixed  time.Time
-}
-
-// Now returns the clock's time.
-func (c *Clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if !c.fixed.IsZero() {
-		return c.fixed
-	}
-	return time.Now().Add(c.offset)
-}
-
-// Advance moves the clock d ahead (behind, if d is negative).
-func (c *Clock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if !c.fixed.IsZero() {
-		c.fixed = c.fixed.Add(d)
-		return
-	}
-	c.offset += d
-}
-
-// Set stops the clock at t; a zero t makes it follow real time again
-// (with no offset).
-func (c *Clock) Set(t time.Time) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.fixed, c.offset = t, 0
 }

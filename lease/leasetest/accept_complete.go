@@ -1,0 +1,138 @@
+package leasetest
+
+import (
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+
+	"github.com/nodelane/nodelane/lease"
+)
+
+var acceptCompleteTests = []test{
+	{"HappyPath", testHappyPath},
+	{"IllegalTransitions", testIllegalTransitions},
+	{"CompleteRepeated", testCompleteRepeated},
+	{"Release", testRelease},
+}
+
+func testHappyPath(t *testing.T, f *fixture) {
+	w := f.defaultWorker("studio-gpu")
+	j := f.enqueue("lora_train", func(nj *lease.NewJob) {
+		nj.Requirements = lease.Requirements{GPUSKU: "rtx-4090", GPUCount: 1, MinVRAMMB: 16000}
+	})
+	if j.State != lease.StateQueued || j.Attempt != 1 || j.MaxAttempts != 3 {
+		t.Fatalf("enqueued job = %+v", j)
+	}
+	f.same(j)
+	lj, ref := f.leaseOne(w)
+	if lj.ID != j.ID || lj.State != lease.StateLeased || lj.Lease.Epoch != 1 || lj.Lease.WorkerID != w.ID {
+		t.Fatalf("leased job = %+v lease %+v", lj, lj.Lease)
+	}
+	if lj.Lease.SKU != "rtx-4090" || !lj.Lease.ExpiresAt.Equal(lj.LeasedAt.Add(ttl)) || !lj.Lease.AcceptBy.Equal(lj.LeasedAt.Add(acceptTTL)) {
+		t.Fatalf("lease = %+v", lj.Lease)
+	}
+	f.same(lj)
+	aj, err := f.m.Accept(f.ctx, ref)
+	if err != nil || aj.State != lease.StateRunning || aj.AcceptedAt == nil {
+		t.Fatalf("Accept = %+v, %v", aj, err)
+	}
+	f.same(aj)
+	f.clock.Advance(time.Minute)
+	ej, err := f.m.Extend(f.ctx, ref)
+	if err != nil || !ej.Lease.ExpiresAt.Equal(f.clock.Now().UTC().Truncate(time.Microsecond).Add(ttl)) {
+		t.Fatalf("Extend = %+v, %v", ej, err)
+	}
+	cj, repeated, err := f.m.Complete(f.ctx, ref, lease.Result{OutputURI: "s3://out", Metrics: json.RawMessage(`{"loss":0.12}`), FinalMessage: "done"})
+	if err != nil || repeated || cj.State != lease.StateSucceeded || cj.FinishedAt == nil || cj.Result.OutputURI != "s3://out" {
+		t.Fatalf("Complete = %+v, %v, %v", cj, repeated, err)
+	}
+	f.same(cj)
+	rj, err := f.m.SetReceipt(f.ctx, j.ID, "rcp_1")
+	if err != nil || rj.ReceiptID != "rcp_1" {
+		t.Fatalf("SetReceipt = %+v, %v", rj, err)
+	}
+	f.same(rj)
+}
+
+func testIllegalTransitions(t *testing.T, f *fixture) {
+	w := f.defaultWorker("w")
+	// complete and fail-like moves before accept
+	j := f.enqueue("status_check")
+	_, ref := f.leaseOne(w)
+	_, _, err := f.m.Complete(f.ctx, ref, lease.Result{})
+	wantTransition(t, "complete before accept", err, lease.StateLeased, lease.StateSucceeded)
+	f.state(j.ID, lease.StateLeased)
+	f.accept(ref)
+	f.complete(ref, lease.Result{})
+	before := f.get(j.ID)
+	_, err = f.m.Fail(f.ctx, ref, lease.Failure{Code: "x"})
+	wantTransition(t, "fail after complete", err, lease.StateSucceeded, lease.StateFailed)
+	_, err = f.m.Accept(f.ctx, ref)
+	wantTransition(t, "accept after complete", err, lease.StateSucceeded, lease.StateRunning)
+	_, err = f.m.Release(f.ctx, ref, "")
+	wantTransition(t, "release after complete", err, lease.StateSucceeded, lease.StateQueued)
+	_, err = f.m.Cancel(f.ctx, j.ID)
+	wantTransition(t, "cancel after complete", err, lease.StateSucceeded, lease.StateCanceled)
+	f.same(before) // nothing changed
+
+	// a failed job stays failed
+	j2 := f.enqueue("status_check")
+	_, ref2 := f.leaseOne(w)
+	f.accept(ref2)
+	if fj, err := f.m.Fail(f.ctx, ref2, lease.Failure{Code: "bad_input", Message: "no"}); err != nil || fj.State != lease.StateFailed {
+		t.Fatalf("Fail = %+v, %v", fj, err)
+	}
+	_, _, err = f.m.Complete(f.ctx, ref2, lease.Result{})
+	wantTransition(t, "complete after fail", err, lease.StateFailed, lease.StateSucceeded)
+	_, err = f.m.Cancel(f.ctx, j2.ID)
+	wantTransition(t, "cancel after fail", err, lease.StateFailed, lease.StateCanceled)
+	_, err = f.m.SetReceipt(f.ctx, f.enqueue("status_check").ID, "r")
+	wantTransition(t, "receipt on a queued job", err, lease.StateQueued, lease.StateQueued)
+}
+
+func testCompleteRepeated(t *testing.T, f *fixture) {
+	w := f.defaultWorker("w")
+	f.enqueue("status_check")
+	_, ref := f.leaseOne(w)
+	f.accept(ref)
+	first := f.complete(ref, lease.Result{FinalMessage: "done"})
+	f.clock.Advance(time.Hour) // even after the lease would have expired
+	for range 3 {
+		again, repeated, err := f.m.Complete(f.ctx, ref, lease.Result{FinalMessage: "different"})
+		if err != nil || !repeated {
+			t.Fatalf("repeat: repeated=%v err=%v", repeated, err)
+		}
+		if d := cmp.Diff(first, again, cmpopts.EquateEmpty()); d != "" || again.Rev != first.Rev {
+			t.Fatalf("repeat returned another job (-first +again):\n%s", d)
+		}
+	}
+	other := ref
+	other.WorkerID = "wrk_other"
+	_, _, err := f.m.Complete(f.ctx, other, lease.Result{})
+	wantErr(t, "complete by another worker", err, lease.ErrLeaseLost)
+}
+
+func testRelease(t *testing.T, f *fixture) {
+	w := f.defaultWorker("w")
+	j := f.enqueue("status_check", func(nj *lease.NewJob) { nj.MaxAttempts = 1 })
+	for i := 1; i <= 3; i++ {
+		lj, ref := f.leaseOne(w)
+		if lj.Lease.Epoch != int64(i) {
+			t.Fatalf("lease %d has epoch %d", i, lj.Lease.Epoch)
+		}
+		if i%2 == 0 {
+			f.accept(ref)
+		}
+		rj, err := f.m.Release(f.ctx, ref, "spot preemption")
+		if err != nil || rj.State != lease.StateQueued || rj.Attempt != 1 || rj.ScheduledAt.After(f.clock.Now()) {
+			t.Fatalf("Release %d = %+v, %v", i, rj, err)
+		}
+		f.same(rj)
+		_, err = f.m.Release(f.ctx, ref, "again")
+		wantErr(t, "release twice", err, lease.ErrLeaseLost)
+	}
+	f.state(j.ID, lease.StateQueued)
+}

@@ -24,7 +24,7 @@ var _ lease.Store = (*LeaseStore)(nil)
 func (db *DB) LeaseStore() *LeaseStore { return &LeaseStore{db: db} }
 
 // liveStates lists the states of a job that holds a lease, for "IN (?)".
-func liveStates() any { return bun.In([]lease.State{lease.StateLeased, lease.StateRunning}) }
+func liveStates() any { return bun.List([]lease.State{lease.StateLeased, lease.StateRunning}) }
 
 // jobRow is a lease.Job as stored. The optional structs are flattened into
 // column groups, each absent when its first column is NULL.
@@ -333,7 +333,7 @@ func (s *LeaseStore) ClaimJobs(ctx context.Context, q lease.ClaimQuery, grant fu
 		var rows []jobRow
 		sel := tx.NewSelect().Model(&rows).
 			Where("state = ?", lease.StateQueued).
-			Where("type IN (?)", bun.In(q.Types)).
+			Where("type IN (?)", bun.List(q.Types)).
 			Where("scheduled_at <= ?", micros(q.Now)).
 			Where("("+strings.Join(fits, " OR ")+")", args...).
 			OrderExpr("priority DESC, created_at, id").

@@ -274,7 +274,7 @@ func readHashes(ctx context.Context, idb bun.IDB, indexes []int64) ([]tlog.Hash,
 	found := make(map[int64]tlog.Hash, len(indexes))
 	for part := range slices.Chunk(indexes, 1000) {
 		var rows []receiptHashRow
-		if err := idb.NewSelect().Model(&rows).Where("idx IN (?)", bun.In(part)).Scan(ctx); err != nil {
+		if err := idb.NewSelect().Model(&rows).Where("idx IN (?)", bun.List(part)).Scan(ctx); err != nil {
 			return nil, err
 		}
 		for _, r := range rows {

@@ -10,8 +10,13 @@ import (
 
 const module = "github.com/nodelane/nodelane"
 
-// cores are the five core packages of DESIGN §1.
+// cores are the five core packages of docs/DESIGN.md section 1.
 var cores = []string{"lease", "credential", "replay", "envelope", "receipts"}
+
+// testclock is the one package of the module, besides its core, that a
+// conformance suite may import: the fake clock the suites share. It is a
+// leaf that imports only the standard library.
+const testclock = "internal/testclock"
 
 // allowedThirdParty lists, per core, what beyond the standard library and
 // golang.org/x it may import.
@@ -19,7 +24,25 @@ var allowedThirdParty = map[string][]string{
 	"replay": {"github.com/dunglas/httpsfv"},
 }
 
-// violations returns the import rules of DESIGN §1 that package pkg
+// workerSide are the packages a worker binary is made of; workerLinks is
+// all of nodelane they may link besides each other: no lease,
+// credential, envelope, bunstore or bun.
+var (
+	workerSide  = []string{"workerapi/client", "examples/worker", "examples/internal/jobs"}
+	workerLinks = []string{"workerapi/wire", "replay", "receipts"}
+)
+
+// storageDriver reports whether d is a database library.
+func storageDriver(d string) bool {
+	for _, p := range []string{"github.com/uptrace/bun", "github.com/jackc/", "modernc.org/", "github.com/lib/pq"} {
+		if strings.HasPrefix(d, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// violations returns the import rules of docs/DESIGN.md section 1 that package pkg
 // (relative to the module, "" for the root) breaks, given all its
 // transitive dependencies and which of them are in the standard library.
 func violations(pkg string, deps []string, std map[string]bool) []string {
@@ -52,9 +75,12 @@ func violations(pkg string, deps []string, std map[string]bool) []string {
 		case coreOfTest != "":
 			thirdOK := strings.HasPrefix(d, "github.com/google/go-cmp/") || strings.HasPrefix(d, "golang.org/x/") ||
 				slices.ContainsFunc(allowedThirdParty[coreOfTest], func(p string) bool { return d == p || strings.HasPrefix(d, p+"/") })
-			if (own && r != coreOfTest) || (!own && !thirdOK) {
-				out = append(out, pkg+" imports "+d+": a conformance suite imports only its core, the standard library and go-cmp")
+			if (own && r != coreOfTest && r != testclock) || (!own && !thirdOK) {
+				out = append(out, pkg+" imports "+d+": a conformance suite imports only its core, "+testclock+", the standard library and go-cmp")
 			}
+			continue
+		case pkg == testclock:
+			out = append(out, pkg+" imports "+d+": "+testclock+" imports only the standard library")
 			continue
 		}
 		if own && strings.HasSuffix(r, "test") && slices.ContainsFunc(cores, func(c string) bool { return strings.HasPrefix(r, c+"/") }) {
@@ -65,6 +91,12 @@ func violations(pkg string, deps []string, std map[string]bool) []string {
 		}
 		if pkg == "workerapi" && ((own && (r == "bunstore" || strings.HasPrefix(r, "bunstore/"))) || strings.HasPrefix(d, "github.com/uptrace/bun")) {
 			out = append(out, pkg+" imports "+d+": workerapi never imports bunstore or bun")
+		}
+		if pkg == "workerapi/wire" && ((own && r != "receipts") || (!own && !strings.HasPrefix(d, "golang.org/x/"))) {
+			out = append(out, pkg+" imports "+d+": the wire package imports only receipts, the standard library and golang.org/x")
+		}
+		if slices.Contains(workerSide, pkg) && ((own && !slices.Contains(workerLinks, r) && !slices.Contains(workerSide, r)) || storageDriver(d)) {
+			out = append(out, pkg+" imports "+d+": a worker links only "+strings.Join(workerLinks, ", ")+" of nodelane, and no storage driver")
 		}
 	}
 	return out
@@ -82,7 +114,7 @@ func goList(t *testing.T, args ...string) []string {
 	return strings.Split(strings.TrimSpace(string(out)), "\n")
 }
 
-// TestImportRules enforces DESIGN §1 on every package of the module, with
+// TestImportRules enforces docs/DESIGN.md section 1 on every package of the module, with
 // the dependencies that go list -deps reports.
 func TestImportRules(t *testing.T) {
 	std := map[string]bool{}
@@ -124,12 +156,28 @@ func TestViolations(t *testing.T) {
 		{"lease/leasetest", []string{module + "/lease", "github.com/google/go-cmp/cmp"}, 0},
 		{"lease/leasetest", []string{module + "/credential"}, 1},
 		{"lease/leasetest", []string{"github.com/uptrace/bun"}, 1},
+		{"lease/leasetest", []string{module + "/lease", module + "/internal/testclock"}, 0},
+		{"credential/credentialtest", []string{module + "/credential", module + "/internal/testclock", "fmt"}, 0},
+		{"lease/leasetest", []string{module + "/internal/testclock", module + "/internal/testdb"}, 1},
+		{"envelope/envelopetest", []string{module + "/internal/apitest"}, 1},
+		{"internal/testclock", []string{"fmt"}, 0},
+		{"internal/testclock", []string{module + "/lease"}, 1},
+		{"internal/testclock", []string{"github.com/google/go-cmp/cmp"}, 1},
 		{"bunstore", []string{module + "/lease", "github.com/uptrace/bun"}, 0},
 		{"bunstore", []string{module + "/workerapi"}, 1},
 		{"bunstore", []string{module + "/lease/leasetest"}, 1},
 		{"workerapi", []string{module + "/lease", module + "/receipts"}, 0},
 		{"workerapi", []string{module + "/bunstore", "github.com/uptrace/bun"}, 2},
 		{"examples/server", []string{module + "/bunstore", module + "/workerapi"}, 0},
+		{"workerapi/wire", []string{module + "/receipts", "golang.org/x/mod/sumdb/tlog"}, 0},
+		{"workerapi/wire", []string{module + "/lease"}, 1},
+		{"workerapi/wire", []string{"github.com/google/uuid"}, 1},
+		{"workerapi/client", []string{module + "/workerapi/wire", module + "/replay", module + "/receipts", "github.com/dunglas/httpsfv"}, 0},
+		{"workerapi/client", []string{module + "/lease", module + "/credential", module + "/envelope"}, 3},
+		{"workerapi/client", []string{module + "/workerapi", module + "/bunstore"}, 2},
+		{"workerapi/client", []string{"github.com/uptrace/bun", "modernc.org/sqlite", "github.com/jackc/pgx/v5"}, 3},
+		{"examples/worker", []string{module + "/workerapi/client", module + "/examples/internal/jobs"}, 0},
+		{"examples/worker", []string{module + "/lease"}, 1},
 	}
 	for _, tc := range tests {
 		if got := violations(tc.pkg, tc.deps, std); len(got) != tc.want {

@@ -14,8 +14,35 @@ import (
 
 // LeaseStore is the lease.Store of a DB. Every method joins the
 // transaction its context carries (see DB.InTx and WithTx).
+//
+// A transaction the database aborts (on PostgreSQL a serialization
+// failure, 40001, or a deadlock, 40P01; on SQLite SQLITE_BUSY_SNAPSHOT)
+// gives an error matching lease.ErrAborted. A method that runs in a
+// transaction of its own runs again, up to abortTries times in all;
+// inside the context's transaction it never does.
 type LeaseStore struct {
 	db *DB
+}
+
+// aborted returns err, marked as lease.ErrAborted if the database aborted
+// the transaction.
+func aborted(err error) error { return markAborted(err, lease.ErrAborted) }
+
+// write runs fn as DB.write does, and inTx as DB.inTx does; when the
+// context carries no transaction and the database aborts the one they
+// ran fn in, they run fn again, up to abortTries times in all. fn must
+// start from scratch each time.
+func (s *LeaseStore) write(ctx context.Context, fn func(ctx context.Context, idb bun.IDB) error) error {
+	return aborted(s.db.retryOwnTx(ctx, func() error { return s.db.write(ctx, fn) }))
+}
+
+func (s *LeaseStore) inTx(ctx context.Context, fn func(ctx context.Context, tx bun.IDB) error) error {
+	return aborted(s.db.retryOwnTx(ctx, func() error { return s.db.inTx(ctx, fn) }))
+}
+
+// errLimit is the error for a limit below 1, which lease.Store forbids.
+func errLimit(what string, limit int) error {
+	return fmt.Errorf("bunstore: %s: limit %d, want at least 1: %w", what, limit, lease.ErrInvalidArgument)
 }
 
 var _ lease.Store = (*LeaseStore)(nil)
@@ -190,7 +217,7 @@ func jobs(rows []jobRow) []*lease.Job {
 func (s *LeaseStore) CreateJob(ctx context.Context, j *lease.Job) error {
 	// ON CONFLICT DO NOTHING rather than a unique violation, which would
 	// abort a PostgreSQL transaction the caller may want to go on with.
-	err := s.db.write(ctx, func(ctx context.Context, idb bun.IDB) error {
+	err := s.write(ctx, func(ctx context.Context, idb bun.IDB) error {
 		return insertNew(ctx, idb.NewInsert().Model(newJobRow(j)))
 	})
 	if err != nil {
@@ -224,14 +251,17 @@ func (s *LeaseStore) GetJob(ctx context.Context, id string) (*lease.Job, error) 
 		return nil, fmt.Errorf("bunstore: job %s: %w", id, lease.ErrNotFound)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("bunstore: get job %s: %w", id, err)
+		return nil, fmt.Errorf("bunstore: get job %s: %w", id, aborted(err))
 	}
 	return r.job(), nil
 }
 
 // ListJobs returns the jobs matching f in ascending id order, at most
-// f.Limit of them (all of them if f.Limit is not positive).
+// f.Limit of them. It returns lease.ErrInvalidArgument if f.Limit < 1.
 func (s *LeaseStore) ListJobs(ctx context.Context, f lease.JobFilter) ([]*lease.Job, error) {
+	if f.Limit <= 0 {
+		return nil, errLimit("list jobs", f.Limit)
+	}
 	var rows []jobRow
 	q := s.db.idb(ctx).NewSelect().Model(&rows)
 	if f.State != "" {
@@ -246,12 +276,9 @@ func (s *LeaseStore) ListJobs(ctx context.Context, f lease.JobFilter) ([]*lease.
 	if f.After != "" {
 		q = q.Where("id > ?", f.After)
 	}
-	q = q.OrderExpr("id")
-	if f.Limit > 0 {
-		q = q.Limit(int64(f.Limit))
-	}
+	q = q.OrderExpr("id").Limit(int64(f.Limit))
 	if err := q.Scan(ctx); err != nil {
-		return nil, fmt.Errorf("bunstore: list jobs: %w", err)
+		return nil, fmt.Errorf("bunstore: list jobs: %w", aborted(err))
 	}
 	return jobs(rows), nil
 }
@@ -263,7 +290,7 @@ func (s *LeaseStore) UpdateJob(ctx context.Context, j *lease.Job, rev int64) err
 	// No transaction of its own: the write is one conditional UPDATE, and
 	// the existence check after a miss only chooses the error (jobs are
 	// never deleted, so a job missing then was missing at the UPDATE).
-	return s.db.write(ctx, func(ctx context.Context, idb bun.IDB) error {
+	return s.write(ctx, func(ctx context.Context, idb bun.IDB) error {
 		return updateJob(ctx, idb, j, rev)
 	})
 }
@@ -297,12 +324,19 @@ func updateJob(ctx context.Context, tx bun.IDB, j *lease.Job, rev int64) error {
 // worker id, taken before its live leases are counted. Claims by different
 // workers run concurrently and skip each other's candidate rows (FOR
 // UPDATE SKIP LOCKED).
+//
+// A retry after the database aborted the transaction reads the rows again
+// and calls grant on them afresh, which lease.Store allows.
 func (s *LeaseStore) ClaimJobs(ctx context.Context, q lease.ClaimQuery, grant func(*lease.Job)) ([]*lease.Job, error) {
-	if q.Limit <= 0 || q.MaxActive <= 0 || len(q.Types) == 0 || len(q.Fits) == 0 {
+	if q.Limit <= 0 {
+		return nil, errLimit("claim jobs for "+q.WorkerID, q.Limit)
+	}
+	if q.MaxActive <= 0 || len(q.Types) == 0 || len(q.Fits) == 0 {
 		return nil, nil
 	}
 	var claimed []*lease.Job
-	err := s.db.inTx(ctx, func(ctx context.Context, tx bun.IDB) error {
+	err := s.inTx(ctx, func(ctx context.Context, tx bun.IDB) error {
+		claimed = nil
 		if s.db.postgres() {
 			// The advisory lock, unlike a row lock on the worker, also
 			// serialises claims for a worker that has no row, and does
@@ -361,10 +395,13 @@ func (s *LeaseStore) ClaimJobs(ctx context.Context, q lease.ClaimQuery, grant fu
 	return claimed, nil
 }
 
-// ExpiredJobs returns up to limit live jobs (all, if limit is not
-// positive) whose lease expired at or before now, or that are still leased
-// at or after their accept deadline, in id order.
+// ExpiredJobs returns up to limit live jobs whose lease expired at or
+// before now, or that are still leased at or after their accept deadline,
+// in id order. It returns lease.ErrInvalidArgument if limit < 1.
 func (s *LeaseStore) ExpiredJobs(ctx context.Context, now time.Time, limit int) ([]*lease.Job, error) {
+	if limit <= 0 {
+		return nil, errLimit("expired jobs", limit)
+	}
 	var rows []jobRow
 	t := micros(now)
 	q := s.db.idb(ctx).NewSelect().Model(&rows).
@@ -373,12 +410,10 @@ func (s *LeaseStore) ExpiredJobs(ctx context.Context, now time.Time, limit int) 
 			return q.Where("lease_expires_at <= ?", t).
 				WhereOr("state = ? AND lease_accept_by <= ?", lease.StateLeased, t)
 		}).
-		OrderExpr("id")
-	if limit > 0 {
-		q = q.Limit(int64(limit))
-	}
+		OrderExpr("id").
+		Limit(int64(limit))
 	if err := q.Scan(ctx); err != nil {
-		return nil, fmt.Errorf("bunstore: expired jobs: %w", err)
+		return nil, fmt.Errorf("bunstore: expired jobs: %w", aborted(err))
 	}
 	return jobs(rows), nil
 }
@@ -420,7 +455,7 @@ func (s *LeaseStore) AddEvents(ctx context.Context, evs []*lease.Event) (int, er
 	}
 	stored := 0
 	ids := make([]int64, len(evs))
-	err := s.db.inTx(ctx, func(ctx context.Context, tx bun.IDB) error {
+	err := s.inTx(ctx, func(ctx context.Context, tx bun.IDB) error {
 		stored = 0
 		clear(ids)
 		for i, e := range evs {
@@ -460,18 +495,19 @@ func (s *LeaseStore) AddEvents(ctx context.Context, evs []*lease.Event) (int, er
 }
 
 // ListEvents returns a job's events with ID > after in ID order, at most
-// limit of them (all, if limit is not positive).
+// limit of them. It returns lease.ErrInvalidArgument if limit < 1.
 func (s *LeaseStore) ListEvents(ctx context.Context, jobID string, after int64, limit int) ([]*lease.Event, error) {
+	if limit <= 0 {
+		return nil, errLimit("list events of "+jobID, limit)
+	}
 	var rows []eventRow
 	q := s.db.idb(ctx).NewSelect().Model(&rows).
 		Where("job_id = ?", jobID).
 		Where("id > ?", after).
-		OrderExpr("id")
-	if limit > 0 {
-		q = q.Limit(int64(limit))
-	}
+		OrderExpr("id").
+		Limit(int64(limit))
 	if err := q.Scan(ctx); err != nil {
-		return nil, fmt.Errorf("bunstore: list events of %s: %w", jobID, err)
+		return nil, fmt.Errorf("bunstore: list events of %s: %w", jobID, aborted(err))
 	}
 	out := make([]*lease.Event, len(rows))
 	for i := range rows {
@@ -514,7 +550,7 @@ func (s *LeaseStore) AddArtifact(ctx context.Context, a *lease.Artifact) error {
 		ReceiptID: a.ReceiptID,
 		CreatedAt: micros(a.CreatedAt),
 	}
-	err := s.db.write(ctx, func(ctx context.Context, idb bun.IDB) error {
+	err := s.write(ctx, func(ctx context.Context, idb bun.IDB) error {
 		return insertNew(ctx, idb.NewInsert().Model(r))
 	})
 	if err != nil {
@@ -524,8 +560,11 @@ func (s *LeaseStore) AddArtifact(ctx context.Context, a *lease.Artifact) error {
 }
 
 // ListArtifacts returns the artifacts matching f in ascending id order, at
-// most f.Limit of them (all, if f.Limit is not positive).
+// most f.Limit of them. It returns lease.ErrInvalidArgument if f.Limit < 1.
 func (s *LeaseStore) ListArtifacts(ctx context.Context, f lease.ArtifactFilter) ([]*lease.Artifact, error) {
+	if f.Limit <= 0 {
+		return nil, errLimit("list artifacts", f.Limit)
+	}
 	var rows []artifactRow
 	q := s.db.idb(ctx).NewSelect().Model(&rows)
 	if f.JobID != "" {
@@ -537,12 +576,9 @@ func (s *LeaseStore) ListArtifacts(ctx context.Context, f lease.ArtifactFilter) 
 	if f.After != "" {
 		q = q.Where("id > ?", f.After)
 	}
-	q = q.OrderExpr("id")
-	if f.Limit > 0 {
-		q = q.Limit(int64(f.Limit))
-	}
+	q = q.OrderExpr("id").Limit(int64(f.Limit))
 	if err := q.Scan(ctx); err != nil {
-		return nil, fmt.Errorf("bunstore: list artifacts: %w", err)
+		return nil, fmt.Errorf("bunstore: list artifacts: %w", aborted(err))
 	}
 	out := make([]*lease.Artifact, len(rows))
 	for i, r := range rows {
@@ -645,7 +681,7 @@ func (s *LeaseStore) PutWorker(ctx context.Context, w *lease.Worker) error {
 	}
 	// Without SET clauses bun updates every column from EXCLUDED. A clash
 	// on node_id with another worker is a unique violation.
-	err = s.db.write(ctx, func(ctx context.Context, idb bun.IDB) error {
+	err = s.write(ctx, func(ctx context.Context, idb bun.IDB) error {
 		_, err := idb.NewInsert().Model(r).On("CONFLICT (id) DO UPDATE").Exec(ctx)
 		return err
 	})
@@ -676,21 +712,21 @@ func (s *LeaseStore) worker(ctx context.Context, col, val string) (*lease.Worker
 		return nil, fmt.Errorf("bunstore: worker with %s %s: %w", col, val, lease.ErrNotFound)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("bunstore: get worker with %s %s: %w", col, val, err)
+		return nil, fmt.Errorf("bunstore: get worker with %s %s: %w", col, val, aborted(err))
 	}
 	return r.worker()
 }
 
 // ListWorkers returns workers with id > after in ascending id order, at
-// most limit of them (all, if limit is not positive).
+// most limit of them. It returns lease.ErrInvalidArgument if limit < 1.
 func (s *LeaseStore) ListWorkers(ctx context.Context, after string, limit int) ([]*lease.Worker, error) {
-	var rows []workerRow
-	q := s.db.idb(ctx).NewSelect().Model(&rows).Where("id > ?", after).OrderExpr("id")
-	if limit > 0 {
-		q = q.Limit(int64(limit))
+	if limit <= 0 {
+		return nil, errLimit("list workers", limit)
 	}
+	var rows []workerRow
+	q := s.db.idb(ctx).NewSelect().Model(&rows).Where("id > ?", after).OrderExpr("id").Limit(int64(limit))
 	if err := q.Scan(ctx); err != nil {
-		return nil, fmt.Errorf("bunstore: list workers: %w", err)
+		return nil, fmt.Errorf("bunstore: list workers: %w", aborted(err))
 	}
 	out := make([]*lease.Worker, len(rows))
 	for i := range rows {

@@ -140,7 +140,7 @@ func TestInTx(t *testing.T) {
 							t.Errorf("job %s exists = %v, want %v", id, got, tc.kept)
 						}
 					}
-					if evs, err := s.ListEvents(ctx, ids[0], 0, 0); err != nil || len(evs) != 0 {
+					if evs, err := s.ListEvents(ctx, ids[0], 0, 10); err != nil || len(evs) != 0 {
 						t.Errorf("events of %s = %v, %v; want none", ids[0], evs, err)
 					}
 				})

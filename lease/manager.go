@@ -329,10 +329,15 @@ func (m *Manager) Lease(ctx context.Context, req LeaseRequest) ([]Grant, error) 
 		Limit:     n,
 		Now:       now,
 	}
-	granted := 0
+	// A store that retries after a rollback calls grant again, for the
+	// same jobs or others. Taking the prepared leases round-robin keeps any
+	// n consecutive calls on distinct leases, so the attempt that commits,
+	// which claims at most n jobs, gets distinct ones whatever earlier,
+	// rolled-back attempts took; nothing they did is kept.
+	calls := 0
 	jobs, err := m.store.ClaimJobs(ctx, q, func(j *Job) {
-		l := leases[granted]
-		granted++
+		l := leases[calls%n]
+		calls++
 		l.JobID = j.ID
 		if j.Lease != nil {
 			l.Epoch = j.Lease.Epoch
@@ -354,16 +359,21 @@ func (m *Manager) Lease(ctx context.Context, req LeaseRequest) ([]Grant, error) 
 	if err != nil {
 		return nil, err
 	}
+	if len(jobs) > n {
+		return nil, fmt.Errorf("lease: store claimed %d jobs, more than the %d asked for", len(jobs), n)
+	}
 	grants := make([]Grant, len(jobs))
+	used := make([]bool, n)
 	for i, j := range jobs {
-		for k := range leases {
-			if leases[k].ID == j.Lease.ID {
-				grants[i] = Grant{Job: j, Token: tokens[k]}
-			}
+		k := -1
+		if j.Lease != nil {
+			k = slices.IndexFunc(leases, func(l Lease) bool { return l.ID == j.Lease.ID })
 		}
-		if grants[i].Token == "" {
+		if k < 0 || used[k] || j.Lease.JobID != j.ID || !tokenMatches(tokens[k], j.Lease.TokenHash) {
 			return nil, fmt.Errorf("lease: store returned job %s with a lease it was not granted", j.ID)
 		}
+		used[k] = true
+		grants[i] = Grant{Job: j, Token: tokens[k]}
 	}
 	return grants, nil
 }

@@ -2,6 +2,7 @@ package lease
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"sort"
 	"strings"
@@ -10,7 +11,9 @@ import (
 )
 
 // MemoryStore is a Store in memory, for tests and single-process use.
-// Every method runs under one mutex, so each is atomic.
+// Every method runs under one mutex, so each is atomic. A write whose
+// context is done stores nothing and returns the context's error, as a
+// database's would.
 type MemoryStore struct {
 	mu        sync.Mutex
 	jobs      map[string]*Job
@@ -38,9 +41,12 @@ func NewMemoryStore() *MemoryStore {
 }
 
 // CreateJob implements Store.
-func (s *MemoryStore) CreateJob(_ context.Context, j *Job) error {
+func (s *MemoryStore) CreateJob(ctx context.Context, j *Job) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	if _, ok := s.jobs[j.ID]; ok {
 		return ErrConflict
 	}
@@ -61,6 +67,9 @@ func (s *MemoryStore) GetJob(_ context.Context, id string) (*Job, error) {
 
 // ListJobs implements Store.
 func (s *MemoryStore) ListJobs(_ context.Context, f JobFilter) ([]*Job, error) {
+	if f.Limit <= 0 {
+		return nil, errLimit(f.Limit)
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var out []*Job
@@ -74,7 +83,7 @@ func (s *MemoryStore) ListJobs(_ context.Context, f JobFilter) ([]*Job, error) {
 		out = append(out, j)
 	}
 	sort.Slice(out, func(a, b int) bool { return out[a].ID < out[b].ID })
-	if f.Limit > 0 && len(out) > f.Limit {
+	if len(out) > f.Limit {
 		out = out[:f.Limit]
 	}
 	for i, j := range out {
@@ -84,9 +93,12 @@ func (s *MemoryStore) ListJobs(_ context.Context, f JobFilter) ([]*Job, error) {
 }
 
 // UpdateJob implements Store.
-func (s *MemoryStore) UpdateJob(_ context.Context, j *Job, rev int64) error {
+func (s *MemoryStore) UpdateJob(ctx context.Context, j *Job, rev int64) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	cur, ok := s.jobs[j.ID]
 	if !ok {
 		return ErrNotFound
@@ -99,7 +111,10 @@ func (s *MemoryStore) UpdateJob(_ context.Context, j *Job, rev int64) error {
 }
 
 // ClaimJobs implements Store.
-func (s *MemoryStore) ClaimJobs(_ context.Context, q ClaimQuery, grant func(*Job)) ([]*Job, error) {
+func (s *MemoryStore) ClaimJobs(ctx context.Context, q ClaimQuery, grant func(*Job)) ([]*Job, error) {
+	if q.Limit <= 0 {
+		return nil, errLimit(q.Limit)
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	active := 0
@@ -120,10 +135,16 @@ func (s *MemoryStore) ClaimJobs(_ context.Context, q ClaimQuery, grant func(*Job
 	cands = cands[:min(n, len(cands))]
 	out := make([]*Job, len(cands))
 	for i, c := range cands {
-		j := cloneJob(c)
-		grant(j)
+		out[i] = cloneJob(c)
+		grant(out[i])
+	}
+	// Nothing is stored until every grant is made, so that a claim whose
+	// context ended meanwhile, like a rolled-back transaction, leaves no trace.
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	for _, j := range out {
 		s.jobs[j.ID] = cloneJob(j)
-		out[i] = j
 	}
 	return out, nil
 }
@@ -140,6 +161,9 @@ func claimOrder(a, b *Job) bool {
 
 // ExpiredJobs implements Store.
 func (s *MemoryStore) ExpiredJobs(_ context.Context, now time.Time, limit int) ([]*Job, error) {
+	if limit <= 0 {
+		return nil, errLimit(limit)
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var out []*Job
@@ -159,9 +183,12 @@ func (s *MemoryStore) ExpiredJobs(_ context.Context, now time.Time, limit int) (
 }
 
 // AddEvents implements Store.
-func (s *MemoryStore) AddEvents(_ context.Context, evs []*Event) (int, error) {
+func (s *MemoryStore) AddEvents(ctx context.Context, evs []*Event) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
 	n := 0
 	for _, e := range evs {
 		if e.Kind == EventLog {
@@ -182,6 +209,9 @@ func (s *MemoryStore) AddEvents(_ context.Context, evs []*Event) (int, error) {
 
 // ListEvents implements Store.
 func (s *MemoryStore) ListEvents(_ context.Context, jobID string, after int64, limit int) ([]*Event, error) {
+	if limit <= 0 {
+		return nil, errLimit(limit)
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var out []*Event
@@ -199,9 +229,12 @@ func (s *MemoryStore) ListEvents(_ context.Context, jobID string, after int64, l
 }
 
 // AddArtifact implements Store.
-func (s *MemoryStore) AddArtifact(_ context.Context, a *Artifact) error {
+func (s *MemoryStore) AddArtifact(ctx context.Context, a *Artifact) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	if _, ok := s.artifacts[a.ID]; ok {
 		return ErrConflict
 	}
@@ -213,6 +246,9 @@ func (s *MemoryStore) AddArtifact(_ context.Context, a *Artifact) error {
 
 // ListArtifacts implements Store.
 func (s *MemoryStore) ListArtifacts(_ context.Context, f ArtifactFilter) ([]*Artifact, error) {
+	if f.Limit <= 0 {
+		return nil, errLimit(f.Limit)
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var out []*Artifact
@@ -225,16 +261,19 @@ func (s *MemoryStore) ListArtifacts(_ context.Context, f ArtifactFilter) ([]*Art
 		out = append(out, &c)
 	}
 	sort.Slice(out, func(i, k int) bool { return out[i].ID < out[k].ID })
-	if f.Limit > 0 && len(out) > f.Limit {
+	if len(out) > f.Limit {
 		out = out[:f.Limit]
 	}
 	return out, nil
 }
 
 // PutWorker implements Store.
-func (s *MemoryStore) PutWorker(_ context.Context, w *Worker) error {
+func (s *MemoryStore) PutWorker(ctx context.Context, w *Worker) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	for _, o := range s.workers {
 		if o.NodeID == w.NodeID && o.ID != w.ID {
 			return ErrConflict
@@ -269,6 +308,9 @@ func (s *MemoryStore) WorkerByNode(_ context.Context, nodeID string) (*Worker, e
 
 // ListWorkers implements Store.
 func (s *MemoryStore) ListWorkers(_ context.Context, after string, limit int) ([]*Worker, error) {
+	if limit <= 0 {
+		return nil, errLimit(limit)
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var out []*Worker
@@ -278,10 +320,14 @@ func (s *MemoryStore) ListWorkers(_ context.Context, after string, limit int) ([
 		}
 	}
 	sort.Slice(out, func(a, b int) bool { return out[a].ID < out[b].ID })
-	if limit > 0 && len(out) > limit {
+	if len(out) > limit {
 		out = out[:limit]
 	}
 	return out, nil
+}
+
+func errLimit(limit int) error {
+	return fmt.Errorf("%w: limit %d, want at least 1", ErrInvalidArgument, limit)
 }
 
 func cloneJob(j *Job) *Job {

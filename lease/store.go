@@ -25,6 +25,13 @@ var (
 	ErrInvalidArgument = errors.New("lease: invalid argument")
 	// ErrInvalidTransition matches every *TransitionError.
 	ErrInvalidTransition = errors.New("lease: invalid transition")
+	// ErrAborted: the database aborted the transaction the context
+	// carries (a deadlock, a serialization failure); nothing of it is
+	// kept, and the whole transaction must be retried, by whoever began
+	// it. Without a transaction in the context, it means the store's own
+	// transaction kept being aborted through its bounded retries. The
+	// Manager never retries it.
+	ErrAborted = errors.New("lease: transaction aborted")
 )
 
 // TransitionError reports a state change the state machine forbids, such
@@ -61,7 +68,7 @@ type ClaimQuery struct {
 	// MaxActive caps the worker's live leases (leased or running jobs whose
 	// lease is the worker's), counting those it already holds.
 	MaxActive int
-	// Limit caps how many jobs this claim takes.
+	// Limit caps how many jobs this claim takes; at least 1 (see Store).
 	Limit int
 	// Now: only jobs scheduled at or before Now are eligible.
 	Now time.Time
@@ -71,11 +78,15 @@ type ClaimQuery struct {
 type JobFilter struct {
 	State State
 	Type  string
-	// WorkerID selects live jobs whose lease is this worker's.
+	// WorkerID selects live jobs (leased or running) whose lease is this
+	// worker's. A job whose lease ended (queued again, or finished) is not
+	// selected, although its Lease still names the worker.
 	WorkerID string
-	// After is an exclusive lower bound on the job id (the paging cursor).
+	// After is an exclusive lower bound on the job id (the paging cursor),
+	// compared as bytes.
 	After string
-	// Limit caps the result; zero or negative means the Manager's default.
+	// Limit caps the result. Manager.List reads zero or negative as its
+	// default page size; a Store is always given at least 1 (see Store).
 	Limit int
 }
 
@@ -83,23 +94,78 @@ type JobFilter struct {
 type ArtifactFilter struct {
 	JobID string
 	Type  string
+	// After is an exclusive lower bound on the artifact id, compared as bytes.
 	After string
+	// Limit caps the result. Manager.Artifacts reads zero or negative as
+	// its default page size; a Store is always given at least 1.
 	Limit int
 }
 
 // Store keeps jobs, workers, events and artifacts. It makes no decisions:
-// the Manager decides every transition and the Store applies it
-// atomically. Every method takes the context first and, when the store
-// supports transactions, joins the one the context carries.
+// the Manager decides every transition and the Store applies it. The
+// MemoryStore here and bunstore's LeaseStore implement it; an adapter of
+// one's own must pass leasetest.Run, and keep this contract, which the
+// suite checks wherever a test can.
 //
-// Times handed to a Store are UTC and truncated to microseconds; a Store
-// must give them back exactly.
+// Transactions and isolation. Each method is atomic: it stores all of its
+// writes or, when it returns an error, none; a method whose context is done
+// before it commits returns an error and stores nothing. When the context
+// carries a transaction (how is the adapter's business: bunstore uses
+// bunstore.WithTx), every method joins it, sees the writes made in it
+// before, and leaves commit and rollback to whoever began it. READ
+// COMMITTED isolation, or anything stronger, is enough: the Manager never
+// relies on a read staying true, only on two guarantees.
+//   - UpdateJob is a compare-and-set on the revision: the check and the
+//     write are one step (UPDATE ... WHERE id = ? AND rev = ?, with the
+//     row count telling whether it wrote), so of two writers of one
+//     revision exactly one wins and the other gets ErrConflict.
+//   - ClaimJobs never gives one job to two claims, and serialises claims
+//     by one worker so that MaxActive holds: a SQL store locks the rows it
+//     claims and skips rows another claim holds (SELECT ... FOR UPDATE
+//     SKIP LOCKED; waiting for them and reading them again is correct
+//     too, only slower), and takes a lock per worker before it counts the
+//     worker's live leases.
+//
+// Ids. Job, worker, node, lease and artifact ids are compared and ordered
+// as bytes, as Go compares strings: case-sensitive, with no Unicode
+// folding or normalisation, trailing spaces significant, and any UTF-8
+// text without NUL is an id ("Job-A" and "job-a" are two jobs, and "JOB"
+// < "Job" < "job" < "jöb"). A SQL store gives its id columns a binary
+// collation that does not pad: COLLATE "C" on PostgreSQL; VARBINARY,
+// utf8mb4_0900_bin (MySQL 8) or utf8mb4_nopad_bin (MariaDB) on MySQL and
+// MariaDB, whose utf8mb4_bin ignores trailing spaces; SQLite's default,
+// BINARY, already is one.
+//
+// Payloads. Every json.RawMessage (Job.Payload, JobError.Payload,
+// Result.Metrics, Event.Payload, Artifact.Metadata, Worker.Metrics) comes
+// back byte for byte as it was given: not compacted, re-indented,
+// re-escaped, re-ordered or re-numbered. Store it as text or bytes, not in
+// a JSON type that re-encodes it (PostgreSQL jsonb, MySQL JSON). Times
+// handed to a Store are UTC and truncated to microseconds; a Store gives
+// them back exactly.
+//
+// Limits. Every limit (JobFilter.Limit, ArtifactFilter.Limit,
+// ClaimQuery.Limit and the limit arguments) caps how many records a call
+// returns or claims, and is at least 1: the Manager always passes one, and
+// a Store returns ErrInvalidArgument for a limit <= 0 rather than guess
+// whether it means none or all.
+//
+// Errors and retries. Besides the sentinels each method names, any method
+// may return ErrAborted when the database aborted its transaction (a
+// deadlock, a serialization failure: SQLSTATE 40P01 or 40001). When the
+// context carries no transaction, a Store may retry a method internally,
+// a bounded number of times, each time in a new transaction. Inside a
+// transaction the context carries it never retries, since that
+// transaction is lost and only the caller that began it can run it again:
+// it returns ErrAborted. The Manager retries only UpdateJob's ErrConflict,
+// never ErrAborted, which it passes up.
 type Store interface {
 	// CreateJob inserts a new job. ErrConflict if its id is taken.
 	CreateJob(ctx context.Context, j *Job) error
 	// GetJob returns the job with its current or last lease. ErrNotFound.
 	GetJob(ctx context.Context, id string) (*Job, error)
-	// ListJobs returns jobs matching f in ascending id order, at most f.Limit.
+	// ListJobs returns jobs matching f in ascending id order, at most
+	// f.Limit. ErrInvalidArgument if f.Limit <= 0.
 	ListJobs(ctx context.Context, f JobFilter) ([]*Job, error)
 	// UpdateJob replaces the stored job j.ID with j, only if the stored
 	// revision is rev (j.Rev holds the new one). ErrConflict if the
@@ -107,25 +173,35 @@ type Store interface {
 	UpdateJob(ctx context.Context, j *Job, rev int64) error
 	// ClaimJobs atomically picks up to min(q.Limit, q.MaxActive - live
 	// leases of q.WorkerID) queued jobs that match q, highest priority
-	// first, then oldest (created_at, then id); calls grant on each, which
-	// turns it into a leased job with a new revision; stores them and
-	// returns them in that order. No job is returned by two claims, and two
-	// claims by the same worker are serialised so that MaxActive holds.
+	// first, then oldest (created_at, then id as bytes); calls grant on
+	// each, which turns it into a leased job with a new revision; stores
+	// them and returns them in that order. No job is returned by two
+	// claims, and two claims by the same worker are serialised so that
+	// MaxActive holds. ErrInvalidArgument if q.Limit <= 0.
+	//
+	// grant may be called again after the attempt that called it was
+	// rolled back: a Store that retries (see above) calls it on each job as
+	// read in the new attempt, never on a job a failed attempt already
+	// changed, and stores and returns only the jobs of the attempt that
+	// commits. grant is not safe for concurrent use.
 	ClaimJobs(ctx context.Context, q ClaimQuery, grant func(*Job)) ([]*Job, error)
 	// ExpiredJobs returns up to limit live jobs whose lease expired at or
-	// before now, or that are still leased at or after their AcceptBy.
+	// before now, or that are still leased at or after their AcceptBy, in
+	// ascending id order. ErrInvalidArgument if limit <= 0.
 	ExpiredJobs(ctx context.Context, now time.Time, limit int) ([]*Job, error)
 
 	// AddEvents stores events in order and sets their IDs. A log event whose
 	// (JobID, Seq) is already stored, or repeats one earlier in evs, is
 	// skipped and its ID left zero. It returns how many were stored.
 	AddEvents(ctx context.Context, evs []*Event) (int, error)
-	// ListEvents returns a job's events with ID > after, in ID order.
+	// ListEvents returns up to limit of a job's events with ID > after, in
+	// ID order. ErrInvalidArgument if limit <= 0.
 	ListEvents(ctx context.Context, jobID string, after int64, limit int) ([]*Event, error)
 
 	// AddArtifact stores an artifact. ErrConflict if its id is taken.
 	AddArtifact(ctx context.Context, a *Artifact) error
-	// ListArtifacts returns artifacts matching f in ascending id order.
+	// ListArtifacts returns artifacts matching f in ascending id order, at
+	// most f.Limit. ErrInvalidArgument if f.Limit <= 0.
 	ListArtifacts(ctx context.Context, f ArtifactFilter) ([]*Artifact, error)
 
 	// PutWorker inserts or replaces the worker w.ID. ErrConflict if another
@@ -135,6 +211,7 @@ type Store interface {
 	GetWorker(ctx context.Context, id string) (*Worker, error)
 	// WorkerByNode returns the worker registered under nodeID. ErrNotFound.
 	WorkerByNode(ctx context.Context, nodeID string) (*Worker, error)
-	// ListWorkers returns workers with id > after in ascending id order.
+	// ListWorkers returns up to limit workers with id > after in ascending
+	// id order. ErrInvalidArgument if limit <= 0.
 	ListWorkers(ctx context.Context, after string, limit int) ([]*Worker, error)
 }

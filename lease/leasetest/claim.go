@@ -1,7 +1,9 @@
 package leasetest
 
 import (
+	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
@@ -17,6 +19,7 @@ var claimTests = []test{
 	{"Matching", testMatching},
 	{"Governor", testGovernor},
 	{"AllowHook", testAllowHook},
+	{"RetriedClaim", testRetriedClaim},
 }
 
 func testOrdering(t *testing.T, f *fixture) {
@@ -208,5 +211,156 @@ func testAllowHook(t *testing.T, f *fixture) {
 	gs, err = f.m.Lease(f.ctx, lease.LeaseRequest{WorkerID: w.ID, MaxJobs: 5, Allow: func(string) bool { return true }})
 	if err != nil || len(gs) != 1 || gs[0].Job.ID != blocked.ID {
 		t.Fatalf("lease with everything allowed = %v, %v", gs, err)
+	}
+}
+
+// retryingStore wraps the store under test so that each ClaimJobs fails
+// once after grant was called, then claims again for real, as a store
+// does that retries after the database aborted its transaction (a
+// deadlock on InnoDB, a serialization failure). The failed attempt ends
+// with its context, which the store under test must not commit.
+type retryingStore struct {
+	lease.Store
+	t *testing.T
+
+	mu sync.Mutex
+	// between, when set, runs once between a failed attempt and its retry.
+	between func()
+	// granted counts the grants of failed attempts.
+	granted int
+}
+
+var errAttempt = errors.New("leasetest: the claim attempt failed after grant")
+
+func (s *retryingStore) ClaimJobs(ctx context.Context, q lease.ClaimQuery, grant func(*lease.Job)) ([]*lease.Job, error) {
+	actx, cancel := context.WithCancelCause(ctx)
+	called := 0
+	js, err := s.Store.ClaimJobs(actx, q, func(j *lease.Job) {
+		grant(j)
+		called++
+		cancel(errAttempt)
+	})
+	cancel(nil)
+	if called > 0 && err == nil {
+		s.t.Errorf("ClaimJobs claimed %d jobs although its context ended after grant; "+
+			"a claim whose context is done must store nothing", len(js))
+	}
+	s.mu.Lock()
+	s.granted += called
+	between := s.between
+	s.between = nil
+	s.mu.Unlock()
+	if between != nil {
+		between()
+	}
+	return s.Store.ClaimJobs(ctx, q, grant)
+}
+
+func (s *retryingStore) failedGrants() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.granted
+}
+
+// A store that retries a claim calls grant again, for the same jobs or
+// others; the lease still completes with one fresh lease per job, and
+// nothing of the failed attempt is kept.
+func testRetriedClaim(t *testing.T, f *fixture) {
+	rs := &retryingStore{t: t}
+	newStore := f.newStore
+	f = newFixture(t, func(t *testing.T) lease.Store {
+		rs.Store = newStore(t)
+		return rs
+	})
+	w := f.worker("w", nil, []string{"status_check"}, lease.Governor{MaxJobs: 10})
+	// check leases n jobs and checks that they are want, each under a
+	// lease of its own, as stored, and that the rest are untouched.
+	check := func(n int, want []*lease.Job, untouched ...*lease.Job) []lease.Ref {
+		t.Helper()
+		before := rs.failedGrants()
+		gs := f.lease(w, n)
+		if rs.failedGrants() == before {
+			t.Fatalf("lease of %d: the failed attempt called no grant", n)
+		}
+		var got, wantIDs []string
+		for _, g := range gs {
+			got = append(got, g.Job.ID)
+		}
+		for _, j := range want {
+			wantIDs = append(wantIDs, j.ID)
+		}
+		if d := cmp.Diff(wantIDs, got); d != "" {
+			t.Fatalf("lease of %d after a failed attempt (-want +got):\n%s", n, d)
+		}
+		var refs []lease.Ref
+		seen := map[string]bool{}
+		for _, g := range gs {
+			l := g.Job.Lease
+			if l.Epoch != 1 || l.JobID != g.Job.ID || l.WorkerID != w.ID || g.Job.Rev != 2 {
+				t.Fatalf("job %s: epoch %d, lease of %s for %s, rev %d; want epoch 1 and rev 2 of one lease",
+					g.Job.ID, l.Epoch, l.JobID, l.WorkerID, g.Job.Rev)
+			}
+			if seen[g.Token] || seen[l.ID] {
+				t.Fatalf("job %s repeats a token or lease id of another grant", g.Job.ID)
+			}
+			seen[g.Token], seen[l.ID] = true, true
+			f.same(g.Job)
+			refs = append(refs, lease.Ref{JobID: g.Job.ID, WorkerID: w.ID, Token: g.Token})
+		}
+		for _, j := range untouched {
+			f.same(j)
+		}
+		return refs
+	}
+	finish := func(refs []lease.Ref) {
+		t.Helper()
+		for _, ref := range refs {
+			f.accept(ref)
+			f.complete(ref, lease.Result{})
+		}
+	}
+
+	// One job, the case that crashed the Manager.
+	a := f.enqueue("status_check")
+	finish(check(1, []*lease.Job{a}))
+
+	// The retry takes the same jobs.
+	b := f.enqueue("status_check", func(nj *lease.NewJob) { nj.Priority = 2 })
+	c := f.enqueue("status_check", func(nj *lease.NewJob) { nj.Priority = 1 })
+	d := f.enqueue("status_check")
+	finish(check(2, []*lease.Job{b, c}, d))
+
+	// The retry takes others: a job enqueued meanwhile goes first.
+	e := f.enqueue("status_check")
+	var x *lease.Job
+	rs.mu.Lock()
+	rs.between = func() { x = f.enqueue("status_check", func(nj *lease.NewJob) { nj.Priority = 9 }) }
+	rs.mu.Unlock()
+	gs := f.lease(w, 2)
+	if len(gs) != 2 || x == nil || gs[0].Job.ID != x.ID || gs[1].Job.ID != d.ID {
+		t.Fatalf("lease after a failed attempt granted %v, want the job enqueued meanwhile, then %s", gs, d.ID)
+	}
+	if gs[0].Token == gs[1].Token || gs[0].Job.Lease.ID == gs[1].Job.Lease.ID {
+		t.Fatal("two grants share a token or lease id")
+	}
+	for _, g := range gs {
+		f.same(g.Job)
+	}
+	f.same(e)
+	// Each token is its own job's, and no other's.
+	refs := []lease.Ref{
+		{JobID: gs[0].Job.ID, WorkerID: w.ID, Token: gs[0].Token},
+		{JobID: gs[1].Job.ID, WorkerID: w.ID, Token: gs[1].Token},
+	}
+	for i, ref := range refs {
+		crossed := refs[1-i]
+		crossed.Token = ref.Token
+		_, err := f.m.Accept(f.ctx, crossed)
+		wantErr(t, "accept with the other grant's token", err, lease.ErrLeaseLost)
+	}
+	finish(refs)
+	finish(check(5, []*lease.Job{e}))
+	if left := f.list(lease.JobFilter{State: lease.StateQueued}); len(left) != 0 {
+		t.Fatalf("%d jobs left queued", len(left))
 	}
 }

@@ -16,7 +16,14 @@
 // moves the state machine refuses), expiry.go (TTL, accept deadline,
 // retries, Touch), fencing.go (stale tokens), cancel.go, events.go (logs,
 // status and artifacts), records.go (what the store keeps and the errors
-// it gives) and concurrency.go.
+// it gives: ids as bytes, JSON byte for byte, the worker filter, limits)
+// and concurrency.go. claim.go also runs a claim that the store retries
+// after a rolled-back attempt called grant.
+//
+// The suite's own test, wrong_test.go, runs it on stores that are wrong in
+// one way each (case-insensitive or locale-ordered ids, re-encoded JSON, a
+// worker filter that keeps finished jobs, a limit <= 0 accepted) and
+// checks that the suite fails each, in the test that names the mistake.
 package leasetest
 
 import (
@@ -241,6 +248,23 @@ func (f *fixture) same(want *lease.Job) {
 	}
 	if want.Rev != got.Rev {
 		f.t.Fatalf("stored rev = %d, written %d", got.Rev, want.Rev)
+	}
+}
+
+// list returns every job matching jf, paging through Manager.List.
+func (f *fixture) list(jf lease.JobFilter) []*lease.Job {
+	f.t.Helper()
+	var out []*lease.Job
+	for {
+		page, next, err := f.m.List(f.ctx, jf)
+		if err != nil {
+			f.t.Fatalf("List(%+v): %v", jf, err)
+		}
+		out = append(out, page...)
+		if next == "" {
+			return out
+		}
+		jf.After = next
 	}
 }
 

@@ -1,0 +1,281 @@
+package leasetest_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"os/exec"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nodelane/nodelane/lease"
+	"github.com/nodelane/nodelane/lease/leasetest"
+)
+
+// The suite is only as good as the wrong stores it refuses. Each variant
+// below is a MemoryStore with one mistake a real adapter made; the suite,
+// run on it in a child process, must fail, and fail in the subtest that
+// names the mistake. The last variant is right, though it looks odd: it
+// retries its claims, and must pass.
+
+// wrongStoreEnv names, in the child process, the variant to run the suite on.
+const wrongStoreEnv = "LEASETEST_WRONG_STORE"
+
+// all is a limit that takes every record a MemoryStore holds.
+const all = 1 << 30
+
+type variant struct {
+	name     string
+	newStore func() lease.Store
+	// failing is the subtest of TestWrongStores that must fail, or "" if
+	// the suite must pass.
+	failing string
+}
+
+var variants = []variant{
+	{"case-insensitive ids", func() lease.Store { return newFoldingStore(true) }, "Records/IDs"},
+	{"ids in locale order", func() lease.Store { return newFoldingStore(false) }, "Records/IDs"},
+	{"re-encoded payloads", func() lease.Store { return reencodingStore{lease.NewMemoryStore()} }, "Records/Payloads"},
+	{"worker filter keeps finished jobs", func() lease.Store { return lastLeaseStore{lease.NewMemoryStore()} }, "Records/WorkerFilter"},
+	{"limit <= 0 accepted", func() lease.Store { return unlimitedStore{lease.NewMemoryStore()} }, "Records/Limits"},
+	{"grant called then rolled back", func() lease.Store { return retryingStore{lease.NewMemoryStore()} }, ""},
+}
+
+// TestWrongStores runs the suite on each variant in a child process (the
+// test binary again, with wrongStoreEnv set) and checks how it ended.
+func TestWrongStores(t *testing.T) {
+	if name := os.Getenv(wrongStoreEnv); name != "" {
+		i := slices.IndexFunc(variants, func(v variant) bool { return v.name == name })
+		if i < 0 {
+			t.Fatalf("no variant %q", name)
+		}
+		leasetest.Run(t, func(*testing.T) lease.Store { return variants[i].newStore() })
+		return
+	}
+	for _, v := range variants {
+		t.Run(v.name, func(t *testing.T) {
+			t.Parallel()
+			cmd := exec.Command(os.Args[0], "-test.run=^TestWrongStores$", "-test.count=1", "-test.timeout=5m")
+			cmd.Env = append(os.Environ(), wrongStoreEnv+"="+v.name)
+			out, err := cmd.CombinedOutput()
+			var exit *exec.ExitError
+			if err != nil && !errors.As(err, &exit) {
+				t.Fatalf("running the suite on %q: %v", v.name, err)
+			}
+			if strings.Contains(string(out), "panic:") {
+				t.Fatalf("the suite panicked on %q:\n%s", v.name, out)
+			}
+			if v.failing == "" {
+				if err != nil {
+					t.Fatalf("the suite refused %q, a right store (%v):\n%s", v.name, err, out)
+				}
+				if !strings.Contains(string(out), "PASS") {
+					t.Fatalf("the suite on %q did not say PASS:\n%s", v.name, out)
+				}
+				return
+			}
+			if err == nil || exit.ExitCode() == 0 {
+				t.Fatalf("the suite passed %q, a wrong store:\n%s", v.name, out)
+			}
+			if want := "--- FAIL: TestWrongStores/" + v.failing + " ("; !strings.Contains(string(out), want) {
+				t.Fatalf("the suite refused %q, but not in %s:\n%s", v.name, v.failing, out)
+			}
+		})
+	}
+}
+
+// foldingStore orders job ids by their lowercase form, as a column with a
+// linguistic collation does. Folded, it also compares them so, as a
+// case-insensitive collation (MySQL's utf8mb4_general_ci) does: Job-A and
+// job-a are one job. Unfolded, ids equal but for case are two jobs, as in
+// PostgreSQL's en_US.UTF-8, but still out of byte order.
+type foldingStore struct {
+	*lease.MemoryStore
+	folded bool
+	mu     sync.Mutex
+	known  map[string]string // folded id -> stored id, when folded
+}
+
+func newFoldingStore(folded bool) *foldingStore {
+	return &foldingStore{MemoryStore: lease.NewMemoryStore(), folded: folded, known: map[string]string{}}
+}
+
+func fold(id string) string { return strings.ToLower(id) }
+
+// compare orders ids by their folded form, then, unless folded, as bytes.
+func (s *foldingStore) compare(a, b string) int {
+	if c := strings.Compare(fold(a), fold(b)); c != 0 || s.folded {
+		return c
+	}
+	return strings.Compare(a, b)
+}
+
+func (s *foldingStore) CreateJob(ctx context.Context, j *lease.Job) error {
+	if !s.folded {
+		return s.MemoryStore.CreateJob(ctx, j)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.known[fold(j.ID)]; ok {
+		return lease.ErrConflict
+	}
+	if err := s.MemoryStore.CreateJob(ctx, j); err != nil {
+		return err
+	}
+	s.known[fold(j.ID)] = j.ID
+	return nil
+}
+
+func (s *foldingStore) stored(id string) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if sid, ok := s.known[fold(id)]; ok {
+		return sid
+	}
+	return id
+}
+
+func (s *foldingStore) GetJob(ctx context.Context, id string) (*lease.Job, error) {
+	return s.MemoryStore.GetJob(ctx, s.stored(id))
+}
+
+func (s *foldingStore) ListJobs(ctx context.Context, f lease.JobFilter) ([]*lease.Job, error) {
+	if f.Limit <= 0 {
+		return nil, lease.ErrInvalidArgument
+	}
+	after, limit := f.After, f.Limit
+	f.After, f.Limit = "", all
+	js, err := s.MemoryStore.ListJobs(ctx, f)
+	if err != nil {
+		return nil, err
+	}
+	js = slices.DeleteFunc(js, func(j *lease.Job) bool { return s.compare(j.ID, after) <= 0 })
+	slices.SortStableFunc(js, func(a, b *lease.Job) int { return s.compare(a.ID, b.ID) })
+	return js[:min(limit, len(js))], nil
+}
+
+// reencodingStore keeps a job's JSON as a JSON column does, decoded and
+// encoded again: compact, keys sorted, duplicates dropped, HTML escaped.
+type reencodingStore struct{ *lease.MemoryStore }
+
+func reencode(raw json.RawMessage) json.RawMessage {
+	if raw == nil {
+		return nil
+	}
+	var v any
+	if err := json.Unmarshal(raw, &v); err != nil {
+		return raw
+	}
+	out, err := json.Marshal(v)
+	if err != nil {
+		return raw
+	}
+	return out
+}
+
+func reencodeJob(j *lease.Job) *lease.Job {
+	c := *j
+	c.Payload = reencode(j.Payload)
+	if j.LastError != nil {
+		e := *j.LastError
+		e.Payload = reencode(e.Payload)
+		c.LastError = &e
+	}
+	if j.Result != nil {
+		r := *j.Result
+		r.Metrics = reencode(r.Metrics)
+		c.Result = &r
+	}
+	return &c
+}
+
+func (s reencodingStore) CreateJob(ctx context.Context, j *lease.Job) error {
+	return s.MemoryStore.CreateJob(ctx, reencodeJob(j))
+}
+
+func (s reencodingStore) UpdateJob(ctx context.Context, j *lease.Job, rev int64) error {
+	return s.MemoryStore.UpdateJob(ctx, reencodeJob(j), rev)
+}
+
+// lastLeaseStore filters by worker on the job's last lease, whatever the
+// job's state: WHERE lease_worker_id = ?, without the state.
+type lastLeaseStore struct{ *lease.MemoryStore }
+
+func (s lastLeaseStore) ListJobs(ctx context.Context, f lease.JobFilter) ([]*lease.Job, error) {
+	if f.WorkerID == "" || f.Limit <= 0 {
+		return s.MemoryStore.ListJobs(ctx, f)
+	}
+	worker, limit := f.WorkerID, f.Limit
+	f.WorkerID, f.Limit = "", all
+	js, err := s.MemoryStore.ListJobs(ctx, f)
+	if err != nil {
+		return nil, err
+	}
+	js = slices.DeleteFunc(js, func(j *lease.Job) bool { return j.Lease == nil || j.Lease.WorkerID != worker })
+	return js[:min(limit, len(js))], nil
+}
+
+// unlimitedStore reads a limit <= 0 as "no limit", and claims nothing
+// with one.
+type unlimitedStore struct{ *lease.MemoryStore }
+
+func unlimited(limit int) int {
+	if limit <= 0 {
+		return all
+	}
+	return limit
+}
+
+func (s unlimitedStore) ListJobs(ctx context.Context, f lease.JobFilter) ([]*lease.Job, error) {
+	f.Limit = unlimited(f.Limit)
+	return s.MemoryStore.ListJobs(ctx, f)
+}
+
+func (s unlimitedStore) ExpiredJobs(ctx context.Context, now time.Time, limit int) ([]*lease.Job, error) {
+	return s.MemoryStore.ExpiredJobs(ctx, now, unlimited(limit))
+}
+
+func (s unlimitedStore) ListEvents(ctx context.Context, jobID string, after int64, limit int) ([]*lease.Event, error) {
+	return s.MemoryStore.ListEvents(ctx, jobID, after, unlimited(limit))
+}
+
+func (s unlimitedStore) ListArtifacts(ctx context.Context, f lease.ArtifactFilter) ([]*lease.Artifact, error) {
+	f.Limit = unlimited(f.Limit)
+	return s.MemoryStore.ListArtifacts(ctx, f)
+}
+
+func (s unlimitedStore) ListWorkers(ctx context.Context, after string, limit int) ([]*lease.Worker, error) {
+	return s.MemoryStore.ListWorkers(ctx, after, unlimited(limit))
+}
+
+func (s unlimitedStore) ClaimJobs(ctx context.Context, q lease.ClaimQuery, grant func(*lease.Job)) ([]*lease.Job, error) {
+	if q.Limit <= 0 {
+		return nil, nil
+	}
+	return s.MemoryStore.ClaimJobs(ctx, q, grant)
+}
+
+// retryingStore claims as a store does that retries after the database
+// aborted its transaction (a deadlock on InnoDB): a first attempt calls
+// grant on the queued jobs it read, then is rolled back (here: its jobs
+// are dropped, unstored), and a second attempt claims for real. That is
+// allowed, and the suite must pass it.
+type retryingStore struct{ *lease.MemoryStore }
+
+func (s retryingStore) ClaimJobs(ctx context.Context, q lease.ClaimQuery, grant func(*lease.Job)) ([]*lease.Job, error) {
+	if q.Limit <= 0 {
+		return nil, lease.ErrInvalidArgument
+	}
+	queued, err := s.MemoryStore.ListJobs(ctx, lease.JobFilter{State: lease.StateQueued, Limit: q.Limit})
+	if err != nil {
+		return nil, err
+	}
+	for _, j := range queued {
+		grant(j) // and the attempt is rolled back: j is never stored
+	}
+	return s.MemoryStore.ClaimJobs(ctx, q, grant)
+}

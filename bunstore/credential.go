@@ -12,7 +12,11 @@ import (
 )
 
 // CredentialStore is the credential.Store of a DB. Every method joins the
-// transaction its context carries (see DB.InTx and WithTx).
+// transaction its context carries (see DB.InTx and WithTx). When
+// PostgreSQL aborts a transaction (a serialization failure or a deadlock),
+// a method returns an error that matches credential.ErrAborted; a write
+// whose context carries no transaction first runs again, up to three
+// times in all.
 //
 // Its rows hold what a credential.Credential holds and nothing more: the
 // id, the keyed digest of the secret, the scopes, the principal, the times
@@ -169,11 +173,13 @@ func splitScopes(s string) []credential.Scope {
 // CreatePrincipal inserts p. It returns credential.ErrConflict if the id
 // is taken.
 func (s *CredentialStore) CreatePrincipal(ctx context.Context, p *credential.Principal) error {
-	err := s.db.write(ctx, func(ctx context.Context, idb bun.IDB) error {
-		return insertCredentialRow(ctx, idb.NewInsert().Model(newPrincipalRow(p)))
+	err := s.db.retryOwnTx(ctx, func() error {
+		return s.db.write(ctx, func(ctx context.Context, idb bun.IDB) error {
+			return insertCredentialRow(ctx, idb.NewInsert().Model(newPrincipalRow(p)))
+		})
 	})
 	if err != nil {
-		return fmt.Errorf("bunstore: create principal %s: %w", p.ID, err)
+		return fmt.Errorf("bunstore: create principal %s: %w", p.ID, markAborted(err, credential.ErrAborted))
 	}
 	return nil
 }
@@ -187,7 +193,7 @@ func (s *CredentialStore) GetPrincipal(ctx context.Context, id string) (*credent
 		return nil, fmt.Errorf("bunstore: principal %s: %w", id, credential.ErrNotFound)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("bunstore: get principal %s: %w", id, err)
+		return nil, fmt.Errorf("bunstore: get principal %s: %w", id, markAborted(err, credential.ErrAborted))
 	}
 	return r.principal(), nil
 }
@@ -198,11 +204,13 @@ func (s *CredentialStore) GetPrincipal(ctx context.Context, id string) (*credent
 func (s *CredentialStore) UpdatePrincipal(ctx context.Context, p *credential.Principal, rev int64) error {
 	// One conditional UPDATE; the existence check after a miss only
 	// chooses the error (principals are never deleted).
-	err := s.db.write(ctx, func(ctx context.Context, idb bun.IDB) error {
-		return updateCredentialRow(ctx, idb, newPrincipalRow(p), (*principalRow)(nil), p.ID, rev)
+	err := s.db.retryOwnTx(ctx, func() error {
+		return s.db.write(ctx, func(ctx context.Context, idb bun.IDB) error {
+			return updateCredentialRow(ctx, idb, newPrincipalRow(p), (*principalRow)(nil), p.ID, rev)
+		})
 	})
 	if err != nil {
-		return fmt.Errorf("bunstore: update principal %s: %w", p.ID, err)
+		return fmt.Errorf("bunstore: update principal %s: %w", p.ID, markAborted(err, credential.ErrAborted))
 	}
 	return nil
 }
@@ -213,12 +221,14 @@ func (s *CredentialStore) UpdatePrincipal(ctx context.Context, p *credential.Pri
 func (s *CredentialStore) CreateCredential(ctx context.Context, c *credential.Credential) error {
 	r, err := newCredentialRow(c)
 	if err == nil {
-		err = s.db.write(ctx, func(ctx context.Context, idb bun.IDB) error {
-			return insertCredentialRow(ctx, idb.NewInsert().Model(r))
+		err = s.db.retryOwnTx(ctx, func() error {
+			return s.db.write(ctx, func(ctx context.Context, idb bun.IDB) error {
+				return insertCredentialRow(ctx, idb.NewInsert().Model(r))
+			})
 		})
 	}
 	if err != nil {
-		return fmt.Errorf("bunstore: create credential %s: %w", c.ID, err)
+		return fmt.Errorf("bunstore: create credential %s: %w", c.ID, markAborted(err, credential.ErrAborted))
 	}
 	return nil
 }
@@ -232,7 +242,7 @@ func (s *CredentialStore) GetCredential(ctx context.Context, id string) (*creden
 		return nil, fmt.Errorf("bunstore: credential %s: %w", id, credential.ErrNotFound)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("bunstore: get credential %s: %w", id, err)
+		return nil, fmt.Errorf("bunstore: get credential %s: %w", id, markAborted(err, credential.ErrAborted))
 	}
 	return r.credential(), nil
 }
@@ -244,12 +254,14 @@ func (s *CredentialStore) GetCredential(ctx context.Context, id string) (*creden
 func (s *CredentialStore) UpdateCredential(ctx context.Context, c *credential.Credential, rev int64) error {
 	r, err := newCredentialRow(c)
 	if err == nil {
-		err = s.db.write(ctx, func(ctx context.Context, idb bun.IDB) error {
-			return updateCredentialRow(ctx, idb, r, (*credentialRow)(nil), c.ID, rev)
+		err = s.db.retryOwnTx(ctx, func() error {
+			return s.db.write(ctx, func(ctx context.Context, idb bun.IDB) error {
+				return updateCredentialRow(ctx, idb, r, (*credentialRow)(nil), c.ID, rev)
+			})
 		})
 	}
 	if err != nil {
-		return fmt.Errorf("bunstore: update credential %s: %w", c.ID, err)
+		return fmt.Errorf("bunstore: update credential %s: %w", c.ID, markAborted(err, credential.ErrAborted))
 	}
 	return nil
 }
@@ -260,7 +272,7 @@ func (s *CredentialStore) ListCredentials(ctx context.Context, principalID strin
 	var rows []credentialRow
 	err := s.db.idb(ctx).NewSelect().Model(&rows).Where("principal_id = ?", principalID).OrderExpr("id").Scan(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("bunstore: list credentials of %s: %w", principalID, err)
+		return nil, fmt.Errorf("bunstore: list credentials of %s: %w", principalID, markAborted(err, credential.ErrAborted))
 	}
 	out := make([]*credential.Credential, len(rows))
 	for i := range rows {

@@ -10,7 +10,11 @@ import (
 )
 
 // EnvelopeStore is the envelope.Store of a DB. Every method joins the
-// transaction its context carries (see DB.InTx and WithTx).
+// transaction its context carries (see DB.InTx and WithTx). When
+// PostgreSQL aborts a transaction (a serialization failure or a deadlock),
+// a method returns an error that matches envelope.ErrAborted; Apply, when
+// its context carries no transaction, first runs again, up to three times
+// in all.
 type EnvelopeStore struct {
 	db *DB
 }
@@ -68,7 +72,7 @@ func (s *EnvelopeStore) State(ctx context.Context) (envelope.State, error) {
 		return envelope.InitialState(), nil
 	}
 	if err != nil {
-		return envelope.State{}, fmt.Errorf("bunstore: envelope state: %w", err)
+		return envelope.State{}, fmt.Errorf("bunstore: envelope state: %w", markAborted(err, envelope.ErrAborted))
 	}
 	return envelope.State{
 		Version:   r.Version,
@@ -106,7 +110,15 @@ func (s *EnvelopeStore) Apply(ctx context.Context, prev int64, next envelope.Sta
 		Deadline:  microsPtr(rec.Until),
 		ChangedAt: micros(rec.At),
 	}
-	err := s.db.inTx(ctx, func(ctx context.Context, tx bun.IDB) error {
+	err := s.db.retryOwnTx(ctx, func() error { return s.apply(ctx, prev, row, hist) })
+	if err != nil {
+		return fmt.Errorf("bunstore: apply envelope version %d at version %d: %w", next.Version, prev, markAborted(err, envelope.ErrAborted))
+	}
+	return nil
+}
+
+func (s *EnvelopeStore) apply(ctx context.Context, prev int64, row *envelopeStateRow, hist *envelopeRecordRow) error {
+	return s.db.inTx(ctx, func(ctx context.Context, tx bun.IDB) error {
 		res, err := tx.NewUpdate().Model(row).WherePK().Where("version = ?", prev).Exec(ctx)
 		if err != nil {
 			return err
@@ -132,22 +144,19 @@ func (s *EnvelopeStore) Apply(ctx context.Context, prev int64, next envelope.Sta
 		_, err = tx.NewInsert().Model(hist).Exec(ctx)
 		return err
 	})
-	if err != nil {
-		return fmt.Errorf("bunstore: apply envelope version %d at version %d: %w", next.Version, prev, err)
-	}
-	return nil
 }
 
 // History returns the records with a version above after in ascending
-// version order, at most limit of them (all, if limit is not positive).
+// version order, at most limit of them. It returns
+// envelope.ErrInvalidArgument if limit is not positive.
 func (s *EnvelopeStore) History(ctx context.Context, after int64, limit int) ([]envelope.Record, error) {
-	var rows []envelopeRecordRow
-	q := s.db.idb(ctx).NewSelect().Model(&rows).Where("version > ?", after).OrderExpr("version")
-	if limit > 0 {
-		q = q.Limit(int64(limit))
+	if limit <= 0 {
+		return nil, fmt.Errorf("bunstore: envelope history: %w: limit %d is not positive", envelope.ErrInvalidArgument, limit)
 	}
+	var rows []envelopeRecordRow
+	q := s.db.idb(ctx).NewSelect().Model(&rows).Where("version > ?", after).OrderExpr("version").Limit(int64(limit))
 	if err := q.Scan(ctx); err != nil {
-		return nil, fmt.Errorf("bunstore: envelope history: %w", err)
+		return nil, fmt.Errorf("bunstore: envelope history: %w", markAborted(err, envelope.ErrAborted))
 	}
 	out := make([]envelope.Record, len(rows))
 	for i := range rows {

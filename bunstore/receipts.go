@@ -22,6 +22,11 @@ import (
 // SQLite the write transaction (BEGIN IMMEDIATE), which admits one writer
 // at a time anyway. Call it, through receipts.Sequencer, with a context
 // that carries no transaction, so that its commit is its own.
+//
+// When PostgreSQL aborts a transaction (a serialization failure or a
+// deadlock), a method returns an error that matches receipts.ErrAborted; a
+// write whose context carries no transaction (Sequence included, which
+// then calls integrate again) first runs again, up to three times in all.
 type ReceiptsStore struct {
 	db *DB
 }
@@ -94,20 +99,22 @@ func (s *ReceiptsStore) AddReceipt(ctx context.Context, st *receipts.Stored) err
 		return fmt.Errorf("bunstore: add receipt %s: %w: it has an index already", st.ID, receipts.ErrInvalidArgument)
 	}
 	r := &receiptRow{ID: st.ID, Kind: string(st.Kind), Body: st.Body}
-	err := s.db.write(ctx, func(ctx context.Context, idb bun.IDB) error {
-		// ON CONFLICT DO NOTHING rather than a unique violation, which
-		// would abort a PostgreSQL transaction the caller may go on with.
-		res, err := idb.NewInsert().Model(r).ExcludeColumn("seq").On("CONFLICT (id) DO NOTHING").Exec(ctx)
-		if err != nil {
-			return err
-		}
-		if n, err := res.RowsAffected(); err != nil || n == 0 {
-			return firstErr(err, receipts.ErrConflict)
-		}
-		return nil
+	err := s.db.retryOwnTx(ctx, func() error {
+		return s.db.write(ctx, func(ctx context.Context, idb bun.IDB) error {
+			// ON CONFLICT DO NOTHING rather than a unique violation, which
+			// would abort a PostgreSQL transaction the caller may go on with.
+			res, err := idb.NewInsert().Model(r).ExcludeColumn("seq").On("CONFLICT (id) DO NOTHING").Exec(ctx)
+			if err != nil {
+				return err
+			}
+			if n, err := res.RowsAffected(); err != nil || n == 0 {
+				return firstErr(err, receipts.ErrConflict)
+			}
+			return nil
+		})
 	})
 	if err != nil {
-		return fmt.Errorf("bunstore: add receipt %s: %w", st.ID, err)
+		return fmt.Errorf("bunstore: add receipt %s: %w", st.ID, markAborted(err, receipts.ErrAborted))
 	}
 	return nil
 }
@@ -130,21 +137,22 @@ func (s *ReceiptsStore) GetReceipt(ctx context.Context, id string) (*receipts.St
 		return nil, fmt.Errorf("bunstore: receipt %s: %w", id, receipts.ErrNotFound)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("bunstore: get receipt %s: %w", id, err)
+		return nil, fmt.Errorf("bunstore: get receipt %s: %w", id, markAborted(err, receipts.ErrAborted))
 	}
 	return r.stored(), nil
 }
 
 // ListReceipts returns sequenced receipts with index >= from in index
-// order, at most limit (all, if limit is not positive).
+// order, at most limit. It returns receipts.ErrInvalidArgument if limit is
+// not positive.
 func (s *ReceiptsStore) ListReceipts(ctx context.Context, from int64, limit int) ([]*receipts.Stored, error) {
-	var rows []receiptRow
-	q := s.db.idb(ctx).NewSelect().Model(&rows).Where("idx >= ?", from).OrderExpr("idx")
-	if limit > 0 {
-		q = q.Limit(int64(limit))
+	if limit <= 0 {
+		return nil, fmt.Errorf("bunstore: list receipts: %w: limit %d is not positive", receipts.ErrInvalidArgument, limit)
 	}
+	var rows []receiptRow
+	q := s.db.idb(ctx).NewSelect().Model(&rows).Where("idx >= ?", from).OrderExpr("idx").Limit(int64(limit))
 	if err := q.Scan(ctx); err != nil {
-		return nil, fmt.Errorf("bunstore: list receipts: %w", err)
+		return nil, fmt.Errorf("bunstore: list receipts: %w", markAborted(err, receipts.ErrAborted))
 	}
 	out := make([]*receipts.Stored, len(rows))
 	for i := range rows {
@@ -154,19 +162,28 @@ func (s *ReceiptsStore) ListReceipts(ctx context.Context, from int64, limit int)
 }
 
 // Sequence integrates one batch as receipts.Store documents, in one
-// transaction that holds the sequencing lock (see ReceiptsStore).
+// transaction that holds the sequencing lock (see ReceiptsStore). It
+// returns receipts.ErrInvalidArgument if limit is not positive.
 func (s *ReceiptsStore) Sequence(ctx context.Context, limit int, integrate receipts.IntegrateFunc) error {
-	err := s.db.inTx(ctx, func(ctx context.Context, tx bun.IDB) error {
+	if limit <= 0 {
+		return fmt.Errorf("bunstore: sequence receipts: %w: limit %d is not positive", receipts.ErrInvalidArgument, limit)
+	}
+	err := s.db.retryOwnTx(ctx, func() error { return s.sequence(ctx, limit, integrate) })
+	if err != nil {
+		return fmt.Errorf("bunstore: sequence receipts: %w", markAborted(err, receipts.ErrAborted))
+	}
+	return nil
+}
+
+func (s *ReceiptsStore) sequence(ctx context.Context, limit int, integrate receipts.IntegrateFunc) error {
+	return s.db.inTx(ctx, func(ctx context.Context, tx bun.IDB) error {
 		if s.db.postgres() {
 			if _, err := tx.NewRaw("SELECT pg_advisory_xact_lock(hashtextextended('nodelane_receipts_sequencer:' || current_schema(), 0))").Exec(ctx); err != nil {
 				return fmt.Errorf("sequencing lock: %w", err)
 			}
 		}
 		var rows []receiptRow
-		q := tx.NewSelect().Model(&rows).Where("idx IS NULL").OrderExpr("seq")
-		if limit > 0 {
-			q = q.Limit(int64(limit))
-		}
+		q := tx.NewSelect().Model(&rows).Where("idx IS NULL").OrderExpr("seq").Limit(int64(limit))
 		if err := q.Scan(ctx); err != nil {
 			return err
 		}
@@ -229,17 +246,13 @@ func (s *ReceiptsStore) Sequence(ctx context.Context, limit int, integrate recei
 		}
 		return nil
 	})
-	if err != nil {
-		return fmt.Errorf("bunstore: sequence receipts: %w", err)
-	}
-	return nil
 }
 
 // Tree returns the last committed tree.
 func (s *ReceiptsStore) Tree(ctx context.Context) (receipts.Tree, error) {
 	t, err := s.tree(ctx, s.db.idb(ctx))
 	if err != nil {
-		return receipts.Tree{}, fmt.Errorf("bunstore: receipt tree: %w", err)
+		return receipts.Tree{}, fmt.Errorf("bunstore: receipt tree: %w", markAborted(err, receipts.ErrAborted))
 	}
 	return t, nil
 }
@@ -261,7 +274,7 @@ func (s *ReceiptsStore) tree(ctx context.Context, idb bun.IDB) (receipts.Tree, e
 func (s *ReceiptsStore) ReadHashes(ctx context.Context, indexes []int64) ([]tlog.Hash, error) {
 	hs, err := readHashes(ctx, s.db.idb(ctx), indexes)
 	if err != nil {
-		return nil, fmt.Errorf("bunstore: read receipt hashes: %w", err)
+		return nil, fmt.Errorf("bunstore: read receipt hashes: %w", markAborted(err, receipts.ErrAborted))
 	}
 	return hs, nil
 }
@@ -299,18 +312,20 @@ func readHashes(ctx context.Context, idb bun.IDB, indexes []int64) ([]tlog.Hash,
 // receipts.ErrConflict if one of that size is stored already.
 func (s *ReceiptsStore) AddCheckpoint(ctx context.Context, c *receipts.Checkpoint) error {
 	r := &receiptCheckpointRow{TreeSize: c.Size, RootHash: c.Root[:], Origin: c.Origin, Note: string(c.Note)}
-	err := s.db.write(ctx, func(ctx context.Context, idb bun.IDB) error {
-		res, err := idb.NewInsert().Model(r).On("CONFLICT (tree_size) DO NOTHING").Exec(ctx)
-		if err != nil {
-			return err
-		}
-		if n, err := res.RowsAffected(); err != nil || n == 0 {
-			return firstErr(err, receipts.ErrConflict)
-		}
-		return nil
+	err := s.db.retryOwnTx(ctx, func() error {
+		return s.db.write(ctx, func(ctx context.Context, idb bun.IDB) error {
+			res, err := idb.NewInsert().Model(r).On("CONFLICT (tree_size) DO NOTHING").Exec(ctx)
+			if err != nil {
+				return err
+			}
+			if n, err := res.RowsAffected(); err != nil || n == 0 {
+				return firstErr(err, receipts.ErrConflict)
+			}
+			return nil
+		})
 	})
 	if err != nil {
-		return fmt.Errorf("bunstore: add checkpoint of %d: %w", c.Size, err)
+		return fmt.Errorf("bunstore: add checkpoint of %d: %w", c.Size, markAborted(err, receipts.ErrAborted))
 	}
 	return nil
 }
@@ -324,7 +339,7 @@ func (s *ReceiptsStore) LatestCheckpoint(ctx context.Context) (*receipts.Checkpo
 		return nil, fmt.Errorf("bunstore: checkpoint: %w", receipts.ErrNotFound)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("bunstore: latest checkpoint: %w", err)
+		return nil, fmt.Errorf("bunstore: latest checkpoint: %w", markAborted(err, receipts.ErrAborted))
 	}
 	root, err := toHash(r.RootHash)
 	if err != nil {

@@ -29,7 +29,12 @@ type NonceConfig struct {
 //
 // Every error other than replay.ErrReplayedNonce and replay.ErrQuota wraps
 // replay.ErrUnavailable as well as the driver's error: a store that cannot
-// answer never lets a request pass.
+// answer never lets a request pass. When PostgreSQL aborted the
+// transaction (a serialization failure or a deadlock), the error matches
+// replay.ErrAborted too.
+//
+// On PostgreSQL, Insert locks a row per node in nodelane_nonce_nodes,
+// which keeps one row for every node that ever recorded a nonce.
 //
 // The store keeps no total cap: the database's disk is the limit, and a
 // maintainer calls Collect (through replay.Verifier.Collect) to delete dead
@@ -66,24 +71,70 @@ WHERE (SELECT count(*) FROM nodelane_nonces WHERE node_id = ?0 AND expires_at > 
 ON CONFLICT (node_id, nonce) DO UPDATE SET expires_at = EXCLUDED.expires_at
 WHERE nodelane_nonces.expires_at <= ?3`
 
+// lockNonceNode, on PostgreSQL, locks the node's row of
+// nodelane_nonce_nodes (creating it on the node's first nonce) before
+// insertNonce counts the node's live nonces. Without it, concurrent
+// inserts of one node's different nonces would each count the rows
+// committed before they started and together pass the quota by as many as
+// ran at once. Both statements go in one query string, which PostgreSQL
+// runs in one implicit transaction (or in the one the context carries) in
+// one round trip, each statement under a snapshot of its own: under READ
+// COMMITTED the count's snapshot is taken once the lock is granted, so it
+// sees every nonce the previous holder committed. Under REPEATABLE READ or
+// SERIALIZABLE, a holder that committed after the transaction's snapshot
+// makes the lock a serialization failure (replay.ErrAborted) rather than a
+// stale count. The UPDATE changes nothing but is a real one on purpose:
+// it is what a later snapshot's transaction conflicts with.
+//
+// Bun sends a query with its arguments already in the text, and pgx (as
+// lib/pq) sends a query without arguments as one simple query, which may
+// hold several statements; its result is the last statement's.
+const lockNonceNode = `INSERT INTO nodelane_nonce_nodes (node_id) VALUES (?0)
+ON CONFLICT (node_id) DO UPDATE SET node_id = EXCLUDED.node_id;
+`
+
 // Insert implements replay.NonceStore. It records nonce for nodeID until
 // expires, and returns replay.ErrReplayedNonce if the pair is recorded and
 // expires after now, or else replay.ErrQuota if nodeID already holds
 // PerNode nonces that expire after now.
 //
-// The quota is counted in the statement that inserts, so on SQLite, which
-// runs one writer at a time, it is exact. On PostgreSQL, concurrent
-// inserts of one node's different nonces do not see each other's
-// uncommitted rows, so together they may pass the quota by as many as run
-// at once: the quota still bounds a node's rows, a little more loosely.
-// Single use is exact in both: in a REPEATABLE READ or SERIALIZABLE
-// transaction, PostgreSQL answers a concurrent insert of the same pair
-// with a serialization failure, which Insert reports as unavailable.
+// The quota and single use are exact in both dialects, also across
+// replicas: SQLite runs one writer at a time, and on PostgreSQL one node's
+// inserts take turns on a lock (see lockNonceNode), held until the
+// transaction that inserts ends; so while a request's transaction holds a
+// nonce of a node, that node's other nonces wait for it to commit or roll
+// back, as copies of the same nonce must. Other nodes never wait.
+//
+// On the success path Insert is one round trip. When the database aborts
+// the transaction (a serialization failure or a deadlock), Insert runs
+// again, up to three times in all, if the context carries no transaction,
+// and otherwise returns an error that matches replay.ErrAborted as well as
+// replay.ErrUnavailable: the caller's transaction is lost and must be run
+// again whole.
 func (s *NonceStore) Insert(ctx context.Context, nodeID, nonce string, expires, now time.Time) error {
+	var outcome error
+	err := s.db.retryOwnTx(ctx, func() error {
+		var err error
+		outcome, err = s.insert(ctx, nodeID, nonce, expires, now)
+		return err
+	})
+	if err != nil {
+		return nonceUnavailable("insert nonce of node "+nodeID, markAborted(err, replay.ErrAborted))
+	}
+	return outcome
+}
+
+// insert tries once. It returns the outcome Insert reports (nil,
+// ErrReplayedNonce, ErrQuota) or the error that kept it from knowing.
+func (s *NonceStore) insert(ctx context.Context, nodeID, nonce string, expires, now time.Time) (outcome, err error) {
 	t := micros(now)
+	q := insertNonce
+	if s.db.postgres() {
+		q = lockNonceNode + insertNonce
+	}
 	var n int64
-	err := s.db.write(ctx, func(ctx context.Context, idb bun.IDB) error {
-		res, err := idb.NewRaw(insertNonce, nodeID, nonce, micros(expires), t, s.perNode).Exec(ctx)
+	err = s.db.write(ctx, func(ctx context.Context, idb bun.IDB) error {
+		res, err := idb.NewRaw(q, nodeID, nonce, micros(expires), t, s.perNode).Exec(ctx)
 		if err != nil {
 			return err
 		}
@@ -91,10 +142,10 @@ func (s *NonceStore) Insert(ctx context.Context, nodeID, nonce string, expires, 
 		return err
 	})
 	if err != nil {
-		return nonceUnavailable("insert nonce of node "+nodeID, err)
+		return nil, err
 	}
 	if n > 0 {
-		return nil
+		return nil, nil
 	}
 	// Nothing was written: the pair is live, or the node is at its quota,
 	// or both, and then the replay is what the caller must hear.
@@ -102,12 +153,12 @@ func (s *NonceStore) Insert(ctx context.Context, nodeID, nonce string, expires, 
 		Where("node_id = ?", nodeID).Where("nonce = ?", nonce).Where("expires_at > ?", t).
 		Exists(ctx)
 	if err != nil {
-		return nonceUnavailable("insert nonce of node "+nodeID, err)
+		return nil, err
 	}
 	if live {
-		return fmt.Errorf("bunstore: nonce of node %s: %w", nodeID, replay.ErrReplayedNonce)
+		return fmt.Errorf("bunstore: nonce of node %s: %w", nodeID, replay.ErrReplayedNonce), nil
 	}
-	return fmt.Errorf("bunstore: node %s holds %d live nonces: %w", nodeID, s.perNode, replay.ErrQuota)
+	return fmt.Errorf("bunstore: node %s holds %d live nonces: %w", nodeID, s.perNode, replay.ErrQuota), nil
 }
 
 // collectBatch bounds the rows one statement of Collect deletes, so that
@@ -136,20 +187,22 @@ func (s *NonceStore) Collect(ctx context.Context, now time.Time) (int, error) {
 	total := 0
 	for {
 		var n int64
-		err := s.db.write(ctx, func(ctx context.Context, idb bun.IDB) error {
-			q := collectSQLite
-			if s.db.postgres() {
-				q = collectPostgres
-			}
-			res, err := idb.NewRaw(q, t, collectBatch).Exec(ctx)
-			if err != nil {
+		err := s.db.retryOwnTx(ctx, func() error {
+			return s.db.write(ctx, func(ctx context.Context, idb bun.IDB) error {
+				q := collectSQLite
+				if s.db.postgres() {
+					q = collectPostgres
+				}
+				res, err := idb.NewRaw(q, t, collectBatch).Exec(ctx)
+				if err != nil {
+					return err
+				}
+				n, err = res.RowsAffected()
 				return err
-			}
-			n, err = res.RowsAffected()
-			return err
+			})
 		})
 		if err != nil {
-			return total, nonceUnavailable("collect nonces", err)
+			return total, nonceUnavailable("collect nonces", markAborted(err, replay.ErrAborted))
 		}
 		total += int(n)
 		if n < collectBatch {

@@ -20,6 +20,13 @@ var (
 	ErrConflict = errors.New("credential: conflict")
 	// ErrInvalidArgument: an argument is missing, malformed or out of range.
 	ErrInvalidArgument = errors.New("credential: invalid argument")
+	// ErrAborted: the database aborted the transaction the context
+	// carries (a deadlock, a serialization failure), or kept aborting the
+	// store's own; nothing of it is kept, and the whole transaction must
+	// be run again, from its beginning. Stores return it; the Issuer never
+	// retries it (it retries only ErrConflict, a lost race of one write)
+	// and returns it wrapped.
+	ErrAborted = errors.New("credential: transaction aborted")
 	// ErrMissingCredential: no bearer token was presented (401 missing_credential).
 	ErrMissingCredential = errors.New("credential: missing credential")
 	// ErrInvalidToken: the token is malformed, names no credential, or

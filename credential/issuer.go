@@ -15,7 +15,9 @@ import (
 	"io"
 	"maps"
 	"slices"
+	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // Config holds the Issuer's settings. Peppers is required.
@@ -118,8 +120,9 @@ func (is *Issuer) now() time.Time { return is.clock().UTC().Truncate(time.Micros
 // CreatePrincipal stores a new principal and returns it. An empty p.ID is
 // assigned. The Issuer sets KeyID from PublicKey and CreatedAt, and
 // creates the principal unbanned: Banned, BanReason and BannedAt are
-// ignored. ErrInvalidArgument for a bad id, kind, name or key (an
-// operator has no key); ErrConflict if the id is taken.
+// ignored. ErrInvalidArgument for a bad id, kind, name (over 256 bytes,
+// not UTF-8, or holding NUL) or key (an operator has no key); ErrConflict
+// if the id is taken.
 func (is *Issuer) CreatePrincipal(ctx context.Context, p Principal) (*Principal, error) {
 	if p.Kind != KindNode && p.Kind != KindOperator {
 		return nil, fmt.Errorf("%w: kind %q is neither %q nor %q", ErrInvalidArgument, p.Kind, KindNode, KindOperator)
@@ -129,6 +132,9 @@ func (is *Issuer) CreatePrincipal(ctx context.Context, p Principal) (*Principal,
 	}
 	if len(p.Name) > maxNameLen {
 		return nil, fmt.Errorf("%w: name longer than %d bytes", ErrInvalidArgument, maxNameLen)
+	}
+	if !storable(p.Name) {
+		return nil, fmt.Errorf("%w: name is not UTF-8 without NUL", ErrInvalidArgument)
 	}
 	if p.PublicKey != nil {
 		if err := checkKey(&p, p.PublicKey); err != nil {
@@ -180,7 +186,7 @@ func checkKey(p *Principal, pub ed25519.PublicKey) error {
 
 // Principal returns the principal with that id. ErrNotFound.
 func (is *Issuer) Principal(ctx context.Context, id string) (*Principal, error) {
-	p, err := is.store.GetPrincipal(ctx, id)
+	p, err := is.getPrincipal(ctx, id)
 	if err != nil {
 		return nil, fmt.Errorf("principal %q: %w", id, err)
 	}
@@ -203,10 +209,14 @@ func (is *Issuer) SetNodeKey(ctx context.Context, principalID string, pub ed2551
 
 // Ban bans a principal: Verify refuses its credentials with ErrBanned
 // until Unban. Banning a banned principal replaces the reason and keeps
-// BannedAt. ErrNotFound; ErrInvalidArgument for a reason over 1024 bytes.
+// BannedAt. ErrNotFound; ErrInvalidArgument for a reason over 1024 bytes,
+// or not UTF-8, or holding NUL.
 func (is *Issuer) Ban(ctx context.Context, principalID, reason string) (*Principal, error) {
 	if len(reason) > maxReasonLen {
 		return nil, fmt.Errorf("%w: ban reason longer than %d bytes", ErrInvalidArgument, maxReasonLen)
+	}
+	if !storable(reason) {
+		return nil, fmt.Errorf("%w: ban reason is not UTF-8 without NUL", ErrInvalidArgument)
 	}
 	now := is.now()
 	return is.updatePrincipal(ctx, principalID, func(p *Principal) (bool, error) {
@@ -233,12 +243,33 @@ func (is *Issuer) Unban(ctx context.Context, principalID string) (*Principal, er
 	})
 }
 
+// storable reports whether s may be handed to a Store: valid UTF-8
+// without NUL (see Store).
+func storable(s string) bool { return utf8.ValidString(s) && !strings.ContainsRune(s, 0) }
+
+// getPrincipal reads a principal from the store. An id no Store can hold
+// is no principal's, so it answers ErrNotFound without asking.
+func (is *Issuer) getPrincipal(ctx context.Context, id string) (*Principal, error) {
+	if !storable(id) {
+		return nil, ErrNotFound
+	}
+	return is.store.GetPrincipal(ctx, id)
+}
+
+// getCredential is getPrincipal for credentials.
+func (is *Issuer) getCredential(ctx context.Context, id string) (*Credential, error) {
+	if !storable(id) {
+		return nil, ErrNotFound
+	}
+	return is.store.GetCredential(ctx, id)
+}
+
 // updatePrincipal applies change to the stored principal id, retrying when
 // the principal changed under it. change reports whether it changed
 // anything; if not, nothing is written.
 func (is *Issuer) updatePrincipal(ctx context.Context, id string, change func(*Principal) (bool, error)) (*Principal, error) {
 	for range casTries {
-		p, err := is.store.GetPrincipal(ctx, id)
+		p, err := is.getPrincipal(ctx, id)
 		if err != nil {
 			return nil, fmt.Errorf("principal %q: %w", id, err)
 		}
@@ -279,7 +310,7 @@ func (is *Issuer) Mint(ctx context.Context, principalID string, scopes []Scope, 
 	if ttl == 0 {
 		ttl = is.ttl
 	}
-	if _, err := is.store.GetPrincipal(ctx, principalID); err != nil {
+	if _, err := is.getPrincipal(ctx, principalID); err != nil {
 		return "", nil, fmt.Errorf("principal %q: %w", principalID, err)
 	}
 	return is.mint(ctx, principalID, sc, ttl, is.now())
@@ -392,7 +423,7 @@ func (is *Issuer) Verify(ctx context.Context, token string, scope Scope) (*Princ
 
 // Credential returns the credential with that id. ErrNotFound.
 func (is *Issuer) Credential(ctx context.Context, id string) (*Credential, error) {
-	c, err := is.store.GetCredential(ctx, id)
+	c, err := is.getCredential(ctx, id)
 	if err != nil {
 		return nil, fmt.Errorf("credential %q: %w", id, err)
 	}
@@ -402,7 +433,7 @@ func (is *Issuer) Credential(ctx context.Context, id string) (*Credential, error
 // Credentials returns every credential of the principal, live or not,
 // oldest first (by CreatedAt, then ID). ErrNotFound for an unknown principal.
 func (is *Issuer) Credentials(ctx context.Context, principalID string) ([]*Credential, error) {
-	if _, err := is.store.GetPrincipal(ctx, principalID); err != nil {
+	if _, err := is.getPrincipal(ctx, principalID); err != nil {
 		return nil, fmt.Errorf("principal %q: %w", principalID, err)
 	}
 	cs, err := is.store.ListCredentials(ctx, principalID)
@@ -442,7 +473,7 @@ func (is *Issuer) Rotate(ctx context.Context, credentialID string, grace time.Du
 	if grace < 0 {
 		return "", nil, fmt.Errorf("%w: negative grace %v", ErrInvalidArgument, grace)
 	}
-	old, err := is.store.GetCredential(ctx, credentialID)
+	old, err := is.getCredential(ctx, credentialID)
 	if err != nil {
 		return "", nil, fmt.Errorf("credential %q: %w", credentialID, err)
 	}
@@ -493,7 +524,7 @@ func rotatable(c *Credential, now time.Time) error {
 // updateCredential is updatePrincipal for credentials.
 func (is *Issuer) updateCredential(ctx context.Context, id string, change func(*Credential) (bool, error)) (*Credential, error) {
 	for range casTries {
-		c, err := is.store.GetCredential(ctx, id)
+		c, err := is.getCredential(ctx, id)
 		if err != nil {
 			return nil, fmt.Errorf("credential %q: %w", id, err)
 		}

@@ -3,13 +3,42 @@ package credential
 import "context"
 
 // Store keeps principals and credentials. It makes no decisions: the
-// Issuer decides every change and the Store applies it atomically. Every
-// method takes the context first and, when the store supports
-// transactions, joins the one the context carries.
+// Issuer decides every change and the Store applies it atomically.
 //
-// Times handed to a Store are UTC and truncated to microseconds; a Store
-// must give them back exactly. A Store returns copies: changing a returned
-// record does not change the stored one.
+// The contract below holds for every Store; the conformance suite
+// credentialtest checks it.
+//
+// Isolation and transactions. Each method is atomic: it applies all of its
+// writes or none, and it decides (a taken id, a stale revision) on
+// committed data, READ COMMITTED or stronger, together with the writes of
+// its own transaction, never on a read that another writer can invalidate
+// before the write that follows it. Every method takes the context first
+// and, when the store supports transactions, joins the one the context
+// carries (how a context carries one is the adapter's business, such as
+// bunstore.WithTx): it sees that transaction's own earlier writes, and its
+// writes commit or roll back with it. Without one, a method commits before
+// it returns.
+//
+// Ids. Principal and credential ids are compared as bytes: case-sensitive,
+// no Unicode normalisation, no trimming, so "Op-A" and "op-a" are two
+// principals. A SQL store declares id columns with a binary collation
+// (COLLATE "C" on PostgreSQL, BINARY on SQLite, utf8mb4_bin on MySQL and
+// MariaDB). Ids may be any valid UTF-8 without NUL (U+0000), which
+// PostgreSQL text cannot hold; the Issuer hands a Store no other string,
+// ids or text, although the ids it creates are narrower.
+//
+// Values. Times handed to a Store are UTC and truncated to microseconds; a
+// Store must give them back exactly. Names, ban reasons and every other
+// string come back byte for byte, and byte slices (keys, digests) with
+// the same bytes (an empty one may come back nil). A Store returns copies: changing a returned record does not
+// change the stored one, nor does changing a record after handing it over.
+//
+// Errors. Each method returns the sentinels its documentation names, or
+// ErrAborted when the database aborted the transaction the context
+// carries; any other error means the store could not answer. A store may
+// retry internally, a bounded number of times, only when the context
+// carries no transaction: a transaction the context carries is the
+// caller's to run again, and the Issuer never does.
 type Store interface {
 	// CreatePrincipal inserts p. ErrConflict if its id is taken.
 	CreatePrincipal(ctx context.Context, p *Principal) error

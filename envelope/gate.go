@@ -100,7 +100,8 @@ func (g *Gate) Allow(ctx context.Context, jobType string) error {
 
 // Activate lets blocked and unknown job types run, until the deadline
 // until if it is not nil, and returns the new state. by (who activates)
-// and reason are required; until must be in the future. Activating an
+// and reason are required: not blank, UTF-8 without NUL, at most 256 and
+// 1024 bytes, kept byte for byte; until must be in the future. Activating an
 // active runtime replaces its deadline and reason, as a change of its own.
 // ErrInvalidArgument.
 func (g *Gate) Activate(ctx context.Context, by, reason string, until *time.Time) (State, error) {
@@ -210,8 +211,8 @@ func checkText(by, reason string) error {
 		if strings.TrimSpace(f.value) == "" {
 			return fmt.Errorf("%w: %s is required", ErrInvalidArgument, f.name)
 		}
-		if len(f.value) > f.max || !utf8.ValidString(f.value) {
-			return fmt.Errorf("%w: %s must be UTF-8 of at most %d bytes", ErrInvalidArgument, f.name, f.max)
+		if len(f.value) > f.max || !utf8.ValidString(f.value) || strings.ContainsRune(f.value, 0) {
+			return fmt.Errorf("%w: %s must be UTF-8 without NUL, of at most %d bytes", ErrInvalidArgument, f.name, f.max)
 		}
 	}
 	return nil

@@ -3,6 +3,7 @@ package envelope
 import (
 	"cmp"
 	"context"
+	"fmt"
 	"slices"
 	"sync"
 )
@@ -45,6 +46,9 @@ func (s *MemoryStore) Apply(_ context.Context, prev int64, next State, rec Recor
 
 // History implements Store.
 func (s *MemoryStore) History(_ context.Context, after int64, limit int) ([]Record, error) {
+	if limit <= 0 {
+		return nil, fmt.Errorf("%w: history limit %d is not positive", ErrInvalidArgument, limit)
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var out []Record
@@ -56,7 +60,7 @@ func (s *MemoryStore) History(_ context.Context, after int64, limit int) ([]Reco
 		out = append(out, r)
 	}
 	slices.SortFunc(out, func(a, b Record) int { return cmp.Compare(a.Version, b.Version) })
-	if limit > 0 && len(out) > limit {
+	if len(out) > limit {
 		out = out[:limit]
 	}
 	return out, nil

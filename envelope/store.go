@@ -19,6 +19,13 @@ var (
 	// ErrInvalidArgument: an argument or a Config field is out of range or
 	// missing.
 	ErrInvalidArgument = errors.New("envelope: invalid argument")
+	// ErrAborted: the database aborted the transaction the context
+	// carries (a deadlock, a serialization failure), or kept aborting the
+	// store's own; nothing of it is kept, and the whole transaction must
+	// be run again, from its beginning. Stores return it; the Gate never
+	// retries it (it retries only ErrConflict, a lost race of one write)
+	// and returns it as it is.
+	ErrAborted = errors.New("envelope: transaction aborted")
 )
 
 // BlockedError reports that the envelope does not allow a job type now.
@@ -118,15 +125,44 @@ func (r Record) String() string {
 
 // Store keeps the runtime's state and its history. It makes no decisions:
 // the Gate decides every change and the Store applies it atomically.
-// Every method takes the context first and, when the store supports
-// transactions, joins the one the context carries.
 //
-// Times handed to a Store are UTC and truncated to microseconds; a Store
-// must give them back exactly. A Store returns copies: changing a
-// returned value does not change the stored one.
+// The contract below holds for every Store; the conformance suite
+// envelopetest checks it.
+//
+// Isolation and transactions. Each method is atomic: Apply writes the
+// state and the record both or neither, and decides (the version it is
+// conditional on) on committed data, READ COMMITTED or stronger, together
+// with the writes of its own transaction, never on a read that another
+// writer can invalidate before the write that follows it; State and
+// History read one committed state. Every method takes the context first
+// and, when the store supports transactions, joins the one the context
+// carries (how a context carries one is the adapter's business, such as
+// bunstore.WithTx): it sees that transaction's own earlier writes, and its
+// writes commit or roll back with it. Without one, a method commits before
+// it returns.
+//
+// Values. Records are keyed and ordered by version, an integer; the
+// envelope has no string ids. Times handed to a Store are UTC and
+// truncated to microseconds; a Store must give them back exactly. By and
+// Reason come back byte for byte: no trimming, case folding or Unicode
+// normalisation. They are valid UTF-8 without NUL (U+0000), which
+// PostgreSQL text cannot hold; the Gate hands a Store no other. A Store
+// returns copies: changing a returned value does not change the stored
+// one.
+//
+// Limits. Callers always pass History a limit of at least 1 (the Gate
+// pages by 100, at most 1000); a Store returns ErrInvalidArgument for a
+// limit of 0 or less rather than guess what it would mean.
+//
+// Errors. Each method returns the sentinels its documentation names, or
+// ErrAborted when the database aborted the transaction the context
+// carries; any other error means the store could not answer. A store may
+// retry internally, a bounded number of times, only when the context
+// carries no transaction: a transaction the context carries is the
+// caller's to run again, and the Gate never does.
 type Store interface {
 	// State returns the current state; InitialState() if no change was
-	// ever applied. It returns no sentinel error.
+	// ever applied. It returns no sentinel error but ErrAborted.
 	State(ctx context.Context) (State, error)
 	// Apply makes next the current state and appends rec to the history,
 	// both or neither, only if the current version is prev (next.Version
@@ -134,8 +170,8 @@ type Store interface {
 	// differs.
 	Apply(ctx context.Context, prev int64, next State, rec Record) error
 	// History returns the records with Version > after in ascending
-	// version order, at most limit of them (all, if limit is not
-	// positive). It returns no sentinel error.
+	// version order, at most limit of them. ErrInvalidArgument if limit
+	// is not positive.
 	History(ctx context.Context, after int64, limit int) ([]Record, error)
 }
 

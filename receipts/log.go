@@ -9,7 +9,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"golang.org/x/mod/sumdb/note"
 	"golang.org/x/mod/sumdb/tlog"
@@ -91,8 +93,10 @@ func (l *Log) Origin() string { return l.cfg.Origin }
 // (rcp_ + 32 hex digits, time-ordered) if it has none and sets its server
 // time to now if it is zero. The store call joins the transaction ctx
 // carries, so the receipt commits or rolls back with the change it
-// records. Errors: those of Receipt.Encode, ErrConflict if the id is
-// taken.
+// records. A caller's id may be any UTF-8 without NUL, and is kept byte
+// for byte: ids that differ only in case are two receipts. Errors: those
+// of Receipt.Encode, ErrInvalidArgument for an id holding NUL,
+// ErrConflict if the id is taken.
 func (l *Log) Mint(ctx context.Context, r Receipt) (*Stored, error) {
 	now := l.cfg.Now().UTC().Truncate(time.Microsecond)
 	if r.ServerTime.IsZero() {
@@ -104,6 +108,10 @@ func (l *Log) Mint(ctx context.Context, r Receipt) (*Stored, error) {
 			return nil, err
 		}
 		r.ID = id
+	}
+	if strings.ContainsRune(r.ID, 0) {
+		// Valid UTF-8, which Encode checks, but no Store need hold it.
+		return nil, fmt.Errorf("%w: receipt id %q holds NUL", ErrInvalidArgument, r.ID)
 	}
 	body, err := r.Encode()
 	if err != nil {
@@ -130,6 +138,16 @@ func newID(now time.Time, rand io.Reader) (string, error) {
 
 // Get returns a receipt by id. ErrNotFound.
 func (l *Log) Get(ctx context.Context, id string) (*Stored, error) {
+	return l.get(ctx, id)
+}
+
+// get reads a receipt from the store. An id no Store can hold (not UTF-8,
+// or holding NUL) is no receipt's, so it answers ErrNotFound without
+// asking.
+func (l *Log) get(ctx context.Context, id string) (*Stored, error) {
+	if !utf8.ValidString(id) || strings.ContainsRune(id, 0) {
+		return nil, fmt.Errorf("receipt %q: %w", id, ErrNotFound)
+	}
 	return l.store.GetReceipt(ctx, id)
 }
 
@@ -211,7 +229,7 @@ func nonNil(hs []tlog.Hash) []tlog.Hash {
 // unknown id, ErrNotSequenced while the receipt has no index or no
 // signed checkpoint covers it yet.
 func (l *Log) Prove(ctx context.Context, id string) (*Stored, Proof, *Checkpoint, error) {
-	s, err := l.store.GetReceipt(ctx, id)
+	s, err := l.get(ctx, id)
 	if err != nil {
 		return nil, Proof{}, nil, err
 	}
@@ -262,7 +280,7 @@ func (l *Log) Await(ctx context.Context, ids ...string) ([]*Stored, []Proof, *Ch
 func (l *Log) proveAll(ctx context.Context, ids []string) ([]*Stored, []Proof, *Checkpoint, error) {
 	ss := make([]*Stored, len(ids))
 	for i, id := range ids {
-		s, err := l.store.GetReceipt(ctx, id)
+		s, err := l.get(ctx, id)
 		if err != nil {
 			return nil, nil, nil, err
 		}

@@ -75,11 +75,14 @@ func (m *MemoryStore) GetReceipt(_ context.Context, id string) (*Stored, error) 
 
 // ListReceipts implements Store.
 func (m *MemoryStore) ListReceipts(_ context.Context, from int64, limit int) ([]*Stored, error) {
+	if limit <= 0 {
+		return nil, fmt.Errorf("%w: list limit %d is not positive", ErrInvalidArgument, limit)
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	var out []*Stored
 	for i := max(from, 0); i < int64(len(m.log)); i++ {
-		if limit > 0 && len(out) == limit {
+		if len(out) == limit {
 			break
 		}
 		out = append(out, cloneStored(m.log[i]))
@@ -89,12 +92,12 @@ func (m *MemoryStore) ListReceipts(_ context.Context, from int64, limit int) ([]
 
 // Sequence implements Store, under the store's mutex.
 func (m *MemoryStore) Sequence(_ context.Context, limit int, integrate IntegrateFunc) error {
+	if limit <= 0 {
+		return fmt.Errorf("%w: batch limit %d is not positive", ErrInvalidArgument, limit)
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	n := len(m.pending)
-	if limit > 0 {
-		n = min(n, limit)
-	}
+	n := min(len(m.pending), limit)
 	if n == 0 {
 		return nil
 	}

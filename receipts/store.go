@@ -18,6 +18,13 @@ var (
 	// ErrInvalidArgument: an argument is out of range, missing, or does not
 	// belong to the receipt's kind.
 	ErrInvalidArgument = errors.New("receipts: invalid argument")
+	// ErrAborted: the database aborted the transaction the context
+	// carries (a deadlock, a serialization failure), or kept aborting the
+	// store's own; nothing of it is kept, and the whole transaction must
+	// be run again, from its beginning. Stores return it; the Log and the
+	// Sequencer never retry it (Sequencer.Run, as after any failed batch,
+	// tries the next batch at its next interval).
+	ErrAborted = errors.New("receipts: transaction aborted")
 	// ErrOverflow: an amount of money does not fit in an int64 of micro-USD.
 	ErrOverflow = errors.New("receipts: overflow")
 	// ErrNotCanonical: receipt bytes are not the canonical bytes of a
@@ -99,18 +106,52 @@ type Batch struct {
 
 // IntegrateFunc computes the batch that appends pending to the log in
 // state tree. hashes reads the log's stored hashes inside the store's
-// transaction. It must not call the Store.
+// transaction. It must not call the Store, and it may be called again
+// for the same batch when a Store retries its transaction.
 type IntegrateFunc func(tree Tree, pending []*Stored, hashes tlog.HashReader) (*Batch, error)
 
 // Store keeps receipts, the log's stored hashes, its tree state and its
 // signed checkpoints. It makes no decisions: the Log and the Sequencer
-// compute every hash and signature, and the Store keeps them. Every method
-// takes the context first and, when the store supports transactions,
-// joins the one the context carries, so that a receipt commits with the
-// state change it records.
+// compute every hash and signature, and the Store keeps them.
 //
-// A Store returns copies: changing a returned value does not change the
-// stored one.
+// The contract below holds for every Store; the conformance suite
+// receiptstest checks it.
+//
+// Isolation and transactions. Each method is atomic: it applies all of its
+// writes or none (Sequence its whole batch), and it decides (a taken id or
+// tree size, the tree a batch must fit) on committed data, READ COMMITTED
+// or stronger, together with the writes of its own transaction, never on
+// a read that another writer can invalidate before the write that follows
+// it. Every method takes the context first and, when the store supports
+// transactions, joins the one the context carries (how a context carries
+// one is the adapter's business, such as bunstore.WithTx), so that a
+// receipt commits with the state change it records: it sees that
+// transaction's own earlier writes, and its writes commit or roll back
+// with it. Without one, a method commits before it returns.
+//
+// Ids. Receipt ids are compared as bytes: case-sensitive, no Unicode
+// normalisation, no trimming, so "rcp_A" and "rcp_a" are two receipts. A
+// SQL store declares the id column with a binary collation (COLLATE "C"
+// on PostgreSQL, BINARY on SQLite, utf8mb4_bin on MySQL and MariaDB). Ids
+// are chosen by the Log or by its caller and may be any valid UTF-8
+// without NUL (U+0000), which PostgreSQL text cannot hold; the Log hands a
+// Store no other.
+//
+// Values. Receipt bodies and checkpoint notes come back byte for byte,
+// as do hashes. A Store returns copies: changing a returned value does not
+// change the stored one.
+//
+// Limits. Callers always pass ListReceipts and Sequence a limit of at
+// least 1 (the Log pages by Config.ListLimit, at most 1000; the Sequencer
+// by Config.BatchSize); a Store returns ErrInvalidArgument for a limit of 0
+// or less rather than guess what it would mean.
+//
+// Errors. Each method returns the sentinels its documentation names, or
+// ErrAborted when the database aborted the transaction the context
+// carries; any other error means the store could not answer. A store may
+// retry internally, a bounded number of times, only when the context
+// carries no transaction: a transaction the context carries is the
+// caller's to run again, and neither the Log nor the Sequencer does.
 type Store interface {
 	// AddReceipt stores a minted receipt, not sequenced (s.Sequenced is
 	// false), after every receipt added before it in mint order.
@@ -119,7 +160,8 @@ type Store interface {
 	// GetReceipt returns the receipt with that id. ErrNotFound.
 	GetReceipt(ctx context.Context, id string) (*Stored, error)
 	// ListReceipts returns sequenced receipts with index >= from, in index
-	// order, at most limit of them (all, if limit is not positive).
+	// order, at most limit of them. ErrInvalidArgument if limit is not
+	// positive.
 	ListReceipts(ctx context.Context, from int64, limit int) ([]*Stored, error)
 
 	// Sequence runs one batch in one transaction that holds the sequencing
@@ -130,7 +172,9 @@ type Store interface {
 	// returns a batch, stores its hashes, gives the pending receipts their
 	// indices, sets the tree, and commits. If integrate or any write fails,
 	// nothing is stored. ErrConflict if the batch does not fit the tree
-	// (wrong size or number of hashes).
+	// (wrong size or number of hashes); ErrInvalidArgument, without
+	// calling integrate, if limit is not positive. A store that retries
+	// internally may call integrate again.
 	Sequence(ctx context.Context, limit int, integrate IntegrateFunc) error
 	// Tree returns the last committed tree: EmptyTree on a new store.
 	Tree(ctx context.Context) (Tree, error)

@@ -6,7 +6,7 @@ import (
 	"time"
 )
 
-// Errors returned by the Verifier, and by a NonceStore for the last three.
+// Errors returned by the Verifier, and by a NonceStore for the last four.
 // Each matches one error code of PROTOCOL.md; the errors returned wrap
 // them with detail, so callers test them with errors.Is.
 var (
@@ -37,6 +37,14 @@ var (
 	// cannot be admitted (unavailable, 503). The Verifier wraps every
 	// other store error in it.
 	ErrUnavailable = errors.New("replay: nonce store unavailable")
+	// ErrAborted: the database aborted the transaction the context
+	// carries (a deadlock, a serialization failure), or kept aborting the
+	// store's own; nothing of it is kept, and the whole transaction must
+	// be run again, from its beginning. A NonceStore returns it; the
+	// Verifier never retries it, and returns it wrapped in ErrUnavailable,
+	// so that a caller that does not retry refuses the request
+	// (unavailable, 503).
+	ErrAborted = errors.New("replay: transaction aborted")
 )
 
 // NonceStore remembers the nonces of verified signatures until they
@@ -44,15 +52,45 @@ var (
 // replica of the control plane. It makes no decisions: the Verifier
 // chooses the expiry and the clock.
 //
-// Every method takes the context first and, when the store supports
-// transactions, joins the one the context carries. Times handed to a
-// NonceStore are UTC and truncated to microseconds; a store must compare
-// them exactly.
+// The contract below holds for every NonceStore; the conformance suite
+// replaytest checks it, races included.
+//
+// Isolation and transactions. Each method is atomic: it applies all of its
+// writes or none, and what it decides it decides on committed data (READ
+// COMMITTED or stronger) together with the writes of its own transaction,
+// never on a read that another writer can invalidate before the write
+// that follows it: two Inserts of one node take turns, even in different
+// processes. Every method takes the context first and, when the store
+// supports transactions, joins the one the context carries (how a
+// context carries one is the adapter's business, such as bunstore.WithTx):
+// it sees that transaction's own earlier writes, and its writes commit or
+// roll back with it. Without one, a method commits before it returns.
+//
+// Ids. Node ids and nonces are compared as bytes: case-sensitive, no
+// Unicode normalisation, no trimming, so "node-a", "Node-A", "node-a " and
+// the two spellings of "é" are five nodes. A SQL store declares such
+// columns with a binary collation (COLLATE "C" on PostgreSQL, BINARY on
+// SQLite, utf8mb4_bin on MySQL and MariaDB). They are valid UTF-8 without
+// NUL (U+0000), which PostgreSQL text cannot hold; in nodelane they are
+// credential principal ids and base64url nonces, and a store may fail on
+// others with an error of its own.
+//
+// Times handed to a NonceStore are UTC and truncated to microseconds; a
+// store must compare them exactly.
+//
+// Errors. Each method returns the sentinels its documentation names, or
+// ErrAborted when the database aborted the transaction the context
+// carries; any other error means the store could not answer. A store may
+// retry internally, a bounded number of times, only when the context
+// carries no transaction: a transaction the context carries is the
+// caller's to run again, and the Verifier never does.
 type NonceStore interface {
 	// Insert records nonce for nodeID until expires, atomically: of any
 	// number of concurrent Inserts of one (nodeID, nonce), at most one
-	// succeeds. A record of the pair that expired at or before now is
-	// replaced. Insert returns ErrReplayedNonce if the pair is recorded
+	// succeeds, whether the pair is new or its record has expired; of
+	// concurrent Inserts of one node's distinct nonces, no more succeed
+	// than its quota has room for. A record of the pair that expired at
+	// or before now is replaced. Insert returns ErrReplayedNonce if the pair is recorded
 	// and expires after now; otherwise ErrQuota, recording nothing, if
 	// nodeID already has its quota of nonces that expire after now (or
 	// the store is full), without touching other nodes' nonces. A store

@@ -90,8 +90,9 @@ func (v *Verifier) Verify(ctx context.Context, r *http.Request, body []byte, nod
 //   - window: |now - created| <= Window, created < expires <= created +
 //     Window, and now < expires (ErrStaleTimestamp).
 //
-// A caller that must consume the nonce whatever happens next, so that a replay never runs late,
-// calls Check, then Consume with the nonce and expiry it returns.
+// A caller that must consume the nonce whatever happens next, so that a
+// replay never runs late, calls Check, then Consume with the nonce and
+// expiry it returns.
 func (v *Verifier) Check(r *http.Request, body []byte, pub ed25519.PublicKey) (*Verified, error) {
 	h := r.Header
 	if len(h.Values("Signature")) == 0 || len(h.Values("Signature-Input")) == 0 {
@@ -138,7 +139,10 @@ func (v *Verifier) Check(r *http.Request, body []byte, pub ed25519.PublicKey) (*
 // Consume records nonce as used by nodeID until expires, in the NonceStore
 // with ctx. It returns an error wrapping ErrReplayedNonce or ErrQuota as
 // the store reports them, and ErrUnavailable wrapping any other store
-// error: a store that cannot answer never lets a request pass.
+// error: a store that cannot answer never lets a request pass. When the
+// store reports ErrAborted the error matches it as well: the transaction
+// ctx carries is lost, and the caller may run it again whole; Consume
+// never retries.
 func (v *Verifier) Consume(ctx context.Context, nodeID, nonce string, expires time.Time) error {
 	err := v.nonces.Insert(ctx, nodeID, nonce, expires.UTC().Truncate(time.Microsecond), v.now())
 	switch {

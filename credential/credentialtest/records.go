@@ -2,6 +2,7 @@ package credentialtest
 
 import (
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -18,6 +19,8 @@ var recordTests = []test{
 	{"SentinelErrors", testSentinels},
 	{"Listing", testListing},
 	{"StoreRevisionsAndCopies", testStoreContract},
+	{"IDsAreBytes", testIDsAreBytes},
+	{"TextRoundTrip", testTextRoundTrip},
 }
 
 func testTimestamps(t *testing.T, f *fixture) {
@@ -230,4 +233,124 @@ func testStoreContract(t *testing.T, f *fixture) {
 		got.PublicKey[2] ^= 1
 	}
 	f.storedPrincipal(&wantP)
+}
+
+// testIDsAreBytes: ids are compared as bytes. Ids that differ only in case
+// are different principals, through the Issuer; at the Store, ids that
+// differ only in case, Unicode form or trailing space are too, as a
+// case-insensitive, accent-insensitive or PAD SPACE collation would not
+// have them.
+func testIDsAreBytes(t *testing.T, f *fixture) {
+	ids := []string{"Op-A", "op-a", "OP-A", "oP-a"}
+	toks := make(map[string]string)
+	for i, id := range ids {
+		kind := credential.KindOperator
+		if i%2 == 1 {
+			kind = credential.KindNode
+		}
+		p := f.principal(kind, id)
+		if p.ID != id {
+			t.Fatalf("CreatePrincipal(%q) created %q", id, p.ID)
+		}
+		toks[id], _ = f.mint(id, 0, credential.ScopeNodePoll, credential.ScopeOperatorJobs)
+	}
+	_, err := f.is.CreatePrincipal(f.ctx, credential.Principal{ID: "Op-A", Kind: credential.KindNode})
+	wantErr(t, "CreatePrincipal of a taken id", err, credential.ErrConflict)
+	f.ban("Op-A", "only this one")
+	for _, id := range ids {
+		p := f.getPrincipal(id)
+		if p.ID != id || p.Banned != (id == "Op-A") {
+			t.Fatalf("Principal(%q) = %+v", id, p)
+		}
+		if id == "Op-A" {
+			f.refuse(f.is, "the banned one", toks[id], credential.ScopeNodePoll, credential.ErrBanned)
+			continue
+		}
+		if got, _ := f.verify(f.is, "principal "+id, toks[id], credential.ScopeNodePoll); got.ID != id {
+			t.Fatalf("the token of %q verifies as %q's", id, got.ID)
+		}
+		cs := f.credentials(id)
+		if len(cs) != 1 || cs[0].PrincipalID != id {
+			t.Fatalf("Credentials(%q) = %d credentials, of %q", id, len(cs), cs[0].PrincipalID)
+		}
+	}
+
+	// At the Store itself, any UTF-8 id without NUL.
+	raw := []string{"nœud-é", "nœud-e\u0301", "NŒUD-É", "nœud-É", "узел-1", "УЗЕЛ-1", "节点-1", "node-a", "node-a ", "node-ä", "🚀-1"}
+	for i, id := range raw {
+		p := &credential.Principal{ID: id, Kind: credential.KindNode, Name: fmt.Sprint("raw ", i), CreatedAt: epoch.Truncate(time.Microsecond), Rev: 1}
+		if err := f.store.CreatePrincipal(f.ctx, p); err != nil {
+			t.Fatalf("Store.CreatePrincipal(%q): %v", id, err)
+		}
+		c := &credential.Credential{ID: fmt.Sprintf("%032x", i+1), PrincipalID: id, Scopes: []credential.Scope{credential.ScopeNodePoll},
+			Digest: []byte{byte(i)}, PepperVersion: 1, CreatedAt: p.CreatedAt, ExpiresAt: p.CreatedAt.Add(time.Hour), Rev: 1}
+		if err := f.store.CreateCredential(f.ctx, c); err != nil {
+			t.Fatalf("Store.CreateCredential of %q: %v", id, err)
+		}
+	}
+	for i, id := range raw {
+		if got := f.rawPrincipal(id); got.ID != id || got.Name != fmt.Sprint("raw ", i) {
+			t.Fatalf("Store.GetPrincipal(%q) = principal %q named %q", id, got.ID, got.Name)
+		}
+		dup := &credential.Principal{ID: id, Kind: credential.KindOperator, Rev: 1}
+		wantErr(t, fmt.Sprintf("Store.CreatePrincipal(%q) again", id), f.store.CreatePrincipal(f.ctx, dup), credential.ErrConflict)
+		cs, err := f.store.ListCredentials(f.ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(cs) != 1 || cs[0].ID != fmt.Sprintf("%032x", i+1) || cs[0].PrincipalID != id {
+			t.Fatalf("Store.ListCredentials(%q) = %d credentials, want its own one", id, len(cs))
+		}
+	}
+	for _, id := range []string{"nœud-E\u0301", "NODE-A", "node-a  ", " node-a", "op-A"} {
+		if _, err := f.store.GetPrincipal(f.ctx, id); !errors.Is(err, credential.ErrNotFound) {
+			t.Fatalf("Store.GetPrincipal(%q), an id never stored = %v, want ErrNotFound", id, err)
+		}
+	}
+	// The Credential ids the Issuer makes are lowercase hex; an uppercase
+	// spelling is another id.
+	if _, err := f.store.GetCredential(f.ctx, fmt.Sprintf("%032X", 10)); !errors.Is(err, credential.ErrNotFound) {
+		t.Fatalf("Store.GetCredential of an id in uppercase = %v, want ErrNotFound", err)
+	}
+}
+
+// testTextRoundTrip: names and ban reasons come back byte for byte; text
+// no Store could keep (not UTF-8, or holding NUL) is refused, and ids that
+// no Store could hold are no principal's.
+func testTextRoundTrip(t *testing.T, f *fixture) {
+	texts := []string{
+		"  Studio GPU “α” — ünïcode\t\n  ",
+		"e\u0301 and \u00e9", // decomposed and precomposed: not normalised
+		"O'Brien\"; DROP TABLE nodelane_principals; --",
+		`back\slash, 100% _wild_ \\`,
+		"🚀\u200b\ufeff",
+		" ",
+		strings.Repeat("é", 128), // 256 bytes, the longest name
+	}
+	for i, text := range texts {
+		p, err := f.is.CreatePrincipal(f.ctx, credential.Principal{ID: fmt.Sprintf("text-%d", i), Kind: credential.KindNode, Name: text})
+		if err != nil {
+			t.Fatalf("CreatePrincipal named %q: %v", text, err)
+		}
+		if got := f.rawPrincipal(p.ID); got.Name != text {
+			t.Fatalf("name %q came back as %q", text, got.Name)
+		}
+		b := f.ban(p.ID, text+text)
+		f.storedPrincipal(b)
+		if got := f.rawPrincipal(p.ID); got.BanReason != text+text {
+			t.Fatalf("ban reason %q came back as %q", text+text, got.BanReason)
+		}
+	}
+	for _, bad := range []string{"bad \xff", "nul \x00 inside"} {
+		_, err := f.is.CreatePrincipal(f.ctx, credential.Principal{Kind: credential.KindNode, Name: bad})
+		wantErr(t, fmt.Sprintf("CreatePrincipal named %q", bad), err, credential.ErrInvalidArgument)
+		_, err = f.is.Ban(f.ctx, "text-0", bad)
+		wantErr(t, fmt.Sprintf("Ban for %q", bad), err, credential.ErrInvalidArgument)
+		_, err = f.is.Principal(f.ctx, "text-0"+bad)
+		wantErr(t, fmt.Sprintf("Principal(%q)", "text-0"+bad), err, credential.ErrNotFound)
+		_, err = f.is.Credential(f.ctx, bad)
+		wantErr(t, fmt.Sprintf("Credential(%q)", bad), err, credential.ErrNotFound)
+		_, _, err = f.is.Mint(f.ctx, "text-0"+bad, []credential.Scope{credential.ScopeNodePoll}, 0)
+		wantErr(t, fmt.Sprintf("Mint for %q", "text-0"+bad), err, credential.ErrNotFound)
+	}
 }

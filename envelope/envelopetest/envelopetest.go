@@ -187,6 +187,8 @@ func Run(t *testing.T, newStore func(t *testing.T) envelope.Store) {
 		{"BlockedErrors", testBlockedErrors},
 		{"InvalidArguments", testInvalidArguments},
 		{"StoreApply", testStoreApply},
+		{"StoreLimits", testStoreLimits},
+		{"TextRoundTrip", testTextRoundTrip},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -640,12 +642,12 @@ func testHistory(t *testing.T, f *fixture) {
 	if d := cmp.Diff(want[1:4], got); d != "" {
 		t.Fatalf("Store.History(2, 3) (-want +got):\n%s", d)
 	}
-	got, err = f.store.History(f.ctx, 0, 0)
+	got, err = f.store.History(f.ctx, 0, len(want))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if d := cmp.Diff(want, got); d != "" {
-		t.Fatalf("Store.History(0, 0) (-want +got):\n%s", d)
+		t.Fatalf("Store.History(0, %d) (-want +got):\n%s", len(want), d)
 	}
 }
 
@@ -752,6 +754,9 @@ func testInvalidArguments(t *testing.T, f *fixture) {
 			return err
 		}},
 		{"activate with a reason not UTF-8", func() error { _, err := f.g.Activate(f.ctx, "a", "bad \xff", nil); return err }},
+		{"activate with a reason holding NUL", func() error { _, err := f.g.Activate(f.ctx, "a", "nul \x00", nil); return err }},
+		{"activate by a name holding NUL", func() error { _, err := f.g.Activate(f.ctx, "a\x00b", "r", nil); return err }},
+		{"deactivate by a name not UTF-8", func() error { _, err := f.g.Deactivate(f.ctx, "\xc3", "r"); return err }},
 		{"activate until now", func() error { _, err := f.g.Activate(f.ctx, "a", "r", ptr(epoch)); return err }},
 		{"activate until the past", func() error { _, err := f.g.Activate(f.ctx, "a", "r", &past); return err }},
 		{"activate until the zero time", func() error { _, err := f.g.Activate(f.ctx, "a", "r", &time.Time{}); return err }},
@@ -783,7 +788,7 @@ func testStoreApply(t *testing.T, f *fixture) {
 		wantErr(t, fmt.Sprintf("Apply(%d) on a fresh store", prev), s.Apply(f.ctx, prev, rec.State(), rec), envelope.ErrConflict)
 	}
 	f.stored(envelope.InitialState())
-	if rs, err := s.History(f.ctx, 0, 0); err != nil || len(rs) != 0 {
+	if rs, err := s.History(f.ctx, 0, 100); err != nil || len(rs) != 0 {
 		t.Fatalf("History after refused writes = %v, %v", rs, err)
 	}
 
@@ -802,7 +807,7 @@ func testStoreApply(t *testing.T, f *fixture) {
 		t.Fatal(err)
 	}
 	*got.Until = start
-	rs, err := s.History(f.ctx, 0, 0)
+	rs, err := s.History(f.ctx, 0, 100)
 	if err != nil || len(rs) != 1 {
 		t.Fatalf("History = %v, %v", rs, err)
 	}
@@ -817,7 +822,7 @@ func testStoreApply(t *testing.T, f *fixture) {
 		wantErr(t, fmt.Sprintf("Apply(%d) at version 2", prev), s.Apply(f.ctx, prev, other.State(), other), envelope.ErrConflict)
 	}
 	f.stored(want.State())
-	rs, err = s.History(f.ctx, 0, 0)
+	rs, err = s.History(f.ctx, 0, 100)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -830,7 +835,7 @@ func testStoreApply(t *testing.T, f *fixture) {
 		t.Fatalf("Apply(2): %v", err)
 	}
 	f.stored(next.State())
-	if rs, err := s.History(f.ctx, 2, 0); err != nil || len(rs) != 1 || rs[0].Version != 3 {
+	if rs, err := s.History(f.ctx, 2, 100); err != nil || len(rs) != 1 || rs[0].Version != 3 {
 		t.Fatalf("History(2) = %v, %v", rs, err)
 	}
 }
@@ -975,5 +980,71 @@ func testConcurrentMixed(t *testing.T, f *fixture, gates [2]*envelope.Gate) {
 	s := f.snapshot()
 	if d := cmp.Diff(rs[len(rs)-1].State(), s.State()); d != "" {
 		t.Fatalf("state differs from the last record (-record +state):\n%s", d)
+	}
+}
+
+// testStoreLimits: callers always pass History a limit of at least 1, and
+// a Store refuses one of 0 or less rather than guess what it means.
+func testStoreLimits(t *testing.T, f *fixture) {
+	for i := range 3 {
+		f.clock.Advance(time.Second)
+		f.activate("alice", fmt.Sprint("run ", i), nil)
+	}
+	for _, limit := range []int{0, -1, -1000} {
+		rs, err := f.store.History(f.ctx, 0, limit)
+		wantErr(t, fmt.Sprintf("Store.History(0, %d)", limit), err, envelope.ErrInvalidArgument)
+		if len(rs) != 0 {
+			t.Fatalf("Store.History(0, %d) refused but returned %d records", limit, len(rs))
+		}
+	}
+	for limit, want := range map[int]int{1: 1, 2: 2, 3: 3, 4: 3, 1 << 30: 3} {
+		rs, err := f.store.History(f.ctx, 0, limit)
+		if err != nil || len(rs) != want {
+			t.Fatalf("Store.History(0, %d) = %d records, %v; want %d", limit, len(rs), err, want)
+		}
+	}
+	// The Gate never passes the store a limit below 1.
+	if rs := f.history(0, 0); len(rs) != 3 {
+		t.Fatalf("Gate.History(0, 0) = %d records, want 3", len(rs))
+	}
+	if rs := f.history(1, -5); len(rs) != 3 {
+		t.Fatalf("Gate.History(1, -5) = %d records, want 3", len(rs))
+	}
+}
+
+// testTextRoundTrip: who made a change and why come back byte for byte,
+// in the state and in the history: no trimming, case folding or Unicode
+// normalisation.
+func testTextRoundTrip(t *testing.T, f *fixture) {
+	texts := []struct{ by, reason string }{
+		{"  Alice  ", "  leading and trailing space  "},
+		{"ALICE", "e\u0301 and \u00e9: decomposed and precomposed"},
+		{"alice@example.com", "tab\there, newline\nthere, \r\n too"},
+		{"O'Brien", `quote " and backslash \ and 100% _wild_; DROP TABLE nodelane_envelope; --`},
+		{"Ωmega", "🚀 zero\u200bwidth \ufeff BOM"},
+		{strings.Repeat("é", 128), strings.Repeat("ü", 512)}, // 256 and 1024 bytes
+	}
+	var want []envelope.Record
+	for i, tc := range texts {
+		f.clock.Advance(time.Second)
+		var st envelope.State
+		if i%2 == 0 {
+			st = f.activate(tc.by, tc.reason, nil)
+		} else {
+			st = f.deactivate(tc.by, tc.reason)
+		}
+		if st.By != tc.by || st.Reason != tc.reason {
+			t.Fatalf("change %d returned by %q reason %q, want %q %q", i, st.By, st.Reason, tc.by, tc.reason)
+		}
+		f.stored(st)
+		want = append(want, envelope.Record{Version: st.Version, Action: map[bool]envelope.Action{true: envelope.ActionActivate, false: envelope.ActionDeactivate}[i%2 == 0],
+			By: tc.by, Reason: tc.reason, At: st.ChangedAt})
+	}
+	got, err := f.store.History(f.ctx, 0, len(texts))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := cmp.Diff(want, got); d != "" {
+		t.Fatalf("history (-want +got):\n%s", d)
 	}
 }

@@ -11,8 +11,9 @@
 // mint order and in batches, the tree and its stored hashes against an
 // independent computation, inclusion and consistency proofs for every
 // size, checkpoints signed only after a batch committed (and signed late
-// after a crash), batches that fail leaving nothing behind, export, and
-// concurrent minting under two sequencers.
+// after a crash), batches that fail leaving nothing behind, export,
+// concurrent minting under two sequencers, limits that must be positive,
+// ids compared as bytes and bodies kept byte for byte.
 package receiptstest
 
 import (
@@ -211,6 +212,9 @@ func Run(t *testing.T, newStore func(t *testing.T) receipts.Store) {
 	t.Run("Export", func(t *testing.T) { testExport(t, newStore) })
 	t.Run("Await", func(t *testing.T) { testAwait(t, newStore) })
 	t.Run("Concurrent", func(t *testing.T) { testConcurrent(t, newStore) })
+	t.Run("Limits", func(t *testing.T) { testLimits(t, newStore) })
+	t.Run("IDsAreBytes", func(t *testing.T) { testIDsAreBytes(t, newStore) })
+	t.Run("BodiesRoundTrip", func(t *testing.T) { testBodiesRoundTrip(t, newStore) })
 }
 
 func testFreshStore(t *testing.T, newStore func(t *testing.T) receipts.Store) {
@@ -275,7 +279,7 @@ func testMintAndGet(t *testing.T, newStore func(t *testing.T) receipts.Store) {
 	if _, err := f.log.Mint(f.ctx, receipts.Receipt{Kind: "job_teleported"}); !errors.Is(err, receipts.ErrInvalidArgument) {
 		t.Errorf("Mint of an unknown kind: err = %v, want ErrInvalidArgument", err)
 	}
-	if ss, err := f.store.ListReceipts(f.ctx, 0, 0); err != nil || len(ss) != 0 {
+	if ss, err := f.store.ListReceipts(f.ctx, 0, 100); err != nil || len(ss) != 0 {
 		t.Errorf("ListReceipts lists unsequenced receipts: %v, %v", ss, err)
 	}
 }
@@ -321,7 +325,9 @@ func testSequenceInMintOrder(t *testing.T, newStore func(t *testing.T) receipts.
 		limit int
 		want  []int64
 	}{
-		{0, 0, []int64{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}},
+		{0, 100, []int64{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}},
+		{0, 10, []int64{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}},
+		{0, 1, []int64{0}},
 		{3, 2, []int64{3, 4}},
 		{8, 5, []int64{8, 9}},
 		{10, 5, nil},
@@ -531,7 +537,7 @@ func testBatchValidation(t *testing.T, newStore func(t *testing.T) receipts.Stor
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			err := f.store.Sequence(f.ctx, 0, func(tr receipts.Tree, p []*receipts.Stored, r tlog.HashReader) (*receipts.Batch, error) {
+			err := f.store.Sequence(f.ctx, 100, func(tr receipts.Tree, p []*receipts.Stored, r tlog.HashReader) (*receipts.Batch, error) {
 				if tc.mutate == nil {
 					return nil, nil
 				}
@@ -724,5 +730,177 @@ func testConcurrent(t *testing.T, newStore func(t *testing.T) receipts.Store) {
 		if _, ok := seen[i]; !ok {
 			t.Errorf("no receipt at index %d", i)
 		}
+	}
+}
+
+// testLimits: callers always pass a limit of at least 1, and a Store
+// refuses one of 0 or less rather than guess what it means, without
+// sequencing anything.
+func testLimits(t *testing.T, newStore func(t *testing.T) receipts.Store) {
+	f := newFixture(t, newStore)
+	f.mint(3)
+	f.sequence(f.sequencer(f.store, 2), 2)
+	f.mint(2)
+	for _, limit := range []int{0, -1, -1000} {
+		ss, err := f.store.ListReceipts(f.ctx, 0, limit)
+		if !errors.Is(err, receipts.ErrInvalidArgument) || len(ss) != 0 {
+			t.Errorf("ListReceipts(0, %d) = %d receipts, %v; want ErrInvalidArgument", limit, len(ss), err)
+		}
+		called := false
+		err = f.store.Sequence(f.ctx, limit, func(tr receipts.Tree, p []*receipts.Stored, r tlog.HashReader) (*receipts.Batch, error) {
+			called = true
+			return nil, errors.New("integrate called")
+		})
+		if !errors.Is(err, receipts.ErrInvalidArgument) || called {
+			t.Errorf("Sequence(%d): err = %v, integrate called = %v; want ErrInvalidArgument, not called", limit, err, called)
+		}
+	}
+	if got := f.tree(); got.Size != 2 {
+		t.Errorf("tree of %d after refused calls, want 2", got.Size)
+	}
+	for limit, want := range map[int]int{1: 1, 2: 2, 3: 2, 1 << 30: 2} {
+		ss, err := f.store.ListReceipts(f.ctx, 0, limit)
+		if err != nil || len(ss) != want {
+			t.Errorf("ListReceipts(0, %d) = %d receipts, %v; want %d", limit, len(ss), err, want)
+		}
+	}
+	// The Log never passes the store a limit below 1.
+	for _, limit := range []int{0, -1} {
+		if ss, err := f.log.List(f.ctx, 0, limit); err != nil || len(ss) != 2 {
+			t.Errorf("Log.List(0, %d) = %d receipts, %v; want 2", limit, len(ss), err)
+		}
+	}
+	// A batch of one takes the oldest pending receipt only.
+	called := 0
+	err := f.store.Sequence(f.ctx, 1, func(tr receipts.Tree, p []*receipts.Stored, r tlog.HashReader) (*receipts.Batch, error) {
+		called = len(p)
+		return nil, nil
+	})
+	if !errors.Is(err, receipts.ErrConflict) || called != 1 {
+		t.Errorf("Sequence(1) handed integrate %d receipts (err %v), want 1 (and ErrConflict for no batch)", called, err)
+	}
+}
+
+// testIDsAreBytes: receipt ids a caller chooses are compared as bytes, so
+// ids that a case-insensitive, accent-insensitive or PAD SPACE collation
+// would take for one are distinct receipts, each with its own body and
+// index.
+func testIDsAreBytes(t *testing.T, newStore func(t *testing.T) receipts.Store) {
+	f := newFixture(t, newStore)
+	ids := []string{"rcp_Case", "rcp_case", "RCP_CASE", "rcp_é", "rcp_e\u0301", "rcp_É", "rcp_ä", "rcp_a", "rcp_a ",
+		"квитанция-1", "КВИТАНЦИЯ-1", "收据-1", "🧾-1"}
+	minted := make(map[string]*receipts.Stored)
+	for i, id := range ids {
+		r := Sample(i)
+		r.ID = id
+		s, err := f.log.Mint(f.ctx, r)
+		if err != nil {
+			t.Fatalf("Mint with id %q: %v", id, err)
+		}
+		if s.ID != id {
+			t.Fatalf("Mint with id %q stored id %q", id, s.ID)
+		}
+		minted[id] = s
+	}
+	for i, id := range ids {
+		got := f.get(id)
+		if d := cmp.Diff(minted[id], got); d != "" {
+			t.Fatalf("GetReceipt(%q) (-minted +stored):\n%s", id, d)
+		}
+		dup := Sample(i + 1)
+		dup.ID = id
+		if _, err := f.log.Mint(f.ctx, dup); !errors.Is(err, receipts.ErrConflict) {
+			t.Fatalf("Mint with the taken id %q: err = %v, want ErrConflict", id, err)
+		}
+	}
+	for _, id := range []string{"rcp_CASE", "Rcp_case", "rcp_a  ", " rcp_a", "rcp_E\u0301", "квитанция-1 "} {
+		if _, err := f.store.GetReceipt(f.ctx, id); !errors.Is(err, receipts.ErrNotFound) {
+			t.Fatalf("GetReceipt(%q), an id never minted: err = %v, want ErrNotFound", id, err)
+		}
+	}
+	f.sequence(f.sequencer(f.store, 100), len(ids))
+	seen := make(map[int64]string)
+	for _, id := range ids {
+		s, p, cp, err := f.log.Prove(f.ctx, id)
+		if err != nil {
+			t.Fatalf("Prove(%q): %v", id, err)
+		}
+		if other, dup := seen[s.Index]; dup {
+			t.Fatalf("receipts %q and %q both have index %d", other, id, s.Index)
+		}
+		seen[s.Index] = id
+		if r, err := receipts.Verify(f.vkey, Origin, s.Body, p, cp.Note); err != nil || r.ID != id {
+			t.Fatalf("Verify(%q) = receipt %v, %v", id, r, err)
+		}
+	}
+	// Ids no store could hold are refused, and are no receipt's.
+	bad := Sample(0)
+	bad.ID = "rcp_\x00"
+	if _, err := f.log.Mint(f.ctx, bad); !errors.Is(err, receipts.ErrInvalidArgument) {
+		t.Errorf("Mint with an id holding NUL: err = %v, want ErrInvalidArgument", err)
+	}
+	for _, id := range []string{"rcp_\x00", "rcp_\xff"} {
+		if _, err := f.log.Get(f.ctx, id); !errors.Is(err, receipts.ErrNotFound) {
+			t.Errorf("Log.Get(%q) err = %v, want ErrNotFound", id, err)
+		}
+		if _, _, _, err := f.log.Prove(f.ctx, id); !errors.Is(err, receipts.ErrNotFound) {
+			t.Errorf("Log.Prove(%q) err = %v, want ErrNotFound", id, err)
+		}
+	}
+}
+
+// testBodiesRoundTrip: a receipt's body comes back byte for byte, free
+// text and all, and decodes to the receipt minted; so does a checkpoint's
+// note.
+func testBodiesRoundTrip(t *testing.T, newStore func(t *testing.T) receipts.Store) {
+	f := newFixture(t, newStore)
+	texts := []string{
+		"  leading and trailing space  ",
+		"e\u0301 and \u00e9: decomposed and precomposed",
+		"tab\t, newline\n, \r\n, quote \", backslash \\, 100% _wild_",
+		"🚀 zero\u200bwidth \ufeff BOM, \u2028 line separator",
+		"<script>&amp;</script>; DROP TABLE nodelane_receipts; --",
+	}
+	var minted []*receipts.Stored
+	for i, text := range texts {
+		r := Sample(2) // an envelope activation: actor and reason are free text
+		r.Actor, r.Reason = text, text+text
+		r.PolicyVersion = int64(i + 1)
+		s, err := f.log.Mint(f.ctx, r)
+		if err != nil {
+			t.Fatalf("Mint with text %q: %v", text, err)
+		}
+		minted = append(minted, s)
+	}
+	f.sequence(f.sequencer(f.store, 100), len(texts))
+	listed, err := f.store.ListReceipts(f.ctx, 0, len(texts))
+	if err != nil || len(listed) != len(texts) {
+		t.Fatalf("ListReceipts = %d receipts, %v", len(listed), err)
+	}
+	for i, s := range minted {
+		got := f.get(s.ID)
+		if !bytes.Equal(got.Body, s.Body) || !bytes.Equal(listed[i].Body, s.Body) {
+			t.Fatalf("receipt %d: body\n%q\ncame back as\n%q\nand listed as\n%q", i, s.Body, got.Body, listed[i].Body)
+		}
+		r, err := got.Receipt()
+		if err != nil || r.Actor != texts[i] || r.Reason != texts[i]+texts[i] {
+			t.Fatalf("receipt %d decodes to actor %q, reason %q (%v); want %q", i, r.Actor, r.Reason, err, texts[i])
+		}
+	}
+	cp := f.checkpoint()
+	if cp == nil {
+		t.Fatal("no checkpoint")
+	}
+	want, err := receipts.SignCheckpoint(f.signer, Origin, cp.Tree())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Ed25519 signatures are deterministic: the note signed again is the
+	// note the Sequencer stored.
+	if !bytes.Equal(cp.Note, want.Note) {
+		t.Fatalf("checkpoint note\n%q\ncame back as\n%q", want.Note, cp.Note)
+	}
+	if _, err := receipts.OpenCheckpoint(cp.Note, f.vkey, Origin); err != nil {
+		t.Fatalf("the stored checkpoint note does not open: %v", err)
 	}
 }

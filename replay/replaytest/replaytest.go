@@ -8,8 +8,13 @@
 //
 // The suite checks single use per (node, nonce), expiry to the
 // microsecond and re-use after it, Collect, quotas that count only live
-// nonces and never spill over to other nodes, and concurrent inserts of
-// one nonce, of which exactly one must win.
+// nonces and never spill over to other nodes, node ids and nonces that
+// differ only in case or Unicode form, and three races: concurrent inserts
+// of one fresh nonce and concurrent re-uses of one expired nonce, of which
+// exactly one must win, and concurrent inserts of distinct nonces by one
+// node, of which exactly its quota must win. A store that checks and then
+// writes without holding a lock across both fails the races; the suite's
+// own tests prove that it does (wrong_test.go).
 package replaytest
 
 import (
@@ -49,7 +54,10 @@ func Run(t *testing.T, newStore func(t *testing.T) replay.NonceStore) {
 		{"Collect", testCollect},
 		{"Quota", testQuota},
 		{"QuotaFreedByExpiry", testQuotaFreedByExpiry},
+		{"IDsAreBytes", testIDsAreBytes},
 		{"Concurrent", testConcurrent},
+		{"ConcurrentReuse", testConcurrentReuse},
+		{"ConcurrentQuota", testConcurrentQuota},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, newStore(t)) })
@@ -246,6 +254,129 @@ func testConcurrent(t *testing.T, s replay.NonceStore) {
 		want := struct{ OK, Replayed, Other int }{1, goroutines - 1, 0}
 		if diff := cmp.Diff(want, got); diff != "" {
 			t.Fatalf("round %d: outcomes of %d concurrent Inserts of one nonce (-want +got):\n%s", round, goroutines, diff)
+		}
+	}
+}
+
+// testIDsAreBytes: node ids and nonces are compared as bytes, so ids that
+// a case-insensitive or Unicode-normalising collation would take for one
+// are distinct.
+func testIDsAreBytes(t *testing.T, s replay.NonceStore) {
+	exp := epoch.Add(window)
+	nodes := []string{"Node-A", "node-a", "NODE-A", "nœud-é", "nœud-e\u0301", "NŒUD-É", "узел-1", "节点-1", "node-a "}
+	for _, node := range nodes {
+		insert(t, s, node, nonce(1), exp, epoch, nil)
+	}
+	for _, node := range nodes {
+		insert(t, s, node, nonce(1), exp, epoch, replay.ErrReplayedNonce)
+	}
+	// Nonces differ in case only (base64url is case-sensitive).
+	insert(t, s, "node-b", "AbCdEfGhIjKlMnOpQrStUv", exp, epoch, nil)
+	insert(t, s, "node-b", "abcdefghijklmnopqrstuv", exp, epoch, nil)
+	insert(t, s, "node-b", "ABCDEFGHIJKLMNOPQRSTUV", exp, epoch, nil)
+	insert(t, s, "node-b", "AbCdEfGhIjKlMnOpQrStUv", exp, epoch, replay.ErrReplayedNonce)
+	// Each spelling of a node has a quota of its own.
+	for i := 2; i <= Quota; i++ {
+		insert(t, s, "Node-A", nonce(i), exp, epoch, nil)
+	}
+	insert(t, s, "Node-A", nonce(Quota+1), exp, epoch, replay.ErrQuota)
+	insert(t, s, "node-a", nonce(2), exp, epoch, nil)
+}
+
+// race runs fn in n goroutines at once and returns how many returned nil,
+// how many each of wantErrs, and fails t for any other error.
+func race(t *testing.T, n int, fn func(g int) error, wantErrs ...error) []int {
+	t.Helper()
+	var (
+		start = make(chan struct{})
+		wg    sync.WaitGroup
+		errs  = make([]error, n)
+	)
+	for g := range n {
+		wg.Go(func() {
+			<-start
+			errs[g] = fn(g)
+		})
+	}
+	close(start)
+	wg.Wait()
+	counts := make([]int, 1+len(wantErrs))
+next:
+	for _, err := range errs {
+		if err == nil {
+			counts[0]++
+			continue
+		}
+		for i, want := range wantErrs {
+			if errors.Is(err, want) {
+				counts[i+1]++
+				continue next
+			}
+		}
+		t.Errorf("unexpected error: %v", err)
+	}
+	return counts
+}
+
+// testConcurrentReuse: of concurrent re-uses of one nonce whose record
+// has expired, exactly one replaces the record; the others see the new
+// one and are replays. A store that reads the dead record and then
+// overwrites it, without a lock between the two, admits several.
+func testConcurrentReuse(t *testing.T, s replay.NonceStore) {
+	const goroutines, rounds = 16, 10
+	for round := range rounds {
+		node := fmt.Sprintf("node-%d", round%3)
+		n := nonce(1000 + round)
+		first := epoch.Add(time.Duration(round) * 2 * window)
+		insert(t, s, node, n, first.Add(time.Second), first, nil)
+		// From its expiry on, the record is dead and the nonce may be
+		// recorded again, once.
+		now := first.Add(time.Second)
+		exp := now.Add(window)
+		got := race(t, goroutines, func(int) error {
+			return s.Insert(context.Background(), node, n, exp, now)
+		}, replay.ErrReplayedNonce)
+		if want := []int{1, goroutines - 1}; !cmp.Equal(want, got) {
+			t.Fatalf("round %d: %d concurrent re-uses of an expired nonce: %d admitted, %d replays; want exactly 1 admitted and %d replays",
+				round, goroutines, got[0], got[1], goroutines-1)
+		}
+		insert(t, s, node, n, exp, now.Add(time.Second), replay.ErrReplayedNonce)
+	}
+}
+
+// testConcurrentQuota: of concurrent inserts of distinct nonces by one
+// node, exactly its quota are admitted, counting only live nonces (the
+// node's nonces of the round before have expired but are not collected);
+// the others get ErrQuota and record nothing. A store that counts and
+// then inserts, without a lock on the node between the two, admits more.
+func testConcurrentQuota(t *testing.T, s replay.NonceStore) {
+	const goroutines, rounds = 3 * Quota, 5
+	for round := range rounds {
+		node := fmt.Sprintf("node-%d", round%2)
+		now := epoch.Add(time.Duration(round) * 2 * window)
+		exp := now.Add(window)
+		ids := make([]string, goroutines)
+		results := make([]error, goroutines)
+		for g := range ids {
+			ids[g] = nonce(round*goroutines + g)
+		}
+		got := race(t, goroutines, func(g int) error {
+			results[g] = s.Insert(context.Background(), node, ids[g], exp, now)
+			return results[g]
+		}, replay.ErrQuota)
+		if want := []int{Quota, goroutines - Quota}; !cmp.Equal(want, got) {
+			t.Fatalf("round %d: %d concurrent inserts of distinct nonces by one node with a quota of %d: %d admitted, %d refused; want exactly %d admitted and %d refused",
+				round, goroutines, Quota, got[0], got[1], Quota, goroutines-Quota)
+		}
+		// The admitted nonces are recorded, the refused ones are not, and
+		// the node is at its quota.
+		later := now.Add(time.Second)
+		for g, err := range results {
+			want := replay.ErrQuota
+			if err == nil {
+				want = replay.ErrReplayedNonce
+			}
+			insert(t, s, node, ids[g], exp, later, want)
 		}
 	}
 }

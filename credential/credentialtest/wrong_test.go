@@ -1,0 +1,178 @@
+package credentialtest_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/nodelane/nodelane/credential"
+	"github.com/nodelane/nodelane/credential/credentialtest"
+)
+
+// The suite must refuse stores that are wrong in the ways real adapters
+// are: each variant below passes every test but one. TestWrongStores runs
+// the suite on each in a child process (a failing suite fails its
+// *testing.T, which a parent cannot catch in process) and checks that it
+// fails, and where.
+
+// wrongEnv names the variant a child process runs the suite on.
+const wrongEnv = "CREDENTIALTEST_WRONG_STORE"
+
+var wrongStores = []struct {
+	name string
+	new  func() credential.Store
+	// fails is the one subtest of Run that must fail.
+	fails string
+}{
+	// Ids under a case-insensitive collation (MySQL's utf8mb4_general_ci,
+	// SQLite's NOCASE): "Op-A" and "op-a" are one principal.
+	{"FoldedIDs", func() credential.Store { return newFolded() }, "Records/IDsAreBytes"},
+	// Text trimmed on the way in, as a form layer or a CHAR column would.
+	{"TrimmedText", func() credential.Store { return trimmed{credential.NewMemoryStore()} }, "Records/TextRoundTrip"},
+}
+
+func TestWrongStores(t *testing.T) {
+	if name := os.Getenv(wrongEnv); name != "" {
+		for _, w := range wrongStores {
+			if w.name == name {
+				credentialtest.Run(t, func(*testing.T) credential.Store { return w.new() })
+				return
+			}
+		}
+		t.Fatalf("%s=%s names no wrong store", wrongEnv, name)
+	}
+	for _, w := range wrongStores {
+		t.Run(w.name, func(t *testing.T) {
+			t.Parallel()
+			cmd := exec.Command(os.Args[0], "-test.run=^TestWrongStores$", "-test.count=1", "-test.v")
+			cmd.Env = append(os.Environ(), wrongEnv+"="+w.name)
+			out, err := cmd.CombinedOutput()
+			var exit *exec.ExitError
+			if !errors.As(err, &exit) || exit.ExitCode() == 0 {
+				t.Fatalf("the suite on %s: err = %v, want a failure exit; output:\n%s", w.name, err, out)
+			}
+			checkFailures(t, string(out), "TestWrongStores/"+w.fails)
+		})
+	}
+}
+
+var failLine = regexp.MustCompile(`(?m)^\s*--- FAIL: (\S+)`)
+
+// checkFailures checks that out, the verbose output of a test binary,
+// reports want failed and nothing else but its parents.
+func checkFailures(t *testing.T, out, want string) {
+	t.Helper()
+	var failed []string
+	found := false
+	for _, m := range failLine.FindAllStringSubmatch(out, -1) {
+		name := m[1]
+		failed = append(failed, name)
+		switch {
+		case name == want:
+			found = true
+		case strings.HasPrefix(want, name+"/"):
+		default:
+			t.Errorf("subtest %s failed too; only %s should", name, want)
+		}
+	}
+	if !found {
+		t.Errorf("failed subtests %v, want %s among them; output:\n%s", failed, want, out)
+	}
+}
+
+// folded is a MemoryStore behind a case-insensitive index of principal
+// and credential ids: a lookup finds the record whose id folds to the
+// same, and a new id that folds to a taken one conflicts.
+type folded struct {
+	mem *credential.MemoryStore
+
+	mu    sync.Mutex
+	names map[string]string // folded id -> id as first stored
+}
+
+func newFolded() *folded {
+	return &folded{mem: credential.NewMemoryStore(), names: map[string]string{}}
+}
+
+// id returns the stored id that id folds to, or id itself.
+func (f *folded) id(kind, id string) string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if stored, ok := f.names[kind+strings.ToLower(id)]; ok {
+		return stored
+	}
+	return id
+}
+
+// claim records id as taken, or reports that one folding to it is.
+func (f *folded) claim(kind, id string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	k := kind + strings.ToLower(id)
+	if _, ok := f.names[k]; ok {
+		return false
+	}
+	f.names[k] = id
+	return true
+}
+
+func (f *folded) CreatePrincipal(ctx context.Context, p *credential.Principal) error {
+	if !f.claim("p", p.ID) {
+		return credential.ErrConflict
+	}
+	return f.mem.CreatePrincipal(ctx, p)
+}
+
+func (f *folded) GetPrincipal(ctx context.Context, id string) (*credential.Principal, error) {
+	return f.mem.GetPrincipal(ctx, f.id("p", id))
+}
+
+func (f *folded) UpdatePrincipal(ctx context.Context, p *credential.Principal, rev int64) error {
+	c := *p
+	c.ID = f.id("p", p.ID)
+	return f.mem.UpdatePrincipal(ctx, &c, rev)
+}
+
+func (f *folded) CreateCredential(ctx context.Context, c *credential.Credential) error {
+	if !f.claim("c", c.ID) {
+		return credential.ErrConflict
+	}
+	return f.mem.CreateCredential(ctx, c)
+}
+
+func (f *folded) GetCredential(ctx context.Context, id string) (*credential.Credential, error) {
+	return f.mem.GetCredential(ctx, f.id("c", id))
+}
+
+func (f *folded) UpdateCredential(ctx context.Context, c *credential.Credential, rev int64) error {
+	d := *c
+	d.ID = f.id("c", c.ID)
+	return f.mem.UpdateCredential(ctx, &d, rev)
+}
+
+func (f *folded) ListCredentials(ctx context.Context, principalID string) ([]*credential.Credential, error) {
+	return f.mem.ListCredentials(ctx, f.id("p", principalID))
+}
+
+// trimmed is a MemoryStore that trims the space around names and ban
+// reasons before it keeps them.
+type trimmed struct{ *credential.MemoryStore }
+
+func trim(p *credential.Principal) *credential.Principal {
+	c := *p
+	c.Name, c.BanReason = strings.TrimSpace(p.Name), strings.TrimSpace(p.BanReason)
+	return &c
+}
+
+func (s trimmed) CreatePrincipal(ctx context.Context, p *credential.Principal) error {
+	return s.MemoryStore.CreatePrincipal(ctx, trim(p))
+}
+
+func (s trimmed) UpdatePrincipal(ctx context.Context, p *credential.Principal, rev int64) error {
+	return s.MemoryStore.UpdatePrincipal(ctx, trim(p), rev)
+}

@@ -1,0 +1,106 @@
+package envelopetest_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/nodelane/nodelane/envelope"
+	"github.com/nodelane/nodelane/envelope/envelopetest"
+)
+
+// The suite must refuse stores that are wrong in the ways real adapters
+// are: each variant below passes every test but one. TestWrongStores runs
+// the suite on each in a child process (a failing suite fails its
+// *testing.T, which a parent cannot catch in process) and checks that it
+// fails, and where.
+
+// wrongEnv names the variant a child process runs the suite on.
+const wrongEnv = "ENVELOPETEST_WRONG_STORE"
+
+var wrongStores = []struct {
+	name string
+	new  func() envelope.Store
+	// fails is the one subtest of Run that must fail.
+	fails string
+}{
+	// A store that reads a limit of 0 or less as "all", as the contract
+	// once allowed: one caller's bug away from reading a whole table.
+	{"UnlimitedHistory", func() envelope.Store { return unlimited{envelope.NewMemoryStore()} }, "StoreLimits"},
+	// Text trimmed on the way in, as a form layer or a CHAR column would.
+	{"TrimmedText", func() envelope.Store { return trimmed{envelope.NewMemoryStore()} }, "TextRoundTrip"},
+}
+
+func TestWrongStores(t *testing.T) {
+	if name := os.Getenv(wrongEnv); name != "" {
+		for _, w := range wrongStores {
+			if w.name == name {
+				envelopetest.Run(t, func(*testing.T) envelope.Store { return w.new() })
+				return
+			}
+		}
+		t.Fatalf("%s=%s names no wrong store", wrongEnv, name)
+	}
+	for _, w := range wrongStores {
+		t.Run(w.name, func(t *testing.T) {
+			t.Parallel()
+			cmd := exec.Command(os.Args[0], "-test.run=^TestWrongStores$", "-test.count=1", "-test.v")
+			cmd.Env = append(os.Environ(), wrongEnv+"="+w.name)
+			out, err := cmd.CombinedOutput()
+			var exit *exec.ExitError
+			if !errors.As(err, &exit) || exit.ExitCode() == 0 {
+				t.Fatalf("the suite on %s: err = %v, want a failure exit; output:\n%s", w.name, err, out)
+			}
+			checkFailures(t, string(out), "TestWrongStores/"+w.fails)
+		})
+	}
+}
+
+var failLine = regexp.MustCompile(`(?m)^\s*--- FAIL: (\S+)`)
+
+// checkFailures checks that out, the verbose output of a test binary,
+// reports want failed and nothing else but its parents.
+func checkFailures(t *testing.T, out, want string) {
+	t.Helper()
+	var failed []string
+	found := false
+	for _, m := range failLine.FindAllStringSubmatch(out, -1) {
+		name := m[1]
+		failed = append(failed, name)
+		switch {
+		case name == want:
+			found = true
+		case strings.HasPrefix(want, name+"/"):
+		default:
+			t.Errorf("subtest %s failed too; only %s should", name, want)
+		}
+	}
+	if !found {
+		t.Errorf("failed subtests %v, want %s among them; output:\n%s", failed, want, out)
+	}
+}
+
+// unlimited is a MemoryStore whose History returns every record for a
+// limit of 0 or less.
+type unlimited struct{ *envelope.MemoryStore }
+
+func (s unlimited) History(ctx context.Context, after int64, limit int) ([]envelope.Record, error) {
+	if limit <= 0 {
+		limit = 1 << 30
+	}
+	return s.MemoryStore.History(ctx, after, limit)
+}
+
+// trimmed is a MemoryStore that trims the space around who made a change
+// and why before it keeps them.
+type trimmed struct{ *envelope.MemoryStore }
+
+func (s trimmed) Apply(ctx context.Context, prev int64, next envelope.State, rec envelope.Record) error {
+	next.By, next.Reason = strings.TrimSpace(next.By), strings.TrimSpace(next.Reason)
+	rec.By, rec.Reason = strings.TrimSpace(rec.By), strings.TrimSpace(rec.Reason)
+	return s.MemoryStore.Apply(ctx, prev, next, rec)
+}

@@ -18,6 +18,14 @@ var cores = []string{"lease", "credential", "replay", "envelope", "receipts"}
 // leaf that imports only the standard library.
 const testclock = "internal/testclock"
 
+// workerapitest is the conformance suite of workerapi's storage contract
+// (every store joins the Transactor's transaction). Like a core's suite it
+// drives stores through their interfaces only, so it imports workerapi,
+// the cores, the standard library and go-cmp, and nothing of an adapter:
+// no bunstore, no bun, no driver, no internal helper. golang.org/x and
+// the cores' own third-party packages come in with the cores.
+const workerapitest = "workerapi/workerapitest"
+
 // allowedThirdParty lists, per core, what beyond the standard library and
 // golang.org/x it may import.
 var allowedThirdParty = map[string][]string{
@@ -82,8 +90,18 @@ func violations(pkg string, deps []string, std map[string]bool) []string {
 		case pkg == testclock:
 			out = append(out, pkg+" imports "+d+": "+testclock+" imports only the standard library")
 			continue
+		case pkg == workerapitest:
+			ownOK := r == "workerapi" || r == "workerapi/wire" || slices.Contains(cores, r)
+			thirdOK := strings.HasPrefix(d, "github.com/google/go-cmp/") || strings.HasPrefix(d, "golang.org/x/") ||
+				slices.ContainsFunc(cores, func(c string) bool {
+					return slices.ContainsFunc(allowedThirdParty[c], func(p string) bool { return d == p || strings.HasPrefix(d, p+"/") })
+				})
+			if (own && !ownOK) || (!own && !thirdOK) {
+				out = append(out, pkg+" imports "+d+": "+workerapitest+" imports only workerapi, the cores, the standard library and go-cmp")
+			}
+			continue
 		}
-		if own && strings.HasSuffix(r, "test") && slices.ContainsFunc(cores, func(c string) bool { return strings.HasPrefix(r, c+"/") }) {
+		if own && strings.HasSuffix(r, "test") && (r == workerapitest || slices.ContainsFunc(cores, func(c string) bool { return strings.HasPrefix(r, c+"/") })) {
 			out = append(out, pkg+" imports "+d+": production code never imports a conformance suite")
 		}
 		if pkg == "bunstore" && own && (r == "workerapi" || strings.HasPrefix(r, "workerapi/")) {
@@ -178,6 +196,16 @@ func TestViolations(t *testing.T) {
 		{"workerapi/client", []string{"github.com/uptrace/bun", "modernc.org/sqlite", "github.com/jackc/pgx/v5"}, 3},
 		{"examples/worker", []string{module + "/workerapi/client", module + "/examples/internal/jobs"}, 0},
 		{"examples/worker", []string{module + "/lease"}, 1},
+		{workerapitest, []string{"fmt", module + "/workerapi", module + "/workerapi/wire", module + "/lease", module + "/credential",
+			module + "/replay", module + "/envelope", module + "/receipts", "golang.org/x/mod/sumdb/tlog", "github.com/dunglas/httpsfv",
+			"github.com/google/go-cmp/cmp"}, 0},
+		{workerapitest, []string{module + "/bunstore"}, 1},
+		{workerapitest, []string{"github.com/uptrace/bun", "modernc.org/sqlite", "github.com/jackc/pgx/v5"}, 3},
+		{workerapitest, []string{module + "/internal/testdb", module + "/internal/apitest", module + "/internal/testclock"}, 3},
+		{workerapitest, []string{module + "/workerapi/client", module + "/lease/leasetest"}, 2},
+		{workerapitest, []string{"github.com/google/uuid"}, 1},
+		{"examples/server", []string{module + "/" + workerapitest}, 1},
+		{"workerapi", []string{module + "/" + workerapitest}, 1},
 	}
 	for _, tc := range tests {
 		if got := violations(tc.pkg, tc.deps, std); len(got) != tc.want {

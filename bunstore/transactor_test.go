@@ -1,0 +1,29 @@
+package bunstore_test
+
+import (
+	"testing"
+
+	"github.com/nodelane/nodelane/internal/testdb"
+	"github.com/nodelane/nodelane/workerapi"
+	"github.com/nodelane/nodelane/workerapi/workerapitest"
+)
+
+// TestTransactor runs the transaction conformance suite on each dialect:
+// DB.InTx carries one transaction, and every store joins it.
+func TestTransactor(t *testing.T) {
+	for _, d := range testdb.Dialects() {
+		t.Run(d.Name, func(t *testing.T) {
+			workerapitest.Run(t, func(t *testing.T) workerapi.Stores {
+				db := open(t, d.New(t))
+				return workerapi.Stores{
+					Tx:          db,
+					Leases:      db.LeaseStore(),
+					Credentials: db.CredentialStore(),
+					Nonces:      db.NonceStore(nil),
+					Envelope:    db.EnvelopeStore(),
+					Receipts:    db.ReceiptsStore(),
+				}
+			})
+		})
+	}
+}

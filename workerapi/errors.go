@@ -73,6 +73,13 @@ var errorTable = []struct {
 	{ErrUnsupportedMediaType, status{http.StatusUnsupportedMediaType, wire.CodeUnsupportedMediaType}},
 	{replay.ErrQuota, status{http.StatusTooManyRequests, wire.CodeRateLimited}},
 	{replay.ErrUnavailable, status{http.StatusServiceUnavailable, wire.CodeUnavailable}},
+	// The database aborted the request's transaction (a deadlock, a
+	// serialization failure): nothing was kept, and the client's retry, a
+	// new signed request, runs it again whole.
+	{lease.ErrAborted, status{http.StatusServiceUnavailable, wire.CodeUnavailable}},
+	{credential.ErrAborted, status{http.StatusServiceUnavailable, wire.CodeUnavailable}},
+	{envelope.ErrAborted, status{http.StatusServiceUnavailable, wire.CodeUnavailable}},
+	{receipts.ErrAborted, status{http.StatusServiceUnavailable, wire.CodeUnavailable}},
 }
 
 // statusOf maps err to its status. An error the table does not know is a

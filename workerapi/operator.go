@@ -68,9 +68,13 @@ func (s *Server) Dispatch(ctx context.Context, nj lease.NewJob) (job *lease.Job,
 		s.log.Error("checking whether a job is leasable", "job_id", job.ID, "err", err)
 		return job, false, "unknown: a store did not answer while leasability was checked", nil
 	}
-	if why.Code == lease.ReasonJobLeased || why.Code == lease.ReasonJobFinished {
-		// A worker waiting in a long-poll leased the job since the commit.
-		return job, true, "", nil
+	if !leasable {
+		// A worker waiting in a long-poll may have leased the job since
+		// the commit, even while Explain read it, and now counts it
+		// against its max_jobs.
+		if cur, err := s.leases.Get(ctx, job.ID); err == nil && cur.Lease != nil {
+			return job, true, "", nil
+		}
 	}
 	return job, leasable, why.Message, nil
 }

@@ -525,6 +525,8 @@ func exampleReceipts(t *testing.T) []receipts.Receipt {
 		{
 			ID: exampleID("rcp_", exampleRegistered, "0d9e4b7a1c6f2e3a8b05"), Kind: receipts.KindWorkerRegistered, PolicyVersion: 3, ServerTime: exampleRegistered,
 			WorkerID: workerID, NodeID: "studio-gpu-1", KeyID: replay.KeyID(pub), CredentialID: "9b2f6c1e8d4a7035b1e9f2c6d8a4e017",
+			// The provisioning token of section 2.1, which the request of 4.7 carries.
+			ProvisioningCredentialID: "000102030405060708090a0b0c0d0e0f",
 		},
 		{
 			ID: completedID, Kind: receipts.KindJobCompleted, PolicyVersion: 3, ServerTime: exampleFinished,

@@ -15,7 +15,9 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net/url"
+	"os"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -122,6 +124,9 @@ func Open(ctx context.Context, dsn string, cfg *Config) (*DB, error) {
 		var err error
 		sdsn, ownMode := sqliteDSN(dsn, c.BusyTimeout)
 		wal = !ownMode
+		if err := createPrivate(sdsn); err != nil {
+			return nil, err
+		}
 		if sqldb, err = sql.Open("sqlite", sdsn); err != nil {
 			return nil, fmt.Errorf("bunstore: open sqlite: %w", err)
 		}
@@ -231,6 +236,42 @@ func sqliteDSN(dsn string, busy time.Duration) (string, bool) {
 		q.Set("_txlock", "immediate")
 	}
 	return path + "?" + q.Encode(), set["journal_mode"]
+}
+
+// createPrivate creates the database file of the SQLite DSN sdsn (as
+// sqliteDSN makes it), empty and with mode 0600, unless it exists: it
+// will hold job payloads and results, credential digests and receipts,
+// which no other user of the machine should read, and SQLite would
+// create it with the process's default mode (0644 under the usual
+// umask). SQLite gives the -wal and -shm files it creates beside it the
+// mode of the database file. A file that exists keeps its mode, which
+// is its owner's choice; an in-memory or read-only database creates
+// nothing.
+func createPrivate(sdsn string) error {
+	path, query, _ := strings.Cut(strings.TrimPrefix(sdsn, "file:"), "?")
+	q, _ := url.ParseQuery(query)
+	if path == "" || path == ":memory:" || q.Get("mode") == "memory" || q.Get("mode") == "ro" || q.Has("vfs") {
+		return nil
+	}
+	if rest, ok := strings.CutPrefix(path, "//"); ok {
+		// A file://host/path URI: the path starts at the next slash.
+		i := strings.IndexByte(rest, '/')
+		if i < 0 {
+			return nil
+		}
+		path = rest[i:]
+	}
+	if p, err := url.PathUnescape(path); err == nil {
+		path = p
+	}
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	switch {
+	case errors.Is(err, fs.ErrExist):
+		return nil
+	case err != nil:
+		return fmt.Errorf("bunstore: create the sqlite database file: %w", err)
+	}
+	return f.Close()
 }
 
 // enableWAL puts a SQLite database in WAL mode, which the file keeps, so

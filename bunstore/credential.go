@@ -96,6 +96,8 @@ type credentialRow struct {
 	ExpiresAt     int64  `bun:"expires_at"`
 	RevokedAt     *int64 `bun:"revoked_at"`
 	RotatedTo     string `bun:"rotated_to"`
+	MaxUses       int64  `bun:"max_uses"`
+	Uses          int64  `bun:"uses"`
 	Rev           int64  `bun:"rev"`
 }
 
@@ -119,6 +121,8 @@ func newCredentialRow(c *credential.Credential) (*credentialRow, error) {
 		ExpiresAt:     micros(c.ExpiresAt),
 		RevokedAt:     microsPtr(c.RevokedAt),
 		RotatedTo:     c.RotatedTo,
+		MaxUses:       c.MaxUses,
+		Uses:          c.Uses,
 		Rev:           c.Rev,
 	}, nil
 }
@@ -133,6 +137,8 @@ func (r *credentialRow) credential() *credential.Credential {
 		ExpiresAt:     fromMicros(r.ExpiresAt),
 		RevokedAt:     fromMicrosPtr(r.RevokedAt),
 		RotatedTo:     r.RotatedTo,
+		MaxUses:       r.MaxUses,
+		Uses:          r.Uses,
 		Rev:           r.Rev,
 	}
 	if len(r.Digest) > 0 {
@@ -215,6 +221,21 @@ func (s *CredentialStore) UpdatePrincipal(ctx context.Context, p *credential.Pri
 	return nil
 }
 
+// PrincipalsByKey returns every principal whose key id is keyID, in id
+// order (an index on key_id serves it); none for a key no one holds.
+func (s *CredentialStore) PrincipalsByKey(ctx context.Context, keyID string) ([]*credential.Principal, error) {
+	var rows []principalRow
+	err := s.db.idb(ctx).NewSelect().Model(&rows).Where("key_id = ?", keyID).OrderExpr("id").Scan(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("bunstore: principals of key %s: %w", keyID, markAborted(err, credential.ErrAborted))
+	}
+	out := make([]*credential.Principal, len(rows))
+	for i := range rows {
+		out[i] = rows[i].principal()
+	}
+	return out, nil
+}
+
 // CreateCredential inserts c. It returns credential.ErrConflict if the id
 // is taken, and credential.ErrInvalidArgument if a scope is empty or holds
 // white space (no valid scope does), which the scopes column cannot hold.
@@ -266,19 +287,36 @@ func (s *CredentialStore) UpdateCredential(ctx context.Context, c *credential.Cr
 	return nil
 }
 
-// ListCredentials returns every credential of the principal, in id order;
-// none for an unknown principal.
-func (s *CredentialStore) ListCredentials(ctx context.Context, principalID string) ([]*credential.Credential, error) {
+// ListCredentials returns up to f.Limit credentials with an id above
+// f.After, of f.PrincipalID or of every principal when it is "", in byte
+// order of the ids (the primary key, or the index on principal_id and id,
+// serves each page). It returns credential.ErrInvalidArgument if f.Limit
+// is below 1.
+func (s *CredentialStore) ListCredentials(ctx context.Context, f credential.CredentialFilter) ([]*credential.Credential, error) {
+	if f.Limit < 1 {
+		return nil, fmt.Errorf("bunstore: list credentials: %w: limit %d is below 1", credential.ErrInvalidArgument, f.Limit)
+	}
 	var rows []credentialRow
-	err := s.db.idb(ctx).NewSelect().Model(&rows).Where("principal_id = ?", principalID).OrderExpr("id").Scan(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("bunstore: list credentials of %s: %w", principalID, markAborted(err, credential.ErrAborted))
+	if err := credentialPage(s.db.idb(ctx), &rows, f).Scan(ctx); err != nil {
+		return nil, fmt.Errorf("bunstore: list credentials: %w", markAborted(err, credential.ErrAborted))
 	}
 	out := make([]*credential.Credential, len(rows))
 	for i := range rows {
 		out[i] = rows[i].credential()
 	}
 	return out, nil
+}
+
+// credentialPage is the query of ListCredentials, into rows.
+func credentialPage(idb bun.IDB, rows *[]credentialRow, f credential.CredentialFilter) *bun.SelectQuery {
+	q := idb.NewSelect().Model(rows)
+	if f.PrincipalID != "" {
+		q = q.Where("principal_id = ?", f.PrincipalID)
+	}
+	if f.After != "" {
+		q = q.Where("id > ?", f.After)
+	}
+	return q.OrderExpr("id").Limit(int64(f.Limit))
 }
 
 // insertCredentialRow runs q with ON CONFLICT (id) DO NOTHING, rather than letting

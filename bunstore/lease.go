@@ -64,6 +64,7 @@ type jobRow struct {
 	GPUSKU          string  `bun:"gpu_sku"`
 	GPUCount        int     `bun:"gpu_count"`
 	MinVRAMMB       int     `bun:"min_vram_mb"`
+	MaxRuntime      int     `bun:"max_runtime_seconds"`
 	Priority        int     `bun:"priority"`
 	MaxAttempts     int     `bun:"max_attempts"`
 	State           string  `bun:"state"`
@@ -108,6 +109,7 @@ func newJobRow(j *lease.Job) *jobRow {
 		GPUSKU:          j.Requirements.GPUSKU,
 		GPUCount:        j.Requirements.GPUCount,
 		MinVRAMMB:       j.Requirements.MinVRAMMB,
+		MaxRuntime:      j.Requirements.MaxRuntimeSeconds,
 		Priority:        j.Priority,
 		MaxAttempts:     j.MaxAttempts,
 		State:           string(j.State),
@@ -154,9 +156,10 @@ func (r *jobRow) job() *lease.Job {
 		Type:    r.Type,
 		Payload: raw(r.Payload),
 		Requirements: lease.Requirements{
-			GPUSKU:    r.GPUSKU,
-			GPUCount:  r.GPUCount,
-			MinVRAMMB: r.MinVRAMMB,
+			GPUSKU:            r.GPUSKU,
+			GPUCount:          r.GPUCount,
+			MinVRAMMB:         r.MinVRAMMB,
+			MaxRuntimeSeconds: r.MaxRuntime,
 		},
 		Priority:        r.Priority,
 		MaxAttempts:     r.MaxAttempts,
@@ -621,6 +624,45 @@ type workerRow struct {
 	Metrics           *string `bun:"metrics"`
 	RegisteredAt      int64   `bun:"registered_at"`
 	LastSeenAt        int64   `bun:"last_seen_at"`
+	// The approval (migration 0008); the pinned lists are JSON arrays,
+	// NULL when nothing is pinned.
+	ApprovalPending  bool    `bun:"approval_pending"`
+	ApprovedAt       *int64  `bun:"approved_at"`
+	ApprovedBy       string  `bun:"approved_by"`
+	ApprovalReason   string  `bun:"approval_reason"`
+	ApprovedJobTypes *string `bun:"approved_job_types"`
+	ApprovedTags     *string `bun:"approved_tags"`
+}
+
+// workerColumns are the columns PutWorker replaces in a stored worker:
+// all but id and the approval's, which only SetApproval writes.
+var workerColumns = []string{
+	"node_id", "name", "hostname", "endpoint_url", "role", "tags", "version", "heartbeat_interval",
+	"capabilities", "max_jobs", "max_vram_mb", "policy_version", "status", "metrics", "registered_at", "last_seen_at",
+}
+
+// setApproval writes a into the approval columns of r.
+func (r *workerRow) setApproval(a lease.Approval) error {
+	r.ApprovalPending, r.ApprovedAt, r.ApprovedBy, r.ApprovalReason = a.Pending, microsPtr(a.At), a.By, a.Reason
+	var err error
+	if r.ApprovedJobTypes, err = jsonList(a.JobTypes); err != nil {
+		return err
+	}
+	r.ApprovedTags, err = jsonList(a.Tags)
+	return err
+}
+
+// jsonList is vs as a JSON array, nil when vs is empty.
+func jsonList(vs []string) (*string, error) {
+	if len(vs) == 0 {
+		return nil, nil
+	}
+	b, err := json.Marshal(vs)
+	if err != nil {
+		return nil, err
+	}
+	s := string(b)
+	return &s, nil
 }
 
 func (r *workerRow) worker() (*lease.Worker, error) {
@@ -646,10 +688,24 @@ func (r *workerRow) worker() (*lease.Worker, error) {
 	if err := json.Unmarshal([]byte(r.Capabilities), &w.Capabilities); err != nil {
 		return nil, fmt.Errorf("bunstore: worker %s: capabilities: %w", r.ID, err)
 	}
+	w.Approval = lease.Approval{Pending: r.ApprovalPending, At: fromMicrosPtr(r.ApprovedAt), By: r.ApprovedBy, Reason: r.ApprovalReason}
+	for _, l := range []struct {
+		col string
+		src *string
+		dst *[]string
+	}{{"approved_job_types", r.ApprovedJobTypes, &w.Approval.JobTypes}, {"approved_tags", r.ApprovedTags, &w.Approval.Tags}} {
+		if l.src == nil {
+			continue
+		}
+		if err := json.Unmarshal([]byte(*l.src), l.dst); err != nil {
+			return nil, fmt.Errorf("bunstore: worker %s: %s: %w", r.ID, l.col, err)
+		}
+	}
 	return w, nil
 }
 
-// PutWorker inserts or replaces the worker w.ID. It returns
+// PutWorker inserts or replaces the worker w.ID, keeping the approval of
+// a stored one (only SetApproval writes it). It returns
 // lease.ErrConflict if another worker has w.NodeID.
 func (s *LeaseStore) PutWorker(ctx context.Context, w *lease.Worker) error {
 	tags, err := json.Marshal(w.Tags)
@@ -679,10 +735,18 @@ func (s *LeaseStore) PutWorker(ctx context.Context, w *lease.Worker) error {
 		RegisteredAt:      micros(w.RegisteredAt),
 		LastSeenAt:        micros(w.LastSeenAt),
 	}
-	// Without SET clauses bun updates every column from EXCLUDED. A clash
-	// on node_id with another worker is a unique violation.
+	if err := r.setApproval(w.Approval); err != nil {
+		return fmt.Errorf("bunstore: put worker %s: %w", w.ID, err)
+	}
+	// A stored worker gets every column from EXCLUDED but its approval's,
+	// in the one statement, so that a concurrent SetApproval is never
+	// undone. A clash on node_id with another worker is a unique violation.
 	err = s.write(ctx, func(ctx context.Context, idb bun.IDB) error {
-		_, err := idb.NewInsert().Model(r).On("CONFLICT (id) DO UPDATE").Exec(ctx)
+		q := idb.NewInsert().Model(r).On("CONFLICT (id) DO UPDATE")
+		for _, c := range workerColumns {
+			q = q.Set("? = EXCLUDED.?", bun.Ident(c), bun.Ident(c))
+		}
+		_, err := q.Exec(ctx)
 		return err
 	})
 	if isUniqueViolation(err) {
@@ -690,6 +754,32 @@ func (s *LeaseStore) PutWorker(ctx context.Context, w *lease.Worker) error {
 	}
 	if err != nil {
 		return fmt.Errorf("bunstore: put worker %s: %w", w.ID, err)
+	}
+	return nil
+}
+
+// SetApproval replaces the approval of the worker id. It returns
+// lease.ErrNotFound if there is no such worker.
+func (s *LeaseStore) SetApproval(ctx context.Context, id string, a lease.Approval) error {
+	r := &workerRow{ID: id}
+	if err := r.setApproval(a); err != nil {
+		return fmt.Errorf("bunstore: set approval of worker %s: %w", id, err)
+	}
+	err := s.write(ctx, func(ctx context.Context, idb bun.IDB) error {
+		res, err := idb.NewUpdate().Model(r).
+			Column("approval_pending", "approved_at", "approved_by", "approval_reason", "approved_job_types", "approved_tags").
+			WherePK().Exec(ctx)
+		if err != nil {
+			return err
+		}
+		n, err := res.RowsAffected()
+		if err == nil && n != 1 {
+			err = lease.ErrNotFound
+		}
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("bunstore: set approval of worker %s: %w", id, err)
 	}
 	return nil
 }

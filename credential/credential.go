@@ -37,6 +37,9 @@ var (
 	ErrExpired = errors.New("credential: token expired")
 	// ErrRevoked: the credential was revoked (401 token_revoked).
 	ErrRevoked = errors.New("credential: token revoked")
+	// ErrExhausted: the credential is limited in uses (MaxUses) and has
+	// been used that many times (401 token_exhausted).
+	ErrExhausted = errors.New("credential: token exhausted")
 	// ErrBanned: the credential's principal is banned (403 worker_banned).
 	ErrBanned = errors.New("credential: principal banned")
 	// ErrInsufficientScope: the credential lacks the scope asked for
@@ -100,6 +103,14 @@ type Credential struct {
 	RevokedAt *time.Time
 	// RotatedTo is the id of the credential that replaced this one, or "".
 	RotatedTo string
+	// MaxUses, when above 0, is how many times Issuer.Use may count the
+	// credential (a provisioning credential limited to so many
+	// registrations); once Uses reaches it, the credential no longer
+	// verifies (ErrExhausted). 0 means no limit.
+	MaxUses int64
+	// Uses is how many times Issuer.Use counted the credential. Only a
+	// credential with MaxUses above 0 is counted; others stay at 0.
+	Uses int64
 	// Rev is the record's revision, as Principal.Rev.
 	Rev int64
 }

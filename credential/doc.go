@@ -21,10 +21,33 @@
 // shape and checksum ([ErrInvalidToken], no store call); the id and the
 // secret ([ErrInvalidToken] for both, after the same work, so an unknown
 // id cannot be told from a wrong secret); expiry ([ErrExpired]);
-// revocation ([ErrRevoked]); a ban of the principal ([ErrBanned]); the
+// revocation ([ErrRevoked]); a limit of uses that is spent
+// ([ErrExhausted]); a ban of the principal ([ErrBanned]); the
 // scope ([ErrInsufficientScope]). Scopes match exactly: there are no
 // wildcards, prefixes or case folding. A store that fails makes Verify
 // fail with the store's error wrapped, never pass.
+//
+// # Delegation
+//
+// A credential that may mint credentials (operator:credentials on the
+// operator routes) mints only scopes it holds itself: [Issuer.MintAs]
+// refuses any other with a [*ScopeError] that names them and matches
+// [ErrInsufficientScope], so no credential makes one more powerful than
+// itself. [Issuer.Mint] checks no minter: it is for code with authority
+// of its own, such as a bootstrap. [Issuer.ListCredentials] pages the
+// credentials in byte order of their ids.
+//
+// # Limits, bans by key, renewal
+//
+// A credential may be limited in uses ([MintOptions].MaxUses, through
+// [Issuer.MintWith]): [Issuer.Use], called in the transaction of what the
+// use stands for (a registration, for a provisioning credential), counts
+// one with a conditional update, so concurrent uses never exceed the
+// limit, and a spent credential no longer verifies. A ban follows a
+// node's key: [Issuer.KeyBan] finds a banned principal that holds a key,
+// so that a caller can refuse the key under any principal id.
+// [Issuer.Renew] replaces a credential with a new one while the old one
+// lives on for a short grace, and may be repeated within that grace.
 //
 // # Peppers
 //

@@ -300,20 +300,39 @@ func (is *Issuer) updatePrincipal(ctx context.Context, id string, change func(*P
 // A banned principal may be given credentials; Verify refuses them while
 // the ban lasts.
 func (is *Issuer) Mint(ctx context.Context, principalID string, scopes []Scope, ttl time.Duration) (token string, c *Credential, err error) {
+	return is.MintWith(ctx, principalID, scopes, MintOptions{TTL: ttl})
+}
+
+// MintOptions are the settings of a credential that MintWith mints.
+type MintOptions struct {
+	// TTL is the credential's lifetime; 0 means Config.DefaultTTL.
+	TTL time.Duration
+	// MaxUses, when above 0, limits how many times Use may count the
+	// credential (Credential.MaxUses); 0 means no limit.
+	MaxUses int64
+}
+
+// MintWith is Mint with options: a credential may also be limited in
+// uses. ErrInvalidArgument as Mint, and for a negative MaxUses.
+func (is *Issuer) MintWith(ctx context.Context, principalID string, scopes []Scope, opt MintOptions) (token string, c *Credential, err error) {
 	sc, err := normalizeScopes(scopes)
 	if err != nil {
 		return "", nil, err
 	}
+	ttl := opt.TTL
 	if ttl < 0 {
 		return "", nil, fmt.Errorf("%w: negative ttl %v", ErrInvalidArgument, ttl)
 	}
 	if ttl == 0 {
 		ttl = is.ttl
 	}
+	if opt.MaxUses < 0 {
+		return "", nil, fmt.Errorf("%w: negative max uses %d", ErrInvalidArgument, opt.MaxUses)
+	}
 	if _, err := is.getPrincipal(ctx, principalID); err != nil {
 		return "", nil, fmt.Errorf("principal %q: %w", principalID, err)
 	}
-	return is.mint(ctx, principalID, sc, ttl, is.now())
+	return is.mint(ctx, principalID, sc, ttl, is.now(), opt.MaxUses, 0)
 }
 
 // normalizeScopes checks scopes and returns them distinct, in the order of
@@ -333,7 +352,7 @@ func normalizeScopes(scopes []Scope) ([]Scope, error) {
 	return slices.Compact(out), nil
 }
 
-func (is *Issuer) mint(ctx context.Context, principalID string, scopes []Scope, ttl time.Duration, now time.Time) (string, *Credential, error) {
+func (is *Issuer) mint(ctx context.Context, principalID string, scopes []Scope, ttl time.Duration, now time.Time, maxUses, uses int64) (string, *Credential, error) {
 	var id [idLen]byte
 	var secret [secretLen]byte
 	if _, err := io.ReadFull(is.rand, id[:]); err != nil {
@@ -350,6 +369,8 @@ func (is *Issuer) mint(ctx context.Context, principalID string, scopes []Scope, 
 		PepperVersion: is.version,
 		CreatedAt:     now,
 		ExpiresAt:     now.Add(ttl).Truncate(time.Microsecond),
+		MaxUses:       maxUses,
+		Uses:          uses,
 		Rev:           1,
 	}
 	if err := is.store.CreateCredential(ctx, c); err != nil {
@@ -370,7 +391,8 @@ func digest(key []byte, secret *[secretLen]byte) []byte {
 // first failure answers: ErrMissingCredential for an empty token;
 // ErrInvalidToken for a malformed token (no store is consulted), an
 // unknown id, a wrong secret or a pepper no longer configured, all after
-// the same work; ErrExpired; ErrRevoked; ErrBanned; ErrInsufficientScope.
+// the same work; ErrExpired; ErrRevoked; ErrExhausted (a credential
+// limited in uses that has been used up); ErrBanned; ErrInsufficientScope.
 // Any other error is a store's, wrapped: the request must fail, not pass.
 func (is *Issuer) Verify(ctx context.Context, token string, scope Scope) (*Principal, *Credential, error) {
 	if token == "" {
@@ -404,6 +426,9 @@ func (is *Issuer) Verify(ctx context.Context, token string, scope Scope) (*Princ
 	if c.RevokedAt != nil {
 		return nil, nil, ErrRevoked
 	}
+	if exhausted(c) {
+		return nil, nil, ErrExhausted
+	}
 	p, err := is.store.GetPrincipal(ctx, c.PrincipalID)
 	switch {
 	case errors.Is(err, ErrNotFound):
@@ -436,9 +461,22 @@ func (is *Issuer) Credentials(ctx context.Context, principalID string) ([]*Crede
 	if _, err := is.getPrincipal(ctx, principalID); err != nil {
 		return nil, fmt.Errorf("principal %q: %w", principalID, err)
 	}
-	cs, err := is.store.ListCredentials(ctx, principalID)
-	if err != nil {
-		return nil, fmt.Errorf("listing credentials of %q: %w", principalID, err)
+	var cs []*Credential
+	for f := (CredentialFilter{PrincipalID: principalID, Limit: MaxListLimit}); ; {
+		page, err := is.store.ListCredentials(ctx, f)
+		if err != nil {
+			return nil, fmt.Errorf("listing credentials of %q: %w", principalID, err)
+		}
+		cs = append(cs, page...)
+		if len(page) < f.Limit {
+			break
+		}
+		last := page[len(page)-1].ID
+		if last <= f.After {
+			// A store that does not move forward would page for ever.
+			return nil, fmt.Errorf("listing credentials of %q: the store answered id %q after %q", principalID, last, f.After)
+		}
+		f.After = last
 	}
 	slices.SortFunc(cs, func(a, b *Credential) int {
 		if c := a.CreatedAt.Compare(b.CreatedAt); c != 0 {
@@ -463,7 +501,8 @@ func (is *Issuer) Revoke(ctx context.Context, credentialID string) (*Credential,
 }
 
 // Rotate replaces a credential with a new one for the same principal,
-// with the same scopes and lifetime, and returns the new token. The old
+// with the same scopes, lifetime and limit of uses (the uses counted so
+// far carry over), and returns the new token. The old
 // credential records the new one's id in RotatedTo and keeps working for
 // grace (0: it stops at once), or until it would have expired anyway;
 // after that Verify returns ErrExpired for it. ErrNotFound; ErrRevoked or
@@ -483,7 +522,7 @@ func (is *Issuer) Rotate(ctx context.Context, credentialID string, grace time.Du
 	}
 	// The new credential is created first: if the process dies between the
 	// two writes, an extra credential exists, rather than none that works.
-	token, nc, err := is.mint(ctx, old.PrincipalID, old.Scopes, old.ExpiresAt.Sub(old.CreatedAt), now)
+	token, nc, err := is.mint(ctx, old.PrincipalID, old.Scopes, old.ExpiresAt.Sub(old.CreatedAt), now, old.MaxUses, old.Uses)
 	if err != nil {
 		return "", nil, err
 	}

@@ -75,11 +75,11 @@ func (s *countingStore) UpdateCredential(ctx context.Context, c *Credential, rev
 	return s.Store.UpdateCredential(ctx, c, rev)
 }
 
-func (s *countingStore) ListCredentials(ctx context.Context, principalID string) ([]*Credential, error) {
+func (s *countingStore) ListCredentials(ctx context.Context, f CredentialFilter) ([]*Credential, error) {
 	if err := s.hit("ListCredentials"); err != nil {
 		return nil, err
 	}
-	return s.Store.ListCredentials(ctx, principalID)
+	return s.Store.ListCredentials(ctx, f)
 }
 
 var testPepper = []byte("nodelane test pepper, 32 bytes..")

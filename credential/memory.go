@@ -2,7 +2,9 @@ package credential
 
 import (
 	"context"
+	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 )
@@ -62,6 +64,19 @@ func (s *MemoryStore) UpdatePrincipal(_ context.Context, p *Principal, rev int64
 	return nil
 }
 
+// PrincipalsByKey implements Store.
+func (s *MemoryStore) PrincipalsByKey(_ context.Context, keyID string) ([]*Principal, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []*Principal
+	for _, p := range s.principals {
+		if p.KeyID == keyID {
+			out = append(out, clonePrincipal(p))
+		}
+	}
+	return out, nil
+}
+
 // CreateCredential implements Store.
 func (s *MemoryStore) CreateCredential(_ context.Context, c *Credential) error {
 	s.mu.Lock()
@@ -100,14 +115,24 @@ func (s *MemoryStore) UpdateCredential(_ context.Context, c *Credential, rev int
 }
 
 // ListCredentials implements Store.
-func (s *MemoryStore) ListCredentials(_ context.Context, principalID string) ([]*Credential, error) {
+func (s *MemoryStore) ListCredentials(_ context.Context, f CredentialFilter) ([]*Credential, error) {
+	if f.Limit < 1 {
+		return nil, fmt.Errorf("%w: limit %d is below 1", ErrInvalidArgument, f.Limit)
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var out []*Credential
+	var page []*Credential
 	for _, c := range s.credentials {
-		if c.PrincipalID == principalID {
-			out = append(out, cloneCredential(c))
+		if (f.PrincipalID == "" || c.PrincipalID == f.PrincipalID) && c.ID > f.After {
+			page = append(page, c)
 		}
+	}
+	// Go compares strings as bytes: the order the Store contract asks for.
+	slices.SortFunc(page, func(a, b *Credential) int { return strings.Compare(a.ID, b.ID) })
+	page = page[:min(len(page), f.Limit)]
+	out := make([]*Credential, len(page))
+	for i, c := range page {
+		out[i] = cloneCredential(c)
 	}
 	return out, nil
 }

@@ -48,6 +48,11 @@ type Store interface {
 	// the stored revision is rev (p.Rev holds the new one). ErrConflict if
 	// the revision differs, ErrNotFound if there is no such principal.
 	UpdatePrincipal(ctx context.Context, p *Principal, rev int64) error
+	// PrincipalsByKey returns every principal whose KeyID is keyID, in
+	// any order; none (and no error) when no principal holds that key.
+	// keyID is never "". A ban follows a node's key (Issuer.KeyBan), so a
+	// SQL store indexes the key id.
+	PrincipalsByKey(ctx context.Context, keyID string) ([]*Principal, error)
 
 	// CreateCredential inserts c. ErrConflict if its id is taken.
 	CreateCredential(ctx context.Context, c *Credential) error
@@ -57,7 +62,24 @@ type Store interface {
 	// the stored revision is rev (c.Rev holds the new one). ErrConflict if
 	// the revision differs, ErrNotFound if there is no such credential.
 	UpdateCredential(ctx context.Context, c *Credential, rev int64) error
-	// ListCredentials returns every credential of the principal, in any
-	// order; none (and no error) for an unknown principal.
-	ListCredentials(ctx context.Context, principalID string) ([]*Credential, error)
+	// ListCredentials returns the credentials matching f in ascending
+	// byte order of their ids, at most f.Limit: those of f.PrincipalID
+	// (every principal's when it is ""), with an id above f.After (from
+	// the first when it is ""). None, and no error, for a principal with
+	// no credential or unknown. ErrInvalidArgument if f.Limit < 1.
+	ListCredentials(ctx context.Context, f CredentialFilter) ([]*Credential, error)
+}
+
+// CredentialFilter selects a page of credentials (Store.ListCredentials,
+// Issuer.ListCredentials).
+type CredentialFilter struct {
+	// PrincipalID keeps only that principal's credentials; "" keeps all.
+	PrincipalID string
+	// After is an exclusive lower bound on the credential id, compared as
+	// bytes; "" starts from the first.
+	After string
+	// Limit caps the page. Issuer.ListCredentials reads 0 as
+	// DefaultListLimit and refuses more than MaxListLimit; a Store is
+	// always given at least 1.
+	Limit int
 }

@@ -237,8 +237,13 @@ func (c *cluster) startServer() {
 // startWorker starts a worker process with its own identity.
 func (c *cluster) startWorker(node string) *proc {
 	c.t.Helper()
-	p := startProc(c.t, "worker "+node, c.workerBin,
-		[]string{"NODELANE_PROVISIONING_TOKEN=" + c.tokens.ProvisioningToken},
+	// The provisioning token is given in a file, never on the command line.
+	tokenFile := filepath.Join(c.dir, node+".provisioning-token")
+	if err := os.WriteFile(tokenFile, []byte(c.tokens.ProvisioningToken+"\n"), 0o600); err != nil {
+		c.t.Fatal(err)
+	}
+	p := startProc(c.t, "worker "+node, c.workerBin, nil,
+		"-provisioning-token-file", tokenFile,
 		"-server", c.base(),
 		"-identity", filepath.Join(c.dir, node+".json"),
 		"-node-id", node, "-name", node,

@@ -39,13 +39,13 @@ func ExampleManager_ExplainLease() {
 	m := lease.NewManager(lease.NewMemoryStore(), &lease.Config{Now: func() time.Time { return now }})
 	w, _ := m.RegisterWorker(ctx, &lease.Worker{
 		NodeID:       "studio-gpu-1",
-		Capabilities: lease.Capabilities{GPUs: []lease.GPU{{SKU: "rtx-4090", VRAMMB: 24576}}, JobTypes: []string{"status_check", "lora_train"}},
+		Capabilities: lease.Capabilities{GPUs: []lease.GPU{{SKU: "rtx-4090", VRAMMB: 24576}}, JobTypes: []string{"status_check", "lora_train", "raw_training"}},
 	})
 	m.Enqueue(ctx, lease.NewJob{Type: "lora_train", Requirements: lease.Requirements{GPUSKU: "h100"}})
 
 	// The same request that leased nothing.
 	req := lease.LeaseRequest{WorkerID: w.ID, Allow: func(t string) bool { return t != "raw_training" },
-		JobTypes: []string{"status_check", "lora_train", "raw_training"}}
+		JobTypes: []string{"status_check", "lora_train", "raw_training", "telemetry_sync"}}
 	grants, _ := m.Lease(ctx, req)
 	fmt.Println("granted:", len(grants))
 	ex, _ := m.ExplainLease(ctx, req, nil)
@@ -57,4 +57,5 @@ func ExampleManager_ExplainLease() {
 	// no_queued_job (status_check): no status_check job is queued
 	// no_fitting_job (lora_train): no queued lora_train job fits the worker (1 needs a GPU SKU it does not have)
 	// type_not_allowed (raw_training): job type "raw_training" is not allowed
+	// type_not_registered (telemetry_sync): job type "telemetry_sync" is not among the worker's registered types: ignored
 }

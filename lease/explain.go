@@ -68,8 +68,15 @@ const (
 	// ReasonBanned: the worker is banned (as ExplainOptions.Banned says).
 	ReasonBanned ReasonCode = "banned"
 	// ReasonMaxJobs: the worker holds as many live leases as its governor
-	// max_jobs allows.
+	// max_jobs allows, or as Config.MaxLeasesPerWorker allows any worker.
 	ReasonMaxJobs ReasonCode = "max_jobs"
+	// ReasonTypeNotApproved: the worker registered the job type, but the
+	// operator's approval pins other types (see Approval). In Explain it
+	// ranks with ReasonJobType as a matching step.
+	ReasonTypeNotApproved ReasonCode = "type_not_approved"
+	// ReasonPendingApproval: the worker awaits an operator's approval
+	// (see Approval), so it is granted nothing.
+	ReasonPendingApproval ReasonCode = "pending_approval"
 )
 
 // Reasons about a worker's lease request (ExplainLease).
@@ -77,6 +84,10 @@ const (
 	// ReasonNoJobTypes: the request names no job type and the worker
 	// registered none.
 	ReasonNoJobTypes ReasonCode = "no_job_types"
+	// ReasonTypeNotRegistered: the request names a job type the worker did
+	// not register; it is ignored, since a request narrows the worker's
+	// registered types and never widens them.
+	ReasonTypeNotRegistered ReasonCode = "type_not_registered"
 	// ReasonTypeNotAllowed: LeaseRequest.Allow refuses the type (in
 	// nodelane, the envelope blocks it; the caller knows the policy's
 	// wording and may render its own).
@@ -94,8 +105,9 @@ type Reason struct {
 	Code    ReasonCode `json:"code"`
 	Message string     `json:"message"`
 	// JobType is the job type a per-type reason of ExplainLease is about
-	// (ReasonTypeNotAllowed, ReasonNoQueuedJob, ReasonNoFittingJob,
-	// ReasonScheduled); empty otherwise.
+	// (ReasonTypeNotRegistered, ReasonTypeNotApproved, ReasonTypeNotAllowed,
+	// ReasonNoQueuedJob, ReasonNoFittingJob, ReasonScheduled); empty
+	// otherwise.
 	JobType string `json:"job_type,omitempty"`
 }
 
@@ -165,6 +177,9 @@ type WorkerVerdict struct {
 	// checked. Only matching workers are checked, and, unless
 	// ExplainOptions.AllWorkers, only until one could take the job.
 	Checked bool `json:"checked"`
+	// Pending reports that the worker awaits an operator's approval (set
+	// only when Checked); its ban and slot are not checked then.
+	Pending bool `json:"pending"`
 	Banned  bool `json:"banned"`
 	// LiveLeases counts the worker's live leases that are still within
 	// their TTL and accept deadline (a lease past them is expired by the
@@ -172,8 +187,9 @@ type WorkerVerdict struct {
 	// Both are set only when Checked and not Banned.
 	LiveLeases    int `json:"live_leases"`
 	ExpiredLeases int `json:"expired_leases"`
-	// MaxJobs is the worker's governor max_jobs as the Manager applies it
-	// (at least 1).
+	// MaxJobs is how many live leases the worker may hold, as the Manager
+	// applies it (Manager.MaxLeases: its governor max_jobs, at least 1, and
+	// at most Config.MaxLeasesPerWorker).
 	MaxJobs int `json:"max_jobs"`
 	// Slot reports LiveLeases < MaxJobs (set only when Checked and not Banned).
 	Slot bool `json:"slot"`
@@ -188,8 +204,9 @@ type WorkerVerdict struct {
 	GPUs   int `json:"gpus"`
 	VRAMMB int `json:"vram_mb"`
 	// Reasons are why this worker cannot take the job: the first matching
-	// step it fails (ReasonJobType, ReasonGPUSKU, ReasonGPUCount,
-	// ReasonVRAM, ReasonMaxVRAM), else ReasonBanned or ReasonMaxJobs.
+	// step it fails (ReasonJobType, ReasonTypeNotApproved, ReasonGPUSKU,
+	// ReasonGPUCount, ReasonVRAM, ReasonMaxVRAM), else
+	// ReasonPendingApproval, ReasonBanned or ReasonMaxJobs.
 	// Empty for an available worker and for one not checked. Job-side
 	// reasons (ReasonScheduled) are not repeated here.
 	Reasons []Reason `json:"reasons"`
@@ -232,9 +249,13 @@ func (m *Manager) Explain(ctx context.Context, jobID string, opts *ExplainOption
 	var matching []int
 	for i, w := range ws {
 		v := &ex.Workers[i]
-		*v = WorkerVerdict{WorkerID: w.ID, NodeID: w.NodeID, MaxJobs: max(w.Governor.MaxJobs, 1), Reasons: []Reason{}}
+		*v = WorkerVerdict{WorkerID: w.ID, NodeID: w.NodeID, MaxJobs: m.MaxLeases(w), Reasons: []Reason{}}
 		if !slices.Contains(w.Capabilities.JobTypes, j.Type) {
 			v.Reasons = append(v.Reasons, Reason{Code: ReasonJobType, Message: fmt.Sprintf("the worker does not support job type %q", j.Type)})
+			continue
+		}
+		if !w.Approval.allows(j.Type) {
+			v.Reasons = append(v.Reasons, Reason{Code: ReasonTypeNotApproved, Message: fmt.Sprintf("the worker's approval does not include job type %q", j.Type)})
 			continue
 		}
 		f := judge(w, j.Requirements, nil)
@@ -246,13 +267,19 @@ func (m *Manager) Explain(ctx context.Context, jobID string, opts *ExplainOption
 		v.Matches = true
 		matching = append(matching, i)
 	}
-	available, banned := false, 0
+	available, banned, pending := false, 0, 0
 	for _, i := range matching {
 		if available && !o.AllWorkers {
 			break
 		}
 		v := &ex.Workers[i]
 		v.Checked = true
+		if ws[i].Approval.Pending {
+			v.Pending = true
+			v.Reasons = append(v.Reasons, Reason{Code: ReasonPendingApproval, Message: "the worker awaits an operator's approval"})
+			pending++
+			continue
+		}
 		if o.Banned != nil {
 			b, err := o.Banned(ctx, v.WorkerID)
 			if err != nil {
@@ -269,7 +296,7 @@ func (m *Manager) Explain(ctx context.Context, jobID string, opts *ExplainOption
 			return nil, err
 		}
 		if v.Slot = v.LiveLeases < v.MaxJobs; !v.Slot {
-			v.Reasons = append(v.Reasons, maxJobsReason(v.LiveLeases, v.MaxJobs))
+			v.Reasons = append(v.Reasons, m.maxJobsReason(ws[i], v.LiveLeases))
 			continue
 		}
 		v.Available, available = true, true
@@ -288,13 +315,21 @@ func (m *Manager) Explain(ctx context.Context, jobID string, opts *ExplainOption
 		ex.Reasons = append(ex.Reasons, scheduled(j))
 	}
 	if len(matching) > 0 && !available {
-		if banned == len(matching) {
+		awaiting := ""
+		if pending > 0 {
+			awaiting = fmt.Sprintf(", %d awaiting approval", pending)
+		}
+		switch {
+		case banned == len(matching):
 			ex.Reasons = append(ex.Reasons, Reason{Code: ReasonBanned,
 				Message: fmt.Sprintf("every worker that can run it is banned (%d)", banned) + among})
-		} else {
+		case banned+pending == len(matching):
+			ex.Reasons = append(ex.Reasons, Reason{Code: ReasonPendingApproval,
+				Message: fmt.Sprintf("every worker that can run it awaits an operator's approval (%d pending, %d banned)", pending, banned) + among})
+		default:
 			ex.Reasons = append(ex.Reasons, Reason{Code: ReasonMaxJobs,
-				Message: fmt.Sprintf("every worker that can run it is at its governor max_jobs (%d busy, %d banned): it waits for a free slot",
-					len(matching)-banned, banned) + among})
+				Message: fmt.Sprintf("every worker that can run it is at its governor max_jobs (%d busy, %d banned%s): it waits for a free slot",
+					len(matching)-banned-pending, banned, awaiting) + among})
 		}
 	}
 	ex.Leasable = len(ex.Reasons) == 0
@@ -328,7 +363,13 @@ func scheduled(j *Job) Reason {
 		Message: "scheduled for " + j.ScheduledAt.Format(time.RFC3339Nano) + why + ": not leasable before then"}
 }
 
-func maxJobsReason(live, limit int) Reason {
+// maxJobsReason says that w, holding live leases, has no free slot.
+func (m *Manager) maxJobsReason(w *Worker, live int) Reason {
+	limit := m.MaxLeases(w)
+	if limit < max(w.Governor.MaxJobs, 1) {
+		return Reason{Code: ReasonMaxJobs, Message: fmt.Sprintf("the worker holds %d live leases; the control plane allows any worker %d, below its governor's max_jobs of %d",
+			live, limit, w.Governor.MaxJobs)}
+	}
 	if live > limit {
 		return Reason{Code: ReasonMaxJobs, Message: fmt.Sprintf("the worker holds %d live leases, over its governor's max_jobs of %d", live, limit)}
 	}
@@ -360,7 +401,7 @@ func (m *Manager) liveLeases(ctx context.Context, workerID string, now time.Time
 // got.
 func stepOf(c ReasonCode) int {
 	switch c {
-	case ReasonJobType:
+	case ReasonJobType, ReasonTypeNotApproved:
 		return 1
 	case ReasonGPUSKU, ReasonSKUNotOffered:
 		return 2
@@ -397,6 +438,9 @@ func shortfall(j *Job, vs []WorkerVerdict) Reason {
 	case 0:
 		return Reason{Code: ReasonNoWorker, Message: "no worker is registered"}
 	case 1:
+		if slices.ContainsFunc(vs, func(v WorkerVerdict) bool { return v.Reasons[0].Code == ReasonTypeNotApproved }) {
+			return Reason{Code: ReasonTypeNotApproved, Message: fmt.Sprintf("no registered worker that supports job type %q is approved for it", j.Type)}
+		}
 		return Reason{Code: ReasonJobType, Message: fmt.Sprintf("no registered worker supports job type %q", j.Type)}
 	case 2:
 		return Reason{Code: ReasonGPUSKU, Message: fmt.Sprintf("no registered worker that supports %s has a GPU of SKU %q", j.Type, r.GPUSKU)}
@@ -504,19 +548,24 @@ type LeaseExplanation struct {
 	// governor slot, so the same request could lease it now (unless
 	// another worker takes it first).
 	Leasable bool `json:"leasable"`
-	// Reasons are why the request leases nothing, in this order, each
-	// present when it holds: ReasonNoJobTypes; per type examined, in the
-	// request's order, one of ReasonTypeNotAllowed, ReasonNoQueuedJob,
-	// ReasonNoFittingJob, ReasonScheduled (none for a type with a fitting
-	// job that is due); ReasonBanned; ReasonMaxJobs. Per-type reasons set
-	// Reason.JobType. A request may lease nothing with Reasons that do not
-	// explain it when another worker took the job first.
+	// Reasons are why the request leases nothing. A worker whose approval
+	// is pending has the one reason ReasonPendingApproval, and nothing else
+	// is examined. Otherwise they come in this order, each present when it
+	// holds: ReasonNoJobTypes; per type examined, in the request's order,
+	// one of ReasonTypeNotRegistered, ReasonTypeNotApproved,
+	// ReasonTypeNotAllowed, ReasonNoQueuedJob, ReasonNoFittingJob,
+	// ReasonScheduled (none for a type with a fitting job that is due);
+	// ReasonBanned; ReasonMaxJobs. Per-type reasons set Reason.JobType. A
+	// request may lease nothing with Reasons that do not explain it when
+	// another worker took the job first.
 	Reasons []Reason `json:"reasons"`
 	// Types are the verdicts per distinct job type examined, in the
 	// request's order (at most ExplainMaxTypes).
 	Types []TypeVerdict `json:"types"`
+	// Pending reports that the worker awaits an operator's approval.
+	Pending bool `json:"pending"`
 	// Banned, LiveLeases, ExpiredLeases, MaxJobs and Slot are as in
-	// WorkerVerdict, always checked.
+	// WorkerVerdict, checked unless Pending.
 	Banned        bool `json:"banned"`
 	LiveLeases    int  `json:"live_leases"`
 	ExpiredLeases int  `json:"expired_leases"`
@@ -531,8 +580,13 @@ type LeaseExplanation struct {
 // TypeVerdict is ExplainLease's judgement of one job type.
 type TypeVerdict struct {
 	Type string `json:"job_type"`
-	// Allowed is false when LeaseRequest.Allow refused the type; nothing
-	// else is examined then.
+	// Registered is false when the worker did not register the type, and
+	// Approved false when its approval pins other types: the request
+	// cannot widen either, so nothing else is examined then.
+	Registered bool `json:"registered"`
+	Approved   bool `json:"approved"`
+	// Allowed is false when LeaseRequest.Allow refused the type (or it was
+	// not examined); nothing else is examined then.
 	Allowed bool `json:"allowed"`
 	// Queued is how many queued jobs of the type were examined (at most
 	// ExplainMaxJobsPerType, the first in id order; Truncated if there
@@ -553,9 +607,12 @@ type TypeVerdict struct {
 	Reasons []Reason `json:"reasons"`
 }
 
-// ExplainLease says why Lease(req) leases nothing now: the job types it
-// would consider (req.JobTypes, else the worker's registered ones;
-// req.Allow refusing some), for each type whether a queued job fits the
+// ExplainLease says why Lease(req) leases nothing now: whether the
+// worker's approval is pending (then nothing else is examined or read),
+// the job types it would consider (req.JobTypes, else the worker's
+// registered ones; those it did not register, those its approval does not
+// include and those req.Allow refuses are not leased), for each type
+// whether a queued job fits the
 // worker's GPUs of the SKUs offered (req.GPUSKUs, else all its own) and is
 // due, and whether the worker is banned (ExplainOptions.Banned) or at its
 // governor max_jobs. MaxJobs, PolicyVersion and Price are ignored, as is
@@ -573,7 +630,12 @@ func (m *Manager) ExplainLease(ctx context.Context, req LeaseRequest, opts *Expl
 		return nil, err
 	}
 	now := m.now()
-	ex := &LeaseExplanation{Worker: w, MaxJobs: max(w.Governor.MaxJobs, 1), Reasons: []Reason{}, Types: []TypeVerdict{}}
+	ex := &LeaseExplanation{Worker: w, MaxJobs: m.MaxLeases(w), Reasons: []Reason{}, Types: []TypeVerdict{}}
+	if w.Approval.Pending {
+		ex.Pending = true
+		ex.Reasons = append(ex.Reasons, Reason{Code: ReasonPendingApproval, Message: "the worker awaits an operator's approval"})
+		return ex, nil
+	}
 	asked := req.JobTypes
 	if len(asked) == 0 {
 		asked = w.Capabilities.JobTypes
@@ -613,7 +675,7 @@ func (m *Manager) ExplainLease(ctx context.Context, req LeaseRequest, opts *Expl
 			return nil, err
 		}
 		if ex.Slot = ex.LiveLeases < ex.MaxJobs; !ex.Slot {
-			ex.Reasons = append(ex.Reasons, maxJobsReason(ex.LiveLeases, ex.MaxJobs))
+			ex.Reasons = append(ex.Reasons, m.maxJobsReason(w, ex.LiveLeases))
 		}
 	}
 	ex.Leasable = due && ex.Slot
@@ -621,7 +683,18 @@ func (m *Manager) ExplainLease(ctx context.Context, req LeaseRequest, opts *Expl
 }
 
 func (m *Manager) explainType(ctx context.Context, w *Worker, t string, req LeaseRequest, now time.Time) (TypeVerdict, error) {
-	tv := TypeVerdict{Type: t, Allowed: true, Shortfalls: map[ReasonCode]int{}, Reasons: []Reason{}}
+	tv := TypeVerdict{Type: t, Shortfalls: map[ReasonCode]int{}, Reasons: []Reason{}}
+	if tv.Registered = slices.Contains(w.Capabilities.JobTypes, t); !tv.Registered {
+		tv.Reasons = append(tv.Reasons, Reason{Code: ReasonTypeNotRegistered, JobType: t,
+			Message: fmt.Sprintf("job type %q is not among the worker's registered types: ignored", t)})
+		return tv, nil
+	}
+	if tv.Approved = w.Approval.allows(t); !tv.Approved {
+		tv.Reasons = append(tv.Reasons, Reason{Code: ReasonTypeNotApproved, JobType: t,
+			Message: fmt.Sprintf("job type %q is not among the types the worker's approval pins: ignored", t)})
+		return tv, nil
+	}
+	tv.Allowed = true
 	if req.Allow != nil && !req.Allow(t) {
 		tv.Allowed = false
 		tv.Reasons = append(tv.Reasons, Reason{Code: ReasonTypeNotAllowed, JobType: t, Message: fmt.Sprintf("job type %q is not allowed", t)})

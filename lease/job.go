@@ -1,7 +1,9 @@
 package lease
 
 import (
+	"cmp"
 	"encoding/json"
+	"slices"
 	"time"
 )
 
@@ -43,6 +45,11 @@ type Requirements struct {
 	GPUCount int `json:"gpu_count"`
 	// MinVRAMMB is the VRAM, in MiB, that each of those GPUs must have.
 	MinVRAMMB int `json:"min_vram_mb"`
+	// MaxRuntimeSeconds bounds how long the job may run under one lease,
+	// counted from accept: a lease that reaches it is revoked and the job
+	// ends failed with CodeMaxRuntimeExceeded, without a retry. 0 means
+	// Config.MaxRuntime; at most MaxRuntimeLimit. It constrains no match.
+	MaxRuntimeSeconds int `json:"max_runtime_seconds"`
 }
 
 // Matches reports whether a job with requirements r fits one of fs, as
@@ -222,4 +229,95 @@ type Worker struct {
 	Metrics           json.RawMessage `json:"metrics,omitempty"`
 	RegisteredAt      time.Time       `json:"registered_at"`
 	LastSeenAt        time.Time       `json:"last_seen_at"`
+	// Approval is the operator's approval of the worker: whether it still
+	// awaits one, and the job types it pins. Only Manager.Approve (through
+	// Store.SetApproval) changes it once the worker is stored.
+	Approval Approval `json:"approval"`
+}
+
+// Fits lists the job shapes w can take on the SKUs offered (all of its
+// own when offered is empty): for each SKU (and for jobs without one) and
+// each VRAM size among the GPUs, how many GPUs have at least that much.
+// The governor's max_vram_mb caps every size. A shape with no GPUs admits
+// CPU-only jobs. Lease matches with it; Requirements.Matches tests a job.
+//
+// It takes time O(G log G) in the worker's G GPUs (and linear in the SKUs
+// offered), and lists at most 2G+1 shapes: it runs for every worker
+// whenever a job's leasability is explained.
+func (w *Worker) Fits(offered []string) []Fit {
+	var want map[string]bool
+	if len(offered) > 0 {
+		want = make(map[string]bool, len(offered))
+		for _, s := range offered {
+			want[s] = true
+		}
+	}
+	// The GPUs of each offered SKU, SKUs in the order they first appear.
+	var skus []string
+	bySKU := map[string][]GPU{}
+	var all []GPU
+	for _, g := range w.Capabilities.GPUs {
+		if want != nil && !want[g.SKU] {
+			continue
+		}
+		if _, ok := bySKU[g.SKU]; !ok {
+			skus = append(skus, g.SKU)
+		}
+		bySKU[g.SKU] = append(bySKU[g.SKU], g)
+	}
+	out := []Fit{{}}
+	// add lists the shapes of gpus under sku, and returns them as
+	// (GPUs, VRAMMB) pairs when sku is "". Within one call, two GPUs give
+	// one shape exactly when their VRAM is equal, which their count n
+	// tells apart. skip, when set, holds the pairs already listed under
+	// sku.
+	add := func(sku string, gpus []GPU, skip map[[2]int]bool) map[[2]int]bool {
+		// desc holds the VRAM sizes, largest first: the GPUs with at least
+		// v are those before the first size below v.
+		desc := make([]int, len(gpus))
+		for i, g := range gpus {
+			desc[i] = g.VRAMMB
+		}
+		slices.SortFunc(desc, func(a, b int) int { return cmp.Compare(b, a) })
+		listed := make([]bool, len(gpus)+1)
+		var shapes map[[2]int]bool
+		if sku == "" {
+			shapes = map[[2]int]bool{}
+		}
+		for _, g := range gpus {
+			n, _ := slices.BinarySearchFunc(desc, g.VRAMMB, func(e, t int) int {
+				if e >= t {
+					return -1
+				}
+				return 1
+			})
+			if listed[n] {
+				continue
+			}
+			listed[n] = true
+			v := g.VRAMMB
+			if w.Governor.MaxVRAMMB > 0 {
+				v = min(v, w.Governor.MaxVRAMMB)
+			}
+			if skip[[2]int{n, v}] {
+				continue
+			}
+			if shapes != nil {
+				shapes[[2]int{n, v}] = true
+			}
+			out = append(out, Fit{SKU: sku, GPUs: n, VRAMMB: v})
+		}
+		return shapes
+	}
+	// GPUs without a SKU are listed under "" twice: on their own, then
+	// with all the others; a shape is listed once.
+	var unnamed map[[2]int]bool
+	for _, sku := range skus {
+		if shapes := add(sku, bySKU[sku], nil); sku == "" {
+			unnamed = shapes
+		}
+		all = append(all, bySKU[sku]...)
+	}
+	add("", all, unnamed)
+	return out
 }

@@ -21,6 +21,15 @@ type Config struct {
 	// AcceptTimeout is how long a worker has to accept a leased job before
 	// the job goes back to the queue. Defaults to 60 s.
 	AcceptTimeout time.Duration
+	// CancelGrace is how long a leased or running job's lease lives, at
+	// most, once its cancel is requested: no extension renews it, and when
+	// it runs out the job ends canceled. Defaults to 60 s.
+	CancelGrace time.Duration
+	// MaxRuntime is how long a job without Requirements.MaxRuntimeSeconds
+	// may run under one lease, from accept: no extension carries a lease
+	// past it, and a lease that reaches it ends the job failed
+	// (CodeMaxRuntimeExceeded). Defaults to 24 h; at most MaxRuntimeLimit.
+	MaxRuntime time.Duration
 	// RetryBase is the backoff before the second attempt; each further
 	// attempt doubles it, and jitter takes off up to half. Defaults to 10 s.
 	RetryBase time.Duration
@@ -31,6 +40,10 @@ type Config struct {
 	DefaultMaxAttempts int
 	// MaxJobsPerLease caps LeaseRequest.MaxJobs. Defaults to 32.
 	MaxJobsPerLease int
+	// MaxLeasesPerWorker caps the live leases of any one worker, whatever
+	// its own governor max_jobs says: a worker's governor may lower the
+	// cap, never raise it. Defaults to DefaultMaxLeasesPerWorker.
+	MaxLeasesPerWorker int
 	// ListLimit is the page size of List when the filter gives none, and
 	// the largest page it returns. Defaults to 100 and 1000.
 	ListLimit int
@@ -39,6 +52,9 @@ type Config struct {
 	// Rand is the source of tokens, ids and jitter. Defaults to crypto/rand.Reader.
 	Rand io.Reader
 }
+
+// DefaultMaxLeasesPerWorker is the default of Config.MaxLeasesPerWorker.
+const DefaultMaxLeasesPerWorker = 16
 
 // Manager runs the lease state machine over a Store. It is
 // safe for concurrent use, and several Managers (on several replicas) may
@@ -68,6 +84,13 @@ func NewManager(s Store, cfg *Config) *Manager {
 	if c.AcceptTimeout <= 0 {
 		c.AcceptTimeout = 60 * time.Second
 	}
+	if c.CancelGrace <= 0 {
+		c.CancelGrace = 60 * time.Second
+	}
+	if c.MaxRuntime <= 0 {
+		c.MaxRuntime = 24 * time.Hour
+	}
+	c.MaxRuntime = min(c.MaxRuntime, MaxRuntimeLimit)
 	if c.RetryBase <= 0 {
 		c.RetryBase = 10 * time.Second
 	}
@@ -79,6 +102,9 @@ func NewManager(s Store, cfg *Config) *Manager {
 	}
 	if c.MaxJobsPerLease <= 0 {
 		c.MaxJobsPerLease = 32
+	}
+	if c.MaxLeasesPerWorker <= 0 {
+		c.MaxLeasesPerWorker = DefaultMaxLeasesPerWorker
 	}
 	if c.ListLimit <= 0 {
 		c.ListLimit = 100
@@ -94,6 +120,12 @@ func NewManager(s Store, cfg *Config) *Manager {
 
 // LeaseTTL returns the configured lease lifetime.
 func (m *Manager) LeaseTTL() time.Duration { return m.cfg.LeaseTTL }
+
+// MaxLeases returns how many live leases w may hold: its governor's
+// max_jobs (0 meaning 1), capped at Config.MaxLeasesPerWorker.
+func (m *Manager) MaxLeases(w *Worker) int {
+	return min(max(w.Governor.MaxJobs, 1), m.cfg.MaxLeasesPerWorker)
+}
 
 // now is the Manager's clock in UTC, truncated to microseconds so that
 // every store round-trips it exactly.
@@ -122,8 +154,11 @@ func (m *Manager) Enqueue(ctx context.Context, nj NewJob) (*Job, error) {
 		return nil, fmt.Errorf("%w: job type must be 1 to %d bytes", ErrInvalidArgument, maxTypeLen)
 	}
 	r := nj.Requirements
-	if r.GPUCount < 0 || r.MinVRAMMB < 0 {
+	if r.GPUCount < 0 || r.MinVRAMMB < 0 || r.MaxRuntimeSeconds < 0 {
 		return nil, fmt.Errorf("%w: requirements must not be negative", ErrInvalidArgument)
+	}
+	if limit := int64(MaxRuntimeLimit / time.Second); int64(r.MaxRuntimeSeconds) > limit {
+		return nil, fmt.Errorf("%w: max_runtime_seconds must be at most %d (30 days)", ErrInvalidArgument, limit)
 	}
 	if (r.GPUSKU != "" || r.MinVRAMMB > 0) && r.GPUCount == 0 {
 		r.GPUCount = 1 // a SKU or a VRAM floor implies a GPU
@@ -180,7 +215,8 @@ func jsonOr(raw json.RawMessage, def string) (json.RawMessage, error) {
 
 // RegisterWorker stores w, assigning its ID when empty, and returns it.
 // Registering an existing worker replaces its record but keeps its
-// RegisteredAt.
+// RegisteredAt and its Approval (see Approve). A new worker is stored
+// with w.Approval: a control plane that approves nodes sets Pending.
 func (m *Manager) RegisterWorker(ctx context.Context, w *Worker) (*Worker, error) {
 	if w.NodeID == "" {
 		return nil, fmt.Errorf("%w: node_id is required", ErrInvalidArgument)
@@ -204,6 +240,7 @@ func (m *Manager) RegisterWorker(ctx context.Context, w *Worker) (*Worker, error
 	}
 	if old, err := m.store.GetWorker(ctx, c.ID); err == nil {
 		c.RegisteredAt = old.RegisteredAt
+		c.Approval = old.Approval
 	} else if !errors.Is(err, ErrNotFound) {
 		return nil, err
 	}
@@ -244,6 +281,8 @@ func (m *Manager) Heartbeat(ctx context.Context, workerID, status string, metric
 type LeaseRequest struct {
 	WorkerID string
 	// JobTypes the worker will run now; empty means its registered ones.
+	// They narrow the worker's registered types (and its approval's pinned
+	// ones), never widen them: a type it did not register is ignored.
 	JobTypes []string
 	// GPUSKUs the worker offers now; empty means its registered GPUs'. Only
 	// SKUs of GPUs the worker registered count.
@@ -266,10 +305,13 @@ type Grant struct {
 	Token string
 }
 
-// Lease claims up to MaxJobs queued jobs that the worker can run: its
-// types (as allowed), its GPUs and VRAM, within its governor's max_jobs,
-// higher priority first, then oldest. It returns no grants, and no error,
-// when nothing is eligible. Due lease expiries run first.
+// Lease claims up to MaxJobs queued jobs that the worker can run: the
+// types it asks for among those it registered and its approval allows (as
+// Allow allows), its GPUs and VRAM, within its live-lease limit
+// (MaxLeases), higher priority first, then oldest. A worker whose
+// approval is pending is granted nothing. It returns no grants, and no
+// error, when nothing is eligible (ExplainLease says why). Due lease
+// expiries run first.
 func (m *Manager) Lease(ctx context.Context, req LeaseRequest) ([]Grant, error) {
 	n := req.MaxJobs
 	if n == 0 {
@@ -283,13 +325,12 @@ func (m *Manager) Lease(ctx context.Context, req LeaseRequest) ([]Grant, error) 
 	if err != nil {
 		return nil, err
 	}
-	types := req.JobTypes
-	if len(types) == 0 {
-		types = w.Capabilities.JobTypes
+	if w.Approval.Pending {
+		return nil, nil
 	}
 	var allowed []string
-	for _, t := range types {
-		if !slices.Contains(allowed, t) && (req.Allow == nil || req.Allow(t)) {
+	for _, t := range w.leaseTypes(req.JobTypes) {
+		if req.Allow == nil || req.Allow(t) {
 			allowed = append(allowed, t)
 		}
 	}
@@ -325,7 +366,7 @@ func (m *Manager) Lease(ctx context.Context, req LeaseRequest) ([]Grant, error) 
 		WorkerID:  w.ID,
 		Types:     allowed,
 		Fits:      w.Fits(req.GPUSKUs),
-		MaxActive: max(w.Governor.MaxJobs, 1),
+		MaxActive: m.MaxLeases(w),
 		Limit:     n,
 		Now:       now,
 	}
@@ -378,52 +419,6 @@ func (m *Manager) Lease(ctx context.Context, req LeaseRequest) ([]Grant, error) 
 	return grants, nil
 }
 
-// Fits lists the job shapes w can take on the SKUs offered (all of its
-// own when offered is empty): for each SKU (and for jobs without one) and
-// each VRAM size among the GPUs, how many GPUs have at least that much.
-// The governor's max_vram_mb caps every size. A shape with no GPUs admits
-// CPU-only jobs. Lease matches with it; Requirements.Matches tests a job.
-func (w *Worker) Fits(offered []string) []Fit {
-	out := []Fit{{}}
-	add := func(sku string, gpus []GPU) {
-		for _, g := range gpus {
-			n := 0
-			for _, h := range gpus {
-				if h.VRAMMB >= g.VRAMMB {
-					n++
-				}
-			}
-			v := g.VRAMMB
-			if w.Governor.MaxVRAMMB > 0 {
-				v = min(v, w.Governor.MaxVRAMMB)
-			}
-			f := Fit{SKU: sku, GPUs: n, VRAMMB: v}
-			if !slices.Contains(out, f) {
-				out = append(out, f)
-			}
-		}
-	}
-	var skus []string
-	for _, g := range w.Capabilities.GPUs {
-		if !slices.Contains(skus, g.SKU) && (len(offered) == 0 || slices.Contains(offered, g.SKU)) {
-			skus = append(skus, g.SKU)
-		}
-	}
-	var all []GPU
-	for _, sku := range skus {
-		var of []GPU
-		for _, g := range w.Capabilities.GPUs {
-			if g.SKU == sku {
-				of = append(of, g)
-			}
-		}
-		add(sku, of)
-		all = append(all, of...)
-	}
-	add("", all)
-	return out
-}
-
 // Ref names the lease a worker acts under: the job, the worker, and the
 // token it was given.
 type Ref struct {
@@ -465,15 +460,18 @@ func held(j *Job, ref Ref) bool {
 	return j.Lease != nil && tokenMatches(ref.Token, j.Lease.TokenHash) && j.Lease.WorkerID == ref.WorkerID
 }
 
-// live checks that ref holds j's live lease at now, and otherwise says why not.
-func live(j *Job, ref Ref, now time.Time, to State) error {
+// live checks that ref holds j's live lease at now, and otherwise says
+// why not. On a finished job, the lease that ended it gets a
+// *TransitionError, unless the lease ran out first (expired, or revoked
+// by a cancel's grace or the max runtime): then the lease is lost.
+func (m *Manager) live(j *Job, ref Ref, now time.Time, to State) error {
 	if !held(j, ref) {
 		return ErrLeaseLost
 	}
-	if j.State.Terminal() {
+	if j.State.Terminal() && !revokedBefore(j) {
 		return &TransitionError{JobID: j.ID, From: j.State, To: to}
 	}
-	if !j.State.Live() || !now.Before(j.Lease.ExpiresAt) || (j.State == StateLeased && !now.Before(j.Lease.AcceptBy)) {
+	if !m.leaseLive(j, now) {
 		return ErrLeaseLost
 	}
 	return nil
@@ -484,7 +482,7 @@ func (m *Manager) withLease(ctx context.Context, ref Ref, to State, fn func(j *J
 		return nil, err
 	}
 	return m.update(ctx, ref.JobID, func(j *Job, now time.Time) (*Job, error) {
-		if err := live(j, ref, now, to); err != nil {
+		if err := m.live(j, ref, now, to); err != nil {
 			return nil, err
 		}
 		return fn(j, now)
@@ -500,15 +498,16 @@ func (m *Manager) Accept(ctx context.Context, ref Ref) (*Job, error) {
 		}
 		j.State = StateRunning
 		j.AcceptedAt = &now
-		j.Lease.ExpiresAt = now.Add(m.cfg.LeaseTTL)
+		m.extend(j, now)
 		return j, nil
 	})
 }
 
-// Extend renews the lease for another LeaseTTL from now.
+// Extend renews the lease for another LeaseTTL from now, but never past
+// the job's max runtime, and not at all once its cancel was requested.
 func (m *Manager) Extend(ctx context.Context, ref Ref) (*Job, error) {
 	return m.withLease(ctx, ref, StateRunning, func(j *Job, now time.Time) (*Job, error) {
-		j.Lease.ExpiresAt = now.Add(m.cfg.LeaseTTL)
+		m.extend(j, now)
 		return j, nil
 	})
 }
@@ -525,9 +524,11 @@ type Touched struct {
 }
 
 // Touch extends the worker's live leases on the listed jobs, as a
-// heartbeat does: the worker is already authenticated, so it names jobs
-// rather than presenting tokens. A listed job that is unknown, not live,
-// past its TTL or accept deadline, or leased to another worker is lost.
+// heartbeat does, and as Extend does (never past the max runtime, not
+// after a cancel request): the worker is already authenticated, so it
+// names jobs rather than presenting tokens. A listed job that is unknown,
+// not live, past its TTL, accept deadline or max runtime, or leased to
+// another worker is lost.
 func (m *Manager) Touch(ctx context.Context, workerID string, jobIDs []string) (Touched, error) {
 	var t Touched
 	seen := map[string]bool{}
@@ -537,11 +538,10 @@ func (m *Manager) Touch(ctx context.Context, workerID string, jobIDs []string) (
 		}
 		seen[id] = true
 		j, err := m.update(ctx, id, func(j *Job, now time.Time) (*Job, error) {
-			if j.Lease == nil || j.Lease.WorkerID != workerID || !j.State.Live() ||
-				!now.Before(j.Lease.ExpiresAt) || (j.State == StateLeased && !now.Before(j.Lease.AcceptBy)) {
+			if j.Lease == nil || j.Lease.WorkerID != workerID || !m.leaseLive(j, now) {
 				return nil, ErrLeaseLost
 			}
-			j.Lease.ExpiresAt = now.Add(m.cfg.LeaseTTL)
+			m.extend(j, now)
 			return j, nil
 		})
 		switch {
@@ -655,6 +655,14 @@ func (m *Manager) Artifacts(ctx context.Context, f ArtifactFilter) ([]*Artifact,
 // Complete moves a running job to succeeded with its result. Completing
 // again with the same token returns the stored job and repeated = true,
 // and changes nothing.
+//
+// A job whose cancel was requested never succeeds. Completing it under its
+// lease (live, or run out but not yet swept) ends it canceled at once, as
+// Release would, and returns the job so changed together with an error
+// that matches ErrCanceled: the change is made, and a caller that runs
+// Complete in a transaction must commit it although an error came back.
+// Completing, with its last lease's token, a job that ended canceled
+// returns nil and ErrCanceled, and changes nothing.
 func (m *Manager) Complete(ctx context.Context, ref Ref, res Result) (job *Job, repeated bool, err error) {
 	if len(res.Metrics) > 0 && !json.Valid(res.Metrics) {
 		return nil, false, fmt.Errorf("%w: metrics are not valid JSON", ErrInvalidArgument)
@@ -662,12 +670,24 @@ func (m *Manager) Complete(ctx context.Context, ref Ref, res Result) (job *Job, 
 	if err := checkToken(ref.Token); err != nil {
 		return nil, false, err
 	}
+	var canceled bool
 	j, err := m.update(ctx, ref.JobID, func(j *Job, now time.Time) (*Job, error) {
 		if j.State == StateSucceeded && held(j, ref) {
 			repeated = true
 			return nil, nil
 		}
-		if err := live(j, ref, now, StateSucceeded); err != nil {
+		canceled = false
+		if held(j, ref) && j.State == StateCanceled {
+			return nil, fmt.Errorf("%w: job %s ended canceled", ErrCanceled, j.ID)
+		}
+		if held(j, ref) && j.State.Live() && j.CancelRequested {
+			// Its lease may have run out unswept: the expiry would end it
+			// canceled too.
+			m.finish(j, StateCanceled, now)
+			canceled = true
+			return j, nil
+		}
+		if err := m.live(j, ref, now, StateSucceeded); err != nil {
 			return nil, err
 		}
 		if j.State != StateRunning {
@@ -680,6 +700,9 @@ func (m *Manager) Complete(ctx context.Context, ref Ref, res Result) (job *Job, 
 	})
 	if err != nil {
 		return nil, false, err
+	}
+	if canceled {
+		return j, false, fmt.Errorf("%w: its cancel was requested; the job ended canceled", ErrCanceled)
 	}
 	return j, repeated, nil
 }
@@ -734,9 +757,12 @@ func (m *Manager) Release(ctx context.Context, ref Ref, reason string) (*Job, er
 
 // Cancel cancels a job: a queued one at once; a leased or running one by
 // requesting it, which its worker learns from heartbeat, status and accept
-// answers and ends with Fail or Release (or, if it goes silent, expiry
-// ends the job canceled). Canceling a canceled job returns it unchanged; a
-// succeeded or failed job gives a *TransitionError.
+// answers and ends with Fail or Release. The request also bounds the
+// lease: it is never extended again, and expires within CancelGrace, when
+// expiry ends the job canceled (so a worker that goes silent, or ignores
+// the cancel, holds it no longer); Complete ends it canceled too. Canceling
+// a canceled job returns it unchanged; a succeeded or failed job gives a
+// *TransitionError.
 func (m *Manager) Cancel(ctx context.Context, jobID string) (*Job, error) {
 	return m.update(ctx, jobID, func(j *Job, now time.Time) (*Job, error) {
 		switch j.State {
@@ -748,6 +774,9 @@ func (m *Manager) Cancel(ctx context.Context, jobID string) (*Job, error) {
 				return nil, nil
 			}
 			j.CancelRequested = true
+			if grace := now.Add(m.cfg.CancelGrace); grace.Before(j.Lease.ExpiresAt) {
+				j.Lease.ExpiresAt = grace
+			}
 			return j, nil
 		case StateCanceled:
 			return nil, nil
@@ -770,8 +799,10 @@ func (m *Manager) SetReceipt(ctx context.Context, jobID, receiptID string) (*Job
 // Expire returns jobs whose leases are due to the queue: a lease past its
 // TTL or accept deadline. Only a TTL expiry after accept uses an attempt;
 // a job out of attempts ends failed, and one whose cancel was requested
-// ends canceled. Each expiry re-checks its predicate on the job it writes,
-// so a lease extended meanwhile survives. It returns how many expired.
+// ends canceled. A running lease that reached the job's max runtime ends
+// the job failed (CodeMaxRuntimeExceeded), with no retry. Each expiry
+// re-checks its predicate on the job it writes, so a lease extended
+// meanwhile survives. It returns how many expired.
 func (m *Manager) Expire(ctx context.Context) (int, error) {
 	total := 0
 	for {
@@ -798,19 +829,32 @@ func (m *Manager) expire(ctx context.Context, limit int) (int, error) {
 			}
 			ttl := !now.Before(j.Lease.ExpiresAt)
 			acc := j.State == StateLeased && !now.Before(j.Lease.AcceptBy)
-			if !ttl && !acc {
+			over := m.overRuntime(j, now)
+			if !ttl && !acc && !over {
 				return nil, nil
 			}
 			expired = true
 			used := j.State == StateRunning
 			j.LastError = &JobError{Code: "lease_expired", Message: "the lease expired", Attempt: j.Attempt, At: now}
-			if acc {
+			switch {
+			case acc:
 				j.LastError = &JobError{Code: "accept_timeout", Message: "the lease was not accepted in time", Attempt: j.Attempt, At: now}
+			case over && !j.CancelRequested:
+				j.LastError = &JobError{Code: CodeMaxRuntimeExceeded, Attempt: j.Attempt, At: now,
+					Message: fmt.Sprintf("the job ran for its max runtime of %v", m.maxRuntime(j))}
 			}
-			if j.CancelRequested {
+			switch {
+			case j.CancelRequested:
 				m.finish(j, StateCanceled, now)
-			} else {
+			case over:
+				m.finish(j, StateFailed, now)
+			default:
 				m.requeue(j, now, used)
+			}
+			if j.State.Terminal() && now.Before(j.Lease.ExpiresAt) {
+				// The lease ends with the job: its token is lost, as
+				// any lease that ran out (see live).
+				j.Lease.ExpiresAt = now
 			}
 			return j, nil
 		})

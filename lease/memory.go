@@ -279,7 +279,26 @@ func (s *MemoryStore) PutWorker(ctx context.Context, w *Worker) error {
 			return ErrConflict
 		}
 	}
-	s.workers[w.ID] = cloneWorker(w)
+	c := cloneWorker(w)
+	if old, ok := s.workers[w.ID]; ok {
+		c.Approval = cloneApproval(old.Approval)
+	}
+	s.workers[w.ID] = c
+	return nil
+}
+
+// SetApproval implements Store.
+func (s *MemoryStore) SetApproval(ctx context.Context, id string, a Approval) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	w, ok := s.workers[id]
+	if !ok {
+		return ErrNotFound
+	}
+	w.Approval = cloneApproval(a)
 	return nil
 }
 
@@ -368,5 +387,13 @@ func cloneWorker(w *Worker) *Worker {
 	c.Capabilities.GPUs = slices.Clone(w.Capabilities.GPUs)
 	c.Capabilities.JobTypes = slices.Clone(w.Capabilities.JobTypes)
 	c.Metrics = slices.Clone(w.Metrics)
+	c.Approval = cloneApproval(w.Approval)
 	return &c
+}
+
+func cloneApproval(a Approval) Approval {
+	a.At = cloneTime(a.At)
+	a.JobTypes = slices.Clone(a.JobTypes)
+	a.Tags = slices.Clone(a.Tags)
+	return a
 }

@@ -205,8 +205,13 @@ type Store interface {
 	ListArtifacts(ctx context.Context, f ArtifactFilter) ([]*Artifact, error)
 
 	// PutWorker inserts or replaces the worker w.ID. ErrConflict if another
-	// worker has the same NodeID.
+	// worker has the same NodeID. Replacing a stored worker keeps its
+	// stored Approval, whatever w.Approval holds: only SetApproval changes
+	// it, so a write of a record read before an approval cannot undo it.
 	PutWorker(ctx context.Context, w *Worker) error
+	// SetApproval replaces the Approval of the stored worker id, and
+	// nothing else of it. ErrNotFound if there is no such worker.
+	SetApproval(ctx context.Context, id string, a Approval) error
 	// GetWorker returns a worker by id. ErrNotFound.
 	GetWorker(ctx context.Context, id string) (*Worker, error)
 	// WorkerByNode returns the worker registered under nodeID. ErrNotFound.

@@ -62,7 +62,7 @@
 //
 // The kinds and their fields (required; [optional]):
 //
-//	worker_registered     worker_id node_id key_id [credential_id]
+//	worker_registered     worker_id node_id key_id [credential_id provisioning_credential_id]
 //	artifact_reported     job_id worker_id lease_epoch artifact_id
 //	                      [checksum_sha256 size_bytes lease_id artifact_type name uri metadata_sha256]
 //	job_completed         job_id worker_id job_type lease_epoch attempt started_at ended_at
@@ -75,8 +75,10 @@
 //	envelope_deactivated  actor reason
 //	credential_minted     credential_id principal_id scopes [actor expires_at]
 //	credential_revoked    credential_id [principal_id actor reason]
+//	principal_created     principal_id actor [name]
 //	worker_banned         worker_id [node_id actor reason]
 //	worker_unbanned       worker_id [node_id actor reason]
+//	worker_approved       worker_id actor [node_id reason job_types tags]
 //	node_audit            worker_id event_type occurred_at payload_sha256 [node_id]
 //
 // Fields must also agree ([ErrInconsistent] otherwise): ended_at is not

@@ -27,8 +27,10 @@ const (
 	KindEnvelopeDeactivated Kind = "envelope_deactivated"
 	KindCredentialMinted    Kind = "credential_minted"
 	KindCredentialRevoked   Kind = "credential_revoked"
+	KindPrincipalCreated    Kind = "principal_created"
 	KindWorkerBanned        Kind = "worker_banned"
 	KindWorkerUnbanned      Kind = "worker_unbanned"
+	KindWorkerApproved      Kind = "worker_approved"
 	KindNodeAudit           Kind = "node_audit"
 )
 
@@ -86,6 +88,10 @@ type Receipt struct {
 	// Actor is who made the change: an operator's principal id, or
 	// "system" for the maintainer.
 	Actor string // "actor"
+	// ProvisioningCredentialID is the credential a registration was
+	// authorised by (the provisioning token's), where CredentialID is the
+	// worker token it minted.
+	ProvisioningCredentialID string // "provisioning_credential_id"
 
 	// Jobs.
 	JobType    string    // "job_type"
@@ -124,6 +130,9 @@ type Receipt struct {
 	ExpiresAt  time.Time // "expires_at"
 	EventType  string    // "event_type"
 	OccurredAt time.Time // "occurred_at": the worker's time of an audit event
+	// JobTypes and Tags are what an approval pins: sorted, space-separated.
+	JobTypes string // "job_types"
+	Tags     string // "tags"
 }
 
 type fieldType uint8
@@ -189,6 +198,11 @@ var fieldDefs = map[string]fieldDef{
 	"expires_at":            timeField(func(r *Receipt) *time.Time { return &r.ExpiresAt }),
 	"event_type":            strField(func(r *Receipt) *string { return &r.EventType }),
 	"occurred_at":           timeField(func(r *Receipt) *time.Time { return &r.OccurredAt }),
+	"job_types":             strField(func(r *Receipt) *string { return &r.JobTypes }),
+	"tags":                  strField(func(r *Receipt) *string { return &r.Tags }),
+
+	// The credential a registration was authorised by.
+	"provisioning_credential_id": strField(func(r *Receipt) *string { return &r.ProvisioningCredentialID }),
 }
 
 // kindSpec lists the fields a kind requires and those it allows.
@@ -201,7 +215,7 @@ type kindSpec struct {
 var kindSpecs = map[Kind]kindSpec{
 	KindWorkerRegistered: {
 		required: []string{"worker_id", "node_id", "key_id"},
-		optional: []string{"credential_id"},
+		optional: []string{"credential_id", "provisioning_credential_id"},
 	},
 	KindArtifactReported: {
 		// The checksum and size are optional, as the worker contract makes them.
@@ -235,6 +249,12 @@ var kindSpecs = map[Kind]kindSpec{
 		required: []string{"credential_id"},
 		optional: []string{"principal_id", "actor", "reason"},
 	},
+	KindPrincipalCreated: {
+		// An operator principal created over the operator routes; name
+		// is its name for people, absent when it has none.
+		required: []string{"principal_id", "actor"},
+		optional: []string{"name"},
+	},
 	KindWorkerBanned: {
 		required: []string{"worker_id"},
 		optional: []string{"node_id", "actor", "reason"},
@@ -242,6 +262,12 @@ var kindSpecs = map[Kind]kindSpec{
 	KindWorkerUnbanned: {
 		required: []string{"worker_id"},
 		optional: []string{"node_id", "actor", "reason"},
+	},
+	KindWorkerApproved: {
+		// job_types and tags are what the approval pins, absent when it
+		// pins none.
+		required: []string{"worker_id", "actor"},
+		optional: []string{"node_id", "reason", "job_types", "tags"},
 	},
 	KindNodeAudit: {
 		required: []string{"worker_id", "event_type", "occurred_at", "payload_sha256"},

@@ -29,7 +29,8 @@ func golden() map[receipts.Kind]receipts.Receipt {
 	}
 	rs := map[receipts.Kind]receipts.Receipt{}
 	r := base(receipts.KindWorkerRegistered)
-	r.WorkerID, r.NodeID, r.KeyID, r.CredentialID = "wrk_1", "studio-gpu-1", "mT2A1YDZUlAw3gjvSVpTGmOqDHjGrhB1mUd3zEV8D0o", "cred_prov"
+	r.WorkerID, r.NodeID, r.KeyID, r.CredentialID = "wrk_1", "studio-gpu-1", "mT2A1YDZUlAw3gjvSVpTGmOqDHjGrhB1mUd3zEV8D0o", "cred_worker"
+	r.ProvisioningCredentialID = "cred_prov"
 	rs[r.Kind] = r
 
 	r = base(receipts.KindArtifactReported)
@@ -73,12 +74,21 @@ func golden() map[receipts.Kind]receipts.Receipt {
 	r.CredentialID, r.PrincipalID, r.Actor, r.Reason = "cred_1", "studio-gpu-1", "operator-1", "leaked"
 	rs[r.Kind] = r
 
+	r = base(receipts.KindPrincipalCreated)
+	r.PrincipalID, r.Actor, r.Name = "ci-deployer", "operator-1", "CI “deploy” bot"
+	rs[r.Kind] = r
+
 	r = base(receipts.KindWorkerBanned)
 	r.WorkerID, r.NodeID, r.Actor, r.Reason = "wrk_1", "studio-gpu-1", "operator-1", "tampering"
 	rs[r.Kind] = r
 
 	r = base(receipts.KindWorkerUnbanned)
 	r.WorkerID, r.NodeID, r.Actor = "wrk_1", "studio-gpu-1", "operator-1"
+	rs[r.Kind] = r
+
+	r = base(receipts.KindWorkerApproved)
+	r.WorkerID, r.NodeID, r.Actor, r.Reason = "wrk_1", "studio-gpu-1", "operator-1", "racked in lab 2"
+	r.JobTypes, r.Tags = "embedding_dry_run status_check", "eu lab"
 	rs[r.Kind] = r
 
 	r = base(receipts.KindNodeAudit)

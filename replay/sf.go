@@ -66,19 +66,59 @@ func (sc *rawScanner) skipOWS() {
 	}
 }
 
+// keySet records keys to find one named twice in time linear in their
+// number: a field of n members must not cost n² comparisons (a 900 KB
+// Content-Digest once did). A short list is scanned, which is cheapest
+// for the few keys a signature has; past smallKeys the keys move to a map.
+type keySet struct {
+	small []string
+	big   map[string]struct{}
+}
+
+// smallKeys is how many keys a keySet scans before it uses a map.
+const smallKeys = 8
+
+// add records k and reports whether it was new.
+func (s *keySet) add(k string) bool {
+	if s.big != nil {
+		if _, ok := s.big[k]; ok {
+			return false
+		}
+		s.big[k] = struct{}{}
+		return true
+	}
+	for _, o := range s.small {
+		if o == k {
+			return false
+		}
+	}
+	if len(s.small) < smallKeys {
+		s.small = append(s.small, k)
+		return true
+	}
+	s.big = make(map[string]struct{}, 2*smallKeys)
+	for _, o := range s.small {
+		s.big[o] = struct{}{}
+	}
+	s.big[k] = struct{}{}
+	s.small = nil
+	return true
+}
+
 // dictionary returns the member keys in order.
 func (sc *rawScanner) dictionary() ([]string, error) {
-	var keys []string
+	var (
+		keys []string
+		seen keySet
+	)
 	sc.skipSP()
 	for !sc.eof() {
 		k, err := sc.key()
 		if err != nil {
 			return nil, err
 		}
-		for _, o := range keys {
-			if o == k {
-				return nil, fmt.Errorf("duplicate member %q", k)
-			}
+		if !seen.add(k) {
+			return nil, fmt.Errorf("duplicate member %q", k)
 		}
 		keys = append(keys, k)
 		if sc.at('=') {
@@ -119,7 +159,7 @@ func (sc *rawScanner) key() (string, error) {
 }
 
 func (sc *rawScanner) params() error {
-	var keys []string
+	var seen keySet
 	for sc.at(';') {
 		sc.i++
 		sc.skipSP()
@@ -127,12 +167,9 @@ func (sc *rawScanner) params() error {
 		if err != nil {
 			return err
 		}
-		for _, o := range keys {
-			if o == k {
-				return fmt.Errorf("duplicate parameter %q", k)
-			}
+		if !seen.add(k) {
+			return fmt.Errorf("duplicate parameter %q", k)
 		}
-		keys = append(keys, k)
 		sc.nparams++
 		if sc.at('=') {
 			sc.i++

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/nodelane/nodelane/credential"
@@ -32,7 +31,9 @@ type BootstrapResult struct {
 	// Created is false when the database was bootstrapped already; the
 	// other fields are then empty.
 	Created bool
-	// OperatorToken carries every operator scope, for OperatorPrincipal.
+	// OperatorToken carries every scope, for OperatorPrincipal: a
+	// credential mints only scopes it holds, so the first operator's holds
+	// them all (it mints provisioning tokens, which carry node:register).
 	OperatorToken        string
 	OperatorCredentialID string
 	// ProvisioningToken carries node:register, for ProvisionerPrincipal.
@@ -44,7 +45,7 @@ type BootstrapResult struct {
 
 // Bootstrap prepares a new database: when no OperatorPrincipal exists
 // yet, it creates it (an operator) with a credential carrying every
-// operator scope, and ProvisionerPrincipal (an operator-kind principal: a
+// scope, and ProvisionerPrincipal (an operator-kind principal: a
 // program with a bearer token, never a node) with a node:register
 // credential, mints their credential_minted receipts (actor "system"),
 // all in one transaction, and returns both tokens with Created true.
@@ -71,19 +72,17 @@ func (s *Server) Bootstrap(ctx context.Context) (*BootstrapResult, error) {
 		if done, err := s.bootstrapped(ctx); err != nil || done {
 			return err
 		}
-		var operatorScopes []credential.Scope
-		for _, sc := range credential.AllScopes() {
-			if strings.HasPrefix(string(sc), "operator:") {
-				operatorScopes = append(operatorScopes, sc)
-			}
-		}
 		for _, b := range []struct {
 			id, name string
 			scopes   []credential.Scope
 			token    *string
 			credID   *string
 		}{
-			{OperatorPrincipal, "operator", operatorScopes, &res.OperatorToken, &res.OperatorCredentialID},
+			// Every scope: the root of delegation (see Issuer.MintAs). Node
+			// scopes open no worker route to an operator principal, which
+			// has no node key, but node:register lets it mint provisioning
+			// tokens.
+			{OperatorPrincipal, "operator", credential.AllScopes(), &res.OperatorToken, &res.OperatorCredentialID},
 			{ProvisionerPrincipal, "node provisioning", []credential.Scope{credential.ScopeNodeRegister}, &res.ProvisioningToken, &res.ProvisioningCredentialID},
 		} {
 			if _, err := s.issuer.CreatePrincipal(ctx, credential.Principal{ID: b.id, Kind: credential.KindOperator, Name: b.name}); err != nil {

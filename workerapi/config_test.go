@@ -38,11 +38,15 @@ func TestNewFailsFast(t *testing.T) {
 		{"signer name is not the origin", func(_ *workerapi.Stores, c *workerapi.Config) { c.ReceiptSigner = otherName }, "Origin"},
 		{"negative LeaseTTL", func(_ *workerapi.Stores, c *workerapi.Config) { c.LeaseTTL = -time.Second }, "LeaseTTL"},
 		{"negative AcceptTimeout", func(_ *workerapi.Stores, c *workerapi.Config) { c.AcceptTimeout = -time.Second }, "AcceptTimeout"},
+		{"negative CancelGrace", func(_ *workerapi.Stores, c *workerapi.Config) { c.CancelGrace = -time.Second }, "CancelGrace"},
+		{"negative MaxRuntime", func(_ *workerapi.Stores, c *workerapi.Config) { c.MaxRuntime = -time.Second }, "MaxRuntime"},
+		{"MaxRuntime over the protocol", func(_ *workerapi.Stores, c *workerapi.Config) { c.MaxRuntime = 31 * 24 * time.Hour }, "MaxRuntime"},
 		{"negative MaintainInterval", func(_ *workerapi.Stores, c *workerapi.Config) { c.MaintainInterval = -1 }, "MaintainInterval"},
 		{"negative ProofWait", func(_ *workerapi.Stores, c *workerapi.Config) { c.ProofWait = -1 }, "ProofWait"},
 		{"MaxWait over the protocol", func(_ *workerapi.Stores, c *workerapi.Config) { c.MaxWait = 2 * time.Minute }, "MaxWait"},
 		{"RetryMax below RetryBase", func(_ *workerapi.Stores, c *workerapi.Config) { c.RetryBase, c.RetryMax = time.Hour, time.Minute }, "RetryMax"},
 		{"negative BodyLimit", func(_ *workerapi.Stores, c *workerapi.Config) { c.BodyLimit = -1 }, "BodyLimit"},
+		{"negative MaxLeasesPerWorker", func(_ *workerapi.Stores, c *workerapi.Config) { c.MaxLeasesPerWorker = -1 }, "MaxLeasesPerWorker"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -19,6 +19,8 @@ var (
 	ErrInvalidRequest = errors.New("invalid request")
 	// ErrNodeExists: the node id is registered with another key.
 	ErrNodeExists = errors.New("node registered with another key")
+	// ErrPrincipalExists: a principal with that id exists already.
+	ErrPrincipalExists = errors.New("principal exists")
 	// ErrNotFound: no such route, job, worker or receipt.
 	ErrNotFound = errors.New("not found")
 	// ErrMethodNotAllowed: the route exists, but not for this method.
@@ -52,6 +54,7 @@ var errorTable = []struct {
 	{credential.ErrInvalidToken, status{http.StatusUnauthorized, wire.CodeInvalidToken}},
 	{credential.ErrExpired, status{http.StatusUnauthorized, wire.CodeTokenExpired}},
 	{credential.ErrRevoked, status{http.StatusUnauthorized, wire.CodeTokenRevoked}},
+	{credential.ErrExhausted, status{http.StatusUnauthorized, wire.CodeTokenExhausted}},
 	{replay.ErrMissingSignature, status{http.StatusUnauthorized, wire.CodeMissingSignature}},
 	{replay.ErrMalformedSignature, status{http.StatusUnauthorized, wire.CodeMalformedSignature}},
 	{replay.ErrBadDigest, status{http.StatusUnauthorized, wire.CodeBadDigest}},
@@ -66,9 +69,13 @@ var errorTable = []struct {
 	{credential.ErrNotFound, status{http.StatusNotFound, wire.CodeNotFound}},
 	{receipts.ErrNotFound, status{http.StatusNotFound, wire.CodeNotFound}},
 	{ErrMethodNotAllowed, status{http.StatusMethodNotAllowed, wire.CodeMethodNotAllowed}},
+	// Complete after a cancel request: the one refusal that changes
+	// state, since the job ends canceled (see complete).
+	{lease.ErrCanceled, status{http.StatusConflict, wire.CodeJobCanceled}},
 	{lease.ErrLeaseLost, status{http.StatusConflict, wire.CodeLeaseLost}},
 	{lease.ErrInvalidTransition, status{http.StatusConflict, wire.CodeInvalidTransition}},
 	{ErrNodeExists, status{http.StatusConflict, wire.CodeNodeExists}},
+	{ErrPrincipalExists, status{http.StatusConflict, wire.CodePrincipalExists}},
 	{ErrPayloadTooLarge, status{http.StatusRequestEntityTooLarge, wire.CodePayloadTooLarge}},
 	{ErrUnsupportedMediaType, status{http.StatusUnsupportedMediaType, wire.CodeUnsupportedMediaType}},
 	{replay.ErrQuota, status{http.StatusTooManyRequests, wire.CodeRateLimited}},

@@ -488,6 +488,11 @@ func TestFuzzRig(t *testing.T) {
 		{"register taken", "POST", "/workers/register", authProvisioner, sigNewKey, `{"node_id": "$NODE", "public_key": "$NEWPUBKEY"}`, 409, wire.CodeNodeExists},
 		{"receipt", "GET", "/operator/receipts/$RECEIPT", authOperator, sigNone, "", 200, ""},
 		{"revoke", "POST", "/operator/credentials/$CRED/revoke", authOperator, sigNone, "", 200, ""},
+		{"mint beyond its scopes", "POST", "/operator/credentials", authOperator, sigNone, `{"principal": "provisioner-fuzz", "scopes": ["node:register"]}`, 403, wire.CodeInsufficientScope},
+		{"list credentials", "GET", "/operator/credentials?principal=op-fuzz&limit=2", authOperator, sigNone, "", 200, ""},
+		{"list credentials of no one", "GET", "/operator/credentials?principal=nobody", authOperator, sigNone, "", 404, wire.CodeNotFound},
+		{"create principal", "POST", "/operator/principals", authOperator, sigNone, `{"id": "ci-bot", "name": "CI"}`, 201, ""},
+		{"create principal taken", "POST", "/operator/principals", authOperator, sigNone, `{"id": "op-fuzz"}`, 409, wire.CodePrincipalExists},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			rig.t = t

@@ -1,6 +1,7 @@
 package workerapi
 
 import (
+	"bytes"
 	"context"
 	"crypto/ed25519"
 	"encoding/json"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"github.com/nodelane/nodelane/credential"
+	"github.com/nodelane/nodelane/lease"
 	"github.com/nodelane/nodelane/replay"
 	"github.com/nodelane/nodelane/workerapi/wire"
 )
@@ -36,6 +38,7 @@ type route struct {
 // call is one request as it moves through the pipeline.
 type call struct {
 	r    *http.Request
+	w    http.ResponseWriter
 	body []byte
 	// principal is the authenticated caller; for worker routes its ID is
 	// the worker id.
@@ -68,18 +71,33 @@ func (c *call) cleanup(f func()) { c.cleanups = append(c.cleanups, f) }
 // pathID returns the {id} of the route's path.
 func (c *call) pathID() string { return c.r.PathValue("id") }
 
-// decode unmarshals the body into v. Unknown fields are ignored
-// (PROTOCOL.md); malformed JSON, a wrong type, or trailing data is
+// decode unmarshals the body into v and checks it against the limits of
+// wire/limits.go (checkLimits). Unknown fields are ignored (PROTOCOL.md);
+// malformed JSON, a wrong type, trailing data of any kind after the JSON
+// value (a stray "}" or "]" included), or a field over its limit is
 // ErrInvalidRequest.
 func (c *call) decode(v any) error {
-	dec := json.NewDecoder(strings.NewReader(string(c.body)))
+	dec := json.NewDecoder(bytes.NewReader(c.body))
 	if err := dec.Decode(v); err != nil {
 		return fmt.Errorf("%w: %s", ErrInvalidRequest, jsonProblem(err))
 	}
-	if dec.More() {
-		return fmt.Errorf("%w: trailing data after the JSON body", ErrInvalidRequest)
+	// dec.More reports false before a "}" or "]", so it cannot tell a
+	// body that ends from one with a stray closing bracket: the rest of
+	// the body must be JSON whitespace only.
+	if rest := c.body[dec.InputOffset():]; !jsonSpace(rest) {
+		return fmt.Errorf("%w: trailing data after the JSON value at byte %d", ErrInvalidRequest, dec.InputOffset())
 	}
-	return nil
+	return checkLimits(v)
+}
+
+// jsonSpace reports whether b holds only JSON whitespace (RFC 8259 §2).
+func jsonSpace(b []byte) bool {
+	for _, c := range b {
+		if c != ' ' && c != '\t' && c != '\n' && c != '\r' {
+			return false
+		}
+	}
+	return true
 }
 
 // jsonProblem describes a decoding error without echoing the body.
@@ -159,7 +177,7 @@ func isCleanPath(p string) bool {
 // serve runs the pipeline of PROTOCOL.md for one request.
 func (s *Server) serve(w http.ResponseWriter, r *http.Request, rt route) {
 	start := time.Now()
-	c := &call{r: r, reqID: requestID(r, s.cfg.Rand)}
+	c := &call{r: r, w: w, reqID: requestID(r, s.cfg.Rand)}
 	defer func() {
 		for _, f := range c.cleanups {
 			f()
@@ -184,11 +202,21 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, rt route) {
 	s.observe(rt, c, code, "", start, nil)
 }
 
+// run is the pipeline of PROTOCOL.md §3. Every check that needs no body
+// runs before a byte of the body is read, so that a caller without a
+// credential costs one header parse and one credential lookup, whatever
+// body it announces or trickles: the framing headers, the credential,
+// ban and scope, and on worker routes the signature fields' presence,
+// size and syntax. Register is no exception: its provisioning credential
+// is verified first; only the signature's key is in its body, so the
+// body is read before the signature is verified, as on every worker
+// route.
 func (s *Server) run(ctx context.Context, c *call, rt route) (int, any, error) {
 	if rt.public {
 		return rt.handle(ctx, c)
 	}
-	// Framing: 415, 413. A request without a body (such as POST
+	// Framing, from the headers: 415, and 413 for a declared length over
+	// the limit. A request without a body (such as POST
 	// /operator/jobs/{id}/cancel sent by curl -X POST) needs no media type.
 	ct := c.r.Header.Get("Content-Type")
 	if rt.method != http.MethodGet && (ct != "" || c.r.ContentLength != 0) {
@@ -197,35 +225,81 @@ func (s *Server) run(ctx context.Context, c *call, rt route) (int, any, error) {
 			return 0, nil, ErrUnsupportedMediaType
 		}
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(nil, c.r.Body, s.cfg.BodyLimit))
-	if err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			return 0, nil, fmt.Errorf("%w: the limit is %d bytes", ErrPayloadTooLarge, s.cfg.BodyLimit)
-		}
-		return 0, nil, fmt.Errorf("%w: reading the body: %v", ErrInvalidRequest, err)
+	if c.r.ContentLength > s.cfg.BodyLimit {
+		return 0, nil, fmt.Errorf("%w: the body is %d bytes; the limit is %d", ErrPayloadTooLarge, c.r.ContentLength, s.cfg.BodyLimit)
 	}
-	c.body = body
 	// Credential (401), then ban and scope (403).
 	token, err := credential.BearerToken(c.r.Header)
 	if err != nil {
 		return 0, nil, err
-	}
-	if rt.path == wire.PathRegister {
-		return s.register(ctx, c, token)
 	}
 	p, cred, err := s.issuer.Verify(ctx, token, rt.scope)
 	if err != nil {
 		return 0, nil, err
 	}
 	c.principal, c.credentialID = p, cred.ID
-	if !rt.signed {
-		return rt.handle(ctx, c)
-	}
-	if p.Kind != credential.KindNode || len(p.PublicKey) != ed25519.PublicKeySize {
+	if rt.signed && rt.path != wire.PathRegister &&
+		(p.Kind != credential.KindNode || len(p.PublicKey) != ed25519.PublicKeySize) {
 		return 0, nil, fmt.Errorf("%w: the credential is not a registered node's", credential.ErrInsufficientScope)
 	}
-	return s.signed(ctx, c, p.PublicKey, rt.handle)
+	// The signature fields: present, within their size, parsing (401).
+	if rt.signed {
+		if err := checkSignatureFields(c.r.Header); err != nil {
+			return 0, nil, err
+		}
+	}
+	if err := s.readBody(c); err != nil {
+		return 0, nil, err
+	}
+	switch {
+	case rt.path == wire.PathRegister:
+		return s.register(ctx, c)
+	case !rt.signed:
+		return rt.handle(ctx, c)
+	}
+	code, out, err := s.signed(ctx, c, p.PublicKey, rt.handle)
+	if err != nil && leaseBearing(rt) {
+		err = sameForEveryProbe(err)
+	}
+	return code, out, err
+}
+
+// readBody reads the body, up to Config.BodyLimit (413 beyond; the
+// connection is closed after the answer). A host's
+// http.Server.ReadTimeout bounds this read; net/http lifts the deadline
+// once the body is read, so a long-poll may outlast it.
+func (s *Server) readBody(c *call) error {
+	body, err := io.ReadAll(http.MaxBytesReader(c.w, c.r.Body, s.cfg.BodyLimit))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return fmt.Errorf("%w: the limit is %d bytes", ErrPayloadTooLarge, s.cfg.BodyLimit)
+		}
+		return fmt.Errorf("%w: reading the body: %v", ErrInvalidRequest, err)
+	}
+	c.body = body
+	return nil
+}
+
+// leaseBearing reports whether rt acts on a job under a lease token: the
+// routes /workers/jobs/{id}/….
+func leaseBearing(rt route) bool {
+	return rt.signed && strings.HasPrefix(rt.path, "/workers/jobs/{id}/")
+}
+
+// errNoLease is the one answer of a lease-bearing route to a token that
+// holds no live lease on the job, whether the job exists or not.
+var errNoLease = fmt.Errorf("%w: the lease_token holds no live lease on this job", lease.ErrLeaseLost)
+
+// sameForEveryProbe makes a lease-bearing route answer a job that does
+// not exist exactly as it answers a job the caller holds no lease on (409
+// lease_lost, one message), so that probing job ids reveals neither
+// which exist nor anything about them.
+func sameForEveryProbe(err error) error {
+	if errors.Is(err, lease.ErrNotFound) || errors.Is(err, lease.ErrLeaseLost) {
+		return errNoLease
+	}
+	return err
 }
 
 // signed checks the request's signature against pub, then runs handle in
@@ -273,7 +347,7 @@ func (s *Server) signed(ctx context.Context, c *call, pub ed25519.PublicKey, han
 // fail writes err as PROTOCOL.md's error body and returns its status.
 func (s *Server) fail(w http.ResponseWriter, r *http.Request, reqID string, err error) status {
 	st := statusOf(err)
-	msg := err.Error()
+	msg := publicMessage(err.Error())
 	if st.http == http.StatusServiceUnavailable {
 		// Store errors may name internals; log them, answer plainly.
 		s.log.Error("request failed", "request_id", reqID, "method", r.Method, "path", r.URL.Path, "err", err)
@@ -284,6 +358,41 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, reqID string, err 
 	}
 	s.writeJSON(w, st.http, wire.ErrorBody{Error: wire.ErrorDetail{Code: st.code, Message: msg, ServerTime: s.now()}})
 	return st
+}
+
+// internalPrefixes are the package prefixes the cores and adapters put
+// on their errors ("bunstore: job …: lease: not found"): how the control
+// plane is layered, which is no business of a caller's.
+var internalPrefixes = []string{
+	"bunstore: ", "lease: ", "credential: ", "replay: ", "envelope: ", "receipts: ", "workerapi: ",
+}
+
+// publicMessage is msg in the caller's terms: without the package
+// prefixes of internalPrefixes, wherever one starts the message or one of
+// its ": "-separated parts. "bunstore: job j: lease: not found" becomes
+// "job j: not found".
+func publicMessage(msg string) string {
+	out := make([]byte, 0, len(msg))
+	for i := 0; i < len(msg); {
+		if i == 0 || (i >= 2 && msg[i-2:i] == ": ") {
+			if p := internalPrefix(msg[i:]); p != "" {
+				i += len(p)
+				continue
+			}
+		}
+		out = append(out, msg[i])
+		i++
+	}
+	return string(out)
+}
+
+func internalPrefix(s string) string {
+	for _, p := range internalPrefixes {
+		if strings.HasPrefix(s, p) {
+			return p
+		}
+	}
+	return ""
 }
 
 func (s *Server) writeJSON(w http.ResponseWriter, code int, v any) {

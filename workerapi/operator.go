@@ -132,6 +132,9 @@ func (s *Server) opListJobs(ctx context.Context, c *call) (int, any, error) {
 	if err != nil {
 		return 0, nil, err
 	}
+	if kept, cut := fitPage(jobs, jobBytes); cut {
+		jobs, next = kept, kept[len(kept)-1].ID
+	}
 	out := wire.JobListResponse{Jobs: make([]wire.Job, len(jobs))}
 	for i, j := range jobs {
 		out.Jobs[i] = wireJob(j)
@@ -156,6 +159,7 @@ func (s *Server) opGetJob(ctx context.Context, c *call) (int, any, error) {
 	if err != nil {
 		return 0, nil, err
 	}
+	evs, evsCut := fitPage(evs, eventBytes)
 	arts, err := s.jobArtifacts(ctx, j.ID)
 	if err != nil {
 		return 0, nil, err
@@ -177,7 +181,7 @@ func (s *Server) opGetJob(ctx context.Context, c *call) (int, any, error) {
 	for i, e := range evs {
 		out.Events[i] = wireEvent(e)
 	}
-	if len(evs) == maxPage {
+	if len(evs) == maxPage || evsCut {
 		next := evs[len(evs)-1].ID
 		out.EventsNext = &next
 	}
@@ -269,6 +273,7 @@ func (s *Server) opListArtifacts(ctx context.Context, c *call) (int, any, error)
 	if err != nil {
 		return 0, nil, err
 	}
+	arts, cut := fitPage(arts, artifactBytes)
 	jobs := map[string]*lease.Job{}
 	out := wire.ArtifactListResponse{Artifacts: make([]wire.ArtifactView, len(arts))}
 	for i, a := range arts {
@@ -281,7 +286,7 @@ func (s *Server) opListArtifacts(ctx context.Context, c *call) (int, any, error)
 		}
 		out.Artifacts[i] = wireArtifact(a, j)
 	}
-	if len(arts) == limit {
+	if len(arts) == limit || cut {
 		next := arts[len(arts)-1].ID
 		out.Next = &next
 	}
@@ -412,13 +417,14 @@ func (s *Server) opListWorkers(ctx context.Context, c *call) (int, any, error) {
 	if err != nil {
 		return 0, nil, err
 	}
+	ws, cut := fitPage(ws, workerBytes)
 	out := wire.WorkerListResponse{Workers: make([]wire.WorkerView, len(ws))}
 	for i, w := range ws {
 		if out.Workers[i], err = s.workerView(ctx, w); err != nil {
 			return 0, nil, err
 		}
 	}
-	if len(ws) == limit {
+	if len(ws) == limit || cut {
 		next := ws[len(ws)-1].ID
 		out.Next = &next
 	}
@@ -475,6 +481,7 @@ func (s *Server) workerView(ctx context.Context, w *lease.Worker) (wire.WorkerVi
 	for _, g := range w.Capabilities.GPUs {
 		v.Capabilities.GPUs = append(v.Capabilities.GPUs, wire.GPU{SKU: g.SKU, VRAMMB: g.VRAMMB})
 	}
+	s.approvalView(&v, w)
 	p, err := s.issuer.Principal(ctx, w.ID)
 	switch {
 	case errors.Is(err, credential.ErrNotFound):
@@ -561,9 +568,10 @@ const maxCredentialTTL = 10 * 366 * 24 * 3600
 
 // opMintCredential mints a credential for an existing principal (404 for
 // an unknown one: a typo must not create an identity; principals are
-// created by registration, Bootstrap, or in Go with Server.Issuer). A
-// node principal may not be given operator scopes: a worker machine's
-// token must never open the operator routes.
+// created by registration, Bootstrap, POST /operator/principals, or in Go
+// with Server.Issuer), with scopes the caller's credential holds itself
+// (403 otherwise). A node principal may not be given operator scopes: a
+// worker machine's token must never open the operator routes.
 func (s *Server) opMintCredential(ctx context.Context, c *call) (int, any, error) {
 	var req wire.MintCredentialRequest
 	if err := c.decode(&req); err != nil {
@@ -587,12 +595,16 @@ func (s *Server) opMintCredential(ctx context.Context, c *call) (int, any, error
 		scopes[i] = p
 		operatorScope = operatorScope || strings.HasPrefix(sc, "operator:")
 	}
+	maxUses, err := maxRegistrations(req.MaxRegistrations, scopes)
+	if err != nil {
+		return 0, nil, err
+	}
 	var (
 		token  string
 		cred   *credential.Credential
 		minted *receipts.Stored
 	)
-	err := s.st.Tx.InTx(ctx, func(ctx context.Context) error {
+	err = s.st.Tx.InTx(ctx, func(ctx context.Context) error {
 		p, err := s.issuer.Principal(ctx, req.Principal)
 		if err != nil {
 			return err
@@ -600,7 +612,10 @@ func (s *Server) opMintCredential(ctx context.Context, c *call) (int, any, error
 		if p.Kind == credential.KindNode && operatorScope {
 			return fmt.Errorf("%w: a node principal may not hold operator scopes", ErrInvalidRequest)
 		}
-		if token, cred, err = s.issuer.Mint(ctx, p.ID, scopes, time.Duration(req.TTLSeconds)*time.Second); err != nil {
+		// MintAs refuses scopes the caller's own credential lacks (403):
+		// no credential mints one more powerful than itself.
+		opt := credential.MintOptions{TTL: time.Duration(req.TTLSeconds) * time.Second, MaxUses: maxUses}
+		if token, cred, err = s.issuer.MintAs(ctx, c.credentialID, p.ID, scopes, opt); err != nil {
 			return err
 		}
 		minted, err = s.mint(ctx, mintedReceipt(cred, c.principal.ID))
@@ -617,6 +632,7 @@ func (s *Server) opMintCredential(ctx context.Context, c *call) (int, any, error
 		ExpiresAt:    cred.ExpiresAt,
 		ReceiptID:    *s.announce(c, minted),
 	}
+	out.MaxRegistrations = registrationLimit(cred)
 	return http.StatusCreated, out, nil
 }
 

@@ -33,7 +33,8 @@ var (
 	eventKeys  = []string{"id", "kind", "event_type", "message", "payload", "seq", "lease_epoch", "created_at"}
 	workerKeys = []string{"worker_id", "node_id", "name", "hostname", "endpoint_url", "role", "tags", "version",
 		"heartbeat_interval_seconds", "capabilities", "governor_limits", "policy_version", "status",
-		"registered_at", "last_seen_at", "banned", "ban_reason", "banned_at"}
+		"registered_at", "last_seen_at", "banned", "ban_reason", "banned_at",
+		"approval", "approved_at", "approved_by", "approved_job_types", "approved_tags", "max_leases"}
 	envelopeKeys = []string{"active", "policy_version", "by", "reason", "until", "changed_at", "safe_types", "blocked_types"}
 	receiptKeys  = []string{"id", "kind", "index", "body"}
 )
@@ -236,7 +237,7 @@ func TestOperatorDispatchLeasability(t *testing.T) {
 		exactKeys(t, "dispatch", m, "job", "leasable", "reason")
 		job := m["job"].(obj)
 		exactKeys(t, "dispatch job", job, jobKeys...)
-		exactKeys(t, "requirements", job["requirements"].(obj), "gpu_sku", "gpu_count", "min_vram_mb")
+		exactKeys(t, "requirements", job["requirements"].(obj), "gpu_sku", "gpu_count", "min_vram_mb", "max_runtime_seconds")
 		if m["leasable"] != false || m["reason"] != blocked {
 			t.Errorf("lora_train, envelope inactive: leasable %v, reason %q; want false, %q", m["leasable"], m["reason"], blocked)
 		}
@@ -696,7 +697,10 @@ func TestOperatorCredentials(t *testing.T) {
 		m := mustOp(t, env, http.StatusCreated, "POST", "/operator/credentials", obj{
 			"principal": apitest.OperatorID, "scopes": []string{"operator:receipts", "operator:jobs"}, "ttl_seconds": 3600,
 		})
-		exactKeys(t, "mint", m, "credential_id", "token", "principal", "scopes", "expires_at", "receipt_id")
+		exactKeys(t, "mint", m, "credential_id", "token", "principal", "scopes", "expires_at", "receipt_id", "max_registrations")
+		if m["max_registrations"] != nil {
+			t.Errorf("max_registrations = %v, want null for a credential without a limit", m["max_registrations"])
+		}
 		if diff := cmp.Diff([]any{"operator:jobs", "operator:receipts"}, m["scopes"]); diff != "" {
 			t.Errorf("scopes (-want +got):\n%s", diff)
 		}
@@ -733,11 +737,12 @@ func TestOperatorCredentials(t *testing.T) {
 		}
 		stateUnchanged(t, env, "a repeated revoke", before)
 
-		// A node's credential.
+		// A node's credential, minted by a credential that holds the node
+		// scope (a credential mints only scopes it holds).
 		n := opGPUNode(t, env, "studio-gpu-1", 1)
-		m = mustOp(t, env, http.StatusCreated, "POST", "/operator/credentials", obj{"principal": n.WorkerID, "scopes": []string{"node:heartbeat"}})
-		if m["principal"] != n.WorkerID {
-			t.Errorf("node credential = %v", m)
+		nodeMinter, _ := env.Credential(t, apitest.OperatorID, credential.ScopeOperatorCredentials, credential.ScopeNodeHeartbeat)
+		if st, m := opCall(t, env, nodeMinter, "POST", "/operator/credentials", obj{"principal": n.WorkerID, "scopes": []string{"node:heartbeat"}}); st != http.StatusCreated || m["principal"] != n.WorkerID {
+			t.Errorf("node credential = %d %v", st, m)
 		}
 
 		before = env.Dump(t)
@@ -970,6 +975,8 @@ var operatorRoutes = []struct {
 	{"POST", "/operator/workers/wrk_x/unban", credential.ScopeOperatorWorkers},
 	{"POST", "/operator/credentials", credential.ScopeOperatorCredentials},
 	{"POST", "/operator/credentials/c_x/revoke", credential.ScopeOperatorCredentials},
+	{"GET", "/operator/credentials", credential.ScopeOperatorCredentials},
+	{"POST", "/operator/principals", credential.ScopeOperatorCredentials},
 	{"GET", "/operator/envelope", credential.ScopeOperatorEnvelope},
 	{"POST", "/operator/envelope/activate", credential.ScopeOperatorEnvelope},
 	{"POST", "/operator/envelope/deactivate", credential.ScopeOperatorEnvelope},
@@ -1118,7 +1125,8 @@ func TestBootstrap(t *testing.T) {
 			}
 		}
 		want := map[string]string{
-			res.OperatorCredentialID:     "system operator operator:jobs operator:workers operator:credentials operator:envelope operator:receipts",
+			res.OperatorCredentialID: "system operator node:register node:heartbeat node:poll node:result:submit node:audit:submit " +
+				"operator:jobs operator:workers operator:credentials operator:envelope operator:receipts",
 			res.ProvisioningCredentialID: "system provisioner node:register",
 		}
 		for id, w := range want {
@@ -1135,6 +1143,10 @@ func TestBootstrap(t *testing.T) {
 		}
 		if st, m := opCall(t, env, res.OperatorToken, "POST", "/operator/credentials", obj{"principal": workerapi.OperatorPrincipal, "scopes": []string{"operator:jobs"}}); st != http.StatusCreated {
 			t.Errorf("bootstrap operator token mints: %d %v", st, m)
+		}
+		// It holds every scope, so it can replace the provisioning token.
+		if st, m := opCall(t, env, res.OperatorToken, "POST", "/operator/credentials", obj{"principal": workerapi.ProvisionerPrincipal, "scopes": []string{"node:register"}}); st != http.StatusCreated {
+			t.Errorf("bootstrap operator token mints a provisioning token: %d %v", st, m)
 		}
 		// The provisioning token registers nodes, and nothing else.
 		st, m := opCall(t, env, res.ProvisioningToken, "GET", "/operator/jobs", nil)

@@ -16,6 +16,7 @@ func (s *Server) workerRoutes() []route {
 	return []route{
 		post(wire.PathRegister, credential.ScopeNodeRegister, nil), // s.register runs it: its key is in the body
 		post(wire.PathHeartbeat, credential.ScopeNodeHeartbeat, s.heartbeat),
+		post(wire.PathToken, credential.ScopeNodeHeartbeat, s.renewToken),
 		post(wire.PathLease, credential.ScopeNodePoll, s.lease),
 		post("/workers/jobs/{id}/accept", credential.ScopeNodePoll, s.accept),
 		post("/workers/jobs/{id}/status", credential.ScopeNodeHeartbeat, s.status),
@@ -45,8 +46,11 @@ func (s *Server) operatorRoutes() []route {
 		op(get, "/operator/workers/{id}", credential.ScopeOperatorWorkers, s.opGetWorker),
 		op(post, "/operator/workers/{id}/ban", credential.ScopeOperatorWorkers, s.opBanWorker),
 		op(post, "/operator/workers/{id}/unban", credential.ScopeOperatorWorkers, s.opUnbanWorker),
+		op(post, "/operator/workers/{id}/approve", credential.ScopeOperatorWorkers, s.opApproveWorker),
 		op(post, "/operator/credentials", credential.ScopeOperatorCredentials, s.opMintCredential),
 		op(post, "/operator/credentials/{id}/revoke", credential.ScopeOperatorCredentials, s.opRevokeCredential),
+		op(get, "/operator/credentials", credential.ScopeOperatorCredentials, s.opListCredentials),
+		op(post, "/operator/principals", credential.ScopeOperatorCredentials, s.opCreatePrincipal),
 		op(get, "/operator/envelope", credential.ScopeOperatorEnvelope, s.opGetEnvelope),
 		op(post, "/operator/envelope/activate", credential.ScopeOperatorEnvelope, s.opActivate),
 		op(post, "/operator/envelope/deactivate", credential.ScopeOperatorEnvelope, s.opDeactivate),

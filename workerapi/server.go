@@ -57,6 +57,8 @@ type Stores struct {
 const (
 	DefaultLeaseTTL          = 600 * time.Second
 	DefaultAcceptTimeout     = 60 * time.Second
+	DefaultCancelGrace       = 60 * time.Second
+	DefaultMaxRuntime        = 24 * time.Hour
 	DefaultRetryBase         = 10 * time.Second
 	DefaultRetryMax          = time.Hour
 	DefaultWorkerTokenTTL    = 30 * 24 * time.Hour
@@ -66,6 +68,9 @@ const (
 	DefaultProofWait         = 10 * time.Second
 	DefaultBodyLimit         = 1 << 20
 	DefaultMaintainInterval  = time.Second
+	// DefaultMaxLeasesPerWorker is the default of
+	// Config.MaxLeasesPerWorker.
+	DefaultMaxLeasesPerWorker = lease.DefaultMaxLeasesPerWorker
 )
 
 // Config holds a Server's settings. A zero duration or limit means its
@@ -93,6 +98,17 @@ type Config struct {
 	// AcceptTimeout is how long a worker has to accept a lease. Defaults
 	// to DefaultAcceptTimeout.
 	AcceptTimeout time.Duration
+	// CancelGrace is how long a leased or running job's lease lives, at
+	// most, after an operator's cancel: it is not extended, and when it
+	// runs out the job ends canceled and its token is lost (see
+	// lease.Config). Defaults to DefaultCancelGrace.
+	CancelGrace time.Duration
+	// MaxRuntime is how long a job dispatched without
+	// requirements.max_runtime_seconds may run under one lease, from
+	// accept: a lease that reaches it is revoked and the job ends failed
+	// (max_runtime_exceeded). Defaults to DefaultMaxRuntime; at most
+	// lease.MaxRuntimeLimit.
+	MaxRuntime time.Duration
 	// RetryBase and RetryMax shape the backoff before a retried job is
 	// eligible again (see lease.Config). Default to DefaultRetryBase and
 	// DefaultRetryMax.
@@ -120,6 +136,18 @@ type Config struct {
 	MaintainInterval time.Duration
 	// EnvelopeSafe and EnvelopeBlocked extend the envelope's job types.
 	EnvelopeSafe, EnvelopeBlocked []string
+
+	// ApproveNodes makes every new node register pending: register answers
+	// status "pending", and the node is granted no job until an operator
+	// approves it (POST /operator/workers/{id}/approve). Nodes registered
+	// before are not affected, and turning it off approves no one.
+	// Defaults to false: a node with a provisioning credential is trusted
+	// at once.
+	ApproveNodes bool
+	// MaxLeasesPerWorker caps the live leases of any one worker: a node's
+	// governor_limits.max_jobs may lower it, never raise it. Defaults to
+	// DefaultMaxLeasesPerWorker.
+	MaxLeasesPerWorker int
 
 	// Logger receives request logs (never a secret). Defaults to a logger
 	// that discards everything.
@@ -172,7 +200,9 @@ func New(st Stores, cfg Config) (*Server, error) {
 	s := &Server{st: st, cfg: cfg, log: cfg.Logger}
 	s.leases = lease.NewManager(st.Leases, &lease.Config{
 		LeaseTTL: cfg.LeaseTTL, AcceptTimeout: cfg.AcceptTimeout, RetryBase: cfg.RetryBase, RetryMax: cfg.RetryMax,
-		MaxJobsPerLease: wire.MaxJobsPerLease, Now: cfg.Now, Rand: cfg.Rand,
+		CancelGrace: cfg.CancelGrace, MaxRuntime: cfg.MaxRuntime,
+		MaxJobsPerLease: wire.MaxJobsPerLease, MaxLeasesPerWorker: cfg.MaxLeasesPerWorker,
+		Now: cfg.Now, Rand: cfg.Rand,
 	})
 	var err error
 	if s.issuer, err = credential.NewIssuer(st.Credentials, &credential.Config{
@@ -240,6 +270,8 @@ func (c *Config) setDefaults() error {
 	}{
 		{"LeaseTTL", &c.LeaseTTL, DefaultLeaseTTL},
 		{"AcceptTimeout", &c.AcceptTimeout, DefaultAcceptTimeout},
+		{"CancelGrace", &c.CancelGrace, DefaultCancelGrace},
+		{"MaxRuntime", &c.MaxRuntime, DefaultMaxRuntime},
 		{"RetryBase", &c.RetryBase, DefaultRetryBase},
 		{"RetryMax", &c.RetryMax, DefaultRetryMax},
 		{"WorkerTokenTTL", &c.WorkerTokenTTL, DefaultWorkerTokenTTL},
@@ -260,12 +292,20 @@ func (c *Config) setDefaults() error {
 	switch {
 	case c.MaxWait > DefaultMaxWait:
 		return fmt.Errorf("%w: MaxWait %v is over the protocol's %v", ErrConfig, c.MaxWait, DefaultMaxWait)
+	case c.MaxRuntime > lease.MaxRuntimeLimit:
+		return fmt.Errorf("%w: MaxRuntime %v is over the protocol's %v", ErrConfig, c.MaxRuntime, lease.MaxRuntimeLimit)
 	case c.RetryMax < c.RetryBase:
 		return fmt.Errorf("%w: RetryMax %v is below RetryBase %v", ErrConfig, c.RetryMax, c.RetryBase)
 	case c.BodyLimit < 0:
 		return fmt.Errorf("%w: BodyLimit is negative (%d)", ErrConfig, c.BodyLimit)
 	case c.BodyLimit == 0:
 		c.BodyLimit = DefaultBodyLimit
+	}
+	switch {
+	case c.MaxLeasesPerWorker < 0:
+		return fmt.Errorf("%w: MaxLeasesPerWorker is negative (%d)", ErrConfig, c.MaxLeasesPerWorker)
+	case c.MaxLeasesPerWorker == 0:
+		c.MaxLeasesPerWorker = DefaultMaxLeasesPerWorker
 	}
 	if c.Origin == "" {
 		c.Origin = receipts.DefaultOrigin

@@ -126,16 +126,12 @@ func (s *Server) mintFor(ctx context.Context, c *call, snap *envelope.Snapshot, 
 	return st, nil
 }
 
-// register: POST /workers/register. The pipeline calls it after the
-// framing checks with the bearer token: the key the request is signed
-// with is in the body, so the body is read before the signature is
+// register: POST /workers/register. The pipeline calls it once it has
+// verified the provisioning credential (node:register) and the signature
+// fields' shape, and read the body: the key the request is signed with
+// is in the body, so the body is decoded before the signature is
 // checked.
-func (s *Server) register(ctx context.Context, c *call, token string) (int, any, error) {
-	p, cred, err := s.issuer.Verify(ctx, token, credential.ScopeNodeRegister)
-	if err != nil {
-		return 0, nil, err
-	}
-	c.principal, c.credentialID = p, cred.ID
+func (s *Server) register(ctx context.Context, c *call) (int, any, error) {
 	var req wire.RegisterRequest
 	if err := c.decode(&req); err != nil {
 		return 0, nil, err
@@ -166,6 +162,11 @@ func (s *Server) registerSigned(ctx context.Context, c *call, req *wire.Register
 			return 0, nil, invalid("vram_mb must not be negative")
 		}
 	}
+	// A banned key and a spent provisioning credential are refused before
+	// anything is created (provisioning.go).
+	if err := s.admitRegistration(ctx, c, pub); err != nil {
+		return 0, nil, err
+	}
 	snap, err := s.gate.Snapshot(ctx)
 	if err != nil {
 		return 0, nil, err
@@ -182,6 +183,9 @@ func (s *Server) registerSigned(ctx context.Context, c *call, req *wire.Register
 		Governor:          lease.Governor(req.GovernorLimits),
 		PolicyVersion:     snap.Version(),
 		Status:            "registered",
+		// A new node awaits an operator's approval when the control plane
+		// requires one; a known node keeps its approval (RegisterWorker).
+		Approval: lease.Approval{Pending: s.cfg.ApproveNodes},
 	}
 	if req.EndpointURL != nil {
 		w.EndpointURL = *req.EndpointURL
@@ -237,14 +241,19 @@ func (s *Server) registerSigned(ctx context.Context, c *call, req *wire.Register
 	}
 	if _, err := s.mintFor(ctx, c, snap, receipts.Receipt{
 		Kind: receipts.KindWorkerRegistered, WorkerID: w.ID, NodeID: w.NodeID,
-		KeyID: credential.KeyID(pub), CredentialID: cred.ID,
+		KeyID: credential.KeyID(pub), CredentialID: cred.ID, ProvisioningCredentialID: c.credentialID,
 	}); err != nil {
 		return 0, nil, err
+	}
+	s.logRegistration(c, w, pub, cred.ID)
+	status := "registered"
+	if w.Approval.Pending {
+		status = wire.RegisterStatusPending
 	}
 	return code, wire.RegisterResponse{
 		WorkerID:             w.ID,
 		WorkerToken:          tok,
-		Status:               "registered",
+		Status:               status,
 		PolicyVersion:        snap.Version(),
 		PollIntervalSeconds:  int(s.cfg.PollInterval / time.Second),
 		NextHeartbeatSeconds: int(s.cfg.HeartbeatInterval / time.Second),
@@ -453,33 +462,51 @@ func (s *Server) leaseOnce(ctx context.Context, c *call, lr lease.LeaseRequest) 
 	return out, err
 }
 
-// whyNoJob explains an empty lease with lease.Manager.ExplainLease: the
-// types the envelope blocks (in the envelope's words), the types with no
-// queued, fitting or due job, and a worker already at its governor's
-// max_jobs.
+// whyNoJob explains an empty lease with lease.Manager.ExplainLease: a
+// worker awaiting approval, the types asked for that it did not register
+// or its approval leaves out (ignored), the types the envelope blocks (in
+// the envelope's words), the types with no queued, fitting or due job,
+// and a worker already at its live-lease limit.
 func (s *Server) whyNoJob(ctx context.Context, snap *envelope.Snapshot, lr lease.LeaseRequest) (string, error) {
 	ex, err := s.leases.ExplainLease(ctx, lr, nil)
 	if err != nil {
 		return "", err
 	}
 	why := []string{"no eligible job"}
+	// The types the request asked for beyond what the worker may serve
+	// are named in one phrase per reason, where the first of them was.
+	ignored := map[lease.ReasonCode][]string{}
+	at := map[lease.ReasonCode]int{}
 	for _, r := range ex.Reasons {
 		var be *envelope.BlockedError
 		switch {
-		case r.Code == lease.ReasonNoJobTypes:
+		case r.Code == lease.ReasonNoJobTypes, r.Code == lease.ReasonPendingApproval:
 			return "no eligible job: " + r.Message, nil
+		case r.Code == lease.ReasonTypeNotRegistered, r.Code == lease.ReasonTypeNotApproved:
+			if _, ok := at[r.Code]; !ok {
+				at[r.Code] = len(why)
+				why = append(why, "")
+			}
+			ignored[r.Code] = append(ignored[r.Code], fmt.Sprintf("%q", r.JobType))
 		case r.Code == lease.ReasonTypeNotAllowed && errors.As(snap.Allow(r.JobType), &be):
 			why = append(why, be.Reason)
 		default:
 			why = append(why, r.Message)
 		}
 	}
+	if i, ok := at[lease.ReasonTypeNotRegistered]; ok {
+		why[i] = "ignored job types the worker did not register: " + strings.Join(ignored[lease.ReasonTypeNotRegistered], ", ")
+	}
+	if i, ok := at[lease.ReasonTypeNotApproved]; ok {
+		why[i] = "ignored job types the worker's approval does not include: " + strings.Join(ignored[lease.ReasonTypeNotApproved], ", ")
+	}
 	return strings.Join(why, "; "), nil
 }
 
-// accept: POST /workers/jobs/{id}/accept. The envelope is asked again
-// first: a type blocked since the lease was granted is not accepted (403),
-// and its lease runs out at the accept deadline.
+// accept: POST /workers/jobs/{id}/accept. The lease is checked first,
+// then the envelope is asked again: a type blocked since the lease was
+// granted is not accepted (403), and its lease runs out at the accept
+// deadline.
 func (s *Server) accept(ctx context.Context, c *call) (int, any, error) {
 	var req wire.TokenRequest
 	ref, err := c.decodeLeased(&req, &req.LeaseToken)
@@ -490,15 +517,18 @@ func (s *Server) accept(ctx context.Context, c *call) (int, any, error) {
 	if err != nil {
 		return 0, nil, err
 	}
+	// The lease first: a caller without it learns nothing of the job,
+	// not even its type's verdict. A blocked type then fails the
+	// request, and its transaction takes the accept back.
+	j, err := s.leases.Accept(ctx, ref)
+	if err != nil {
+		return 0, nil, err
+	}
 	snap, err := s.gate.Snapshot(ctx)
 	if err != nil {
 		return 0, nil, err
 	}
-	if err := snap.Allow(before.Type); err != nil {
-		return 0, nil, err
-	}
-	j, err := s.leases.Accept(ctx, ref)
-	if err != nil {
+	if err := snap.Allow(j.Type); err != nil {
 		return 0, nil, err
 	}
 	if err := s.jobChanged(ctx, c, before.State, j); err != nil {
@@ -667,7 +697,8 @@ func isSHA256Hex(s string) bool {
 // receipt and the job_charged receipt (id: the job_completed id and
 // ".charge") with the state change; after the commit it sequences them and
 // answers with their proofs. Completing again with the same lease token
-// mints nothing and rebuilds the same answer from what was stored.
+// mints nothing and rebuilds the same answer from what was stored. A job
+// whose cancel was requested ends canceled instead (completeCanceled).
 func (s *Server) complete(ctx context.Context, c *call) (int, any, error) {
 	var req wire.CompleteRequest
 	ref, err := c.decodeLeased(&req, &req.LeaseToken)
@@ -686,6 +717,9 @@ func (s *Server) complete(ctx context.Context, c *call) (int, any, error) {
 		res.FinalMessage = *req.FinalMessage
 	}
 	j, repeated, err := s.leases.Complete(ctx, ref, res)
+	if errors.Is(err, lease.ErrCanceled) && j != nil {
+		return s.completeCanceled(ctx, c, j, err)
+	}
 	if err != nil {
 		return 0, nil, err
 	}

@@ -56,8 +56,9 @@ func registerRequest() wire.RegisterRequest {
 	return wire.RegisterRequest{
 		Name: "Studio-GPU", Hostname: "studio.local", Role: "local_gpu_compute",
 		Capabilities: wire.Capabilities{
-			GPUs:     []wire.GPU{{SKU: sku, VRAMMB: 24576}},
-			JobTypes: []string{"status_check", "lora_train"},
+			GPUs: []wire.GPU{{SKU: sku, VRAMMB: 24576}},
+			// A node is granted only the types it registers.
+			JobTypes: []string{"status_check", "lora_train", "telemetry_sync"},
 		},
 		GovernorLimits:           wire.GovernorLimits{MaxJobs: 4, MaxVRAMMB: 24576},
 		Tags:                     []string{"lab"},
@@ -603,7 +604,7 @@ func TestLease(t *testing.T) {
 	job := m["job"].(map[string]any)
 	hasKeys(t, "job", job, "id", "job_type", "payload", "requirements", "state", "attempt", "max_attempts", "priority",
 		"created_at", "receipt_id", "cancel_requested")
-	wantKeys(t, "requirements", job["requirements"].(map[string]any), "gpu_sku", "gpu_count", "min_vram_mb")
+	wantKeys(t, "requirements", job["requirements"].(map[string]any), "gpu_sku", "gpu_count", "min_vram_mb", "max_runtime_seconds")
 	if job["id"] != j.ID || job["state"] != "leased" || job["attempt"] != 1.0 || job["receipt_id"] != nil ||
 		job["cancel_requested"] != false || m["message"] != "leased 1 job" {
 		t.Errorf("lease answer %s", b)
@@ -768,8 +769,10 @@ func TestAccept(t *testing.T) {
 		}
 	})
 	t.Run("unknown job", func(t *testing.T) {
+		// As for a job the caller holds no lease on: probing ids reveals
+		// nothing (limits_test.go, TestProbingRevealsNothing).
 		st, b := post(t, f.node, "/workers/jobs/job-nope/accept", wire.TokenRequest{LeaseToken: tok})
-		wantErr(t, st, b, http.StatusNotFound, wire.CodeNotFound)
+		wantErr(t, st, b, http.StatusConflict, wire.CodeLeaseLost)
 	})
 
 	st, b := post(t, f.node, path, wire.TokenRequest{LeaseToken: tok})

@@ -18,6 +18,8 @@ var recordTests = []test{
 	{"Timestamps", testTimestamps},
 	{"SentinelErrors", testSentinels},
 	{"Listing", testListing},
+	{"ListingPages", testListingPages},
+	{"ListingMany", testListingMany},
 	{"StoreRevisionsAndCopies", testStoreContract},
 	{"IDsAreBytes", testIDsAreBytes},
 	{"TextRoundTrip", testTextRoundTrip},
@@ -206,7 +208,7 @@ func testStoreContract(t *testing.T, f *fixture) {
 	dup.Rev = 1
 	wantErr(t, "CreateCredential with a taken id", f.store.CreateCredential(f.ctx, &dup), credential.ErrConflict)
 	f.stored(sc)
-	if cs, err := f.store.ListCredentials(f.ctx, "nobody"); err != nil || len(cs) != 0 {
+	if cs, err := f.store.ListCredentials(f.ctx, credential.CredentialFilter{PrincipalID: "nobody", Limit: 10}); err != nil || len(cs) != 0 {
 		t.Fatalf("ListCredentials of an unknown principal = %v, %v", cs, err)
 	}
 
@@ -294,7 +296,7 @@ func testIDsAreBytes(t *testing.T, f *fixture) {
 		}
 		dup := &credential.Principal{ID: id, Kind: credential.KindOperator, Rev: 1}
 		wantErr(t, fmt.Sprintf("Store.CreatePrincipal(%q) again", id), f.store.CreatePrincipal(f.ctx, dup), credential.ErrConflict)
-		cs, err := f.store.ListCredentials(f.ctx, id)
+		cs, err := f.store.ListCredentials(f.ctx, credential.CredentialFilter{PrincipalID: id, Limit: 10})
 		if err != nil {
 			t.Fatal(err)
 		}

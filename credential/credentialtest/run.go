@@ -17,8 +17,9 @@
 // The tests are grouped by area, one file each: principals.go (nodes,
 // operators, keys, bans), tokens.go (the token format, peppers, what rows
 // hold), scopes.go, lifecycle.go (expiry, revocation, rotation),
-// records.go (what the store keeps and the errors it gives) and
-// concurrency.go.
+// records.go (what the store keeps and the errors it gives),
+// concurrency.go and limits.go (credentials limited in uses, bans that
+// follow a node's key, renewal).
 package credentialtest
 
 import (
@@ -49,6 +50,7 @@ func Run(t *testing.T, newStore func(t *testing.T) credential.Store) {
 	t.Run("Lifecycle", func(t *testing.T) { runGroup(t, newStore, lifecycleTests) })
 	t.Run("Records", func(t *testing.T) { runGroup(t, newStore, recordTests) })
 	t.Run("Concurrency", func(t *testing.T) { runGroup(t, newStore, concurrencyTests) })
+	t.Run("Limits", func(t *testing.T) { runGroup(t, newStore, limitTests) })
 }
 
 // test is one test of the suite. It gets a fixture over a fresh store.

@@ -14,6 +14,7 @@ import (
 var scopeTests = []test{
 	{"EveryScope", testEveryScope},
 	{"ExactScopes", testExactScopes},
+	{"NoEscalation", testNoEscalation},
 }
 
 func testEveryScope(t *testing.T, f *fixture) {

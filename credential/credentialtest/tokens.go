@@ -117,7 +117,7 @@ func testNoSecretsInRows(t *testing.T, f *fixture) {
 			t.Fatal(err)
 		}
 		rows = append(rows, sp)
-		cs, err := f.store.ListCredentials(f.ctx, p.ID)
+		cs, err := f.store.ListCredentials(f.ctx, credential.CredentialFilter{PrincipalID: p.ID, Limit: 100})
 		if err != nil {
 			t.Fatal(err)
 		}

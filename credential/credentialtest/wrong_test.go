@@ -3,9 +3,11 @@ package credentialtest_test
 import (
 	"context"
 	"errors"
+	"math"
 	"os"
 	"os/exec"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -34,6 +36,9 @@ var wrongStores = []struct {
 	{"FoldedIDs", func() credential.Store { return newFolded() }, "Records/IDsAreBytes"},
 	// Text trimmed on the way in, as a form layer or a CHAR column would.
 	{"TrimmedText", func() credential.Store { return trimmed{credential.NewMemoryStore()} }, "Records/TextRoundTrip"},
+	// Pages ordered under a case-insensitive collation (ORDER BY id on a
+	// NOCASE or utf8mb4_general_ci column): "a" before "B".
+	{"CaseOrderedPages", func() credential.Store { return caseOrdered{credential.NewMemoryStore()} }, "Records/ListingPages"},
 }
 
 func TestWrongStores(t *testing.T) {
@@ -155,8 +160,15 @@ func (f *folded) UpdateCredential(ctx context.Context, c *credential.Credential,
 	return f.mem.UpdateCredential(ctx, &d, rev)
 }
 
-func (f *folded) ListCredentials(ctx context.Context, principalID string) ([]*credential.Credential, error) {
-	return f.mem.ListCredentials(ctx, f.id("p", principalID))
+func (f *folded) ListCredentials(ctx context.Context, cf credential.CredentialFilter) ([]*credential.Credential, error) {
+	if cf.PrincipalID != "" {
+		cf.PrincipalID = f.id("p", cf.PrincipalID)
+	}
+	return f.mem.ListCredentials(ctx, cf)
+}
+
+func (f *folded) PrincipalsByKey(ctx context.Context, keyID string) ([]*credential.Principal, error) {
+	return f.mem.PrincipalsByKey(ctx, keyID)
 }
 
 // trimmed is a MemoryStore that trims the space around names and ban
@@ -175,4 +187,27 @@ func (s trimmed) CreatePrincipal(ctx context.Context, p *credential.Principal) e
 
 func (s trimmed) UpdatePrincipal(ctx context.Context, p *credential.Principal, rev int64) error {
 	return s.MemoryStore.UpdatePrincipal(ctx, trim(p), rev)
+}
+
+// caseOrdered is a MemoryStore whose credential pages are in
+// case-insensitive order of the ids, After compared the same way.
+type caseOrdered struct{ *credential.MemoryStore }
+
+func (s caseOrdered) ListCredentials(ctx context.Context, f credential.CredentialFilter) ([]*credential.Credential, error) {
+	if f.Limit < 1 {
+		return nil, credential.ErrInvalidArgument
+	}
+	all, err := s.MemoryStore.ListCredentials(ctx, credential.CredentialFilter{PrincipalID: f.PrincipalID, Limit: math.MaxInt})
+	if err != nil {
+		return nil, err
+	}
+	key := func(id string) string { return strings.ToLower(id) }
+	slices.SortStableFunc(all, func(a, b *credential.Credential) int { return strings.Compare(key(a.ID), key(b.ID)) })
+	var out []*credential.Credential
+	for _, c := range all {
+		if (f.After == "" || key(c.ID) > key(f.After)) && len(out) < f.Limit {
+			out = append(out, c)
+		}
+	}
+	return out, nil
 }

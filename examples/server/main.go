@@ -46,10 +46,16 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		acceptTimeout = fs.Duration("accept-timeout", workerapi.DefaultAcceptTimeout, "time a worker has to accept a lease")
 		secretsFile   = fs.String("secrets-file", "nodelane-secrets.json", "pepper and receipt signing key, created 0600 on first start; replicas share it")
 		tokensFile    = fs.String("tokens-file", "", "on first start, write the operator and provisioning tokens here (JSON, 0600)")
+		approveNodes  = fs.Bool("approve-nodes", false, "new nodes register pending and lease nothing until an operator approves them (POST /operator/workers/{id}/approve)")
+		maxLeases     = fs.Int("max-leases-per-worker", workerapi.DefaultMaxLeasesPerWorker, "the live leases any one worker may hold; a node's governor max_jobs may lower it, never raise it")
+		hl            = httpLimitFlags(fs)
 		prices        receipts.Prices
 	)
 	fs.Var(&prices, "price", "SKU=MICRO_USD_PER_GPU_HOUR (repeatable; default=N sets the price of unlisted SKUs)")
 	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if err := hl.check(); err != nil {
 		return err
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
@@ -59,7 +65,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 
 	cp, err := controlplane.Open(ctx, controlplane.Options{
 		DB: *dsn, SecretsFile: *secretsFile, LeaseTTL: *leaseTTL, AcceptTimeout: *acceptTimeout,
-		Prices: prices, Logger: log,
+		Prices: prices, ApproveNodes: *approveNodes, MaxLeasesPerWorker: *maxLeases, Logger: log,
 	})
 	if err != nil {
 		return err
@@ -102,15 +108,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 
 	srv := &http.Server{
-		Handler:           cp.Server.Handler(),
-		ReadHeaderTimeout: 10 * time.Second,
-		// Long-polls wait up to 60 s.
-		WriteTimeout: 90 * time.Second,
-		IdleTimeout:  120 * time.Second,
-		BaseContext:  func(net.Listener) context.Context { return ctx },
+		Handler:     cp.Server.Handler(),
+		BaseContext: func(net.Listener) context.Context { return ctx },
 	}
+	hl.apply(srv)
 	served := make(chan error, 1)
-	go func() { served <- srv.Serve(ln) }()
+	go func() { served <- srv.Serve(limitListener(ln, hl.maxConns)) }()
 	log.Info("serving", "addr", ln.Addr().String(), "db", dbKind(*dsn))
 
 	select {

@@ -4,14 +4,19 @@
 // embedding_dry_run and a simulated lora_train, see examples/internal/jobs).
 //
 //	go run ./examples/worker -server http://127.0.0.1:8080 \
-//	    -provisioning-token nlc_... -gpu rtx-4090:24576
+//	    -provisioning-token-file /etc/nodelane/provisioning-token -gpu rtx-4090:24576
 //
 // The node's Ed25519 key and, once registered, its worker token live in
-// the -identity file (0600); the provisioning token (-provisioning-token
-// or NODELANE_PROVISIONING_TOKEN) is needed only while that file has no
-// worker token, and to renew it. SIGTERM or SIGINT drains the worker: it
-// leases nothing more, lets running jobs finish within -drain-timeout, and
-// releases the rest.
+// the -identity file (0600). The provisioning token is read from the file
+// -provisioning-token-file names, or else from the environment variable
+// NODELANE_PROVISIONING_TOKEN, never from the command line, where every
+// local user could read it (ps, /proc). It is needed only while the
+// identity has no worker token (the first start), or to register again
+// if that token expired or was revoked: the worker renews its token itself
+// (POST /workers/token, signed by its key), so the provisioning token may
+// be deleted once the worker has registered. SIGTERM or SIGINT drains the
+// worker: it leases nothing more, lets running jobs finish within
+// -drain-timeout, and releases the rest.
 package main
 
 import (
@@ -72,7 +77,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	var (
 		server       = fs.String("server", "http://127.0.0.1:8080", "control plane base URL")
 		identityPath = fs.String("identity", "nodelane-worker.json", "identity file: the node key and worker token (0600)")
-		provToken    = fs.String("provisioning-token", "", "node:register token, needed only on first start (default $NODELANE_PROVISIONING_TOKEN)")
+		provFile     = fs.String("provisioning-token-file", "", "file holding the node:register token, needed only until the worker has registered (default: $"+provisioningEnv+"); never put the token itself on the command line")
 		nodeID       = fs.String("node-id", "", "node id to register (default: the identity's, else the host name)")
 		name         = fs.String("name", "", "display name (default: the node id)")
 		maxJobs      = fs.Int("max-jobs", 1, "jobs run at once")
@@ -92,8 +97,9 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	if len(gpus) == 0 {
 		gpus = gpuFlags{{SKU: "rtx-4090", VRAMMB: 24576}}
 	}
-	if *provToken == "" {
-		*provToken = os.Getenv("NODELANE_PROVISIONING_TOKEN")
+	provToken, err := provisioningToken(*provFile)
+	if err != nil {
+		return err
 	}
 	if *maxJobs < 1 {
 		return errors.New("-max-jobs must be at least 1")
@@ -117,8 +123,11 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 			return errors.New("no -node-id and no host name")
 		}
 	}
-	if id.Token() == "" && *provToken == "" {
-		return fmt.Errorf("%s holds no worker token: give -provisioning-token (or NODELANE_PROVISIONING_TOKEN) to register", *identityPath)
+	if id.Token() == "" && provToken == "" {
+		return fmt.Errorf("%s holds no worker token: give -provisioning-token-file (or %s) to register", *identityPath, provisioningEnv)
+	}
+	if *provFile != "" {
+		warnIfShared(log, *provFile)
 	}
 
 	c, err := client.New(*server, &client.Config{Identity: id, Logger: log})
@@ -127,7 +136,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	w, err := client.NewRunner(c, &client.RunnerConfig{
 		MaxConcurrent:     *maxJobs,
-		ProvisioningToken: *provToken,
+		ProvisioningToken: provToken,
 		Registration:      jobs.Registration(node, *name, gpus, *maxJobs),
 		WaitSeconds:       *waitSeconds,
 		DrainTimeout:      *drainTimeout,

@@ -15,7 +15,7 @@ Library:
                         signed checkpoint note (§8-§11), and Witness (§11 step 5)
 
 CLI:
-    nodelane_worker.py run    --url http://127.0.0.1:8080 --provisioning-token nlc_...
+    nodelane_worker.py run    --url http://127.0.0.1:8080 --provisioning-token-file FILE
                               --receipt-public-key 'nodelane.local/receipts+...+...'
     nodelane_worker.py verify --receipt-public-key ... complete-answer.json
     nodelane_worker.py vectors   (checks the worked examples of PROTOCOL.md)
@@ -786,7 +786,7 @@ MONEY_RE = re.compile(r"(0|[1-9][0-9]*)\.[0-9]{6}")
 SHA_RE = re.compile(r"[0-9a-f]{64}")
 
 KINDS: Dict[str, Tuple[List[str], List[str]]] = {
-    "worker_registered": (["worker_id", "node_id", "key_id"], ["credential_id"]),
+    "worker_registered": (["worker_id", "node_id", "key_id"], ["credential_id", "provisioning_credential_id"]),
     "artifact_reported": (["job_id", "worker_id", "lease_epoch", "artifact_id"],
                           ["checksum_sha256", "size_bytes", "lease_id", "artifact_type", "name", "uri",
                            "metadata_sha256"]),
@@ -800,8 +800,10 @@ KINDS: Dict[str, Tuple[List[str], List[str]]] = {
     "envelope_deactivated": (["actor", "reason"], []),
     "credential_minted": (["credential_id", "principal_id", "scopes"], ["actor", "expires_at"]),
     "credential_revoked": (["credential_id"], ["principal_id", "actor", "reason"]),
+    "principal_created": (["principal_id", "actor"], ["name"]),
     "worker_banned": (["worker_id"], ["node_id", "actor", "reason"]),
     "worker_unbanned": (["worker_id"], ["node_id", "actor", "reason"]),
+    "worker_approved": (["worker_id", "actor"], ["node_id", "reason", "job_types", "tags"]),
     "node_audit": (["worker_id", "event_type", "occurred_at", "payload_sha256"], ["node_id"]),
 }
 INT_FIELDS = {"v", "policy_version", "lease_epoch", "attempt", "gpu_count", "actual_ms", "size_bytes"}
@@ -1062,7 +1064,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="register, lease one job, run it, complete it, verify the receipts")
     r.add_argument("--url", required=True)
-    r.add_argument("--provisioning-token", required=True)
+    r.add_argument("--provisioning-token-file", default=None,
+                   help="file holding the node:register token (default: $NODELANE_PROVISIONING_TOKEN); "
+                        "never the token itself on the command line, which every local user can read")
     r.add_argument("--receipt-public-key", required=True)
     r.add_argument("--origin", default=None, help="expected log origin (default: the key name)")
     r.add_argument("--node-id", default="py-worker-%s" % os.urandom(4).hex())
@@ -1076,7 +1080,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     a = ap.parse_args(argv)
     try:
         if a.cmd == "run":
-            out = run_once(a.url, a.provisioning_token, a.receipt_public_key, a.origin, a.node_id,
+            if a.provisioning_token_file:
+                with open(a.provisioning_token_file, encoding="utf-8") as f:
+                    prov = f.read().strip()
+            else:
+                prov = os.environ.pop("NODELANE_PROVISIONING_TOKEN", "").strip()
+            if not prov:
+                print("no provisioning token: give --provisioning-token-file or NODELANE_PROVISIONING_TOKEN",
+                      file=sys.stderr)
+                return 1
+            out = run_once(a.url, prov, a.receipt_public_key, a.origin, a.node_id,
                            a.wait_seconds, a.job_type, log=lambda s: print(s, file=sys.stderr))
             print(json.dumps(out))
             return 0 if out.get("verified") else 3

@@ -62,7 +62,7 @@ def test_doc_receipts_and_checkpoint():
     assert v.checkpoint.size == 3
     assert v.charged["actual_cost_usd"] == "0.000618"
     cp = nw.verify_checkpoint(doc_example("checkpoint"), nw.parse_verifier_key(nw.DOC_VKEY, ORIGIN))
-    assert cp.root == base64.b64decode("TYAr82GZLvhWhCIP/nB2O2gWj5slOJy2dp1rtp5UxIo=")
+    assert cp.root == base64.b64decode("49++Tai6NErvxYRR+dXl/7BC3TA8eec8P7q3m8OiZIQ=")
     bodies = [doc_example(n).rstrip("\n").encode()
               for n in ("receipt-worker-registered", "receipt-job-completed", "receipt-job-charged")]
     for b in bodies:
@@ -394,9 +394,9 @@ def test_cli_run(server):
     op.dispatch("status_check", {})
     out = subprocess.run(
         [sys.executable, os.path.join(HERE, "nodelane_worker.py"), "run", "--url", server["url"],
-         "--provisioning-token", tokens["provisioning_token"],
          "--receipt-public-key", tokens["receipt_public_key"], "--origin", ORIGIN,
          "--node-id", "py-interop-cli", "--wait-seconds", "5"],
+        env=dict(os.environ, NODELANE_PROVISIONING_TOKEN=tokens["provisioning_token"]),
         capture_output=True, text=True, timeout=40)
     assert out.returncode == 0, out.stderr
     res = json.loads(out.stdout)

@@ -14,10 +14,14 @@
 // The tests are grouped by area, one file each: claim.go (matching,
 // ordering, governors), accept_complete.go (the path to a result and the
 // moves the state machine refuses), expiry.go (TTL, accept deadline,
-// retries, Touch), fencing.go (stale tokens), cancel.go, events.go (logs,
+// retries, Touch), fencing.go (stale tokens), cancel.go, bounds.go (a
+// cancel's grace and the max runtime revoke leases), events.go (logs,
 // status and artifacts), records.go (what the store keeps and the errors
 // it gives: ids as bytes, JSON byte for byte, the worker filter, limits)
-// and concurrency.go. claim.go also runs a claim that the store retries
+// and concurrency.go; approval.go checks least privilege (a request
+// narrows the worker's registered types, never widens them; the cap on
+// live leases; pending and pinned approvals; SetApproval and a PutWorker
+// that keeps the approval). claim.go also runs a claim that the store retries
 // after a rolled-back attempt called grant.
 //
 // The suite's own test, wrong_test.go, runs it on stores that are wrong in
@@ -50,10 +54,12 @@ func Run(t *testing.T, newStore func(t *testing.T) lease.Store) {
 	t.Run("Expiry", func(t *testing.T) { runGroup(t, newStore, expiryTests) })
 	t.Run("Fencing", func(t *testing.T) { runGroup(t, newStore, fencingTests) })
 	t.Run("Cancel", func(t *testing.T) { runGroup(t, newStore, cancelTests) })
+	t.Run("Bounds", func(t *testing.T) { runGroup(t, newStore, boundTests) })
 	t.Run("Events", func(t *testing.T) { runGroup(t, newStore, eventTests) })
 	t.Run("Records", func(t *testing.T) { runGroup(t, newStore, recordTests) })
 	t.Run("Concurrency", func(t *testing.T) { runGroup(t, newStore, concurrencyTests) })
 	t.Run("Explain", func(t *testing.T) { testExplain(t, newStore) })
+	t.Run("Approval", func(t *testing.T) { runGroup(t, newStore, approvalTests) })
 }
 
 // test is one test of the suite. It gets a fixture over a fresh store.
@@ -78,9 +84,11 @@ func runGroup(t *testing.T, newStore func(t *testing.T) lease.Store, tests []tes
 var epoch = time.Date(2026, 11, 30, 9, 0, 0, 123456789, time.UTC)
 
 const (
-	ttl       = 600 * time.Second
-	acceptTTL = 60 * time.Second
-	retryBase = 10 * time.Second
+	ttl         = 600 * time.Second
+	acceptTTL   = 60 * time.Second
+	retryBase   = 10 * time.Second
+	cancelGrace = 5 * time.Minute
+	maxRuntime  = 24 * time.Hour
 )
 
 // fixture is one test's store, clock and Manager. Its helpers fail t.
@@ -99,6 +107,8 @@ func newFixture(t *testing.T, newStore func(t *testing.T) lease.Store) *fixture 
 	f.m = lease.NewManager(f.store, &lease.Config{
 		LeaseTTL:      ttl,
 		AcceptTimeout: acceptTTL,
+		CancelGrace:   cancelGrace,
+		MaxRuntime:    maxRuntime,
 		RetryBase:     retryBase,
 		RetryMax:      time.Hour,
 		Now:           f.clock.Now,

@@ -43,6 +43,30 @@ var variants = []variant{
 	{"worker filter keeps finished jobs", func() lease.Store { return lastLeaseStore{lease.NewMemoryStore()} }, "Records/WorkerFilter"},
 	{"limit <= 0 accepted", func() lease.Store { return unlimitedStore{lease.NewMemoryStore()} }, "Records/Limits"},
 	{"grant called then rolled back", func() lease.Store { return retryingStore{lease.NewMemoryStore()} }, ""},
+	{"PutWorker writes the approval", func() lease.Store { return approvalWritingStore{lease.NewMemoryStore()} }, "Approval/StoreKeepsApproval"},
+	{"max runtime not stored", func() lease.Store { return runtimeDroppingStore{lease.NewMemoryStore()} }, "Bounds/MaxRuntimeCapsExtensions"},
+}
+
+// runtimeDroppingStore keeps no max_runtime_seconds, as an adapter whose
+// table lacks the column does: every job runs for the default.
+type runtimeDroppingStore struct{ *lease.MemoryStore }
+
+func (s runtimeDroppingStore) CreateJob(ctx context.Context, j *lease.Job) error {
+	c := *j
+	c.Requirements.MaxRuntimeSeconds = 0
+	return s.MemoryStore.CreateJob(ctx, &c)
+}
+
+// approvalWritingStore's PutWorker writes the whole record, approval
+// included, as an UPSERT that updates every column does: a heartbeat that
+// read the worker before an approval undoes it.
+type approvalWritingStore struct{ *lease.MemoryStore }
+
+func (s approvalWritingStore) PutWorker(ctx context.Context, w *lease.Worker) error {
+	if err := s.MemoryStore.PutWorker(ctx, w); err != nil {
+		return err
+	}
+	return s.MemoryStore.SetApproval(ctx, w.ID, w.Approval)
 }
 
 // TestWrongStores runs the suite on each variant in a child process (the

@@ -340,10 +340,11 @@ func (c *Client) do(ctx context.Context, route string, in, out any, o callOpts) 
 				staleRetried = true
 				attempt--
 				continue
-			case (ae.Code == wire.CodeTokenRevoked || ae.Code == wire.CodeInvalidToken) && o.token == "" &&
-				!tokenRetried && c.id.Token() != tok:
-				// The token was rotated (a re-registration) while this
-				// request was in flight: send it again with the new one.
+			case (ae.Code == wire.CodeTokenRevoked || ae.Code == wire.CodeInvalidToken || ae.Code == wire.CodeTokenExpired) &&
+				o.token == "" && !tokenRetried && c.id.Token() != tok:
+				// The token was rotated (a re-registration, or a renewal
+				// whose grace has passed) while this request was in
+				// flight: send it again with the new one.
 				tokenRetried = true
 				attempt--
 				continue

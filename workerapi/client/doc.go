@@ -2,7 +2,9 @@
 // that signs every request (RFC 9421, Ed25519) with a node Identity and
 // retries what is safe to retry, and a Runner that registers, heartbeats,
 // leases jobs for its handlers, reports their logs, artifacts and results,
-// and drains on shutdown.
+// renews its worker token with its key (Client.RenewToken: the
+// provisioning token is needed only for the first registration), and
+// drains on shutdown.
 //
 // A worker binary links this package, package wire and the replay and
 // receipts cores only: no lease state machine, credential store, envelope

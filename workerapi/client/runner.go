@@ -93,7 +93,9 @@ const (
 	JobSucceeded JobOutcome = "succeeded"
 	// JobFailed: failed (FailResponse.Requeued says if it will be retried).
 	JobFailed JobOutcome = "failed"
-	// JobCanceled: failed with error_code "canceled" after a cancel.
+	// JobCanceled: failed with error_code "canceled" after a cancel, or
+	// completed after one, which the server answers 409 job_canceled
+	// (JobEnd.Err) as it ends the job canceled.
 	JobCanceled JobOutcome = "canceled"
 	// JobReleased: handed back to the queue (drain, or not runnable here).
 	JobReleased JobOutcome = "released"
@@ -138,13 +140,15 @@ type RunnerConfig struct {
 	// registration's governor max_jobs, or 1.
 	MaxConcurrent int
 	// ProvisioningToken (node:register) lets the worker register when its
-	// identity has no token, renew its token before it expires (see
-	// TokenRenewBefore) and after the server says it expired. It is held in
-	// memory only.
+	// identity has no worker token, and register again if its token expired
+	// or was revoked before it could be renewed. A registered worker renews
+	// its token itself (see TokenRenewBefore) without it, so it is needed
+	// only for the first registration and may then be removed from the
+	// node. It is held in memory only.
 	ProvisioningToken string
-	// Registration is what the worker registers (and renews its token)
-	// with; each registration replaces the worker's record, capabilities
-	// included, so a node with GPUs must describe them here. Defaults to the
+	// Registration is what the worker registers with; each registration
+	// replaces the worker's record, capabilities included, so a node with
+	// GPUs must describe them here. Defaults to the
 	// identity's node id (or the host name) with the registered handlers'
 	// job types and MaxConcurrent as governor max_jobs, and no GPU; when
 	// given, an empty job_types is filled the same way.
@@ -180,16 +184,17 @@ type RunnerConfig struct {
 	ReportPatience time.Duration
 	// LogFlushInterval is how often buffered log lines are sent.
 	// Defaults to DefaultLogFlushInterval. LogBatchSize bounds the lines of
-	// one request (defaults to DefaultLogBatchSize), MaxBufferedLogs the
+	// one request (defaults to DefaultLogBatchSize; at most
+	// wire.MaxLogEntries), MaxBufferedLogs the
 	// lines kept while the server is out of reach (defaults to
 	// DefaultMaxBufferedLogs; the oldest are dropped beyond).
 	LogFlushInterval time.Duration
 	LogBatchSize     int
 	MaxBufferedLogs  int
-	// TokenRenewBefore: with a ProvisioningToken, the worker token is
-	// renewed (by registering again) this long before it expires, or a
-	// third of its lifetime before, if that is sooner. Defaults to
-	// DefaultTokenRenewBefore.
+	// TokenRenewBefore: the worker token is renewed (Client.RenewToken,
+	// signed by the node's key; no provisioning token needed) this long
+	// before it expires, or a third of its lifetime before, if that is
+	// sooner. Defaults to DefaultTokenRenewBefore.
 	TokenRenewBefore time.Duration
 	// Metrics, if set, gives each heartbeat's metrics: a value that
 	// marshals to a JSON object.
@@ -262,7 +267,7 @@ func NewRunner(c *Client, cfg *RunnerConfig) (*Runner, error) {
 		max  int
 	}{
 		{"WaitSeconds", &wc.WaitSeconds, DefaultWaitSeconds, wire.MaxWaitSeconds},
-		{"LogBatchSize", &wc.LogBatchSize, DefaultLogBatchSize, 0},
+		{"LogBatchSize", &wc.LogBatchSize, DefaultLogBatchSize, wire.MaxLogEntries},
 		{"MaxBufferedLogs", &wc.MaxBufferedLogs, DefaultMaxBufferedLogs, 0},
 		{"MaxConcurrent", &wc.MaxConcurrent, 0, 0},
 	} {
@@ -453,9 +458,15 @@ func (w *Runner) ensureRegistered(ctx context.Context) error {
 		return errors.New("client: the identity has no worker token and RunnerConfig.ProvisioningToken is empty")
 	case tok == "":
 		return w.register(ctx)
-	case !exp.IsZero() && w.c.until(exp) < w.cfg.TokenRenewBefore && w.cfg.ProvisioningToken != "":
-		if err := w.register(ctx); err != nil && w.c.until(exp) <= 0 {
-			return err
+	case !exp.IsZero() && w.c.until(exp) < w.cfg.TokenRenewBefore:
+		w.renewMu.Lock()
+		err := w.refreshLocked(ctx)
+		w.renewMu.Unlock()
+		if err != nil {
+			if w.c.until(exp) <= 0 {
+				return err
+			}
+			w.log.Warn("renewing the worker token", "err", err)
 		}
 	}
 	return nil
@@ -467,10 +478,10 @@ func (w *Runner) maybeRenew(ctx context.Context) {
 	w.renewMu.Lock()
 	defer w.renewMu.Unlock()
 	now := w.c.ServerNow()
-	if w.cfg.ProvisioningToken == "" || w.renewAt.IsZero() || now.Before(w.renewAt) || now.Sub(w.lastTry) < time.Minute {
+	if w.renewAt.IsZero() || now.Before(w.renewAt) || now.Sub(w.lastTry) < time.Minute {
 		return
 	}
-	if err := w.registerLocked(ctx); err != nil {
+	if err := w.refreshLocked(ctx); err != nil {
 		w.log.Warn("renewing the worker token", "err", err)
 	}
 }
@@ -490,22 +501,20 @@ func (w *Runner) registerLocked(ctx context.Context) error {
 	if out == nil {
 		return err
 	}
-	if !out.TokenExpiresAt.IsZero() {
-		life := out.TokenExpiresAt.Sub(out.ServerTime)
-		if out.ServerTime.IsZero() {
-			life = w.c.until(out.TokenExpiresAt)
-		}
-		w.renewAt = out.TokenExpiresAt.Add(-min(w.cfg.TokenRenewBefore, life/3))
+	w.scheduleRenewal(out.TokenExpiresAt, out.ServerTime)
+	w.log.Info("registered", "worker_id", out.WorkerID, "status", out.Status, "token_expires_at", out.TokenExpiresAt)
+	if out.Status == wire.RegisterStatusPending {
+		w.log.Warn("the control plane grants this node no job until an operator approves it", "worker_id", out.WorkerID)
 	}
-	w.log.Info("registered", "worker_id", out.WorkerID, "token_expires_at", out.TokenExpiresAt)
 	if err != nil {
 		w.log.Error("saving the identity", "err", err)
 	}
 	return nil
 }
 
-// renew re-registers after the server said the token used expired,
-// unless another goroutine has renewed it since.
+// renew registers again after the server said the token used expired (an
+// expired token cannot be renewed), unless another goroutine has renewed
+// it since.
 func (w *Runner) renew(ctx context.Context, used string) error {
 	w.renewMu.Lock()
 	defer w.renewMu.Unlock()
@@ -1119,7 +1128,11 @@ func (t *task) run(h HandlerFunc) {
 			return err
 		})
 		end.Outcome, end.Complete = JobSucceeded, out
-		if err != nil {
+		switch {
+		case IsCode(err, wire.CodeJobCanceled):
+			// Its cancel was requested: the server ended it canceled.
+			end.Outcome, end.Err = JobCanceled, err
+		case err != nil:
 			end.Outcome, end.Err = t.failedReport(), err
 		}
 	case errors.Is(cause, ErrDrained):
@@ -1212,10 +1225,12 @@ func objectPayload(v any) json.RawMessage {
 	return b
 }
 
-// Limits of what a Reporter sends in one log line.
+// Limits of what a Reporter sends in one log line: within the server's
+// (wire.MaxMessageBytes, wire.MaxPayloadBytes), with room for the
+// truncation mark and for a rune the cut splits.
 const (
-	maxLogMessage = 64 << 10
-	maxLogPayload = 64 << 10
+	maxLogMessage = wire.MaxMessageBytes - 32
+	maxLogPayload = wire.MaxPayloadBytes
 	maxLogBatch   = 256 << 10
 )
 

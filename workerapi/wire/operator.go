@@ -143,6 +143,18 @@ type WorkerView struct {
 	Banned       bool       `json:"banned"`
 	BanReason    *string    `json:"ban_reason"`
 	BannedAt     *time.Time `json:"banned_at"`
+	// Approval is ApprovalNotRequired, ApprovalPending or
+	// ApprovalApproved. ApprovedAt and ApprovedBy are the last approval's,
+	// null before one; ApprovedJobTypes and ApprovedTags are what it pins,
+	// [] when nothing.
+	Approval         string     `json:"approval"`
+	ApprovedAt       *time.Time `json:"approved_at"`
+	ApprovedBy       *string    `json:"approved_by"`
+	ApprovedJobTypes []string   `json:"approved_job_types"`
+	ApprovedTags     []string   `json:"approved_tags"`
+	// MaxLeases is how many live leases the worker may hold: its
+	// governor's max_jobs (0 meaning 1), capped by the control plane.
+	MaxLeases int `json:"max_leases"`
 }
 
 // WorkerListResponse answers GET /operator/workers[?after=&limit=]:
@@ -192,6 +204,10 @@ type MintCredentialRequest struct {
 	Scopes    []string `json:"scopes"`
 	// TTLSeconds is the credential's lifetime; absent or 0 means 30 days.
 	TTLSeconds int64 `json:"ttl_seconds"`
+	// MaxRegistrations, for a credential with node:register, limits how
+	// many registrations it may authorise (1 to MaxRegistrations); absent
+	// or null means no limit.
+	MaxRegistrations *int64 `json:"max_registrations"`
 }
 
 // MintCredentialResponse answers POST /operator/credentials. Token is
@@ -203,6 +219,9 @@ type MintCredentialResponse struct {
 	Scopes       []string  `json:"scopes"`
 	ExpiresAt    time.Time `json:"expires_at"`
 	ReceiptID    string    `json:"receipt_id"`
+	// MaxRegistrations is the credential's limit of registrations, null
+	// for none.
+	MaxRegistrations *int64 `json:"max_registrations"`
 }
 
 // RevokeCredentialResponse answers POST /operator/credentials/{id}/revoke.
@@ -213,6 +232,55 @@ type RevokeCredentialResponse struct {
 	RevokedAt    time.Time `json:"revoked_at"`
 	ReceiptID    *string   `json:"receipt_id"`
 }
+
+// CredentialView is a credential as GET /operator/credentials lists it:
+// never its token, secret or digest. RevokedAt is null while it is not
+// revoked.
+type CredentialView struct {
+	CredentialID string     `json:"credential_id"`
+	Principal    string     `json:"principal"`
+	Scopes       []string   `json:"scopes"`
+	CreatedAt    time.Time  `json:"created_at"`
+	ExpiresAt    time.Time  `json:"expires_at"`
+	RevokedAt    *time.Time `json:"revoked_at"`
+}
+
+// CredentialListResponse answers GET
+// /operator/credentials[?principal=&after=&limit=]: credentials in byte
+// order of their ids. Next is the after= of the next page, null after
+// the last.
+type CredentialListResponse struct {
+	Credentials []CredentialView `json:"credentials"`
+	Next        *string          `json:"next"`
+}
+
+// CreatePrincipalRequest is the body of POST /operator/principals: the
+// new operator principal's id (1 to MaxPrincipalIDLen bytes of
+// [A-Za-z0-9._:@-], starting with a letter or a digit) and its name for
+// people (at most MaxPrincipalNameLen bytes, no NUL; may be empty).
+type CreatePrincipalRequest struct {
+	ID   string `json:"id"`
+	Name string `json:"name"`
+}
+
+// CreatePrincipalResponse answers POST /operator/principals with the
+// principal created, always of kind "operator", and its principal_created
+// receipt.
+type CreatePrincipalResponse struct {
+	ID        string    `json:"id"`
+	Kind      string    `json:"kind"`
+	Name      string    `json:"name"`
+	CreatedAt time.Time `json:"created_at"`
+	ReceiptID string    `json:"receipt_id"`
+}
+
+// The limits of POST /operator/principals.
+const (
+	// MaxPrincipalIDLen bounds a principal id, in bytes.
+	MaxPrincipalIDLen = 128
+	// MaxPrincipalNameLen bounds a principal's name, in bytes.
+	MaxPrincipalNameLen = 256
+)
 
 // EnvelopeResponse is the envelope's state: whether blocked job types may
 // run now (Active accounts for the deadline), the policy version, the

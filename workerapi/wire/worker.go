@@ -46,8 +46,10 @@ type RegisterRequest struct {
 
 // RegisterResponse answers a registration.
 type RegisterResponse struct {
-	WorkerID             string    `json:"worker_id"`
-	WorkerToken          string    `json:"worker_token"`
+	WorkerID    string `json:"worker_id"`
+	WorkerToken string `json:"worker_token"`
+	// Status is "registered", or RegisterStatusPending for a node that
+	// awaits an operator's approval (it is granted no job until then).
 	Status               string    `json:"status"`
 	PolicyVersion        int64     `json:"policy_version"`
 	PollIntervalSeconds  int       `json:"poll_interval_seconds"`
@@ -95,12 +97,26 @@ type LeaseRequest struct {
 	WaitSeconds int `json:"wait_seconds,omitempty"`
 }
 
-// Requirements constrain which workers may lease a job.
+// Requirements constrain which workers may lease a job, and how long it
+// may run.
 type Requirements struct {
 	GPUSKU    string `json:"gpu_sku"`
 	GPUCount  int    `json:"gpu_count"`
 	MinVRAMMB int    `json:"min_vram_mb"`
+	// MaxRuntimeSeconds bounds one lease's run, from accept: the lease is
+	// revoked when it is reached and the job ends failed, its last_error
+	// CodeMaxRuntimeExceeded. 0 (or absent at dispatch) means the control
+	// plane's default (24 h unless configured); at most MaxRuntimeSeconds.
+	MaxRuntimeSeconds int `json:"max_runtime_seconds"`
 }
+
+// MaxRuntimeSeconds is the largest requirements.max_runtime_seconds: 30
+// days.
+const MaxRuntimeSeconds = 30 * 24 * 60 * 60
+
+// CodeMaxRuntimeExceeded is the last_error code of a job whose lease
+// reached its max_runtime_seconds (not an error answer's code).
+const CodeMaxRuntimeExceeded = "max_runtime_exceeded"
 
 // JobError is why a job's last attempt failed.
 type JobError struct {

@@ -38,6 +38,7 @@ var groups = []group{
 		{"AddEvents", probeAddEvents},
 		{"AddArtifact", probeAddArtifact},
 		{"PutWorker", probePutWorker},
+		{"SetApproval", probeSetApproval},
 	}},
 	{"Credentials", []write{
 		{"CreatePrincipal", probeCreatePrincipal},
@@ -257,6 +258,40 @@ func probePutWorker(_ context.Context, st workerapi.Stores, i int) (*probe, erro
 	}, nil
 }
 
+func probeSetApproval(ctx context.Context, st workerapi.Stores, i int) (*probe, error) {
+	s, id, node := st.Leases, name("approved", i), name("approved-node", i)
+	if err := s.PutWorker(ctx, &lease.Worker{
+		ID: id, NodeID: node, Capabilities: lease.Capabilities{JobTypes: []string{"status_check"}},
+		RegisteredAt: epoch, LastSeenAt: epoch, Approval: lease.Approval{Pending: true},
+	}); err != nil {
+		return nil, fmt.Errorf("PutWorker: %w", err)
+	}
+	at := epoch
+	approved := func(w *lease.Worker) bool { return !w.Approval.Pending && w.Approval.At != nil }
+	return &probe{
+		// An operator's approval of a pending node.
+		do: func(ctx context.Context) error {
+			return s.SetApproval(ctx, id, lease.Approval{At: &at, By: "operator", JobTypes: []string{"status_check"}})
+		},
+		checks: []check{
+			{"GetWorker", func(ctx context.Context) (bool, error) {
+				w, err := s.GetWorker(ctx, id)
+				exists, err := present(err, lease.ErrNotFound)
+				return exists && approved(w), err
+			}},
+			{"WorkerByNode", func(ctx context.Context) (bool, error) {
+				w, err := s.WorkerByNode(ctx, node)
+				exists, err := present(err, lease.ErrNotFound)
+				return exists && approved(w), err
+			}},
+			{"ListWorkers", func(ctx context.Context) (bool, error) {
+				ws, err := s.ListWorkers(ctx, "", limit)
+				return slices.ContainsFunc(ws, func(w *lease.Worker) bool { return w.ID == id && approved(w) }), err
+			}},
+		},
+	}, nil
+}
+
 // ---- credential.Store
 
 func newPrincipal(i int) *credential.Principal {
@@ -287,7 +322,7 @@ func credentialChecks(s credential.Store, c *credential.Credential, ok func(*cre
 			return exists && ok(got), err
 		}},
 		{"ListCredentials", func(ctx context.Context) (bool, error) {
-			cs, err := s.ListCredentials(ctx, c.PrincipalID)
+			cs, err := s.ListCredentials(ctx, credential.CredentialFilter{PrincipalID: c.PrincipalID, Limit: 1000})
 			return slices.ContainsFunc(cs, func(got *credential.Credential) bool { return got.ID == c.ID && ok(got) }), err
 		}},
 	}

@@ -22,7 +22,7 @@
 //	}
 //
 // For every write method of every store (lease.Store's CreateJob,
-// UpdateJob, ClaimJobs, AddEvents, AddArtifact and PutWorker;
+// UpdateJob, ClaimJobs, AddEvents, AddArtifact, PutWorker and SetApproval;
 // credential.Store's CreatePrincipal, UpdatePrincipal, CreateCredential
 // and UpdateCredential; replay.NonceStore's Insert and Collect;
 // envelope.Store's Apply; receipts.Store's AddReceipt, Sequence and

@@ -80,7 +80,7 @@ var suite = []struct {
 	store  string
 	writes []string
 }{
-	{"Leases", []string{"CreateJob", "UpdateJob", "ClaimJobs", "AddEvents", "AddArtifact", "PutWorker"}},
+	{"Leases", []string{"CreateJob", "UpdateJob", "ClaimJobs", "AddEvents", "AddArtifact", "PutWorker", "SetApproval"}},
 	{"Credentials", []string{"CreatePrincipal", "UpdatePrincipal", "CreateCredential", "UpdateCredential"}},
 	{"Nonces", []string{"Insert", "Collect"}},
 	{"Envelope", []string{"Apply"}},
@@ -339,6 +339,10 @@ func (s leases) PutWorker(ctx context.Context, w *lease.Worker) error {
 	return s.Store.PutWorker(s.d.w(ctx), w)
 }
 
+func (s leases) SetApproval(ctx context.Context, id string, a lease.Approval) error {
+	return s.Store.SetApproval(s.d.w(ctx), id, a)
+}
+
 func (s leases) GetWorker(ctx context.Context, id string) (*lease.Worker, error) {
 	return s.Store.GetWorker(s.d.r(ctx), id)
 }
@@ -380,8 +384,8 @@ func (s credentials) UpdateCredential(ctx context.Context, c *credential.Credent
 	return s.Store.UpdateCredential(s.d.w(ctx), c, rev)
 }
 
-func (s credentials) ListCredentials(ctx context.Context, principalID string) ([]*credential.Credential, error) {
-	return s.Store.ListCredentials(s.d.r(ctx), principalID)
+func (s credentials) ListCredentials(ctx context.Context, f credential.CredentialFilter) ([]*credential.Credential, error) {
+	return s.Store.ListCredentials(s.d.r(ctx), f)
 }
 
 type nonces struct {

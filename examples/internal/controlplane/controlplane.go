@@ -36,7 +36,10 @@ type Options struct {
 	Origin string
 	// MaintainInterval is workerapi.Config.MaintainInterval.
 	MaintainInterval time.Duration
-	Logger           *slog.Logger
+	// ApproveNodes and MaxLeasesPerWorker are workerapi.Config's.
+	ApproveNodes       bool
+	MaxLeasesPerWorker int
+	Logger             *slog.Logger
 	// Now is the clock, for tests. Defaults to time.Now.
 	Now func() time.Time
 }
@@ -76,16 +79,18 @@ func Open(ctx context.Context, o Options) (*ControlPlane, error) {
 		Envelope:    db.EnvelopeStore(),
 		Receipts:    db.ReceiptsStore(),
 	}, workerapi.Config{
-		Peppers:          map[int][]byte{sec.PepperVersion: sec.Pepper},
-		PepperVersion:    sec.PepperVersion,
-		ReceiptSigner:    sec.ReceiptSigner,
-		Origin:           o.Origin,
-		Prices:           o.Prices,
-		LeaseTTL:         o.LeaseTTL,
-		AcceptTimeout:    o.AcceptTimeout,
-		MaintainInterval: o.MaintainInterval,
-		Logger:           o.Logger,
-		Now:              o.Now,
+		Peppers:            map[int][]byte{sec.PepperVersion: sec.Pepper},
+		PepperVersion:      sec.PepperVersion,
+		ReceiptSigner:      sec.ReceiptSigner,
+		Origin:             o.Origin,
+		Prices:             o.Prices,
+		LeaseTTL:           o.LeaseTTL,
+		AcceptTimeout:      o.AcceptTimeout,
+		MaintainInterval:   o.MaintainInterval,
+		ApproveNodes:       o.ApproveNodes,
+		MaxLeasesPerWorker: o.MaxLeasesPerWorker,
+		Logger:             o.Logger,
+		Now:                o.Now,
 	})
 	if err != nil {
 		n.Close()

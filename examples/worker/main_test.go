@@ -1,0 +1,86 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+const testToken = "nlc_000RxY9kz6ouWMJLgFtBDiYDMREKtrwCJfLBML0eaQHzOzSDhgW39sPXcZ1SIERix0BQRXB"
+
+// The provisioning token comes from a file or the environment, never from
+// the command line.
+func TestProvisioningToken(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "token")
+	if err := os.WriteFile(file, []byte("  "+testToken+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Run("file", func(t *testing.T) {
+		t.Setenv(provisioningEnv, "nlc_from_the_environment")
+		got, err := provisioningToken(file)
+		if err != nil || got != testToken {
+			t.Fatalf("provisioningToken(file) = %q, %v; want the file's token", got, err)
+		}
+		if v, ok := os.LookupEnv(provisioningEnv); ok {
+			t.Errorf("%s is still set (%q): processes the worker starts would inherit it", provisioningEnv, v)
+		}
+	})
+	t.Run("environment", func(t *testing.T) {
+		t.Setenv(provisioningEnv, testToken)
+		got, err := provisioningToken("")
+		if err != nil || got != testToken {
+			t.Fatalf("provisioningToken(\"\") = %q, %v; want the environment's token", got, err)
+		}
+		if _, ok := os.LookupEnv(provisioningEnv); ok {
+			t.Errorf("%s is still set after it was read", provisioningEnv)
+		}
+	})
+	t.Run("neither", func(t *testing.T) {
+		t.Setenv(provisioningEnv, "")
+		if got, err := provisioningToken(""); err != nil || got != "" {
+			t.Fatalf("provisioningToken(\"\") = %q, %v; want none", got, err)
+		}
+	})
+	for name, content := range map[string]string{"empty": " \n", "two words": testToken + " " + testToken, "huge": strings.Repeat("a", maxTokenFile+1)} {
+		t.Run(name, func(t *testing.T) {
+			t.Setenv(provisioningEnv, "")
+			bad := filepath.Join(dir, strings.ReplaceAll(name, " ", "-"))
+			if err := os.WriteFile(bad, []byte(content), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := provisioningToken(bad); err == nil {
+				t.Fatalf("a token file that is %s is accepted", name)
+			}
+		})
+	}
+	t.Run("missing file", func(t *testing.T) {
+		t.Setenv(provisioningEnv, "")
+		if _, err := provisioningToken(filepath.Join(dir, "nothing")); err == nil {
+			t.Fatal("a missing token file is accepted")
+		}
+	})
+}
+
+// TestNoTokenOnCommandLine: the flag that put the token on the command
+// line is gone, and without a token a new worker says where to give one.
+func TestNoTokenOnCommandLine(t *testing.T) {
+	t.Setenv(provisioningEnv, "")
+	dir := t.TempDir()
+	var stderr bytes.Buffer
+	err := run(context.Background(), []string{"-identity", filepath.Join(dir, "id.json"), "-provisioning-token", testToken}, &stderr)
+	if err == nil {
+		t.Fatal("-provisioning-token is accepted")
+	}
+	if !strings.Contains(stderr.String(), "-provisioning-token-file") {
+		t.Errorf("the usage does not name -provisioning-token-file:\n%s", stderr.String())
+	}
+	stderr.Reset()
+	err = run(context.Background(), []string{"-identity", filepath.Join(dir, "id.json"), "-node-id", "n1"}, &stderr)
+	if err == nil || !strings.Contains(err.Error(), "-provisioning-token-file") || !strings.Contains(err.Error(), provisioningEnv) {
+		t.Errorf("run without a token = %v, want an error naming -provisioning-token-file and %s", err, provisioningEnv)
+	}
+}

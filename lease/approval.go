@@ -1,0 +1,136 @@
+package lease
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+	"unicode"
+	"unicode/utf8"
+)
+
+// MaxPins bounds how many job types, and how many tags, one approval
+// pins; MaxPinLen bounds each one, in bytes.
+// MaxApprovalReason bounds an approval's reason, in bytes.
+const (
+	MaxPins           = 64
+	MaxPinLen         = maxTypeLen
+	MaxApprovalReason = 1024
+)
+
+// Approval is an operator's decision on a worker. A control plane that
+// approves nodes registers a new worker Pending, and Lease grants a
+// pending worker nothing until Manager.Approve approves it. An approval
+// may pin the job types the worker may be granted: they narrow the types
+// it registered, never widen them. It may also pin the tags the operator
+// vouches for; the worker's own Tags stay what it registered.
+//
+// A Store keeps a worker's Approval as SetApproval last wrote it:
+// PutWorker never changes the Approval of a worker already stored, so a
+// registration or heartbeat that read the worker before an approval
+// cannot undo it.
+type Approval struct {
+	// Pending: the worker awaits an operator's approval and is granted no job.
+	Pending bool `json:"pending"`
+	// At is when an operator last approved the worker, nil if none ever
+	// did; By is that operator (a principal id) and Reason what they gave.
+	At     *time.Time `json:"approved_at"`
+	By     string     `json:"approved_by"`
+	Reason string     `json:"reason"`
+	// JobTypes, when not empty, are the only job types the worker may be
+	// granted, sorted and without duplicates. Empty pins no type.
+	JobTypes []string `json:"job_types"`
+	// Tags, when not empty, are the tags the operator approved, sorted and
+	// without duplicates.
+	Tags []string `json:"tags"`
+}
+
+// Approved reports whether an operator approved the worker and it is not
+// pending.
+func (a Approval) Approved() bool { return a.At != nil && !a.Pending }
+
+// allows reports whether the approval lets the worker be granted jobs of
+// type t: it pins no type, or pins t.
+func (a Approval) allows(t string) bool {
+	return len(a.JobTypes) == 0 || slices.Contains(a.JobTypes, t)
+}
+
+// leaseTypes returns the job types a lease request of w considers: those
+// it asks for (all it registered when it asks for none) that it
+// registered and its approval allows, without duplicates, in the order
+// asked. A type asked for but not registered is ignored: a request
+// narrows what the worker registered, never widens it.
+func (w *Worker) leaseTypes(asked []string) []string {
+	if len(asked) == 0 {
+		asked = w.Capabilities.JobTypes
+	}
+	var out []string
+	for _, t := range asked {
+		if !slices.Contains(out, t) && slices.Contains(w.Capabilities.JobTypes, t) && w.Approval.allows(t) {
+			out = append(out, t)
+		}
+	}
+	return out
+}
+
+// Approve records an operator's approval of worker workerID: it is no
+// longer pending, and a.JobTypes and a.Tags (each at most MaxPins values
+// of 1 to MaxPinLen bytes of UTF-8 without spaces or control characters,
+// stored sorted and deduplicated; empty pins nothing) replace what an
+// earlier approval pinned. a.By and a.Reason (at most MaxApprovalReason
+// bytes) are recorded with the time;
+// a.Pending and a.At are ignored. Approving a worker already approved with
+// the same job types and tags changes nothing and returns changed =
+// false. Of two approvals at once, the last written stands.
+// ErrInvalidArgument, ErrNotFound.
+func (m *Manager) Approve(ctx context.Context, workerID string, a Approval) (w *Worker, changed bool, err error) {
+	if len(a.Reason) > MaxApprovalReason {
+		return nil, false, fmt.Errorf("%w: the reason is %d bytes, over the limit of %d", ErrInvalidArgument, len(a.Reason), MaxApprovalReason)
+	}
+	types, err := pins("job_types", a.JobTypes)
+	if err != nil {
+		return nil, false, err
+	}
+	tags, err := pins("tags", a.Tags)
+	if err != nil {
+		return nil, false, err
+	}
+	if w, err = m.store.GetWorker(ctx, workerID); err != nil {
+		return nil, false, err
+	}
+	if w.Approval.Approved() && slices.Equal(w.Approval.JobTypes, types) && slices.Equal(w.Approval.Tags, tags) {
+		return w, false, nil
+	}
+	now := m.now()
+	next := Approval{At: &now, By: a.By, Reason: a.Reason, JobTypes: types, Tags: tags}
+	if err := m.store.SetApproval(ctx, w.ID, next); err != nil {
+		return nil, false, err
+	}
+	w.Approval = next
+	return w, true, nil
+}
+
+// pins checks the values an approval pins and returns them sorted and
+// deduplicated, nil when there are none.
+func pins(field string, vs []string) ([]string, error) {
+	if len(vs) == 0 {
+		return nil, nil
+	}
+	out := slices.Clone(vs)
+	slices.Sort(out)
+	out = slices.Compact(out)
+	if len(out) > MaxPins {
+		return nil, fmt.Errorf("%w: %s pins %d values, more than %d", ErrInvalidArgument, field, len(out), MaxPins)
+	}
+	for _, v := range out {
+		if v == "" || len(v) > MaxPinLen || !utf8.ValidString(v) {
+			return nil, fmt.Errorf("%w: each of %s must be 1 to %d bytes of UTF-8", ErrInvalidArgument, field, MaxPinLen)
+		}
+		for _, r := range v {
+			if unicode.IsSpace(r) || unicode.IsControl(r) {
+				return nil, fmt.Errorf("%w: %s value %q holds a space or a control character", ErrInvalidArgument, field, v)
+			}
+		}
+	}
+	return out, nil
+}

@@ -1,0 +1,156 @@
+package client_test
+
+import (
+	"context"
+	"net/http"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/nodelane/nodelane/credential"
+	"github.com/nodelane/nodelane/internal/apitest"
+	"github.com/nodelane/nodelane/lease"
+	"github.com/nodelane/nodelane/workerapi/client"
+	"github.com/nodelane/nodelane/workerapi/wire"
+)
+
+// TestClientRenewsWithoutProvisioningToken: a node registered once, whose
+// provisioning token was then revoked and is not given to its Runner,
+// renews its worker token itself (POST /workers/token) and works past the
+// first token's expiry.
+func TestClientRenewsWithoutProvisioningToken(t *testing.T) {
+	p := newClProxy(t)
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "id.json")
+	id, err := client.LoadOrCreateIdentity(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := client.New(p.URL, &client.Config{Identity: id, RetryBase: 10 * time.Millisecond, RetryMax: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	prov, provID := p.env.Credential(t, apitest.ProvisionerID, credential.ScopeNodeRegister)
+	if _, err := c.Register(ctx, prov, clRegistration("node-self-renew")); err != nil {
+		t.Fatal(err)
+	}
+	// The provisioning token is gone from the box, and dead on the server.
+	if _, err := p.env.Server.Issuer().Revoke(ctx, provID); err != nil {
+		t.Fatal(err)
+	}
+	first, firstExp := id.Token(), id.TokenExpiresAt()
+
+	w, err := client.NewRunner(c, &client.RunnerConfig{
+		MaxConcurrent: 1, WaitSeconds: 1, IdlePoll: 100 * time.Millisecond,
+		HeartbeatInterval: 100 * time.Millisecond, DrainTimeout: time.Second, DrainGrace: time.Second,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Handle("status_check", func(context.Context, *wire.Job, *client.Reporter) error { return nil })
+	wctx, cancel := context.WithCancel(ctx)
+	stopped := make(chan error, 1)
+	go func() { stopped <- w.Run(wctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-stopped:
+		case <-time.After(20 * time.Second):
+			t.Error("the worker did not stop")
+		}
+	})
+
+	p.reset()
+	p.env.Clock.Advance(28 * 24 * time.Hour) // 2 days before the token expires: due
+	for deadline := time.Now().Add(10 * time.Second); id.Token() == first && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if id.Token() == first {
+		t.Fatalf("the token was not renewed; requests to /workers/token: %+v", p.requests(wire.PathToken))
+	}
+	if !id.TokenExpiresAt().After(firstExp) {
+		t.Errorf("renewed token expires %v, not after %v", id.TokenExpiresAt(), firstExp)
+	}
+	if got := p.requests(wire.PathToken); len(got) == 0 || got[len(got)-1].status != http.StatusOK {
+		t.Errorf("renewal requests %+v, want a 200", got)
+	}
+	if regs := p.requests(wire.PathRegister); len(regs) != 0 {
+		t.Errorf("the worker registered again (%+v): it should renew with its key", regs)
+	}
+	reload, err := client.LoadOrCreateIdentity(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if reload.Token() != id.Token() || !reload.TokenExpiresAt().Equal(id.TokenExpiresAt()) || reload.WorkerID() != id.WorkerID() {
+		t.Errorf("the identity file does not hold the renewed token")
+	}
+
+	// Past the first token's expiry the worker works on.
+	p.env.Clock.Advance(3 * 24 * time.Hour)
+	p.reset()
+	ok := 0
+	for deadline := time.Now().Add(10 * time.Second); ok < 2 && time.Now().Before(deadline); {
+		time.Sleep(50 * time.Millisecond)
+		ok = 0
+		for _, h := range p.requests(wire.PathHeartbeat) {
+			if h.status == http.StatusOK {
+				ok++
+			}
+		}
+	}
+	if ok < 2 {
+		t.Errorf("heartbeats after the first token expired: %+v", p.requests(wire.PathHeartbeat))
+	}
+	j := p.env.Enqueue(t, lease.NewJob{Type: "status_check"})
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if p.env.Job(t, j.ID).State == lease.StateSucceeded {
+			return
+		}
+	}
+	t.Errorf("the job did not succeed after the renewal: %s", p.env.Job(t, j.ID).State)
+}
+
+// TestClientRenewTokenAnswerLost: the answer to a renewal is lost after
+// the server renewed; the client's retry, with the old token, gets a
+// token that works, and the one the client never saw is revoked.
+func TestClientRenewTokenAnswerLost(t *testing.T) {
+	p := newClProxy(t)
+	ctx := context.Background()
+	c := newClClient(t, p.URL, nil)
+	clRegister(t, p, c, "node-lost")
+	old := c.Identity().Token()
+	p.inject(clFault{suffix: wire.PathToken, n: 1, status: http.StatusServiceUnavailable, after: true})
+	out, err := c.RenewToken(ctx)
+	if err != nil {
+		t.Fatalf("RenewToken: %v", err)
+	}
+	if out.WorkerToken == old || c.Identity().Token() != out.WorkerToken || !c.Identity().TokenExpiresAt().Equal(out.TokenExpiresAt) {
+		t.Fatalf("the identity does not hold the renewed token")
+	}
+	got := p.requests(wire.PathToken)
+	if len(got) != 2 || got[0].status != http.StatusServiceUnavailable || got[1].status != http.StatusOK {
+		t.Fatalf("renewal requests %+v, want a lost answer then a 200", got)
+	}
+	if _, err := c.Heartbeat(ctx, wire.HeartbeatRequest{Status: "idle"}); err != nil {
+		t.Fatalf("heartbeat with the renewed token: %v", err)
+	}
+	// One new token lives: the old one (in its grace) and the retry's.
+	cs, err := p.env.Server.Issuer().Credentials(ctx, c.Identity().WorkerID())
+	if err != nil {
+		t.Fatal(err)
+	}
+	live := 0
+	for _, cr := range cs {
+		if cr.RevokedAt == nil {
+			live++
+		}
+	}
+	if len(cs) != 3 || live != 2 {
+		t.Errorf("%d credentials, %d not revoked; want 3 (old, lost, retry) and 2 (old in its grace, retry)", len(cs), live)
+	}
+	// A renewal without a token is refused in the client.
+	empty := newClClient(t, p.URL, nil)
+	if _, err := empty.RenewToken(ctx); err == nil {
+		t.Error("RenewToken without a worker token succeeded")
+	}
+}

@@ -2,11 +2,7 @@ package credentialtest_test
 
 import (
 	"context"
-	"errors"
 	"math"
-	"os"
-	"os/exec"
-	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -14,6 +10,7 @@ import (
 
 	"github.com/nodelane/nodelane/credential"
 	"github.com/nodelane/nodelane/credential/credentialtest"
+	"github.com/nodelane/nodelane/internal/wrongstore"
 )
 
 // The suite must refuse stores that are wrong in the ways real adapters
@@ -42,52 +39,14 @@ var wrongStores = []struct {
 }
 
 func TestWrongStores(t *testing.T) {
-	if name := os.Getenv(wrongEnv); name != "" {
-		for _, w := range wrongStores {
-			if w.name == name {
-				credentialtest.Run(t, func(*testing.T) credential.Store { return w.new() })
-				return
-			}
-		}
-		t.Fatalf("%s=%s names no wrong store", wrongEnv, name)
-	}
+	fails := map[string]string{}
+	stores := map[string]func() credential.Store{}
 	for _, w := range wrongStores {
-		t.Run(w.name, func(t *testing.T) {
-			t.Parallel()
-			cmd := exec.Command(os.Args[0], "-test.run=^TestWrongStores$", "-test.count=1", "-test.v")
-			cmd.Env = append(os.Environ(), wrongEnv+"="+w.name)
-			out, err := cmd.CombinedOutput()
-			var exit *exec.ExitError
-			if !errors.As(err, &exit) || exit.ExitCode() == 0 {
-				t.Fatalf("the suite on %s: err = %v, want a failure exit; output:\n%s", w.name, err, out)
-			}
-			checkFailures(t, string(out), "TestWrongStores/"+w.fails)
-		})
+		fails[w.name], stores[w.name] = w.fails, w.new
 	}
-}
-
-var failLine = regexp.MustCompile(`(?m)^\s*--- FAIL: (\S+)`)
-
-// checkFailures checks that out, the verbose output of a test binary,
-// reports want failed and nothing else but its parents.
-func checkFailures(t *testing.T, out, want string) {
-	t.Helper()
-	var failed []string
-	found := false
-	for _, m := range failLine.FindAllStringSubmatch(out, -1) {
-		name := m[1]
-		failed = append(failed, name)
-		switch {
-		case name == want:
-			found = true
-		case strings.HasPrefix(want, name+"/"):
-		default:
-			t.Errorf("subtest %s failed too; only %s should", name, want)
-		}
-	}
-	if !found {
-		t.Errorf("failed subtests %v, want %s among them; output:\n%s", failed, want, out)
-	}
+	wrongstore.Check(t, wrongEnv, fails, func(t *testing.T, name string) {
+		credentialtest.Run(t, func(*testing.T) credential.Store { return stores[name]() })
+	})
 }
 
 // folded is a MemoryStore behind a case-insensitive index of principal

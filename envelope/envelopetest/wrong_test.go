@@ -2,15 +2,12 @@ package envelopetest_test
 
 import (
 	"context"
-	"errors"
-	"os"
-	"os/exec"
-	"regexp"
 	"strings"
 	"testing"
 
 	"github.com/nodelane/nodelane/envelope"
 	"github.com/nodelane/nodelane/envelope/envelopetest"
+	"github.com/nodelane/nodelane/internal/wrongstore"
 )
 
 // The suite must refuse stores that are wrong in the ways real adapters
@@ -36,52 +33,14 @@ var wrongStores = []struct {
 }
 
 func TestWrongStores(t *testing.T) {
-	if name := os.Getenv(wrongEnv); name != "" {
-		for _, w := range wrongStores {
-			if w.name == name {
-				envelopetest.Run(t, func(*testing.T) envelope.Store { return w.new() })
-				return
-			}
-		}
-		t.Fatalf("%s=%s names no wrong store", wrongEnv, name)
-	}
+	fails := map[string]string{}
+	stores := map[string]func() envelope.Store{}
 	for _, w := range wrongStores {
-		t.Run(w.name, func(t *testing.T) {
-			t.Parallel()
-			cmd := exec.Command(os.Args[0], "-test.run=^TestWrongStores$", "-test.count=1", "-test.v")
-			cmd.Env = append(os.Environ(), wrongEnv+"="+w.name)
-			out, err := cmd.CombinedOutput()
-			var exit *exec.ExitError
-			if !errors.As(err, &exit) || exit.ExitCode() == 0 {
-				t.Fatalf("the suite on %s: err = %v, want a failure exit; output:\n%s", w.name, err, out)
-			}
-			checkFailures(t, string(out), "TestWrongStores/"+w.fails)
-		})
+		fails[w.name], stores[w.name] = w.fails, w.new
 	}
-}
-
-var failLine = regexp.MustCompile(`(?m)^\s*--- FAIL: (\S+)`)
-
-// checkFailures checks that out, the verbose output of a test binary,
-// reports want failed and nothing else but its parents.
-func checkFailures(t *testing.T, out, want string) {
-	t.Helper()
-	var failed []string
-	found := false
-	for _, m := range failLine.FindAllStringSubmatch(out, -1) {
-		name := m[1]
-		failed = append(failed, name)
-		switch {
-		case name == want:
-			found = true
-		case strings.HasPrefix(want, name+"/"):
-		default:
-			t.Errorf("subtest %s failed too; only %s should", name, want)
-		}
-	}
-	if !found {
-		t.Errorf("failed subtests %v, want %s among them; output:\n%s", failed, want, out)
-	}
+	wrongstore.Check(t, wrongEnv, fails, func(t *testing.T, name string) {
+		envelopetest.Run(t, func(*testing.T) envelope.Store { return stores[name]() })
+	})
 }
 
 // unlimited is a MemoryStore whose History returns every record for a

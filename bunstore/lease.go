@@ -758,25 +758,40 @@ func (s *LeaseStore) PutWorker(ctx context.Context, w *lease.Worker) error {
 	return nil
 }
 
-// SetApproval replaces the approval of the worker id. It returns
+// SetApproval replaces the approval of the worker id if its approved_at is
+// still prevAt. It returns lease.ErrConflict if it is not, and
 // lease.ErrNotFound if there is no such worker.
-func (s *LeaseStore) SetApproval(ctx context.Context, id string, a lease.Approval) error {
+func (s *LeaseStore) SetApproval(ctx context.Context, id string, prevAt *time.Time, a lease.Approval) error {
 	r := &workerRow{ID: id}
 	if err := r.setApproval(a); err != nil {
 		return fmt.Errorf("bunstore: set approval of worker %s: %w", id, err)
 	}
 	err := s.write(ctx, func(ctx context.Context, idb bun.IDB) error {
-		res, err := idb.NewUpdate().Model(r).
+		q := idb.NewUpdate().Model(r).
 			Column("approval_pending", "approved_at", "approved_by", "approval_reason", "approved_job_types", "approved_tags").
-			WherePK().Exec(ctx)
+			WherePK()
+		if prevAt == nil {
+			q = q.Where("approved_at IS NULL")
+		} else {
+			q = q.Where("approved_at = ?", micros(*prevAt))
+		}
+		res, err := q.Exec(ctx)
 		if err != nil {
 			return err
 		}
 		n, err := res.RowsAffected()
-		if err == nil && n != 1 {
-			err = lease.ErrNotFound
+		if err != nil || n == 1 {
+			return err
 		}
-		return err
+		// Nothing written: no such worker, or another approval first.
+		exists, err := idb.NewSelect().Table("nodelane_workers").Where("id = ?", id).Exists(ctx)
+		switch {
+		case err != nil:
+			return err
+		case exists:
+			return lease.ErrConflict
+		}
+		return lease.ErrNotFound
 	})
 	if err != nil {
 		return fmt.Errorf("bunstore: set approval of worker %s: %w", id, err)

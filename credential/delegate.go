@@ -46,7 +46,10 @@ func (e *ScopeError) Unwrap() error { return ErrInsufficientScope }
 // verify: ErrExpired, ErrRevoked, ErrBanned (its principal), or
 // ErrInvalidToken if it or its principal is gone. A scope it lacks is a
 // *ScopeError naming all it lacks, which matches ErrInsufficientScope;
-// nothing is written then. Otherwise it is MintWith, with its errors.
+// nothing is written then. Otherwise it is MintWith, with its errors,
+// except that the new credential never expires after the minter: a TTL
+// (or the default TTL) that would outlive it is cut to the minter's
+// remaining life.
 //
 // Mint and MintWith check no minter: they are for code that holds
 // authority of its own, such as a bootstrap that creates the first
@@ -84,7 +87,9 @@ func (is *Issuer) MintAs(ctx context.Context, minterID, principalID string, scop
 	if len(missing) > 0 {
 		return "", nil, &ScopeError{CredentialID: m.ID, Missing: missing}
 	}
-	return is.MintWith(ctx, principalID, sc, opt)
+	// Nor does it outlive its minter: a credential due to expire cannot
+	// hand out one that lasts longer than itself.
+	return is.mintWith(ctx, principalID, sc, opt, m.ExpiresAt)
 }
 
 // ListCredentials returns a page of credentials matching f, in byte order

@@ -315,6 +315,12 @@ type MintOptions struct {
 // MintWith is Mint with options: a credential may also be limited in
 // uses. ErrInvalidArgument as Mint, and for a negative MaxUses.
 func (is *Issuer) MintWith(ctx context.Context, principalID string, scopes []Scope, opt MintOptions) (token string, c *Credential, err error) {
+	return is.mintWith(ctx, principalID, scopes, opt, time.Time{})
+}
+
+// mintWith is MintWith of a credential that expires no later than
+// notAfter, unless notAfter is zero.
+func (is *Issuer) mintWith(ctx context.Context, principalID string, scopes []Scope, opt MintOptions, notAfter time.Time) (token string, c *Credential, err error) {
 	sc, err := normalizeScopes(scopes)
 	if err != nil {
 		return "", nil, err
@@ -332,7 +338,11 @@ func (is *Issuer) MintWith(ctx context.Context, principalID string, scopes []Sco
 	if _, err := is.getPrincipal(ctx, principalID); err != nil {
 		return "", nil, fmt.Errorf("principal %q: %w", principalID, err)
 	}
-	return is.mint(ctx, principalID, sc, ttl, is.now(), opt.MaxUses, 0)
+	now := is.now()
+	if !notAfter.IsZero() && now.Add(ttl).After(notAfter) {
+		ttl = notAfter.Sub(now)
+	}
+	return is.mint(ctx, principalID, sc, ttl, now, opt.MaxUses, 0)
 }
 
 // normalizeScopes checks scopes and returns them distinct, in the order of

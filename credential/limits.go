@@ -68,6 +68,27 @@ func (is *Issuer) KeyBan(ctx context.Context, pub ed25519.PublicKey) (*Principal
 	return banned, nil
 }
 
+// KeySharers returns the principals other than p that hold p's node
+// key, in the store's order (none for a principal without a key). A ban
+// follows the key: whoever bans or unbans p should do the same to these,
+// so that no principal keeps working under a key that was banned.
+func (is *Issuer) KeySharers(ctx context.Context, p *Principal) ([]*Principal, error) {
+	if p.KeyID == "" {
+		return nil, nil
+	}
+	ps, err := is.store.PrincipalsByKey(ctx, p.KeyID)
+	if err != nil {
+		return nil, fmt.Errorf("principals of key %s: %w", p.KeyID, err)
+	}
+	out := ps[:0]
+	for _, q := range ps {
+		if q.ID != p.ID && q.KeyID == p.KeyID {
+			out = append(out, q)
+		}
+	}
+	return out, nil
+}
+
 // Renew replaces a credential with a new one for the same principal and
 // scopes, living ttl (0 means Config.DefaultTTL), and
 // returns the new token, as Rotate does: the old credential records the

@@ -2,6 +2,7 @@ package lease
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -95,19 +96,30 @@ func (m *Manager) Approve(ctx context.Context, workerID string, a Approval) (w *
 	if err != nil {
 		return nil, false, err
 	}
-	if w, err = m.store.GetWorker(ctx, workerID); err != nil {
-		return nil, false, err
+	// Concurrent approvals are ordered: each is written only over the
+	// approval it read, and one that lost the race reads again and
+	// decides again (with the same pins as the winner, it changes
+	// nothing).
+	for range casTries {
+		if w, err = m.store.GetWorker(ctx, workerID); err != nil {
+			return nil, false, err
+		}
+		if w.Approval.Approved() && slices.Equal(w.Approval.JobTypes, types) && slices.Equal(w.Approval.Tags, tags) {
+			return w, false, nil
+		}
+		now := m.now()
+		next := Approval{At: &now, By: a.By, Reason: a.Reason, JobTypes: types, Tags: tags}
+		err = m.store.SetApproval(ctx, w.ID, w.Approval.At, next)
+		if errors.Is(err, ErrConflict) {
+			continue
+		}
+		if err != nil {
+			return nil, false, err
+		}
+		w.Approval = next
+		return w, true, nil
 	}
-	if w.Approval.Approved() && slices.Equal(w.Approval.JobTypes, types) && slices.Equal(w.Approval.Tags, tags) {
-		return w, false, nil
-	}
-	now := m.now()
-	next := Approval{At: &now, By: a.By, Reason: a.Reason, JobTypes: types, Tags: tags}
-	if err := m.store.SetApproval(ctx, w.ID, next); err != nil {
-		return nil, false, err
-	}
-	w.Approval = next
-	return w, true, nil
+	return nil, false, fmt.Errorf("lease: approval of worker %s: %w: too many concurrent approvals", workerID, ErrConflict)
 }
 
 // pins checks the values an approval pins and returns them sorted and

@@ -288,7 +288,7 @@ func (s *MemoryStore) PutWorker(ctx context.Context, w *Worker) error {
 }
 
 // SetApproval implements Store.
-func (s *MemoryStore) SetApproval(ctx context.Context, id string, a Approval) error {
+func (s *MemoryStore) SetApproval(ctx context.Context, id string, prevAt *time.Time, a Approval) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := ctx.Err(); err != nil {
@@ -297,6 +297,9 @@ func (s *MemoryStore) SetApproval(ctx context.Context, id string, a Approval) er
 	w, ok := s.workers[id]
 	if !ok {
 		return ErrNotFound
+	}
+	if at := w.Approval.At; (at == nil) != (prevAt == nil) || at != nil && !at.Equal(*prevAt) {
+		return ErrConflict
 	}
 	w.Approval = cloneApproval(a)
 	return nil

@@ -210,8 +210,11 @@ type Store interface {
 	// it, so a write of a record read before an approval cannot undo it.
 	PutWorker(ctx context.Context, w *Worker) error
 	// SetApproval replaces the Approval of the stored worker id, and
-	// nothing else of it. ErrNotFound if there is no such worker.
-	SetApproval(ctx context.Context, id string, a Approval) error
+	// nothing else of it, provided the stored Approval's At is still
+	// prevAt (both nil, or the same instant): ErrConflict otherwise, so
+	// that of two concurrent approvals the second sees the first.
+	// ErrNotFound if there is no such worker.
+	SetApproval(ctx context.Context, id string, prevAt *time.Time, a Approval) error
 	// GetWorker returns a worker by id. ErrNotFound.
 	GetWorker(ctx context.Context, id string) (*Worker, error)
 	// WorkerByNode returns the worker registered under nodeID. ErrNotFound.

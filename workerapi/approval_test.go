@@ -2,6 +2,7 @@ package workerapi_test
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"strings"
 	"sync"
@@ -326,4 +327,47 @@ func TestApprovalLimitsAgree(t *testing.T) {
 			t.Errorf("%s: wire %d, lease %d", c.name, c.wire, c.core)
 		}
 	}
+}
+
+// TestConcurrentApprovals: approvals of one worker at once are ordered.
+// Of identical ones, one changes the approval and mints a receipt, the
+// others see it and change nothing; of ones with different pins, the
+// approval that stands is the one the last receipt records.
+func TestConcurrentApprovals(t *testing.T) {
+	onDialects(t, func(t *testing.T, d string) {
+		env := apitest.New(t, d, apitest.WithConfig(func(c *workerapi.Config) { c.ApproveNodes = true }))
+		_, reg := typedNode(t, env, "gpu-approve", 4, "status_check")
+		const n = 8
+		approveAll := func(tags func(i int) string) (minted int) {
+			var (
+				wg sync.WaitGroup
+				mu sync.Mutex
+			)
+			for i := range n {
+				wg.Go(func() {
+					st, b := env.Operator(t, "POST", "/operator/workers/"+reg.WorkerID+"/approve", obj{"tags": []string{tags(i)}})
+					if st != http.StatusOK {
+						t.Errorf("approval %d: %d %s", i, st, b)
+						return
+					}
+					if decode[wire.WorkerResponse](t, b).ReceiptID != nil {
+						mu.Lock()
+						minted++
+						mu.Unlock()
+					}
+				})
+			}
+			wg.Wait()
+			return minted
+		}
+		if m := approveAll(func(int) string { return "pool-a" }); m != 1 {
+			t.Errorf("%d identical approvals at once minted %d receipts, want 1", n, m)
+		}
+		approveAll(func(i int) string { return fmt.Sprintf("pool-%d", i) })
+		last := lastReceipt(t, env, receipts.KindWorkerApproved, reg.WorkerID)
+		w := decode[wire.WorkerDetailResponse](t, mustGet(t, env, "/operator/workers/"+reg.WorkerID))
+		if got := strings.Join(w.Worker.ApprovedTags, " "); got != last.Tags {
+			t.Fatalf("the approval that stands pins tags %q; the last receipt records %q", got, last.Tags)
+		}
+	})
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/nodelane/nodelane/receipts"
 	"github.com/nodelane/nodelane/workerapi"
+	"github.com/nodelane/nodelane/workerapi/wire"
 )
 
 // New refuses a missing store or a missing or invalid setting, with an
@@ -47,6 +48,7 @@ func TestNewFailsFast(t *testing.T) {
 		{"RetryMax below RetryBase", func(_ *workerapi.Stores, c *workerapi.Config) { c.RetryBase, c.RetryMax = time.Hour, time.Minute }, "RetryMax"},
 		{"negative BodyLimit", func(_ *workerapi.Stores, c *workerapi.Config) { c.BodyLimit = -1 }, "BodyLimit"},
 		{"negative MaxLeasesPerWorker", func(_ *workerapi.Stores, c *workerapi.Config) { c.MaxLeasesPerWorker = -1 }, "MaxLeasesPerWorker"},
+		{"MaxLeasesPerWorker over what a heartbeat names", func(_ *workerapi.Stores, c *workerapi.Config) { c.MaxLeasesPerWorker = wire.MaxCurrentJobs + 1 }, "MaxLeasesPerWorker"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

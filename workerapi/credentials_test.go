@@ -145,6 +145,29 @@ func TestCredentialEscalation(t *testing.T) {
 
 // TestOperatorPrincipals: POST /operator/principals creates named operator
 // principals, minting principal_created; a taken id, a bad id or name, or
+// TestMintNoLongerThanMinter: a credential cannot mint one that outlives
+// it, whatever ttl_seconds asks.
+func TestMintNoLongerThanMinter(t *testing.T) {
+	onDialects(t, func(t *testing.T, dialect string) {
+		env := newOpEnv(t, dialect)
+		tok, id := env.Credential(t, apitest.OperatorID, credential.ScopeOperatorCredentials)
+		minter, err := env.Server.Issuer().Credential(context.Background(), id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, m := opCall(t, env, tok, http.MethodPost, "/operator/credentials", obj{
+			"principal": apitest.OperatorID, "scopes": []string{"operator:credentials"}, "ttl_seconds": 10 * 365 * 24 * 3600,
+		})
+		if st != http.StatusCreated {
+			t.Fatalf("mint: %d %v", st, m)
+		}
+		got, err := time.Parse(time.RFC3339Nano, m["expires_at"].(string))
+		if err != nil || !got.Equal(minter.ExpiresAt) {
+			t.Fatalf("minted credential expires %v (%v), want the minter's %v", got, err, minter.ExpiresAt)
+		}
+	})
+}
+
 // a caller without operator:credentials changes nothing.
 func TestOperatorPrincipals(t *testing.T) {
 	onDialects(t, func(t *testing.T, dialect string) {

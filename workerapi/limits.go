@@ -68,6 +68,10 @@ func checkLimits(v any) error {
 				}
 			}
 		}
+	case *wire.ReasonRequest:
+		return checkText("reason", r.Reason, wire.MaxReasonBytes)
+	case *wire.ActivateRequest:
+		return checkText("reason", r.Reason, wire.MaxReasonBytes)
 	case *wire.DispatchRequest:
 		// Explaining a job's leasability matches it against every worker.
 		return firstError(

@@ -416,6 +416,24 @@ func TestRequestLimits(t *testing.T) {
 				refused(t, env, before, "gpu_sku", st, b, http.StatusBadRequest, wire.CodeInvalidRequest, "gpu_sku", n(wire.MaxNameBytes))
 			})
 
+			t.Run("operator reasons", func(t *testing.T) {
+				_, cid := f.env.Credential(t, apitest.OperatorID, credential.ScopeOperatorJobs)
+				over := obj{"reason": long(wire.MaxReasonBytes + 1)}
+				for _, p := range []string{
+					"/operator/workers/" + f.node.WorkerID + "/ban",
+					"/operator/workers/" + f.node.WorkerID + "/unban",
+					"/operator/credentials/" + cid + "/revoke",
+					"/operator/envelope/activate",
+					"/operator/envelope/deactivate",
+				} {
+					before := env.Dump(t)
+					st, b := env.Operator(t, "POST", p, over)
+					refused(t, env, before, p, st, b, http.StatusBadRequest, wire.CodeInvalidRequest, "reason", n(wire.MaxReasonBytes))
+				}
+				// At the limit, the reason is taken.
+				mustOp(t, env, http.StatusOK, "POST", "/operator/credentials/"+cid+"/revoke", obj{"reason": long(wire.MaxReasonBytes)})
+			})
+
 			// At every limit, the request is served.
 			t.Run("at the limits", func(t *testing.T) {
 				r := registerRequest()
@@ -639,6 +657,20 @@ func TestOperatorReadsBoundedInBytes(t *testing.T) {
 				t.Errorf("%d events in %d pages, want %d in 2 or more", got, pages, lines)
 			}
 
+			// More artifacts than a job read carries: the first
+			// MaxJobArtifacts, then the rest through artifacts_next.
+			for i := range wire.MaxJobArtifacts + 3 {
+				reportArtifact(t, f.node, id, tok, "checkpoint", fmt.Sprintf("ckpt-%03d", i))
+			}
+			detail := decode[wire.JobDetailResponse](t, mustGet(t, env, "/operator/jobs/"+id))
+			if len(detail.Artifacts) != wire.MaxJobArtifacts || detail.ArtifactsNext == nil {
+				t.Fatalf("a job read carries %d artifacts, next %v; want %d and a cursor", len(detail.Artifacts), detail.ArtifactsNext, wire.MaxJobArtifacts)
+			}
+			rest := decode[wire.ArtifactListResponse](t, mustGet(t, env, "/operator/artifacts?job_id="+id+"&after="+*detail.ArtifactsNext))
+			if len(rest.Artifacts) != 3 || rest.Artifacts[0].Name != fmt.Sprintf("ckpt-%03d", wire.MaxJobArtifacts) {
+				t.Fatalf("the artifacts after the job read: %+v", rest.Artifacts)
+			}
+
 			// Jobs with the largest payloads a body allows.
 			payload := json.RawMessage(`{"p":"` + strings.Repeat("z", 300<<10) + `"}`)
 			for range 5 {
@@ -670,6 +702,16 @@ func TestOperatorReadsBoundedInBytes(t *testing.T) {
 			}
 		})
 	}
+}
+
+// mustGet reads an operator route that must answer 200.
+func mustGet(t *testing.T, env *apitest.Env, path string) []byte {
+	t.Helper()
+	st, b := env.Operator(t, "GET", path, nil)
+	if st != http.StatusOK {
+		t.Fatalf("GET %s: %d %s", path, st, b)
+	}
+	return b
 }
 
 // TestLongPollOutlivesReadTimeout: a host's http.Server.ReadTimeout

@@ -160,10 +160,11 @@ func (s *Server) opGetJob(ctx context.Context, c *call) (int, any, error) {
 		return 0, nil, err
 	}
 	evs, evsCut := fitPage(evs, eventBytes)
-	arts, err := s.jobArtifacts(ctx, j.ID)
+	arts, err := s.leases.Artifacts(ctx, lease.ArtifactFilter{JobID: j.ID, Limit: wire.MaxJobArtifacts})
 	if err != nil {
 		return 0, nil, err
 	}
+	arts, artsCut := fitPage(arts, artifactBytes)
 	ok, why, err := s.leasability(ctx, j)
 	if err != nil {
 		return 0, nil, err
@@ -187,6 +188,10 @@ func (s *Server) opGetJob(ctx context.Context, c *call) (int, any, error) {
 	}
 	for i, a := range arts {
 		out.Artifacts[i] = wireArtifact(a, j)
+	}
+	if len(arts) == wire.MaxJobArtifacts || artsCut {
+		next := arts[len(arts)-1].ID
+		out.ArtifactsNext = &next
 	}
 	return http.StatusOK, out, nil
 }
@@ -506,7 +511,10 @@ func (s *Server) opUnbanWorker(ctx context.Context, c *call) (int, any, error) {
 }
 
 // setBan bans or unbans a worker's principal and mints the receipt of the
-// change, in one transaction. A call that changes nothing (banning again
+// change, in one transaction. A ban follows the node's key: every other
+// worker principal registered with the same key is banned (or unbanned)
+// with it, each with a receipt of its own, so that no node id keeps
+// working under a banned key. A call that changes nothing (banning again
 // with the same reason, unbanning a worker that is not banned) mints
 // nothing. A banned worker can no longer call any route, heartbeats
 // included: its live leases run out at their TTL and go back to the queue.
@@ -524,28 +532,32 @@ func (s *Server) setBan(ctx context.Context, c *call, ban bool) (int, any, error
 		if w, err = s.leases.Worker(ctx, c.pathID()); err != nil {
 			return err
 		}
-		before, err := s.issuer.Principal(ctx, w.ID)
+		p, err := s.issuer.Principal(ctx, w.ID)
 		if errors.Is(err, credential.ErrNotFound) {
 			return fmt.Errorf("%w: worker %s has no principal to ban", ErrNotFound, w.ID)
 		}
 		if err != nil {
 			return err
 		}
-		var after *credential.Principal
-		kind := receipts.KindWorkerUnbanned
-		if ban {
-			kind = receipts.KindWorkerBanned
-			after, err = s.issuer.Ban(ctx, w.ID, req.Reason)
-		} else {
-			after, err = s.issuer.Unban(ctx, w.ID)
-		}
-		if err != nil || after.Rev == before.Rev {
+		sharers, err := s.issuer.KeySharers(ctx, p)
+		if err != nil {
 			return err
 		}
-		minted, err = s.mint(ctx, receipts.Receipt{
-			Kind: kind, WorkerID: w.ID, NodeID: w.NodeID, Actor: c.principal.ID, Reason: req.Reason,
-		})
-		return err
+		if minted, err = s.setPrincipalBan(ctx, c, p, w.NodeID, ban, req.Reason); err != nil {
+			return err
+		}
+		for _, q := range sharers {
+			nodeID := ""
+			if qw, err := s.leases.Worker(ctx, q.ID); err == nil {
+				nodeID = qw.NodeID
+			} else if !errors.Is(err, lease.ErrNotFound) {
+				return err
+			}
+			if _, err := s.setPrincipalBan(ctx, c, q, nodeID, ban, req.Reason); err != nil {
+				return err
+			}
+		}
+		return nil
 	})
 	if err != nil {
 		return 0, nil, err
@@ -559,6 +571,29 @@ func (s *Server) setBan(ctx context.Context, c *call, ban bool) (int, any, error
 		out.ReceiptID = s.announce(c, minted)
 	}
 	return http.StatusOK, out, nil
+}
+
+// setPrincipalBan bans or unbans one worker principal and mints the
+// receipt of the change; it mints nothing, and returns nil, when nothing
+// changed.
+func (s *Server) setPrincipalBan(ctx context.Context, c *call, p *credential.Principal, nodeID string, ban bool, reason string) (*receipts.Stored, error) {
+	var (
+		after *credential.Principal
+		err   error
+	)
+	kind := receipts.KindWorkerUnbanned
+	if ban {
+		kind = receipts.KindWorkerBanned
+		after, err = s.issuer.Ban(ctx, p.ID, reason)
+	} else {
+		after, err = s.issuer.Unban(ctx, p.ID)
+	}
+	if err != nil || after.Rev == p.Rev {
+		return nil, err
+	}
+	return s.mint(ctx, receipts.Receipt{
+		Kind: kind, WorkerID: p.ID, NodeID: nodeID, Actor: c.principal.ID, Reason: reason,
+	})
 }
 
 // Credentials.

@@ -413,7 +413,7 @@ func TestOperatorJobs(t *testing.T) {
 		completeJob(t, n, a, tok)
 
 		d := mustOp(t, env, http.StatusOK, "GET", "/operator/jobs/"+a, nil)
-		exactKeys(t, "job detail", d, "job", "leasable", "reason", "result", "events", "events_next", "artifacts")
+		exactKeys(t, "job detail", d, "job", "leasable", "reason", "result", "events", "events_next", "artifacts", "artifacts_next")
 		exactKeys(t, "job detail job", d["job"].(obj), jobKeys...)
 		if d["job"].(obj)["state"] != "succeeded" || d["job"].(obj)["receipt_id"] == nil || d["reason"] != "" || d["leasable"] != false {
 			t.Errorf("detail: %v", d)

@@ -50,24 +50,7 @@ func credentialOf(t *testing.T, env *apitest.Env, token string, scope credential
 // registeredReceipt returns the worker_registered receipt of a worker.
 func registeredReceipt(t *testing.T, env *apitest.Env, workerID string) *receipts.Receipt {
 	t.Helper()
-	var bodies [][]byte
-	if err := env.DB.Bun().NewSelect().Table("nodelane_receipts").Column("body").Scan(context.Background(), &bodies); err != nil {
-		t.Fatalf("reading receipts: %v", err)
-	}
-	var found *receipts.Receipt
-	for _, b := range bodies {
-		r, err := receipts.Decode(b)
-		if err != nil {
-			t.Fatalf("receipt %s: %v", b, err)
-		}
-		if r.Kind == receipts.KindWorkerRegistered && r.WorkerID == workerID {
-			found = r
-		}
-	}
-	if found == nil {
-		t.Fatalf("no worker_registered receipt of %s", workerID)
-	}
-	return found
+	return lastReceipt(t, env, receipts.KindWorkerRegistered, workerID)
 }
 
 func TestBanFollowsKey(t *testing.T) {
@@ -100,6 +83,13 @@ func TestBanFollowsKey(t *testing.T) {
 		st, b = post(t, twin, wire.PathToken, obj{})
 		wantErr(t, st, b, http.StatusForbidden, wire.CodeWorkerBanned)
 		stateUnchanged(t, env, "renewing a banned key's tokens", before)
+		// The twin's current token is refused as well: the ban followed
+		// the key to it, with a receipt of its own.
+		st, b = post(t, twin, wire.PathHeartbeat, wire.HeartbeatRequest{Status: "idle"})
+		wantErr(t, st, b, http.StatusForbidden, wire.CodeWorkerBanned)
+		if r := lastReceipt(t, env, receipts.KindWorkerBanned, twin.WorkerID); r.Reason != "stolen key" {
+			t.Errorf("the twin's ban receipt has reason %q", r.Reason)
+		}
 
 		// Another key registers as usual.
 		if st, b := registerWith(t, env.NewNode(t, "gpu-b"), env.ProvisioningToken); st != http.StatusCreated {
@@ -112,7 +102,35 @@ func TestBanFollowsKey(t *testing.T) {
 		if st, b := registerWith(t, again, env.ProvisioningToken); st != http.StatusCreated {
 			t.Fatalf("the unbanned key under a new node id: %d %s", st, b)
 		}
+		// The unban followed the key too.
+		if st, b := post(t, twin, wire.PathHeartbeat, wire.HeartbeatRequest{Status: "idle"}); st != http.StatusOK {
+			t.Fatalf("the twin's heartbeat after the unban: %d %s", st, b)
+		}
+		lastReceipt(t, env, receipts.KindWorkerUnbanned, twin.WorkerID)
 	})
+}
+
+// lastReceipt returns the last receipt of a kind about a worker.
+func lastReceipt(t *testing.T, env *apitest.Env, kind receipts.Kind, workerID string) *receipts.Receipt {
+	t.Helper()
+	var bodies [][]byte
+	if err := env.DB.Bun().NewSelect().Table("nodelane_receipts").Column("body").Order("seq").Scan(context.Background(), &bodies); err != nil {
+		t.Fatalf("reading receipts: %v", err)
+	}
+	var found *receipts.Receipt
+	for _, b := range bodies {
+		r, err := receipts.Decode(b)
+		if err != nil {
+			t.Fatalf("receipt %s: %v", b, err)
+		}
+		if r.Kind == kind && r.WorkerID == workerID {
+			found = r
+		}
+	}
+	if found == nil {
+		t.Fatalf("no %s receipt of %s", kind, workerID)
+	}
+	return found
 }
 
 // limitedToken mints, over the operator route, a provisioning credential

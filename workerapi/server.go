@@ -146,7 +146,8 @@ type Config struct {
 	ApproveNodes bool
 	// MaxLeasesPerWorker caps the live leases of any one worker: a node's
 	// governor_limits.max_jobs may lower it, never raise it. Defaults to
-	// DefaultMaxLeasesPerWorker.
+	// DefaultMaxLeasesPerWorker; at most wire.MaxCurrentJobs, the jobs one
+	// heartbeat can name.
 	MaxLeasesPerWorker int
 
 	// Logger receives request logs (never a secret). Defaults to a logger
@@ -306,6 +307,9 @@ func (c *Config) setDefaults() error {
 		return fmt.Errorf("%w: MaxLeasesPerWorker is negative (%d)", ErrConfig, c.MaxLeasesPerWorker)
 	case c.MaxLeasesPerWorker == 0:
 		c.MaxLeasesPerWorker = DefaultMaxLeasesPerWorker
+	case c.MaxLeasesPerWorker > wire.MaxCurrentJobs:
+		// A heartbeat names every job its node holds in current_jobs.
+		return fmt.Errorf("%w: MaxLeasesPerWorker %d is over the %d jobs a heartbeat can name", ErrConfig, c.MaxLeasesPerWorker, wire.MaxCurrentJobs)
 	}
 	if c.Origin == "" {
 		c.Origin = receipts.DefaultOrigin

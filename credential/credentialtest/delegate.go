@@ -137,3 +137,32 @@ func testNoEscalation(t *testing.T, f *fixture) {
 		t.Fatalf("Mint of every scope: %v", err)
 	}
 }
+
+// testNoOutliving: MintAs cuts the new credential's life to its minter's,
+// whatever TTL is asked for, the default included, and leaves a shorter
+// one alone.
+func testNoOutliving(t *testing.T, f *fixture) {
+	op := f.principal(credential.KindOperator, "op")
+	other := f.principal(credential.KindOperator, "other")
+	_, minter := f.mint(op.ID, time.Hour, credential.ScopeOperatorCredentials)
+	f.clock.Advance(10 * time.Minute)
+	oc := []credential.Scope{credential.ScopeOperatorCredentials}
+	for _, tc := range []struct {
+		name string
+		ttl  time.Duration
+		want time.Time
+	}{
+		{"longer ttl", 365 * 24 * time.Hour, minter.ExpiresAt},
+		{"default ttl", 0, minter.ExpiresAt},
+		{"shorter ttl", time.Minute, f.clock.Now().UTC().Add(time.Minute).Truncate(time.Microsecond)},
+	} {
+		_, c, err := f.is.MintAs(f.ctx, minter.ID, other.ID, oc, credential.MintOptions{TTL: tc.ttl})
+		if err != nil {
+			t.Fatalf("%s: MintAs = %v", tc.name, err)
+		}
+		if !c.ExpiresAt.Equal(tc.want) {
+			t.Fatalf("%s: expires %v, want %v (minter expires %v)", tc.name, c.ExpiresAt, tc.want, minter.ExpiresAt)
+		}
+		f.stored(c)
+	}
+}

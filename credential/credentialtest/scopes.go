@@ -15,6 +15,7 @@ var scopeTests = []test{
 	{"EveryScope", testEveryScope},
 	{"ExactScopes", testExactScopes},
 	{"NoEscalation", testNoEscalation},
+	{"NoOutliving", testNoOutliving},
 }
 
 func testEveryScope(t *testing.T, f *fixture) {

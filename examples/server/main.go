@@ -48,6 +48,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		tokensFile    = fs.String("tokens-file", "", "on first start, write the operator and provisioning tokens here (JSON, 0600)")
 		approveNodes  = fs.Bool("approve-nodes", false, "new nodes register pending and lease nothing until an operator approves them (POST /operator/workers/{id}/approve)")
 		maxLeases     = fs.Int("max-leases-per-worker", workerapi.DefaultMaxLeasesPerWorker, "the live leases any one worker may hold; a node's governor max_jobs may lower it, never raise it")
+		cancelGrace   = fs.Duration("cancel-grace", workerapi.DefaultCancelGrace, "how long a canceled job's lease lives on before it is revoked")
+		maxRuntime    = fs.Duration("max-runtime", workerapi.DefaultMaxRuntime, "the runtime of a job that sets no requirements.max_runtime_seconds, after which its lease is revoked and it fails max_runtime_exceeded")
 		hl            = httpLimitFlags(fs)
 		prices        receipts.Prices
 	)
@@ -65,7 +67,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 
 	cp, err := controlplane.Open(ctx, controlplane.Options{
 		DB: *dsn, SecretsFile: *secretsFile, LeaseTTL: *leaseTTL, AcceptTimeout: *acceptTimeout,
-		Prices: prices, ApproveNodes: *approveNodes, MaxLeasesPerWorker: *maxLeases, Logger: log,
+		Prices: prices, ApproveNodes: *approveNodes, MaxLeasesPerWorker: *maxLeases,
+		CancelGrace: *cancelGrace, MaxRuntime: *maxRuntime, Logger: log,
 	})
 	if err != nil {
 		return err

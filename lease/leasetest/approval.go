@@ -338,7 +338,7 @@ func testApproveArguments(t *testing.T, f *fixture) {
 	}
 	_, _, err := f.m.Approve(f.ctx, "wrk_nobody", lease.Approval{})
 	wantErr(t, "Approve of an unknown worker", err, lease.ErrNotFound)
-	err = f.store.SetApproval(f.ctx, "wrk_nobody", lease.Approval{})
+	err = f.store.SetApproval(f.ctx, "wrk_nobody", nil, lease.Approval{})
 	wantErr(t, "SetApproval of an unknown worker", err, lease.ErrNotFound)
 }
 
@@ -352,8 +352,15 @@ func testStoreKeepsApproval(t *testing.T, f *fixture) {
 	}
 	at := f.now()
 	want := lease.Approval{At: &at, By: "Operator ☃", Reason: "line\none", JobTypes: []string{"status_check"}, Tags: []string{"lab"}}
-	if err := f.store.SetApproval(f.ctx, w.ID, want); err != nil {
+	if err := f.store.SetApproval(f.ctx, w.ID, nil, want); err != nil {
 		t.Fatal(err)
+	}
+	// A second write over the approval it read before the first is
+	// refused, and changes nothing.
+	at0 := at.Add(-time.Second)
+	for _, prev := range []*time.Time{nil, &at0} {
+		err := f.store.SetApproval(f.ctx, w.ID, prev, lease.Approval{At: &at0, By: "late"})
+		wantErr(t, "SetApproval over a stale approval", err, lease.ErrConflict)
 	}
 	stale.Status = "busy"
 	if err := f.store.PutWorker(f.ctx, stale); err != nil {
@@ -371,7 +378,7 @@ func testStoreKeepsApproval(t *testing.T, f *fixture) {
 	}
 	// SetApproval changes the approval and nothing else.
 	before := *got
-	if err := f.store.SetApproval(f.ctx, w.ID, lease.Approval{Pending: true}); err != nil {
+	if err := f.store.SetApproval(f.ctx, w.ID, &at, lease.Approval{Pending: true}); err != nil {
 		t.Fatal(err)
 	}
 	after, err := f.store.GetWorker(f.ctx, w.ID)

@@ -66,7 +66,11 @@ func (s approvalWritingStore) PutWorker(ctx context.Context, w *lease.Worker) er
 	if err := s.MemoryStore.PutWorker(ctx, w); err != nil {
 		return err
 	}
-	return s.MemoryStore.SetApproval(ctx, w.ID, w.Approval)
+	stored, err := s.MemoryStore.GetWorker(ctx, w.ID)
+	if err != nil {
+		return err
+	}
+	return s.MemoryStore.SetApproval(ctx, w.ID, stored.Approval.At, w.Approval)
 }
 
 // TestWrongStores runs the suite on each variant in a child process (the

@@ -52,6 +52,13 @@ const (
 	// node names every job it holds in one heartbeat.
 	MaxCurrentJobs = 256
 
+	// MaxReasonBytes bounds the reason an operator gives to ban, unban,
+	// revoke, activate and deactivate.
+	MaxReasonBytes = 1024
+	// MaxJobArtifacts bounds the artifacts GET /operator/jobs/{id}
+	// carries; the rest are paged with GET /operator/artifacts?job_id=.
+	MaxJobArtifacts = 100
+
 	// MaxPageBytes bounds, roughly, the bytes of the items of one page of
 	// an operator read (the events of GET /operator/jobs/{id}, and the
 	// lists of jobs, artifacts and workers): a page ends early, with its

@@ -65,7 +65,10 @@ type JobEventView struct {
 // queued job cannot be leased now ("" when it can, and for a job in any
 // other state). Events are the first page of the job's events after
 // ?events_after= (1,000 at most); EventsNext is the events_after= of the
-// next page, null after the last.
+// next page, null after the last. Artifacts are the job's first
+// MaxJobArtifacts artifacts (fewer once they reach MaxPageBytes);
+// ArtifactsNext, when more follow, is the after= with which GET
+// /operator/artifacts?job_id= pages on, null when none do.
 type JobDetailResponse struct {
 	Job        Job            `json:"job"`
 	Leasable   bool           `json:"leasable"`
@@ -74,6 +77,8 @@ type JobDetailResponse struct {
 	Events     []JobEventView `json:"events"`
 	EventsNext *int64         `json:"events_next"`
 	Artifacts  []ArtifactView `json:"artifacts"`
+	// ArtifactsNext is the after= of the job's remaining artifacts.
+	ArtifactsNext *string `json:"artifacts_next"`
 }
 
 // The statuses of an artifact, from its job's outcome.

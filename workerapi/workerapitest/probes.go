@@ -271,7 +271,7 @@ func probeSetApproval(ctx context.Context, st workerapi.Stores, i int) (*probe, 
 	return &probe{
 		// An operator's approval of a pending node.
 		do: func(ctx context.Context) error {
-			return s.SetApproval(ctx, id, lease.Approval{At: &at, By: "operator", JobTypes: []string{"status_check"}})
+			return s.SetApproval(ctx, id, nil, lease.Approval{At: &at, By: "operator", JobTypes: []string{"status_check"}})
 		},
 		checks: []check{
 			{"GetWorker", func(ctx context.Context) (bool, error) {

@@ -339,8 +339,8 @@ func (s leases) PutWorker(ctx context.Context, w *lease.Worker) error {
 	return s.Store.PutWorker(s.d.w(ctx), w)
 }
 
-func (s leases) SetApproval(ctx context.Context, id string, a lease.Approval) error {
-	return s.Store.SetApproval(s.d.w(ctx), id, a)
+func (s leases) SetApproval(ctx context.Context, id string, prevAt *time.Time, a lease.Approval) error {
+	return s.Store.SetApproval(s.d.w(ctx), id, prevAt, a)
 }
 
 func (s leases) GetWorker(ctx context.Context, id string) (*lease.Worker, error) {

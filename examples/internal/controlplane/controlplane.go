@@ -36,9 +36,12 @@ type Options struct {
 	Origin string
 	// MaintainInterval is workerapi.Config.MaintainInterval.
 	MaintainInterval time.Duration
-	// ApproveNodes and MaxLeasesPerWorker are workerapi.Config's.
+	// ApproveNodes, MaxLeasesPerWorker, CancelGrace and MaxRuntime are
+	// workerapi.Config's.
 	ApproveNodes       bool
 	MaxLeasesPerWorker int
+	CancelGrace        time.Duration
+	MaxRuntime         time.Duration
 	Logger             *slog.Logger
 	// Now is the clock, for tests. Defaults to time.Now.
 	Now func() time.Time
@@ -89,6 +92,8 @@ func Open(ctx context.Context, o Options) (*ControlPlane, error) {
 		MaintainInterval:   o.MaintainInterval,
 		ApproveNodes:       o.ApproveNodes,
 		MaxLeasesPerWorker: o.MaxLeasesPerWorker,
+		CancelGrace:        o.CancelGrace,
+		MaxRuntime:         o.MaxRuntime,
 		Logger:             o.Logger,
 		Now:                o.Now,
 	})

@@ -25,6 +25,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/nodelane/nodelane/lease"
 	"github.com/uptrace/bun"
 	"github.com/uptrace/bun/dialect"
 	"github.com/uptrace/bun/dialect/pgdialect"
@@ -91,6 +92,10 @@ type DB struct {
 	writes atomic.Uint64
 	// hub, on SQLite, connects the Notifiers made from this DB.
 	hub notifyHub
+	// accepts and completes gather the guarded writes of the lease hot
+	// path that run outside a transaction (see hot.go).
+	accepts   *batcher[lease.AcceptWrite, *lease.Job]
+	completes *batcher[lease.CompleteWrite, *lease.Job]
 }
 
 func newDB(b *bun.DB, name dialect.Name, cfg Config, owned bool) *DB {
@@ -98,6 +103,12 @@ func newDB(b *bun.DB, name dialect.Name, cfg Config, owned bool) *DB {
 	if name == dialect.SQLite {
 		db.writeSlot = make(chan struct{}, 1)
 	}
+	db.accepts = newBatcher(maxBatch, func(ctx context.Context, ws []lease.AcceptWrite) ([]*lease.Job, error) {
+		return db.guardedTx(ctx, func(ctx context.Context, tx bun.IDB) ([]*lease.Job, error) { return db.acceptLeased(ctx, tx, ws) })
+	})
+	db.completes = newBatcher(maxBatch, func(ctx context.Context, ws []lease.CompleteWrite) ([]*lease.Job, error) {
+		return db.guardedTx(ctx, func(ctx context.Context, tx bun.IDB) ([]*lease.Job, error) { return db.completeRunning(ctx, tx, ws) })
+	})
 	return db
 }
 

@@ -381,16 +381,14 @@ func (s *LeaseStore) ClaimJobs(ctx context.Context, q lease.ClaimQuery, grant fu
 		if err := sel.Scan(ctx); err != nil {
 			return err
 		}
+		revs := make([]int64, len(rows))
 		for i := range rows {
 			j := rows[i].job()
-			rev := j.Rev
+			revs[i] = j.Rev
 			grant(j)
-			if err := updateJob(ctx, tx, j, rev); err != nil {
-				return err
-			}
 			claimed = append(claimed, j)
 		}
-		return nil
+		return s.db.writeGrants(ctx, tx, claimed, revs)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("bunstore: claim jobs for %s: %w", q.WorkerID, err)

@@ -10,6 +10,7 @@ import (
 	"io"
 	"regexp"
 	"slices"
+	"sync/atomic"
 	"time"
 )
 
@@ -62,6 +63,9 @@ const DefaultMaxLeasesPerWorker = 16
 type Manager struct {
 	store Store
 	cfg   Config
+	// swept is the clock's time, in Unix microseconds, of the last sweep
+	// of due expiries that Lease ran.
+	swept atomic.Int64
 }
 
 const (
@@ -311,7 +315,9 @@ type Grant struct {
 // (MaxLeases), higher priority first, then oldest. A worker whose
 // approval is pending is granted nothing. It returns no grants, and no
 // error, when nothing is eligible (ExplainLease says why). Due lease
-// expiries run first.
+// expiries are swept first, at most once a second of the clock: a host
+// that leases rarely, or needs expired jobs back sooner, calls Expire
+// (workerapi's maintainer does).
 func (m *Manager) Lease(ctx context.Context, req LeaseRequest) ([]Grant, error) {
 	n := req.MaxJobs
 	if n == 0 {
@@ -337,7 +343,7 @@ func (m *Manager) Lease(ctx context.Context, req LeaseRequest) ([]Grant, error) 
 	if len(allowed) == 0 {
 		return nil, nil
 	}
-	if _, err := m.expire(ctx, expireBatch); err != nil {
+	if err := m.sweep(ctx); err != nil {
 		return nil, err
 	}
 	now := m.now()
@@ -419,6 +425,26 @@ func (m *Manager) Lease(ctx context.Context, req LeaseRequest) ([]Grant, error) 
 	return grants, nil
 }
 
+// sweepEvery is how often, at most, Lease sweeps due expiries itself. A
+// lease past its expiry is dead at once to every check (the checks are
+// lazy); the sweep only puts its job back in the queue, which a host's
+// maintainer (Expire) does too. Sweeping on every Lease would cost every
+// claim a statement.
+const sweepEvery = time.Second
+
+// sweep runs one bounded expiry sweep unless Lease ran one within
+// sweepEvery of the clock's now, before or after (a clock set back sweeps
+// too).
+func (m *Manager) sweep(ctx context.Context) error {
+	now := m.now().UnixMicro()
+	last := m.swept.Load()
+	if d := now - last; d >= 0 && d < sweepEvery.Microseconds() || !m.swept.CompareAndSwap(last, now) {
+		return nil
+	}
+	_, err := m.expire(ctx, expireBatch)
+	return err
+}
+
 // Ref names the lease a worker acts under: the job, the worker, and the
 // token it was given.
 type Ref struct {
@@ -492,6 +518,12 @@ func (m *Manager) withLease(ctx context.Context, ref Ref, to State, fn func(j *J
 // Accept moves a leased job to running. Accepting a job already running
 // under the same lease returns it unchanged.
 func (m *Manager) Accept(ctx context.Context, ref Ref) (*Job, error) {
+	if err := checkToken(ref.Token); err != nil {
+		return nil, err
+	}
+	if j, err := m.fastAccept(ctx, ref); j != nil || err != nil {
+		return j, err
+	}
 	return m.withLease(ctx, ref, StateRunning, func(j *Job, now time.Time) (*Job, error) {
 		if j.State == StateRunning {
 			return nil, nil
@@ -669,6 +701,9 @@ func (m *Manager) Complete(ctx context.Context, ref Ref, res Result) (job *Job, 
 	}
 	if err := checkToken(ref.Token); err != nil {
 		return nil, false, err
+	}
+	if j, err := m.fastComplete(ctx, ref, res); j != nil || err != nil {
+		return j, false, err
 	}
 	var canceled bool
 	j, err := m.update(ctx, ref.JobID, func(j *Job, now time.Time) (*Job, error) {

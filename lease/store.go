@@ -183,7 +183,9 @@ type Store interface {
 	// rolled back: a Store that retries (see above) calls it on each job as
 	// read in the new attempt, never on a job a failed attempt already
 	// changed, and stores and returns only the jobs of the attempt that
-	// commits. grant is not safe for concurrent use.
+	// commits. grant is not safe for concurrent use. grant changes only
+	// State, LeasedAt, AcceptedAt, Lease and Rev, and a Store may write
+	// only those.
 	ClaimJobs(ctx context.Context, q ClaimQuery, grant func(*Job)) ([]*Job, error)
 	// ExpiredJobs returns up to limit live jobs whose lease expired at or
 	// before now, or that are still leased at or after their AcceptBy, in

@@ -1,0 +1,266 @@
+package bunstore
+
+import (
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"strings"
+
+	"github.com/uptrace/bun"
+
+	"github.com/nodelane/nodelane/lease"
+)
+
+// The lease hot path (lease.GuardedStore): Accept and Complete as one
+// guarded UPDATE each, over a batch of writes passed as one JSON array
+// parameter, RETURNING the rows written. Outside a transaction the
+// writes of concurrent callers are gathered (batcher) into one statement
+// and one commit; inside the context's transaction a call writes its own
+// writes there.
+
+// maxBatch bounds the writes of one gathered statement.
+const maxBatch = 256
+
+var _ lease.GuardedStore = (*LeaseStore)(nil)
+
+// AcceptLeased implements lease.GuardedStore.
+func (s *LeaseStore) AcceptLeased(ctx context.Context, ws []lease.AcceptWrite) ([]*lease.Job, error) {
+	if _, ok := txFrom(ctx); ok || len(ws) != 1 {
+		return s.db.guardedTx(ctx, func(ctx context.Context, tx bun.IDB) ([]*lease.Job, error) { return s.db.acceptLeased(ctx, tx, ws) })
+	}
+	j, err := s.db.accepts.do(ctx, ws[0])
+	if err != nil {
+		return nil, err
+	}
+	return []*lease.Job{j}, nil
+}
+
+// CompleteRunning implements lease.GuardedStore.
+func (s *LeaseStore) CompleteRunning(ctx context.Context, ws []lease.CompleteWrite) ([]*lease.Job, error) {
+	if _, ok := txFrom(ctx); ok || len(ws) != 1 {
+		return s.db.guardedTx(ctx, func(ctx context.Context, tx bun.IDB) ([]*lease.Job, error) { return s.db.completeRunning(ctx, tx, ws) })
+	}
+	j, err := s.db.completes.do(ctx, ws[0])
+	if err != nil {
+		return nil, err
+	}
+	return []*lease.Job{j}, nil
+}
+
+// guardedTx runs one guarded write as a write of its own (see DB.write),
+// again if the database aborted it.
+func (db *DB) guardedTx(ctx context.Context, fn func(ctx context.Context, idb bun.IDB) ([]*lease.Job, error)) ([]*lease.Job, error) {
+	var out []*lease.Job
+	err := aborted(db.retryOwnTx(ctx, func() error {
+		return db.write(ctx, func(ctx context.Context, idb bun.IDB) error {
+			var err error
+			out, err = fn(ctx, idb)
+			return err
+		})
+	}))
+	if err != nil {
+		return nil, fmt.Errorf("bunstore: %w", err)
+	}
+	return out, nil
+}
+
+// guardRow is a Guard as the JSON the statements read.
+type guardRow struct {
+	ID  string `json:"id"`
+	W   string `json:"w"`
+	TH  string `json:"th"`
+	Now int64  `json:"now"`
+}
+
+func newGuardRow(g lease.Guard) guardRow {
+	return guardRow{ID: g.JobID, W: g.WorkerID, TH: hex.EncodeToString(g.TokenHash), Now: micros(g.Now)}
+}
+
+// from is the FROM item that turns the JSON array parameter into rows of
+// the given columns (name and SQL type, "text" or "bigint").
+func (db *DB) from(cols ...[2]string) string {
+	var b strings.Builder
+	if db.postgres() {
+		b.WriteString("json_to_recordset(?::json) AS b(")
+		for i, c := range cols {
+			if i > 0 {
+				b.WriteString(", ")
+			}
+			b.WriteString(c[0] + " " + c[1])
+		}
+		b.WriteString(")")
+		return b.String()
+	}
+	b.WriteString("(SELECT ")
+	for i, c := range cols {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "value ->> '$.%s' AS %s", c[0], c[0])
+	}
+	b.WriteString(" FROM json_each(?)) AS b")
+	return b.String()
+}
+
+// tokenMatch is the condition that the lease's token hash is b.th's.
+func (db *DB) tokenMatch() string {
+	if db.postgres() {
+		return "j.lease_token_hash = decode(b.th, 'hex')"
+	}
+	return "j.lease_token_hash = unhex(b.th)"
+}
+
+// least is the SQL function of the lesser of two values.
+func (db *DB) least() string {
+	if db.postgres() {
+		return "LEAST"
+	}
+	return "min"
+}
+
+// returning is the RETURNING clause of the written job rows.
+func (db *DB) returning() string {
+	if db.postgres() {
+		return "RETURNING j.*"
+	}
+	return "RETURNING *"
+}
+
+// maxRuntime is the job's max runtime in microseconds, b.maxrt for a job
+// without one.
+const maxRuntime = "(CASE WHEN j.max_runtime_seconds > 0 THEN j.max_runtime_seconds * 1000000 ELSE b.maxrt END)"
+
+func (db *DB) acceptLeased(ctx context.Context, idb bun.IDB, ws []lease.AcceptWrite) ([]*lease.Job, error) {
+	type row struct {
+		guardRow
+		TTL   int64 `json:"ttl"`
+		MaxRT int64 `json:"maxrt"`
+	}
+	rows := make([]row, len(ws))
+	for i, w := range ws {
+		rows[i] = row{newGuardRow(w.Guard), w.TTL.Microseconds(), w.MaxRuntime.Microseconds()}
+	}
+	q := "UPDATE nodelane_jobs AS j SET state = 'running', accepted_at = b.now, " +
+		"lease_expires_at = b.now + " + db.least() + "(b.ttl, " + maxRuntime + "), rev = j.rev + 1 " +
+		"FROM " + db.from([2]string{"id", "text"}, [2]string{"w", "text"}, [2]string{"th", "text"}, [2]string{"now", "bigint"}, [2]string{"ttl", "bigint"}, [2]string{"maxrt", "bigint"}) +
+		" WHERE j.id = b.id AND j.state = 'leased' AND j.lease_worker_id = b.w AND " + db.tokenMatch() +
+		" AND j.lease_expires_at > b.now AND j.lease_accept_by > b.now AND NOT j.cancel_requested " + db.returning()
+	return guardedUpdate(ctx, idb, q, rows, ws, func(w lease.AcceptWrite) lease.Guard { return w.Guard })
+}
+
+func (db *DB) completeRunning(ctx context.Context, idb bun.IDB, ws []lease.CompleteWrite) ([]*lease.Job, error) {
+	type row struct {
+		guardRow
+		MaxRT   int64   `json:"maxrt"`
+		URI     string  `json:"uri"`
+		Metrics *string `json:"metrics"`
+		Msg     string  `json:"msg"`
+	}
+	rows := make([]row, len(ws))
+	for i, w := range ws {
+		rows[i] = row{newGuardRow(w.Guard), w.MaxRuntime.Microseconds(), w.Result.OutputURI, text(w.Result.Metrics), w.Result.FinalMessage}
+	}
+	q := "UPDATE nodelane_jobs AS j SET state = 'succeeded', finished_at = b.now, " +
+		"result_output_uri = b.uri, result_metrics = b.metrics, result_final_message = b.msg, rev = j.rev + 1 " +
+		"FROM " + db.from([2]string{"id", "text"}, [2]string{"w", "text"}, [2]string{"th", "text"}, [2]string{"now", "bigint"}, [2]string{"maxrt", "bigint"}, [2]string{"uri", "text"}, [2]string{"metrics", "text"}, [2]string{"msg", "text"}) +
+		" WHERE j.id = b.id AND j.state = 'running' AND j.lease_worker_id = b.w AND " + db.tokenMatch() +
+		" AND j.lease_expires_at > b.now AND j.accepted_at + " + maxRuntime + " > b.now AND NOT j.cancel_requested " + db.returning()
+	return guardedUpdate(ctx, idb, q, rows, ws, func(w lease.CompleteWrite) lease.Guard { return w.Guard })
+}
+
+// guardedUpdate runs the guarded UPDATE q over rows (one JSON parameter)
+// and returns, for each write of ws, the job written for it, or nil. A
+// row written answers the first write that names its job with its token.
+func guardedUpdate[R, W any](ctx context.Context, idb bun.IDB, q string, rows []R, ws []W, g func(W) lease.Guard) ([]*lease.Job, error) {
+	param, err := json.Marshal(rows)
+	if err != nil {
+		return nil, err
+	}
+	var written []jobRow
+	if err := idb.NewRaw(q, string(param)).Scan(ctx, &written); err != nil {
+		return nil, err
+	}
+	byID := make(map[string]*jobRow, len(written))
+	for i := range written {
+		byID[written[i].ID] = &written[i]
+	}
+	out := make([]*lease.Job, len(ws))
+	for i, w := range ws {
+		gd := g(w)
+		r, ok := byID[gd.JobID]
+		if !ok || string(r.LeaseTokenHash) != string(gd.TokenHash) {
+			continue
+		}
+		out[i] = r.job()
+		delete(byID, gd.JobID)
+	}
+	return out, nil
+}
+
+// writeGrants writes, in one UPDATE, what ClaimJobs's grant changed of
+// each claimed job (its state, leased_at, accepted_at, lease and rev), at
+// the revision read (revs). The rows are locked by the claim, so a row
+// not written is a bug, reported as lease.ErrConflict.
+func (db *DB) writeGrants(ctx context.Context, tx bun.IDB, js []*lease.Job, revs []int64) error {
+	if len(js) == 0 {
+		return nil
+	}
+	type row struct {
+		ID       string  `json:"id"`
+		Prev     int64   `json:"prev"`
+		Rev      int64   `json:"rev"`
+		State    string  `json:"state"`
+		Leased   *int64  `json:"leased"`
+		Accepted *int64  `json:"accepted"`
+		LID      *string `json:"lid"`
+		W        *string `json:"w"`
+		Epoch    *int64  `json:"epoch"`
+		TH       *string `json:"th"`
+		Exp      *int64  `json:"exp"`
+		Acc      *int64  `json:"acc"`
+		SKU      *string `json:"sku"`
+		Price    *int64  `json:"price"`
+		PV       *int64  `json:"pv"`
+	}
+	rows := make([]row, len(js))
+	for i, j := range js {
+		r := newJobRow(j)
+		rows[i] = row{ID: j.ID, Prev: revs[i], Rev: j.Rev, State: r.State, Leased: r.LeasedAt, Accepted: r.AcceptedAt,
+			LID: r.LeaseID, W: r.LeaseWorkerID, Epoch: r.LeaseEpoch, Exp: r.LeaseExpiresAt, Acc: r.LeaseAcceptBy,
+			SKU: r.LeaseSKU, Price: r.LeasePriceMicroUSD, PV: r.LeasePolicyVersion}
+		if r.LeaseTokenHash != nil {
+			th := hex.EncodeToString(r.LeaseTokenHash)
+			rows[i].TH = &th
+		}
+	}
+	param, err := json.Marshal(rows)
+	if err != nil {
+		return err
+	}
+	unhex := "unhex(b.th)"
+	if db.postgres() {
+		unhex = "decode(b.th, 'hex')"
+	}
+	q := "UPDATE nodelane_jobs AS j SET state = b.state, leased_at = b.leased, accepted_at = b.accepted, " +
+		"lease_id = b.lid, lease_job_id = CASE WHEN b.lid IS NULL THEN NULL ELSE b.id END, lease_worker_id = b.w, lease_epoch = b.epoch, " +
+		"lease_token_hash = " + unhex + ", lease_expires_at = b.exp, lease_accept_by = b.acc, lease_sku = b.sku, " +
+		"lease_price_micro_usd = b.price, lease_policy_version = b.pv, rev = b.rev " +
+		"FROM " + db.from([2]string{"id", "text"}, [2]string{"prev", "bigint"}, [2]string{"rev", "bigint"}, [2]string{"state", "text"},
+		[2]string{"leased", "bigint"}, [2]string{"accepted", "bigint"}, [2]string{"lid", "text"}, [2]string{"w", "text"},
+		[2]string{"epoch", "bigint"}, [2]string{"th", "text"}, [2]string{"exp", "bigint"}, [2]string{"acc", "bigint"},
+		[2]string{"sku", "text"}, [2]string{"price", "bigint"}, [2]string{"pv", "bigint"}) +
+		" WHERE j.id = b.id AND j.rev = b.prev"
+	res, err := tx.NewRaw(q, string(param)).Exec(ctx)
+	if err != nil {
+		return err
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return err
+	}
+	if n != int64(len(js)) {
+		return fmt.Errorf("%d of %d claimed jobs changed under the claim: %w", int64(len(js))-n, len(js), lease.ErrConflict)
+	}
+	return nil
+}

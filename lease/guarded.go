@@ -1,0 +1,100 @@
+package lease
+
+import (
+	"context"
+	"crypto/sha256"
+	"time"
+)
+
+// The hot path. Accept and Complete of a live lease are the two
+// transitions every job makes; a Store that implements GuardedStore makes
+// each as one write whose WHERE clause is the whole check, instead of a
+// read, a decision in the Manager and a conditional write. The Manager
+// tries the guarded write first; when its guard does not hold, nothing is
+// written and the Manager falls back to the reference path (read, decide,
+// write at the revision read), which finds the reason — a lost lease, a
+// repeat, a cancel — and answers exactly as it would without the guarded
+// write. So the guards need to hold only in the plain case, and every
+// other case keeps one implementation.
+
+// Guard names the live lease a guarded write acts under, and when.
+type Guard struct {
+	JobID    string
+	WorkerID string
+	// TokenHash is the SHA-256 of the lease token (Lease.TokenHash).
+	TokenHash []byte
+	// Now is the Manager's clock at the call: the lease must be live at Now.
+	Now time.Time
+}
+
+// AcceptWrite is one guarded accept: the job must be leased, under the
+// guard's worker and token, with its lease live at Now (before ExpiresAt
+// and AcceptBy) and no cancel requested. The write sets State running,
+// AcceptedAt Now, the lease's ExpiresAt to Now plus the lesser of TTL and
+// the job's max runtime (Requirements.MaxRuntimeSeconds, or MaxRuntime
+// when it has none), and Rev to Rev+1; nothing else.
+type AcceptWrite struct {
+	Guard
+	TTL        time.Duration
+	MaxRuntime time.Duration
+}
+
+// CompleteWrite is one guarded completion: the job must be running, under
+// the guard's worker and token, with its lease live at Now (before
+// ExpiresAt, and before AcceptedAt plus the job's max runtime, as in
+// AcceptWrite) and no cancel requested. The write sets State succeeded,
+// FinishedAt Now, Result, and Rev to Rev+1; nothing else.
+type CompleteWrite struct {
+	Guard
+	MaxRuntime time.Duration
+	Result     Result
+}
+
+// GuardedStore is a Store that also makes the hot transitions as guarded
+// writes. Each method applies every write whose guard holds and returns,
+// in the order of ws, the job as written, or nil where the guard did not
+// hold (nothing is written for it); when several writes name one job,
+// only the first may apply. An error means nothing was written.
+//
+// A Store may gather the writes of concurrent callers into one statement
+// and one commit; within the context's transaction it writes in that
+// transaction.
+type GuardedStore interface {
+	Store
+	AcceptLeased(ctx context.Context, ws []AcceptWrite) ([]*Job, error)
+	CompleteRunning(ctx context.Context, ws []CompleteWrite) ([]*Job, error)
+}
+
+// guard returns the Guard of ref at now.
+func guard(ref Ref, now time.Time) Guard {
+	h := sha256.Sum256([]byte(ref.Token))
+	return Guard{JobID: ref.JobID, WorkerID: ref.WorkerID, TokenHash: h[:], Now: now}
+}
+
+// fastAccept tries the guarded accept; it returns nil, nil when the store
+// has none or the guard did not hold.
+func (m *Manager) fastAccept(ctx context.Context, ref Ref) (*Job, error) {
+	g, ok := m.store.(GuardedStore)
+	if !ok {
+		return nil, nil
+	}
+	js, err := g.AcceptLeased(ctx, []AcceptWrite{{Guard: guard(ref, m.now()), TTL: m.cfg.LeaseTTL, MaxRuntime: m.cfg.MaxRuntime}})
+	if err != nil || len(js) != 1 {
+		return nil, err
+	}
+	return js[0], nil
+}
+
+// fastComplete tries the guarded completion; it returns nil, nil when
+// the store has none or the guard did not hold.
+func (m *Manager) fastComplete(ctx context.Context, ref Ref, res Result) (*Job, error) {
+	g, ok := m.store.(GuardedStore)
+	if !ok {
+		return nil, nil
+	}
+	js, err := g.CompleteRunning(ctx, []CompleteWrite{{Guard: guard(ref, m.now()), MaxRuntime: m.cfg.MaxRuntime, Result: res}})
+	if err != nil || len(js) != 1 {
+		return nil, err
+	}
+	return js[0], nil
+}

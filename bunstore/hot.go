@@ -170,10 +170,21 @@ func (db *DB) completeRunning(ctx context.Context, idb bun.IDB, ws []lease.Compl
 }
 
 // guardedUpdate runs the guarded UPDATE q over rows (one JSON parameter)
-// and returns, for each write of ws, the job written for it, or nil. A
-// row written answers the first write that names its job with its token.
+// and returns, for each write of ws, the job written for it, or nil. Of
+// several writes of one job only the first is sent, and the row written
+// answers it.
 func guardedUpdate[R, W any](ctx context.Context, idb bun.IDB, q string, rows []R, ws []W, g func(W) lease.Guard) ([]*lease.Job, error) {
-	param, err := json.Marshal(rows)
+	// Only the first write of a job goes to the database: with two rows
+	// for one target row, an UPDATE … FROM may take either.
+	first := make(map[string]bool, len(ws))
+	kept := rows[:0:0]
+	for i, w := range ws {
+		if id := g(w).JobID; !first[id] {
+			first[id] = true
+			kept = append(kept, rows[i])
+		}
+	}
+	param, err := json.Marshal(kept)
 	if err != nil {
 		return nil, err
 	}
@@ -189,11 +200,13 @@ func guardedUpdate[R, W any](ctx context.Context, idb bun.IDB, q string, rows []
 	for i, w := range ws {
 		gd := g(w)
 		r, ok := byID[gd.JobID]
-		if !ok || string(r.LeaseTokenHash) != string(gd.TokenHash) {
+		if !ok {
 			continue
 		}
-		out[i] = r.job()
 		delete(byID, gd.JobID)
+		if string(r.LeaseTokenHash) == string(gd.TokenHash) {
+			out[i] = r.job()
+		}
 	}
 	return out, nil
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/uptrace/bun"
@@ -104,12 +105,7 @@ func (db *DB) from(cols ...[2]string) string {
 }
 
 // tokenMatch is the condition that the lease's token hash is b.th's.
-func (db *DB) tokenMatch() string {
-	if db.postgres() {
-		return "j.lease_token_hash = decode(b.th, 'hex')"
-	}
-	return "j.lease_token_hash = unhex(b.th)"
-}
+func (db *DB) tokenMatch() string { return "j.lease_token_hash = " + db.unhex() }
 
 // least is the SQL function of the lesser of two values.
 func (db *DB) least() string {
@@ -251,13 +247,9 @@ func (db *DB) writeGrants(ctx context.Context, tx bun.IDB, js []*lease.Job, revs
 	if err != nil {
 		return err
 	}
-	unhex := "unhex(b.th)"
-	if db.postgres() {
-		unhex = "decode(b.th, 'hex')"
-	}
 	q := "UPDATE nodelane_jobs AS j SET state = b.state, leased_at = b.leased, accepted_at = b.accepted, " +
 		"lease_id = b.lid, lease_job_id = CASE WHEN b.lid IS NULL THEN NULL ELSE b.id END, lease_worker_id = b.w, lease_epoch = b.epoch, " +
-		"lease_token_hash = " + unhex + ", lease_expires_at = b.exp, lease_accept_by = b.acc, lease_sku = b.sku, " +
+		"lease_token_hash = " + db.unhex() + ", lease_expires_at = b.exp, lease_accept_by = b.acc, lease_sku = b.sku, " +
 		"lease_price_micro_usd = b.price, lease_policy_version = b.pv, rev = b.rev " +
 		"FROM " + db.from([2]string{"id", "text"}, [2]string{"prev", "bigint"}, [2]string{"rev", "bigint"}, [2]string{"state", "text"},
 		[2]string{"leased", "bigint"}, [2]string{"accepted", "bigint"}, [2]string{"lid", "text"}, [2]string{"w", "text"},
@@ -276,4 +268,112 @@ func (db *DB) writeGrants(ctx context.Context, tx bun.IDB, js []*lease.Job, revs
 		return fmt.Errorf("%d of %d claimed jobs changed under the claim: %w", int64(len(js))-n, len(js), lease.ErrConflict)
 	}
 	return nil
+}
+
+var _ lease.ClaimingStore = (*LeaseStore)(nil)
+
+// ClaimLeases implements lease.ClaimingStore: one statement counts the
+// worker's live leases, picks the candidates in claim order (skipping
+// rows other claims hold, on PostgreSQL), and writes their leases,
+// RETURNING them. Claims by one worker are serialised as in ClaimJobs (on
+// PostgreSQL by the advisory lock, taken in the statement before, so that
+// the claim's snapshot sees every claim that took it earlier).
+func (s *LeaseStore) ClaimLeases(ctx context.Context, q lease.ClaimQuery, c lease.LeaseClaim) ([]*lease.Job, error) {
+	if q.Limit <= 0 {
+		return nil, errLimit("claim jobs for "+q.WorkerID, q.Limit)
+	}
+	n := min(q.Limit, len(c.Leases))
+	if n <= 0 || q.MaxActive <= 0 || len(q.Types) == 0 || len(q.Fits) == 0 {
+		return nil, nil
+	}
+	type leaseRow struct {
+		K   int    `json:"k"`
+		LID string `json:"lid"`
+		TH  string `json:"th"`
+		Exp int64  `json:"exp"`
+		Acc int64  `json:"acc"`
+		PV  int64  `json:"pv"`
+	}
+	type priceRow struct {
+		SKU   string `json:"sku"`
+		Price int64  `json:"price"`
+	}
+	ls := make([]leaseRow, n)
+	for i, l := range c.Leases[:n] {
+		ls[i] = leaseRow{i + 1, l.ID, hex.EncodeToString(l.TokenHash), micros(l.ExpiresAt), micros(l.AcceptBy), l.PolicyVersion}
+	}
+	ps := make([]priceRow, 0, len(c.Prices))
+	for sku, p := range c.Prices {
+		ps = append(ps, priceRow{sku, p})
+	}
+	lj, err := json.Marshal(ls)
+	if err != nil {
+		return nil, err
+	}
+	pj, err := json.Marshal(ps)
+	if err != nil {
+		return nil, err
+	}
+	db := s.db
+	fits := make([]string, len(q.Fits))
+	var fitArgs []any
+	for i, f := range q.Fits {
+		fits[i] = "(gpu_sku = ? AND gpu_count <= ? AND min_vram_mb <= ?)"
+		fitArgs = append(fitArgs, f.SKU, f.GPUs, f.VRAMMB)
+	}
+	greatest, lock := "max", ""
+	if db.postgres() {
+		greatest, lock = "GREATEST", " FOR UPDATE SKIP LOCKED"
+	}
+	sku := "(CASE WHEN j.gpu_sku <> '' THEN j.gpu_sku ELSE ? END)"
+	query := "WITH cand AS (SELECT id, row_number() OVER (ORDER BY priority DESC, created_at, id) AS k FROM (" +
+		"SELECT id, priority, created_at FROM nodelane_jobs WHERE state = 'queued' AND type IN (?) AND scheduled_at <= ? AND (" +
+		strings.Join(fits, " OR ") + ") ORDER BY priority DESC, created_at, id LIMIT (SELECT " + greatest + "(0, " + db.least() +
+		"(?, ? - (SELECT count(*) FROM nodelane_jobs WHERE lease_worker_id = ? AND state IN ('leased', 'running')))))" + lock + ") AS c), " +
+		"l AS (SELECT * FROM " + strings.Replace(db.from([2]string{"k", "bigint"}, [2]string{"lid", "text"}, [2]string{"th", "text"}, [2]string{"exp", "bigint"}, [2]string{"acc", "bigint"}, [2]string{"pv", "bigint"}), " AS b", " AS l", 1) + "), " +
+		"p AS (SELECT * FROM " + strings.Replace(db.from([2]string{"sku", "text"}, [2]string{"price", "bigint"}), " AS b", " AS p", 1) + ") " +
+		"UPDATE nodelane_jobs AS j SET state = 'leased', leased_at = ?, accepted_at = NULL, lease_id = l.lid, lease_job_id = j.id, " +
+		"lease_worker_id = ?, lease_epoch = COALESCE(j.lease_epoch, 0) + 1, lease_token_hash = " + strings.ReplaceAll(db.unhex(), "b.", "l.") +
+		", lease_expires_at = l.exp, lease_accept_by = l.acc, lease_sku = " + sku +
+		", lease_price_micro_usd = COALESCE((SELECT p.price FROM p WHERE p.sku = " + sku + "), 0), lease_policy_version = l.pv, rev = j.rev + 1 " +
+		"FROM cand JOIN l ON l.k = cand.k WHERE j.id = cand.id " + db.returning()
+	// The arguments in the order of the placeholders.
+	all := []any{bun.List(q.Types), micros(q.Now)}
+	all = append(all, fitArgs...)
+	all = append(all, n, q.MaxActive, q.WorkerID, string(lj), string(pj), micros(q.Now), q.WorkerID, c.DefaultSKU, c.DefaultSKU)
+	var written []jobRow
+	err = s.inTx(ctx, func(ctx context.Context, tx bun.IDB) error {
+		written = written[:0]
+		if db.postgres() {
+			if _, err := tx.NewRaw(
+				"SELECT pg_advisory_xact_lock(hashtextextended('nodelane_claim:' || current_schema() || ':' || ?, 0))",
+				q.WorkerID).Exec(ctx); err != nil {
+				return err
+			}
+		}
+		return tx.NewRaw(query, all...).Scan(ctx, &written)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("bunstore: claim jobs for %s: %w", q.WorkerID, err)
+	}
+	// RETURNING gives no order: put the jobs in claim order, that of
+	// their leases.
+	k := make(map[string]int, n)
+	for i, l := range c.Leases[:n] {
+		k[l.ID] = i
+	}
+	out := make([]*lease.Job, len(written))
+	for i := range written {
+		out[i] = written[i].job()
+	}
+	slices.SortFunc(out, func(a, b *lease.Job) int { return k[a.Lease.ID] - k[b.Lease.ID] })
+	return out, nil
+}
+
+// unhex is the SQL that decodes b.th, hex, into bytes.
+func (db *DB) unhex() string {
+	if db.postgres() {
+		return "decode(b.th, 'hex')"
+	}
+	return "unhex(b.th)"
 }

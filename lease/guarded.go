@@ -98,3 +98,27 @@ func (m *Manager) fastComplete(ctx context.Context, ref Ref, res Result) (*Job, 
 	}
 	return js[0], nil
 }
+
+// LeaseClaim is what ClaimingStore.ClaimLeases writes on each job it
+// claims: the k-th job claimed, in claim order, gets Leases[k] with
+// JobID set to its id, Epoch one above its last lease's (1 for a job
+// never leased), SKU its Requirements.GPUSKU or, when it names none,
+// DefaultSKU, and PriceMicroUSD Prices[SKU] (0 for a SKU not listed);
+// its State becomes leased, LeasedAt the claim's Now, AcceptedAt nil, and
+// Rev Rev+1.
+type LeaseClaim struct {
+	Leases     []Lease
+	DefaultSKU string
+	Prices     map[string]int64
+}
+
+// ClaimingStore is a Store that claims jobs and writes their leases in one
+// statement, as ClaimJobs does with a grant the Manager would make: the
+// Manager gives the leases it prepared, and the store fills in what
+// depends on each job. ClaimLeases claims at most len(c.Leases) jobs
+// (and at most q.Limit), under the rules of ClaimJobs, and returns them
+// as written, in claim order.
+type ClaimingStore interface {
+	Store
+	ClaimLeases(ctx context.Context, q ClaimQuery, c LeaseClaim) ([]*Job, error)
+}

@@ -376,33 +376,12 @@ func (m *Manager) Lease(ctx context.Context, req LeaseRequest) ([]Grant, error) 
 		Limit:     n,
 		Now:       now,
 	}
-	// A store that retries after a rollback calls grant again, for the
-	// same jobs or others. Taking the prepared leases round-robin keeps any
-	// n consecutive calls on distinct leases, so the attempt that commits,
-	// which claims at most n jobs, gets distinct ones whatever earlier,
-	// rolled-back attempts took; nothing they did is kept.
-	calls := 0
-	jobs, err := m.store.ClaimJobs(ctx, q, func(j *Job) {
-		l := leases[calls%n]
-		calls++
-		l.JobID = j.ID
-		if j.Lease != nil {
-			l.Epoch = j.Lease.Epoch
-		}
-		l.Epoch++
-		l.SKU = j.Requirements.GPUSKU
-		if l.SKU == "" && len(w.Capabilities.GPUs) > 0 {
-			l.SKU = w.Capabilities.GPUs[0].SKU
-		}
-		if req.Price != nil {
-			l.PriceMicroUSD = req.Price(l.SKU)
-		}
-		j.Lease = &l
-		j.State = StateLeased
-		j.LeasedAt = &now
-		j.AcceptedAt = nil
-		j.Rev++
-	})
+	var jobs []*Job
+	if cs, ok := m.store.(ClaimingStore); ok {
+		jobs, err = cs.ClaimLeases(ctx, q, m.leaseClaim(w, q, leases, req.Price))
+	} else {
+		jobs, err = m.claimJobs(ctx, q, w, leases, req)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -423,6 +402,59 @@ func (m *Manager) Lease(ctx context.Context, req LeaseRequest) ([]Grant, error) 
 		grants[i] = Grant{Job: j, Token: tokens[k]}
 	}
 	return grants, nil
+}
+
+// leaseClaim is what a ClaimingStore writes for the leases prepared for
+// w: the SKU of a job that names none is the worker's first GPU's, and
+// prices are looked up for every SKU a claimed job can have.
+func (m *Manager) leaseClaim(w *Worker, q ClaimQuery, leases []Lease, price func(sku string) int64) LeaseClaim {
+	c := LeaseClaim{Leases: leases}
+	if len(w.Capabilities.GPUs) > 0 {
+		c.DefaultSKU = w.Capabilities.GPUs[0].SKU
+	}
+	if price != nil {
+		c.Prices = map[string]int64{c.DefaultSKU: price(c.DefaultSKU)}
+		for _, f := range q.Fits {
+			if _, ok := c.Prices[f.SKU]; !ok {
+				c.Prices[f.SKU] = price(f.SKU)
+			}
+		}
+	}
+	return c
+}
+
+// claimJobs claims through Store.ClaimJobs, granting each job one of
+// leases.
+func (m *Manager) claimJobs(ctx context.Context, q ClaimQuery, w *Worker, leases []Lease, req LeaseRequest) ([]*Job, error) {
+	n := len(leases)
+	now := q.Now
+	// A store that retries after a rollback calls grant again, for the
+	// same jobs or others. Taking the prepared leases round-robin keeps any
+	// n consecutive calls on distinct leases, so the attempt that commits,
+	// which claims at most n jobs, gets distinct ones whatever earlier,
+	// rolled-back attempts took; nothing they did is kept.
+	calls := 0
+	return m.store.ClaimJobs(ctx, q, func(j *Job) {
+		l := leases[calls%n]
+		calls++
+		l.JobID = j.ID
+		if j.Lease != nil {
+			l.Epoch = j.Lease.Epoch
+		}
+		l.Epoch++
+		l.SKU = j.Requirements.GPUSKU
+		if l.SKU == "" && len(w.Capabilities.GPUs) > 0 {
+			l.SKU = w.Capabilities.GPUs[0].SKU
+		}
+		if req.Price != nil {
+			l.PriceMicroUSD = req.Price(l.SKU)
+		}
+		j.Lease = &l
+		j.State = StateLeased
+		j.LeasedAt = &now
+		j.AcceptedAt = nil
+		j.Rev++
+	})
 }
 
 // sweepEvery is how often, at most, Lease sweeps due expiries itself. A

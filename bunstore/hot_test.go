@@ -161,7 +161,7 @@ func TestGuardedWrites(t *testing.T) {
 				t.Errorf("accepted %+v", js[2])
 			}
 			cs, err := st.CompleteRunning(ctx, []lease.CompleteWrite{
-				{Guard: g(refs[0], now.Add(31 * time.Second)), MaxRuntime: time.Hour}, // past its expiry
+				{Guard: g(refs[0], now.Add(31*time.Second)), MaxRuntime: time.Hour}, // past its expiry
 				{Guard: g(refs[1], now.Add(time.Second)), MaxRuntime: time.Hour, Result: lease.Result{FinalMessage: "done"}},
 				{Guard: g(refs[2], now), MaxRuntime: time.Hour}, // not running
 			})

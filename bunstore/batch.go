@@ -3,16 +3,19 @@ package bunstore
 import (
 	"context"
 	"sync"
+	"sync/atomic"
+	"time"
 )
 
 // batcher gathers the writes of concurrent callers into one call of run,
 // and so into one statement and one commit: group commit. A caller that
-// finds no batch running runs one at once with whatever is pending (its
-// own write first); callers that arrive meanwhile queue, and when the
-// batch ends the first of them runs the next batch with all that queued
-// by then, up to max. No caller waits for a timer: under light load every
-// batch holds one write and costs what a single write costs; under load
-// batches grow to what arrives while one batch runs.
+// finds no batch running runs one with whatever is pending (its own write
+// first); callers that arrive meanwhile queue, and when the batch ends
+// the first of them runs the next batch with all that queued by then, up
+// to max. A batch runs at once when the previous one held a single write
+// (light load: a lone write costs what a write costs); after one that
+// gathered several, it first waits up to wait, or until max writes queue,
+// for more to join.
 //
 // run gets the items in queue order and returns a result for each, or an
 // error for the whole batch, which every caller in it then gets. run gets
@@ -20,8 +23,14 @@ import (
 // cancellation: the others' writes must not fail because that caller went
 // away.
 type batcher[T, R any] struct {
-	max int
-	run func(ctx context.Context, items []T) ([]R, error)
+	max  int
+	wait time.Duration
+	run  func(ctx context.Context, items []T) ([]R, error)
+
+	// last is the size of the last batch run.
+	last atomic.Int64
+	// full holds a signal that the queue reached max.
+	full chan struct{}
 
 	mu      sync.Mutex
 	running bool
@@ -38,8 +47,8 @@ type batchCall[T, R any] struct {
 	lead bool
 }
 
-func newBatcher[T, R any](max int, run func(ctx context.Context, items []T) ([]R, error)) *batcher[T, R] {
-	return &batcher[T, R]{max: max, run: run}
+func newBatcher[T, R any](max int, wait time.Duration, run func(ctx context.Context, items []T) ([]R, error)) *batcher[T, R] {
+	return &batcher[T, R]{max: max, wait: wait, run: run, full: make(chan struct{}, 1)}
 }
 
 // do queues item and returns its result once its batch ran.
@@ -47,6 +56,12 @@ func (b *batcher[T, R]) do(ctx context.Context, item T) (R, error) {
 	c := &batchCall[T, R]{item: item, done: make(chan struct{})}
 	b.mu.Lock()
 	b.queue = append(b.queue, c)
+	if len(b.queue) >= b.max {
+		select {
+		case b.full <- struct{}{}:
+		default:
+		}
+	}
 	if b.running {
 		b.mu.Unlock()
 		<-c.done
@@ -58,6 +73,14 @@ func (b *batcher[T, R]) do(ctx context.Context, item T) (R, error) {
 		b.mu.Unlock()
 	}
 	// c leads: it is first in the queue.
+	if b.wait > 0 && b.last.Load() > 1 {
+		t := time.NewTimer(b.wait)
+		select {
+		case <-t.C:
+		case <-b.full:
+		}
+		t.Stop()
+	}
 	b.mu.Lock()
 	n := min(len(b.queue), b.max)
 	batch := make([]*batchCall[T, R], n)
@@ -65,6 +88,7 @@ func (b *batcher[T, R]) do(ctx context.Context, item T) (R, error) {
 	b.queue = b.queue[n:]
 	b.mu.Unlock()
 
+	b.last.Store(int64(n))
 	items := make([]T, n)
 	for i, bc := range batch {
 		items[i] = bc.item

@@ -103,10 +103,10 @@ func newDB(b *bun.DB, name dialect.Name, cfg Config, owned bool) *DB {
 	if name == dialect.SQLite {
 		db.writeSlot = make(chan struct{}, 1)
 	}
-	db.accepts = newBatcher(maxBatch, func(ctx context.Context, ws []lease.AcceptWrite) ([]*lease.Job, error) {
+	db.accepts = newBatcher(maxBatch, gatherWait, func(ctx context.Context, ws []lease.AcceptWrite) ([]*lease.Job, error) {
 		return db.guardedTx(ctx, func(ctx context.Context, tx bun.IDB) ([]*lease.Job, error) { return db.acceptLeased(ctx, tx, ws) })
 	})
-	db.completes = newBatcher(maxBatch, func(ctx context.Context, ws []lease.CompleteWrite) ([]*lease.Job, error) {
+	db.completes = newBatcher(maxBatch, gatherWait, func(ctx context.Context, ws []lease.CompleteWrite) ([]*lease.Job, error) {
 		return db.guardedTx(ctx, func(ctx context.Context, tx bun.IDB) ([]*lease.Job, error) { return db.completeRunning(ctx, tx, ws) })
 	})
 	return db

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/uptrace/bun"
 
@@ -20,8 +21,13 @@ import (
 // and one commit; inside the context's transaction a call writes its own
 // writes there.
 
-// maxBatch bounds the writes of one gathered statement.
-const maxBatch = 256
+// maxBatch bounds the writes of one gathered statement, and gatherWait
+// how long a batch waits for more writes to join it when the last one
+// gathered several.
+const (
+	maxBatch   = 256
+	gatherWait = 2 * time.Millisecond
+)
 
 var _ lease.GuardedStore = (*LeaseStore)(nil)
 

@@ -1,0 +1,77 @@
+package bunstore
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+)
+
+// TestBatcher: every caller gets its own item's result, batches never
+// exceed max, concurrent callers share batches, a failed batch fails its
+// callers only, and a batch runs even if the caller leading it went away.
+func TestBatcher(t *testing.T) {
+	const n, max = 200, 16
+	errBatch := errors.New("batch failed")
+	var (
+		mu    sync.Mutex
+		sizes []int
+	)
+	b := newBatcher(max, time.Millisecond, func(ctx context.Context, items []int) ([]int, error) {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		time.Sleep(time.Millisecond) // let others queue
+		mu.Lock()
+		sizes = append(sizes, len(items))
+		mu.Unlock()
+		out := make([]int, len(items))
+		for i, v := range items {
+			if v == 13 {
+				return nil, errBatch
+			}
+			out[i] = 2 * v
+		}
+		return out, nil
+	})
+	canceled, cancel := context.WithCancel(context.Background())
+	cancel()
+	var wg sync.WaitGroup
+	got := make([]int, n)
+	errs := make([]error, n)
+	for i := range n {
+		wg.Go(func() {
+			ctx := context.Background()
+			if i%7 == 0 {
+				ctx = canceled
+			}
+			got[i], errs[i] = b.do(ctx, i)
+		})
+	}
+	wg.Wait()
+	failed, total, shared := 0, 0, false
+	for i := range n {
+		switch {
+		case errors.Is(errs[i], errBatch):
+			failed++
+		case errs[i] != nil:
+			t.Errorf("item %d: %v", i, errs[i])
+		case got[i] != 2*i:
+			t.Errorf("item %d: got %d, want %d", i, got[i], 2*i)
+		}
+	}
+	for _, s := range sizes {
+		total += s
+		if s > max {
+			t.Errorf("a batch of %d, over %d", s, max)
+		}
+		shared = shared || s > 1
+	}
+	if errors.Is(errs[13], errBatch) == false || failed > max {
+		t.Errorf("item 13: %v; %d callers failed, want those of its batch only", errs[13], failed)
+	}
+	if total+failed < n || !shared {
+		t.Errorf("batches %v: %d items run, want %d, some batch shared", sizes, total+failed, n)
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -277,6 +278,12 @@ func (l *Log) Await(ctx context.Context, ids ...string) ([]*Stored, []Proof, *Ch
 	}
 }
 
+// ProveAll is Prove for several receipts, all against one checkpoint, the
+// latest: ErrNotSequenced if any of them is not yet covered by it.
+func (l *Log) ProveAll(ctx context.Context, ids ...string) ([]*Stored, []Proof, *Checkpoint, error) {
+	return l.proveAll(ctx, ids)
+}
+
 func (l *Log) proveAll(ctx context.Context, ids []string) ([]*Stored, []Proof, *Checkpoint, error) {
 	ss := make([]*Stored, len(ids))
 	for i, id := range ids {
@@ -400,6 +407,12 @@ type Sequencer struct {
 	store  Store
 	signer note.Signer
 	cfg    Config
+	// wake holds a pending Wake for Run.
+	wake chan struct{}
+	// mu guards published, which is closed, and replaced, each time
+	// this Sequencer publishes a checkpoint.
+	mu        sync.Mutex
+	published chan struct{}
 }
 
 // NewSequencer returns a Sequencer that signs checkpoints with signer
@@ -416,7 +429,37 @@ func NewSequencer(s Store, signer note.Signer, cfg *Config) (*Sequencer, error) 
 	if c.Interval <= 0 {
 		c.Interval = 100 * time.Millisecond
 	}
-	return &Sequencer{store: s, signer: signer, cfg: c}, nil
+	return &Sequencer{store: s, signer: signer, cfg: c, wake: make(chan struct{}, 1), published: make(chan struct{})}, nil
+}
+
+// Wake makes Run sequence now rather than at its next interval: call it
+// after minting receipts whose proofs someone waits for. Wakes that come
+// while a batch runs make Run run one more batch after it, so receipts
+// minted meanwhile are not left for the interval. It never blocks.
+func (q *Sequencer) Wake() {
+	select {
+	case q.wake <- struct{}{}:
+	default: // a wake is pending already
+	}
+}
+
+// Published returns a channel that is closed the next time this
+// Sequencer publishes a checkpoint (in Sequence, Run or Publish): a
+// caller waiting for its receipts to be sequenced takes the channel,
+// checks, and waits on it before checking again. Sequencers of other
+// processes publish without closing it.
+func (q *Sequencer) Published() <-chan struct{} {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.published
+}
+
+// announce closes the channel of Published and replaces it.
+func (q *Sequencer) announce() {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	close(q.published)
+	q.published = make(chan struct{})
 }
 
 // Sequence integrates one batch of up to Config.BatchSize pending
@@ -531,12 +574,14 @@ func (q *Sequencer) Publish(ctx context.Context) (*Checkpoint, error) {
 	if err := q.store.AddCheckpoint(ctx, cp); err != nil && !errors.Is(err, ErrConflict) {
 		return nil, fmt.Errorf("receipts: publish: %w", err)
 	}
+	q.announce()
 	// Another Sequencer may have published this tree, or a larger one.
 	return q.store.LatestCheckpoint(ctx)
 }
 
 // Run sequences until ctx is done: batch after batch while receipts are
-// pending, then every Config.Interval. A failed batch is reported to
+// pending, then every Config.Interval, or at once when woken (Wake). A
+// failed batch is reported to
 // Config.OnError and retried at the next interval; Run returns only ctx's
 // cause.
 func (q *Sequencer) Run(ctx context.Context) error {
@@ -556,6 +601,8 @@ func (q *Sequencer) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			t.Stop()
 			return context.Cause(ctx)
+		case <-q.wake:
+			t.Stop()
 		case <-t.C:
 		}
 	}

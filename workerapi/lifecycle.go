@@ -22,6 +22,22 @@ type lifecycle struct {
 	done    sync.WaitGroup
 }
 
+// running reports whether the background work runs: Start was called,
+// and neither Stop nor the end of Start's context stopped it.
+func (lc *lifecycle) running() bool {
+	lc.mu.Lock()
+	defer lc.mu.Unlock()
+	if !lc.started || lc.cancel == nil {
+		return false
+	}
+	select {
+	case <-lc.stopped:
+		return false
+	default:
+		return true
+	}
+}
+
 // stop closes stopped once, whoever calls it first: Stop or the end of
 // Start's context.
 func (lc *lifecycle) stop(stopped chan struct{}) {

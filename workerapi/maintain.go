@@ -3,7 +3,9 @@ package workerapi
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
+	"time"
 
 	"github.com/nodelane/nodelane/receipts"
 )
@@ -39,6 +41,45 @@ func (s *Server) Sequence(ctx context.Context) (*receipts.Checkpoint, error) {
 		}
 	}
 	return s.seq.Publish(ctx)
+}
+
+// proofPoll is how often awaitProofs looks at the store for a checkpoint
+// that another replica's sequencer signed.
+const proofPoll = 50 * time.Millisecond
+
+// awaitProofs returns the receipts ids with their proofs against one
+// signed checkpoint, waiting up to Config.ProofWait for them to be
+// sequenced. The request path never sequences while the background
+// sequencer runs (Start): it wakes it, so that one batch, one transaction
+// and one checkpoint serve every request waiting meanwhile, and waits for
+// this Server's next checkpoint (or, every proofPoll, for one another
+// replica signed). Without Start it sequences itself. After ProofWait it
+// returns an error matching receipts.ErrNotSequenced.
+func (s *Server) awaitProofs(ctx context.Context, ids []string) ([]*receipts.Stored, []receipts.Proof, *receipts.Checkpoint, error) {
+	if s.life.running() {
+		s.seq.Wake()
+	} else if _, err := s.Sequence(ctx); err != nil {
+		s.log.Debug("sequencing receipts for a proof", "err", err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.ProofWait)
+	defer cancel()
+	for {
+		published := s.seq.Published()
+		ss, ps, cp, err := s.receipts.ProveAll(ctx, ids...)
+		if !errors.Is(err, receipts.ErrNotSequenced) || ctx.Err() != nil {
+			if err != nil && ctx.Err() != nil {
+				err = fmt.Errorf("%w: %w", receipts.ErrNotSequenced, context.Cause(ctx))
+			}
+			return ss, ps, cp, err
+		}
+		t := time.NewTimer(proofPoll)
+		select {
+		case <-published:
+		case <-t.C:
+		case <-ctx.Done():
+		}
+		t.Stop()
+	}
 }
 
 // expireActivation records a passed activation deadline and mints its

@@ -23,6 +23,7 @@ func (s *Server) workerRoutes() []route {
 		post("/workers/jobs/{id}/logs", credential.ScopeNodeHeartbeat, s.logs),
 		post("/workers/jobs/{id}/artifacts", credential.ScopeNodeResultSubmit, s.artifacts),
 		post("/workers/jobs/{id}/complete", credential.ScopeNodeResultSubmit, s.complete),
+		post(wire.PathCompleteBatch, credential.ScopeNodeResultSubmit, s.completeBatch),
 		post("/workers/jobs/{id}/fail", credential.ScopeNodeResultSubmit, s.failJob),
 		post("/workers/jobs/{id}/release", credential.ScopeNodePoll, s.release),
 		post(wire.PathAudit, credential.ScopeNodeAuditSubmit, s.audit),

@@ -66,6 +66,8 @@ const (
 	DefaultPollInterval      = 300 * time.Second
 	DefaultMaxWait           = wire.MaxWaitSeconds * time.Second
 	DefaultProofWait         = 10 * time.Second
+	DefaultSequenceInterval  = 100 * time.Millisecond
+	DefaultSequenceBatch     = 512
 	DefaultBodyLimit         = 1 << 20
 	DefaultMaintainInterval  = time.Second
 	// DefaultMaxLeasesPerWorker is the default of
@@ -128,6 +130,14 @@ type Config struct {
 	// ProofWait bounds how long a route that answers with a proof waits for
 	// its receipt to be sequenced. Defaults to DefaultProofWait.
 	ProofWait time.Duration
+	// SequenceInterval is how often the sequencer that Start runs looks
+	// for receipts to sequence when no request woke it (a completion
+	// wakes it at once). Defaults to DefaultSequenceInterval.
+	SequenceInterval time.Duration
+	// SequenceBatch caps the receipts one sequencing transaction
+	// integrates under one signed checkpoint. Defaults to
+	// DefaultSequenceBatch.
+	SequenceBatch int
 	// BodyLimit caps request bodies, in bytes. Defaults to DefaultBodyLimit.
 	BodyLimit int64
 	// MaintainInterval is how often the maintainer that Start runs
@@ -218,6 +228,7 @@ func New(st Stores, cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("%w: EnvelopeSafe/EnvelopeBlocked: %w", ErrConfig, err)
 	}
 	rcfg := &receipts.Config{Origin: cfg.Origin, Now: cfg.Now, Rand: cfg.Rand,
+		Interval: cfg.SequenceInterval, BatchSize: cfg.SequenceBatch,
 		OnError: func(err error) { s.log.Error("receipt sequencer", "err", err) }}
 	s.receipts = receipts.NewLog(st.Receipts, rcfg)
 	signer, err := note.NewSigner(cfg.ReceiptSigner)
@@ -280,6 +291,7 @@ func (c *Config) setDefaults() error {
 		{"PollInterval", &c.PollInterval, DefaultPollInterval},
 		{"MaxWait", &c.MaxWait, DefaultMaxWait},
 		{"ProofWait", &c.ProofWait, DefaultProofWait},
+		{"SequenceInterval", &c.SequenceInterval, DefaultSequenceInterval},
 		{"MaintainInterval", &c.MaintainInterval, DefaultMaintainInterval},
 	}
 	for _, d := range durations {
@@ -301,6 +313,12 @@ func (c *Config) setDefaults() error {
 		return fmt.Errorf("%w: BodyLimit is negative (%d)", ErrConfig, c.BodyLimit)
 	case c.BodyLimit == 0:
 		c.BodyLimit = DefaultBodyLimit
+	}
+	switch {
+	case c.SequenceBatch < 0:
+		return fmt.Errorf("%w: SequenceBatch is negative (%d)", ErrConfig, c.SequenceBatch)
+	case c.SequenceBatch == 0:
+		c.SequenceBatch = DefaultSequenceBatch
 	}
 	switch {
 	case c.MaxLeasesPerWorker < 0:

@@ -82,13 +82,29 @@ func (c *call) decodeLeased(req any, token *string) (lease.Ref, error) {
 // (the lease.Manager checks its checksum), and names the job of the
 // route's path under it.
 func leaseRef(c *call, token string) (lease.Ref, error) {
+	return jobRef(c, c.pathID(), token)
+}
+
+// jobRef is leaseRef for job jobID. The shape it checks is the OpenAPI
+// document's pattern for a lease token.
+func jobRef(c *call, jobID, token string) (lease.Ref, error) {
 	if token == "" {
 		return lease.Ref{}, invalid("lease_token is required")
 	}
-	if len(token) != lease.TokenLen || !strings.HasPrefix(token, lease.TokenPrefix) {
+	if len(token) != lease.TokenLen || !strings.HasPrefix(token, lease.TokenPrefix) || !isBase62(token[len(lease.TokenPrefix):]) {
 		return lease.Ref{}, fmt.Errorf("%w: %w", ErrInvalidRequest, lease.ErrMalformedToken)
 	}
-	return lease.Ref{JobID: c.pathID(), WorkerID: c.principal.ID, Token: token}, nil
+	return lease.Ref{JobID: jobID, WorkerID: c.principal.ID, Token: token}, nil
+}
+
+// isBase62 reports whether s holds only the digits of base 62.
+func isBase62(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; !('0' <= c && c <= '9' || 'A' <= c && c <= 'Z' || 'a' <= c && c <= 'z') {
+			return false
+		}
+	}
+	return true
 }
 
 // Hooks and receipts.
@@ -342,13 +358,15 @@ type leaseBody struct {
 	SupportedGPUSKUs  []string `json:"supported_gpu_skus"`
 	MaxJobs           *int     `json:"max_jobs"`
 	WaitSeconds       *int     `json:"wait_seconds"`
+	Accept            bool     `json:"accept"`
 }
 
 // lease: POST /workers/jobs/lease. The first attempt runs in the
 // request's transaction. If it grants nothing and the worker asked to
 // wait, the wait runs after the commit and holds no transaction: each
 // notification (or a tick, or the deadline) makes one more attempt in a
-// transaction of its own.
+// transaction of its own. With accept, each attempt accepts what it
+// grants in its own transaction (acceptGranted).
 func (s *Server) lease(ctx context.Context, c *call) (int, any, error) {
 	var req leaseBody
 	if err := c.decode(&req); err != nil {
@@ -382,7 +400,7 @@ func (s *Server) lease(ctx context.Context, c *call) (int, any, error) {
 		wake, cancel = s.st.Notifier.Subscribe()
 		c.cleanup(cancel)
 	}
-	out, err := s.leaseOnce(ctx, c, lr)
+	out, err := s.leaseOnce(ctx, c, lr, req.Accept)
 	if err != nil {
 		return 0, nil, err
 	}
@@ -408,7 +426,7 @@ func (s *Server) lease(ctx context.Context, c *call) (int, any, error) {
 			queued := len(c.hooks)
 			err := s.st.Tx.InTx(ctx, func(ctx context.Context) error {
 				var err error
-				next, err = s.leaseOnce(ctx, c, lr)
+				next, err = s.leaseOnce(ctx, c, lr, req.Accept)
 				return err
 			})
 			if err != nil {
@@ -425,8 +443,9 @@ func (s *Server) lease(ctx context.Context, c *call) (int, any, error) {
 }
 
 // leaseOnce makes one attempt to lease jobs under a fresh envelope
-// snapshot, and says why none was granted.
-func (s *Server) leaseOnce(ctx context.Context, c *call, lr lease.LeaseRequest) (*wire.LeaseResponse, error) {
+// snapshot, and says why none was granted. With accept, it accepts each
+// job granted (acceptGranted).
+func (s *Server) leaseOnce(ctx context.Context, c *call, lr lease.LeaseRequest, accept bool) (*wire.LeaseResponse, error) {
 	snap, err := s.gate.Snapshot(ctx)
 	if err != nil {
 		return nil, err
@@ -440,26 +459,82 @@ func (s *Server) leaseOnce(ctx context.Context, c *call, lr lease.LeaseRequest) 
 		return nil, err
 	}
 	out := &wire.LeaseResponse{Leases: []wire.Grant{}}
+	var (
+		asked    *envelope.Snapshot // the envelope at accept
+		accepted int
+		refused  []string // why grants were not accepted
+	)
+	if accept && len(grants) > 0 {
+		if asked, err = s.gate.Snapshot(ctx); err != nil {
+			return nil, err
+		}
+	}
 	for _, g := range grants {
 		if err := s.jobChanged(ctx, c, lease.StateQueued, g.Job); err != nil {
 			return nil, err
 		}
+		j := g.Job
+		if accept {
+			var why error
+			if j, why, err = s.acceptGranted(ctx, c, asked, g); err != nil {
+				return nil, err
+			}
+			if why != nil {
+				refused = append(refused, fmt.Sprintf("job %s: %s", j.ID, publicMessage(why.Error())))
+			} else {
+				accepted++
+			}
+		}
 		out.Leases = append(out.Leases, wire.Grant{
-			LeaseID: g.Job.Lease.ID, LeaseToken: g.Token, Job: wireJob(g.Job),
-			ExpiresAt: g.Job.Lease.ExpiresAt, AcceptBy: g.Job.Lease.AcceptBy,
+			LeaseID: j.Lease.ID, LeaseToken: g.Token, Job: wireJob(j),
+			ExpiresAt: j.Lease.ExpiresAt, AcceptBy: j.Lease.AcceptBy,
 		})
 	}
 	if len(grants) > 0 {
 		f := out.Leases[0]
 		out.LeaseID, out.LeaseToken, out.Job, out.ExpiresAt, out.AcceptBy = &f.LeaseID, &f.LeaseToken, &f.Job, &f.ExpiresAt, &f.AcceptBy
-		out.Message = fmt.Sprintf("leased %d job", len(grants))
-		if len(grants) > 1 {
-			out.Message += "s"
+		out.Message = "leased " + jobCount(len(grants))
+		switch {
+		case accept && len(refused) == 0:
+			out.Message = "leased and accepted " + jobCount(len(grants))
+		case accept:
+			out.Message += fmt.Sprintf(", accepted %d; not accepted (accept them, or they lapse at accept_by): %s",
+				accepted, strings.Join(refused, "; "))
 		}
 		return out, nil
 	}
 	out.Message, err = s.whyNoJob(ctx, snap, lr)
 	return out, err
+}
+
+// jobCount is "1 job" or "n jobs".
+func jobCount(n int) string {
+	if n == 1 {
+		return "1 job"
+	}
+	return fmt.Sprintf("%d jobs", n)
+}
+
+// acceptGranted accepts a job the caller was just granted, in the
+// lease's transaction, as accept would: the envelope as it is at accept
+// (snap) must allow the job's type. A type it refuses is not accepted:
+// the job is returned leased, with why, and the grant answers it so (its
+// job.state leased), so the worker learns it as it would from accept,
+// and nothing is lost: the job's lease lapses at accept_by, without
+// using an attempt, as a lease never accepted does. Any other error fails
+// the attempt, and its transaction takes the grants back.
+func (s *Server) acceptGranted(ctx context.Context, c *call, snap *envelope.Snapshot, g lease.Grant) (j *lease.Job, why, err error) {
+	if why := snap.Allow(g.Job.Type); why != nil {
+		return g.Job, why, nil
+	}
+	j, err = s.leases.Accept(ctx, lease.Ref{JobID: g.Job.ID, WorkerID: c.principal.ID, Token: g.Token})
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := s.jobChanged(ctx, c, lease.StateLeased, j); err != nil {
+		return nil, nil, err
+	}
+	return j, nil, nil
 }
 
 // whyNoJob explains an empty lease with lease.Manager.ExplainLease: a
@@ -699,15 +774,36 @@ func isSHA256Hex(s string) bool {
 // answers with their proofs. Completing again with the same lease token
 // mints nothing and rebuilds the same answer from what was stored. A job
 // whose cancel was requested ends canceled instead (completeCanceled).
+// The batch complete (complete_batch.go) completes each of its jobs with
+// the same completeJob.
 func (s *Server) complete(ctx context.Context, c *call) (int, any, error) {
 	var req wire.CompleteRequest
 	ref, err := c.decodeLeased(&req, &req.LeaseToken)
 	if err != nil {
 		return 0, nil, err
 	}
-	metrics, err := object("metrics", req.Metrics)
+	res, err := completeResult(&req)
 	if err != nil {
 		return 0, nil, err
+	}
+	out, refusal, err := s.completeJob(ctx, c, ref, res)
+	if err != nil || refusal != nil {
+		// On a refusal, completeCanceled has set c.then to answer it once
+		// the job's end commits.
+		return 0, nil, err
+	}
+	c.then = func(ctx context.Context) (int, any, error) {
+		s.proofs(ctx, out)
+		return http.StatusOK, *out, nil
+	}
+	return http.StatusOK, *out, nil
+}
+
+// completeResult is the lease.Result a complete's body reports.
+func completeResult(req *wire.CompleteRequest) (lease.Result, error) {
+	metrics, err := object("metrics", req.Metrics)
+	if err != nil {
+		return lease.Result{}, err
 	}
 	res := lease.Result{Metrics: metrics}
 	if req.OutputURI != nil {
@@ -716,12 +812,26 @@ func (s *Server) complete(ctx context.Context, c *call) (int, any, error) {
 	if req.FinalMessage != nil {
 		res.FinalMessage = *req.FinalMessage
 	}
+	return res, nil
+}
+
+// completeJob completes ref's job with res in the transaction of ctx, and
+// returns the answer without its proofs (proofs adds them after the
+// commit). A repeat under the same lease token mints nothing and rebuilds
+// the first answer. A job whose cancel was requested ends canceled
+// (completeCanceled, which sets c.then to answer the refusal): completeJob
+// then returns that refusal (lease.ErrCanceled), to be committed with the
+// job's end and answered. Any err is to be rolled back.
+func (s *Server) completeJob(ctx context.Context, c *call, ref lease.Ref, res lease.Result) (out *wire.CompleteResponse, refusal, err error) {
 	j, repeated, err := s.leases.Complete(ctx, ref, res)
 	if errors.Is(err, lease.ErrCanceled) && j != nil {
-		return s.completeCanceled(ctx, c, j, err)
+		if _, _, serr := s.completeCanceled(ctx, c, j, err); serr != nil {
+			return nil, nil, serr
+		}
+		return nil, err, nil
 	}
 	if err != nil {
-		return 0, nil, err
+		return nil, nil, err
 	}
 	var (
 		completedID string
@@ -729,27 +839,27 @@ func (s *Server) complete(ctx context.Context, c *call) (int, any, error) {
 	)
 	if repeated {
 		if completedID = j.ReceiptID; completedID == "" {
-			return 0, nil, fmt.Errorf("workerapi: completed job %s has no receipt", j.ID)
+			return nil, nil, fmt.Errorf("workerapi: completed job %s has no receipt", j.ID)
 		}
 		st, err := s.receipts.Get(ctx, chargeID(completedID))
 		if err != nil {
-			return 0, nil, err
+			return nil, nil, err
 		}
 		if charge, err = st.Receipt(); err != nil {
-			return 0, nil, err
+			return nil, nil, err
 		}
 	} else {
 		if completedID, charge, err = s.settle(ctx, c, j); err != nil {
-			return 0, nil, err
+			return nil, nil, err
 		}
 		if j, err = s.leases.SetReceipt(ctx, j.ID, completedID); err != nil {
-			return 0, nil, err
+			return nil, nil, err
 		}
 		if err := s.jobChanged(ctx, c, lease.StateRunning, j); err != nil {
-			return 0, nil, err
+			return nil, nil, err
 		}
 	}
-	out := wire.CompleteResponse{
+	return &wire.CompleteResponse{
 		Job:           wireJob(j),
 		ActualMS:      charge.ActualMS,
 		ActualHours:   receipts.Hours(charge.ActualMS),
@@ -757,13 +867,7 @@ func (s *Server) complete(ctx context.Context, c *call) (int, any, error) {
 		ReceiptID:     completedID,
 		Receipts:      []receipts.WireReceipt{},
 		Proofs:        []receipts.Proof{},
-	}
-	ids := []string{completedID, chargeID(completedID)}
-	c.then = func(ctx context.Context) (int, any, error) {
-		s.proofs(ctx, &out, ids)
-		return http.StatusOK, out, nil
-	}
-	return http.StatusOK, out, nil
+	}, nil, nil
 }
 
 // settle mints the receipts of a completion: job_completed, and
@@ -814,34 +918,39 @@ func (s *Server) settle(ctx context.Context, c *call, j *lease.Job) (string, *re
 	return id, &cr, nil
 }
 
-// proofs sequences the receipts ids (this works without a maintainer;
-// another replica's sequencer may be doing it already) and waits, up to
-// Config.ProofWait, for their proofs against one signed checkpoint. If
-// the wait runs out the answer carries the receipts without index,
-// proof or checkpoint: the completion committed, and repeating it
-// returns them.
-func (s *Server) proofs(ctx context.Context, out *wire.CompleteResponse, ids []string) {
-	if _, err := s.Sequence(ctx); err != nil {
-		s.log.Debug("sequencing receipts for a proof", "err", err)
+// proofs waits (awaitProofs: the background sequencer, woken, or this
+// request itself without Start) up to Config.ProofWait for the proofs of
+// the receipts of the completions outs against one signed checkpoint,
+// which it adds to each. If the wait runs out the
+// answers carry the receipts without index, proof or checkpoint: the
+// completions committed, and repeating them returns them.
+func (s *Server) proofs(ctx context.Context, outs ...*wire.CompleteResponse) {
+	if len(outs) == 0 {
+		return
 	}
-	wctx, cancel := context.WithTimeout(ctx, s.cfg.ProofWait)
-	defer cancel()
-	ss, ps, cp, err := s.receipts.Await(wctx, ids...)
+	ids := make([]string, 0, 2*len(outs))
+	for _, out := range outs {
+		ids = append(ids, out.ReceiptID, chargeID(out.ReceiptID))
+	}
+	ss, ps, cp, err := s.awaitProofs(ctx, ids)
 	if err == nil {
-		for _, st := range ss {
-			out.Receipts = append(out.Receipts, st.Wire())
+		for i, out := range outs {
+			for k := 2 * i; k < 2*i+2; k++ {
+				out.Receipts = append(out.Receipts, ss[k].Wire())
+				out.Proofs = append(out.Proofs, ps[k])
+			}
+			out.Checkpoint = string(cp.Note)
 		}
-		out.Proofs = append(out.Proofs, ps...)
-		out.Checkpoint = string(cp.Note)
 		return
 	}
 	s.log.Warn("answering a completion without proofs", "receipts", ids, "err", err)
-	for _, id := range ids {
+	for i, id := range ids {
 		st, err := s.receipts.Get(context.WithoutCancel(ctx), id)
 		if err != nil {
 			s.log.Error("reading a minted receipt", "receipt", id, "err", err)
 			continue
 		}
+		out := outs[i/2]
 		out.Receipts = append(out.Receipts, st.Wire())
 	}
 }

@@ -604,6 +604,14 @@ func (c *Client) Heartbeat(ctx context.Context, req wire.HeartbeatRequest) (*wir
 // lease request that timed out may still have leased a job the answer
 // never brought; such a lease lapses at its accept_by without using an
 // attempt.
+//
+// With req.Accept the server accepts each job it grants in the same
+// request: a grant whose job.State is wire.JobStateRunning needs no
+// Accept call. Check each grant's state all the same: a job the envelope
+// refuses at accept, and every job from a server older than the field,
+// comes back wire.JobStateLeased, to be accepted as usual. A lost answer
+// to an accepting lease leaves its jobs running until their lease TTL
+// runs out, which uses an attempt of each.
 func (c *Client) Lease(ctx context.Context, req wire.LeaseRequest) (*wire.LeaseResponse, error) {
 	var out wire.LeaseResponse
 	_, err := c.do(ctx, wire.PathLease, req, &out, callOpts{wait: time.Duration(max(req.WaitSeconds, 0)) * time.Second})
@@ -678,6 +686,49 @@ func (c *Client) Complete(ctx context.Context, jobID string, req wire.CompleteRe
 		return nil, err
 	}
 	return &out, nil
+}
+
+// CompleteBatch completes several jobs in one request (POST
+// /workers/jobs/complete): 1 to wire.MaxBatchComplete completions, each
+// done as Complete would do it. The answer has one result per completion,
+// in order; a refused completion is a result that is not OK
+// (CompletionError turns it into the error Complete would return), not an
+// error of the call. Retrying is safe: a completion repeated under its
+// lease token answers as the first did. A body that is malformed as a
+// whole (an empty batch, a completion without a lease token, a field over
+// its limit) is a 400 for every completion; a server older than the route
+// answers 404: send those completions with Complete.
+func (c *Client) CompleteBatch(ctx context.Context, req wire.CompleteBatchRequest) (*wire.CompleteBatchResponse, error) {
+	var out wire.CompleteBatchResponse
+	if _, err := c.do(ctx, wire.PathCompleteBatch, req, &out, callOpts{}); err != nil {
+		return nil, err
+	}
+	if len(out.Results) != len(req.Completions) {
+		return nil, &APIError{Status: http.StatusOK, Route: wire.PathCompleteBatch,
+			Message: fmt.Sprintf("the answer has %d results for %d completions", len(out.Results), len(req.Completions))}
+	}
+	for i, r := range out.Results {
+		if r.JobID != req.Completions[i].JobID || r.OK && r.Completed == nil || !r.OK && r.Error == nil {
+			return nil, &APIError{Status: http.StatusOK, Route: wire.PathCompleteBatch,
+				Message: fmt.Sprintf("result %d does not answer the completion of job %s", i, req.Completions[i].JobID)}
+		}
+	}
+	return &out, nil
+}
+
+// CompletionError is the error of a result of CompleteBatch: nil for one
+// that is OK, else an *APIError with the status, code and message that
+// Complete of that job alone would have returned (IsLeaseLost,
+// IsRetryable and IsCode apply as they do to Complete's).
+func CompletionError(r *wire.CompletionResult) error {
+	if r.OK {
+		return nil
+	}
+	ae := &APIError{Status: r.Status, Route: wire.PathCompleteBatch}
+	if r.Error != nil {
+		ae.Code, ae.Message, ae.ServerTime = r.Error.Code, r.Error.Message, r.Error.ServerTime
+	}
+	return ae
 }
 
 // Fail reports a failed attempt (POST /workers/jobs/{id}/fail). If an

@@ -113,7 +113,10 @@ type JobEnd struct {
 	Outcome JobOutcome
 	// Err is the handler's error, or why the outcome could not be reported.
 	Err error
-	// Complete or Fail is the server's answer, when one was given.
+	// Complete or Fail is the server's answer, when one was given. A
+	// completion sent in a batch (RunnerConfig.CompleteWindow) is answered
+	// without the job: Complete.Job is then the job as accepted, with its
+	// state succeeded and its receipt_id.
 	Complete *wire.CompleteResponse
 	Fail     *wire.FailResponse
 }
@@ -178,6 +181,13 @@ type RunnerConfig struct {
 	// DefaultDrainGrace.
 	DrainTimeout time.Duration
 	DrainGrace   time.Duration
+	// CompleteWindow is how long a finished job's completion waits for
+	// other jobs' to share one request (POST /workers/jobs/complete, up to
+	// wire.MaxBatchComplete jobs): a worker that finishes many short jobs
+	// sends far fewer requests. Only a worker with MaxConcurrent above 1
+	// batches; a server without the batch route gets each completion
+	// alone. Defaults to DefaultCompleteWindow.
+	CompleteWindow time.Duration
 	// ReportPatience bounds how long a job's result (complete, fail) is
 	// retried while the server is out of reach; the lease's expiry bounds it
 	// too. Defaults to DefaultReportPatience.
@@ -230,6 +240,8 @@ type Runner struct {
 
 	baseCtx context.Context // jobs' parent: Run's values, never cancelled
 	hardCtx context.Context // reporting; cancelled when Run ends
+	// completes batches completions; nil sends each alone.
+	completes *completer
 
 	renewMu sync.Mutex
 	// renewAt is when (server time) the token should be renewed;
@@ -257,6 +269,7 @@ func NewRunner(c *Client, cfg *RunnerConfig) (*Runner, error) {
 		{"LogFlushInterval", &wc.LogFlushInterval, DefaultLogFlushInterval},
 		{"TokenRenewBefore", &wc.TokenRenewBefore, DefaultTokenRenewBefore},
 		{"HeartbeatInterval", &wc.HeartbeatInterval, 0},
+		{"CompleteWindow", &wc.CompleteWindow, DefaultCompleteWindow},
 	}); err != nil {
 		return nil, err
 	}
@@ -376,6 +389,9 @@ func (w *Runner) Run(ctx context.Context) error {
 	hardCtx, hardStop := context.WithCancel(w.baseCtx)
 	defer hardStop()
 	w.hardCtx = hardCtx
+	if w.cfg.MaxConcurrent > 1 {
+		w.completes = newCompleter(hardCtx, w.c, w.cfg.CompleteWindow)
+	}
 
 	if err := w.ensureRegistered(ctx); err != nil {
 		return err
@@ -678,7 +694,10 @@ func (w *Runner) heartbeatOnce(ctx context.Context) error {
 	return nil
 }
 
-// leaseLoop leases jobs while slots are free, until ctx ends.
+// leaseLoop leases jobs while slots are free, until ctx ends. It asks
+// the server to accept what it grants (one request instead of one more per
+// job); a grant that comes back leased (an older server, or a type the
+// envelope refuses at accept) is accepted by its task.
 func (w *Runner) leaseLoop(ctx context.Context, types []string) {
 	failures := 0
 	for ctx.Err() == nil {
@@ -694,7 +713,7 @@ func (w *Runner) leaseLoop(ctx context.Context, types []string) {
 		start, used := time.Now(), w.c.id.Token()
 		resp, err := w.c.Lease(ctx, wire.LeaseRequest{
 			SupportedJobTypes: types, SupportedGPUSKUs: w.cfg.SupportedGPUSKUs,
-			MaxJobs: min(free, wire.MaxJobsPerLease), WaitSeconds: w.cfg.WaitSeconds,
+			MaxJobs: min(free, wire.MaxJobsPerLease), WaitSeconds: w.cfg.WaitSeconds, Accept: true,
 		})
 		switch {
 		case err == nil:
@@ -761,7 +780,7 @@ func (w *Runner) start(g wire.Grant) {
 	w.notifyLocked()
 	w.mu.Unlock()
 	deadline := g.ExpiresAt
-	if !g.AcceptBy.IsZero() && (deadline.IsZero() || g.AcceptBy.Before(deadline)) {
+	if g.Job.State != wire.JobStateRunning && !g.AcceptBy.IsZero() && (deadline.IsZero() || g.AcceptBy.Before(deadline)) {
 		deadline = g.AcceptBy
 	}
 	t.extend(deadline)
@@ -1031,7 +1050,8 @@ func afterUnanswered(err error) bool {
 	return errors.As(err, &ue)
 }
 
-// run accepts the job, runs its handler and reports how it ended.
+// run accepts the job (unless the lease did), runs its handler and
+// reports how it ended.
 func (t *task) run(h HandlerFunc) {
 	w := t.w
 	end := JobEnd{Job: t.jobCopy()}
@@ -1043,34 +1063,31 @@ func (t *task) run(h HandlerFunc) {
 		}
 	}()
 
-	var acc *wire.AcceptResponse
-	err := t.persist("accept", false, func(ctx context.Context) error {
-		var err error
-		acc, err = w.c.Accept(ctx, t.id, wire.TokenRequest{LeaseToken: t.token})
-		return err
-	})
-	if err != nil || acc == nil {
-		if !t.claim() {
+	if end.Job.State != wire.JobStateRunning {
+		acc, err := t.accept()
+		if err != nil {
+			if !t.claim() {
+				return
+			}
+			end.Outcome, end.Err = JobLost, err
+			if !IsLeaseLost(err) && !IsCode(err, wire.CodeInvalidTransition) {
+				// Not ours to run (blocked by the envelope since the lease, or
+				// the server could not be reached in time): hand it back.
+				if _, rerr := w.c.Release(w.hardCtx, t.id, wire.ReleaseRequest{LeaseToken: t.token, Reason: "not accepted: " + ErrorCode(err)}); rerr == nil {
+					end.Outcome = JobReleased
+				}
+			}
 			return
 		}
-		end.Outcome, end.Err = JobLost, err
-		if !IsLeaseLost(err) && !IsCode(err, wire.CodeInvalidTransition) {
-			// Not ours to run (blocked by the envelope since the lease, or
-			// the server could not be reached in time): hand it back.
-			if _, rerr := w.c.Release(w.hardCtx, t.id, wire.ReleaseRequest{LeaseToken: t.token, Reason: "not accepted: " + ErrorCode(err)}); rerr == nil {
-				end.Outcome = JobReleased
-			}
+		if acc.Job.ID != "" {
+			t.mu.Lock()
+			t.job = acc.Job
+			t.mu.Unlock()
+			end.Job = acc.Job
 		}
-		return
+		t.extend(acc.ExpiresAt)
 	}
-	if acc.Job.ID != "" {
-		t.mu.Lock()
-		t.job = acc.Job
-		t.mu.Unlock()
-		end.Job = acc.Job
-	}
-	t.extend(acc.ExpiresAt)
-	if acc.Job.CancelRequested {
+	if end.Job.CancelRequested {
 		t.stop(ErrJobCanceled)
 	}
 	w.mu.Lock()
@@ -1124,9 +1141,18 @@ func (t *task) run(h HandlerFunc) {
 		var out *wire.CompleteResponse
 		err := t.persist("complete", false, func(ctx context.Context) error {
 			var err error
-			out, err = w.c.Complete(ctx, t.id, t.rep.completeRequest())
+			if w.completes != nil {
+				out, err = w.completes.complete(ctx, t.id, t.rep.completeRequest())
+			} else {
+				out, err = w.c.Complete(ctx, t.id, t.rep.completeRequest())
+			}
 			return err
 		})
+		if out != nil && out.Job.ID == "" {
+			// Answered in a batch, which does not repeat the job.
+			out.Job = t.jobCopy()
+			out.Job.State, out.Job.ReceiptID = wire.JobStateSucceeded, &out.ReceiptID
+		}
 		end.Outcome, end.Complete = JobSucceeded, out
 		switch {
 		case IsCode(err, wire.CodeJobCanceled):
@@ -1167,6 +1193,20 @@ func (t *task) run(h HandlerFunc) {
 			end.Outcome, end.Err = t.failedReport(), errors.Join(herr, err)
 		}
 	}
+}
+
+// accept accepts the job (POST /workers/jobs/{id}/accept), persisting.
+func (t *task) accept() (*wire.AcceptResponse, error) {
+	var acc *wire.AcceptResponse
+	err := t.persist("accept", false, func(ctx context.Context) error {
+		var err error
+		acc, err = t.w.c.Accept(ctx, t.id, wire.TokenRequest{LeaseToken: t.token})
+		return err
+	})
+	if err == nil && acc == nil {
+		err = errors.New("client: accept: no answer")
+	}
+	return acc, err
 }
 
 func (t *task) failedReport() JobOutcome {

@@ -47,6 +47,11 @@ const (
 	MaxPayloadBytes = 16 << 10
 	// MaxLogEntries bounds the entries of one logs request.
 	MaxLogEntries = 1000
+	// MaxBatchComplete bounds the completions of one batch complete
+	// (POST /workers/jobs/complete); it is checked before any of them is
+	// looked at. Each completion is bounded as a complete's body is, and
+	// its job_id by MaxNameBytes.
+	MaxBatchComplete = 100
 	// MaxCurrentJobs bounds current_jobs of a heartbeat: above the live
 	// leases a worker may hold (16 unless the host configures more), so a
 	// node names every job it holds in one heartbeat.

@@ -7,8 +7,10 @@ const (
 	PathRegister  = "/workers/register"
 	PathHeartbeat = "/workers/heartbeat"
 	PathLease     = "/workers/jobs/lease"
-	PathAudit     = "/workers/audit"
-	PathOpenAPI   = "/workers/openapi.json"
+	// PathCompleteBatch completes several jobs in one request.
+	PathCompleteBatch = "/workers/jobs/complete"
+	PathAudit         = "/workers/audit"
+	PathOpenAPI       = "/workers/openapi.json"
 )
 
 // The actions on one leased job, for JobPath.

@@ -95,7 +95,24 @@ type LeaseRequest struct {
 	// WaitSeconds long-polls up to this many seconds (at most 60) for a
 	// job; omitted (zero) means no wait.
 	WaitSeconds int `json:"wait_seconds,omitempty"`
+	// Accept, when true, accepts every job granted in the same request,
+	// saving an accept call per job: such a grant's job.state is
+	// JobStateRunning and its expires_at the accepted lease's expiry.
+	// A grant whose type the envelope refuses at accept comes back
+	// leased (job.state JobStateLeased), as without Accept. A server
+	// older than this field ignores it, so a client checks each grant's
+	// job.state and accepts the leased ones. Omitted (false) leases
+	// without accepting.
+	Accept bool `json:"accept,omitempty"`
 }
+
+// The job states a worker acts on (Job.State); PROTOCOL.md lists them
+// all.
+const (
+	JobStateLeased    = "leased"
+	JobStateRunning   = "running"
+	JobStateSucceeded = "succeeded"
+)
 
 // Requirements constrain which workers may lease a job, and how long it
 // may run.
@@ -255,6 +272,57 @@ type CompleteResponse struct {
 	ActualHours   string                 `json:"actual_hours"`
 	ActualCostUSD string                 `json:"actual_cost_usd"`
 	ReceiptID     string                 `json:"receipt_id"`
+	Receipts      []receipts.WireReceipt `json:"receipts"`
+	Proofs        []receipts.Proof       `json:"proofs"`
+	Checkpoint    string                 `json:"checkpoint"`
+}
+
+// CompleteBatchRequest is the body of POST /workers/jobs/complete: 1 to
+// MaxBatchComplete completions, each of a job the caller holds a lease on.
+type CompleteBatchRequest struct {
+	Completions []Completion `json:"completions"`
+}
+
+// Completion is one job's completion in a batch: JobID names the job, and
+// the rest is the body of its complete (POST /workers/jobs/{id}/complete),
+// under the same rules and limits.
+type Completion struct {
+	JobID string `json:"job_id"`
+	CompleteRequest
+}
+
+// CompleteBatchResponse answers a batch complete: one result per
+// completion, in the order of the request.
+type CompleteBatchResponse struct {
+	Results []CompletionResult `json:"results"`
+}
+
+// CompletionResult is how one completion of a batch went: what complete
+// of that job alone would have answered.
+type CompletionResult struct {
+	JobID string `json:"job_id"`
+	// OK reports that the job is completed (now, or by an earlier
+	// completion under the same lease token).
+	OK bool `json:"ok"`
+	// Status is the HTTP status complete of this job alone would have
+	// answered: 200 when OK.
+	Status int `json:"status"`
+	// Error, when OK is false, is that answer's error: its code
+	// (PROTOCOL.md §12) and message.
+	Error *ErrorDetail `json:"error,omitempty"`
+	// Completed, when OK is true, is that answer but for the job itself.
+	Completed *CompletedJob `json:"completed,omitempty"`
+}
+
+// CompletedJob is what a batch answers for a job it completed: the
+// fields of CompleteResponse but Job, whose payload a batch would echo
+// once per job. Its receipts and proofs are as in CompleteResponse, every
+// proof of a batch against the one checkpoint, repeated in each result.
+type CompletedJob struct {
+	ReceiptID     string                 `json:"receipt_id"`
+	ActualMS      int64                  `json:"actual_ms"`
+	ActualHours   string                 `json:"actual_hours"`
+	ActualCostUSD string                 `json:"actual_cost_usd"`
 	Receipts      []receipts.WireReceipt `json:"receipts"`
 	Proofs        []receipts.Proof       `json:"proofs"`
 	Checkpoint    string                 `json:"checkpoint"`

@@ -42,7 +42,10 @@ type Options struct {
 	MaxLeasesPerWorker int
 	CancelGrace        time.Duration
 	MaxRuntime         time.Duration
-	Logger             *slog.Logger
+	// SequenceInterval and SequenceBatch are workerapi.Config's.
+	SequenceInterval time.Duration
+	SequenceBatch    int
+	Logger           *slog.Logger
 	// Now is the clock, for tests. Defaults to time.Now.
 	Now func() time.Time
 }
@@ -94,6 +97,8 @@ func Open(ctx context.Context, o Options) (*ControlPlane, error) {
 		MaxLeasesPerWorker: o.MaxLeasesPerWorker,
 		CancelGrace:        o.CancelGrace,
 		MaxRuntime:         o.MaxRuntime,
+		SequenceInterval:   o.SequenceInterval,
+		SequenceBatch:      o.SequenceBatch,
 		Logger:             o.Logger,
 		Now:                o.Now,
 	})

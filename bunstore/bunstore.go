@@ -52,12 +52,20 @@ type Config struct {
 	// process that is migrating the same database. Defaults to 1 minute.
 	MigrationLockTimeout time.Duration
 	// MaxOpenConns caps the connections Open's pool holds; Migrate on
-	// PostgreSQL needs two. Defaults to 0, no limit.
+	// PostgreSQL needs two. On PostgreSQL it defaults to
+	// DefaultMaxOpenConns, so that a burst of requests queues for a
+	// connection instead of running the server out of them (PostgreSQL
+	// allows 100 by default, for every replica together); on SQLite to no
+	// limit. A negative value means no limit.
 	MaxOpenConns int
 	// MaxIdleConns is how many idle connections Open's pool keeps, so
 	// that busy claimers do not reconnect on every call. Defaults to 16.
 	MaxIdleConns int
 }
+
+// DefaultMaxOpenConns is the default of Config.MaxOpenConns on
+// PostgreSQL.
+const DefaultMaxOpenConns = 20
 
 func (c *Config) withDefaults() Config {
 	var out Config
@@ -153,8 +161,16 @@ func Open(ctx context.Context, dsn string, cfg *Config) (*DB, error) {
 		// Never echo the DSN: it may hold a password.
 		return nil, fmt.Errorf("%w: the DSN must start with sqlite:, file:, postgres:// or postgresql://", ErrUnsupported)
 	}
-	sqldb.SetMaxOpenConns(c.MaxOpenConns)
-	sqldb.SetMaxIdleConns(c.MaxIdleConns)
+	open := c.MaxOpenConns
+	if open == 0 && d.Name() == dialect.PG {
+		open = DefaultMaxOpenConns
+	}
+	sqldb.SetMaxOpenConns(max(open, 0))
+	if open > 0 {
+		sqldb.SetMaxIdleConns(min(c.MaxIdleConns, open))
+	} else {
+		sqldb.SetMaxIdleConns(c.MaxIdleConns)
+	}
 	if err := sqldb.PingContext(ctx); err != nil {
 		sqldb.Close()
 		return nil, fmt.Errorf("bunstore: connect: %w", err)

@@ -6,14 +6,16 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/nodelane/nodelane/bunstore"
 	"github.com/nodelane/nodelane/internal/testdb"
 	"github.com/nodelane/nodelane/lease"
 )
 
 // BenchmarkLeaseAcceptComplete measures how fast claimers drain a queue
 // through lease.Manager: each claimer is a worker of its own that leases
-// up to max_jobs jobs at a time, accepts and completes each, until the
-// queue is empty. One op is one job; jobs/s is the throughput.
+// up to max_jobs jobs at a time, accepts and completes each (the jobs of
+// one lease at once, as a worker with max_jobs slots runs them), until
+// the queue is empty. One op is one job; jobs/s is the throughput.
 //
 // It also reports, for the timed part only (the drain, not the enqueue),
 // stmts/job, the SQL statements sent through bun per job, and
@@ -43,6 +45,7 @@ func benchmarkDrain(b *testing.B, tdb testdb.DB, claimers, maxJobs int) {
 	db := open(b, tdb)
 	qc := &queryCounter{}
 	db.Bun().AddQueryHook(qc)
+	bunstore.SetObserver(db, qc.observe)
 	m := lease.NewManager(db.LeaseStore(), nil)
 	// One transaction for the whole backlog keeps set-up short.
 	err := db.InTx(ctx, func(ctx context.Context) error {
@@ -148,7 +151,10 @@ func checkCompletedOnce(b *testing.B, ctx context.Context, m *lease.Manager, don
 }
 
 // drain leases, accepts and completes jobs for w until none is left, and
-// returns the ids of the jobs it completed. capHint sizes the list.
+// returns the ids of the jobs it completed. capHint sizes the list. Like
+// a worker with max_jobs slots, it runs the jobs of one lease at once
+// (accept, then complete, each job on a goroutine of its own) and leases
+// again when all of them are done.
 func drain(ctx context.Context, m *lease.Manager, w *lease.Worker, maxJobs, capHint int) ([]string, error) {
 	ids := make([]string, 0, capHint)
 	for {
@@ -159,17 +165,26 @@ func drain(ctx context.Context, m *lease.Manager, w *lease.Worker, maxJobs, capH
 		if len(gs) == 0 {
 			return ids, nil
 		}
-		for _, g := range gs {
-			ref := lease.Ref{JobID: g.Job.ID, WorkerID: w.ID, Token: g.Token}
-			if _, err := m.Accept(ctx, ref); err != nil {
-				return ids, err
-			}
-			j, repeated, err := m.Complete(ctx, ref, lease.Result{})
-			if err != nil {
-				return ids, err
-			}
-			if repeated || j == nil || j.State != lease.StateSucceeded {
-				return ids, fmt.Errorf("complete %s: repeated=%t, job %+v, want a first completion", g.Job.ID, repeated, j)
+		errs := make([]error, len(gs))
+		var wg sync.WaitGroup
+		for i, g := range gs {
+			wg.Go(func() {
+				ref := lease.Ref{JobID: g.Job.ID, WorkerID: w.ID, Token: g.Token}
+				if _, err := m.Accept(ctx, ref); err != nil {
+					errs[i] = err
+					return
+				}
+				j, repeated, err := m.Complete(ctx, ref, lease.Result{})
+				if err == nil && (repeated || j == nil || j.State != lease.StateSucceeded) {
+					err = fmt.Errorf("complete %s: repeated=%t, job %+v, want a first completion", g.Job.ID, repeated, j)
+				}
+				errs[i] = err
+			})
+		}
+		wg.Wait()
+		for i, g := range gs {
+			if errs[i] != nil {
+				return ids, errs[i]
 			}
 			ids = append(ids, g.Job.ID)
 		}

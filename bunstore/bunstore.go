@@ -104,6 +104,8 @@ type DB struct {
 	// path that run outside a transaction (see hot.go).
 	accepts   *batcher[lease.AcceptWrite, *lease.Job]
 	completes *batcher[lease.CompleteWrite, *lease.Job]
+	// observer, set by tests, sees every statement run past bun.
+	observer func(ctx context.Context, query string)
 }
 
 func newDB(b *bun.DB, name dialect.Name, cfg Config, owned bool) *DB {

@@ -2,10 +2,12 @@ package bunstore
 
 import (
 	"context"
+	"database/sql"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -148,7 +150,7 @@ func (db *DB) acceptLeased(ctx context.Context, idb bun.IDB, ws []lease.AcceptWr
 		"FROM " + db.from([2]string{"id", "text"}, [2]string{"w", "text"}, [2]string{"th", "text"}, [2]string{"now", "bigint"}, [2]string{"ttl", "bigint"}, [2]string{"maxrt", "bigint"}) +
 		" WHERE j.id = b.id AND j.state = 'leased' AND j.lease_worker_id = b.w AND " + db.tokenMatch() +
 		" AND j.lease_expires_at > b.now AND j.lease_accept_by > b.now AND NOT j.cancel_requested " + db.returning()
-	return guardedUpdate(ctx, idb, q, rows, ws, func(w lease.AcceptWrite) lease.Guard { return w.Guard })
+	return guardedUpdate(ctx, db, idb, q, rows, ws, func(w lease.AcceptWrite) lease.Guard { return w.Guard })
 }
 
 func (db *DB) completeRunning(ctx context.Context, idb bun.IDB, ws []lease.CompleteWrite) ([]*lease.Job, error) {
@@ -168,14 +170,14 @@ func (db *DB) completeRunning(ctx context.Context, idb bun.IDB, ws []lease.Compl
 		"FROM " + db.from([2]string{"id", "text"}, [2]string{"w", "text"}, [2]string{"th", "text"}, [2]string{"now", "bigint"}, [2]string{"maxrt", "bigint"}, [2]string{"uri", "text"}, [2]string{"metrics", "text"}, [2]string{"msg", "text"}) +
 		" WHERE j.id = b.id AND j.state = 'running' AND j.lease_worker_id = b.w AND " + db.tokenMatch() +
 		" AND j.lease_expires_at > b.now AND j.accepted_at + " + maxRuntime + " > b.now AND NOT j.cancel_requested " + db.returning()
-	return guardedUpdate(ctx, idb, q, rows, ws, func(w lease.CompleteWrite) lease.Guard { return w.Guard })
+	return guardedUpdate(ctx, db, idb, q, rows, ws, func(w lease.CompleteWrite) lease.Guard { return w.Guard })
 }
 
 // guardedUpdate runs the guarded UPDATE q over rows (one JSON parameter)
 // and returns, for each write of ws, the job written for it, or nil. Of
 // several writes of one job only the first is sent, and the row written
 // answers it.
-func guardedUpdate[R, W any](ctx context.Context, idb bun.IDB, q string, rows []R, ws []W, g func(W) lease.Guard) ([]*lease.Job, error) {
+func guardedUpdate[R, W any](ctx context.Context, db *DB, idb bun.IDB, q string, rows []R, ws []W, g func(W) lease.Guard) ([]*lease.Job, error) {
 	// Only the first write of a job goes to the database: with two rows
 	// for one target row, an UPDATE … FROM may take either.
 	first := make(map[string]bool, len(ws))
@@ -191,7 +193,7 @@ func guardedUpdate[R, W any](ctx context.Context, idb bun.IDB, q string, rows []
 		return nil, err
 	}
 	var written []jobRow
-	if err := idb.NewRaw(q, string(param)).Scan(ctx, &written); err != nil {
+	if err := db.scanBound(ctx, idb, q, []any{string(param)}, &written); err != nil {
 		return nil, err
 	}
 	byID := make(map[string]*jobRow, len(written))
@@ -262,7 +264,7 @@ func (db *DB) writeGrants(ctx context.Context, tx bun.IDB, js []*lease.Job, revs
 		[2]string{"epoch", "bigint"}, [2]string{"th", "text"}, [2]string{"exp", "bigint"}, [2]string{"acc", "bigint"},
 		[2]string{"sku", "text"}, [2]string{"price", "bigint"}, [2]string{"pv", "bigint"}) +
 		" WHERE j.id = b.id AND j.rev = b.prev"
-	res, err := tx.NewRaw(q, string(param)).Exec(ctx)
+	res, err := db.execBound(ctx, tx, q, string(param))
 	if err != nil {
 		return err
 	}
@@ -284,13 +286,62 @@ var _ lease.ClaimingStore = (*LeaseStore)(nil)
 // RETURNING them. Claims by one worker are serialised as in ClaimJobs (on
 // PostgreSQL by the advisory lock, taken in the statement before, so that
 // the claim's snapshot sees every claim that took it earlier).
-func (s *LeaseStore) ClaimLeases(ctx context.Context, q lease.ClaimQuery, c lease.LeaseClaim) ([]*lease.Job, error) {
-	if q.Limit <= 0 {
-		return nil, errLimit("claim jobs for "+q.WorkerID, q.Limit)
+func (s *LeaseStore) ClaimLeases(ctx context.Context, workerID string, plan func(*lease.Worker) (lease.ClaimQuery, lease.LeaseClaim, bool, error)) ([]*lease.Job, error) {
+	db := s.db
+	var (
+		written []jobRow
+		leases  []lease.Lease
+	)
+	err := s.inTx(ctx, func(ctx context.Context, tx bun.IDB) error {
+		written, leases = nil, nil
+		if db.postgres() {
+			if _, err := tx.NewRaw(
+				"SELECT pg_advisory_xact_lock(hashtextextended('nodelane_claim:' || current_schema() || ':' || ?, 0))",
+				workerID).Exec(ctx); err != nil {
+				return err
+			}
+		}
+		w, err := s.GetWorker(ctx, workerID)
+		if err != nil {
+			return err
+		}
+		q, c, ok, err := plan(w)
+		if err != nil || !ok {
+			return err
+		}
+		if q.Limit <= 0 {
+			return errLimit("claim jobs for "+q.WorkerID, q.Limit)
+		}
+		query, args, n, err := db.claimStatement(q, c)
+		if err != nil || n == 0 {
+			return err
+		}
+		leases = c.Leases[:n]
+		return db.scanBound(ctx, tx, query, args, &written)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("bunstore: claim jobs for %s: %w", workerID, err)
 	}
+	// RETURNING gives no order: put the jobs in claim order, that of
+	// their leases.
+	k := make(map[string]int, len(leases))
+	for i, l := range leases {
+		k[l.ID] = i
+	}
+	out := make([]*lease.Job, len(written))
+	for i := range written {
+		out[i] = written[i].job()
+	}
+	slices.SortFunc(out, func(a, b *lease.Job) int { return k[a.Lease.ID] - k[b.Lease.ID] })
+	return out, nil
+}
+
+// claimStatement is the statement of a claim and its arguments, and how
+// many leases it may write; 0 when the claim can take nothing.
+func (db *DB) claimStatement(q lease.ClaimQuery, c lease.LeaseClaim) (string, []any, int, error) {
 	n := min(q.Limit, len(c.Leases))
 	if n <= 0 || q.MaxActive <= 0 || len(q.Types) == 0 || len(q.Fits) == 0 {
-		return nil, nil
+		return "", nil, 0, nil
 	}
 	type leaseRow struct {
 		K   int    `json:"k"`
@@ -314,66 +365,47 @@ func (s *LeaseStore) ClaimLeases(ctx context.Context, q lease.ClaimQuery, c leas
 	}
 	lj, err := json.Marshal(ls)
 	if err != nil {
-		return nil, err
+		return "", nil, 0, err
 	}
 	pj, err := json.Marshal(ps)
 	if err != nil {
-		return nil, err
+		return "", nil, 0, err
 	}
-	db := s.db
 	fits := make([]string, len(q.Fits))
 	var fitArgs []any
 	for i, f := range q.Fits {
 		fits[i] = "(gpu_sku = ? AND gpu_count <= ? AND min_vram_mb <= ?)"
 		fitArgs = append(fitArgs, f.SKU, f.GPUs, f.VRAMMB)
 	}
-	greatest, lock := "max", ""
+	lock := ""
 	if db.postgres() {
-		greatest, lock = "GREATEST", " FOR UPDATE SKIP LOCKED"
+		lock = " FOR UPDATE SKIP LOCKED"
 	}
 	sku := "(CASE WHEN j.gpu_sku <> '' THEN j.gpu_sku ELSE ? END)"
+	// The candidates are scanned with a constant LIMIT, so that the
+	// planner walks the queued index in claim order; the worker's
+	// live-lease cap then keeps the first of them (the others are locked
+	// until the commit, and left as they were).
 	query := "WITH cand AS (SELECT id, row_number() OVER (ORDER BY priority DESC, created_at, id) AS k FROM (" +
-		"SELECT id, priority, created_at FROM nodelane_jobs WHERE state = 'queued' AND type IN (?) AND scheduled_at <= ? AND (" +
-		strings.Join(fits, " OR ") + ") ORDER BY priority DESC, created_at, id LIMIT (SELECT " + greatest + "(0, " + db.least() +
-		"(?, ? - (SELECT count(*) FROM nodelane_jobs WHERE lease_worker_id = ? AND state IN ('leased', 'running')))))" + lock + ") AS c), " +
+		"SELECT id, priority, created_at FROM nodelane_jobs WHERE state = 'queued' AND type IN (" + strings.Repeat("?, ", len(q.Types)-1) + "?) AND scheduled_at <= ? AND (" +
+		strings.Join(fits, " OR ") + ") ORDER BY priority DESC, created_at, id LIMIT " + strconv.Itoa(n) + lock + ") AS c), " +
 		"l AS (SELECT * FROM " + strings.Replace(db.from([2]string{"k", "bigint"}, [2]string{"lid", "text"}, [2]string{"th", "text"}, [2]string{"exp", "bigint"}, [2]string{"acc", "bigint"}, [2]string{"pv", "bigint"}), " AS b", " AS l", 1) + "), " +
 		"p AS (SELECT * FROM " + strings.Replace(db.from([2]string{"sku", "text"}, [2]string{"price", "bigint"}), " AS b", " AS p", 1) + ") " +
 		"UPDATE nodelane_jobs AS j SET state = 'leased', leased_at = ?, accepted_at = NULL, lease_id = l.lid, lease_job_id = j.id, " +
 		"lease_worker_id = ?, lease_epoch = COALESCE(j.lease_epoch, 0) + 1, lease_token_hash = " + strings.ReplaceAll(db.unhex(), "b.", "l.") +
 		", lease_expires_at = l.exp, lease_accept_by = l.acc, lease_sku = " + sku +
 		", lease_price_micro_usd = COALESCE((SELECT p.price FROM p WHERE p.sku = " + sku + "), 0), lease_policy_version = l.pv, rev = j.rev + 1 " +
-		"FROM cand JOIN l ON l.k = cand.k WHERE j.id = cand.id " + db.returning()
+		"FROM cand JOIN l ON l.k = cand.k WHERE j.id = cand.id AND cand.k <= " +
+		"(SELECT ? - count(*) FROM nodelane_jobs WHERE lease_worker_id = ? AND state IN ('leased', 'running')) " + db.returning()
 	// The arguments in the order of the placeholders.
-	all := []any{bun.List(q.Types), micros(q.Now)}
+	var all []any
+	for _, t := range q.Types {
+		all = append(all, t)
+	}
+	all = append(all, micros(q.Now))
 	all = append(all, fitArgs...)
-	all = append(all, n, q.MaxActive, q.WorkerID, string(lj), string(pj), micros(q.Now), q.WorkerID, c.DefaultSKU, c.DefaultSKU)
-	var written []jobRow
-	err = s.inTx(ctx, func(ctx context.Context, tx bun.IDB) error {
-		written = written[:0]
-		if db.postgres() {
-			if _, err := tx.NewRaw(
-				"SELECT pg_advisory_xact_lock(hashtextextended('nodelane_claim:' || current_schema() || ':' || ?, 0))",
-				q.WorkerID).Exec(ctx); err != nil {
-				return err
-			}
-		}
-		return tx.NewRaw(query, all...).Scan(ctx, &written)
-	})
-	if err != nil {
-		return nil, fmt.Errorf("bunstore: claim jobs for %s: %w", q.WorkerID, err)
-	}
-	// RETURNING gives no order: put the jobs in claim order, that of
-	// their leases.
-	k := make(map[string]int, n)
-	for i, l := range c.Leases[:n] {
-		k[l.ID] = i
-	}
-	out := make([]*lease.Job, len(written))
-	for i := range written {
-		out[i] = written[i].job()
-	}
-	slices.SortFunc(out, func(a, b *lease.Job) int { return k[a.Lease.ID] - k[b.Lease.ID] })
-	return out, nil
+	all = append(all, string(lj), string(pj), micros(q.Now), q.WorkerID, c.DefaultSKU, c.DefaultSKU, q.MaxActive, q.WorkerID)
+	return query, all, n, nil
 }
 
 // unhex is the SQL that decodes b.th, hex, into bytes.
@@ -382,4 +414,76 @@ func (db *DB) unhex() string {
 		return "decode(b.th, 'hex')"
 	}
 	return "unhex(b.th)"
+}
+
+// The hot statements run with bind parameters, not through bun's
+// interpolation: their text is the same from one call to the next, so
+// PostgreSQL (through pgx's statement cache) parses and plans each once per
+// connection rather than on every call. A claim's LIMIT and its numbers of
+// types and fits stay in the text.
+
+// bind rewrites q's ? placeholders as PostgreSQL's $1, $2, …; SQLite takes
+// them as they are. The hot statements hold no ? but placeholders.
+func (db *DB) bind(q string) string {
+	if !db.postgres() {
+		return q
+	}
+	var b strings.Builder
+	n := 0
+	for _, r := range q {
+		if r == '?' {
+			n++
+			b.WriteString("$" + strconv.Itoa(n))
+			continue
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
+// sqlConn is what runs a bound statement: the context's transaction or
+// the pool.
+func sqlConn(idb bun.IDB) (interface {
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+}, error) {
+	switch x := idb.(type) {
+	case bun.Tx:
+		return x.Tx, nil
+	case *bun.DB:
+		return x.DB, nil
+	}
+	return nil, fmt.Errorf("bunstore: cannot run a bound statement on %T", idb)
+}
+
+// scanBound runs the bound statement q and scans its rows into dest.
+func (db *DB) scanBound(ctx context.Context, idb bun.IDB, q string, args []any, dest any) error {
+	c, err := sqlConn(idb)
+	if err != nil {
+		return err
+	}
+	db.observe(ctx, q)
+	rows, err := c.QueryContext(ctx, db.bind(q), args...)
+	if err != nil {
+		return err
+	}
+	return db.bun.ScanRows(ctx, rows, dest)
+}
+
+// execBound runs the bound statement q.
+func (db *DB) execBound(ctx context.Context, idb bun.IDB, q string, args ...any) (sql.Result, error) {
+	c, err := sqlConn(idb)
+	if err != nil {
+		return nil, err
+	}
+	db.observe(ctx, q)
+	return c.ExecContext(ctx, db.bind(q), args...)
+}
+
+// observe reports a statement run past bun to the observer tests set
+// (bun's query hooks do not see it).
+func (db *DB) observe(ctx context.Context, q string) {
+	if f := db.observer; f != nil {
+		f(ctx, q)
+	}
 }

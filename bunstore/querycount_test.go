@@ -134,6 +134,19 @@ func (c *queryCounter) AfterQuery(ctx context.Context, e *bun.QueryEvent) {
 	}
 }
 
+// observe counts a statement bunstore ran past bun (bunstore.SetObserver:
+// the bound hot statements, which bun's hooks do not see), before it ran:
+// as a statement, and, outside a transaction, as a commit.
+func (c *queryCounter) observe(ctx context.Context, query string) {
+	c.stmts.Add(1)
+	if in, _ := ctx.Value(inTxKey{}).(bool); in {
+		c.inTx.Add(1)
+		return
+	}
+	c.auto.Add(1)
+	c.commits.Add(1)
+}
+
 // queryCounts is a snapshot of a queryCounter.
 type queryCounts struct {
 	Stmts, InTx, Auto, AutoReads, Begins, TxCommits, Rollbacks, Savepoints, Commits, Failed int64

@@ -112,13 +112,17 @@ type LeaseClaim struct {
 	Prices     map[string]int64
 }
 
-// ClaimingStore is a Store that claims jobs and writes their leases in one
-// statement, as ClaimJobs does with a grant the Manager would make: the
-// Manager gives the leases it prepared, and the store fills in what
-// depends on each job. ClaimLeases claims at most len(c.Leases) jobs
-// (and at most q.Limit), under the rules of ClaimJobs, and returns them
-// as written, in claim order.
+// ClaimingStore is a Store that reads the worker and claims jobs for it in
+// one transaction, and claims and writes their leases in one statement, as
+// ClaimJobs does with a grant the Manager would make. ClaimLeases reads
+// worker workerID (ErrNotFound if there is none) and calls plan with it:
+// plan returns the claim's query and the leases the Manager prepared, or
+// false (or an error) when the worker may claim nothing, and then nothing
+// is claimed. It claims at most len(c.Leases) jobs (and at most q.Limit)
+// under the rules of ClaimJobs, filling in what depends on each job (see
+// LeaseClaim), and returns them as written, in claim order. A store that
+// retries the transaction calls plan again.
 type ClaimingStore interface {
 	Store
-	ClaimLeases(ctx context.Context, q ClaimQuery, c LeaseClaim) ([]*Job, error)
+	ClaimLeases(ctx context.Context, workerID string, plan func(*Worker) (ClaimQuery, LeaseClaim, bool, error)) ([]*Job, error)
 }

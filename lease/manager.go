@@ -327,63 +327,86 @@ func (m *Manager) Lease(ctx context.Context, req LeaseRequest) ([]Grant, error) 
 		return nil, fmt.Errorf("%w: max_jobs must be positive", ErrInvalidArgument)
 	}
 	n = min(n, m.cfg.MaxJobsPerLease)
-	w, err := m.store.GetWorker(ctx, req.WorkerID)
-	if err != nil {
-		return nil, err
-	}
-	if w.Approval.Pending {
-		return nil, nil
-	}
-	var allowed []string
-	for _, t := range w.leaseTypes(req.JobTypes) {
-		if req.Allow == nil || req.Allow(t) {
-			allowed = append(allowed, t)
+	var (
+		tokens []string
+		leases []Lease
+	)
+	// plan turns the worker into its claim, with n leases prepared, or
+	// says it may claim nothing.
+	plan := func(w *Worker) (ClaimQuery, bool, error) {
+		if w.Approval.Pending {
+			return ClaimQuery{}, false, nil
 		}
-	}
-	if len(allowed) == 0 {
-		return nil, nil
-	}
-	if err := m.sweep(ctx); err != nil {
-		return nil, err
-	}
-	now := m.now()
-	tokens := make([]string, n)
-	leases := make([]Lease, n)
-	for i := range n {
-		tok, hash, err := newToken(m.cfg.Rand)
-		if err != nil {
-			return nil, err
+		var allowed []string
+		for _, t := range w.leaseTypes(req.JobTypes) {
+			if req.Allow == nil || req.Allow(t) {
+				allowed = append(allowed, t)
+			}
 		}
-		id, err := newID("lse_", now, m.cfg.Rand)
-		if err != nil {
-			return nil, err
+		if len(allowed) == 0 {
+			return ClaimQuery{}, false, nil
 		}
-		tokens[i] = tok
-		leases[i] = Lease{
-			ID:            id,
-			WorkerID:      w.ID,
-			TokenHash:     hash,
-			ExpiresAt:     now.Add(m.cfg.LeaseTTL),
-			AcceptBy:      now.Add(m.cfg.AcceptTimeout),
-			PolicyVersion: req.PolicyVersion,
+		now := m.now()
+		tokens, leases = make([]string, n), make([]Lease, n)
+		for i := range n {
+			tok, hash, err := newToken(m.cfg.Rand)
+			if err != nil {
+				return ClaimQuery{}, false, err
+			}
+			id, err := newID("lse_", now, m.cfg.Rand)
+			if err != nil {
+				return ClaimQuery{}, false, err
+			}
+			tokens[i] = tok
+			leases[i] = Lease{
+				ID:            id,
+				WorkerID:      w.ID,
+				TokenHash:     hash,
+				ExpiresAt:     now.Add(m.cfg.LeaseTTL),
+				AcceptBy:      now.Add(m.cfg.AcceptTimeout),
+				PolicyVersion: req.PolicyVersion,
+			}
 		}
-	}
-	q := ClaimQuery{
-		WorkerID:  w.ID,
-		Types:     allowed,
-		Fits:      w.Fits(req.GPUSKUs),
-		MaxActive: m.MaxLeases(w),
-		Limit:     n,
-		Now:       now,
+		return ClaimQuery{
+			WorkerID:  w.ID,
+			Types:     allowed,
+			Fits:      w.Fits(req.GPUSKUs),
+			MaxActive: m.MaxLeases(w),
+			Limit:     n,
+			Now:       now,
+		}, true, nil
 	}
 	var jobs []*Job
 	if cs, ok := m.store.(ClaimingStore); ok {
-		jobs, err = cs.ClaimLeases(ctx, q, m.leaseClaim(w, q, leases, req.Price))
+		if err := m.sweep(ctx); err != nil {
+			return nil, err
+		}
+		var err error
+		jobs, err = cs.ClaimLeases(ctx, req.WorkerID, func(w *Worker) (ClaimQuery, LeaseClaim, bool, error) {
+			q, ok, err := plan(w)
+			if !ok || err != nil {
+				return q, LeaseClaim{}, false, err
+			}
+			return q, m.leaseClaim(w, q, leases, req.Price), true, nil
+		})
+		if err != nil {
+			return nil, err
+		}
 	} else {
-		jobs, err = m.claimJobs(ctx, q, w, leases, req)
-	}
-	if err != nil {
-		return nil, err
+		w, err := m.store.GetWorker(ctx, req.WorkerID)
+		if err != nil {
+			return nil, err
+		}
+		q, ok, err := plan(w)
+		if !ok || err != nil {
+			return nil, err
+		}
+		if err := m.sweep(ctx); err != nil {
+			return nil, err
+		}
+		if jobs, err = m.claimJobs(ctx, q, w, leases, req); err != nil {
+			return nil, err
+		}
 	}
 	if len(jobs) > n {
 		return nil, fmt.Errorf("lease: store claimed %d jobs, more than the %d asked for", len(jobs), n)

@@ -2,6 +2,7 @@ package bunstore_test
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"sync"
 	"testing"
@@ -150,11 +151,15 @@ func checkCompletedOnce(b *testing.B, ctx context.Context, m *lease.Manager, don
 	}
 }
 
+// serialDrain makes each claimer of the burn-down run the jobs of a lease
+// one after another (go test -bench … -args -serial).
+var serialDrain = flag.Bool("serial", false, "burn-down: run the jobs of a lease one after another")
+
 // drain leases, accepts and completes jobs for w until none is left, and
 // returns the ids of the jobs it completed. capHint sizes the list. Like
 // a worker with max_jobs slots, it runs the jobs of one lease at once
-// (accept, then complete, each job on a goroutine of its own) and leases
-// again when all of them are done.
+// (accept, then complete, each job on a goroutine of its own; with
+// -serial, one after another) and leases again when all of them are done.
 func drain(ctx context.Context, m *lease.Manager, w *lease.Worker, maxJobs, capHint int) ([]string, error) {
 	ids := make([]string, 0, capHint)
 	for {
@@ -168,7 +173,11 @@ func drain(ctx context.Context, m *lease.Manager, w *lease.Worker, maxJobs, capH
 		errs := make([]error, len(gs))
 		var wg sync.WaitGroup
 		for i, g := range gs {
-			wg.Go(func() {
+			run := wg.Go
+			if *serialDrain {
+				run = func(f func()) { f() }
+			}
+			run(func() {
 				ref := lease.Ref{JobID: g.Job.ID, WorkerID: w.ID, Token: g.Token}
 				if _, err := m.Accept(ctx, ref); err != nil {
 					errs[i] = err

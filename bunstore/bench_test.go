@@ -43,13 +43,16 @@ func BenchmarkLeaseAcceptComplete(b *testing.B) {
 
 func benchmarkDrain(b *testing.B, tdb testdb.DB, claimers, maxJobs int) {
 	ctx := context.Background()
-	db := open(b, tdb)
 	qc := &queryCounter{}
-	db.Bun().AddQueryHook(qc)
+	// A DB over the same pool whose bun.DB carries the counting hook.
+	db, err := bunstore.New(open(b, tdb).Bun().WithQueryHook(qc), nil)
+	if err != nil {
+		b.Fatal(err)
+	}
 	bunstore.SetObserver(db, qc.observe)
 	m := lease.NewManager(db.LeaseStore(), nil)
 	// One transaction for the whole backlog keeps set-up short.
-	err := db.InTx(ctx, func(ctx context.Context) error {
+	err = db.InTx(ctx, func(ctx context.Context) error {
 		for range b.N {
 			if _, err := m.Enqueue(ctx, lease.NewJob{Type: "status_check"}); err != nil {
 				return err

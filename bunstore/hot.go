@@ -132,14 +132,52 @@ func (db *DB) returning() string {
 }
 
 // maxRuntime is the job's max runtime in microseconds, b.maxrt for a job
-// without one.
-const maxRuntime = "(CASE WHEN j.max_runtime_seconds > 0 THEN j.max_runtime_seconds * 1000000 ELSE b.maxrt END)"
+// without one; maxRuntimeArg the same with a parameter for b.maxrt.
+const (
+	maxRuntime    = "(CASE WHEN j.max_runtime_seconds > 0 THEN j.max_runtime_seconds * 1000000 ELSE b.maxrt END)"
+	maxRuntimeArg = "(CASE WHEN j.max_runtime_seconds > 0 THEN j.max_runtime_seconds * 1000000 ELSE ? END)"
+)
+
+// eachWrite makes the guarded writes ws one statement each, q with the
+// arguments args gives, looking the job up by its id: what a single write
+// costs, and on SQLite what a batch costs too (the statements share the
+// transaction and its commit; an UPDATE … FROM a JSON array would re-read
+// the array for every row in the state it scans). Of several writes of
+// one job only the first is made.
+func eachWrite[W any](ctx context.Context, db *DB, idb bun.IDB, ws []W, g func(W) lease.Guard, args func(W) []any, q string) ([]*lease.Job, error) {
+	out := make([]*lease.Job, len(ws))
+	seen := make(map[string]bool, len(ws))
+	for i, w := range ws {
+		id := g(w).JobID
+		if seen[id] {
+			continue
+		}
+		seen[id] = true
+		var written []jobRow
+		if err := db.scanBound(ctx, idb, q, args(w), &written); err != nil {
+			return nil, err
+		}
+		if len(written) == 1 {
+			out[i] = written[0].job()
+		}
+	}
+	return out, nil
+}
 
 func (db *DB) acceptLeased(ctx context.Context, idb bun.IDB, ws []lease.AcceptWrite) ([]*lease.Job, error) {
 	type row struct {
 		guardRow
 		TTL   int64 `json:"ttl"`
 		MaxRT int64 `json:"maxrt"`
+	}
+	if len(ws) == 1 || !db.postgres() {
+		return eachWrite(ctx, db, idb, ws, func(w lease.AcceptWrite) lease.Guard { return w.Guard }, func(w lease.AcceptWrite) []any {
+			now := micros(w.Now)
+			return []any{now, now, w.TTL.Microseconds(), w.MaxRuntime.Microseconds(), w.JobID, w.WorkerID, w.TokenHash, now, now}
+		}, "UPDATE nodelane_jobs AS j SET state = 'running', accepted_at = ?, "+
+			"lease_expires_at = ? + "+db.least()+"(?, "+maxRuntimeArg+"), rev = j.rev + 1 "+
+			"WHERE j.id = ? AND j.state = 'leased' AND j.lease_worker_id = ? AND j.lease_token_hash = ? "+
+			"AND j.lease_expires_at > ? AND j.lease_accept_by > ? AND NOT j.cancel_requested RETURNING *")
 	}
 	rows := make([]row, len(ws))
 	for i, w := range ws {
@@ -160,6 +198,16 @@ func (db *DB) completeRunning(ctx context.Context, idb bun.IDB, ws []lease.Compl
 		URI     string  `json:"uri"`
 		Metrics *string `json:"metrics"`
 		Msg     string  `json:"msg"`
+	}
+	if len(ws) == 1 || !db.postgres() {
+		return eachWrite(ctx, db, idb, ws, func(w lease.CompleteWrite) lease.Guard { return w.Guard }, func(w lease.CompleteWrite) []any {
+			now := micros(w.Now)
+			return []any{now, w.Result.OutputURI, text(w.Result.Metrics), w.Result.FinalMessage,
+				w.JobID, w.WorkerID, w.TokenHash, now, w.MaxRuntime.Microseconds(), now}
+		}, "UPDATE nodelane_jobs AS j SET state = 'succeeded', finished_at = ?, "+
+			"result_output_uri = ?, result_metrics = ?, result_final_message = ?, rev = j.rev + 1 "+
+			"WHERE j.id = ? AND j.state = 'running' AND j.lease_worker_id = ? AND j.lease_token_hash = ? "+
+			"AND j.lease_expires_at > ? AND j.accepted_at + "+maxRuntimeArg+" > ? AND NOT j.cancel_requested RETURNING *")
 	}
 	rows := make([]row, len(ws))
 	for i, w := range ws {

@@ -337,11 +337,12 @@ var _ lease.ClaimingStore = (*LeaseStore)(nil)
 func (s *LeaseStore) ClaimLeases(ctx context.Context, workerID string, plan func(*lease.Worker) (lease.ClaimQuery, lease.LeaseClaim, bool, error)) ([]*lease.Job, error) {
 	db := s.db
 	var (
-		written []jobRow
-		leases  []lease.Lease
+		written    []jobRow
+		leases     []lease.Lease
+		sqliteJobs []*lease.Job
 	)
 	err := s.inTx(ctx, func(ctx context.Context, tx bun.IDB) error {
-		written, leases = nil, nil
+		written, leases, sqliteJobs = nil, nil, nil
 		if db.postgres() {
 			if _, err := tx.NewRaw(
 				"SELECT pg_advisory_xact_lock(hashtextextended('nodelane_claim:' || current_schema() || ':' || ?, 0))",
@@ -360,6 +361,17 @@ func (s *LeaseStore) ClaimLeases(ctx context.Context, workerID string, plan func
 		if q.Limit <= 0 {
 			return errLimit("claim jobs for "+q.WorkerID, q.Limit)
 		}
+		if len(c.Leases) == 0 {
+			return nil
+		}
+		if !db.postgres() {
+			// SQLite plans the one statement's candidate scan as a scan
+			// of every queued job and a sort, while it walks the queued
+			// index for ClaimJobs's SELECT; and it has one writer, so a
+			// second statement costs no round trip and no lock.
+			sqliteJobs, err = s.ClaimJobs(ctx, q, grantFrom(q, c))
+			return err
+		}
 		query, args, n, err := db.claimStatement(q, c)
 		if err != nil || n == 0 {
 			return err
@@ -369,6 +381,9 @@ func (s *LeaseStore) ClaimLeases(ctx context.Context, workerID string, plan func
 	})
 	if err != nil {
 		return nil, fmt.Errorf("bunstore: claim jobs for %s: %w", workerID, err)
+	}
+	if !db.postgres() {
+		return sqliteJobs, nil
 	}
 	// RETURNING gives no order: put the jobs in claim order, that of
 	// their leases.
@@ -382,6 +397,30 @@ func (s *LeaseStore) ClaimLeases(ctx context.Context, workerID string, plan func
 	}
 	slices.SortFunc(out, func(a, b *lease.Job) int { return k[a.Lease.ID] - k[b.Lease.ID] })
 	return out, nil
+}
+
+// grantFrom is the grant of ClaimJobs that writes the leases of c as
+// lease.LeaseClaim says: the k-th job granted gets c.Leases[k] (round
+// robin, should a rolled-back attempt have called it before).
+func grantFrom(q lease.ClaimQuery, c lease.LeaseClaim) func(*lease.Job) {
+	calls := 0
+	return func(j *lease.Job) {
+		l := c.Leases[calls%len(c.Leases)]
+		calls++
+		l.JobID = j.ID
+		l.Epoch = 1
+		if j.Lease != nil {
+			l.Epoch = j.Lease.Epoch + 1
+		}
+		l.SKU = j.Requirements.GPUSKU
+		if l.SKU == "" {
+			l.SKU = c.DefaultSKU
+		}
+		l.PriceMicroUSD = c.Prices[l.SKU]
+		now := q.Now
+		j.Lease, j.State, j.LeasedAt, j.AcceptedAt = &l, lease.StateLeased, &now, nil
+		j.Rev++
+	}
 }
 
 // claimStatement is the statement of a claim and its arguments, and how

@@ -57,12 +57,18 @@ func (s *LeaseStore) CompleteRunning(ctx context.Context, ws []lease.CompleteWri
 	return []*lease.Job{j}, nil
 }
 
-// guardedTx runs one guarded write as a write of its own (see DB.write),
-// again if the database aborted it.
+// guardedTx runs the guarded writes of fn, again if the database aborted
+// them: on PostgreSQL as the one statement they are (DB.write), on SQLite,
+// where they are one statement each, in one transaction (DB.inTx), so
+// that they share its commit.
 func (db *DB) guardedTx(ctx context.Context, fn func(ctx context.Context, idb bun.IDB) ([]*lease.Job, error)) ([]*lease.Job, error) {
+	run := db.write
+	if !db.postgres() {
+		run = db.inTx
+	}
 	var out []*lease.Job
 	err := aborted(db.retryOwnTx(ctx, func() error {
-		return db.write(ctx, func(ctx context.Context, idb bun.IDB) error {
+		return run(ctx, func(ctx context.Context, idb bun.IDB) error {
 			var err error
 			out, err = fn(ctx, idb)
 			return err

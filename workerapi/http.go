@@ -303,9 +303,17 @@ func sameForEveryProbe(err error) error {
 }
 
 // signed checks the request's signature against pub, then runs handle in
-// one transaction that also consumes the nonce. If the transaction fails
-// after the signature verified, the nonce is consumed in a commit of its
-// own: a verified request never runs twice, whatever its outcome.
+// one transaction that ends by consuming the nonce. If the transaction
+// fails after the signature verified, the nonce is consumed in a commit of
+// its own: a verified request never runs twice, whatever its outcome.
+//
+// The nonce goes last so that the lock the nonce store may take for the
+// node's quota (bunstore's, on PostgreSQL) is held only for the commit,
+// not for the handler's work: one node's concurrent requests then run
+// side by side. A copy of a request that already ran does its handler's
+// work in vain and rolls it back; its answer is still the replay's, as
+// when the nonce came first: a handler's error gives way to the nonce's
+// when the nonce was used or the node is over its quota.
 func (s *Server) signed(ctx context.Context, c *call, pub ed25519.PublicKey, handle func(context.Context, *call) (int, any, error)) (int, any, error) {
 	v, err := s.verifier.Check(c.r, c.body, pub)
 	if err != nil {
@@ -318,19 +326,27 @@ func (s *Server) signed(ctx context.Context, c *call, pub ed25519.PublicKey, han
 		refused bool // the nonce store refused the nonce: a replay or over quota
 	)
 	err = s.st.Tx.InTx(ctx, func(ctx context.Context) error {
-		if err := s.verifier.Consume(ctx, nonceNode, v.Nonce, v.Expires); err != nil {
-			refused = errors.Is(err, replay.ErrReplayedNonce) || errors.Is(err, replay.ErrQuota)
+		refused = false
+		var err error
+		if code, out, err = handle(ctx, c); err != nil {
 			return err
 		}
-		var err error
-		code, out, err = handle(ctx, c)
-		return err
+		if err := s.verifier.Consume(ctx, nonceNode, v.Nonce, v.Expires); err != nil {
+			refused = nonceRefused(err)
+			return err
+		}
+		return nil
 	})
 	if err != nil && !refused {
 		// The transaction rolled the nonce back with the failed operation
 		// (or the nonce store failed): consume it in a commit of its own,
-		// so these bytes can never run later.
-		if cerr := s.verifier.Consume(context.WithoutCancel(ctx), nonceNode, v.Nonce, v.Expires); cerr != nil && !errors.Is(cerr, replay.ErrReplayedNonce) {
+		// so these bytes can never run later. If they ran before, or the
+		// node is over its quota, that is the answer.
+		cerr := s.verifier.Consume(context.WithoutCancel(ctx), nonceNode, v.Nonce, v.Expires)
+		switch {
+		case cerr != nil && nonceRefused(cerr):
+			err = cerr
+		case cerr != nil:
 			s.log.Warn("consuming the nonce of a failed request", "request_id", c.reqID, "err", cerr)
 		}
 	}
@@ -342,6 +358,12 @@ func (s *Server) signed(ctx context.Context, c *call, pub ed25519.PublicKey, han
 		return c.then(ctx)
 	}
 	return code, out, nil
+}
+
+// nonceRefused reports whether the nonce store refused a nonce, as
+// opposed to failing to answer: a replay, or a node over its quota.
+func nonceRefused(err error) bool {
+	return errors.Is(err, replay.ErrReplayedNonce) || errors.Is(err, replay.ErrQuota)
 }
 
 // fail writes err as PROTOCOL.md's error body and returns its status.

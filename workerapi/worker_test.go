@@ -1076,6 +1076,27 @@ func TestComplete(t *testing.T) {
 			wantErr(t, st, b, http.StatusConflict, wire.CodeInvalidTransition)
 		})
 	})
+	// The nonce is recorded after the handler ran (http.go, signed); a
+	// replay still answers as a replay, whatever the handler would say.
+	t.Run("accept replayed after complete", func(t *testing.T) {
+		id, tok := f.leased(t, "status_check")
+		accept := f.node.Request(t, http.MethodPost, "/workers/jobs/"+id+"/accept", wire.TokenRequest{LeaseToken: tok})
+		if resp, b := f.env.Raw(t, accept); resp.StatusCode != http.StatusOK {
+			t.Fatalf("accept: %d %s", resp.StatusCode, b)
+		}
+		if st, b := post(t, f.node, "/workers/jobs/"+id+"/complete", wire.CompleteRequest{LeaseToken: tok}); st != http.StatusOK {
+			t.Fatalf("complete: %d %s", st, b)
+		}
+		f.unchanged(t, id, func() {
+			resp, b := f.env.Raw(t, accept)
+			wantErr(t, resp.StatusCode, b, http.StatusUnauthorized, wire.CodeReplayedNonce)
+		})
+		// A fresh accept of the same job is the handler's to refuse.
+		f.unchanged(t, id, func() {
+			st, b := post(t, f.node, "/workers/jobs/"+id+"/accept", wire.TokenRequest{LeaseToken: tok})
+			wantErr(t, st, b, http.StatusConflict, wire.CodeInvalidTransition)
+		})
+	})
 	t.Run("invalid", func(t *testing.T) {
 		id, tok := f.running(t, "status_check")
 		for name, body := range map[string]string{

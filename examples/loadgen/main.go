@@ -72,6 +72,7 @@ import (
 	"net/url"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"strings"
 	"syscall"
 	"time"
@@ -135,6 +136,7 @@ type config struct {
 	checkRcpts bool
 	origin     string
 	verbose    bool
+	cpuProfile string
 
 	tokens tokens
 }
@@ -174,6 +176,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.BoolVar(&cfg.checkRcpts, "check-receipts", true, "run: verify every completion's receipts (needs the receipt verifier key)")
 	fs.StringVar(&cfg.origin, "origin", receipts.DefaultOrigin, "the receipt log's checkpoint origin")
 	fs.BoolVar(&cfg.verbose, "v", false, "log the clients' retries to standard error")
+	fs.StringVar(&cfg.cpuProfile, "cpuprofile", "", "write loadgen's own CPU profile (go tool pprof) to this file, to see what the load costs the client")
 	fs.StringVar(&tokensFile, "tokens-file", "", "JSON file with operator_token, provisioning_token and receipt_public_key, as examples/server -tokens-file writes it")
 	fs.StringVar(&opFile, "operator-token-file", "", "file holding the operator token (default: -tokens-file, else $"+operatorEnv+")")
 	fs.StringVar(&provFile, "provisioning-token-file", "", "file holding the provisioning (node:register) token (default: -tokens-file, else $"+provisioningEnv+")")
@@ -344,6 +347,17 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	log := slog.New(slog.DiscardHandler)
 	if cfg.verbose {
 		log = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	if cfg.cpuProfile != "" {
+		f, err := os.Create(cfg.cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
 	}
 	if cfg.mode == "fleet" {
 		return runFleet(ctx, cfg, log, stdout)

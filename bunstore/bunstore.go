@@ -20,6 +20,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -61,6 +62,14 @@ type Config struct {
 	// MaxIdleConns is how many idle connections Open's pool keeps, so
 	// that busy claimers do not reconnect on every call. Defaults to 16.
 	MaxIdleConns int
+	// CacheTTL is the longest a DB serves a credential, a principal or
+	// the envelope state from memory after it read it: the bound on how
+	// long a change made elsewhere may go unseen when no notification
+	// announces it (see cache.go: changes made through this DB, and on
+	// PostgreSQL those any replica makes while this DB has a Notifier, are
+	// seen at once). Defaults to DefaultCacheTTL (1 s); a negative value
+	// turns the cache off.
+	CacheTTL time.Duration
 }
 
 // DefaultMaxOpenConns is the default of Config.MaxOpenConns on
@@ -106,10 +115,17 @@ type DB struct {
 	completes *batcher[lease.CompleteWrite, *lease.Job]
 	// observer, set by tests, sees every statement run past bun.
 	observer func(ctx context.Context, query string)
+	// cache keeps credentials, principals and the envelope state
+	// (cache.go); nil when Config.CacheTTL turns it off.
+	cache *readCache
+	// channel, on PostgreSQL, is where changes to cached entries are
+	// announced (cacheChannel).
+	chMu    sync.Mutex
+	channel string
 }
 
 func newDB(b *bun.DB, name dialect.Name, cfg Config, owned bool) *DB {
-	db := &DB{bun: b, dialect: name, cfg: cfg, owned: owned}
+	db := &DB{bun: b, dialect: name, cfg: cfg, owned: owned, cache: newReadCache(cfg.CacheTTL)}
 	if name == dialect.SQLite {
 		db.writeSlot = make(chan struct{}, 1)
 	}
@@ -392,9 +408,14 @@ func (db *DB) inTx(ctx context.Context, fn func(ctx context.Context, tx bun.IDB)
 		return err
 	}
 	defer release()
-	return db.bun.RunInTx(ctx, nil, func(ctx context.Context, tx bun.Tx) error {
-		return fn(WithTx(ctx, tx), tx)
+	changes := &txChanges{}
+	err = db.bun.RunInTx(ctx, nil, func(ctx context.Context, tx bun.Tx) error {
+		return fn(context.WithValue(WithTx(ctx, tx), txChangesKey{}, changes), tx)
 	})
+	if keys := changes.list(); len(keys) > 0 {
+		db.forget(keys...)
+	}
+	return err
 }
 
 // acquire takes the SQLite write slot. It waits as long as other writes

@@ -1,6 +1,7 @@
 package bunstore
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"strings"
@@ -181,6 +182,7 @@ func splitScopes(s string) []credential.Scope {
 func (s *CredentialStore) CreatePrincipal(ctx context.Context, p *credential.Principal) error {
 	err := s.db.retryOwnTx(ctx, func() error {
 		return s.db.write(ctx, func(ctx context.Context, idb bun.IDB) error {
+			s.db.created(ctx, principalKey(p.ID))
 			return insertCredentialRow(ctx, idb.NewInsert().Model(newPrincipalRow(p)))
 		})
 	})
@@ -193,15 +195,20 @@ func (s *CredentialStore) CreatePrincipal(ctx context.Context, p *credential.Pri
 // GetPrincipal returns the principal with that id. It returns
 // credential.ErrNotFound if there is none.
 func (s *CredentialStore) GetPrincipal(ctx context.Context, id string) (*credential.Principal, error) {
-	var r principalRow
-	err := s.db.idb(ctx).NewSelect().Model(&r).Where("id = ?", id).Scan(ctx)
+	r, err := cachedRead(ctx, s.db, principalKey(id), func() (principalRow, error) {
+		var r principalRow
+		err := s.db.idb(ctx).NewSelect().Model(&r).Where("id = ?", id).Scan(ctx)
+		return r, err
+	})
 	if isNoRows(err) {
 		return nil, fmt.Errorf("bunstore: principal %s: %w", id, credential.ErrNotFound)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("bunstore: get principal %s: %w", id, markAborted(err, credential.ErrAborted))
 	}
-	return r.principal(), nil
+	p := r.principal()
+	p.PublicKey = bytes.Clone(p.PublicKey) // the cache keeps r
+	return p, nil
 }
 
 // UpdatePrincipal replaces principal p.ID with p if its stored revision
@@ -212,7 +219,9 @@ func (s *CredentialStore) UpdatePrincipal(ctx context.Context, p *credential.Pri
 	// chooses the error (principals are never deleted).
 	err := s.db.retryOwnTx(ctx, func() error {
 		return s.db.write(ctx, func(ctx context.Context, idb bun.IDB) error {
-			return updateCredentialRow(ctx, idb, newPrincipalRow(p), (*principalRow)(nil), p.ID, rev)
+			return s.db.updateCached(ctx, idb, principalKey(p.ID), func() error {
+				return updateCredentialRow(ctx, idb, newPrincipalRow(p), (*principalRow)(nil), p.ID, rev)
+			})
 		})
 	})
 	if err != nil {
@@ -244,6 +253,7 @@ func (s *CredentialStore) CreateCredential(ctx context.Context, c *credential.Cr
 	if err == nil {
 		err = s.db.retryOwnTx(ctx, func() error {
 			return s.db.write(ctx, func(ctx context.Context, idb bun.IDB) error {
+				s.db.created(ctx, credentialKey(c.ID))
 				return insertCredentialRow(ctx, idb.NewInsert().Model(r))
 			})
 		})
@@ -257,15 +267,20 @@ func (s *CredentialStore) CreateCredential(ctx context.Context, c *credential.Cr
 // GetCredential returns the credential with that id. It returns
 // credential.ErrNotFound if there is none.
 func (s *CredentialStore) GetCredential(ctx context.Context, id string) (*credential.Credential, error) {
-	var r credentialRow
-	err := s.db.idb(ctx).NewSelect().Model(&r).Where("id = ?", id).Scan(ctx)
+	r, err := cachedRead(ctx, s.db, credentialKey(id), func() (credentialRow, error) {
+		var r credentialRow
+		err := s.db.idb(ctx).NewSelect().Model(&r).Where("id = ?", id).Scan(ctx)
+		return r, err
+	})
 	if isNoRows(err) {
 		return nil, fmt.Errorf("bunstore: credential %s: %w", id, credential.ErrNotFound)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("bunstore: get credential %s: %w", id, markAborted(err, credential.ErrAborted))
 	}
-	return r.credential(), nil
+	c := r.credential()
+	c.Digest = bytes.Clone(c.Digest) // the cache keeps r
+	return c, nil
 }
 
 // UpdateCredential replaces credential c.ID with c if its stored revision
@@ -277,7 +292,9 @@ func (s *CredentialStore) UpdateCredential(ctx context.Context, c *credential.Cr
 	if err == nil {
 		err = s.db.retryOwnTx(ctx, func() error {
 			return s.db.write(ctx, func(ctx context.Context, idb bun.IDB) error {
-				return updateCredentialRow(ctx, idb, r, (*credentialRow)(nil), c.ID, rev)
+				return s.db.updateCached(ctx, idb, credentialKey(c.ID), func() error {
+					return updateCredentialRow(ctx, idb, r, (*credentialRow)(nil), c.ID, rev)
+				})
 			})
 		})
 	}

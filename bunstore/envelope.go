@@ -66,13 +66,21 @@ func (r *envelopeRecordRow) record() envelope.Record {
 // State returns the current state, or envelope.InitialState() if no
 // change was ever applied.
 func (s *EnvelopeStore) State(ctx context.Context) (envelope.State, error) {
-	var r envelopeStateRow
-	err := s.db.idb(ctx).NewSelect().Model(&r).Where("id = ?", envelopeStateID).Scan(ctx)
-	if isNoRows(err) {
-		return envelope.InitialState(), nil
-	}
+	// The cache keeps the row (nil: no change applied yet), which each
+	// call turns into a State of its own.
+	r, err := cachedRead(ctx, s.db, envelopeKey, func() (*envelopeStateRow, error) {
+		var r envelopeStateRow
+		err := s.db.idb(ctx).NewSelect().Model(&r).Where("id = ?", envelopeStateID).Scan(ctx)
+		if isNoRows(err) {
+			return nil, nil
+		}
+		return &r, err
+	})
 	if err != nil {
 		return envelope.State{}, fmt.Errorf("bunstore: envelope state: %w", markAborted(err, envelope.ErrAborted))
+	}
+	if r == nil {
+		return envelope.InitialState(), nil
 	}
 	return envelope.State{
 		Version:   r.Version,
@@ -139,10 +147,13 @@ func (s *EnvelopeStore) apply(ctx context.Context, prev int64, row *envelopeStat
 			}
 		}
 		if n == 0 {
+			s.db.forget(envelopeKey) // what this DB holds is stale
 			return envelope.ErrConflict
 		}
-		_, err = tx.NewInsert().Model(hist).Exec(ctx)
-		return err
+		if _, err = tx.NewInsert().Model(hist).Exec(ctx); err != nil {
+			return err
+		}
+		return s.db.changed(ctx, tx, envelopeKey)
 	})
 }
 

@@ -113,3 +113,41 @@ func TestMigrationsRollBack(t *testing.T) {
 		})
 	}
 }
+
+// A read that began before an invalidation is not kept: it may hold the
+// value from before the change. One that began after is.
+func TestReadCacheGeneration(t *testing.T) {
+	now := time.Unix(1000, 0)
+	c := newReadCache(time.Second)
+	c.now = func() time.Time { return now }
+
+	gen, at := c.begin()
+	c.drop("k") // a change committed while the read ran
+	c.put("k", gen, at, "old")
+	if v, ok := c.get("k"); ok {
+		t.Fatalf("a read from before the change was kept: %v", v)
+	}
+	gen, at = c.begin()
+	c.put("k", gen, at, "new")
+	if v, ok := c.get("k"); !ok || v != "new" {
+		t.Fatalf("get = %v, %v; want new", v, ok)
+	}
+	// An entry lives CacheTTL from the start of the read that gave it.
+	now = now.Add(time.Second - 1)
+	if _, ok := c.get("k"); !ok {
+		t.Fatal("an entry was gone before its TTL")
+	}
+	now = now.Add(1)
+	if _, ok := c.get("k"); ok {
+		t.Fatal("an entry outlived its TTL")
+	}
+	gen, at = c.begin()
+	c.flush()
+	c.put("k", gen, at, "old")
+	if _, ok := c.get("k"); ok {
+		t.Fatal("a read from before a flush was kept")
+	}
+	if newReadCache(-1) != nil {
+		t.Fatal("a negative TTL made a cache")
+	}
+}

@@ -111,6 +111,11 @@ func (c *NotifierConfig) withDefaults() (NotifierConfig, error) {
 // leasable. It implements workerapi.Notifier. Make one per DB with
 // DB.Notifier and Close it before the DB.
 //
+// On PostgreSQL a Notifier also keeps its DB's read cache (Config.CacheTTL)
+// in step with the other replicas: the channel carries the changes to
+// credentials, principals and the envelope state that any replica commits,
+// and the Notifier makes its DB forget each (see DB for the cache).
+//
 // On PostgreSQL, Notify calls pg_notify on the channel in the
 // transaction its context carries, if any, so the notification is delivered
 // when that transaction commits and never if it rolls back; PostgreSQL
@@ -249,6 +254,10 @@ func (db *DB) Notifier(ctx context.Context, cfg *NotifierConfig) (*Notifier, err
 	if err != nil {
 		return nil, fmt.Errorf("bunstore: notifier: listen: %w", err)
 	}
+	// Changes to cached entries are announced on this channel too (see
+	// cache.go), and entries read before it listened may have missed one.
+	db.useChannel(n.channel)
+	db.forgetAll()
 	life, stop := context.WithCancel(context.Background())
 	n.stop = stop
 	n.done = make(chan struct{})
@@ -416,7 +425,9 @@ func (n *Notifier) listen(ctx context.Context, pc *pgx.ConnConfig, conn *pgx.Con
 			return
 		}
 		n.log.Info("bunstore: notifier reconnected", "channel", n.channel)
-		// Notifications sent while no connection listened are lost.
+		// Notifications sent while no connection listened are lost: the
+		// jobs they announced, and the changes to the DB's cache.
+		n.db.forgetAll()
 		n.wake()
 	}
 }
@@ -427,11 +438,13 @@ func (n *Notifier) listen(ctx context.Context, pc *pgx.ConnConfig, conn *pgx.Con
 func (n *Notifier) receive(ctx context.Context, conn *pgx.Conn) error {
 	for {
 		wctx, cancel := context.WithTimeout(ctx, n.cfg.PingInterval)
-		_, err := conn.WaitForNotification(wctx)
+		nt, err := conn.WaitForNotification(wctx)
 		cancel()
 		switch {
 		case err == nil:
-			n.wake()
+			if n.db.heard(nt.Payload) {
+				n.wake()
+			}
 			continue
 		case ctx.Err() != nil:
 			return ctx.Err()

@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/nodelane/nodelane/bunstore"
+	"github.com/nodelane/nodelane/credential"
 	"github.com/nodelane/nodelane/internal/apitest"
 	"github.com/nodelane/nodelane/internal/testdb"
 	"github.com/nodelane/nodelane/lease"
@@ -370,4 +372,70 @@ func TestTwoInstancesPostgres(t *testing.T) {
 	}
 	resp, rbody := two.Raw(t, req)
 	wantCode(t, "the same request replayed to two", resp.StatusCode, rbody, http.StatusUnauthorized, wire.CodeReplayedNonce)
+}
+
+// Two instances on one PostgreSQL, each caching credentials, principals
+// and the envelope state for an hour: a ban, an unban and a revocation
+// made through one take effect on the other within 1 s, because each
+// change is announced on the Notifiers' channel (bunstore's read cache).
+func TestTwoInstancesCachePostgres(t *testing.T) {
+	ctx := context.Background()
+	notifier := apitest.WithNotifier(func(t testing.TB, db *bunstore.DB) workerapi.Notifier {
+		n, err := db.Notifier(context.Background(), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { n.Close() })
+		return n
+	})
+	one := apitest.New(t, "postgres", notifier, apitest.WithDBConfig(&bunstore.Config{CacheTTL: time.Hour}))
+	two := one.Replica(t)
+	n := one.NewNode(t, "node")
+	n.Register(t, studioGPU())
+	onTwo := n.On(two)
+
+	heartbeat := func() (int, []byte) {
+		resp, body := onTwo.Do(t, http.MethodPost, "/workers/heartbeat", wire.HeartbeatRequest{Status: "idle"})
+		return resp.StatusCode, body
+	}
+	// within polls the heartbeat on two until it answers status, for at
+	// most 1 s.
+	within := func(what string, status int, code string) {
+		t.Helper()
+		deadline := time.Now().Add(time.Second)
+		for {
+			st, body := heartbeat()
+			if st == status && (code == "" || strings.Contains(string(body), `"`+code+`"`)) {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s on one: two still answers %d %s after 1 s", what, st, body)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	if st, body := heartbeat(); st != http.StatusOK { // two now holds the node's entries
+		t.Fatalf("heartbeat on two: %d %s", st, body)
+	}
+
+	code, body := one.Operator(t, http.MethodPost, "/operator/workers/"+n.WorkerID+"/ban", map[string]string{"reason": "test"})
+	if code != http.StatusOK {
+		t.Fatalf("ban on one: %d %s", code, body)
+	}
+	within("a ban", http.StatusForbidden, wire.CodeWorkerBanned)
+	code, body = one.Operator(t, http.MethodPost, "/operator/workers/"+n.WorkerID+"/unban", map[string]string{"reason": "test"})
+	if code != http.StatusOK {
+		t.Fatalf("unban on one: %d %s", code, body)
+	}
+	within("an unban", http.StatusOK, "")
+
+	creds, err := one.DB.CredentialStore().ListCredentials(ctx, credential.CredentialFilter{PrincipalID: n.WorkerID, Limit: 10})
+	if err != nil || len(creds) != 1 {
+		t.Fatalf("the node's credentials: %d, %v", len(creds), err)
+	}
+	code, body = one.Operator(t, http.MethodPost, "/operator/credentials/"+creds[0].ID+"/revoke", map[string]string{"reason": "test"})
+	if code != http.StatusOK {
+		t.Fatalf("revoke on one: %d %s", code, body)
+	}
+	within("a revocation", http.StatusUnauthorized, wire.CodeTokenRevoked)
 }

@@ -74,6 +74,7 @@ type options struct {
 	notifier func(t testing.TB, db *bunstore.DB) workerapi.Notifier
 	local    *workerapi.LocalNotifier
 	start    bool
+	db       *bunstore.Config
 }
 
 // Started starts the Server's background work (Server.Start: the
@@ -94,6 +95,11 @@ func WithConfig(f func(*workerapi.Config)) Option {
 // workerapi.LocalNotifier, which wakes long-polls in this process only.
 func WithNotifier(f func(t testing.TB, db *bunstore.DB) workerapi.Notifier) Option {
 	return func(o *options) { o.notifier = f }
+}
+
+// WithDBConfig opens each replica's database with cfg.
+func WithDBConfig(cfg *bunstore.Config) Option {
+	return func(o *options) { o.db = cfg }
 }
 
 // WithStores lets f wrap the stores a replica's Server runs on (for
@@ -169,7 +175,7 @@ func New(t testing.TB, dialect string, opts ...Option) *Env {
 func start(t testing.TB, dialect, dsn string, cfg workerapi.Config, clock *testclock.Clock, o *options) *Env {
 	t.Helper()
 	ctx := context.Background()
-	db, err := bunstore.Open(ctx, dsn, nil)
+	db, err := bunstore.Open(ctx, dsn, o.db)
 	if err != nil {
 		t.Fatalf("apitest: open %s database: %v", dialect, err)
 	}

@@ -1,0 +1,287 @@
+package bunstore_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/nodelane/nodelane/bunstore"
+	"github.com/nodelane/nodelane/credential"
+	"github.com/nodelane/nodelane/envelope"
+	"github.com/nodelane/nodelane/internal/testclock"
+	"github.com/nodelane/nodelane/internal/testdb"
+)
+
+// cached opens a DB on tdb with a cache whose entries live ttl, counting
+// its statements in qc.
+func cached(t *testing.T, tdb testdb.DB, ttl time.Duration, qc *queryCounter) *bunstore.DB {
+	t.Helper()
+	b := open(t, tdb).Bun()
+	if qc != nil {
+		b = b.WithQueryHook(qc)
+	}
+	db, err := bunstore.New(b, &bunstore.Config{CacheTTL: ttl})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return db
+}
+
+// cacheFixture is one principal with one credential, made through the
+// Issuer of a DB, and a Gate on the same DB.
+type cacheFixture struct {
+	is   *credential.Issuer
+	gate *envelope.Gate
+	tok  string
+	cred *credential.Credential
+}
+
+func newCacheFixture(t *testing.T, db *bunstore.DB, pepper []byte) *cacheFixture {
+	t.Helper()
+	ctx := context.Background()
+	f := &cacheFixture{is: issuerWith(t, db, pepper), gate: gateOn(t, db)}
+	p, err := f.is.CreatePrincipal(ctx, credential.Principal{Kind: credential.KindOperator, Name: "op"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.tok, f.cred, err = f.is.Mint(ctx, p.ID, []credential.Scope{credential.ScopeOperatorJobs}, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+func issuerWith(t *testing.T, db *bunstore.DB, pepper []byte) *credential.Issuer {
+	t.Helper()
+	is, err := credential.NewIssuer(db.CredentialStore(), &credential.Config{Peppers: map[int][]byte{1: pepper}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return is
+}
+
+func gateOn(t *testing.T, db *bunstore.DB) *envelope.Gate {
+	t.Helper()
+	g, err := envelope.NewGate(db.EnvelopeStore(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return g
+}
+
+// verify runs what every request runs: Verify (credential and principal)
+// and the envelope snapshot. It returns Verify's error and whether the
+// envelope is active.
+func (f *cacheFixture) verify(t *testing.T) (error, bool) {
+	t.Helper()
+	ctx := context.Background()
+	_, _, err := f.is.Verify(ctx, f.tok, credential.ScopeOperatorJobs)
+	snap, serr := f.gate.Snapshot(ctx)
+	if serr != nil {
+		t.Fatal(serr)
+	}
+	return err, snap.Active()
+}
+
+// A DB reads a credential, its principal and the envelope state once, and
+// then serves them from memory: what it returns are copies, and a change
+// made through the DB is seen at once, in and out of a transaction.
+func TestCacheReads(t *testing.T) {
+	for _, d := range testdb.Dialects() {
+		t.Run(d.Name, func(t *testing.T) {
+			ctx := context.Background()
+			qc := &queryCounter{}
+			db := cached(t, d.New(t), time.Hour, qc)
+			f := newCacheFixture(t, db, pepper32())
+			if err, _ := f.verify(t); err != nil {
+				t.Fatal(err)
+			}
+			before := qc.stmts.Load()
+			for range 5 {
+				if err, _ := f.verify(t); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if n := qc.stmts.Load() - before; n != 0 {
+				t.Errorf("5 verifications of a cached credential ran %d statements, want 0", n)
+			}
+
+			// Copies: changing what was returned changes nothing kept.
+			cs := db.CredentialStore()
+			c, err := cs.GetCredential(ctx, f.cred.ID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c.Digest[0] ^= 0xff
+			c.Scopes[0] = "x"
+			if again, _ := cs.GetCredential(ctx, f.cred.ID); again.Digest[0] == c.Digest[0] || again.Scopes[0] == "x" {
+				t.Error("changing a returned credential changed the cached one")
+			}
+
+			// A change through this DB is seen at once.
+			if _, err := f.is.Revoke(ctx, f.cred.ID); err != nil {
+				t.Fatal(err)
+			}
+			if err, _ := f.verify(t); !errors.Is(err, credential.ErrRevoked) {
+				t.Errorf("Verify after Revoke through the same DB: %v, want ErrRevoked", err)
+			}
+			if _, err := f.gate.Activate(ctx, "op", "test", nil); err != nil {
+				t.Fatal(err)
+			}
+			if _, active := f.verify(t); !active {
+				t.Error("the envelope snapshot after Activate through the same DB is not active")
+			}
+			if _, err := f.is.Ban(ctx, f.cred.PrincipalID, "test"); err != nil {
+				t.Fatal(err)
+			}
+			if p, _ := cs.GetPrincipal(ctx, f.cred.PrincipalID); !p.Banned {
+				t.Error("GetPrincipal after Ban through the same DB: not banned")
+			}
+
+			// A transaction sees its own change, and a rolled-back change
+			// leaves nothing in the cache.
+			errRollback := errors.New("roll back")
+			err = db.InTx(ctx, func(ctx context.Context) error {
+				if _, err := f.is.Unban(ctx, f.cred.PrincipalID); err != nil {
+					return err
+				}
+				if p, err := cs.GetPrincipal(ctx, f.cred.PrincipalID); err != nil || p.Banned {
+					t.Errorf("in the transaction that unbanned it: %+v, %v", p, err)
+				}
+				return errRollback
+			})
+			if !errors.Is(err, errRollback) {
+				t.Fatal(err)
+			}
+			if p, _ := cs.GetPrincipal(ctx, f.cred.PrincipalID); !p.Banned {
+				t.Error("after the unban rolled back, the principal reads unbanned")
+			}
+		})
+	}
+}
+
+// A negative CacheTTL turns the cache off: every read is a statement.
+func TestCacheOff(t *testing.T) {
+	qc := &queryCounter{}
+	db := cached(t, testdb.SQLite(t), -1, qc)
+	f := newCacheFixture(t, db, pepper32())
+	before := qc.stmts.Load()
+	for range 3 {
+		if err, _ := f.verify(t); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := qc.stmts.Load() - before; n != 9 {
+		t.Errorf("3 verifications without a cache ran %d statements, want 9 (credential, principal, envelope)", n)
+	}
+}
+
+// Without a notification, a change made elsewhere (another process on
+// the SQLite file, a replica when this DB has no Notifier) is seen once
+// the entry's CacheTTL has passed, not before.
+func TestCacheTTL(t *testing.T) {
+	for _, d := range testdb.Dialects() {
+		t.Run(d.Name, func(t *testing.T) {
+			ctx := context.Background()
+			tdb := d.New(t)
+			pepper := pepper32()
+			a := cached(t, tdb, time.Second, nil)
+			b := cached(t, tdb, time.Second, nil)
+			clock := testclock.New(time.Now())
+			bunstore.SetCacheClock(b, clock.Now)
+			fa := newCacheFixture(t, a, pepper)
+			fb := &cacheFixture{is: issuerWith(t, b, pepper), gate: gateOn(t, b), tok: fa.tok, cred: fa.cred}
+			if err, _ := fb.verify(t); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := fa.is.Revoke(ctx, fa.cred.ID); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := fa.gate.Activate(ctx, "op", "test", nil); err != nil {
+				t.Fatal(err)
+			}
+			clock.Advance(999 * time.Millisecond)
+			if err, active := fb.verify(t); err != nil || active {
+				t.Errorf("within its TTL, B saw the change made on A: %v, active %v", err, active)
+			}
+			clock.Advance(time.Millisecond)
+			if err, active := fb.verify(t); !errors.Is(err, credential.ErrRevoked) || !active {
+				t.Errorf("after its TTL, B still serves its entries: %v, active %v", err, active)
+			}
+		})
+	}
+}
+
+// On PostgreSQL, a revocation, a ban or a deactivation committed on one
+// replica reaches the cache of every replica that has a Notifier within
+// 1 s, whatever its CacheTTL; one without a Notifier keeps its entries
+// for their TTL.
+func TestCacheReplicas(t *testing.T) {
+	ctx := context.Background()
+	tdb := testdb.Postgres(t)
+	pepper := pepper32()
+	a := cached(t, tdb, time.Hour, nil)
+	b := cached(t, tdb, time.Hour, nil)
+	deaf := cached(t, tdb, time.Hour, nil)
+	notifier(t, a, nil)
+	notifier(t, b, nil)
+	fa := newCacheFixture(t, a, pepper)
+	on := func(db *bunstore.DB) *cacheFixture {
+		return &cacheFixture{is: issuerWith(t, db, pepper), gate: gateOn(t, db), tok: fa.tok, cred: fa.cred}
+	}
+	fb, fdeaf := on(b), on(deaf)
+	if _, err := fa.gate.Activate(ctx, "op", "test", nil); err != nil {
+		t.Fatal(err)
+	}
+
+	// within polls B until seen reports true, for at most 1 s.
+	within := func(what string, seen func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(time.Second)
+		for !seen() {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s on replica A: replica B did not see it within 1 s", what)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	for _, step := range []struct {
+		name   string
+		change func() error
+		seen   func(f *cacheFixture) bool
+	}{
+		{"deactivate", func() error { _, err := fa.gate.Deactivate(ctx, "op", "test"); return err },
+			func(f *cacheFixture) bool { _, active := f.verify(t); return !active }},
+		{"ban", func() error { _, err := fa.is.Ban(ctx, fa.cred.PrincipalID, "test"); return err },
+			func(f *cacheFixture) bool { err, _ := f.verify(t); return errors.Is(err, credential.ErrBanned) }},
+		{"unban", func() error { _, err := fa.is.Unban(ctx, fa.cred.PrincipalID); return err },
+			func(f *cacheFixture) bool { err, _ := f.verify(t); return err == nil }},
+		{"revoke", func() error { _, err := fa.is.Revoke(ctx, fa.cred.ID); return err },
+			func(f *cacheFixture) bool { err, _ := f.verify(t); return errors.Is(err, credential.ErrRevoked) }},
+	} {
+		// Both replicas hold the entries before the change.
+		if fb.seen(step.seen) || fdeaf.seen(step.seen) {
+			t.Fatalf("%s: a replica sees it before it was made", step.name)
+		}
+		if err := step.change(); err != nil {
+			t.Fatal(err)
+		}
+		within(step.name, func() bool { return step.seen(fb) })
+		if step.seen(fdeaf) {
+			t.Errorf("%s: a replica without a Notifier forgot its entry before its TTL: the test proves nothing", step.name)
+		}
+		// The next step starts with the deaf replica up to date.
+		fdeaf = on(cached(t, tdb, time.Hour, nil))
+	}
+}
+
+// seen reports whether f sees a change, by seen.
+func (f *cacheFixture) seen(seen func(*cacheFixture) bool) bool { return seen(f) }
+
+func pepper32() []byte {
+	p := make([]byte, 32)
+	for i := range p {
+		p[i] = byte(i + 1)
+	}
+	return p
+}

@@ -34,6 +34,11 @@ type Config struct {
 	// nothing pending, and how often Log.Await looks again. Defaults to
 	// 100 ms for Run and 20 ms for Await.
 	Interval time.Duration
+	// AwaitPoll is how often Sequencer.Await looks in the store when
+	// nothing told it to: a safety net, since the Sequencer delivers the
+	// proofs of the receipts it sequences, and tells the callers of Await
+	// when to look for those it cannot deliver. Defaults to 1 s.
+	AwaitPoll time.Duration
 	// ListLimit is the page size of Log.List when none is given, and the
 	// largest it returns. Defaults to 100 and 1000.
 	ListLimit int
@@ -60,6 +65,9 @@ func (c *Config) withDefaults() Config {
 	}
 	if out.ListLimit <= 0 {
 		out.ListLimit = 100
+	}
+	if out.AwaitPoll <= 0 {
+		out.AwaitPoll = time.Second
 	}
 	if out.Now == nil {
 		out.Now = time.Now
@@ -230,25 +238,11 @@ func nonNil(hs []tlog.Hash) []tlog.Hash {
 // unknown id, ErrNotSequenced while the receipt has no index or no
 // signed checkpoint covers it yet.
 func (l *Log) Prove(ctx context.Context, id string) (*Stored, Proof, *Checkpoint, error) {
-	s, err := l.get(ctx, id)
+	ss, ps, cp, err := l.proveAll(ctx, []string{id})
 	if err != nil {
 		return nil, Proof{}, nil, err
 	}
-	if !s.Sequenced {
-		return nil, Proof{}, nil, fmt.Errorf("%w: receipt %s has no index", ErrNotSequenced, id)
-	}
-	cp, err := l.store.LatestCheckpoint(ctx)
-	if errors.Is(err, ErrNotFound) || (err == nil && cp.Size <= s.Index) {
-		return nil, Proof{}, nil, fmt.Errorf("%w: no checkpoint covers receipt %s at %d yet", ErrNotSequenced, id, s.Index)
-	}
-	if err != nil {
-		return nil, Proof{}, nil, err
-	}
-	p, err := l.InclusionProof(ctx, s.Index, cp.Size)
-	if err != nil {
-		return nil, Proof{}, nil, err
-	}
-	return s, p, cp, nil
+	return ss[0], ps[0], cp, nil
 }
 
 // Await is Prove that waits, as long as ctx allows, for a Sequencer to
@@ -284,6 +278,12 @@ func (l *Log) ProveAll(ctx context.Context, ids ...string) ([]*Stored, []Proof, 
 	return l.proveAll(ctx, ids)
 }
 
+// proveAll reads each receipt, then, once all of them have an index, the
+// latest checkpoint, and then every stored hash of their proofs in one
+// ReadHashes call. It does not read the tree: a checkpoint is stored only
+// after its tree committed (Sequencer.Publish) and the tree never
+// shrinks, so every hash of a proof in cp's tree is stored, and a store
+// that broke this would answer ErrNotFound rather than a wrong proof.
 func (l *Log) proveAll(ctx context.Context, ids []string) ([]*Stored, []Proof, *Checkpoint, error) {
 	ss := make([]*Stored, len(ids))
 	for i, id := range ids {
@@ -293,6 +293,11 @@ func (l *Log) proveAll(ctx context.Context, ids []string) ([]*Stored, []Proof, *
 		}
 		ss[i] = s
 	}
+	for _, s := range ss {
+		if !s.Sequenced {
+			return nil, nil, nil, fmt.Errorf("%w: receipt %s has no index", ErrNotSequenced, s.ID)
+		}
+	}
 	cp, err := l.store.LatestCheckpoint(ctx)
 	if errors.Is(err, ErrNotFound) {
 		return nil, nil, nil, fmt.Errorf("%w: no checkpoint yet", ErrNotSequenced)
@@ -300,16 +305,73 @@ func (l *Log) proveAll(ctx context.Context, ids []string) ([]*Stored, []Proof, *
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	ps := make([]Proof, len(ids))
+	indexes := make([]int64, len(ss))
 	for i, s := range ss {
-		if !s.Sequenced || s.Index >= cp.Size {
-			return nil, nil, nil, fmt.Errorf("%w: receipt %s", ErrNotSequenced, s.ID)
+		if s.Index >= cp.Size {
+			return nil, nil, nil, fmt.Errorf("%w: no checkpoint covers receipt %s at %d yet", ErrNotSequenced, s.ID, s.Index)
 		}
-		if ps[i], err = l.InclusionProof(ctx, s.Index, cp.Size); err != nil {
-			return nil, nil, nil, err
-		}
+		indexes[i] = s.Index
+	}
+	ps, err := proveRecords(cp.Size, indexes, l.hashReader(ctx))
+	if err != nil {
+		return nil, nil, nil, err
 	}
 	return ss, ps, cp, nil
+}
+
+// proveRecords returns the inclusion proofs of the records at indexes in
+// the tree of size records, reading every stored hash they need in one
+// call of r. tlog.ProveRecord reads one set of stored hashes per proof,
+// which depends on the index and the size alone, so a first pass with
+// placeholder hashes learns the sets, and a second proves with the
+// hashes read. Indexes must be in [0, size).
+func proveRecords(size int64, indexes []int64, r tlog.HashReader) ([]Proof, error) {
+	var need []int64
+	needed := make(map[int64]int)
+	learn := tlog.HashReaderFunc(func(xs []int64) ([]tlog.Hash, error) {
+		for _, x := range xs {
+			if _, ok := needed[x]; !ok {
+				needed[x] = len(need)
+				need = append(need, x)
+			}
+		}
+		return make([]tlog.Hash, len(xs)), nil
+	})
+	for _, i := range indexes {
+		if _, err := tlog.ProveRecord(size, i, learn); err != nil {
+			return nil, fmt.Errorf("receipts: prove receipt %d in tree %d: %w", i, size, err)
+		}
+	}
+	var hs []tlog.Hash
+	if len(need) > 0 {
+		var err error
+		if hs, err = r.ReadHashes(need); err != nil {
+			return nil, fmt.Errorf("receipts: prove %d receipts in tree %d: %w", len(indexes), size, err)
+		}
+		if len(hs) != len(need) {
+			return nil, fmt.Errorf("receipts: %d stored hashes read for %d asked", len(hs), len(need))
+		}
+	}
+	read := tlog.HashReaderFunc(func(xs []int64) ([]tlog.Hash, error) {
+		out := make([]tlog.Hash, len(xs))
+		for k, x := range xs {
+			j, ok := needed[x]
+			if !ok {
+				return nil, fmt.Errorf("stored hash %d was not read", x)
+			}
+			out[k] = hs[j]
+		}
+		return out, nil
+	})
+	ps := make([]Proof, len(indexes))
+	for k, i := range indexes {
+		p, err := tlog.ProveRecord(size, i, read)
+		if err != nil {
+			return nil, fmt.Errorf("receipts: prove receipt %d in tree %d: %w", i, size, err)
+		}
+		ps[k] = Proof{Index: i, TreeSize: size, Hashes: nonNil(p)}
+	}
+	return ps, nil
 }
 
 // ExportLine is one line of an export: a receipt in its wire shape, and
@@ -400,6 +462,10 @@ func (m memHashes) ReadHashes(indexes []int64) ([]tlog.Hash, error) {
 // committed without its checkpoint (a crash between the two) is signed
 // by the next Sequence or Publish, on any replica.
 //
+// A caller that waits for the proofs of receipts it minted calls Await:
+// the Sequencer hands it, in memory, the proofs of those its own batches
+// integrate, and tells it to read the others from the store.
+//
 // Call it with a context that carries no transaction: the commit must be
 // its own. It is safe for concurrent use; several Sequencers may run on
 // one Store.
@@ -407,12 +473,19 @@ type Sequencer struct {
 	store  Store
 	signer note.Signer
 	cfg    Config
+	// log proves, for Await, what the Sequencer cannot prove in memory.
+	log *Log
 	// wake holds a pending Wake for Run.
 	wake chan struct{}
 	// mu guards published, which is closed, and replaced, each time
-	// this Sequencer publishes a checkpoint.
+	// this Sequencer publishes a checkpoint; waiters, the callers of
+	// Await; begun, how many Sequence calls have begun; and last, the
+	// latest batch published under the checkpoint of its tree.
 	mu        sync.Mutex
 	published chan struct{}
+	waiters   map[*waiter]struct{}
+	begun     uint64
+	last      *sealed
 }
 
 // NewSequencer returns a Sequencer that signs checkpoints with signer
@@ -429,7 +502,10 @@ func NewSequencer(s Store, signer note.Signer, cfg *Config) (*Sequencer, error) 
 	if c.Interval <= 0 {
 		c.Interval = 100 * time.Millisecond
 	}
-	return &Sequencer{store: s, signer: signer, cfg: c, wake: make(chan struct{}, 1), published: make(chan struct{})}, nil
+	return &Sequencer{
+		store: s, signer: signer, cfg: c, log: &Log{store: s, cfg: c},
+		wake: make(chan struct{}, 1), published: make(chan struct{}), waiters: make(map[*waiter]struct{}),
+	}, nil
 }
 
 // Wake makes Run sequence now rather than at its next interval: call it
@@ -466,30 +542,69 @@ func (q *Sequencer) announce() {
 // receipts, in mint order, and then publishes a checkpoint for the
 // committed tree. It returns how many receipts it sequenced. If the
 // batch fails nothing is signed; if the publication fails the batch
-// stays committed and the next call signs it.
+// stays committed and the next call signs it. Once published, it gives
+// the callers of Await the proofs of the batch's receipts they wait for,
+// or tells them to look in the store (see Await).
 func (q *Sequencer) Sequence(ctx context.Context) (int, error) {
-	n := 0
+	begun := q.begin()
+	var in *integrated
 	err := q.store.Sequence(ctx, q.cfg.BatchSize, func(t Tree, pending []*Stored, r tlog.HashReader) (*Batch, error) {
+		in = nil // a Store that retries calls integrate again
 		b, err := integrate(t, pending, r)
-		if err == nil {
-			n = len(pending)
+		if err != nil {
+			return nil, err
 		}
-		return b, err
+		in = b
+		return b.batch, nil
 	})
 	if err != nil {
 		return 0, fmt.Errorf("receipts: sequence: %w", err)
 	}
-	if _, err := q.Publish(ctx); err != nil {
+	n := 0
+	if in != nil {
+		n = len(in.pending)
+	}
+	cp, err := q.Publish(ctx)
+	if err != nil {
 		return n, err
 	}
+	q.settle(ctx, begun, in, cp, n == q.cfg.BatchSize)
 	return n, nil
+}
+
+// integrated is a batch as integrate computed it, with what a Sequencer
+// needs to prove its receipts in memory once it is published.
+type integrated struct {
+	batch *Batch
+	// old is the tree size before the batch.
+	old int64
+	// pending are the receipts integrated, at indexes old, old+1, ...
+	pending []*Stored
+	// below are the stored hashes below the batch that integrate read:
+	// those of the complete subtrees of the old tree, which are all that
+	// the proofs of the batch's receipts need from before it.
+	below map[int64]tlog.Hash
 }
 
 // integrate appends pending to tree t: the leaf hash of each body, the
 // interior hashes each leaf completes, and the new root. Before it trusts
 // the stored hashes it checks that they give t's root.
-func integrate(t Tree, pending []*Stored, r tlog.HashReader) (*Batch, error) {
-	root, err := tlog.TreeHash(t.Size, r)
+func integrate(t Tree, pending []*Stored, r tlog.HashReader) (*integrated, error) {
+	below := make(map[int64]tlog.Hash)
+	stored := tlog.HashReaderFunc(func(indexes []int64) ([]tlog.Hash, error) {
+		hs, err := r.ReadHashes(indexes)
+		if err != nil {
+			return nil, err
+		}
+		if len(hs) != len(indexes) {
+			return nil, fmt.Errorf("%d stored hashes read for %d asked", len(hs), len(indexes))
+		}
+		for i, x := range indexes {
+			below[x] = hs[i]
+		}
+		return hs, nil
+	})
+	root, err := tlog.TreeHash(t.Size, stored)
 	if err != nil {
 		return nil, err
 	}
@@ -510,7 +625,7 @@ func integrate(t Tree, pending []*Stored, r tlog.HashReader) (*Batch, error) {
 		var got []tlog.Hash
 		if len(old) > 0 {
 			var err error
-			if got, err = r.ReadHashes(old); err != nil {
+			if got, err = stored.ReadHashes(old); err != nil {
 				return nil, err
 			}
 		}
@@ -538,7 +653,12 @@ func integrate(t Tree, pending []*Stored, r tlog.HashReader) (*Batch, error) {
 	if root, err = tlog.TreeHash(size, read); err != nil {
 		return nil, err
 	}
-	return &Batch{Tree: Tree{Size: size, Root: root}, Hashes: added}, nil
+	return &integrated{
+		batch:   &Batch{Tree: Tree{Size: size, Root: root}, Hashes: added},
+		old:     t.Size,
+		pending: pending,
+		below:   below,
+	}, nil
 }
 
 // Publish signs and stores a checkpoint for the committed tree unless

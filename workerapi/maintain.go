@@ -43,22 +43,29 @@ func (s *Server) Sequence(ctx context.Context) (*receipts.Checkpoint, error) {
 	return s.seq.Publish(ctx)
 }
 
-// proofPoll is how often awaitProofs looks at the store for a checkpoint
-// that another replica's sequencer signed.
+// proofPoll is how often awaitProofs, sequencing itself without Start,
+// looks at the store for a checkpoint that another request or replica
+// signed.
 const proofPoll = 50 * time.Millisecond
 
 // awaitProofs returns the receipts ids with their proofs against one
 // signed checkpoint, waiting up to Config.ProofWait for them to be
 // sequenced. The request path never sequences while the background
-// sequencer runs (Start): it wakes it, so that one batch, one transaction
-// and one checkpoint serve every request waiting meanwhile, and waits for
-// this Server's next checkpoint (or, every proofPoll, for one another
-// replica signed). Without Start it sequences itself. After ProofWait it
-// returns an error matching receipts.ErrNotSequenced.
+// sequencer runs (Start): it waits in the sequencer (Sequencer.Await),
+// which it wakes, so that one batch, one transaction and one checkpoint
+// serve every request waiting meanwhile, and the sequencer hands each the
+// proofs of its receipts in memory, or tells it to read them from the
+// store when another replica's sequencer took them. Without Start it
+// sequences itself, and then reads the proofs from the store, again
+// whenever this Server publishes a checkpoint and every proofPoll. After
+// ProofWait it returns an error matching receipts.ErrNotSequenced.
 func (s *Server) awaitProofs(ctx context.Context, ids []string) ([]*receipts.Stored, []receipts.Proof, *receipts.Checkpoint, error) {
 	if s.life.running() {
-		s.seq.Wake()
-	} else if _, err := s.Sequence(ctx); err != nil {
+		ctx, cancel := context.WithTimeout(ctx, s.cfg.ProofWait)
+		defer cancel()
+		return s.seq.Await(ctx, ids...)
+	}
+	if _, err := s.Sequence(ctx); err != nil {
 		s.log.Debug("sequencing receipts for a proof", "err", err)
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.ProofWait)

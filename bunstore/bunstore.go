@@ -173,6 +173,14 @@ func Open(ctx context.Context, dsn string, cfg *Config) (*DB, error) {
 		if err != nil {
 			return nil, fmt.Errorf("bunstore: parse postgres dsn: %w", err)
 		}
+		// bun sends every statement with its arguments in the text,
+		// different from one call to the next: preparing it (pgx's
+		// default, QueryExecModeCacheStatement) would cost a round trip
+		// and a parse more per statement and churn the statement cache.
+		// The simple protocol sends it once. The hot statements, whose
+		// text does not change, ask for the statement cache themselves
+		// (boundArgs).
+		pc.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol
 		sqldb = stdlib.OpenDB(*pc)
 		d = pgdialect.New()
 	default:

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/uptrace/bun"
 
 	"github.com/nodelane/nodelane/lease"
@@ -556,7 +557,7 @@ func (db *DB) scanBound(ctx context.Context, idb bun.IDB, q string, args []any, 
 		return err
 	}
 	db.observe(ctx, q)
-	rows, err := c.QueryContext(ctx, db.bind(q), args...)
+	rows, err := c.QueryContext(ctx, db.bind(q), db.boundArgs(args)...)
 	if err != nil {
 		return err
 	}
@@ -570,7 +571,19 @@ func (db *DB) execBound(ctx context.Context, idb bun.IDB, q string, args ...any)
 		return nil, err
 	}
 	db.observe(ctx, q)
-	return c.ExecContext(ctx, db.bind(q), args...)
+	return c.ExecContext(ctx, db.bind(q), db.boundArgs(args)...)
+}
+
+// boundArgs returns the arguments of a bound statement: on PostgreSQL
+// preceded by pgx's QueryExecModeCacheStatement, so that pgx prepares
+// the statement once per connection and reuses it, whatever the pool's
+// default mode (Open's is the simple protocol, for bun's statements,
+// whose arguments are in their text).
+func (db *DB) boundArgs(args []any) []any {
+	if !db.postgres() {
+		return args
+	}
+	return append([]any{pgx.QueryExecModeCacheStatement}, args...)
 }
 
 // observe reports a statement run past bun to the observer tests set

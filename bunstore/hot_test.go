@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/nodelane/nodelane/bunstore"
 	"github.com/nodelane/nodelane/internal/testdb"
 	"github.com/nodelane/nodelane/lease"
 )
@@ -177,5 +179,50 @@ func TestGuardedWrites(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// On PostgreSQL the hot statements are prepared once per connection and
+// reused (pgx's statement cache), and bun's statements, whose arguments
+// are in their text, are never prepared (the simple protocol): with one
+// connection, its prepared statements are the hot ones, each once,
+// however many calls ran.
+func TestPreparedStatements(t *testing.T) {
+	ctx := context.Background()
+	tdb := testdb.Postgres(t)
+	open(t, tdb) // migrates, which takes two connections
+	db, err := bunstore.Open(ctx, tdb.DSN, &bunstore.Config{MaxOpenConns: 1, SkipMigrations: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	m := lease.NewManager(db.LeaseStore(), nil)
+	for _, ref := range leasedJobs(t, ctx, m, 5) {
+		if _, err := m.Accept(ctx, ref); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := m.Complete(ctx, ref, lease.Result{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var stmts []string
+	if err := db.Bun().NewRaw("SELECT statement FROM pg_prepared_statements").Scan(ctx, &stmts); err != nil {
+		t.Fatal(err)
+	}
+	var claim, accept, complete int
+	for _, s := range stmts {
+		switch {
+		case strings.Contains(s, "FOR UPDATE SKIP LOCKED"):
+			claim++
+		case strings.Contains(s, "accepted_at ="):
+			accept++
+		case strings.Contains(s, "finished_at ="):
+			complete++
+		default:
+			t.Errorf("a statement that is not a hot one was prepared: %.120s", s)
+		}
+	}
+	if claim != 1 || accept != 1 || complete != 1 {
+		t.Errorf("prepared claim %d, accept %d, complete %d times; want each once, for 5 calls of each (%d statements)", claim, accept, complete, len(stmts))
 	}
 }

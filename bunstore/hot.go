@@ -205,24 +205,27 @@ func (db *DB) completeRunning(ctx context.Context, idb bun.IDB, ws []lease.Compl
 		URI     string  `json:"uri"`
 		Metrics *string `json:"metrics"`
 		Msg     string  `json:"msg"`
+		Receipt string  `json:"rcpt"`
 	}
 	if len(ws) == 1 || !db.postgres() {
 		return eachWrite(ctx, db, idb, ws, func(w lease.CompleteWrite) lease.Guard { return w.Guard }, func(w lease.CompleteWrite) []any {
 			now := micros(w.Now)
-			return []any{now, w.Result.OutputURI, text(w.Result.Metrics), w.Result.FinalMessage,
+			return []any{now, w.Result.OutputURI, text(w.Result.Metrics), w.Result.FinalMessage, w.Result.ReceiptID,
 				w.JobID, w.WorkerID, w.TokenHash, now, w.MaxRuntime.Microseconds(), now}
 		}, "UPDATE nodelane_jobs AS j SET state = 'succeeded', finished_at = ?, "+
-			"result_output_uri = ?, result_metrics = ?, result_final_message = ?, rev = j.rev + 1 "+
+			"result_output_uri = ?, result_metrics = ?, result_final_message = ?, "+
+			"receipt_id = COALESCE(NULLIF(?, ''), j.receipt_id), rev = j.rev + 1 "+
 			"WHERE j.id = ? AND j.state = 'running' AND j.lease_worker_id = ? AND j.lease_token_hash = ? "+
 			"AND j.lease_expires_at > ? AND j.accepted_at + "+maxRuntimeArg+" > ? AND NOT j.cancel_requested RETURNING *")
 	}
 	rows := make([]row, len(ws))
 	for i, w := range ws {
-		rows[i] = row{newGuardRow(w.Guard), w.MaxRuntime.Microseconds(), w.Result.OutputURI, text(w.Result.Metrics), w.Result.FinalMessage}
+		rows[i] = row{newGuardRow(w.Guard), w.MaxRuntime.Microseconds(), w.Result.OutputURI, text(w.Result.Metrics), w.Result.FinalMessage, w.Result.ReceiptID}
 	}
 	q := "UPDATE nodelane_jobs AS j SET state = 'succeeded', finished_at = b.now, " +
-		"result_output_uri = b.uri, result_metrics = b.metrics, result_final_message = b.msg, rev = j.rev + 1 " +
-		"FROM " + db.from([2]string{"id", "text"}, [2]string{"w", "text"}, [2]string{"th", "text"}, [2]string{"now", "bigint"}, [2]string{"maxrt", "bigint"}, [2]string{"uri", "text"}, [2]string{"metrics", "text"}, [2]string{"msg", "text"}) +
+		"result_output_uri = b.uri, result_metrics = b.metrics, result_final_message = b.msg, " +
+		"receipt_id = COALESCE(NULLIF(b.rcpt, ''), j.receipt_id), rev = j.rev + 1 " +
+		"FROM " + db.from([2]string{"id", "text"}, [2]string{"w", "text"}, [2]string{"th", "text"}, [2]string{"now", "bigint"}, [2]string{"maxrt", "bigint"}, [2]string{"uri", "text"}, [2]string{"metrics", "text"}, [2]string{"msg", "text"}, [2]string{"rcpt", "text"}) +
 		" WHERE j.id = b.id AND j.state = 'running' AND j.lease_worker_id = b.w AND " + db.tokenMatch() +
 		" AND j.lease_expires_at > b.now AND j.accepted_at + " + maxRuntime + " > b.now AND NOT j.cancel_requested " + db.returning()
 	return guardedUpdate(ctx, db, idb, q, rows, ws, func(w lease.CompleteWrite) lease.Guard { return w.Guard })

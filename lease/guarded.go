@@ -47,7 +47,9 @@ type AcceptWrite struct {
 type CompleteWrite struct {
 	Guard
 	MaxRuntime time.Duration
-	Result     Result
+	// Result is the job's result; its ReceiptID, when not empty, is
+	// written as the job's ReceiptID and not as part of the result.
+	Result Result
 }
 
 // GuardedStore is a Store that also makes the hot transitions as guarded

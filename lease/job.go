@@ -121,6 +121,12 @@ type Result struct {
 	OutputURI    string          `json:"output_uri,omitempty"`
 	Metrics      json.RawMessage `json:"metrics,omitempty"`
 	FinalMessage string          `json:"final_message,omitempty"`
+	// ReceiptID, given to Manager.Complete, is the id of the receipt
+	// that will settle the job, which the caller mints in the same
+	// transaction: the completion stores it as Job.ReceiptID, in the same
+	// write (SetReceipt does it afterwards). It is not part of the stored
+	// Result, which keeps it empty.
+	ReceiptID string `json:"-"`
 }
 
 // Lease is one grant of a job to one worker.

@@ -739,7 +739,8 @@ func (m *Manager) Artifacts(ctx context.Context, f ArtifactFilter) ([]*Artifact,
 	return m.store.ListArtifacts(ctx, f)
 }
 
-// Complete moves a running job to succeeded with its result. Completing
+// Complete moves a running job to succeeded with its result, and sets
+// its ReceiptID to res.ReceiptID when that is not empty. Completing
 // again with the same token returns the stored job and repeated = true,
 // and changes nothing.
 //
@@ -785,7 +786,12 @@ func (m *Manager) Complete(ctx context.Context, ref Ref, res Result) (job *Job, 
 		}
 		j.State = StateSucceeded
 		j.FinishedAt = &now
-		j.Result = &res
+		if res.ReceiptID != "" {
+			j.ReceiptID = res.ReceiptID
+		}
+		r := res
+		r.ReceiptID = ""
+		j.Result = &r
 		return j, nil
 	})
 	if err != nil {

@@ -588,9 +588,16 @@ func (s *Server) accept(ctx context.Context, c *call) (int, any, error) {
 	if err != nil {
 		return 0, nil, err
 	}
-	before, err := s.leases.Get(ctx, ref.JobID)
-	if err != nil {
-		return 0, nil, err
+	// Only a JobChanged hook needs the state before (an accept repeated
+	// under the same lease changes nothing): a read no accept pays for
+	// otherwise.
+	from := lease.StateLeased
+	if s.cfg.Hooks != nil {
+		before, err := s.leases.Get(ctx, ref.JobID)
+		if err != nil {
+			return 0, nil, err
+		}
+		from = before.State
 	}
 	// The lease first: a caller without it learns nothing of the job,
 	// not even its type's verdict. A blocked type then fails the
@@ -606,7 +613,7 @@ func (s *Server) accept(ctx context.Context, c *call) (int, any, error) {
 	if err := snap.Allow(j.Type); err != nil {
 		return 0, nil, err
 	}
-	if err := s.jobChanged(ctx, c, before.State, j); err != nil {
+	if err := s.jobChanged(ctx, c, from, j); err != nil {
 		return 0, nil, err
 	}
 	return http.StatusOK, wire.AcceptResponse{Job: wireJob(j), ExpiresAt: j.Lease.ExpiresAt}, nil
@@ -823,6 +830,11 @@ func completeResult(req *wire.CompleteRequest) (lease.Result, error) {
 // then returns that refusal (lease.ErrCanceled), to be committed with the
 // job's end and answered. Any err is to be rolled back.
 func (s *Server) completeJob(ctx context.Context, c *call, ref lease.Ref, res lease.Result) (out *wire.CompleteResponse, refusal, err error) {
+	// The job_completed receipt's id goes in with the completion, so the
+	// job records it in the same write.
+	if res.ReceiptID, err = newReceiptID(s.now(), s.cfg.Rand); err != nil {
+		return nil, nil, err
+	}
 	j, repeated, err := s.leases.Complete(ctx, ref, res)
 	if errors.Is(err, lease.ErrCanceled) && j != nil {
 		if _, _, serr := s.completeCanceled(ctx, c, j, err); serr != nil {
@@ -849,11 +861,14 @@ func (s *Server) completeJob(ctx context.Context, c *call, ref lease.Ref, res le
 			return nil, nil, err
 		}
 	} else {
-		if completedID, charge, err = s.settle(ctx, c, j); err != nil {
+		if completedID, charge, err = s.settle(ctx, c, j, res.ReceiptID); err != nil {
 			return nil, nil, err
 		}
-		if j, err = s.leases.SetReceipt(ctx, j.ID, completedID); err != nil {
-			return nil, nil, err
+		if j.ReceiptID != completedID {
+			// A lease.Store that does not write Result.ReceiptID.
+			if j, err = s.leases.SetReceipt(ctx, j.ID, completedID); err != nil {
+				return nil, nil, err
+			}
 		}
 		if err := s.jobChanged(ctx, c, lease.StateRunning, j); err != nil {
 			return nil, nil, err
@@ -870,11 +885,11 @@ func (s *Server) completeJob(ctx context.Context, c *call, ref lease.Ref, res le
 	}, nil, nil
 }
 
-// settle mints the receipts of a completion: job_completed, and
+// settle mints the receipts of a completion: job_completed, with id, and
 // job_charged for the time from accept to completion on the job's GPUs
 // (its gpu_count, or 1 for a job with none that ran on a GPU SKU) at the
 // price snapshotted on its lease.
-func (s *Server) settle(ctx context.Context, c *call, j *lease.Job) (string, *receipts.Receipt, error) {
+func (s *Server) settle(ctx context.Context, c *call, j *lease.Job, id string) (string, *receipts.Receipt, error) {
 	if j.AcceptedAt == nil || j.FinishedAt == nil || j.Lease == nil {
 		return "", nil, fmt.Errorf("workerapi: completed job %s lacks its accept or finish time", j.ID)
 	}
@@ -887,10 +902,6 @@ func (s *Server) settle(ctx context.Context, c *call, j *lease.Job) (string, *re
 		return "", nil, err
 	}
 	snap, err := s.gate.Snapshot(ctx)
-	if err != nil {
-		return "", nil, err
-	}
-	id, err := newReceiptID(s.now(), s.cfg.Rand)
 	if err != nil {
 		return "", nil, err
 	}

@@ -15,6 +15,7 @@ var acceptCompleteTests = []test{
 	{"HappyPath", testHappyPath},
 	{"IllegalTransitions", testIllegalTransitions},
 	{"CompleteRepeated", testCompleteRepeated},
+	{"CompleteWithReceipt", testCompleteWithReceipt},
 	{"Release", testRelease},
 }
 
@@ -55,6 +56,27 @@ func testHappyPath(t *testing.T, f *fixture) {
 		t.Fatalf("SetReceipt = %+v, %v", rj, err)
 	}
 	f.same(rj)
+}
+
+// Complete stores Result.ReceiptID as the job's ReceiptID in the same
+// write, keeps it out of the stored Result, and a repeat returns it.
+func testCompleteWithReceipt(t *testing.T, f *fixture) {
+	w := f.defaultWorker("studio-gpu")
+	f.enqueue("status_check")
+	_, ref := f.leaseOne(w)
+	if _, err := f.m.Accept(f.ctx, ref); err != nil {
+		t.Fatal(err)
+	}
+	cj, repeated, err := f.m.Complete(f.ctx, ref, lease.Result{FinalMessage: "done", ReceiptID: "rcp_c"})
+	if err != nil || repeated || cj.ReceiptID != "rcp_c" || cj.Result == nil || cj.Result.ReceiptID != "" || cj.Result.FinalMessage != "done" {
+		t.Fatalf("Complete = %+v (result %+v), %v, %v; want receipt rcp_c", cj, cj.Result, repeated, err)
+	}
+	f.same(cj)
+	again, repeated, err := f.m.Complete(f.ctx, ref, lease.Result{FinalMessage: "other", ReceiptID: "rcp_other"})
+	if err != nil || !repeated || again.ReceiptID != "rcp_c" || again.Result.FinalMessage != "done" {
+		t.Fatalf("Complete again = %+v, %v, %v; want the first, rcp_c", again, repeated, err)
+	}
+	f.same(cj)
 }
 
 func testIllegalTransitions(t *testing.T, f *fixture) {

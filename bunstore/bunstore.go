@@ -122,10 +122,14 @@ type DB struct {
 	// announced (cacheChannel).
 	chMu    sync.Mutex
 	channel string
+	// stmts, on SQLite, are the bound statements prepared (hot.go,
+	// prepared), by text; Close closes them.
+	stmtMu sync.Mutex
+	stmts  map[string]*sql.Stmt
 }
 
 func newDB(b *bun.DB, name dialect.Name, cfg Config, owned bool) *DB {
-	db := &DB{bun: b, dialect: name, cfg: cfg, owned: owned, cache: newReadCache(cfg.CacheTTL)}
+	db := &DB{bun: b, dialect: name, cfg: cfg, owned: owned, cache: newReadCache(cfg.CacheTTL), stmts: map[string]*sql.Stmt{}}
 	if name == dialect.SQLite {
 		db.writeSlot = make(chan struct{}, 1)
 	}
@@ -234,8 +238,15 @@ func New(db *bun.DB, cfg *Config) (*DB, error) {
 // Bun returns the underlying handle, for queries of the host's own.
 func (db *DB) Bun() *bun.DB { return db.bun }
 
-// Close closes the connection pool if Open created it.
+// Close closes the statements the DB prepared and, if Open created it,
+// the connection pool.
 func (db *DB) Close() error {
+	db.stmtMu.Lock()
+	for q, st := range db.stmts {
+		st.Close()
+		delete(db.stmts, q)
+	}
+	db.stmtMu.Unlock()
 	if !db.owned {
 		return nil
 	}

@@ -841,3 +841,35 @@ func (s *LeaseStore) ListWorkers(ctx context.Context, after string, limit int) (
 	}
 	return out, nil
 }
+
+var _ lease.LeaseCounter = (*LeaseStore)(nil)
+
+// CountLeases implements lease.LeaseCounter in one statement, on the
+// index of live jobs by lease_worker_id.
+func (s *LeaseStore) CountLeases(ctx context.Context, workerIDs []string, now time.Time) (map[string]lease.LeaseCount, error) {
+	out := make(map[string]lease.LeaseCount, len(workerIDs))
+	if len(workerIDs) == 0 {
+		return out, nil
+	}
+	var rows []struct {
+		W    string `bun:"w"`
+		Live int    `bun:"live"`
+		N    int    `bun:"n"`
+	}
+	t := micros(now)
+	err := s.db.idb(ctx).NewSelect().TableExpr("nodelane_jobs").
+		ColumnExpr("lease_worker_id AS w").
+		ColumnExpr("SUM(CASE WHEN lease_expires_at > ? AND (state <> ? OR lease_accept_by > ?) THEN 1 ELSE 0 END) AS live", t, lease.StateLeased, t).
+		ColumnExpr("COUNT(*) AS n").
+		Where("lease_worker_id IN (?)", bun.List(workerIDs)).
+		Where("state IN (?)", liveStates()).
+		GroupExpr("lease_worker_id").
+		Scan(ctx, &rows)
+	if err != nil {
+		return nil, fmt.Errorf("bunstore: count leases: %w", markAborted(err, lease.ErrAborted))
+	}
+	for _, r := range rows {
+		out[r.W] = lease.LeaseCount{Live: r.Live, Expired: r.N - r.Live}
+	}
+	return out, nil
+}

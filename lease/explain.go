@@ -267,6 +267,18 @@ func (m *Manager) Explain(ctx context.Context, jobID string, opts *ExplainOption
 		v.Matches = true
 		matching = append(matching, i)
 	}
+	// One count of every matching worker's leases, when the store can:
+	// otherwise each worker checked reads its jobs (liveLeases).
+	var counts map[string]LeaseCount
+	if lc, ok := m.store.(LeaseCounter); ok && len(matching) > 0 {
+		ids := make([]string, len(matching))
+		for k, i := range matching {
+			ids[k] = ws[i].ID
+		}
+		if counts, err = lc.CountLeases(ctx, ids, now); err != nil {
+			return nil, err
+		}
+	}
 	available, banned, pending := false, 0, 0
 	for _, i := range matching {
 		if available && !o.AllWorkers {
@@ -292,7 +304,9 @@ func (m *Manager) Explain(ctx context.Context, jobID string, opts *ExplainOption
 				continue
 			}
 		}
-		if v.LiveLeases, v.ExpiredLeases, err = m.liveLeases(ctx, v.WorkerID, now); err != nil {
+		if counts != nil {
+			v.LiveLeases, v.ExpiredLeases = counts[v.WorkerID].Live, counts[v.WorkerID].Expired
+		} else if v.LiveLeases, v.ExpiredLeases, err = m.liveLeases(ctx, v.WorkerID, now); err != nil {
 			return nil, err
 		}
 		if v.Slot = v.LiveLeases < v.MaxJobs; !v.Slot {
@@ -395,6 +409,23 @@ func (m *Manager) liveLeases(ctx context.Context, workerID string, now time.Time
 		}
 	}
 	return live, expired, nil
+}
+
+// LeaseCounter is a Store that counts the leases of several workers in
+// one call. Explain uses it, when the Store implements it, rather than
+// reading the jobs of each worker it checks.
+type LeaseCounter interface {
+	// CountLeases returns, for each of workerIDs that holds any, its
+	// leases on jobs in a live state (leased or running): Live those that
+	// have not expired at now and, on a job still leased, whose accept
+	// deadline has not passed; Expired the others. A worker that holds
+	// none may be missing from the map.
+	CountLeases(ctx context.Context, workerIDs []string, now time.Time) (map[string]LeaseCount, error)
+}
+
+// LeaseCount is a worker's leases, as LeaseCounter counts them.
+type LeaseCount struct {
+	Live, Expired int
 }
 
 // stepOf ranks the matching steps, for the summary of how far any worker

@@ -400,7 +400,10 @@ func (s *Server) lease(ctx context.Context, c *call) (int, any, error) {
 		wake, cancel = s.st.Notifier.Subscribe()
 		c.cleanup(cancel)
 	}
-	out, err := s.leaseOnce(ctx, c, lr, req.Accept)
+	// Why no job came is said only in an answer without one: not after
+	// each attempt of a long-poll, which may wake for every job
+	// dispatched anywhere.
+	out, err := s.leaseOnce(ctx, c, lr, req.Accept, d <= 0)
 	if err != nil {
 		return 0, nil, err
 	}
@@ -418,6 +421,13 @@ func (s *Server) lease(ctx context.Context, c *call) (int, any, error) {
 			case <-ctx.Done():
 				return 0, nil, context.Cause(ctx)
 			case <-timer.C:
+				snap, err := s.gate.Snapshot(ctx)
+				if err != nil {
+					return 0, nil, err
+				}
+				if out.Message, err = s.whyNoJob(ctx, snap, lr); err != nil {
+					return 0, nil, err
+				}
 				return http.StatusOK, out, nil
 			case <-wake:
 			case <-tick.C:
@@ -426,7 +436,7 @@ func (s *Server) lease(ctx context.Context, c *call) (int, any, error) {
 			queued := len(c.hooks)
 			err := s.st.Tx.InTx(ctx, func(ctx context.Context) error {
 				var err error
-				next, err = s.leaseOnce(ctx, c, lr, req.Accept)
+				next, err = s.leaseOnce(ctx, c, lr, req.Accept, false)
 				return err
 			})
 			if err != nil {
@@ -443,9 +453,9 @@ func (s *Server) lease(ctx context.Context, c *call) (int, any, error) {
 }
 
 // leaseOnce makes one attempt to lease jobs under a fresh envelope
-// snapshot, and says why none was granted. With accept, it accepts each
-// job granted (acceptGranted).
-func (s *Server) leaseOnce(ctx context.Context, c *call, lr lease.LeaseRequest, accept bool) (*wire.LeaseResponse, error) {
+// snapshot and, with explain, says why none was granted. With accept, it
+// accepts each job granted (acceptGranted).
+func (s *Server) leaseOnce(ctx context.Context, c *call, lr lease.LeaseRequest, accept, explain bool) (*wire.LeaseResponse, error) {
 	snap, err := s.gate.Snapshot(ctx)
 	if err != nil {
 		return nil, err
@@ -503,7 +513,9 @@ func (s *Server) leaseOnce(ctx context.Context, c *call, lr lease.LeaseRequest, 
 		}
 		return out, nil
 	}
-	out.Message, err = s.whyNoJob(ctx, snap, lr)
+	if explain {
+		out.Message, err = s.whyNoJob(ctx, snap, lr)
+	}
 	return out, err
 }
 

@@ -727,6 +727,12 @@ func TestLongPoll(t *testing.T) {
 		if taken < time.Second || taken > 4*time.Second {
 			t.Errorf("returned after %v, want about 1 s", taken)
 		}
+		// It says why, as an answer without a wait does (the attempts
+		// during the wait do not; the answer does once).
+		_, b0 := post(t, f.node, "/workers/jobs/lease", wire.LeaseRequest{SupportedJobTypes: []string{"status_check"}})
+		if want := decode[wire.LeaseResponse](t, b0).Message; want == "" || out.Message != want {
+			t.Errorf("the empty long-poll says %q, an answer without a wait %q", out.Message, want)
+		}
 	})
 	t.Run("a job whose backoff ends", func(t *testing.T) {
 		j := f.env.Enqueue(t, lease.NewJob{Type: "telemetry_sync", ScheduledAt: time.Now().Add(1500 * time.Millisecond)})

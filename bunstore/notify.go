@@ -136,7 +136,8 @@ func (c *NotifierConfig) withDefaults() (NotifierConfig, error) {
 // database file. Two *DB handles opened separately on one file, in one
 // process or in two, do not wake each other's subscribers; a long-poll on
 // the other handle sees the new work when it next looks again, as one in
-// another process would (workerapi's long-poll looks again every second).
+// another process would (workerapi's long-poll looks again after 1 s, then
+// less often, up to every 5 s).
 // Make every Notifier that should wake the others from one *DB. Notify
 // with a context that carries a transaction of this DB (DB.InTx) delivers
 // once that transaction ends, which on SQLite is also when it has

@@ -26,10 +26,14 @@ import (
 
 // Limits of the worker routes.
 const (
-	// pollTick is how often a long-poll looks again without a
-	// notification: a job whose retry backoff ends becomes eligible
-	// without one.
-	pollTick = time.Second
+	// A long-poll looks again without a notification, since a job whose
+	// retry backoff ends becomes eligible without one: first pollTick
+	// after its last look, then twice as long each time, up to
+	// maxPollTick, so that a thousand idle long-polls do not cost a
+	// thousand claim transactions a second (on SQLite, each takes the one
+	// writer). A notification makes it look at once.
+	pollTick    = time.Second
+	maxPollTick = 5 * time.Second
 )
 
 // workerScopes are the scopes of a worker token.
@@ -414,7 +418,8 @@ func (s *Server) lease(ctx context.Context, c *call) (int, any, error) {
 	c.then = func(ctx context.Context) (int, any, error) {
 		timer := time.NewTimer(time.Until(deadline))
 		defer timer.Stop()
-		tick := time.NewTicker(pollTick)
+		every := pollTick
+		tick := time.NewTimer(every)
 		defer tick.Stop()
 		for {
 			select {
@@ -430,8 +435,11 @@ func (s *Server) lease(ctx context.Context, c *call) (int, any, error) {
 				}
 				return http.StatusOK, out, nil
 			case <-wake:
+				tick.Stop()
 			case <-tick.C:
+				every = min(2*every, maxPollTick)
 			}
+			tick.Reset(every)
 			var next *wire.LeaseResponse
 			queued := len(c.hooks)
 			err := s.st.Tx.InTx(ctx, func(ctx context.Context) error {

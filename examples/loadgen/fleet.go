@@ -14,7 +14,8 @@ import (
 
 // runFleet is fleet mode: cfg.nodes nodes heartbeat every cfg.interval,
 // their first heartbeats spread evenly over one interval, and the first
-// cfg.longPolls of them keep a lease long-poll open, for cfg.duration.
+// cfg.longPolls of them keep a lease long-poll open, begun evenly over one
+// wait, for cfg.duration.
 // Nothing is dispatched: the long-polls are idle unless jobs of
 // cfg.jobType are queued, in which case each job leased is released at
 // once (and counted). It writes the report to out and returns
@@ -55,7 +56,16 @@ func runFleet(ctx context.Context, cfg *config, log *slog.Logger, out io.Writer)
 		phase := cfg.interval * time.Duration(i) / time.Duration(len(nodes))
 		wg.Go(func() { heartbeatLoop(fctx, n, phase, cfg.interval, stats) })
 		if i < cfg.longPolls {
-			wg.Go(func() { released.Add(longPollLoop(fctx, n, cfg, stats)) })
+			// Spread over one wait as the heartbeats are over one
+			// interval: long-polls begun in one instant end in one
+			// instant, every wait, which is a fleet's state for a moment
+			// after a restart, not its steady state.
+			phase := time.Duration(cfg.wait) * time.Second * time.Duration(i) / time.Duration(cfg.longPolls)
+			wg.Go(func() {
+				if sleep(fctx, phase) {
+					released.Add(longPollLoop(fctx, n, cfg, stats))
+				}
+			})
 		}
 	}
 	<-fctx.Done()

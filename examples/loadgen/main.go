@@ -38,7 +38,9 @@
 //
 // Fleet mode (-mode fleet) registers -nodes nodes that heartbeat every
 // -heartbeat-interval, spread evenly over it, while -long-polls of them
-// keep an idle lease long-poll open, for -duration. It reports the
+// keep an idle lease long-poll open, begun evenly over one -wait-seconds,
+// for -duration. Give the server room for a connection per node
+// (examples/server -max-conns). It reports the
 // heartbeat latency (p50, p99), the long-polls answered and the server's
 // resident memory.
 //

@@ -70,6 +70,11 @@ type Config struct {
 	// seen at once). Defaults to DefaultCacheTTL (1 s); a negative value
 	// turns the cache off.
 	CacheTTL time.Duration
+	// ListenedCacheTTL replaces CacheTTL, on PostgreSQL, while a Notifier
+	// made from the DB listens (every change any replica commits then
+	// reaches the cache at once). Defaults to DefaultListenedCacheTTL
+	// (1 min); never less than CacheTTL.
+	ListenedCacheTTL time.Duration
 }
 
 // DefaultMaxOpenConns is the default of Config.MaxOpenConns on
@@ -129,7 +134,7 @@ type DB struct {
 }
 
 func newDB(b *bun.DB, name dialect.Name, cfg Config, owned bool) *DB {
-	db := &DB{bun: b, dialect: name, cfg: cfg, owned: owned, cache: newReadCache(cfg.CacheTTL), stmts: map[string]*sql.Stmt{}}
+	db := &DB{bun: b, dialect: name, cfg: cfg, owned: owned, cache: newReadCache(cfg.CacheTTL, cfg.ListenedCacheTTL), stmts: map[string]*sql.Stmt{}}
 	if name == dialect.SQLite {
 		db.writeSlot = make(chan struct{}, 1)
 	}

@@ -30,14 +30,22 @@ import (
 // So a revocation, a ban or a deactivation takes effect on every replica
 // within milliseconds when they listen (a Notifier), and within CacheTTL
 // in every case: a replica without a Notifier, a SQLite file written by
-// another process, a notification lost with its connection.
+// another process, a notification lost with its connection. While a
+// Notifier of the DB listens, on PostgreSQL, every change reaches it, and
+// entries live Config.ListenedCacheTTL (1 min), so that a node that
+// heartbeats every 30 s finds its credential in memory; the cache is
+// emptied whenever a listener connects or loses its connection.
 //
 // A read that started before a change was forgotten is not kept (the
 // generation check of put), so the cache never keeps a value older than
 // a change it learnt of.
 
-// DefaultCacheTTL is the default of Config.CacheTTL.
-const DefaultCacheTTL = time.Second
+// DefaultCacheTTL is the default of Config.CacheTTL, and
+// DefaultListenedCacheTTL of Config.ListenedCacheTTL.
+const (
+	DefaultCacheTTL         = time.Second
+	DefaultListenedCacheTTL = time.Minute
+)
 
 // cachePayload prefixes the key of a changed entry in the payload of a
 // notification; a notification without it announces jobs.
@@ -52,12 +60,19 @@ func principalKey(id string) string  { return "principal/" + id }
 
 const envelopeKey = "envelope"
 
-// readCache holds values read from the database, each for at most ttl.
+// readCache holds values read from the database, each for at most ttl,
+// or listenedTTL while a Notifier of its DB listens.
 type readCache struct {
-	ttl time.Duration
-	now func() time.Time
+	ttl         time.Duration
+	listenedTTL time.Duration
+	now         func() time.Time
 
 	mu sync.Mutex
+	// listening counts the Notifiers of the DB whose listener is
+	// connected: while one is, every change any replica commits reaches
+	// the cache, and entries live listenedTTL. The cache is emptied when a
+	// listener connects and when one loses its connection.
+	listening int
 	// gen counts the invalidations: a value read while one happened is
 	// not kept.
 	gen   uint64
@@ -71,14 +86,31 @@ type cacheEntry struct {
 
 // newReadCache returns a cache whose entries live ttl, or nil (no
 // cache) for a negative ttl.
-func newReadCache(ttl time.Duration) *readCache {
+func newReadCache(ttl, listenedTTL time.Duration) *readCache {
 	if ttl < 0 {
 		return nil
 	}
 	if ttl == 0 {
 		ttl = DefaultCacheTTL
 	}
-	return &readCache{ttl: ttl, now: time.Now, items: map[string]cacheEntry{}}
+	if listenedTTL <= 0 {
+		listenedTTL = DefaultListenedCacheTTL
+	}
+	return &readCache{ttl: ttl, listenedTTL: max(ttl, listenedTTL), now: time.Now, items: map[string]cacheEntry{}}
+}
+
+// listen records that a listener connected (up) or lost its connection,
+// and empties the cache: notifications may have been missed.
+func (c *readCache) listen(up bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if up {
+		c.listening++
+	} else {
+		c.listening--
+	}
+	c.gen++
+	clear(c.items)
 }
 
 // get returns the live entry of key.
@@ -89,7 +121,11 @@ func (c *readCache) get(key string) (any, bool) {
 	if !ok {
 		return nil, false
 	}
-	if c.now().Sub(e.at) >= c.ttl {
+	ttl := c.ttl
+	if c.listening > 0 {
+		ttl = c.listenedTTL
+	}
+	if c.now().Sub(e.at) >= ttl {
 		delete(c.items, key)
 		return nil, false
 	}
@@ -259,10 +295,11 @@ func (db *DB) created(ctx context.Context, key string) {
 	}
 }
 
-// forgetAll empties this DB's cache.
-func (db *DB) forgetAll() {
+// listening tells this DB's cache that a listener connected (up) or lost
+// its connection.
+func (db *DB) listening(up bool) {
 	if db.cache != nil {
-		db.cache.flush()
+		db.cache.listen(up)
 	}
 }
 

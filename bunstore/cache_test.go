@@ -285,3 +285,37 @@ func pepper32() []byte {
 	}
 	return p
 }
+
+// On PostgreSQL, while a DB's Notifier listens, its entries live
+// ListenedCacheTTL rather than CacheTTL: every change reaches it.
+func TestCacheListenedTTL(t *testing.T) {
+	tdb := testdb.Postgres(t)
+	qc := &queryCounter{}
+	b := open(t, tdb).Bun().WithQueryHook(qc)
+	db, err := bunstore.New(b, &bunstore.Config{CacheTTL: time.Second, ListenedCacheTTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	clock := testclock.New(time.Now())
+	bunstore.SetCacheClock(db, clock.Now)
+	f := newCacheFixture(t, db, pepper32())
+	check := func(what string, want int64) {
+		t.Helper()
+		before := qc.stmts.Load()
+		if err, _ := f.verify(t); err != nil {
+			t.Fatal(err)
+		}
+		if n := qc.stmts.Load() - before; n != want {
+			t.Errorf("%s: a verification ran %d statements, want %d", what, n, want)
+		}
+	}
+	if err, _ := f.verify(t); err != nil { // fills the cache
+		t.Fatal(err)
+	}
+	clock.Advance(2 * time.Second)
+	check("past CacheTTL, no listener", 3)
+	notifier(t, db, nil)
+	check("first read while listening", 3)
+	clock.Advance(10 * time.Minute)
+	check("past CacheTTL while listening", 0)
+}

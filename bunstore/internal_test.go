@@ -118,7 +118,7 @@ func TestMigrationsRollBack(t *testing.T) {
 // value from before the change. One that began after is.
 func TestReadCacheGeneration(t *testing.T) {
 	now := time.Unix(1000, 0)
-	c := newReadCache(time.Second)
+	c := newReadCache(time.Second, 0)
 	c.now = func() time.Time { return now }
 
 	gen, at := c.begin()
@@ -147,7 +147,45 @@ func TestReadCacheGeneration(t *testing.T) {
 	if _, ok := c.get("k"); ok {
 		t.Fatal("a read from before a flush was kept")
 	}
-	if newReadCache(-1) != nil {
+	if newReadCache(-1, 0) != nil {
 		t.Fatal("a negative TTL made a cache")
+	}
+}
+
+// While a listener is connected entries live the listened TTL, else the
+// TTL; a listener that connects or disconnects empties the cache.
+func TestReadCacheListening(t *testing.T) {
+	now := time.Unix(1000, 0)
+	c := newReadCache(time.Second, time.Minute)
+	c.now = func() time.Time { return now }
+	put := func() {
+		gen, at := c.begin()
+		c.put("k", gen, at, "v")
+	}
+	put()
+	now = now.Add(2 * time.Second)
+	if _, ok := c.get("k"); ok {
+		t.Fatal("without a listener an entry outlived the TTL")
+	}
+	c.listen(true)
+	put()
+	now = now.Add(59 * time.Second)
+	if _, ok := c.get("k"); !ok {
+		t.Fatal("while listening an entry was gone before the listened TTL")
+	}
+	c.listen(false)
+	if _, ok := c.get("k"); ok {
+		t.Fatal("a lost listener left the cache as it was")
+	}
+	put()
+	now = now.Add(2 * time.Second)
+	if _, ok := c.get("k"); ok {
+		t.Fatal("after the listener went, an entry outlived the TTL")
+	}
+	c.listen(true)
+	put()
+	c.listen(true) // a second Notifier connects
+	if _, ok := c.get("k"); ok {
+		t.Fatal("a listener that connected left the cache as it was")
 	}
 }

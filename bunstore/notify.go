@@ -258,7 +258,7 @@ func (db *DB) Notifier(ctx context.Context, cfg *NotifierConfig) (*Notifier, err
 	// Changes to cached entries are announced on this channel too (see
 	// cache.go), and entries read before it listened may have missed one.
 	db.useChannel(n.channel)
-	db.forgetAll()
+	db.listening(true)
 	life, stop := context.WithCancel(context.Background())
 	n.stop = stop
 	n.done = make(chan struct{})
@@ -417,6 +417,7 @@ func (n *Notifier) listen(ctx context.Context, pc *pgx.ConnConfig, conn *pgx.Con
 	defer close(n.done)
 	for {
 		err := n.receive(ctx, conn)
+		n.db.listening(false)
 		closeConn(conn)
 		if ctx.Err() != nil {
 			return
@@ -427,8 +428,9 @@ func (n *Notifier) listen(ctx context.Context, pc *pgx.ConnConfig, conn *pgx.Con
 		}
 		n.log.Info("bunstore: notifier reconnected", "channel", n.channel)
 		// Notifications sent while no connection listened are lost: the
-		// jobs they announced, and the changes to the DB's cache.
-		n.db.forgetAll()
+		// jobs they announced, and the changes to the DB's cache (which
+		// listening empties).
+		n.db.listening(true)
 		n.wake()
 	}
 }

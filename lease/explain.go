@@ -126,6 +126,10 @@ type ExplainOptions struct {
 	// enough to say whether the job is leasable and bounds the reads when
 	// many workers match.
 	AllWorkers bool
+	// Job, when the caller has just read or written the job (a dispatch
+	// has), is that job, which Explain then judges rather than read it
+	// again. Its ID must be the jobID asked about (ErrInvalidArgument).
+	Job *Job
 }
 
 // Explanation says whether a job is leasable now and, if not, why.
@@ -219,7 +223,8 @@ type WorkerVerdict struct {
 // slot (max_jobs against its live leases). It writes nothing, and does
 // not expire leases: it judges them as the next Lease would, after its
 // expiry. It does not consult any job-type policy (the envelope): callers
-// that gate types check them first. It reads the job, one page of at most
+// that gate types check them first. It reads the job (unless opts.Job
+// gives it), one page of at most
 // ExplainMaxWorkers workers, and for each matching worker it checks its
 // ban and its live leases (one Store.ListJobs). ErrNotFound if there is no
 // such job.
@@ -228,9 +233,14 @@ func (m *Manager) Explain(ctx context.Context, jobID string, opts *ExplainOption
 	if opts != nil {
 		o = *opts
 	}
-	j, err := m.store.GetJob(ctx, jobID)
-	if err != nil {
-		return nil, err
+	j := o.Job
+	if j == nil {
+		var err error
+		if j, err = m.store.GetJob(ctx, jobID); err != nil {
+			return nil, err
+		}
+	} else if j.ID != jobID {
+		return nil, fmt.Errorf("%w: ExplainOptions.Job is %s, not %s", ErrInvalidArgument, j.ID, jobID)
 	}
 	now := m.now()
 	ex := &Explanation{Job: j, Reasons: []Reason{}}

@@ -282,3 +282,33 @@ func TestExplainNotFound(t *testing.T) {
 		t.Errorf("ExplainLease of an unknown worker: %v", err)
 	}
 }
+
+// noGetJob is a Store that cannot read a job by id.
+type noGetJob struct{ lease.Store }
+
+var errNoGetJob = errors.New("GetJob called")
+
+func (noGetJob) GetJob(context.Context, string) (*lease.Job, error) { return nil, errNoGetJob }
+
+// Explain judges the job ExplainOptions.Job gives, without reading it.
+func TestExplainGivenJob(t *testing.T) {
+	ctx := context.Background()
+	m := lease.NewManager(noGetJob{lease.NewMemoryStore()}, nil)
+	if _, err := m.RegisterWorker(ctx, &lease.Worker{NodeID: "n", Capabilities: lease.Capabilities{JobTypes: []string{"status_check"}}}); err != nil {
+		t.Fatal(err)
+	}
+	j, err := m.Enqueue(ctx, lease.NewJob{Type: "status_check"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ex, err := m.Explain(ctx, j.ID, &lease.ExplainOptions{Job: j})
+	if err != nil || !ex.Leasable || ex.Job.ID != j.ID {
+		t.Fatalf("Explain with the job = %+v, %v; want leasable", ex, err)
+	}
+	if _, err := m.Explain(ctx, j.ID, nil); !errors.Is(err, errNoGetJob) {
+		t.Fatalf("Explain without the job: %v; want it to read the job", err)
+	}
+	if _, err := m.Explain(ctx, "job_other", &lease.ExplainOptions{Job: j}); !errors.Is(err, lease.ErrInvalidArgument) {
+		t.Fatalf("Explain of another id with the job: %v; want ErrInvalidArgument", err)
+	}
+}

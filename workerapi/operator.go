@@ -379,7 +379,7 @@ func (s *Server) leasability(ctx context.Context, j *lease.Job) (bool, lease.Rea
 		}
 		return false, lease.Reason{}, err
 	}
-	ex, err := s.leases.Explain(ctx, j.ID, &lease.ExplainOptions{Banned: s.banned})
+	ex, err := s.leases.Explain(ctx, j.ID, &lease.ExplainOptions{Banned: s.banned, Job: j})
 	if err != nil || ex.Leasable || len(ex.Reasons) == 0 {
 		return err == nil && ex.Leasable, lease.Reason{}, err
 	}

@@ -119,6 +119,54 @@ func (s *ReceiptsStore) AddReceipt(ctx context.Context, st *receipts.Stored) err
 	return nil
 }
 
+var _ receipts.BatchAdder = (*ReceiptsStore)(nil)
+
+// AddReceipts implements receipts.BatchAdder in one multi-row INSERT,
+// whose rows take their seq in the order given. If any id is taken it
+// deletes the rows it inserted, in the same transaction, and returns
+// receipts.ErrConflict.
+func (s *ReceiptsStore) AddReceipts(ctx context.Context, ss []*receipts.Stored) error {
+	rows := make([]receiptRow, len(ss))
+	seen := make(map[string]bool, len(ss))
+	for i, st := range ss {
+		if st.Sequenced {
+			return fmt.Errorf("bunstore: add receipt %s: %w: it has an index already", st.ID, receipts.ErrInvalidArgument)
+		}
+		if seen[st.ID] {
+			return fmt.Errorf("bunstore: add receipt %s: %w: given twice", st.ID, receipts.ErrConflict)
+		}
+		seen[st.ID] = true
+		rows[i] = receiptRow{ID: st.ID, Kind: string(st.Kind), Body: st.Body}
+	}
+	if len(rows) == 0 {
+		return nil
+	}
+	err := s.db.retryOwnTx(ctx, func() error {
+		return s.db.inTx(ctx, func(ctx context.Context, tx bun.IDB) error {
+			var ids []string
+			if err := tx.NewInsert().Model(&rows).ExcludeColumn("seq").On("CONFLICT (id) DO NOTHING").
+				Returning("id").Scan(ctx, &ids); err != nil && !isNoRows(err) {
+				return err
+			}
+			if len(ids) == len(rows) {
+				return nil
+			}
+			if len(ids) > 0 {
+				// Nothing of the batch may stay, also in the caller's
+				// transaction, which may go on after the conflict.
+				if _, err := tx.NewDelete().TableExpr("nodelane_receipts").Where("id IN (?)", bun.List(ids)).Exec(ctx); err != nil {
+					return err
+				}
+			}
+			return receipts.ErrConflict
+		})
+	})
+	if err != nil {
+		return fmt.Errorf("bunstore: add %d receipts from %s: %w", len(ss), ss[0].ID, markAborted(err, receipts.ErrAborted))
+	}
+	return nil
+}
+
 func firstErr(errs ...error) error {
 	for _, err := range errs {
 		if err != nil {

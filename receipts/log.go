@@ -107,6 +107,46 @@ func (l *Log) Origin() string { return l.cfg.Origin }
 // of Receipt.Encode, ErrInvalidArgument for an id holding NUL,
 // ErrConflict if the id is taken.
 func (l *Log) Mint(ctx context.Context, r Receipt) (*Stored, error) {
+	s, err := l.prepare(r)
+	if err != nil {
+		return nil, err
+	}
+	if err := l.store.AddReceipt(ctx, s); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// MintAll is Mint for several receipts, minted in the order given: in one
+// store call when the Store is a BatchAdder, else one AddReceipt each (in
+// the context's transaction, if any, so that all or none are kept when it
+// commits). On any error it returns no receipt, and a BatchAdder keeps
+// none.
+func (l *Log) MintAll(ctx context.Context, rs ...Receipt) ([]*Stored, error) {
+	ss := make([]*Stored, len(rs))
+	for i, r := range rs {
+		var err error
+		if ss[i], err = l.prepare(r); err != nil {
+			return nil, err
+		}
+	}
+	if b, ok := l.store.(BatchAdder); ok && len(ss) > 1 {
+		if err := b.AddReceipts(ctx, ss); err != nil {
+			return nil, err
+		}
+		return ss, nil
+	}
+	for _, s := range ss {
+		if err := l.store.AddReceipt(ctx, s); err != nil {
+			return nil, err
+		}
+	}
+	return ss, nil
+}
+
+// prepare gives r its id and server time, as Mint documents, and encodes
+// it.
+func (l *Log) prepare(r Receipt) (*Stored, error) {
 	now := l.cfg.Now().UTC().Truncate(time.Microsecond)
 	if r.ServerTime.IsZero() {
 		r.ServerTime = now
@@ -126,11 +166,7 @@ func (l *Log) Mint(ctx context.Context, r Receipt) (*Stored, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Stored{ID: r.ID, Kind: r.Kind, Body: body}
-	if err := l.store.AddReceipt(ctx, s); err != nil {
-		return nil, err
-	}
-	return s, nil
+	return &Stored{ID: r.ID, Kind: r.Kind, Body: body}, nil
 }
 
 func newID(now time.Time, rand io.Reader) (string, error) {

@@ -62,6 +62,30 @@ func (m *MemoryStore) AddReceipt(_ context.Context, s *Stored) error {
 	return nil
 }
 
+var _ BatchAdder = (*MemoryStore)(nil)
+
+// AddReceipts implements BatchAdder.
+func (m *MemoryStore) AddReceipts(_ context.Context, ss []*Stored) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	seen := make(map[string]bool, len(ss))
+	for _, s := range ss {
+		if s.Sequenced {
+			return fmt.Errorf("%w: receipt %s is minted with an index", ErrInvalidArgument, s.ID)
+		}
+		if _, ok := m.byID[s.ID]; ok || seen[s.ID] {
+			return fmt.Errorf("receipt %s: %w", s.ID, ErrConflict)
+		}
+		seen[s.ID] = true
+	}
+	for _, s := range ss {
+		c := cloneStored(s)
+		m.byID[s.ID] = c
+		m.pending = append(m.pending, c)
+	}
+	return nil
+}
+
 // GetReceipt implements Store.
 func (m *MemoryStore) GetReceipt(_ context.Context, id string) (*Stored, error) {
 	m.mu.Lock()

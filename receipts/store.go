@@ -55,6 +55,16 @@ var (
 	ErrFork = errors.New("receipts: checkpoint fork")
 )
 
+// BatchAdder is a Store that adds several minted receipts in one call
+// (Log.MintAll uses it).
+type BatchAdder interface {
+	// AddReceipts stores ss as AddReceipt would one after the other, in
+	// that mint order, but all or none: ErrConflict, and none stored, if
+	// any id is taken or given twice; ErrInvalidArgument, and none
+	// stored, if any has an index.
+	AddReceipts(ctx context.Context, ss []*Stored) error
+}
+
 // Stored is a minted receipt as the log keeps it.
 type Stored struct {
 	ID   string

@@ -146,6 +146,23 @@ func (s *Server) mintFor(ctx context.Context, c *call, snap *envelope.Snapshot, 
 	return st, nil
 }
 
+// mintAllFor is mintFor for several receipts, minted in one store call
+// where the store allows (receipts.Log.MintAll).
+func (s *Server) mintAllFor(ctx context.Context, c *call, snap *envelope.Snapshot, rs ...receipts.Receipt) error {
+	for i := range rs {
+		rs[i].PolicyVersion = snap.Version()
+	}
+	ss, err := s.receipts.MintAll(ctx, rs...)
+	if err != nil {
+		return err
+	}
+	for _, st := range ss {
+		cp := *st
+		c.after(func(ctx context.Context, h Hooks) { h.ReceiptMinted(ctx, cp) })
+	}
+	return nil
+}
+
 // register: POST /workers/register. The pipeline calls it once it has
 // verified the provisioning credential (node:register) and the signature
 // fields' shape, and read the body: the key the request is signed with
@@ -938,12 +955,9 @@ func (s *Server) settle(ctx context.Context, c *call, j *lease.Job, id string) (
 			}
 		}
 	}
-	if _, err := s.mintFor(ctx, c, snap, done); err != nil {
-		return "", nil, err
-	}
 	cr := ch.Receipt(j.ID, j.Lease.WorkerID, j.Lease.SKU)
 	cr.ID, cr.LeaseID = chargeID(id), j.Lease.ID
-	if _, err := s.mintFor(ctx, c, snap, cr); err != nil {
+	if err := s.mintAllFor(ctx, c, snap, done, cr); err != nil {
 		return "", nil, err
 	}
 	return id, &cr, nil

@@ -23,6 +23,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -202,6 +203,7 @@ func newModel(t *testing.T, bodies [][]byte) *model {
 func Run(t *testing.T, newStore func(t *testing.T) receipts.Store) {
 	t.Run("FreshStore", func(t *testing.T) { testFreshStore(t, newStore) })
 	t.Run("MintAndGet", func(t *testing.T) { testMintAndGet(t, newStore) })
+	t.Run("MintAll", func(t *testing.T) { testMintAll(t, newStore) })
 	t.Run("SequenceInMintOrder", func(t *testing.T) { testSequenceInMintOrder(t, newStore) })
 	t.Run("Proofs", func(t *testing.T) { testProofs(t, newStore) })
 	t.Run("EmptyCheckpoint", func(t *testing.T) { testEmptyCheckpoint(t, newStore) })
@@ -281,6 +283,60 @@ func testMintAndGet(t *testing.T, newStore func(t *testing.T) receipts.Store) {
 	}
 	if ss, err := f.store.ListReceipts(f.ctx, 0, 100); err != nil || len(ss) != 0 {
 		t.Errorf("ListReceipts lists unsequenced receipts: %v, %v", ss, err)
+	}
+}
+
+// MintAll mints in the order given (the order they are sequenced in),
+// all or none; through AddReceipts when the store is a BatchAdder.
+func testMintAll(t *testing.T, newStore func(t *testing.T) receipts.Store) {
+	f := newFixture(t, newStore)
+	first := f.mint(1)[0]
+	var rs []receipts.Receipt
+	for i := range 3 {
+		rs = append(rs, Sample(10+i))
+	}
+	ss, err := f.log.MintAll(f.ctx, rs...)
+	if err != nil || len(ss) != 3 {
+		t.Fatalf("MintAll = %d receipts, %v", len(ss), err)
+	}
+	for i, s := range ss {
+		if d := cmp.Diff(s, f.get(s.ID)); d != "" {
+			t.Errorf("receipt %d of MintAll (-minted +stored):\n%s", i, d)
+		}
+	}
+	// A batch with a taken id, or an id twice, keeps none of its receipts.
+	for name, batch := range map[string][]receipts.Receipt{
+		"a taken id":  {Sample(20), {Kind: receipts.KindJobCompleted}, Sample(21)},
+		"an id twice": {Sample(22), Sample(23)},
+	} {
+		batch := slices.Clone(batch)
+		ids := []string{"rcp_batch_" + name + "_0", first.ID, "rcp_batch_" + name + "_2"}
+		if name == "an id twice" {
+			ids = []string{"rcp_twice", "rcp_twice"}
+		} else {
+			batch[1] = Sample(24)
+		}
+		for i := range batch {
+			batch[i].ID = ids[i]
+		}
+		if _, err := f.log.MintAll(f.ctx, batch...); !errors.Is(err, receipts.ErrConflict) {
+			t.Errorf("MintAll with %s: err = %v, want ErrConflict", name, err)
+		}
+		for _, id := range ids {
+			if id == first.ID {
+				continue
+			}
+			if _, err := f.store.GetReceipt(f.ctx, id); !errors.Is(err, receipts.ErrNotFound) {
+				t.Errorf("MintAll with %s kept receipt %s (%v)", name, id, err)
+			}
+		}
+	}
+	q := f.sequencer(f.store, 10)
+	f.sequence(q, 4)
+	for i, s := range append([]*receipts.Stored{first}, ss...) {
+		if got := f.get(s.ID); !got.Sequenced || got.Index != int64(i) {
+			t.Errorf("receipt minted %dth has index %d (sequenced %v)", i, got.Index, got.Sequenced)
+		}
 	}
 }
 

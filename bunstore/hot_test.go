@@ -226,3 +226,25 @@ func TestPreparedStatements(t *testing.T) {
 		t.Errorf("prepared claim %d, accept %d, complete %d times; want each once, for 5 calls of each (%d statements)", claim, accept, complete, len(stmts))
 	}
 }
+
+// The claim turns bitmap scans off for its own transaction only (SET
+// LOCAL): the connection it ran on has them again afterwards.
+func TestClaimPlannerSettingStaysInItsTransaction(t *testing.T) {
+	ctx := context.Background()
+	tdb := testdb.Postgres(t)
+	open(t, tdb) // migrates
+	db, err := bunstore.Open(ctx, tdb.DSN, &bunstore.Config{MaxOpenConns: 1, SkipMigrations: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	m := lease.NewManager(db.LeaseStore(), nil)
+	leasedJobs(t, ctx, m, 2)
+	var setting string
+	if err := db.Bun().NewRaw("SHOW enable_bitmapscan").Scan(ctx, &setting); err != nil {
+		t.Fatal(err)
+	}
+	if setting != "on" {
+		t.Fatalf("after a claim, the connection has enable_bitmapscan = %s", setting)
+	}
+}

@@ -317,11 +317,9 @@ func mustRewrite(t *testing.T, req *http.Request, base string) *http.Request {
 	return r2
 }
 
-// Two handler instances on one PostgreSQL: a long-poll on one wakes when
-// a job is dispatched on the other, and a request replayed to the other
-// instance is refused.
-func TestTwoInstancesPostgres(t *testing.T) {
-	notifier := apitest.WithNotifier(func(t testing.TB, db *bunstore.DB) workerapi.Notifier {
+// pgNotifiers gives each replica a bunstore Notifier on its database.
+func pgNotifiers() apitest.Option {
+	return apitest.WithNotifier(func(t testing.TB, db *bunstore.DB) workerapi.Notifier {
 		n, err := db.Notifier(context.Background(), nil)
 		if err != nil {
 			t.Fatal(err)
@@ -329,6 +327,13 @@ func TestTwoInstancesPostgres(t *testing.T) {
 		t.Cleanup(func() { n.Close() })
 		return n
 	})
+}
+
+// Two handler instances on one PostgreSQL: a long-poll on one wakes when
+// a job is dispatched on the other, and a request replayed to the other
+// instance is refused.
+func TestTwoInstancesPostgres(t *testing.T) {
+	notifier := pgNotifiers()
 	one := apitest.New(t, "postgres", notifier)
 	two := one.Replica(t)
 	n := one.NewNode(t, "node")
@@ -380,14 +385,7 @@ func TestTwoInstancesPostgres(t *testing.T) {
 // change is announced on the Notifiers' channel (bunstore's read cache).
 func TestTwoInstancesCachePostgres(t *testing.T) {
 	ctx := context.Background()
-	notifier := apitest.WithNotifier(func(t testing.TB, db *bunstore.DB) workerapi.Notifier {
-		n, err := db.Notifier(context.Background(), nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { n.Close() })
-		return n
-	})
+	notifier := pgNotifiers()
 	one := apitest.New(t, "postgres", notifier, apitest.WithDBConfig(&bunstore.Config{CacheTTL: time.Hour}))
 	two := one.Replica(t)
 	n := one.NewNode(t, "node")

@@ -217,38 +217,9 @@ func (q *Sequencer) settle(ctx context.Context, begun uint64, in *integrated, cp
 // read (those of receipts of older batches).
 func (q *Sequencer) deliver(ctx context.Context, b *sealed, ready []*waiter) {
 	in, cp := b.in, b.cp
-	base := tlog.StoredHashIndex(0, in.old)
-	read := tlog.HashReaderFunc(func(xs []int64) ([]tlog.Hash, error) {
-		out := make([]tlog.Hash, len(xs))
-		var miss []int
-		for i, x := range xs {
-			if h, ok := in.below[x]; ok {
-				out[i] = h
-			} else if x >= base && x-base < int64(len(in.batch.Hashes)) {
-				out[i] = in.batch.Hashes[x-base]
-			} else {
-				miss = append(miss, i)
-			}
-		}
-		if len(miss) == 0 {
-			return out, nil
-		}
-		idx := make([]int64, len(miss))
-		for k, i := range miss {
-			idx[k] = xs[i]
-		}
-		hs, err := q.store.ReadHashes(ctx, idx)
-		if err != nil {
-			return nil, err
-		}
-		if len(hs) != len(idx) {
-			return nil, fmt.Errorf("%d stored hashes read for %d asked", len(hs), len(idx))
-		}
-		for k, i := range miss {
-			out[i] = hs[k]
-		}
-		return out, nil
-	})
+	read := in.reader(in.batch.Tree, tlog.HashReaderFunc(func(xs []int64) ([]tlog.Hash, error) {
+		return q.store.ReadHashes(ctx, xs)
+	}))
 	// A complete waiter's got never changes again: read it unlocked.
 	var indexes []int64
 	for _, w := range ready {

@@ -522,6 +522,10 @@ type Sequencer struct {
 	waiters   map[*waiter]struct{}
 	begun     uint64
 	last      *sealed
+	// prev, guarded by mu, is the last batch this Sequencer committed:
+	// the next batch, if it finds the tree prev made, reads the hashes it
+	// verifies that tree with from prev rather than from the store.
+	prev *integrated
 }
 
 // NewSequencer returns a Sequencer that signs checkpoints with signer
@@ -583,10 +587,13 @@ func (q *Sequencer) announce() {
 // or tells them to look in the store (see Await).
 func (q *Sequencer) Sequence(ctx context.Context) (int, error) {
 	begun := q.begin()
+	q.mu.Lock()
+	prev := q.prev
+	q.mu.Unlock()
 	var in *integrated
 	err := q.store.Sequence(ctx, q.cfg.BatchSize, func(t Tree, pending []*Stored, r tlog.HashReader) (*Batch, error) {
 		in = nil // a Store that retries calls integrate again
-		b, err := integrate(t, pending, r)
+		b, err := integrate(t, pending, prev.reader(t, r))
 		if err != nil {
 			return nil, err
 		}
@@ -595,6 +602,11 @@ func (q *Sequencer) Sequence(ctx context.Context) (int, error) {
 	})
 	if err != nil {
 		return 0, fmt.Errorf("receipts: sequence: %w", err)
+	}
+	if in != nil {
+		q.mu.Lock()
+		q.prev = in
+		q.mu.Unlock()
 	}
 	n := 0
 	if in != nil {
@@ -620,6 +632,51 @@ type integrated struct {
 	// those of the complete subtrees of the old tree, which are all that
 	// the proofs of the batch's receipts need from before it.
 	below map[int64]tlog.Hash
+}
+
+// reader returns the hashes of tree t, which integrate reads to verify
+// it: from p, the batch that made t (the hashes it wrote and those of the
+// older tree it read hold every complete subtree of t), and from r only
+// what p lacks; all from r when p is nil or made another tree. The store
+// holds those very hashes: the tree p committed is the tree the store
+// reports, of the same size and root, and stored hashes are never
+// rewritten.
+func (p *integrated) reader(t Tree, r tlog.HashReader) tlog.HashReader {
+	if p == nil || p.batch.Tree != t {
+		return r
+	}
+	base := tlog.StoredHashIndex(0, p.old)
+	return tlog.HashReaderFunc(func(indexes []int64) ([]tlog.Hash, error) {
+		out := make([]tlog.Hash, len(indexes))
+		var miss []int
+		for i, x := range indexes {
+			if h, ok := p.below[x]; ok {
+				out[i] = h
+			} else if x >= base && x-base < int64(len(p.batch.Hashes)) {
+				out[i] = p.batch.Hashes[x-base]
+			} else {
+				miss = append(miss, i)
+			}
+		}
+		if len(miss) == 0 {
+			return out, nil
+		}
+		idx := make([]int64, len(miss))
+		for k, i := range miss {
+			idx[k] = indexes[i]
+		}
+		hs, err := r.ReadHashes(idx)
+		if err != nil {
+			return nil, err
+		}
+		if len(hs) != len(idx) {
+			return nil, fmt.Errorf("%d stored hashes read for %d asked", len(hs), len(idx))
+		}
+		for k, i := range miss {
+			out[i] = hs[k]
+		}
+		return out, nil
+	})
 }
 
 // integrate appends pending to tree t: the leaf hash of each body, the

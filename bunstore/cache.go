@@ -163,14 +163,6 @@ func (c *readCache) drop(keys ...string) {
 	}
 }
 
-// flush forgets everything.
-func (c *readCache) flush() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.gen++
-	clear(c.items)
-}
-
 // txChanges records the entries a transaction of DB.InTx changed, to
 // forget once it ends, and which it must read from the database
 // meanwhile.

@@ -142,10 +142,10 @@ func TestReadCacheGeneration(t *testing.T) {
 		t.Fatal("an entry outlived its TTL")
 	}
 	gen, at = c.begin()
-	c.flush()
+	c.listen(true) // a listener connects: notifications may have been missed
 	c.put("k", gen, at, "old")
 	if _, ok := c.get("k"); ok {
-		t.Fatal("a read from before a flush was kept")
+		t.Fatal("a read from before a listener connected was kept")
 	}
 	if newReadCache(-1, 0) != nil {
 		t.Fatal("a negative TTL made a cache")

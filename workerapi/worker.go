@@ -136,31 +136,28 @@ func (s *Server) jobChanged(ctx context.Context, c *call, from lease.State, j *l
 // mintFor mints r under the policy version of snap, in the request's
 // transaction, and queues its ReceiptMinted hook.
 func (s *Server) mintFor(ctx context.Context, c *call, snap *envelope.Snapshot, r receipts.Receipt) (*receipts.Stored, error) {
-	r.PolicyVersion = snap.Version()
-	st, err := s.receipts.Mint(ctx, r)
+	ss, err := s.mintAllFor(ctx, c, snap, r)
 	if err != nil {
 		return nil, err
 	}
-	cp := *st
-	c.after(func(ctx context.Context, h Hooks) { h.ReceiptMinted(ctx, cp) })
-	return st, nil
+	return ss[0], nil
 }
 
 // mintAllFor is mintFor for several receipts, minted in one store call
 // where the store allows (receipts.Log.MintAll).
-func (s *Server) mintAllFor(ctx context.Context, c *call, snap *envelope.Snapshot, rs ...receipts.Receipt) error {
+func (s *Server) mintAllFor(ctx context.Context, c *call, snap *envelope.Snapshot, rs ...receipts.Receipt) ([]*receipts.Stored, error) {
 	for i := range rs {
 		rs[i].PolicyVersion = snap.Version()
 	}
 	ss, err := s.receipts.MintAll(ctx, rs...)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	for _, st := range ss {
 		cp := *st
 		c.after(func(ctx context.Context, h Hooks) { h.ReceiptMinted(ctx, cp) })
 	}
-	return nil
+	return ss, nil
 }
 
 // register: POST /workers/register. The pipeline calls it once it has
@@ -957,7 +954,7 @@ func (s *Server) settle(ctx context.Context, c *call, j *lease.Job, id string) (
 	}
 	cr := ch.Receipt(j.ID, j.Lease.WorkerID, j.Lease.SKU)
 	cr.ID, cr.LeaseID = chargeID(id), j.Lease.ID
-	if err := s.mintAllFor(ctx, c, snap, done, cr); err != nil {
+	if _, err := s.mintAllFor(ctx, c, snap, done, cr); err != nil {
 		return "", nil, err
 	}
 	return id, &cr, nil

@@ -32,17 +32,9 @@ func runFleet(ctx context.Context, cfg *config, log *slog.Logger, out io.Writer)
 	}
 	defer pg.close()
 
-	start := time.Now()
-	nodes, err := registerNodes(ctx, cfg, hc, log, stats)
+	nodes, pgBefore, err := enroll(ctx, cfg, hc, log, stats, pg, out)
 	if err != nil {
 		return err
-	}
-	fmt.Fprintf(out, "registered %d nodes in %s\n", len(nodes), time.Since(start).Round(time.Millisecond))
-	var pgBefore pgCounters
-	if pg != nil {
-		if pgBefore, err = pg.read(ctx); err != nil {
-			return err
-		}
 	}
 	mem := startMemSampler(cfg.serverPID, time.Second)
 

@@ -26,6 +26,24 @@ type node struct {
 	c        *client.Client
 }
 
+// enroll registers the nodes and says how long it took, then reads the
+// PostgreSQL counters (with -pg) that the report counts from.
+func enroll(ctx context.Context, cfg *config, hc *http.Client, log *slog.Logger, stats *routeStats, pg *pgProbe, out io.Writer) ([]*node, pgCounters, error) {
+	start := time.Now()
+	nodes, err := registerNodes(ctx, cfg, hc, log, stats)
+	if err != nil {
+		return nil, pgCounters{}, err
+	}
+	fmt.Fprintf(out, "registered %d nodes in %s\n", len(nodes), time.Since(start).Round(time.Millisecond))
+	var before pgCounters
+	if pg != nil {
+		if before, err = pg.read(ctx); err != nil {
+			return nil, pgCounters{}, err
+		}
+	}
+	return nodes, before, nil
+}
+
 // registerNodes registers cfg.nodes nodes, cfg.registerN at a time, each
 // with a new Ed25519 key, under node ids unique to this run. Each call is
 // recorded in stats; the first failure stops the others and is returned.
@@ -201,17 +219,9 @@ func (l *load) run(ctx context.Context, out io.Writer) error {
 	}
 	defer pg.close()
 
-	start := time.Now()
-	nodes, err := registerNodes(ctx, cfg, l.hc, l.log, l.stats)
+	nodes, pgBefore, err := enroll(ctx, cfg, l.hc, l.log, l.stats, pg, out)
 	if err != nil {
 		return err
-	}
-	fmt.Fprintf(out, "registered %d nodes in %s\n", len(nodes), time.Since(start).Round(time.Millisecond))
-	var pgBefore pgCounters
-	if pg != nil {
-		if pgBefore, err = pg.read(ctx); err != nil {
-			return err
-		}
 	}
 	mem := startMemSampler(cfg.serverPID, 500*time.Millisecond)
 	reqBefore := l.workerHTTP.requests.Load()

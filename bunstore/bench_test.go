@@ -107,6 +107,8 @@ func benchmarkDrain(b *testing.B, tdb testdb.DB, claimers, maxJobs int) {
 	b.ReportMetric(float64(counts.Stmts)/float64(b.N), "stmts/job")
 	b.ReportMetric(float64(counts.Commits)/float64(b.N), "commits/job")
 	if testing.Verbose() {
+		st := db.Bun().DB.Stats()
+		b.Logf("pool: open %d, maxIdleClosed %d, maxLifetimeClosed %d, waits %d (%s)", st.OpenConnections, st.MaxIdleClosed, st.MaxLifetimeClosed, st.WaitCount, st.WaitDuration)
 		b.Logf("N=%d %s", b.N, counts.perJob(b.N))
 	}
 }

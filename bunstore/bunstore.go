@@ -60,7 +60,12 @@ type Config struct {
 	// limit. A negative value means no limit.
 	MaxOpenConns int
 	// MaxIdleConns is how many idle connections Open's pool keeps, so
-	// that busy claimers do not reconnect on every call. Defaults to 16.
+	// that busy claimers do not reconnect on every call. Defaults to
+	// MaxOpenConns when that is bounded, else to 16: with fewer idle than
+	// open, a pool that is busy in bursts closes connections between
+	// bursts and opens them again (measured: 485 reconnections in an 8 s
+	// burn-down with 16 of 20, each a PostgreSQL backend started and its
+	// statements prepared again).
 	MaxIdleConns int
 	// CacheTTL is the longest a DB serves a credential, a principal or
 	// the envelope state from memory after it read it: the bound on how
@@ -91,9 +96,6 @@ func (c *Config) withDefaults() Config {
 	}
 	if out.MigrationLockTimeout <= 0 {
 		out.MigrationLockTimeout = time.Minute
-	}
-	if out.MaxIdleConns <= 0 {
-		out.MaxIdleConns = 16
 	}
 	return out
 }
@@ -201,11 +203,16 @@ func Open(ctx context.Context, dsn string, cfg *Config) (*DB, error) {
 		open = DefaultMaxOpenConns
 	}
 	sqldb.SetMaxOpenConns(max(open, 0))
-	if open > 0 {
-		sqldb.SetMaxIdleConns(min(c.MaxIdleConns, open))
-	} else {
-		sqldb.SetMaxIdleConns(c.MaxIdleConns)
+	idle := c.MaxIdleConns
+	switch {
+	case idle <= 0 && open > 0:
+		idle = open
+	case idle <= 0:
+		idle = 16
+	case open > 0:
+		idle = min(idle, open)
 	}
+	sqldb.SetMaxIdleConns(idle)
 	if err := sqldb.PingContext(ctx); err != nil {
 		sqldb.Close()
 		return nil, fmt.Errorf("bunstore: connect: %w", err)

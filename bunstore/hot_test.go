@@ -240,11 +240,13 @@ func TestClaimPlannerSettingStaysInItsTransaction(t *testing.T) {
 	defer db.Close()
 	m := lease.NewManager(db.LeaseStore(), nil)
 	leasedJobs(t, ctx, m, 2)
-	var setting string
-	if err := db.Bun().NewRaw("SHOW enable_bitmapscan").Scan(ctx, &setting); err != nil {
-		t.Fatal(err)
-	}
-	if setting != "on" {
-		t.Fatalf("after a claim, the connection has enable_bitmapscan = %s", setting)
+	for _, name := range []string{"enable_sort", "jit", "enable_bitmapscan"} {
+		var setting string
+		if err := db.Bun().NewRaw("SHOW " + name).Scan(ctx, &setting); err != nil {
+			t.Fatal(err)
+		}
+		if setting != "on" {
+			t.Errorf("after a claim, the connection has %s = %s", name, setting)
+		}
 	}
 }

@@ -1,0 +1,103 @@
+package bunstore
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nodelane/nodelane/internal/testdb"
+	"github.com/nodelane/nodelane/lease"
+)
+
+// TestClaimPlanWalksQueuedIndex explains the claim statement on a table
+// whose statistics lag its queue (thousands of jobs enqueued, never
+// analyzed), under claimSettings: the candidates must come from the
+// queued index, in claim order, not from a sort of every queued job.
+func TestClaimPlanWalksQueuedIndex(t *testing.T) {
+	ctx := context.Background()
+	db, err := Open(ctx, testdb.Postgres(t).DSN, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	m := lease.NewManager(db.LeaseStore(), nil)
+	if _, err := m.Enqueue(ctx, lease.NewJob{Type: "status_check"}); err != nil {
+		t.Fatal(err)
+	}
+	// 50,000 copies of that job, each its own id and creation time.
+	if _, err := db.bun.ExecContext(ctx, "INSERT INTO nodelane_jobs SELECT r.* FROM nodelane_jobs AS j, generate_series(1, 50000) AS g, "+
+		"jsonb_populate_record(NULL::nodelane_jobs, to_jsonb(j) || jsonb_build_object('id', j.id || '_' || g, 'created_at', j.created_at + g)) AS r"); err != nil {
+		t.Fatal(err)
+	}
+	q := lease.ClaimQuery{WorkerID: "w", Types: []string{"status_check"}, Fits: []lease.Fit{{}}, MaxActive: 10, Limit: 10, Now: time.Now()}
+	c := lease.LeaseClaim{Leases: make([]lease.Lease, 10)}
+	for i := range c.Leases {
+		c.Leases[i] = lease.Lease{ID: "l" + string(rune('a'+i)), TokenHash: []byte{1}, ExpiresAt: q.Now.Add(time.Hour), AcceptBy: q.Now.Add(time.Minute)}
+	}
+	query, args, _, err := db.claimStatement(q, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := db.bun.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	if _, err := tx.ExecContext(ctx, claimSettings); err != nil {
+		t.Fatal(err)
+	}
+	// Explain the generic plan, as a statement prepared once and run many
+	// times gets it, with the arguments of this claim.
+	if _, err := tx.ExecContext(ctx, "SET LOCAL plan_cache_mode = force_generic_plan"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Tx.ExecContext(ctx, "PREPARE claim AS "+db.bind(query)); err != nil {
+		t.Fatal(err)
+	}
+	ps := make([]string, len(args))
+	for i := range ps {
+		ps[i] = fmt.Sprintf("$%d", i+1)
+	}
+	var plan string
+	if err := tx.Tx.QueryRowContext(ctx, "EXPLAIN (FORMAT JSON) EXECUTE claim("+strings.Join(ps, ", ")+")", args...).Scan(&plan); err != nil {
+		t.Fatal(err)
+	}
+	// The node under LockRows is the candidates' scan.
+	var nodes []struct {
+		Plan planNode
+	}
+	if err := json.Unmarshal([]byte(plan), &nodes); err != nil {
+		t.Fatal(err)
+	}
+	lock := nodes[0].Plan.find("LockRows")
+	if lock == nil || len(lock.Plans) != 1 {
+		t.Fatalf("no LockRows node with one input in the plan:\n%s", plan)
+	}
+	if in := lock.Plans[0]; in.NodeType != "Index Scan" || in.IndexName != "nodelane_jobs_queued_idx" {
+		t.Errorf("the claim locks candidates from %s %s, want an Index Scan of nodelane_jobs_queued_idx; plan:\n%s",
+			in.NodeType, in.IndexName, strings.TrimSpace(plan))
+	}
+}
+
+// planNode is a node of EXPLAIN (FORMAT JSON)'s plan.
+type planNode struct {
+	NodeType  string     `json:"Node Type"`
+	IndexName string     `json:"Index Name"`
+	Plans     []planNode `json:"Plans"`
+}
+
+// find returns the first node of type typ in n's tree, depth first.
+func (n *planNode) find(typ string) *planNode {
+	if n.NodeType == typ {
+		return n
+	}
+	for i := range n.Plans {
+		if f := n.Plans[i].find(typ); f != nil {
+			return f
+		}
+	}
+	return nil
+}

@@ -242,7 +242,7 @@ func TestClaimPlannerSettingStaysInItsTransaction(t *testing.T) {
 	leasedJobs(t, ctx, m, 2)
 	for _, name := range []string{"enable_sort", "jit", "enable_bitmapscan"} {
 		var setting string
-		if err := db.Bun().NewRaw("SHOW " + name).Scan(ctx, &setting); err != nil {
+		if err := db.Bun().NewRaw("SHOW "+name).Scan(ctx, &setting); err != nil {
 			t.Fatal(err)
 		}
 		if setting != "on" {

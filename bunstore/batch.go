@@ -9,13 +9,14 @@ import (
 
 // batcher gathers the writes of concurrent callers into one call of run,
 // and so into one statement and one commit: group commit. A caller that
-// finds no batch running runs one with whatever is pending (its own write
-// first); callers that arrive meanwhile queue, and when the batch ends
-// the first of them runs the next batch with all that queued by then, up
-// to max. A batch runs at once when the previous one held a single write
-// (light load: a lone write costs what a write costs); after one that
-// gathered several, it first waits up to wait, or until max writes queue,
-// for more to join.
+// finds no batch gathering, and fewer than parallel batches running,
+// leads one: it gathers what queues behind it and runs that batch; a
+// caller that finds a batch gathering, or parallel batches running,
+// queues, and is taken by the gathering batch or leads the next one. A
+// batch gathers for no time when the last one held a single write (light
+// load: a lone write costs what a write costs); after one that gathered
+// several, it waits up to wait, or until max writes queue, for more to
+// join.
 //
 // run gets the items in queue order and returns a result for each, or an
 // error for the whole batch, which every caller in it then gets. run gets
@@ -23,18 +24,22 @@ import (
 // cancellation: the others' writes must not fail because that caller went
 // away.
 type batcher[T, R any] struct {
-	max  int
-	wait time.Duration
-	run  func(ctx context.Context, items []T) ([]R, error)
+	max      int
+	parallel int
+	wait     time.Duration
+	run      func(ctx context.Context, items []T) ([]R, error)
 
 	// last is the size of the last batch run.
 	last atomic.Int64
 	// full holds a signal that the queue reached max.
 	full chan struct{}
 
-	mu      sync.Mutex
-	running bool
-	queue   []*batchCall[T, R]
+	mu sync.Mutex
+	// running counts the batches gathering or running; gathering is
+	// whether one of them is gathering, its leader first in queue.
+	running   int
+	gathering bool
+	queue     []*batchCall[T, R]
 }
 
 type batchCall[T, R any] struct {
@@ -42,13 +47,15 @@ type batchCall[T, R any] struct {
 	res  R
 	err  error
 	// done is closed when res and err are set, or when lead is set: the
-	// call is to run the next batch.
+	// call is to lead a batch.
 	done chan struct{}
 	lead bool
 }
 
-func newBatcher[T, R any](max int, wait time.Duration, run func(ctx context.Context, items []T) ([]R, error)) *batcher[T, R] {
-	return &batcher[T, R]{max: max, wait: wait, run: run, full: make(chan struct{}, 1)}
+// newBatcher returns a batcher of at most size writes a batch and at most
+// parallel batches at once.
+func newBatcher[T, R any](size, parallel int, wait time.Duration, run func(ctx context.Context, items []T) ([]R, error)) *batcher[T, R] {
+	return &batcher[T, R]{max: size, parallel: max(parallel, 1), wait: wait, run: run, full: make(chan struct{}, 1)}
 }
 
 // do queues item and returns its result once its batch ran.
@@ -62,14 +69,15 @@ func (b *batcher[T, R]) do(ctx context.Context, item T) (R, error) {
 		default:
 		}
 	}
-	if b.running {
+	if b.gathering || b.running >= b.parallel {
 		b.mu.Unlock()
 		<-c.done
 		if !c.lead {
 			return c.res, c.err
 		}
 	} else {
-		b.running = true
+		b.running++
+		b.gathering = true
 		b.mu.Unlock()
 	}
 	// c leads: it is first in the queue.
@@ -86,6 +94,8 @@ func (b *batcher[T, R]) do(ctx context.Context, item T) (R, error) {
 	batch := make([]*batchCall[T, R], n)
 	copy(batch, b.queue)
 	b.queue = b.queue[n:]
+	b.gathering = false
+	b.promote()
 	b.mu.Unlock()
 
 	b.last.Store(int64(n))
@@ -106,13 +116,21 @@ func (b *batcher[T, R]) do(ctx context.Context, item T) (R, error) {
 	}
 
 	b.mu.Lock()
-	if len(b.queue) > 0 {
-		next := b.queue[0]
-		next.lead = true
-		close(next.done)
-	} else {
-		b.running = false
-	}
+	b.running--
+	b.promote()
 	b.mu.Unlock()
 	return c.res, c.err
+}
+
+// promote makes the first queued call lead the next batch, if calls queue,
+// none gathers, and another batch may run. b.mu is held.
+func (b *batcher[T, R]) promote() {
+	if len(b.queue) == 0 || b.gathering || b.running >= b.parallel {
+		return
+	}
+	b.running++
+	b.gathering = true
+	next := b.queue[0]
+	next.lead = true
+	close(next.done)
 }

@@ -3,27 +3,42 @@ package bunstore
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
 )
 
 // TestBatcher: every caller gets its own item's result, batches never
-// exceed max, concurrent callers share batches, a failed batch fails its
-// callers only, and a batch runs even if the caller leading it went away.
+// exceed max, at most parallel run at once, concurrent callers share
+// batches, a failed batch fails its callers only, and a batch runs even if
+// the caller leading it went away.
 func TestBatcher(t *testing.T) {
-	const n, max = 200, 16
+	for _, parallel := range []int{1, 3} {
+		t.Run(fmt.Sprintf("parallel=%d", parallel), func(t *testing.T) { testBatcher(t, parallel) })
+	}
+}
+
+func testBatcher(t *testing.T, parallel int) {
+	const n, size = 200, 16
 	errBatch := errors.New("batch failed")
 	var (
-		mu    sync.Mutex
-		sizes []int
+		mu      sync.Mutex
+		sizes   []int
+		running int
+		most    int // batches running at once, at most
 	)
-	b := newBatcher(max, time.Millisecond, func(ctx context.Context, items []int) ([]int, error) {
+	b := newBatcher(size, parallel, time.Millisecond, func(ctx context.Context, items []int) ([]int, error) {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
+		mu.Lock()
+		running++
+		most = max(most, running)
+		mu.Unlock()
 		time.Sleep(time.Millisecond) // let others queue
 		mu.Lock()
+		running--
 		sizes = append(sizes, len(items))
 		mu.Unlock()
 		out := make([]int, len(items))
@@ -63,15 +78,18 @@ func TestBatcher(t *testing.T) {
 	}
 	for _, s := range sizes {
 		total += s
-		if s > max {
-			t.Errorf("a batch of %d, over %d", s, max)
+		if s > size {
+			t.Errorf("a batch of %d, over %d", s, size)
 		}
 		shared = shared || s > 1
 	}
-	if errors.Is(errs[13], errBatch) == false || failed > max {
+	if errors.Is(errs[13], errBatch) == false || failed > size {
 		t.Errorf("item 13: %v; %d callers failed, want those of its batch only", errs[13], failed)
 	}
 	if total+failed < n || !shared {
 		t.Errorf("batches %v: %d items run, want %d, some batch shared", sizes, total+failed, n)
+	}
+	if most > parallel || parallel > 1 && most < 2 {
+		t.Errorf("%d batches ran at once, want 2 to %d", most, parallel)
 	}
 }

@@ -120,6 +120,9 @@ type DB struct {
 	// path that run outside a transaction (see hot.go).
 	accepts   *batcher[lease.AcceptWrite, *lease.Job]
 	completes *batcher[lease.CompleteWrite, *lease.Job]
+	// claims gathers, on PostgreSQL, the claims that run outside a
+	// transaction (see claim.go).
+	claims *batcher[claimCall, claimResult]
 	// observer, set by tests, sees every statement run past bun.
 	observer func(ctx context.Context, query string)
 	// cache keeps credentials, principals and the envelope state
@@ -140,12 +143,19 @@ func newDB(b *bun.DB, name dialect.Name, cfg Config, owned bool) *DB {
 	if name == dialect.SQLite {
 		db.writeSlot = make(chan struct{}, 1)
 	}
-	db.accepts = newBatcher(maxBatch, gatherWait, func(ctx context.Context, ws []lease.AcceptWrite) ([]*lease.Job, error) {
+	// On PostgreSQL two batches of a kind run at once, so that the
+	// database works on one while the next gathers; SQLite has one writer.
+	parallel := 2
+	if name == dialect.SQLite {
+		parallel = 1
+	}
+	db.accepts = newBatcher(maxBatch, parallel, gatherWait, func(ctx context.Context, ws []lease.AcceptWrite) ([]*lease.Job, error) {
 		return db.guardedTx(ctx, func(ctx context.Context, tx bun.IDB) ([]*lease.Job, error) { return db.acceptLeased(ctx, tx, ws) })
 	})
-	db.completes = newBatcher(maxBatch, gatherWait, func(ctx context.Context, ws []lease.CompleteWrite) ([]*lease.Job, error) {
+	db.completes = newBatcher(maxBatch, parallel, gatherWait, func(ctx context.Context, ws []lease.CompleteWrite) ([]*lease.Job, error) {
 		return db.guardedTx(ctx, func(ctx context.Context, tx bun.IDB) ([]*lease.Job, error) { return db.completeRunning(ctx, tx, ws) })
 	})
+	db.claims = newBatcher(maxClaimBatch, parallel, gatherWait, db.claimTx)
 	return db
 }
 

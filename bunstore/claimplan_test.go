@@ -37,7 +37,7 @@ func TestClaimPlanWalksQueuedIndex(t *testing.T) {
 	for i := range c.Leases {
 		c.Leases[i] = lease.Lease{ID: "l" + string(rune('a'+i)), TokenHash: []byte{1}, ExpiresAt: q.Now.Add(time.Hour), AcceptBy: q.Now.Add(time.Minute)}
 	}
-	query, args, _, err := db.claimStatement(q, c)
+	query, args, err := db.claimStatement([]planned{{q: q, c: c, n: 10}})
 	if err != nil {
 		t.Fatal(err)
 	}

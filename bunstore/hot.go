@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -18,8 +17,9 @@ import (
 )
 
 // The lease hot path (lease.GuardedStore): Accept and Complete as one
-// guarded UPDATE each, over a batch of writes passed as one JSON array
-// parameter, RETURNING the rows written. Outside a transaction the
+// guarded UPDATE each, over a batch of writes passed as arrays (one a
+// column, on PostgreSQL) or one write at a time (SQLite), RETURNING the
+// rows written. Outside a transaction the
 // writes of concurrent callers are gathered (batcher) into one statement
 // and one commit; inside the context's transaction a call writes its own
 // writes there.
@@ -81,18 +81,6 @@ func (db *DB) guardedTx(ctx context.Context, fn func(ctx context.Context, idb bu
 	return out, nil
 }
 
-// guardRow is a Guard as the JSON the statements read.
-type guardRow struct {
-	ID  string `json:"id"`
-	W   string `json:"w"`
-	TH  string `json:"th"`
-	Now int64  `json:"now"`
-}
-
-func newGuardRow(g lease.Guard) guardRow {
-	return guardRow{ID: g.JobID, W: g.WorkerID, TH: hex.EncodeToString(g.TokenHash), Now: micros(g.Now)}
-}
-
 // from is the FROM item that turns the JSON array parameter into rows of
 // the given columns (name and SQL type, "text" or "bigint").
 func (db *DB) from(cols ...[2]string) string {
@@ -119,23 +107,12 @@ func (db *DB) from(cols ...[2]string) string {
 	return b.String()
 }
 
-// tokenMatch is the condition that the lease's token hash is b.th's.
-func (db *DB) tokenMatch() string { return "j.lease_token_hash = " + db.unhex() }
-
 // least is the SQL function of the lesser of two values.
 func (db *DB) least() string {
 	if db.postgres() {
 		return "LEAST"
 	}
 	return "min"
-}
-
-// returning is the RETURNING clause of the written job rows.
-func (db *DB) returning() string {
-	if db.postgres() {
-		return "RETURNING j.*"
-	}
-	return "RETURNING *"
 }
 
 // maxRuntime is the job's max runtime in microseconds, b.maxrt for a job
@@ -172,11 +149,6 @@ func eachWrite[W any](ctx context.Context, db *DB, idb bun.IDB, ws []W, g func(W
 }
 
 func (db *DB) acceptLeased(ctx context.Context, idb bun.IDB, ws []lease.AcceptWrite) ([]*lease.Job, error) {
-	type row struct {
-		guardRow
-		TTL   int64 `json:"ttl"`
-		MaxRT int64 `json:"maxrt"`
-	}
 	if len(ws) == 1 || !db.postgres() {
 		return eachWrite(ctx, db, idb, ws, func(w lease.AcceptWrite) lease.Guard { return w.Guard }, func(w lease.AcceptWrite) []any {
 			now := micros(w.Now)
@@ -186,27 +158,26 @@ func (db *DB) acceptLeased(ctx context.Context, idb bun.IDB, ws []lease.AcceptWr
 			"WHERE j.id = ? AND j.state = 'leased' AND j.lease_worker_id = ? AND j.lease_token_hash = ? "+
 			"AND j.lease_expires_at > ? AND j.lease_accept_by > ? AND NOT j.cancel_requested RETURNING *")
 	}
-	rows := make([]row, len(ws))
-	for i, w := range ws {
-		rows[i] = row{newGuardRow(w.Guard), w.TTL.Microseconds(), w.MaxRuntime.Microseconds()}
-	}
 	q := "UPDATE nodelane_jobs AS j SET state = 'running', accepted_at = b.now, " +
-		"lease_expires_at = b.now + " + db.least() + "(b.ttl, " + maxRuntime + "), rev = j.rev + 1 " +
-		"FROM " + db.from([2]string{"id", "text"}, [2]string{"w", "text"}, [2]string{"th", "text"}, [2]string{"now", "bigint"}, [2]string{"ttl", "bigint"}, [2]string{"maxrt", "bigint"}) +
-		" WHERE j.id = b.id AND j.state = 'leased' AND j.lease_worker_id = b.w AND " + db.tokenMatch() +
-		" AND j.lease_expires_at > b.now AND j.lease_accept_by > b.now AND NOT j.cancel_requested " + db.returning()
-	return guardedUpdate(ctx, db, idb, q, rows, ws, func(w lease.AcceptWrite) lease.Guard { return w.Guard })
+		"lease_expires_at = b.now + LEAST(b.ttl, " + maxRuntime + "), rev = j.rev + 1 " +
+		"FROM unnest(?::text[], ?::text[], ?::bytea[], ?::bigint[], ?::bigint[], ?::bigint[]) AS b(id, w, th, now, ttl, maxrt)" +
+		" WHERE j.id = b.id AND j.state = 'leased' AND j.lease_worker_id = b.w AND j.lease_token_hash = b.th" +
+		" AND j.lease_expires_at > b.now AND j.lease_accept_by > b.now AND NOT j.cancel_requested RETURNING j.*"
+	return guardedUpdate(ctx, db, idb, q, ws, func(w lease.AcceptWrite) lease.Guard { return w.Guard }, func(ws []lease.AcceptWrite) []any {
+		var (
+			id, wk        []string
+			th            [][]byte
+			now, ttl, mrt []int64
+		)
+		for _, w := range ws {
+			id, wk, th = append(id, w.JobID), append(wk, w.WorkerID), append(th, w.TokenHash)
+			now, ttl, mrt = append(now, micros(w.Now)), append(ttl, w.TTL.Microseconds()), append(mrt, w.MaxRuntime.Microseconds())
+		}
+		return []any{id, wk, th, now, ttl, mrt}
+	})
 }
 
 func (db *DB) completeRunning(ctx context.Context, idb bun.IDB, ws []lease.CompleteWrite) ([]*lease.Job, error) {
-	type row struct {
-		guardRow
-		MaxRT   int64   `json:"maxrt"`
-		URI     string  `json:"uri"`
-		Metrics *string `json:"metrics"`
-		Msg     string  `json:"msg"`
-		Receipt string  `json:"rcpt"`
-	}
 	if len(ws) == 1 || !db.postgres() {
 		return eachWrite(ctx, db, idb, ws, func(w lease.CompleteWrite) lease.Guard { return w.Guard }, func(w lease.CompleteWrite) []any {
 			now := micros(w.Now)
@@ -218,40 +189,51 @@ func (db *DB) completeRunning(ctx context.Context, idb bun.IDB, ws []lease.Compl
 			"WHERE j.id = ? AND j.state = 'running' AND j.lease_worker_id = ? AND j.lease_token_hash = ? "+
 			"AND j.lease_expires_at > ? AND j.accepted_at + "+maxRuntimeArg+" > ? AND NOT j.cancel_requested RETURNING *")
 	}
-	rows := make([]row, len(ws))
-	for i, w := range ws {
-		rows[i] = row{newGuardRow(w.Guard), w.MaxRuntime.Microseconds(), w.Result.OutputURI, text(w.Result.Metrics), w.Result.FinalMessage, w.Result.ReceiptID}
-	}
 	q := "UPDATE nodelane_jobs AS j SET state = 'succeeded', finished_at = b.now, " +
 		"result_output_uri = b.uri, result_metrics = b.metrics, result_final_message = b.msg, " +
 		"receipt_id = COALESCE(NULLIF(b.rcpt, ''), j.receipt_id), rev = j.rev + 1 " +
-		"FROM " + db.from([2]string{"id", "text"}, [2]string{"w", "text"}, [2]string{"th", "text"}, [2]string{"now", "bigint"}, [2]string{"maxrt", "bigint"}, [2]string{"uri", "text"}, [2]string{"metrics", "text"}, [2]string{"msg", "text"}, [2]string{"rcpt", "text"}) +
-		" WHERE j.id = b.id AND j.state = 'running' AND j.lease_worker_id = b.w AND " + db.tokenMatch() +
-		" AND j.lease_expires_at > b.now AND j.accepted_at + " + maxRuntime + " > b.now AND NOT j.cancel_requested " + db.returning()
-	return guardedUpdate(ctx, db, idb, q, rows, ws, func(w lease.CompleteWrite) lease.Guard { return w.Guard })
+		"FROM unnest(?::text[], ?::text[], ?::bytea[], ?::bigint[], ?::bigint[], ?::text[], ?::text[], ?::text[], ?::text[]) " +
+		"AS b(id, w, th, now, maxrt, uri, metrics, msg, rcpt)" +
+		" WHERE j.id = b.id AND j.state = 'running' AND j.lease_worker_id = b.w AND j.lease_token_hash = b.th" +
+		" AND j.lease_expires_at > b.now AND j.accepted_at + " + maxRuntime + " > b.now AND NOT j.cancel_requested RETURNING j.*"
+	return guardedUpdate(ctx, db, idb, q, ws, func(w lease.CompleteWrite) lease.Guard { return w.Guard }, func(ws []lease.CompleteWrite) []any {
+		var (
+			id, wk, uri, msg, rcpt []string
+			metrics                []*string
+			th                     [][]byte
+			now, mrt               []int64
+		)
+		for _, w := range ws {
+			id, wk, th = append(id, w.JobID), append(wk, w.WorkerID), append(th, w.TokenHash)
+			now, mrt = append(now, micros(w.Now)), append(mrt, w.MaxRuntime.Microseconds())
+			uri, metrics = append(uri, w.Result.OutputURI), append(metrics, text(w.Result.Metrics))
+			msg, rcpt = append(msg, w.Result.FinalMessage), append(rcpt, w.Result.ReceiptID)
+		}
+		return []any{id, wk, th, now, mrt, uri, metrics, msg, rcpt}
+	})
 }
 
-// guardedUpdate runs the guarded UPDATE q over rows (one JSON parameter)
-// and returns, for each write of ws, the job written for it, or nil. Of
-// several writes of one job only the first is sent, and the row written
-// answers it.
-func guardedUpdate[R, W any](ctx context.Context, db *DB, idb bun.IDB, q string, rows []R, ws []W, g func(W) lease.Guard) ([]*lease.Job, error) {
+// guardedUpdate runs the guarded UPDATE q, on PostgreSQL, over the
+// writes of ws as arrays, one a column (args makes them), and returns,
+// for each write of ws, the job written for it, or nil. Of several writes
+// of one job only the first is sent, and the row written answers it.
+// The arrays come in through unnest, which the planner estimates at a
+// few rows whatever they hold: it then looks each job up by its key,
+// where a JSON function's 100 would have it read every job in the state
+// written when the table's statistics lag its queue.
+func guardedUpdate[W any](ctx context.Context, db *DB, idb bun.IDB, q string, ws []W, g func(W) lease.Guard, args func([]W) []any) ([]*lease.Job, error) {
 	// Only the first write of a job goes to the database: with two rows
 	// for one target row, an UPDATE … FROM may take either.
 	first := make(map[string]bool, len(ws))
-	kept := rows[:0:0]
-	for i, w := range ws {
+	kept := make([]W, 0, len(ws))
+	for _, w := range ws {
 		if id := g(w).JobID; !first[id] {
 			first[id] = true
-			kept = append(kept, rows[i])
+			kept = append(kept, w)
 		}
 	}
-	param, err := json.Marshal(kept)
-	if err != nil {
-		return nil, err
-	}
 	var written []jobRow
-	if err := db.scanBound(ctx, idb, q, []any{string(param)}, &written); err != nil {
+	if err := db.scanBound(ctx, idb, q, args(kept), &written); err != nil {
 		return nil, err
 	}
 	byID := make(map[string]*jobRow, len(written))
@@ -334,197 +316,6 @@ func (db *DB) writeGrants(ctx context.Context, tx bun.IDB, js []*lease.Job, revs
 		return fmt.Errorf("%d of %d claimed jobs changed under the claim: %w", int64(len(js))-n, len(js), lease.ErrConflict)
 	}
 	return nil
-}
-
-var _ lease.ClaimingStore = (*LeaseStore)(nil)
-
-// ClaimLeases implements lease.ClaimingStore: one statement counts the
-// worker's live leases, picks the candidates in claim order (skipping
-// rows other claims hold, on PostgreSQL), and writes their leases,
-// RETURNING them. Claims by one worker are serialised as in ClaimJobs (on
-// PostgreSQL by the advisory lock, taken in the statement before, so that
-// the claim's snapshot sees every claim that took it earlier).
-func (s *LeaseStore) ClaimLeases(ctx context.Context, workerID string, plan func(*lease.Worker) (lease.ClaimQuery, lease.LeaseClaim, bool, error)) ([]*lease.Job, error) {
-	db := s.db
-	var (
-		written    []jobRow
-		leases     []lease.Lease
-		sqliteJobs []*lease.Job
-	)
-	err := s.inTx(ctx, func(ctx context.Context, tx bun.IDB) error {
-		written, leases, sqliteJobs = nil, nil, nil
-		if db.postgres() {
-			// The claim's planner settings come with the lock, in the
-			// same round trip.
-			if _, err := tx.NewRaw(
-				"SELECT pg_advisory_xact_lock(hashtextextended('nodelane_claim:' || current_schema() || ':' || ?, 0)); "+claimSettings,
-				workerID).Exec(ctx); err != nil {
-				return err
-			}
-		}
-		w, err := s.GetWorker(ctx, workerID)
-		if err != nil {
-			return err
-		}
-		q, c, ok, err := plan(w)
-		if err != nil || !ok {
-			return err
-		}
-		if q.Limit <= 0 {
-			return errLimit("claim jobs for "+q.WorkerID, q.Limit)
-		}
-		if len(c.Leases) == 0 {
-			return nil
-		}
-		if !db.postgres() {
-			// SQLite plans the one statement's candidate scan as a scan
-			// of every queued job and a sort, while it walks the queued
-			// index for ClaimJobs's SELECT; and it has one writer, so a
-			// second statement costs no round trip and no lock.
-			sqliteJobs, err = s.ClaimJobs(ctx, q, grantFrom(q, c))
-			return err
-		}
-		query, args, n, err := db.claimStatement(q, c)
-		if err != nil || n == 0 {
-			return err
-		}
-		leases = c.Leases[:n]
-		return db.scanBound(ctx, tx, query, args, &written)
-	})
-	if err != nil {
-		return nil, fmt.Errorf("bunstore: claim jobs for %s: %w", workerID, err)
-	}
-	if !db.postgres() {
-		return sqliteJobs, nil
-	}
-	// RETURNING gives no order: put the jobs in claim order, that of
-	// their leases.
-	k := make(map[string]int, len(leases))
-	for i, l := range leases {
-		k[l.ID] = i
-	}
-	out := make([]*lease.Job, len(written))
-	for i := range written {
-		out[i] = written[i].job()
-	}
-	slices.SortFunc(out, func(a, b *lease.Job) int { return k[a.Lease.ID] - k[b.Lease.ID] })
-	return out, nil
-}
-
-// claimSettings are the planner settings of a claim's transaction on
-// PostgreSQL (SET LOCAL: they end with it). A queue's statistics lag it:
-// with a burst just enqueued, or a table never analyzed, the planner
-// estimates a handful of queued jobs and would take every one of them
-// through another index on state, sort them and keep the first few
-// (measured: 97 ms a claim with 48,000 queued, throughput falling with the
-// backlog). So:
-//   - enable_sort = off: the candidates are walked in claim order on the
-//     queued index, whatever the estimates;
-//   - jit = off: that setting makes the plans that sort look costly
-//     enough to compile (2 s a claim);
-//   - enable_bitmapscan = off: the count of the worker's live leases
-//     walks its index rather than building a bitmap of it; the index
-//     keeps an entry for every lease the worker held since the last
-//     vacuum, and only an index scan marks the dead ones so that the next
-//     count skips them (measured: 3.4 ms for a worker with 20,000
-//     finished jobs unvacuumed by bitmap, every time; 0.3 ms by index
-//     once marked).
-const claimSettings = "SET LOCAL enable_sort = off; SET LOCAL jit = off; SET LOCAL enable_bitmapscan = off"
-
-// grantFrom is the grant of ClaimJobs that writes the leases of c as
-// lease.LeaseClaim says: the k-th job granted gets c.Leases[k] (round
-// robin, should a rolled-back attempt have called it before).
-func grantFrom(q lease.ClaimQuery, c lease.LeaseClaim) func(*lease.Job) {
-	calls := 0
-	return func(j *lease.Job) {
-		l := c.Leases[calls%len(c.Leases)]
-		calls++
-		l.JobID = j.ID
-		l.Epoch = 1
-		if j.Lease != nil {
-			l.Epoch = j.Lease.Epoch + 1
-		}
-		l.SKU = j.Requirements.GPUSKU
-		if l.SKU == "" {
-			l.SKU = c.DefaultSKU
-		}
-		l.PriceMicroUSD = c.Prices[l.SKU]
-		now := q.Now
-		j.Lease, j.State, j.LeasedAt, j.AcceptedAt = &l, lease.StateLeased, &now, nil
-		j.Rev++
-	}
-}
-
-// claimStatement is the statement of a claim and its arguments, and how
-// many leases it may write; 0 when the claim can take nothing.
-func (db *DB) claimStatement(q lease.ClaimQuery, c lease.LeaseClaim) (string, []any, int, error) {
-	n := min(q.Limit, len(c.Leases))
-	if n <= 0 || q.MaxActive <= 0 || len(q.Types) == 0 || len(q.Fits) == 0 {
-		return "", nil, 0, nil
-	}
-	type leaseRow struct {
-		K   int    `json:"k"`
-		LID string `json:"lid"`
-		TH  string `json:"th"`
-		Exp int64  `json:"exp"`
-		Acc int64  `json:"acc"`
-		PV  int64  `json:"pv"`
-	}
-	type priceRow struct {
-		SKU   string `json:"sku"`
-		Price int64  `json:"price"`
-	}
-	ls := make([]leaseRow, n)
-	for i, l := range c.Leases[:n] {
-		ls[i] = leaseRow{i + 1, l.ID, hex.EncodeToString(l.TokenHash), micros(l.ExpiresAt), micros(l.AcceptBy), l.PolicyVersion}
-	}
-	ps := make([]priceRow, 0, len(c.Prices))
-	for sku, p := range c.Prices {
-		ps = append(ps, priceRow{sku, p})
-	}
-	lj, err := json.Marshal(ls)
-	if err != nil {
-		return "", nil, 0, err
-	}
-	pj, err := json.Marshal(ps)
-	if err != nil {
-		return "", nil, 0, err
-	}
-	fits := make([]string, len(q.Fits))
-	var fitArgs []any
-	for i, f := range q.Fits {
-		fits[i] = "(gpu_sku = ? AND gpu_count <= ? AND min_vram_mb <= ?)"
-		fitArgs = append(fitArgs, f.SKU, f.GPUs, f.VRAMMB)
-	}
-	lock := ""
-	if db.postgres() {
-		lock = " FOR UPDATE SKIP LOCKED"
-	}
-	sku := "(CASE WHEN j.gpu_sku <> '' THEN j.gpu_sku ELSE ? END)"
-	// The candidates are scanned with a constant LIMIT, so that the
-	// planner walks the queued index in claim order; the worker's
-	// live-lease cap then keeps the first of them (the others are locked
-	// until the commit, and left as they were).
-	query := "WITH cand AS (SELECT id, row_number() OVER (ORDER BY priority DESC, created_at, id) AS k FROM (" +
-		"SELECT id, priority, created_at FROM nodelane_jobs WHERE state = 'queued' AND type IN (" + strings.Repeat("?, ", len(q.Types)-1) + "?) AND scheduled_at <= ? AND (" +
-		strings.Join(fits, " OR ") + ") ORDER BY priority DESC, created_at, id LIMIT " + strconv.Itoa(n) + lock + ") AS c), " +
-		"l AS (SELECT * FROM " + strings.Replace(db.from([2]string{"k", "bigint"}, [2]string{"lid", "text"}, [2]string{"th", "text"}, [2]string{"exp", "bigint"}, [2]string{"acc", "bigint"}, [2]string{"pv", "bigint"}), " AS b", " AS l", 1) + "), " +
-		"p AS (SELECT * FROM " + strings.Replace(db.from([2]string{"sku", "text"}, [2]string{"price", "bigint"}), " AS b", " AS p", 1) + ") " +
-		"UPDATE nodelane_jobs AS j SET state = 'leased', leased_at = ?, accepted_at = NULL, lease_id = l.lid, lease_job_id = j.id, " +
-		"lease_worker_id = ?, lease_epoch = COALESCE(j.lease_epoch, 0) + 1, lease_token_hash = " + strings.ReplaceAll(db.unhex(), "b.", "l.") +
-		", lease_expires_at = l.exp, lease_accept_by = l.acc, lease_sku = " + sku +
-		", lease_price_micro_usd = COALESCE((SELECT p.price FROM p WHERE p.sku = " + sku + "), 0), lease_policy_version = l.pv, rev = j.rev + 1 " +
-		"FROM cand JOIN l ON l.k = cand.k WHERE j.id = cand.id AND cand.k <= " +
-		"(SELECT ? - count(*) FROM nodelane_jobs WHERE lease_worker_id = ? AND state IN ('leased', 'running')) " + db.returning()
-	// The arguments in the order of the placeholders.
-	var all []any
-	for _, t := range q.Types {
-		all = append(all, t)
-	}
-	all = append(all, micros(q.Now))
-	all = append(all, fitArgs...)
-	all = append(all, string(lj), string(pj), micros(q.Now), q.WorkerID, c.DefaultSKU, c.DefaultSKU, q.MaxActive, q.WorkerID)
-	return query, all, n, nil
 }
 
 // unhex is the SQL that decodes b.th, hex, into bytes.

@@ -117,6 +117,7 @@ func (m *Manager) Approve(ctx context.Context, workerID string, a Approval) (w *
 			return nil, false, err
 		}
 		w.Approval = next
+		m.forgetWorkers()
 		return w, true, nil
 	}
 	return nil, false, fmt.Errorf("lease: approval of worker %s: %w: too many concurrent approvals", workerID, ErrConflict)

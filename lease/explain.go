@@ -225,9 +225,10 @@ type WorkerVerdict struct {
 // expiry. It does not consult any job-type policy (the envelope): callers
 // that gate types check them first. It reads the job (unless opts.Job
 // gives it), one page of at most
-// ExplainMaxWorkers workers, and for each matching worker it checks its
-// ban and its live leases (one Store.ListJobs). ErrNotFound if there is no
-// such job.
+// ExplainMaxWorkers workers (or reuses the page it read within
+// Config.ExplainWorkersTTL), and for each matching worker it checks its
+// ban and its live leases (one Store.ListJobs, or one count of them all
+// from a LeaseCounter). ErrNotFound if there is no such job.
 func (m *Manager) Explain(ctx context.Context, jobID string, opts *ExplainOptions) (*Explanation, error) {
 	var o ExplainOptions
 	if opts != nil {
@@ -248,7 +249,7 @@ func (m *Manager) Explain(ctx context.Context, jobID string, opts *ExplainOption
 		ex.Reasons = notQueued(j, now)
 		return ex, nil
 	}
-	ws, err := m.store.ListWorkers(ctx, "", ExplainMaxWorkers+1)
+	ws, err := m.explainWorkers(ctx, now)
 	if err != nil {
 		return nil, err
 	}
@@ -647,6 +648,37 @@ type TypeVerdict struct {
 	// Reasons are the type's reasons, as in LeaseExplanation.Reasons.
 	Reasons []Reason `json:"reasons"`
 }
+
+// workerList is a list of workers Explain read at a time, while the
+// Manager's worker generation was gen.
+type workerList struct {
+	gen uint64
+	at  time.Time
+	ws  []*Worker
+}
+
+// explainWorkers returns the first ExplainMaxWorkers+1 workers, as read
+// within Config.ExplainWorkersTTL before now, or read now. The list is
+// shared: its workers must not be changed.
+func (m *Manager) explainWorkers(ctx context.Context, now time.Time) ([]*Worker, error) {
+	gen := m.workersGen.Load()
+	if l := m.workers.Load(); l != nil && l.gen == gen && !now.Before(l.at) && now.Sub(l.at) < m.cfg.ExplainWorkersTTL {
+		return l.ws, nil
+	}
+	ws, err := m.store.ListWorkers(ctx, "", ExplainMaxWorkers+1)
+	if err != nil {
+		return nil, err
+	}
+	// A change made while the list was read is not in it: keep the list
+	// only if none was.
+	if m.cfg.ExplainWorkersTTL > 0 && m.workersGen.Load() == gen {
+		m.workers.Store(&workerList{gen: gen, at: now, ws: ws})
+	}
+	return ws, nil
+}
+
+// forgetWorkers drops the list Explain reuses: a worker changed through m.
+func (m *Manager) forgetWorkers() { m.workersGen.Add(1) }
 
 // ExplainLease says why Lease(req) leases nothing now: whether the
 // worker's approval is pending (then nothing else is examined or read),

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -311,4 +312,78 @@ func TestExplainGivenJob(t *testing.T) {
 	if _, err := m.Explain(ctx, "job_other", &lease.ExplainOptions{Job: j}); !errors.Is(err, lease.ErrInvalidArgument) {
 		t.Fatalf("Explain of another id with the job: %v; want ErrInvalidArgument", err)
 	}
+}
+
+// countingStore is a MemoryStore that counts ListWorkers calls.
+type countingStore struct {
+	*lease.MemoryStore
+	lists int
+}
+
+func (s *countingStore) ListWorkers(ctx context.Context, after string, limit int) ([]*lease.Worker, error) {
+	s.lists++
+	return s.MemoryStore.ListWorkers(ctx, after, limit)
+}
+
+// TestExplainReusesWorkers: Explain reads the workers once per
+// ExplainWorkersTTL; a worker registered or approved through the Manager
+// is seen at once, one written elsewhere (another replica's Manager) once
+// the list is older than the TTL; a negative TTL reads every time.
+func TestExplainReusesWorkers(t *testing.T) {
+	ctx := context.Background()
+	now := time.Date(2026, 11, 30, 9, 0, 0, 0, time.UTC)
+	clock := func() time.Time { return now }
+	s := &countingStore{MemoryStore: lease.NewMemoryStore()}
+	m := lease.NewManager(s, &lease.Config{Now: clock, ExplainWorkersTTL: time.Second})
+	other := lease.NewManager(s, &lease.Config{Now: clock}) // another replica
+	j, err := m.Enqueue(ctx, lease.NewJob{Type: "render"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	explain := func(m *lease.Manager) []string {
+		t.Helper()
+		ex, err := m.Explain(ctx, j.ID, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var nodes []string
+		for _, v := range ex.Workers {
+			nodes = append(nodes, v.NodeID)
+		}
+		slices.Sort(nodes) // ids made at one instant are in no order
+		return nodes
+	}
+	register := func(m *lease.Manager, node string) *lease.Worker {
+		t.Helper()
+		w, err := m.RegisterWorker(ctx, &lease.Worker{NodeID: node, Capabilities: lease.Capabilities{JobTypes: []string{"render"}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return w
+	}
+	check := func(step string, got []string, lists int, want ...string) {
+		t.Helper()
+		if diff := cmp.Diff(want, got); diff != "" || s.lists != lists {
+			t.Errorf("%s: workers (-want +got):\n%s; %d lists of workers, want %d", step, diff, s.lists, lists)
+		}
+	}
+
+	a := register(m, "a")
+	check("first explain", explain(m), 1, "a")
+	check("again within the TTL", explain(m), 1, "a")
+	register(m, "b")
+	check("after a registration through m", explain(m), 2, "a", "b")
+	register(other, "c")
+	now = now.Add(999 * time.Millisecond)
+	check("another replica's registration, within the TTL", explain(m), 2, "a", "b")
+	now = now.Add(time.Millisecond)
+	check("once the TTL passed", explain(m), 3, "a", "b", "c")
+	if _, _, err := m.Approve(ctx, a.ID, lease.Approval{By: "op"}); err != nil {
+		t.Fatal(err)
+	}
+	check("after an approval through m", explain(m), 4, "a", "b", "c")
+
+	off := lease.NewManager(s, &lease.Config{Now: clock, ExplainWorkersTTL: -1})
+	explain(off)
+	check("without reuse", explain(off), 6, "a", "b", "c")
 }

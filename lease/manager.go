@@ -48,6 +48,13 @@ type Config struct {
 	// ListLimit is the page size of List when the filter gives none, and
 	// the largest page it returns. Defaults to 100 and 1000.
 	ListLimit int
+	// ExplainWorkersTTL is how long Explain may reuse the list of workers
+	// it read (dispatch explains every job it enqueues, and would
+	// otherwise read every worker each time). Workers registered or
+	// approved through this Manager are seen at once; other changes (on
+	// another replica, or rolled back) within the TTL. Leasing never uses
+	// the list. Defaults to 1 s; a negative value turns reuse off.
+	ExplainWorkersTTL time.Duration
 	// Now is the clock. Defaults to time.Now.
 	Now func() time.Time
 	// Rand is the source of tokens, ids and jitter. Defaults to crypto/rand.Reader.
@@ -66,6 +73,10 @@ type Manager struct {
 	// swept is the clock's time, in Unix microseconds, of the last sweep
 	// of due expiries that Lease ran.
 	swept atomic.Int64
+	// workers is the list Explain read last (explainWorkers), valid while
+	// workersGen, which every worker change through m bumps, is its gen.
+	workers    atomic.Pointer[workerList]
+	workersGen atomic.Uint64
 }
 
 const (
@@ -87,6 +98,9 @@ func NewManager(s Store, cfg *Config) *Manager {
 	}
 	if c.AcceptTimeout <= 0 {
 		c.AcceptTimeout = 60 * time.Second
+	}
+	if c.ExplainWorkersTTL == 0 {
+		c.ExplainWorkersTTL = time.Second
 	}
 	if c.CancelGrace <= 0 {
 		c.CancelGrace = 60 * time.Second
@@ -255,6 +269,7 @@ func (m *Manager) RegisterWorker(ctx context.Context, w *Worker) (*Worker, error
 	if err := m.store.PutWorker(ctx, &c); err != nil {
 		return nil, err
 	}
+	m.forgetWorkers()
 	return &c, nil
 }
 

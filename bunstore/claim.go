@@ -9,7 +9,6 @@ import (
 	"strings"
 
 	"github.com/uptrace/bun"
-	"github.com/uptrace/bun/dialect/pgdialect"
 
 	"github.com/nodelane/nodelane/lease"
 )
@@ -46,7 +45,20 @@ var _ lease.ClaimingStore = (*LeaseStore)(nil)
 //     count skips them (measured: 3.4 ms for a worker with 20,000
 //     finished jobs unvacuumed by bitmap, every time; 0.3 ms by index
 //     once marked).
-const claimSettings = "SET LOCAL enable_sort = off; SET LOCAL jit = off; SET LOCAL enable_bitmapscan = off"
+//
+// They are set with set_config(…, true), SET LOCAL's function form, in
+// the statement that takes the claim's locks (claimLock).
+const claimSettings = "set_config('enable_sort', 'off', true), set_config('jit', 'off', true), set_config('enable_bitmapscan', 'off', true)"
+
+// claimLock is the statement that takes the advisory locks of the
+// workers of a claim (an array, in id order) and sets claimSettings.
+const claimLock = "SELECT " + claimSettings + ", (SELECT count(pg_advisory_xact_lock(hashtextextended('nodelane_claim:' || current_schema() || ':' || w, 0))) " +
+	"FROM unnest(?::text[]) AS w)"
+
+// claimWorkers is the statement that reads the workers of a claim (an
+// array of ids) with the count of their live leases.
+const claimWorkers = "SELECT w.*, (SELECT count(*) FROM nodelane_jobs AS j WHERE j.lease_worker_id = w.id AND j.state IN ('leased', 'running')) AS live " +
+	"FROM nodelane_workers AS w WHERE w.id = ANY(?::text[])"
 
 // claimPlan is the plan function of a ClaimLeases call.
 type claimPlan = func(*lease.Worker) (lease.ClaimQuery, lease.LeaseClaim, bool, error)
@@ -142,17 +154,11 @@ func (db *DB) claimIn(ctx context.Context, tx bun.IDB, calls []claimCall) ([]cla
 	}
 	slices.Sort(ids)
 	ids = slices.Compact(ids)
-	if _, err := tx.NewRaw(
-		"SELECT pg_advisory_xact_lock(hashtextextended('nodelane_claim:' || current_schema() || ':' || w, 0)) FROM unnest(?::text[]) AS w; "+claimSettings,
-		pgdialect.Array(ids)).Exec(ctx); err != nil {
+	if _, err := db.execBound(ctx, tx, claimLock, ids); err != nil {
 		return nil, err
 	}
 	var rows []workerLive
-	err := tx.NewSelect().Model(&rows).
-		ColumnExpr("worker_row.*").
-		ColumnExpr("(SELECT count(*) FROM nodelane_jobs AS j WHERE j.lease_worker_id = worker_row.id AND j.state IN ('leased', 'running')) AS live").
-		Where("worker_row.id IN (?)", bun.List(ids)).Scan(ctx)
-	if err != nil {
+	if err := db.scanBound(ctx, tx, claimWorkers, []any{ids}, &rows); err != nil {
 		return nil, err
 	}
 	workers := make(map[string]*lease.Worker, len(rows))

@@ -46,7 +46,7 @@ func TestClaimPlanWalksQueuedIndex(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tx.Rollback()
-	if _, err := tx.ExecContext(ctx, claimSettings); err != nil {
+	if _, err := tx.ExecContext(ctx, "SELECT "+claimSettings); err != nil {
 		t.Fatal(err)
 	}
 	// Explain the generic plan, as a statement prepared once and run many

@@ -209,9 +209,13 @@ func TestPreparedStatements(t *testing.T) {
 	if err := db.Bun().NewRaw("SELECT statement FROM pg_prepared_statements").Scan(ctx, &stmts); err != nil {
 		t.Fatal(err)
 	}
-	var claim, accept, complete int
+	var lock, workers, claim, accept, complete int
 	for _, s := range stmts {
 		switch {
+		case strings.Contains(s, "pg_advisory_xact_lock"):
+			lock++
+		case strings.Contains(s, "FROM nodelane_workers AS w"):
+			workers++
 		case strings.Contains(s, "FOR UPDATE SKIP LOCKED"):
 			claim++
 		case strings.Contains(s, "accepted_at ="):
@@ -222,8 +226,9 @@ func TestPreparedStatements(t *testing.T) {
 			t.Errorf("a statement that is not a hot one was prepared: %.120s", s)
 		}
 	}
-	if claim != 1 || accept != 1 || complete != 1 {
-		t.Errorf("prepared claim %d, accept %d, complete %d times; want each once, for 5 calls of each (%d statements)", claim, accept, complete, len(stmts))
+	if lock != 1 || workers != 1 || claim != 1 || accept != 1 || complete != 1 {
+		t.Errorf("prepared the claim's lock %d, its workers %d, the claim %d, accept %d, complete %d times; want each once, for 5 calls of each (%d statements)",
+			lock, workers, claim, accept, complete, len(stmts))
 	}
 }
 

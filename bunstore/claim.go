@@ -3,6 +3,7 @@ package bunstore
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -13,14 +14,14 @@ import (
 	"github.com/nodelane/nodelane/lease"
 )
 
-// Claims (lease.ClaimingStore). On PostgreSQL the ClaimLeases calls that
-// run outside a transaction are gathered (batcher) like Accept and
-// Complete: one transaction locks the workers of the batch, reads them,
-// and claims for all of them in one statement per kind of claim (the same
-// job types and shapes: usually one), so that the head of the queue is
-// walked once for the batch rather than once a worker. A call inside the
-// context's transaction claims there, alone. On SQLite a call is one
-// transaction of its own.
+// Claims (lease.ClaimingStore). The ClaimLeases calls that run outside a
+// transaction are gathered (batcher) like Accept and Complete, into one
+// transaction and one commit. On PostgreSQL that transaction locks the
+// workers of the batch, reads them, and claims for all of them in one
+// statement per kind of claim (the same job types and shapes: usually
+// one), so that the head of the queue is walked once for the batch rather
+// than once a worker; on SQLite it claims for each call in turn. A call
+// inside the context's transaction claims there, alone.
 
 // maxClaimBatch bounds the ClaimLeases calls of one gathered claim.
 const maxClaimBatch = 64
@@ -86,9 +87,6 @@ type claimResult struct {
 // the claim's snapshot sees every claim that took it earlier).
 func (s *LeaseStore) ClaimLeases(ctx context.Context, workerID string, plan claimPlan) ([]*lease.Job, error) {
 	db := s.db
-	if !db.postgres() {
-		return s.claimSQLite(ctx, workerID, plan)
-	}
 	call := claimCall{workerID: workerID, plan: plan}
 	var (
 		r   claimResult
@@ -118,7 +116,11 @@ func (db *DB) claimTx(ctx context.Context, calls []claimCall) ([]claimResult, er
 	err := aborted(db.retryOwnTx(ctx, func() error {
 		return db.inTx(ctx, func(ctx context.Context, tx bun.IDB) error {
 			var err error
-			out, err = db.claimIn(ctx, tx, calls)
+			if db.postgres() {
+				out, err = db.claimIn(ctx, tx, calls)
+			} else {
+				out, err = db.claimInSQLite(ctx, calls)
+			}
 			return err
 		})
 	}))
@@ -339,36 +341,42 @@ func (db *DB) claimStatement(g []planned) (string, []any, error) {
 	return query, args, nil
 }
 
-// claimSQLite is ClaimLeases on SQLite: one transaction reads the worker
-// and claims through ClaimJobs. SQLite plans a one-statement claim's
-// candidate scan as a scan of every queued job and a sort, while it walks
-// the queued index for ClaimJobs's SELECT; and it has one writer, so a
-// second statement costs no round trip and no lock.
-func (s *LeaseStore) claimSQLite(ctx context.Context, workerID string, plan claimPlan) ([]*lease.Job, error) {
-	var jobs []*lease.Job
-	err := s.inTx(ctx, func(ctx context.Context, tx bun.IDB) error {
-		jobs = nil
-		w, err := s.GetWorker(ctx, workerID)
-		if err != nil {
-			return err
+// claimInSQLite claims for calls in the context's transaction, on
+// SQLite: for each call in turn, it reads the worker and claims through
+// ClaimJobs, so that a worker's later call sees its earlier one's
+// leases. SQLite plans a one-statement claim's candidate scan as a scan of
+// every queued job and a sort, while it walks the queued index for
+// ClaimJobs's SELECT; and it has one writer, so the second statement
+// costs no round trip and no lock.
+func (db *DB) claimInSQLite(ctx context.Context, calls []claimCall) ([]claimResult, error) {
+	s := db.LeaseStore()
+	out := make([]claimResult, len(calls))
+	for i, call := range calls {
+		w, err := s.GetWorker(ctx, call.workerID)
+		if errors.Is(err, lease.ErrNotFound) {
+			out[i].err = err
+			continue
 		}
-		q, c, ok, err := plan(w)
+		if err != nil {
+			return nil, err
+		}
+		q, c, ok, err := call.plan(w)
 		if err != nil || !ok {
-			return err
+			out[i].err = err
+			continue
 		}
 		if q.Limit <= 0 {
-			return errLimit("claim jobs for "+q.WorkerID, q.Limit)
+			out[i].err = errLimit("claim jobs for "+q.WorkerID, q.Limit)
+			continue
 		}
 		if len(c.Leases) == 0 {
-			return nil
+			continue
 		}
-		jobs, err = s.ClaimJobs(ctx, q, grantFrom(q, c))
-		return err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("bunstore: claim jobs for %s: %w", workerID, err)
+		if out[i].jobs, err = s.ClaimJobs(ctx, q, grantFrom(q, c)); err != nil {
+			return nil, err
+		}
 	}
-	return jobs, nil
+	return out, nil
 }
 
 // grantFrom is the grant of ClaimJobs that writes the leases of c as

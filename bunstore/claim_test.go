@@ -18,8 +18,14 @@ import (
 // and a plan that fails. Each call must get what it would have got alone,
 // and no other call's error.
 func TestClaimBatch(t *testing.T) {
+	for _, d := range testdb.Dialects() {
+		t.Run(d.Name, func(t *testing.T) { testClaimBatch(t, d.New(t)) })
+	}
+}
+
+func testClaimBatch(t *testing.T, tdb testdb.DB) {
 	ctx := context.Background()
-	db, err := Open(ctx, testdb.Postgres(t).DSN, nil)
+	db, err := Open(ctx, tdb.DSN, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -67,7 +73,7 @@ func TestClaimBatch(t *testing.T) {
 			var c lease.LeaseClaim
 			for range limit {
 				leaseSeq++
-				c.Leases = append(c.Leases, lease.Lease{ID: fmt.Sprintf("lease_%02d", leaseSeq), TokenHash: []byte{byte(leaseSeq)},
+				c.Leases = append(c.Leases, lease.Lease{ID: fmt.Sprintf("lease_%02d", leaseSeq), WorkerID: w.ID, TokenHash: []byte{byte(leaseSeq)},
 					ExpiresAt: now.Add(time.Hour), AcceptBy: now.Add(time.Minute)})
 			}
 			return q, c, true, nil

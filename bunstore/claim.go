@@ -70,6 +70,16 @@ type claimCall struct {
 	plan     claimPlan
 }
 
+// planFor calls the call's plan with its worker w, and refuses a plan
+// whose limit is below 1 (lease.ErrInvalidArgument).
+func (call claimCall) planFor(w *lease.Worker) (lease.ClaimQuery, lease.LeaseClaim, bool, error) {
+	q, c, ok, err := call.plan(w)
+	if err == nil && ok && q.Limit <= 0 {
+		err = errLimit("claim jobs for "+q.WorkerID, q.Limit)
+	}
+	return q, c, ok, err
+}
+
 // claimResult is what a claimCall gets: the jobs it claimed, in claim
 // order, or its own error, which costs the other calls of its batch
 // nothing.
@@ -186,13 +196,9 @@ func (db *DB) claimIn(ctx context.Context, tx bun.IDB, calls []claimCall) ([]cla
 			out[i].err = fmt.Errorf("worker with id %s: %w", call.workerID, lease.ErrNotFound)
 			continue
 		}
-		q, c, ok, err := call.plan(w)
+		q, c, ok, err := call.planFor(w)
 		if err != nil || !ok {
 			out[i].err = err
-			continue
-		}
-		if q.Limit <= 0 {
-			out[i].err = errLimit("claim jobs for "+q.WorkerID, q.Limit)
 			continue
 		}
 		if len(q.Types) == 0 || len(q.Fits) == 0 {
@@ -360,13 +366,9 @@ func (db *DB) claimInSQLite(ctx context.Context, calls []claimCall) ([]claimResu
 		if err != nil {
 			return nil, err
 		}
-		q, c, ok, err := call.plan(w)
+		q, c, ok, err := call.planFor(w)
 		if err != nil || !ok {
 			out[i].err = err
-			continue
-		}
-		if q.Limit <= 0 {
-			out[i].err = errLimit("claim jobs for "+q.WorkerID, q.Limit)
 			continue
 		}
 		if len(c.Leases) == 0 {

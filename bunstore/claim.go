@@ -45,11 +45,18 @@ var _ lease.ClaimingStore = (*LeaseStore)(nil)
 //     vacuum, and only an index scan marks the dead ones so that the next
 //     count skips them (measured: 3.4 ms for a worker with 20,000
 //     finished jobs unvacuumed by bitmap, every time; 0.3 ms by index
-//     once marked).
+//     once marked);
+//   - enable_hashjoin = off, enable_mergejoin = off: the claimed rows are
+//     found again by primary key. A gathered claim takes hundreds of
+//     jobs, and for hundreds of lookups the planner prefers to hash a
+//     scan of the whole table, finished jobs and all (measured: 56 ms of
+//     a 66 ms claim of 300 jobs from a table of 20,000; 23% less claim
+//     time over a burn-down).
 //
 // They are set with set_config(…, true), SET LOCAL's function form, in
 // the statement that takes the claim's locks (claimLock).
-const claimSettings = "set_config('enable_sort', 'off', true), set_config('jit', 'off', true), set_config('enable_bitmapscan', 'off', true)"
+const claimSettings = "set_config('enable_sort', 'off', true), set_config('jit', 'off', true), set_config('enable_bitmapscan', 'off', true), " +
+	"set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true)"
 
 // claimLock is the statement that takes the advisory locks of the
 // workers of a claim (an array, in id order) and sets claimSettings.

@@ -32,12 +32,39 @@ func TestClaimPlanWalksQueuedIndex(t *testing.T) {
 		"jsonb_populate_record(NULL::nodelane_jobs, to_jsonb(j) || jsonb_build_object('id', j.id || '_' || g, 'created_at', j.created_at + g)) AS r"); err != nil {
 		t.Fatal(err)
 	}
-	q := lease.ClaimQuery{WorkerID: "w", Types: []string{"status_check"}, Fits: []lease.Fit{{}}, MaxActive: 10, Limit: 10, Now: time.Now()}
-	c := lease.LeaseClaim{Leases: make([]lease.Lease, 10)}
-	for i := range c.Leases {
-		c.Leases[i] = lease.Lease{ID: "l" + string(rune('a'+i)), TokenHash: []byte{1}, ExpiresAt: q.Now.Add(time.Hour), AcceptBy: q.Now.Add(time.Minute)}
+	// A claim of one call, and one gathered from many calls (a larger
+	// limit, more rows to join back to the table); on the table never
+	// analyzed, then analyzed (where a scan of the whole table looks
+	// cheaper than hundreds of lookups by key).
+	for _, analyzed := range []bool{false, true} {
+		if analyzed {
+			if _, err := db.bun.ExecContext(ctx, "ANALYZE nodelane_jobs"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, n := range []int{10, 300} {
+			for _, mode := range []string{"force_generic_plan", "force_custom_plan"} {
+				t.Run(fmt.Sprintf("analyzed=%t/limit=%d/%s", analyzed, n, mode), func(t *testing.T) {
+					explainClaim(t, ctx, db, n, mode)
+				})
+			}
+		}
 	}
-	query, args, err := db.claimStatement([]planned{{q: q, c: c, n: 10}})
+}
+
+// explainClaim explains the plan of a claim of n jobs under
+// claimSettings, generic or custom (plan_cache_mode; a statement prepared
+// once and run many times gets either), and checks the two places where estimates from lagging
+// statistics go wrong: the candidates must come from the queued index in
+// claim order, and the claimed rows must be found by primary key, not by
+// hashing or merging a scan of the whole table.
+func explainClaim(t *testing.T, ctx context.Context, db *DB, n int, mode string) {
+	q := lease.ClaimQuery{WorkerID: "w", Types: []string{"status_check"}, Fits: []lease.Fit{{}}, MaxActive: n, Limit: n, Now: time.Now()}
+	c := lease.LeaseClaim{Leases: make([]lease.Lease, n)}
+	for i := range c.Leases {
+		c.Leases[i] = lease.Lease{ID: fmt.Sprintf("l%d", i), TokenHash: []byte{1}, ExpiresAt: q.Now.Add(time.Hour), AcceptBy: q.Now.Add(time.Minute)}
+	}
+	query, args, err := db.claimStatement([]planned{{q: q, c: c, n: n}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -49,29 +76,30 @@ func TestClaimPlanWalksQueuedIndex(t *testing.T) {
 	if _, err := tx.ExecContext(ctx, "SELECT "+claimSettings); err != nil {
 		t.Fatal(err)
 	}
-	// Explain the generic plan, as a statement prepared once and run many
-	// times gets it, with the arguments of this claim.
-	if _, err := tx.ExecContext(ctx, "SET LOCAL plan_cache_mode = force_generic_plan"); err != nil {
+	if _, err := tx.ExecContext(ctx, "SET LOCAL plan_cache_mode = "+mode); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := tx.Tx.ExecContext(ctx, "PREPARE claim AS "+db.bind(query)); err != nil {
+	// A prepared statement outlives the transaction on its connection.
+	name := fmt.Sprintf("claim_%d", n)
+	if _, err := tx.Tx.ExecContext(ctx, "PREPARE "+name+" AS "+db.bind(query)); err != nil {
 		t.Fatal(err)
 	}
+	defer tx.Tx.ExecContext(ctx, "DEALLOCATE "+name)
 	ps := make([]string, len(args))
 	for i := range ps {
 		ps[i] = fmt.Sprintf("$%d", i+1)
 	}
 	var plan string
-	if err := tx.Tx.QueryRowContext(ctx, "EXPLAIN (FORMAT JSON) EXECUTE claim("+strings.Join(ps, ", ")+")", args...).Scan(&plan); err != nil {
+	if err := tx.Tx.QueryRowContext(ctx, "EXPLAIN (FORMAT JSON) EXECUTE "+name+"("+strings.Join(ps, ", ")+")", args...).Scan(&plan); err != nil {
 		t.Fatal(err)
 	}
-	// The node under LockRows is the candidates' scan.
 	var nodes []struct {
 		Plan planNode
 	}
 	if err := json.Unmarshal([]byte(plan), &nodes); err != nil {
 		t.Fatal(err)
 	}
+	// The node under LockRows is the candidates' scan.
 	lock := nodes[0].Plan.find("LockRows")
 	if lock == nil || len(lock.Plans) != 1 {
 		t.Fatalf("no LockRows node with one input in the plan:\n%s", plan)
@@ -79,6 +107,11 @@ func TestClaimPlanWalksQueuedIndex(t *testing.T) {
 	if in := lock.Plans[0]; in.NodeType != "Index Scan" || in.IndexName != "nodelane_jobs_queued_idx" {
 		t.Errorf("the claim locks candidates from %s %s, want an Index Scan of nodelane_jobs_queued_idx; plan:\n%s",
 			in.NodeType, in.IndexName, strings.TrimSpace(plan))
+	}
+	for _, typ := range []string{"Seq Scan", "Hash Join", "Merge Join"} {
+		if nodes[0].Plan.find(typ) != nil {
+			t.Errorf("the claim's plan has a %s; want the claimed rows found by primary key:\n%s", typ, strings.TrimSpace(plan))
+		}
 	}
 }
 

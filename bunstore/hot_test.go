@@ -245,7 +245,7 @@ func TestClaimPlannerSettingStaysInItsTransaction(t *testing.T) {
 	defer db.Close()
 	m := lease.NewManager(db.LeaseStore(), nil)
 	leasedJobs(t, ctx, m, 2)
-	for _, name := range []string{"enable_sort", "jit", "enable_bitmapscan"} {
+	for _, name := range []string{"enable_sort", "jit", "enable_bitmapscan", "enable_hashjoin", "enable_mergejoin"} {
 		var setting string
 		if err := db.Bun().NewRaw("SHOW "+name).Scan(ctx, &setting); err != nil {
 			t.Fatal(err)

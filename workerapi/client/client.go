@@ -94,10 +94,12 @@ type Config struct {
 // Client calls the worker routes of PROTOCOL.md for one node. Every
 // attempt of every request is signed afresh (a new nonce, a new created
 // time), so a retry is never refused as a replay. It corrects the node's
-// clock: each answer's server_time (or its Date header) updates an
-// offset, and signatures are created at local time plus that offset, so a
-// node whose clock drifts still lands in the server's 5-minute window. A
-// Client is safe for concurrent use.
+// clock: the server_time (or Date header) of each 2xx answer and of each
+// stale_timestamp refusal updates an offset, clamped to ±MaxClockOffset,
+// and signatures are created at local time plus that offset, so a node
+// whose clock drifts still lands in the server's 5-minute window. Other
+// error answers leave the offset alone. A Client is safe for concurrent
+// use.
 type Client struct {
 	base   *url.URL
 	cfg    Config
@@ -464,11 +466,16 @@ func (c *Client) once(ctx context.Context, route string, body []byte, out any, t
 		} `json:"error"`
 	}
 	_ = json.Unmarshal(b, &st) // best effort: a body that is not JSON has no time
-	serverTime := st.ServerTime
-	if st.Error != nil && st.Error.ServerTime != nil {
-		serverTime = st.Error.ServerTime
+	// Only an answer the server gave in full (2xx), or its refusal of a
+	// stale signature, moves the offset: any other error may come from a
+	// replica or a proxy with a clock of its own, and one replica whose
+	// clock runs fast must not drag the node's clock after it.
+	switch {
+	case resp.StatusCode >= 200 && resp.StatusCode < 300:
+		c.observe(st.ServerTime, resp.Header.Get("Date"), sent, recv)
+	case st.Error != nil && st.Error.Code == wire.CodeStaleTimestamp:
+		c.observe(st.Error.ServerTime, resp.Header.Get("Date"), sent, recv)
 	}
-	c.observe(serverTime, resp.Header.Get("Date"), sent, recv)
 
 	if resp.StatusCode >= 200 && resp.StatusCode < 300 {
 		if out != nil {
@@ -522,6 +529,8 @@ func retryAfter(v string, now time.Time) time.Duration {
 // The server reads its clock late in handling a request, so the local
 // reference is the receive time less at most a quarter second (half the
 // round trip for a quick request; a long-poll's clock is read at its end).
+// The offset is clamped to ±MaxClockOffset, and a move of more than
+// clockLogStep is logged.
 func (c *Client) observe(serverTime *time.Time, date string, sent, recv time.Time) {
 	ref := recv.Add(-min(recv.Sub(sent)/2, 250*time.Millisecond))
 	var (
@@ -540,17 +549,31 @@ func (c *Client) observe(serverTime *time.Time, date string, sent, recv time.Tim
 	default:
 		return
 	}
+	clamped := sample > MaxClockOffset || sample < -MaxClockOffset
+	sample = min(max(sample, -MaxClockOffset), MaxClockOffset)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	diff := sample - c.offset
 	if !precise && c.offsetKnown && diff < 1500*time.Millisecond && diff > -1500*time.Millisecond {
 		return
 	}
-	if !c.offsetKnown || diff > 5*time.Second || diff < -5*time.Second {
-		c.log.Info("server clock offset", "offset", sample.Round(time.Millisecond))
+	switch {
+	case clamped:
+		c.log.Warn("server clock offset beyond the bound; clamped", "offset", sample, "previous", c.offset.Round(time.Millisecond))
+	case !c.offsetKnown || diff > clockLogStep || diff < -clockLogStep:
+		c.log.Info("server clock offset", "offset", sample.Round(time.Millisecond), "previous", c.offset.Round(time.Millisecond))
 	}
 	c.offset, c.offsetKnown = sample, true
 }
+
+// MaxClockOffset bounds the clock offset a Client adopts (see
+// Client.ClockOffset): a server_time further from the node's clock moves
+// the offset only this far, so that no one answer can throw the node's
+// clock arbitrarily far.
+const MaxClockOffset = time.Hour
+
+// clockLogStep is how far the offset must move for observe to log it.
+const clockLogStep = time.Second
 
 // Register registers the node (POST /workers/register) with a
 // provisioning token that carries node:register, signed by the identity's

@@ -200,7 +200,9 @@ func (s *Server) itemError(c *call, err error) (int, *wire.ErrorDetail) {
 	st := statusOf(err)
 	msg := publicMessage(err.Error())
 	if st.http == http.StatusServiceUnavailable {
-		s.log.Error("a completion of a batch failed", "request_id", c.reqID, "err", err)
+		if !clientGone(c.r) {
+			s.log.Error("a completion of a batch failed", "request_id", c.reqID, "err", err)
+		}
 		msg = "a store cannot answer; this completion was not accepted"
 	}
 	return st.http, &wire.ErrorDetail{Code: st.code, Message: msg, ServerTime: s.now()}

@@ -44,7 +44,10 @@ type Metrics interface {
 type RequestInfo struct {
 	Method string
 	// Route is the route's pattern, such as /workers/jobs/{id}/complete.
-	Route  string
+	Route string
+	// Status is the HTTP status answered, or StatusClientClosedRequest
+	// (499) when the request's context was canceled first: its client
+	// hung up.
 	Status int
 	// Code is the error code, empty on success.
 	Code     string

@@ -370,16 +370,42 @@ func nonceRefused(err error) bool {
 func (s *Server) fail(w http.ResponseWriter, r *http.Request, reqID string, err error) status {
 	st := statusOf(err)
 	msg := publicMessage(err.Error())
+	gone := false
 	if st.http == http.StatusServiceUnavailable {
 		// Store errors may name internals; log them, answer plainly.
-		s.log.Error("request failed", "request_id", reqID, "method", r.Method, "path", r.URL.Path, "err", err)
 		msg = "a store cannot answer; nothing was accepted"
+		if gone = clientGone(r); !gone {
+			s.log.Error("request failed", "request_id", reqID, "method", r.Method, "path", r.URL.Path, "err", err)
+		}
 	}
 	if st.http == http.StatusServiceUnavailable || st.http == http.StatusTooManyRequests {
 		w.Header().Set("Retry-After", "1")
 	}
+	// A client that hung up reads nothing; the answer goes out anyway for
+	// the case where the host, shutting down, canceled the request.
 	s.writeJSON(w, st.http, wire.ErrorBody{Error: wire.ErrorDetail{Code: st.code, Message: msg, ServerTime: s.now()}})
+	if gone {
+		return status{StatusClientClosedRequest, CodeClientClosedRequest}
+	}
 	return st
+}
+
+// StatusClientClosedRequest is the status a Server logs and reports to
+// Metrics (RequestInfo.Status) for a request whose context was canceled
+// before it was answered: its client hung up (or the host canceled it,
+// say while shutting down). It is nginx's 499, never sent on the wire:
+// the store error the cancellation caused is not the server's failure,
+// so it is logged at INFO, not as an ERROR, and not counted as a 503.
+const StatusClientClosedRequest = 499
+
+// CodeClientClosedRequest is RequestInfo.Code for
+// StatusClientClosedRequest. It is no PROTOCOL.md code: nothing sends it.
+const CodeClientClosedRequest = "client_closed_request"
+
+// clientGone reports whether r's context was canceled: its client hung
+// up, or the host canceled it.
+func clientGone(r *http.Request) bool {
+	return errors.Is(r.Context().Err(), context.Canceled)
 }
 
 // internalPrefixes are the package prefixes the cores and adapters put
@@ -434,10 +460,13 @@ func (s *Server) observe(rt route, c *call, code int, errCode string, start time
 	if c.principal != nil {
 		attrs = append(attrs, "principal", c.principal.ID, "credential", c.credentialID)
 	}
-	if err != nil {
+	switch {
+	case err != nil && code == StatusClientClosedRequest:
+		s.log.Info("request canceled by its client", append(attrs, "code", errCode, "reason", err.Error())...)
+	case err != nil:
 		attrs = append(attrs, "code", errCode)
 		s.log.Info("request refused", append(attrs, "reason", err.Error())...)
-	} else {
+	default:
 		s.log.Debug("request", attrs...)
 	}
 	if s.cfg.Metrics != nil {

@@ -423,10 +423,12 @@ func (n *Notifier) listen(ctx context.Context, pc *pgx.ConnConfig, conn *pgx.Con
 			return
 		}
 		n.log.Warn("bunstore: notifier connection lost; reconnecting", "channel", n.channel, "err", err)
-		if conn = n.reconnect(ctx, pc); conn == nil {
+		lost := time.Now()
+		var failures int
+		if conn, failures = n.reconnect(ctx, pc); conn == nil {
 			return
 		}
-		n.log.Info("bunstore: notifier reconnected", "channel", n.channel)
+		n.log.Info("bunstore: notifier reconnected", "channel", n.channel, "failed_attempts", failures, "after", time.Since(lost).Round(time.Millisecond))
 		// Notifications sent while no connection listened are lost: the
 		// jobs they announced, and the changes to the DB's cache (which
 		// listening empties).
@@ -467,10 +469,12 @@ func (n *Notifier) receive(ctx context.Context, conn *pgx.Conn) error {
 }
 
 // reconnect connects until it succeeds, waiting longer after each
-// failure, or returns nil when ctx ends.
-func (n *Notifier) reconnect(ctx context.Context, pc *pgx.ConnConfig) *pgx.Conn {
+// failure, or returns nil when ctx ends. It returns how many attempts
+// failed. Only the first failure is logged above DEBUG: a database that
+// is down fails every attempt, and one line says so.
+func (n *Notifier) reconnect(ctx context.Context, pc *pgx.ConnConfig) (*pgx.Conn, int) {
 	backoff := n.cfg.ReconnectMin
-	for {
+	for failures := 0; ; failures++ {
 		// Full jitter in [backoff/2, backoff), so that replicas that lost
 		// the server together do not return in step.
 		d := backoff/2 + rand.N(backoff/2+1)
@@ -478,17 +482,21 @@ func (n *Notifier) reconnect(ctx context.Context, pc *pgx.ConnConfig) *pgx.Conn 
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return nil
+			return nil, failures
 		case <-t.C:
 		}
 		conn, err := n.connect(ctx, pc)
 		if err == nil {
-			return conn
+			return conn, failures
 		}
 		if ctx.Err() != nil {
-			return nil
+			return nil, failures
 		}
-		n.log.Warn("bunstore: notifier reconnect failed", "channel", n.channel, "err", err, "retry_in", min(2*backoff, n.cfg.ReconnectMax))
+		level := slog.LevelDebug
+		if failures == 0 {
+			level = slog.LevelError
+		}
+		n.log.Log(ctx, level, "bunstore: notifier cannot reconnect; retrying, further failures logged at DEBUG", "channel", n.channel, "err", err, "failed_attempts", failures+1, "retry_in", min(2*backoff, n.cfg.ReconnectMax))
 		backoff = min(2*backoff, n.cfg.ReconnectMax)
 	}
 }

@@ -50,6 +50,11 @@ type Config struct {
 	// that fails (Run retries it). Defaults to nil: errors are not
 	// reported.
 	OnError func(error)
+	// OnRecover is called when a batch of Sequencer.Run succeeds after
+	// one or more failed (each reported to OnError), so that a host can
+	// log an outage once when it begins and once when it ends. Defaults
+	// to nil.
+	OnRecover func()
 }
 
 func (c *Config) withDefaults() Config {
@@ -795,13 +800,24 @@ func (q *Sequencer) Publish(ctx context.Context) (*Checkpoint, error) {
 // Run sequences until ctx is done: batch after batch while receipts are
 // pending, then every Config.Interval, or at once when woken (Wake). A
 // failed batch is reported to
-// Config.OnError and retried at the next interval; Run returns only ctx's
-// cause.
+// Config.OnError and retried at the next interval, and the first batch
+// that succeeds after failures to Config.OnRecover; Run returns only
+// ctx's cause.
 func (q *Sequencer) Run(ctx context.Context) error {
+	failing := false
 	for {
 		n, err := q.Sequence(ctx)
-		if err != nil && ctx.Err() == nil && q.cfg.OnError != nil {
-			q.cfg.OnError(err)
+		switch {
+		case err != nil && ctx.Err() == nil:
+			failing = true
+			if q.cfg.OnError != nil {
+				q.cfg.OnError(err)
+			}
+		case err == nil && failing:
+			failing = false
+			if q.cfg.OnRecover != nil {
+				q.cfg.OnRecover()
+			}
 		}
 		if err == nil && n == q.cfg.BatchSize {
 			if ctx.Err() != nil {

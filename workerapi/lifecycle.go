@@ -130,8 +130,11 @@ func (s *Server) maintain(ctx context.Context) {
 	t := time.NewTicker(s.cfg.MaintainInterval)
 	defer t.Stop()
 	for {
-		if err := s.MaintainOnce(ctx); err != nil && ctx.Err() == nil {
-			s.log.Error("maintainer", "err", err)
+		switch err := s.MaintainOnce(ctx); {
+		case err != nil && ctx.Err() == nil:
+			s.maintOutage.fail(err)
+		case err == nil:
+			s.maintOutage.ok()
 		}
 		select {
 		case <-ctx.Done():

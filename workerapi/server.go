@@ -191,6 +191,9 @@ type Server struct {
 	verifierKey string
 	hooks       *hookRunner
 	life        lifecycle
+	// seqOutage and maintOutage log the failures of the sequencer and
+	// the maintainer once per outage.
+	seqOutage, maintOutage *outage
 }
 
 // ErrConfig is wrapped by every error of New about a missing or invalid
@@ -209,6 +212,8 @@ func New(st Stores, cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{st: st, cfg: cfg, log: cfg.Logger}
+	s.seqOutage = newOutage(s.log, "receipt sequencer", cfg.Now)
+	s.maintOutage = newOutage(s.log, "maintainer", cfg.Now)
 	s.leases = lease.NewManager(st.Leases, &lease.Config{
 		LeaseTTL: cfg.LeaseTTL, AcceptTimeout: cfg.AcceptTimeout, RetryBase: cfg.RetryBase, RetryMax: cfg.RetryMax,
 		CancelGrace: cfg.CancelGrace, MaxRuntime: cfg.MaxRuntime,
@@ -229,7 +234,7 @@ func New(st Stores, cfg Config) (*Server, error) {
 	}
 	rcfg := &receipts.Config{Origin: cfg.Origin, Now: cfg.Now, Rand: cfg.Rand,
 		Interval: cfg.SequenceInterval, BatchSize: cfg.SequenceBatch,
-		OnError: func(err error) { s.log.Error("receipt sequencer", "err", err) }}
+		OnError: s.seqOutage.fail, OnRecover: s.seqOutage.ok}
 	s.receipts = receipts.NewLog(st.Receipts, rcfg)
 	signer, err := note.NewSigner(cfg.ReceiptSigner)
 	if err != nil {

@@ -1,0 +1,162 @@
+package workerapi_test
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nodelane/nodelane/internal/apitest"
+	"github.com/nodelane/nodelane/lease"
+	"github.com/nodelane/nodelane/receipts"
+	"github.com/nodelane/nodelane/workerapi"
+)
+
+// recordLog is a slog.Handler that keeps every record and signals each
+// one on changed.
+type recordLog struct {
+	mu      sync.Mutex
+	recs    []slog.Record
+	changed chan struct{}
+}
+
+func newRecordLog() *recordLog { return &recordLog{changed: make(chan struct{}, 1)} }
+
+func (l *recordLog) Enabled(context.Context, slog.Level) bool { return true }
+func (l *recordLog) WithAttrs([]slog.Attr) slog.Handler       { return l }
+func (l *recordLog) WithGroup(string) slog.Handler            { return l }
+func (l *recordLog) Handle(_ context.Context, r slog.Record) error {
+	l.mu.Lock()
+	l.recs = append(l.recs, r.Clone())
+	l.mu.Unlock()
+	select {
+	case l.changed <- struct{}{}:
+	default:
+	}
+	return nil
+}
+
+// waitFor waits until a record satisfies ok and returns it.
+func (l *recordLog) waitFor(t *testing.T, what string, ok func(slog.Record) bool) slog.Record {
+	t.Helper()
+	timeout := time.After(time.Minute) // a hang guard, not a timing assertion
+	for {
+		l.mu.Lock()
+		for _, r := range l.recs {
+			if ok(r) {
+				l.mu.Unlock()
+				return r
+			}
+		}
+		l.mu.Unlock()
+		select {
+		case <-l.changed:
+		case <-timeout:
+			t.Fatalf("no log record: %s", what)
+		}
+	}
+}
+
+func (l *recordLog) records() []slog.Record {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]slog.Record(nil), l.recs...)
+}
+
+func attr(r slog.Record, key string) slog.Value {
+	var v slog.Value
+	r.Attrs(func(a slog.Attr) bool {
+		if a.Key == key {
+			v = a.Value
+			return false
+		}
+		return true
+	})
+	return v
+}
+
+var errDown = errors.New("injected: the database is unreachable")
+
+// downLeases fails ExpiredJobs while down is set.
+type downLeases struct {
+	lease.Store
+	down  *atomic.Bool
+	calls *atomic.Int64
+}
+
+func (s downLeases) ExpiredJobs(ctx context.Context, now time.Time, limit int) ([]*lease.Job, error) {
+	if s.down.Load() {
+		s.calls.Add(1)
+		return nil, errDown
+	}
+	return s.Store.ExpiredJobs(ctx, now, limit)
+}
+
+// downReceipts fails Sequence while down is set.
+type downReceipts struct {
+	receipts.Store
+	down  *atomic.Bool
+	calls *atomic.Int64
+}
+
+func (s downReceipts) Sequence(ctx context.Context, limit int, f receipts.IntegrateFunc) error {
+	if s.down.Load() {
+		s.calls.Add(1)
+		return errDown
+	}
+	return s.Store.Sequence(ctx, limit, f)
+}
+
+// While the database is down the sequencer and the maintainer fail on
+// every attempt; each logs one ERROR when its outage begins and one INFO,
+// with the count of failures, when it ends.
+func TestOutageLoggedOncePerStateChange(t *testing.T) {
+	var (
+		down                 atomic.Bool
+		leaseCalls, seqCalls atomic.Int64
+	)
+	down.Store(true)
+	logs := newRecordLog()
+	apitest.New(t, "sqlite", apitest.Started(),
+		apitest.WithConfig(func(c *workerapi.Config) {
+			c.Logger = slog.New(logs)
+			c.MaintainInterval = time.Millisecond
+			c.SequenceInterval = time.Millisecond
+		}),
+		apitest.WithStores(func(s workerapi.Stores) workerapi.Stores {
+			s.Leases = downLeases{s.Leases, &down, &leaseCalls}
+			s.Receipts = downReceipts{s.Receipts, &down, &seqCalls}
+			return s
+		}))
+	const attempts = 5
+	logs.waitFor(t, "attempts while down", func(slog.Record) bool {
+		return leaseCalls.Load() >= attempts && seqCalls.Load() >= attempts
+	})
+	down.Store(false)
+	for _, what := range []string{"receipt sequencer", "maintainer"} {
+		r := logs.waitFor(t, what+" recovered", func(r slog.Record) bool { return r.Message == what+" recovered" })
+		if r.Level != slog.LevelInfo {
+			t.Errorf("%q logged at %v", r.Message, r.Level)
+		}
+		if n := attr(r, "failures").Int64(); n < attempts {
+			t.Errorf("%s recovered after %d failures, want at least %d", what, n, attempts)
+		}
+		if attr(r, "over").Kind() != slog.KindDuration {
+			t.Errorf("%s recovered without its duration", what)
+		}
+	}
+	errorsBy := map[string]int{}
+	for _, r := range logs.records() {
+		if r.Level >= slog.LevelError {
+			what, _, _ := strings.Cut(r.Message, " failing")
+			errorsBy[what]++
+		}
+	}
+	if errorsBy["receipt sequencer"] != 1 || errorsBy["maintainer"] != 1 || len(errorsBy) != 2 {
+		t.Errorf("ERROR records by task: %v, want one each for the sequencer and the maintainer", errorsBy)
+	}
+}

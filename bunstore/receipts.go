@@ -224,7 +224,9 @@ func (s *ReceiptsStore) Sequence(ctx context.Context, limit int, integrate recei
 }
 
 func (s *ReceiptsStore) sequence(ctx context.Context, limit int, integrate receipts.IntegrateFunc) error {
-	return s.db.inTx(ctx, func(ctx context.Context, tx bun.IDB) error {
+	// Durable: the Sequencer signs a checkpoint of this tree once it
+	// committed.
+	return s.db.durableTx(ctx, func(ctx context.Context, tx bun.IDB) error {
 		if s.db.postgres() {
 			if _, err := tx.NewRaw("SELECT pg_advisory_xact_lock(hashtextextended('nodelane_receipts_sequencer:' || current_schema(), 0))").Exec(ctx); err != nil {
 				return fmt.Errorf("sequencing lock: %w", err)

@@ -55,6 +55,12 @@ type Config struct {
 	// another replica, or rolled back) within the TTL. Leasing never uses
 	// the list. Defaults to 1 s; a negative value turns reuse off.
 	ExplainWorkersTTL time.Duration
+	// HoldSweeps, when set, is asked before each sweep of due expiries
+	// that Lease would run (see Lease), and true skips the sweep. workerapi
+	// holds them while the replica's clock is off the database's, so that
+	// a replica whose clock runs fast does not expire live leases; Expire
+	// is not affected. Defaults to nil: Lease sweeps.
+	HoldSweeps func() bool
 	// Now is the clock. Defaults to time.Now.
 	Now func() time.Time
 	// Rand is the source of tokens, ids and jitter. Defaults to crypto/rand.Reader.
@@ -506,6 +512,9 @@ const sweepEvery = time.Second
 // sweepEvery of the clock's now, before or after (a clock set back sweeps
 // too).
 func (m *Manager) sweep(ctx context.Context) error {
+	if m.cfg.HoldSweeps != nil && m.cfg.HoldSweeps() {
+		return nil
+	}
 	now := m.now().UnixMicro()
 	last := m.swept.Load()
 	if d := now - last; d >= 0 && d < sweepEvery.Microseconds() || !m.swept.CompareAndSwap(last, now) {

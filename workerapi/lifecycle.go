@@ -53,6 +53,12 @@ func (lc *lifecycle) stop(stopped chan struct{}) {
 //     across replicas. The same checks also run lazily where a request
 //     needs them, so requests are correct without it, only slower to see
 //     expiries and proofs;
+//   - with Stores.Clock, the clock check (CheckClock), at once and then
+//     every Config.ClockCheckInterval: until the first succeeds, and while
+//     the clock is more than Config.MaxClockSkew off the database's, the
+//     maintainer's expiries and collections and Lease's expiry sweeps are
+//     held (sequencing goes on: it reads no clock) and Ready reports not
+//     ready;
 //   - the delivery of events to Config.Hooks.
 //
 // The work runs until Stop is called or ctx ends. Start may be called
@@ -69,10 +75,22 @@ func (s *Server) Start(ctx context.Context) error {
 	mctx, cancel := context.WithCancel(ctx)
 	hctx, endHook := context.WithCancel(context.WithoutCancel(ctx))
 	lc.cancel, lc.endHook, lc.stopped = cancel, endHook, make(chan struct{})
-	lc.done.Add(3)
+	if s.st.Clock != nil {
+		// The clock-bound work waits for the clock's first measurement.
+		s.clock.mu.Lock()
+		s.clock.held.Store(!s.clock.measured || s.clock.held.Load())
+		s.clock.mu.Unlock()
+	}
+	lc.done.Add(4)
 	go func() {
 		defer lc.done.Done()
 		s.seq.Run(mctx)
+	}()
+	go func() {
+		defer lc.done.Done()
+		if s.st.Clock != nil {
+			s.watchClock(mctx)
+		}
 	}()
 	go func() {
 		defer lc.done.Done()
@@ -131,6 +149,8 @@ func (s *Server) maintain(ctx context.Context) {
 	defer t.Stop()
 	for {
 		switch err := s.MaintainOnce(ctx); {
+		case errors.Is(err, ErrNotReady):
+			// The clock is off the database's: CheckClock said so.
 		case err != nil && ctx.Err() == nil:
 			s.maintOutage.fail(err)
 		case err == nil:

@@ -12,8 +12,13 @@ import (
 
 // MaintainOnce does one round of the maintainer's work (see Start) except
 // sequencing, which the maintainer runs continuously (see Sequence). It is
-// safe to call on every replica at once.
+// safe to call on every replica at once. While the clock-bound work is
+// held (see CheckClock) it does nothing and returns an error wrapping
+// ErrNotReady.
 func (s *Server) MaintainOnce(ctx context.Context) error {
+	if s.clockHeld() {
+		return fmt.Errorf("%w: the maintainer is held until the clock agrees with the database's", ErrNotReady)
+	}
 	var errs []error
 	n, err := s.leases.Expire(ctx)
 	errs = append(errs, err)

@@ -40,8 +40,8 @@ type Notifier interface {
 	Subscribe() (ch <-chan struct{}, cancel func())
 }
 
-// Stores are the storage a Server runs on. All are required. Every store
-// must join the transaction that Tx carries in a context.
+// Stores are the storage a Server runs on. All are required but Clock.
+// Every store must join the transaction that Tx carries in a context.
 type Stores struct {
 	Tx          Transactor
 	Notifier    Notifier
@@ -50,6 +50,13 @@ type Stores struct {
 	Nonces      replay.NonceStore
 	Envelope    envelope.Store
 	Receipts    receipts.Store
+	// Clock, when set, is the database's clock (bunstore.DB is one):
+	// the Server measures its own clock against it (CheckClock), follows
+	// it, and holds its clock-bound work while the two are more than
+	// Config.MaxClockSkew apart. Replicas of one database then decide
+	// lease expiries and signature windows by one clock. Without it the
+	// Server trusts Config.Now, and Ready always reports ready.
+	Clock DatabaseClock
 }
 
 // The defaults of Config, exported so that hosts and their flags say them
@@ -70,6 +77,10 @@ const (
 	DefaultSequenceBatch     = 512
 	DefaultBodyLimit         = 1 << 20
 	DefaultMaintainInterval  = time.Second
+	// DefaultMaxClockSkew and DefaultClockCheckInterval are the
+	// defaults of Config.MaxClockSkew and Config.ClockCheckInterval.
+	DefaultMaxClockSkew       = 2 * time.Second
+	DefaultClockCheckInterval = time.Minute
 	// DefaultMaxLeasesPerWorker is the default of
 	// Config.MaxLeasesPerWorker.
 	DefaultMaxLeasesPerWorker = lease.DefaultMaxLeasesPerWorker
@@ -144,6 +155,15 @@ type Config struct {
 	// expires leases and activations and collects nonces. Defaults to
 	// DefaultMaintainInterval.
 	MaintainInterval time.Duration
+	// MaxClockSkew is how far the Server's clock (Now) may be from the
+	// database's (Stores.Clock) before the Server holds its maintainer and
+	// lease expiry sweeps and reports not ready (see CheckClock). Defaults
+	// to DefaultMaxClockSkew.
+	MaxClockSkew time.Duration
+	// ClockCheckInterval is how often Start's background work measures
+	// the clock against the database's. Defaults to
+	// DefaultClockCheckInterval.
+	ClockCheckInterval time.Duration
 	// EnvelopeSafe and EnvelopeBlocked extend the envelope's job types.
 	EnvelopeSafe, EnvelopeBlocked []string
 
@@ -194,6 +214,8 @@ type Server struct {
 	// seqOutage and maintOutage log the failures of the sequencer and
 	// the maintainer once per outage.
 	seqOutage, maintOutage *outage
+	// clock is the Server's clock against the database's (clock.go).
+	clock dbClock
 }
 
 // ErrConfig is wrapped by every error of New about a missing or invalid
@@ -214,25 +236,26 @@ func New(st Stores, cfg Config) (*Server, error) {
 	s := &Server{st: st, cfg: cfg, log: cfg.Logger}
 	s.seqOutage = newOutage(s.log, "receipt sequencer", cfg.Now)
 	s.maintOutage = newOutage(s.log, "maintainer", cfg.Now)
+	s.clock.failures = newOutage(s.log, "clock check", cfg.Now)
 	s.leases = lease.NewManager(st.Leases, &lease.Config{
 		LeaseTTL: cfg.LeaseTTL, AcceptTimeout: cfg.AcceptTimeout, RetryBase: cfg.RetryBase, RetryMax: cfg.RetryMax,
 		CancelGrace: cfg.CancelGrace, MaxRuntime: cfg.MaxRuntime,
 		MaxJobsPerLease: wire.MaxJobsPerLease, MaxLeasesPerWorker: cfg.MaxLeasesPerWorker,
-		Now: cfg.Now, Rand: cfg.Rand,
+		HoldSweeps: s.clockHeld, Now: s.clockNow, Rand: cfg.Rand,
 	})
 	var err error
 	if s.issuer, err = credential.NewIssuer(st.Credentials, &credential.Config{
-		Peppers: cfg.Peppers, PepperVersion: cfg.PepperVersion, Now: cfg.Now, Rand: cfg.Rand,
+		Peppers: cfg.Peppers, PepperVersion: cfg.PepperVersion, Now: s.clockNow, Rand: cfg.Rand,
 	}); err != nil {
 		return nil, fmt.Errorf("%w: Peppers/PepperVersion: %w", ErrConfig, err)
 	}
-	s.verifier = replay.NewVerifier(st.Nonces, &replay.VerifierConfig{Now: cfg.Now})
+	s.verifier = replay.NewVerifier(st.Nonces, &replay.VerifierConfig{Now: s.clockNow})
 	if s.gate, err = envelope.NewGate(st.Envelope, &envelope.Config{
-		ExtraSafe: cfg.EnvelopeSafe, ExtraBlocked: cfg.EnvelopeBlocked, Now: cfg.Now,
+		ExtraSafe: cfg.EnvelopeSafe, ExtraBlocked: cfg.EnvelopeBlocked, Now: s.clockNow,
 	}); err != nil {
 		return nil, fmt.Errorf("%w: EnvelopeSafe/EnvelopeBlocked: %w", ErrConfig, err)
 	}
-	rcfg := &receipts.Config{Origin: cfg.Origin, Now: cfg.Now, Rand: cfg.Rand,
+	rcfg := &receipts.Config{Origin: cfg.Origin, Now: s.clockNow, Rand: cfg.Rand,
 		Interval: cfg.SequenceInterval, BatchSize: cfg.SequenceBatch,
 		OnError: s.seqOutage.fail, OnRecover: s.seqOutage.ok}
 	s.receipts = receipts.NewLog(st.Receipts, rcfg)
@@ -298,6 +321,8 @@ func (c *Config) setDefaults() error {
 		{"ProofWait", &c.ProofWait, DefaultProofWait},
 		{"SequenceInterval", &c.SequenceInterval, DefaultSequenceInterval},
 		{"MaintainInterval", &c.MaintainInterval, DefaultMaintainInterval},
+		{"MaxClockSkew", &c.MaxClockSkew, DefaultMaxClockSkew},
+		{"ClockCheckInterval", &c.ClockCheckInterval, DefaultClockCheckInterval},
 	}
 	for _, d := range durations {
 		switch {
@@ -362,4 +387,4 @@ func (s *Server) Issuer() *credential.Issuer { return s.issuer }
 func (s *Server) Leases() *lease.Manager { return s.leases }
 
 // now is the Server's clock in UTC microseconds.
-func (s *Server) now() time.Time { return s.cfg.Now().UTC().Truncate(time.Microsecond) }
+func (s *Server) now() time.Time { return s.clockNow().UTC().Truncate(time.Microsecond) }

@@ -8,6 +8,12 @@
 // provisioning (node:register) credential and shows them once on the
 // terminal (never in the logs); with -tokens-file it also writes them,
 // after the listener is bound, as JSON.
+//
+// GET /readyz answers 200 {"ready":true} while the server should get
+// traffic, and 503 {"ready":false,"reason":"..."} while it should not:
+// until its clock has been measured against the database's, and while the
+// two are more than 2 s apart (workerapi.Server.Ready). -clock-skew
+// DURATION offsets the server's own clock, for fault testing only.
 package main
 
 import (
@@ -52,6 +58,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		maxRuntime    = fs.Duration("max-runtime", workerapi.DefaultMaxRuntime, "the runtime of a job that sets no requirements.max_runtime_seconds, after which its lease is revoked and it fails max_runtime_exceeded")
 		seqInterval   = fs.Duration("sequence-interval", workerapi.DefaultSequenceInterval, "how often the receipt sequencer looks for receipts when no completion woke it")
 		seqBatch      = fs.Int("sequence-batch", workerapi.DefaultSequenceBatch, "the receipts one sequencing transaction integrates under one signed checkpoint")
+		clockSkew     = fs.Duration("clock-skew", 0, "for fault testing only: offset this server's clock (its Now) by this much, as a host whose clock is wrong would be")
 		hl            = httpLimitFlags(fs)
 		prices        receipts.Prices
 	)
@@ -63,6 +70,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	var now func() time.Time
+	if *clockSkew != 0 {
+		skew := *clockSkew
+		now = func() time.Time { return time.Now().Add(skew) }
+		log.Warn("fault testing: this server's clock is offset", "clock_skew", skew)
+	}
 
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -71,7 +84,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		DB: *dsn, SecretsFile: *secretsFile, LeaseTTL: *leaseTTL, AcceptTimeout: *acceptTimeout,
 		Prices: prices, ApproveNodes: *approveNodes, MaxLeasesPerWorker: *maxLeases,
 		CancelGrace: *cancelGrace, MaxRuntime: *maxRuntime,
-		SequenceInterval: *seqInterval, SequenceBatch: *seqBatch, Logger: log,
+		SequenceInterval: *seqInterval, SequenceBatch: *seqBatch, Logger: log, Now: now,
 	})
 	if err != nil {
 		return err
@@ -113,8 +126,17 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 
+	// Not a ServeMux: it would redirect paths that are not clean, which
+	// the Handler answers 404 in JSON.
+	ready, api := cp.Server.ReadyHandler(), cp.Server.Handler()
 	srv := &http.Server{
-		Handler:     cp.Server.Handler(),
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path == "/readyz" {
+				ready.ServeHTTP(w, r)
+				return
+			}
+			api.ServeHTTP(w, r)
+		}),
 		BaseContext: func(net.Listener) context.Context { return ctx },
 	}
 	hl.apply(srv)

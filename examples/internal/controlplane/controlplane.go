@@ -84,6 +84,7 @@ func Open(ctx context.Context, o Options) (*ControlPlane, error) {
 		Nonces:      db.NonceStore(nil),
 		Envelope:    db.EnvelopeStore(),
 		Receipts:    db.ReceiptsStore(),
+		Clock:       db,
 	}, workerapi.Config{
 		Peppers:            map[int][]byte{sec.PepperVersion: sec.Pepper},
 		PepperVersion:      sec.PepperVersion,

@@ -475,7 +475,14 @@ type clWorker struct {
 
 func startClWorker(t *testing.T, p *clProxy, node string, mod func(*client.RunnerConfig), handlers map[string]client.HandlerFunc) *clWorker {
 	t.Helper()
-	c := newClClient(t, p.URL, nil)
+	return startClWorkerWith(t, p, node, nil, mod, handlers)
+}
+
+// startClWorkerWith is startClWorker with cmod to change the Client's
+// Config.
+func startClWorkerWith(t *testing.T, p *clProxy, node string, cmod func(*client.Config), mod func(*client.RunnerConfig), handlers map[string]client.HandlerFunc) *clWorker {
+	t.Helper()
+	c := newClClient(t, p.URL, cmod)
 	cw := &clWorker{c: c, done: make(chan error, 1)}
 	reg := clRegistration(node)
 	cfg := &client.RunnerConfig{
@@ -908,7 +915,10 @@ func TestClientTokenRenewal(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cw := startClWorker(t, p, "node-renew", func(c *client.RunnerConfig) { c.ProvisioningToken = prov },
+	// Days pass for the node too: its clock is the server's (a client
+	// follows a server clock that jumps by at most MaxClockOffset).
+	cw := startClWorkerWith(t, p, "node-renew", func(c *client.Config) { c.Now = p.env.Clock.Now },
+		func(c *client.RunnerConfig) { c.ProvisioningToken = prov },
 		map[string]client.HandlerFunc{"status_check": func(context.Context, *wire.Job, *client.Reporter) error { return nil }})
 	id := cw.c.Identity()
 	for deadline := time.Now().Add(10 * time.Second); id.Token() == "" && time.Now().Before(deadline); {

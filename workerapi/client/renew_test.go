@@ -26,7 +26,10 @@ func TestClientRenewsWithoutProvisioningToken(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := client.New(p.URL, &client.Config{Identity: id, RetryBase: 10 * time.Millisecond, RetryMax: 100 * time.Millisecond})
+	// Days pass for the node too: its clock is the server's (a client
+	// follows a server clock that jumps by at most MaxClockOffset).
+	c, err := client.New(p.URL, &client.Config{Identity: id, RetryBase: 10 * time.Millisecond, RetryMax: 100 * time.Millisecond,
+		Now: p.env.Clock.Now})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -182,5 +182,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if cerr := s.close(); cerr != nil && !failed {
 		err = cerr
 	}
+	if err != nil && ctx.Err() != nil {
+		err = errors.New("interrupted: the processes and the cluster are stopped")
+	}
 	return err
 }

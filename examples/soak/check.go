@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"slices"
 	"sort"
@@ -80,11 +81,14 @@ func listAll(ctx context.Context, op *operator.Client) (map[string]wire.Job, err
 // result is what the checks found.
 type result struct {
 	problems     []string
-	jobs         int // on the server
-	dispatched   int // answered to the soak
-	unanswered   int // dispatch requests that failed
-	extra        int // jobs on the server the soak got no answer for
-	retried      int // jobs that took more than one attempt
+	warnings     []string // -allow-503-queued
+	jobs         int      // on the server
+	requests     int      // jobs asked for
+	dispatched   int      // answered 201
+	errAnswers   int      // 429 and 503 answers, tried again
+	unanswered   int      // requests that got no answer
+	extra        int      // jobs on the server the soak got no 201 for
+	retried      int      // jobs that took more than one attempt
 	receipts     int64
 	checkpoints  int
 	pairs        int // checkpoint pairs proven consistent from the log
@@ -105,7 +109,10 @@ func (s *soak) check(ctx context.Context, drainErr error) *result {
 	r := &result{}
 	s.mu.Lock()
 	r.problems = append(r.problems, s.problems...)
-	r.unanswered = s.dispatchErr
+	requests := make(map[int64]request, len(s.requests))
+	for seq, q := range s.requests {
+		requests[seq] = *q
+	}
 	s.mu.Unlock()
 	if drainErr != nil {
 		r.bad("%v", drainErr)
@@ -124,6 +131,7 @@ func (s *soak) check(ctx context.Context, drainErr error) *result {
 			r.bad("job %s: dispatched (201) but not on the server", id)
 		}
 	}
+	s.checkRequests(r, requests, all)
 
 	log, final, err := s.readLog(ctx, all)
 	if err != nil {
@@ -198,6 +206,55 @@ func deref(p *string) string {
 		return "null"
 	}
 	return *p
+}
+
+// checkRequests ties every job on the server to the request that queued
+// it, by its payload's soak_seq: no request may have queued more jobs
+// than it had attempts that could (its 201 and those not answered).
+func (s *soak) checkRequests(r *result, requests map[int64]request, all map[string]wire.Job) {
+	r.requests = len(requests)
+	for _, q := range requests {
+		for _, a := range q.attempts {
+			switch {
+			case strings.HasPrefix(a, "429") || strings.HasPrefix(a, "503"):
+				r.errAnswers++
+			case strings.HasPrefix(a, "no answer"):
+				r.unanswered++
+			}
+		}
+	}
+	bySeq := map[int64][]string{}
+	for id, j := range all {
+		var p struct {
+			Seq *int64 `json:"soak_seq"`
+		}
+		if json.Unmarshal(j.Payload, &p) != nil || p.Seq == nil {
+			r.bad("job %s: its payload %s has no soak_seq", id, j.Payload)
+			continue
+		}
+		bySeq[*p.Seq] = append(bySeq[*p.Seq], id)
+	}
+	seqs := make([]int64, 0, len(bySeq))
+	for seq := range bySeq {
+		seqs = append(seqs, seq)
+	}
+	slices.Sort(seqs)
+	for _, seq := range seqs {
+		ids := bySeq[seq]
+		q, ok := requests[seq]
+		switch {
+		case !ok:
+			r.bad("jobs %q carry soak_seq %d, which the soak never sent", ids, seq)
+		case len(ids) > q.mayQueue:
+			slices.Sort(ids)
+			report := r.bad
+			if s.cfg.allow503Queued {
+				report = func(format string, args ...any) { r.warnings = append(r.warnings, fmt.Sprintf(format, args...)) }
+			}
+			report("request %d queued %d jobs %q, but only %d of its attempts %q could have: an error answer queued a job",
+				seq, len(ids), ids, q.mayQueue, q.attempts)
+		}
+	}
 }
 
 // receiptLog is the log as read back: each receipt's body, in index order,
@@ -385,8 +442,8 @@ func (s *soak) summary(r *result, took time.Duration) {
 	p := func(format string, args ...any) { fmt.Fprintf(s.out, format+"\n", args...) }
 	p("")
 	p("soak summary (seed %d, %v soaking, %v in all)", c.seed, c.duration, took.Round(time.Second))
-	p("  jobs:        %d on the server, %d dispatched with an answer, %d dispatch requests failed (%d of their jobs queued anyway); %d took more than one attempt",
-		r.jobs, r.dispatched, r.unanswered, r.extra, r.retried)
+	p("  jobs:        %d on the server, of %d asked for: %d answered 201, %d requests not answered (%d of their jobs queued), %d 429/503 answers tried again; %d jobs took more than one attempt",
+		r.jobs, r.requests, r.dispatched, r.unanswered, r.extra, r.errAnswers, r.retried)
 	p("  faults:      %d server SIGKILLs, %d worker SIGKILLs, %d PostgreSQL restarts, %d clock-skew turns%s",
 		s.serverKills.Load(), s.workerKills.Load(), s.pgRestarts.Load(), s.skewTurns.Load(), skipNote(s.features, c))
 	p("  processes:   %d server starts (%d exits on their own), %d worker starts (%d exits on their own)",
@@ -395,6 +452,9 @@ func (s *soak) summary(r *result, took time.Duration) {
 		p("  receipts:    %d in the log, hashing to the root of the final checkpoint (size %d) signed by the verifier key", r.receipts, r.final.Size)
 	}
 	p("  checkpoints: %d recorded; %d pairs proven consistent from the log, %d server consistency proofs checked", r.checkpoints, r.pairs, r.serverProofs)
+	for _, w := range r.warnings {
+		p("  WARN: %s", w)
+	}
 	if len(r.problems) == 0 {
 		p("PASS: every job succeeded exactly once, every receipt verifies, every checkpoint is consistent with every other")
 		return

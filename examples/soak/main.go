@@ -38,6 +38,12 @@
 // -drain-timeout for every job to end, and checks that:
 //
 //   - every job on the server, every one dispatched among them, succeeded;
+//   - no dispatch queued more jobs than it had attempts that could have:
+//     each job's payload carries the soak_seq of its request, and a
+//     request answered 429 or 503 is tried again (docs/PROTOCOL.md: such
+//     an answer accepted nothing), one with no answer is not. A 503 whose
+//     job was queued anyway (the commit landed, its answer was lost) fails
+//     the run unless -allow-503-queued;
 //   - each has exactly one job_completed and one job_charged receipt, and
 //     the job's receipt_id is that job_completed receipt;
 //   - the receipt log read through GET /operator/receipts is canonical,
@@ -117,6 +123,7 @@ type config struct {
 	serverBin       string
 	workerBin       string
 	keep            bool
+	allow503Queued  bool
 }
 
 func parseFlags(args []string, stderr io.Writer) (*config, error) {
@@ -143,6 +150,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.StringVar(&c.pgBin, "pg-bin", "/usr/lib/postgresql/15/bin", "directory of initdb, pg_ctl and postgres")
 	fs.StringVar(&c.serverBin, "server-bin", "", "examples/server binary (default: built with go build)")
 	fs.StringVar(&c.workerBin, "worker-bin", "", "examples/worker binary (default: built with go build)")
+	fs.BoolVar(&c.allow503Queued, "allow-503-queued", false, "report a job queued by a dispatch answered 503 (an ambiguous commit) as a warning, not a failure")
 	fs.BoolVar(&c.keep, "keep", false, "keep the work directory (logs, database) after a passing run")
 	if err := fs.Parse(args); err != nil {
 		return nil, errUsage{err}

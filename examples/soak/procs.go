@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -20,6 +21,10 @@ type slot struct {
 	bin  string
 	args func() []string // read at each start
 	log  string          // appended to
+	// exited, when set, is told of each exit nobody asked for, with the
+	// last line the process wrote.
+	exited   func(msg string)
+	lastExit string // the last exit told
 
 	mu         sync.Mutex
 	cmd        *exec.Cmd
@@ -75,11 +80,20 @@ func (s *slot) supervise() {
 			s.mu.Unlock()
 			return
 		}
-		if s.pending == "" {
+		unexpected := s.pending == ""
+		if unexpected {
 			s.unexpected++
 			s.note(fmt.Sprintf("exited on its own: %v", err))
 		}
 		s.mu.Unlock()
+		if unexpected && s.exited != nil {
+			// The same reason again (a server started while PostgreSQL
+			// is down) is told once.
+			if msg := fmt.Sprintf("exited on its own (%v): %s", err, s.lastLine()); msg != s.lastExit {
+				s.lastExit = msg
+				s.exited(s.name + " " + msg)
+			}
+		}
 		time.Sleep(restartDelay)
 		for {
 			s.mu.Lock()
@@ -104,6 +118,22 @@ func (s *slot) note(msg string) {
 		fmt.Fprintf(f, "=== soak: %s %s at %s\n", s.name, msg, time.Now().UTC().Format(time.RFC3339Nano))
 		f.Close()
 	}
+}
+
+// lastLine is the last line the process wrote to the log before the
+// soak's own note.
+func (s *slot) lastLine() string {
+	b, err := os.ReadFile(s.log)
+	if err != nil {
+		return ""
+	}
+	lines := strings.Split(strings.TrimSpace(string(tail(b, 8192))), "\n")
+	for i := len(lines) - 1; i >= 0; i-- {
+		if !strings.HasPrefix(lines[i], "=== soak:") && strings.TrimSpace(lines[i]) != "" {
+			return strings.TrimSpace(lines[i])
+		}
+	}
+	return ""
 }
 
 // signal sends sig to the running process, which the supervisor then

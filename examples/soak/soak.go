@@ -46,8 +46,7 @@ type soak struct {
 	rng   *rand.Rand
 
 	mu          sync.Mutex
-	dispatched  map[string]string // job id → type
-	dispatchErr int               // dispatches that failed (a job may exist anyway)
+	requests    map[int64]*request // by soak_seq
 	checkpoints []seenCheckpoint
 	problems    []string // found during the run
 
@@ -72,7 +71,7 @@ func newSoak(ctx context.Context, cfg *config, out io.Writer) (*soak, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &soak{cfg: cfg, out: out, dir: dir, keep: cfg.keep, dispatched: map[string]string{},
+	s := &soak{cfg: cfg, out: out, dir: dir, keep: cfg.keep, requests: map[int64]*request{},
 		rng: rand.New(rand.NewPCG(uint64(cfg.seed), 0x50a6))}
 	for _, d := range []string{"bin", "logs", "workers"} {
 		if err := os.MkdirAll(filepath.Join(dir, d), 0o700); err != nil {
@@ -156,7 +155,7 @@ func (s *soak) run(ctx context.Context) error {
 	soakStart := time.Now()
 	soakCtx, stopSoak := context.WithTimeout(ctx, cfg.duration)
 	var wg sync.WaitGroup
-	wg.Go(func() { s.dispatch(soakCtx) })
+	wg.Go(func() { s.dispatch(soakCtx, ctx) })
 	cpCtx, stopCheckpoints := context.WithCancel(ctx)
 	cpDone := make(chan struct{})
 	go func() { defer close(cpDone); s.recordCheckpoints(cpCtx) }()
@@ -263,7 +262,8 @@ func (s *soak) startServers(ctx context.Context) error {
 		last := i == c.replicas-1 && i > 0
 		sv := &slot{
 			name: fmt.Sprintf("server-%d", i), bin: c.serverBin,
-			log: filepath.Join(s.dir, "logs", fmt.Sprintf("server-%d.log", i)),
+			exited: func(msg string) { s.logf("%s", msg) },
+			log:    filepath.Join(s.dir, "logs", fmt.Sprintf("server-%d.log", i)),
 			args: func() []string {
 				a := []string{"-addr", addr, "-db", s.pg.dsn(), "-secrets-file", secrets,
 					"-tokens-file", tokensFile, "-lease-ttl", c.leaseTTL.String(),
@@ -340,7 +340,8 @@ func (s *soak) startWorkers() error {
 		server := s.addrs[i%len(s.addrs)]
 		w := &slot{
 			name: fmt.Sprintf("worker-%02d", i), bin: c.workerBin,
-			log: filepath.Join(s.dir, "logs", fmt.Sprintf("worker-%02d.log", i)),
+			exited: func(msg string) { s.logf("%s", msg) },
+			log:    filepath.Join(s.dir, "logs", fmt.Sprintf("worker-%02d.log", i)),
 			args: func() []string {
 				return []string{"-server", server, "-identity", filepath.Join(wdir, "identity.json"),
 					"-provisioning-token-file", prov, "-node-id", fmt.Sprintf("soak-%02d", i),
@@ -356,13 +357,24 @@ func (s *soak) startWorkers() error {
 	return nil
 }
 
+// request is one job the soak asked for, under its soak_seq: the job
+// type, each attempt's outcome, and the job id of the 201 answer.
+type request struct {
+	jobType  string
+	id       string   // "" without a 201 answer
+	attempts []string // "201", "503 unavailable", "refused", "no answer: ..."
+	mayQueue int      // the attempts that may have queued a job: the 201 and those not answered
+}
+
 // dispatch sends jobs at the configured rate until ctx ends, each to a
-// random replica (the next one when it does not answer).
-func (s *soak) dispatch(ctx context.Context) {
+// random replica; the requests themselves run under reqCtx, so that the
+// end of the soak cuts none short.
+func (s *soak) dispatch(ctx, reqCtx context.Context) {
 	var wg sync.WaitGroup
 	tick := time.NewTicker(time.Duration(float64(time.Second) / s.cfg.rate))
 	defer tick.Stop()
 	sem := make(chan struct{}, 32)
+	seq := int64(0)
 	for {
 		select {
 		case <-ctx.Done():
@@ -370,67 +382,94 @@ func (s *soak) dispatch(ctx context.Context) {
 			return
 		case <-tick.C:
 		}
-		req := s.nextJob()
 		select {
 		case sem <- struct{}{}:
 		default:
 			continue // 32 in flight: the servers are down; skip this tick
 		}
+		seq++
+		n, req := seq, s.nextJob(seq)
 		wg.Go(func() {
 			defer func() { <-sem }()
-			s.dispatchOne(ctx, req)
+			s.dispatchOne(reqCtx, n, req)
 		})
 	}
 }
 
 // nextJob picks the next job: half status_check, a third
 // embedding_dry_run, the rest a lora_train of 1 to 8 steps of 100 to
-// 400 ms, so that kills find jobs running.
-func (s *soak) nextJob() wire.DispatchRequest {
+// 400 ms, so that kills find jobs running. Its payload carries
+// soak_seq, which ties each job on the server to the request that
+// queued it.
+func (s *soak) nextJob(seq int64) wire.DispatchRequest {
 	req := wire.DispatchRequest{MaxAttempts: 100}
 	switch n := s.intn(6); {
 	case n < 3:
 		req.JobType = jobs.StatusCheck
+		req.Payload = json.RawMessage(fmt.Sprintf(`{"soak_seq":%d}`, seq))
 	case n < 5:
 		req.JobType = jobs.EmbeddingDryRun
-		req.Payload = json.RawMessage(fmt.Sprintf(`{"documents":%d}`, 1+s.intn(1000)))
+		req.Payload = json.RawMessage(fmt.Sprintf(`{"documents":%d,"soak_seq":%d}`, 1+s.intn(1000), seq))
 	default:
 		req.JobType = jobs.LoraTrain
-		req.Payload = json.RawMessage(fmt.Sprintf(`{"steps":%d,"step_ms":%d}`, 1+s.intn(8), 100+s.intn(301)))
+		req.Payload = json.RawMessage(fmt.Sprintf(`{"steps":%d,"step_ms":%d,"soak_seq":%d}`, 1+s.intn(8), 100+s.intn(301), seq))
 	}
 	return req
 }
 
-func (s *soak) dispatchOne(ctx context.Context, req wire.DispatchRequest) {
+// dispatchOne sends the job, up to four times over the replicas: again
+// after a refused connection, or a 429 or 503 answer, which by
+// docs/PROTOCOL.md accepted nothing; never after a request that got no
+// answer, which may have queued the job.
+func (s *soak) dispatchOne(ctx context.Context, seq int64, req wire.DispatchRequest) {
+	r := &request{jobType: req.JobType}
+	defer func() {
+		s.mu.Lock()
+		s.requests[seq] = r
+		s.mu.Unlock()
+	}()
 	first := s.intn(len(s.ops))
-	var err error
-	for i := range s.ops {
-		// A request that failed may have queued its job anyway: the
-		// checks read every job on the server, not only those answered.
-		var resp *wire.DispatchResponse
-		resp, err = s.ops[(first+i)%len(s.ops)].Dispatch(ctx, req)
-		if err == nil {
-			s.mu.Lock()
-			s.dispatched[resp.Job.ID] = req.JobType
-			s.mu.Unlock()
+	for attempt := range 4 {
+		resp, err := s.ops[(first+attempt)%len(s.ops)].DispatchOnce(ctx, req)
+		var (
+			oe   *operator.Error
+			nerr *net.OpError
+		)
+		switch {
+		case err == nil:
+			r.id = resp.Job.ID
+			r.attempts = append(r.attempts, "201")
+			r.mayQueue++
+			return
+		case errors.As(err, &oe):
+			r.attempts = append(r.attempts, fmt.Sprintf("%d %s", oe.Status, oe.Code))
+			if oe.Status != http.StatusTooManyRequests && oe.Status != http.StatusServiceUnavailable {
+				return
+			}
+		case errors.As(err, &nerr) && nerr.Op == "dial":
+			r.attempts = append(r.attempts, "refused")
+		default:
+			r.attempts = append(r.attempts, "no answer: "+err.Error())
+			r.mayQueue++
 			return
 		}
-		if ctx.Err() != nil {
-			break
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Duration(attempt+1) * 200 * time.Millisecond):
 		}
 	}
-	s.mu.Lock()
-	s.dispatchErr++
-	s.mu.Unlock()
 }
 
-// snapshot copies the jobs dispatched.
+// snapshot copies the jobs dispatched with a 201 answer: id → type.
 func (s *soak) snapshot() map[string]string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	m := make(map[string]string, len(s.dispatched))
-	for k, v := range s.dispatched {
-		m[k] = v
+	m := make(map[string]string, len(s.requests))
+	for _, r := range s.requests {
+		if r.id != "" {
+			m[r.id] = r.jobType
+		}
 	}
 	return m
 }

@@ -97,15 +97,11 @@ func (o *Client) do(ctx context.Context, method, route string, in, out any, raw 
 // Dispatch queues a job (POST /operator/jobs). A 429 or 503 answer, which
 // queues nothing, is tried again, up to four times.
 func (o *Client) Dispatch(ctx context.Context, req wire.DispatchRequest) (*wire.DispatchResponse, error) {
-	var out wire.DispatchResponse
 	for attempt := 1; ; attempt++ {
-		err := o.do(ctx, http.MethodPost, "/operator/jobs", req, &out, nil)
+		out, err := o.DispatchOnce(ctx, req)
 		var oe *Error
 		if !errors.As(err, &oe) || (oe.Status != http.StatusTooManyRequests && oe.Status != http.StatusServiceUnavailable) || attempt == 4 {
-			if err != nil {
-				return nil, err
-			}
-			return &out, nil
+			return out, err
 		}
 		select {
 		case <-time.After(time.Duration(attempt) * 100 * time.Millisecond):
@@ -113,6 +109,15 @@ func (o *Client) Dispatch(ctx context.Context, req wire.DispatchRequest) (*wire.
 			return nil, context.Cause(ctx)
 		}
 	}
+}
+
+// DispatchOnce sends one POST /operator/jobs, and tries nothing again.
+func (o *Client) DispatchOnce(ctx context.Context, req wire.DispatchRequest) (*wire.DispatchResponse, error) {
+	var out wire.DispatchResponse
+	if err := o.do(ctx, http.MethodPost, "/operator/jobs", req, &out, nil); err != nil {
+		return nil, err
+	}
+	return &out, nil
 }
 
 // ListJobs reads a page of jobs with ids above after (GET

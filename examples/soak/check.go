@@ -4,8 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"slices"
-	"sort"
 	"strings"
 	"time"
 
@@ -156,12 +156,7 @@ func (s *soak) check(ctx context.Context, drainErr error) *result {
 			charged[rec.JobID]++
 		}
 	}
-	ids := make([]string, 0, len(all))
-	for id := range all {
-		ids = append(ids, id)
-	}
-	sort.Strings(ids)
-	for _, id := range ids {
+	for _, id := range slices.Sorted(maps.Keys(all)) {
 		j := all[id]
 		if _, ok := dispatched[id]; !ok {
 			r.extra++
@@ -234,12 +229,7 @@ func (s *soak) checkRequests(r *result, requests map[int64]request, all map[stri
 		}
 		bySeq[*p.Seq] = append(bySeq[*p.Seq], id)
 	}
-	seqs := make([]int64, 0, len(bySeq))
-	for seq := range bySeq {
-		seqs = append(seqs, seq)
-	}
-	slices.Sort(seqs)
-	for _, seq := range seqs {
+	for _, seq := range slices.Sorted(maps.Keys(bySeq)) {
 		ids := bySeq[seq]
 		q, ok := requests[seq]
 		switch {

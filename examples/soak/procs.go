@@ -21,6 +21,9 @@ type slot struct {
 	bin  string
 	args func() []string // read at each start
 	log  string          // appended to
+	// noStdout discards the process's standard output: the server shows
+	// its tokens there, which the logs must not keep.
+	noStdout bool
 	// exited, when set, is told of each exit nobody asked for, with the
 	// last line the process wrote.
 	exited   func(msg string)
@@ -55,6 +58,9 @@ func (s *slot) spawn() error {
 	fmt.Fprintf(f, "=== soak: starting %s %q at %s\n", s.name, args, time.Now().UTC().Format(time.RFC3339Nano))
 	cmd := exec.Command(s.bin, args...)
 	cmd.Stdout, cmd.Stderr = f, f
+	if s.noStdout {
+		cmd.Stdout = nil // the null device
+	}
 	// A process group of its own: a Ctrl-C on the terminal reaches the
 	// soak only, which stops everything in order.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}

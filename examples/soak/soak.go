@@ -261,7 +261,7 @@ func (s *soak) startServers(ctx context.Context) error {
 		addr := fmt.Sprintf("127.0.0.1:%d", port)
 		last := i == c.replicas-1 && i > 0
 		sv := &slot{
-			name: fmt.Sprintf("server-%d", i), bin: c.serverBin,
+			name: fmt.Sprintf("server-%d", i), bin: c.serverBin, noStdout: true,
 			exited: func(msg string) { s.logf("%s", msg) },
 			log:    filepath.Join(s.dir, "logs", fmt.Sprintf("server-%d.log", i)),
 			args: func() []string {
@@ -286,12 +286,8 @@ func (s *soak) startServers(ctx context.Context) error {
 			return err
 		}
 		if i == 0 {
-			b, err := os.ReadFile(tokensFile)
-			if err == nil {
-				err = json.Unmarshal(b, &s.tokens)
-			}
-			if err != nil || s.tokens.OperatorToken == "" {
-				return fmt.Errorf("the first replica wrote no tokens file (%v); see %s", err, sv.log)
+			if err := s.readTokens(ctx, tokensFile, sv); err != nil {
+				return err
 			}
 		}
 	}
@@ -303,6 +299,28 @@ func (s *soak) startServers(ctx context.Context) error {
 		return fmt.Errorf("activating the runtime: %w", err)
 	}
 	return nil
+}
+
+// readTokens waits for the tokens file the first replica writes once its
+// listener is bound, and reads it.
+func (s *soak) readTokens(ctx context.Context, path string, sv *slot) error {
+	deadline := time.Now().Add(time.Minute)
+	for {
+		b, err := os.ReadFile(path)
+		if err == nil {
+			if err = json.Unmarshal(b, &s.tokens); err == nil && s.tokens.OperatorToken != "" {
+				return nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the first replica wrote no tokens file (%v); see %s", err, sv.log)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 }
 
 // waitListening waits until addr accepts connections.

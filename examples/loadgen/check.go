@@ -94,7 +94,7 @@ func (l *load) listJobs(ctx context.Context, ids []string) (map[string]wire.Job,
 	lo, hi := slices.Min(ids), slices.Max(ids)
 	after := lo[:len(lo)-1] // a prefix sorts before the id itself
 	for {
-		page, err := l.op.listJobs(ctx, l.cfg.jobType, after)
+		page, err := l.op.ListJobs(ctx, l.cfg.jobType, after)
 		if err != nil {
 			return nil, err
 		}
@@ -166,7 +166,7 @@ func (l *load) verifyReceipts(ctx context.Context) checkResult {
 				proof, note = a.Proofs[i], a.Checkpoint
 			} else {
 				fetched++
-				got, err := l.op.receipt(ctx, wr.ID)
+				got, err := l.op.Receipt(ctx, wr.ID)
 				switch {
 				case err != nil:
 					bad("receipt %s of job %s: %v", wr.ID, id, err)
@@ -188,7 +188,7 @@ func (l *load) verifyReceipts(ctx context.Context) checkResult {
 		}
 	}
 
-	latestNote, err := l.op.checkpoint(ctx)
+	latestNote, err := l.op.Checkpoint(ctx)
 	var latest *receipts.Checkpoint
 	if err == nil {
 		latest, err = open(string(latestNote))
@@ -258,7 +258,7 @@ func (l *load) consistent(ctx context.Context, latest *receipts.Checkpoint, size
 		sem <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-sem }()
-			proof, err := l.op.consistency(ctx, size, latest.Size)
+			proof, err := l.op.Consistency(ctx, size, latest.Size)
 			if err == nil {
 				err = receipts.CheckConsistency(cp.Tree(), latest.Tree(), proof)
 			}

@@ -15,6 +15,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nodelane/nodelane/examples/internal/operator"
 	"github.com/nodelane/nodelane/workerapi/client"
 	"github.com/nodelane/nodelane/workerapi/wire"
 )
@@ -152,7 +153,7 @@ type load struct {
 	// workerHTTP counts the nodes' requests, opHTTP the operator's.
 	workerHTTP, opHTTP *countingTransport
 	hc                 *http.Client
-	op                 *operator
+	op                 *operator.Client
 
 	mu           sync.Mutex
 	jobs         map[string]*jobRecord
@@ -174,7 +175,7 @@ func newLoad(cfg *config, log *slog.Logger) *load {
 	l.hc = httpClient(cfg.nodes*(cfg.perNode+2)+cfg.registerN, l.workerHTTP)
 	opc := httpClient(cfg.dispatch+8, l.opHTTP)
 	opc.Timeout = 2 * time.Minute
-	l.op = &operator{base: cfg.server, token: cfg.tokens.operator, hc: opc}
+	l.op = operator.New(cfg.server, cfg.tokens.operator, opc)
 	return l
 }
 
@@ -331,7 +332,7 @@ func (l *load) dispatchAll(ctx context.Context) {
 			for i := range next {
 				payload, _ := json.Marshal(map[string]any{"loadgen": i})
 				start := time.Now()
-				resp, err := l.op.dispatch(ctx, wire.DispatchRequest{JobType: l.cfg.jobType, Payload: payload})
+				resp, err := l.op.Dispatch(ctx, wire.DispatchRequest{JobType: l.cfg.jobType, Payload: payload})
 				at := time.Now()
 				if err != nil && ctx.Err() != nil {
 					return

@@ -7,12 +7,14 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"sync"
 	"time"
 
 	"golang.org/x/mod/sumdb/note"
 
 	"github.com/nodelane/nodelane/credential"
 	"github.com/nodelane/nodelane/envelope"
+	"github.com/nodelane/nodelane/fingerprint"
 	"github.com/nodelane/nodelane/lease"
 	"github.com/nodelane/nodelane/receipts"
 	"github.com/nodelane/nodelane/replay"
@@ -50,6 +52,9 @@ type Stores struct {
 	Nonces      replay.NonceStore
 	Envelope    envelope.Store
 	Receipts    receipts.Store
+	// Fingerprints keeps the fingerprints of the secrets every replica
+	// must share (see Server.CheckSecrets).
+	Fingerprints fingerprint.Store
 }
 
 // The defaults of Config, exported so that hosts and their flags say them
@@ -191,6 +196,11 @@ type Server struct {
 	verifierKey string
 	hooks       *hookRunner
 	life        lifecycle
+	// secrets is set once CheckSecrets succeeded.
+	secrets struct {
+		sync.Mutex
+		ok bool
+	}
 }
 
 // ErrConfig is wrapped by every error of New about a missing or invalid
@@ -257,6 +267,7 @@ func checkStores(st Stores) error {
 		{"Tx", st.Tx == nil}, {"Notifier", st.Notifier == nil}, {"Leases", st.Leases == nil},
 		{"Credentials", st.Credentials == nil}, {"Nonces", st.Nonces == nil},
 		{"Envelope", st.Envelope == nil}, {"Receipts", st.Receipts == nil},
+		{"Fingerprints", st.Fingerprints == nil},
 	} {
 		if c.missing {
 			return fmt.Errorf("%w: Stores.%s is required", ErrConfig, c.name)

@@ -77,13 +77,14 @@ func Open(ctx context.Context, o Options) (*ControlPlane, error) {
 		return nil, err
 	}
 	srv, err := workerapi.New(workerapi.Stores{
-		Tx:          db,
-		Notifier:    n,
-		Leases:      db.LeaseStore(),
-		Credentials: db.CredentialStore(),
-		Nonces:      db.NonceStore(nil),
-		Envelope:    db.EnvelopeStore(),
-		Receipts:    db.ReceiptsStore(),
+		Tx:           db,
+		Notifier:     n,
+		Leases:       db.LeaseStore(),
+		Credentials:  db.CredentialStore(),
+		Nonces:       db.NonceStore(nil),
+		Envelope:     db.EnvelopeStore(),
+		Receipts:     db.ReceiptsStore(),
+		Fingerprints: db.FingerprintStore(),
 	}, workerapi.Config{
 		Peppers:            map[int][]byte{sec.PepperVersion: sec.Pepper},
 		PepperVersion:      sec.PepperVersion,

@@ -60,7 +60,7 @@ func (s *Server) CheckSecrets(ctx context.Context) error {
 	}
 	for _, f := range unheld {
 		s.log.Warn("a secret the database knows is not configured here: credentials that depend on it fail on this replica",
-			"secret", f.Name(), "fingerprint", f.Value[:16])
+			"secret", f.Name(), "fingerprint", f.Value[:min(16, len(f.Value))])
 	}
 	s.secrets.ok = true
 	return nil

@@ -23,7 +23,8 @@
 // Peppers rotate (see package credential): a pepper version the database
 // does not know yet is added, so a replica started with a new pepper next
 // to the old ones starts, and the others learn nothing they must refuse;
-// a version the database knows with another value is refused. A version
+// a version the database knows with another value is refused, and the
+// replica that holds it adds none of its other fingerprints. A version
 // the database knows that the replica does not hold is reported by Check
 // (the replica cannot verify tokens minted under it) but not refused, so
 // that a retired pepper can be dropped. The receipt signing key does not
@@ -194,17 +195,37 @@ func short(v string) string {
 	return v
 }
 
-// Check adds have's fingerprints to st where the database has none of
-// their Kind and ID, then compares the others. If any differs it returns
-// a *MismatchError naming every one that differs (errors.Is(err,
-// ErrMismatch)); the fingerprints it added stay. Otherwise it returns
-// the stored fingerprints of the kinds in have that have does not hold
-// (a pepper version the replica lacks, say), for the caller to report.
+// Check compares have with the fingerprints st holds, then adds those of
+// have that st has none of (same Kind and ID) and compares again. If one
+// differs it returns a *MismatchError naming every one that differs
+// (errors.Is(err, ErrMismatch)); a replica whose secrets differ from the
+// stored ones adds none of its own, so that it cannot claim a new pepper
+// version for its wrong secrets file. The second comparison catches a
+// replica that added the same Kind and ID in between. Otherwise Check
+// returns the stored fingerprints of the kinds in have that have does not
+// hold (a pepper version the replica lacks, say), for the caller to
+// report.
 func Check(ctx context.Context, st Store, have []Fingerprint) (unheld []Fingerprint, err error) {
-	stored, err := st.Add(ctx, have)
+	if err := ValidateAll(have); err != nil {
+		return nil, err
+	}
+	stored, err := st.Add(ctx, nil)
 	if err != nil {
 		return nil, err
 	}
+	if _, err := compare(stored, have, false); err != nil {
+		return nil, err
+	}
+	if stored, err = st.Add(ctx, have); err != nil {
+		return nil, err
+	}
+	return compare(stored, have, true)
+}
+
+// compare returns a *MismatchError for the fingerprints of have whose
+// stored value differs, or else the stored fingerprints of have's kinds
+// that have lacks. With all, every fingerprint of have must be stored.
+func compare(stored, have []Fingerprint, all bool) (unheld []Fingerprint, err error) {
 	type key struct {
 		kind Kind
 		id   string
@@ -219,10 +240,10 @@ func Check(ctx context.Context, st Store, have []Fingerprint) (unheld []Fingerpr
 	for _, f := range have {
 		held[key{f.Kind, f.ID}], kinds[f.Kind] = true, true
 		v, ok := byKey[key{f.Kind, f.ID}]
-		if !ok {
+		switch {
+		case !ok && all:
 			return nil, fmt.Errorf("fingerprint: the store returned no fingerprint of %s after adding it", f.Name())
-		}
-		if !hmac.Equal([]byte(v), []byte(f.Value)) {
+		case ok && !hmac.Equal([]byte(v), []byte(f.Value)):
 			mm = append(mm, Mismatch{Kind: f.Kind, ID: f.ID, Have: f.Value, Stored: v})
 		}
 	}

@@ -55,6 +55,19 @@ func TestCheck(t *testing.T) {
 		t.Fatalf("pepper 1 retired: %v %v", unheld, err)
 	}
 
+	// A replica with a wrong pepper 1 and a new pepper 3 adds nothing: pepper
+	// 3 is still free for the right secrets file.
+	p3 := bytes.Repeat([]byte{3}, 32)
+	if _, err := fingerprint.Check(ctx, st, []fingerprint.Fingerprint{fingerprint.Pepper(1, p2), fingerprint.Pepper(3, p2), fingerprint.ReceiptKey("key-a")}); !errors.Is(err, fingerprint.ErrMismatch) {
+		t.Fatalf("wrong pepper 1 with a new pepper 3: %v", err)
+	}
+	if _, err := fingerprint.Check(ctx, st, []fingerprint.Fingerprint{fingerprint.Pepper(1, p1), fingerprint.Pepper(3, p3), fingerprint.ReceiptKey("key-a")}); err != nil {
+		t.Fatalf("the right pepper 3 after a refused replica offered another: %v", err)
+	}
+	if _, err := fingerprint.Check(ctx, st, []fingerprint.Fingerprint{fingerprint.Pepper(1, p1), fingerprint.Pepper(1, p1)}); !errors.Is(err, fingerprint.ErrInvalidArgument) {
+		t.Fatalf("a secret given twice: %v", err)
+	}
+
 	for _, c := range []struct {
 		name string
 		have []fingerprint.Fingerprint

@@ -21,7 +21,8 @@ var ErrNotBootstrapped = errors.New("workerapi: the database is not bootstrapped
 // replica on the database holds (see package fingerprint): it stores the
 // fingerprints of Config.Peppers and of the receipt signing key that the
 // database lacks (the first replica's win, also when replicas start at
-// once), and compares the others. If a secret differs it returns an
+// once), and compares the others; a replica whose secrets differ adds
+// none of its own (see fingerprint.Check). If a secret differs it returns an
 // error that names it (errors.As finds a *fingerprint.MismatchError;
 // errors.Is(err, fingerprint.ErrMismatch) holds) and shows fingerprints,
 // never a secret: a replica with another pepper would verify none of the

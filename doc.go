@@ -19,6 +19,9 @@
 //     job types until an operator activates the runtime.
 //   - [github.com/nodelane/nodelane/receipts]: verifiable receipts in a
 //     Merkle log with signed checkpoints, and server-side pricing.
+//   - [github.com/nodelane/nodelane/fingerprint]: fingerprints of the
+//     secrets replicas share, so that a replica with other secrets refuses
+//     to start.
 //
 // [github.com/nodelane/nodelane/bunstore] implements every Store on one
 // bun database, SQLite (pure Go, the embedded default) or PostgreSQL

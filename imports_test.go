@@ -10,8 +10,9 @@ import (
 
 const module = "github.com/nodelane/nodelane"
 
-// cores are the five core packages of docs/DESIGN.md section 1.
-var cores = []string{"lease", "credential", "replay", "envelope", "receipts"}
+// cores are the core packages of docs/DESIGN.md section 1: the five, and
+// fingerprint.
+var cores = []string{"lease", "credential", "replay", "envelope", "receipts", "fingerprint"}
 
 // testclock is the one package of the module, besides its core, that a
 // conformance suite may import: the fake clock the suites share. It is a

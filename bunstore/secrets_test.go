@@ -20,12 +20,14 @@ import (
 
 	"github.com/nodelane/nodelane/bunstore"
 	"github.com/nodelane/nodelane/credential"
+	"github.com/nodelane/nodelane/fingerprint"
 	"github.com/nodelane/nodelane/internal/testdb"
 	"github.com/nodelane/nodelane/replay"
 )
 
-// secretTables are the tables the credential and nonce stores write.
-var secretTables = []string{"nodelane_principals", "nodelane_credentials", "nodelane_nonces"}
+// secretTables are the tables the credential, nonce and fingerprint
+// stores write.
+var secretTables = []string{"nodelane_principals", "nodelane_credentials", "nodelane_nonces", "nodelane_secret_fingerprints"}
 
 // TestNoSecretsInRowsOrLogs runs a credential and request-signing workload
 // with every log line captured (the default slog logger, and a bun query
@@ -106,6 +108,8 @@ func TestNoSecretsInRowsOrLogs(t *testing.T) {
 					args: []any{hex.EncodeToString([]byte(tok))}, want: "nodelane_credentials: the token's hex"},
 				{name: "unknown token-shaped string", plant: "UPDATE nodelane_principals SET name = ?",
 					args: []any{credential.TokenPrefix + strings.Repeat("Ab1", 23) + "zz"}, want: "nodelane_principals: a token-shaped string"},
+				{name: "pepper hex as a fingerprint", plant: "UPDATE nodelane_secret_fingerprints SET fingerprint = ?",
+					args: []any{hex.EncodeToString(w.pepper)}, want: "nodelane_secret_fingerprints: the pepper's hex"},
 				{name: "token in the log", log: fmt.Sprintf("level=INFO msg=\"bearer rejected\" token=%s\n", tok), want: "log: the token"},
 				{name: "pepper in the log", log: "pepper=" + hex.EncodeToString(w.pepper) + "\n", want: "log: the pepper's hex"},
 				{name: "node key in the log", log: "key=" + base64.StdEncoding.EncodeToString(w.node.priv.Seed()) + "\n", want: "log: the node private key's base64"},
@@ -157,6 +161,10 @@ func runSecretWorkload(t *testing.T, ctx context.Context, db *bunstore.DB, logge
 	n := newNode(t, "studio-gpu-1")
 	w := &secretWorkload{secrets: map[string][]byte{}, pepper: pepper, node: n}
 	w.secrets["pepper"] = pepper
+	// The pepper's fingerprint, as every replica stores it at startup.
+	if _, err := fingerprint.Check(ctx, db.FingerprintStore(), []fingerprint.Fingerprint{fingerprint.Pepper(1, pepper)}); err != nil {
+		t.Fatal(err)
+	}
 	w.secrets["node private key"] = n.priv.Seed()
 	w.secrets["node private key (64 bytes)"] = n.priv
 

@@ -49,13 +49,17 @@ type BootstrapResult struct {
 // program with a bearer token, never a node) with a node:register
 // credential, mints their credential_minted receipts (actor "system"),
 // all in one transaction, and returns both tokens with Created true.
-// Otherwise it changes nothing and returns Created false.
+// Otherwise it changes nothing and returns Created false. It runs
+// CheckSecrets first, and returns its error.
 //
 // Replicas may call it at once on one database: exactly one creates, the
 // others see Created false. Once bootstrapped, a database is never
 // bootstrapped again, even if every operator credential was revoked:
-// recover with Server.Issuer in Go.
+// recover with MintOperatorToken.
 func (s *Server) Bootstrap(ctx context.Context) (*BootstrapResult, error) {
+	if err := s.CheckSecrets(ctx); err != nil {
+		return nil, err
+	}
 	switch done, err := s.bootstrapped(ctx); {
 	case err != nil:
 		return nil, fmt.Errorf("workerapi: bootstrap: %w", err)

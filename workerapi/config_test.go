@@ -31,6 +31,7 @@ func TestNewFailsFast(t *testing.T) {
 		{"no Nonces", func(s *workerapi.Stores, _ *workerapi.Config) { s.Nonces = nil }, "Stores.Nonces"},
 		{"no Envelope", func(s *workerapi.Stores, _ *workerapi.Config) { s.Envelope = nil }, "Stores.Envelope"},
 		{"no Receipts", func(s *workerapi.Stores, _ *workerapi.Config) { s.Receipts = nil }, "Stores.Receipts"},
+		{"no Fingerprints", func(s *workerapi.Stores, _ *workerapi.Config) { s.Fingerprints = nil }, "Stores.Fingerprints"},
 		{"no peppers", func(_ *workerapi.Stores, c *workerapi.Config) { c.Peppers = nil }, "Peppers"},
 		{"pepper version unknown", func(_ *workerapi.Stores, c *workerapi.Config) { c.PepperVersion = 2 }, "PepperVersion"},
 		{"short pepper", func(_ *workerapi.Stores, c *workerapi.Config) { c.Peppers = map[int][]byte{1: make([]byte, 8)} }, "Peppers"},

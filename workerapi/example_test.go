@@ -66,6 +66,8 @@ func embed(ctx context.Context, path string) error {
 		Nonces:      db.NonceStore(nil),
 		Envelope:    db.EnvelopeStore(),
 		Receipts:    db.ReceiptsStore(),
+		// Replicas refuse to start on secrets other than the database's.
+		Fingerprints: db.FingerprintStore(),
 	}, workerapi.Config{
 		Peppers:       map[int][]byte{1: pepper},
 		PepperVersion: 1,

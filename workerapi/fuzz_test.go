@@ -20,6 +20,7 @@ import (
 
 	"github.com/nodelane/nodelane/credential"
 	"github.com/nodelane/nodelane/envelope"
+	"github.com/nodelane/nodelane/fingerprint"
 	"github.com/nodelane/nodelane/lease"
 	"github.com/nodelane/nodelane/receipts"
 	"github.com/nodelane/nodelane/replay"
@@ -160,13 +161,14 @@ func newFuzzServer(t testing.TB, now time.Time, logs ...io.Writer) *Server {
 		logger = slog.New(slog.NewTextHandler(logs[0], &slog.HandlerOptions{Level: slog.LevelWarn}))
 	}
 	s, err := New(Stores{
-		Tx:          fuzzTx{},
-		Notifier:    NewLocalNotifier(),
-		Leases:      lease.NewMemoryStore(),
-		Credentials: credential.NewMemoryStore(),
-		Nonces:      replay.NewMemoryStore(nil),
-		Envelope:    envelope.NewMemoryStore(),
-		Receipts:    receipts.NewMemoryStore(),
+		Tx:           fuzzTx{},
+		Notifier:     NewLocalNotifier(),
+		Leases:       lease.NewMemoryStore(),
+		Credentials:  credential.NewMemoryStore(),
+		Nonces:       replay.NewMemoryStore(nil),
+		Envelope:     envelope.NewMemoryStore(),
+		Receipts:     receipts.NewMemoryStore(),
+		Fingerprints: fingerprint.NewMemoryStore(),
 	}, Config{
 		Peppers:       map[int][]byte{1: bytes.Repeat([]byte{0x5a}, 32)},
 		PepperVersion: 1,

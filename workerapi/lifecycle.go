@@ -61,10 +61,16 @@ func (lc *lifecycle) stop(stopped chan struct{}) {
 //     ready;
 //   - the delivery of events to Config.Hooks.
 //
+// Before anything it runs CheckSecrets, and returns its error: a replica
+// whose secrets differ from the database's does not start.
+//
 // The work runs until Stop is called or ctx ends. Start may be called
 // once; a second call returns ErrStarted. Call Stop before the stores
 // close, even when ctx ended, to wait for the work to end.
 func (s *Server) Start(ctx context.Context) error {
+	if err := s.CheckSecrets(ctx); err != nil {
+		return err
+	}
 	lc := &s.life
 	lc.mu.Lock()
 	defer lc.mu.Unlock()

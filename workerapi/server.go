@@ -7,12 +7,14 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"sync"
 	"time"
 
 	"golang.org/x/mod/sumdb/note"
 
 	"github.com/nodelane/nodelane/credential"
 	"github.com/nodelane/nodelane/envelope"
+	"github.com/nodelane/nodelane/fingerprint"
 	"github.com/nodelane/nodelane/lease"
 	"github.com/nodelane/nodelane/receipts"
 	"github.com/nodelane/nodelane/replay"
@@ -57,6 +59,9 @@ type Stores struct {
 	// lease expiries and signature windows by one clock. Without it the
 	// Server trusts Config.Now, and Ready always reports ready.
 	Clock DatabaseClock
+	// Fingerprints keeps the fingerprints of the secrets every replica
+	// must share (see Server.CheckSecrets).
+	Fingerprints fingerprint.Store
 }
 
 // The defaults of Config, exported so that hosts and their flags say them
@@ -216,6 +221,11 @@ type Server struct {
 	seqOutage, maintOutage *outage
 	// clock is the Server's clock against the database's (clock.go).
 	clock dbClock
+	// secrets is set once CheckSecrets succeeded.
+	secrets struct {
+		sync.Mutex
+		ok bool
+	}
 }
 
 // ErrConfig is wrapped by every error of New about a missing or invalid
@@ -285,6 +295,7 @@ func checkStores(st Stores) error {
 		{"Tx", st.Tx == nil}, {"Notifier", st.Notifier == nil}, {"Leases", st.Leases == nil},
 		{"Credentials", st.Credentials == nil}, {"Nonces", st.Nonces == nil},
 		{"Envelope", st.Envelope == nil}, {"Receipts", st.Receipts == nil},
+		{"Fingerprints", st.Fingerprints == nil},
 	} {
 		if c.missing {
 			return fmt.Errorf("%w: Stores.%s is required", ErrConfig, c.name)

@@ -14,6 +14,22 @@
 // until its clock has been measured against the database's, and while the
 // two are more than 2 s apart (workerapi.Server.Ready). -clock-skew
 // DURATION offsets the server's own clock, for fault testing only.
+// It binds its address first, so that a busy port stops it before it
+// touches the database. Then, on a database with no operator yet, it
+// mints an operator credential and a provisioning (node:register)
+// credential and shows them once on the terminal (never in the logs);
+// with -tokens-file it also writes them as JSON. A replica whose secrets
+// file differs from the one the database was first used with refuses to
+// start, naming the secret that differs.
+//
+// An operator who lost every operator token gets a new one with the
+// break-glass subcommand, run where the database and the secrets file
+// are (a running server may go on running):
+//
+//	go run ./examples/server mint-operator -db sqlite:nodelane.db -secrets-file nodelane-secrets.json
+//
+// It prints the token once on stdout and records its credential_minted
+// receipt.
 package main
 
 import (
@@ -43,6 +59,9 @@ func main() {
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) > 0 && args[0] == "mint-operator" {
+		return mintOperator(ctx, args[1:], stdout, stderr)
+	}
 	fs := flag.NewFlagSet("server", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var (
@@ -80,6 +99,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
+	// Bound before anything else: a busy port must stop the server before
+	// it bootstraps, or the tokens it mints would be shown to no one.
+	ln, err := net.Listen("tcp", *addr)
+	if err != nil {
+		return err
+	}
+	defer ln.Close()
+
 	cp, err := controlplane.Open(ctx, controlplane.Options{
 		DB: *dsn, SecretsFile: *secretsFile, LeaseTTL: *leaseTTL, AcceptTimeout: *acceptTimeout,
 		Prices: prices, ApproveNodes: *approveNodes, MaxLeasesPerWorker: *maxLeases,
@@ -97,13 +124,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 	}()
 
+	// Bootstrap first checks that the secrets are the database's.
 	boot, err := cp.Server.Bootstrap(ctx)
 	if err != nil {
 		return fmt.Errorf("bootstrap: %w", err)
-	}
-	ln, err := net.Listen("tcp", *addr)
-	if err != nil {
-		return err
 	}
 	if boot.Created {
 		// Shown once, on the terminal only: never through the logger.
@@ -115,14 +139,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 				ProvisioningToken: boot.ProvisioningToken,
 				ReceiptPublicKey:  cp.Server.ReceiptVerifierKey(),
 			}); err != nil {
-				ln.Close()
 				return fmt.Errorf("tokens file: %w", err)
 			}
 		}
 	}
 
 	if err := cp.Server.Start(ctx); err != nil {
-		ln.Close()
 		return err
 	}
 
@@ -157,6 +179,57 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		err = nil
 	}
 	return err
+}
+
+// DefaultMintTTL is the lifetime of a token mint-operator mints: enough
+// to mint lasting credentials through the operator routes
+// (POST /operator/credentials) and revoke the lost ones.
+const DefaultMintTTL = 24 * time.Hour
+
+// mintOperator is the break-glass subcommand: it mints an operator token
+// from the database and the secrets file (which must exist and be the
+// database's), with its receipt, and prints the token once on stdout.
+func mintOperator(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("server mint-operator", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var (
+		dsn         = fs.String("db", "sqlite:nodelane.db", "database: sqlite:PATH or postgres://...")
+		secretsFile = fs.String("secrets-file", "nodelane-secrets.json", "the secrets file the servers on this database use (it is never created)")
+		ttl         = fs.Duration("ttl", DefaultMintTTL, "the token's lifetime (at most a year)")
+	)
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "usage: server mint-operator -db DSN -secrets-file PATH [-ttl D]\n\n"+
+			"Mints a new operator token (every scope) with a credential_minted receipt and prints it once on stdout.")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("mint-operator: unexpected argument %q", fs.Arg(0))
+	}
+	if *ttl <= 0 || *ttl > workerapi.BootstrapTTL {
+		return fmt.Errorf("mint-operator: -ttl %v is not in (0, %v]", *ttl, workerapi.BootstrapTTL)
+	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	cp, err := controlplane.Open(ctx, controlplane.Options{
+		DB: *dsn, SecretsFile: *secretsFile, ExistingSecrets: true, Logger: log,
+	})
+	if err != nil {
+		return fmt.Errorf("mint-operator: %w", err)
+	}
+	defer cp.Close(context.WithoutCancel(ctx))
+	tok, err := cp.Server.MintOperatorToken(ctx, *ttl)
+	if err != nil {
+		return fmt.Errorf("mint-operator: %w", err)
+	}
+	// Shown once, on the terminal only: never through the logger.
+	if _, err := fmt.Fprintf(stdout, "operator token: %s\n", tok.Token); err != nil {
+		return err
+	}
+	log.Info("minted an operator token", "principal_id", workerapi.OperatorPrincipal,
+		"credential_id", tok.CredentialID, "receipt_id", tok.ReceiptID, "expires_at", tok.ExpiresAt)
+	return nil
 }
 
 // dbKind names the database without its DSN, which may hold a password.

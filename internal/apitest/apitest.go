@@ -185,13 +185,14 @@ func start(t testing.TB, dialect, dsn string, cfg workerapi.Config, clock *testc
 		n = o.notifier(t, db)
 	}
 	st := workerapi.Stores{
-		Tx:          db,
-		Notifier:    n,
-		Leases:      db.LeaseStore(),
-		Credentials: db.CredentialStore(),
-		Nonces:      db.NonceStore(nil),
-		Envelope:    db.EnvelopeStore(),
-		Receipts:    db.ReceiptsStore(),
+		Tx:           db,
+		Notifier:     n,
+		Leases:       db.LeaseStore(),
+		Credentials:  db.CredentialStore(),
+		Nonces:       db.NonceStore(nil),
+		Envelope:     db.EnvelopeStore(),
+		Receipts:     db.ReceiptsStore(),
+		Fingerprints: db.FingerprintStore(),
 	}
 	if o.stores != nil {
 		st = o.stores(st)

@@ -27,11 +27,17 @@ type Options struct {
 	// DB is a bunstore DSN: sqlite:PATH or postgres://...
 	DB string
 	// SecretsFile holds the pepper and the receipt signing key; it is
-	// created 0600 on first use. Replicas share it.
-	SecretsFile   string
-	LeaseTTL      time.Duration
-	AcceptTimeout time.Duration
-	Prices        receipts.Prices
+	// created 0600 on first use. Replicas share it: the Server refuses to
+	// start on secrets other than the database's (see
+	// workerapi.Server.CheckSecrets).
+	SecretsFile string
+	// ExistingSecrets makes Open fail when SecretsFile does not exist,
+	// rather than create it: a command that only uses the secrets (the
+	// break-glass mint-operator) must not make up new ones.
+	ExistingSecrets bool
+	LeaseTTL        time.Duration
+	AcceptTimeout   time.Duration
+	Prices          receipts.Prices
 	// Origin names the receipt log. Defaults to receipts.DefaultOrigin.
 	Origin string
 	// MaintainInterval is workerapi.Config.MaintainInterval.
@@ -63,7 +69,11 @@ func Open(ctx context.Context, o Options) (*ControlPlane, error) {
 	if o.Origin == "" {
 		o.Origin = receipts.DefaultOrigin
 	}
-	sec, err := LoadOrCreateSecrets(o.SecretsFile, o.Origin)
+	load := LoadOrCreateSecrets
+	if o.ExistingSecrets {
+		load = func(path, _ string) (*Secrets, error) { return LoadSecrets(path) }
+	}
+	sec, err := load(o.SecretsFile, o.Origin)
 	if err != nil {
 		return nil, err
 	}
@@ -77,14 +87,15 @@ func Open(ctx context.Context, o Options) (*ControlPlane, error) {
 		return nil, err
 	}
 	srv, err := workerapi.New(workerapi.Stores{
-		Tx:          db,
-		Notifier:    n,
-		Leases:      db.LeaseStore(),
-		Credentials: db.CredentialStore(),
-		Nonces:      db.NonceStore(nil),
-		Envelope:    db.EnvelopeStore(),
-		Receipts:    db.ReceiptsStore(),
-		Clock:       db,
+		Tx:           db,
+		Notifier:     n,
+		Leases:       db.LeaseStore(),
+		Credentials:  db.CredentialStore(),
+		Nonces:       db.NonceStore(nil),
+		Envelope:     db.EnvelopeStore(),
+		Receipts:     db.ReceiptsStore(),
+		Fingerprints: db.FingerprintStore(),
+		Clock:        db,
 	}, workerapi.Config{
 		Peppers:            map[int][]byte{sec.PepperVersion: sec.Pepper},
 		PepperVersion:      sec.PepperVersion,
@@ -130,10 +141,17 @@ type Secrets struct {
 // never overwriting) with a fresh 32-byte pepper and signing key. It
 // refuses a file that others may read.
 func LoadOrCreateSecrets(path, origin string) (*Secrets, error) {
-	b, err := os.ReadFile(path)
+	s, err := LoadSecrets(path)
 	if errors.Is(err, fs.ErrNotExist) {
 		return createSecrets(path, origin)
 	}
+	return s, err
+}
+
+// LoadSecrets reads the secrets file, which must exist (else an error
+// that matches fs.ErrNotExist). It refuses a file that others may read.
+func LoadSecrets(path string) (*Secrets, error) {
+	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("secrets file: %w", err)
 	}

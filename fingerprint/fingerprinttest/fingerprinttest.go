@@ -1,0 +1,137 @@
+// Package fingerprinttest is the conformance suite for fingerprint.Store
+// implementations. An adapter's test calls Run with a function that
+// returns a Store over a new, empty database:
+//
+//	func TestFingerprintStore(t *testing.T) {
+//		fingerprinttest.Run(t, func(t *testing.T) fingerprint.Store {
+//			return openEmptyDatabase(t).FingerprintStore()
+//		})
+//	}
+//
+// The suite checks that Add stores what is absent and keeps what is
+// stored, returns every stored fingerprint in order, refuses malformed
+// input without storing any of it, and that concurrent Adds of different
+// values for one Kind and ID all return the same one.
+package fingerprinttest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/nodelane/nodelane/fingerprint"
+)
+
+// Run runs the suite on stores made by open; each case opens its own.
+func Run(t *testing.T, open func(t *testing.T) fingerprint.Store) {
+	for _, c := range []struct {
+		name string
+		fn   func(t *testing.T, st fingerprint.Store)
+	}{
+		{"AddToEmpty", testAddToEmpty},
+		{"KeepsStored", testKeepsStored},
+		{"Invalid", testInvalid},
+		{"Concurrent", testConcurrent},
+	} {
+		t.Run(c.name, func(t *testing.T) { c.fn(t, open(t)) })
+	}
+}
+
+// at is the suite's fixed time, in UTC microseconds as stores keep it.
+var at = time.Date(2026, 12, 1, 10, 0, 0, 123456000, time.UTC)
+
+func fp(kind fingerprint.Kind, id string, b byte, created time.Time) fingerprint.Fingerprint {
+	return fingerprint.Fingerprint{Kind: kind, ID: id, Value: strings.Repeat(fmt.Sprintf("%02x", b), 32), CreatedAt: created}
+}
+
+func add(t *testing.T, st fingerprint.Store, fps ...fingerprint.Fingerprint) []fingerprint.Fingerprint {
+	t.Helper()
+	got, err := st.Add(context.Background(), fps)
+	if err != nil {
+		t.Fatalf("Add: %v", err)
+	}
+	return got
+}
+
+func same(t *testing.T, what string, got, want []fingerprint.Fingerprint) {
+	t.Helper()
+	if d := cmp.Diff(want, got, cmp.Comparer(func(a, b time.Time) bool { return a.Equal(b) })); d != "" {
+		t.Errorf("%s (-want +got):\n%s", what, d)
+	}
+}
+
+func testAddToEmpty(t *testing.T, st fingerprint.Store) {
+	same(t, "Add of nothing to an empty store", add(t, st), nil)
+	rk, p2, p1 := fp(fingerprint.KindReceiptKey, "", 0xaa, at), fp(fingerprint.KindPepper, "2", 0x02, at), fp(fingerprint.KindPepper, "1", 0x01, at)
+	// Ordered by kind, then id: pepper before receipt_key.
+	same(t, "first Add", add(t, st, rk, p2, p1), []fingerprint.Fingerprint{p1, p2, rk})
+	same(t, "Add of nothing", add(t, st), []fingerprint.Fingerprint{p1, p2, rk})
+}
+
+func testKeepsStored(t *testing.T, st fingerprint.Store) {
+	p1, rk := fp(fingerprint.KindPepper, "1", 0x01, at), fp(fingerprint.KindReceiptKey, "", 0xaa, at)
+	add(t, st, p1, rk)
+	later := at.Add(time.Hour)
+	p1b, rkb, p3 := fp(fingerprint.KindPepper, "1", 0x11, later), fp(fingerprint.KindReceiptKey, "", 0xbb, later), fp(fingerprint.KindPepper, "3", 0x03, later)
+	// A different value for a stored kind and id changes nothing; a new id
+	// is added.
+	same(t, "second Add", add(t, st, p1b, rkb, p3), []fingerprint.Fingerprint{p1, p3, rk})
+}
+
+func testInvalid(t *testing.T, st fingerprint.Store) {
+	good := fp(fingerprint.KindPepper, "1", 0x01, at)
+	for _, c := range []struct {
+		name string
+		f    fingerprint.Fingerprint
+	}{
+		{"empty kind", fp("", "1", 0x01, at)},
+		{"long kind", fp(fingerprint.Kind(strings.Repeat("k", fingerprint.MaxKindLen+1)), "1", 0x01, at)},
+		{"long id", fp(fingerprint.KindPepper, strings.Repeat("9", fingerprint.MaxIDLen+1), 0x01, at)},
+		{"short value", fingerprint.Fingerprint{Kind: fingerprint.KindPepper, ID: "2", Value: "abcd", CreatedAt: at}},
+		{"upper-case value", fingerprint.Fingerprint{Kind: fingerprint.KindPepper, ID: "2", Value: strings.Repeat("AB", 32), CreatedAt: at}},
+		{"twice", fp(fingerprint.KindPepper, "1", 0x02, at)},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := st.Add(context.Background(), []fingerprint.Fingerprint{good, fp(fingerprint.KindPepper, "7", 0x07, at), c.f})
+			if !errors.Is(err, fingerprint.ErrInvalidArgument) {
+				t.Fatalf("Add with %s: %v, want ErrInvalidArgument", c.name, err)
+			}
+			same(t, "after a refused Add", add(t, st), nil)
+		})
+	}
+}
+
+func testConcurrent(t *testing.T, st fingerprint.Store) {
+	const n = 8
+	var (
+		wg   sync.WaitGroup
+		got  = make([][]fingerprint.Fingerprint, n)
+		errs = make([]error, n)
+	)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			got[i], errs[i] = st.Add(context.Background(), []fingerprint.Fingerprint{
+				fp(fingerprint.KindPepper, "1", byte(i), at), fp(fingerprint.KindReceiptKey, "", byte(0x80+i), at),
+			})
+		}()
+	}
+	wg.Wait()
+	for i := range n {
+		if errs[i] != nil {
+			t.Fatalf("Add %d: %v", i, errs[i])
+		}
+		if len(got[i]) != 2 {
+			t.Fatalf("Add %d returned %d fingerprints, want 2", i, len(got[i]))
+		}
+		same(t, fmt.Sprintf("Add %d against Add 0", i), got[i], got[0])
+	}
+	same(t, "stored after the concurrent Adds", add(t, st), got[0])
+}

@@ -4,16 +4,6 @@
 //
 //	go run ./examples/server -addr 127.0.0.1:8080 -db sqlite:nodelane.db
 //
-// On a database with no operator yet it mints an operator credential and a
-// provisioning (node:register) credential and shows them once on the
-// terminal (never in the logs); with -tokens-file it also writes them,
-// after the listener is bound, as JSON.
-//
-// GET /readyz answers 200 {"ready":true} while the server should get
-// traffic, and 503 {"ready":false,"reason":"..."} while it should not:
-// until its clock has been measured against the database's, and while the
-// two are more than 2 s apart (workerapi.Server.Ready). -clock-skew
-// DURATION offsets the server's own clock, for fault testing only.
 // It binds its address first, so that a busy port stops it before it
 // touches the database. Then, on a database with no operator yet, it
 // mints an operator credential and a provisioning (node:register)
@@ -30,6 +20,12 @@
 //
 // It prints the token once on stdout and records its credential_minted
 // receipt.
+//
+// GET /readyz answers 200 {"ready":true} while the server should get
+// traffic, and 503 {"ready":false,"reason":"..."} while it should not:
+// until its clock has been measured against the database's, and while the
+// two are more than 2 s apart (workerapi.Server.Ready). -clock-skew
+// DURATION offsets the server's own clock, for fault testing only.
 package main
 
 import (

@@ -4,12 +4,14 @@ import (
 	"context"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/nodelane/nodelane/internal/apitest"
+	"github.com/nodelane/nodelane/lease"
 	"github.com/nodelane/nodelane/receipts"
 	"github.com/nodelane/nodelane/workerapi"
 	"github.com/nodelane/nodelane/workerapi/wire"
@@ -145,4 +147,45 @@ func TestNoRetention(t *testing.T) {
 	if evs := mustOp(t, env, http.StatusOK, "GET", "/operator/jobs/"+id, nil)["events"].([]any); len(evs) != 2 {
 		t.Errorf("the job kept %d events, want 2", len(evs))
 	}
+}
+
+// racingLeases deletes every ended job, once armed, right after a list of
+// artifacts read them: retention running between the artifacts' read and
+// their jobs'.
+type racingLeases struct {
+	lease.Store
+	armed *atomic.Bool
+}
+
+func (s racingLeases) ListArtifacts(ctx context.Context, f lease.ArtifactFilter) ([]*lease.Artifact, error) {
+	as, err := s.Store.ListArtifacts(ctx, f)
+	if err == nil && s.armed.CompareAndSwap(true, false) {
+		_, err = s.Store.DeleteEnded(ctx, time.Now().Add(1000*time.Hour), lease.PruneBatch)
+	}
+	return as, err
+}
+
+// A list of artifacts whose jobs retention deletes while it is read
+// leaves those artifacts out instead of failing.
+func TestArtifactListRacesRetention(t *testing.T) {
+	armed := new(atomic.Bool)
+	env := newOpEnv(t, "sqlite", apitest.WithStores(func(st workerapi.Stores) workerapi.Stores {
+		st.Leases = racingLeases{st.Leases, armed}
+		return st
+	}))
+	n := opGPUNode(t, env, "gpu-1", 4)
+	ended, _, _ := endedJob(t, env, n)
+	dispatchJob(t, env, obj{"job_type": "status_check"})
+	live, tok := runOne(t, n, "status_check")
+	reportArtifact(t, n, live, tok, "log", "live.txt")
+	if as := mustOp(t, env, http.StatusOK, "GET", "/operator/artifacts", nil)["artifacts"].([]any); len(as) != 2 {
+		t.Fatalf("%d artifacts before the deletion, want 2", len(as))
+	}
+	armed.Store(true)
+	as := mustOp(t, env, http.StatusOK, "GET", "/operator/artifacts", nil)["artifacts"].([]any)
+	if len(as) != 1 || as[0].(obj)["job_id"] != live {
+		t.Errorf("artifacts listed while %s was deleted: %v; want only the live job's", ended, as)
+	}
+	st, m := op(t, env, "GET", "/operator/jobs/"+ended, nil)
+	wantOpError(t, "the deleted job", st, m, http.StatusNotFound, wire.CodeNotFound)
 }

@@ -53,6 +53,13 @@ func (db *DB) LeaseStore() *LeaseStore { return &LeaseStore{db: db} }
 // liveStates lists the states of a job that holds a lease, for "IN (?)".
 func liveStates() any { return bun.List([]lease.State{lease.StateLeased, lease.StateRunning}) }
 
+// endedStates lists the terminal states, for "IN (?)", in the order of
+// the predicate of nodelane_jobs_ended_idx, which a query must repeat for
+// SQLite's planner to use the index.
+func endedStates() any {
+	return bun.List([]lease.State{lease.StateSucceeded, lease.StateFailed, lease.StateCanceled})
+}
+
 // jobRow is a lease.Job as stored. The optional structs are flattened into
 // column groups, each absent when its first column is NULL.
 type jobRow struct {
@@ -291,8 +298,9 @@ func (s *LeaseStore) ListJobs(ctx context.Context, f lease.JobFilter) ([]*lease.
 // if there is no such job.
 func (s *LeaseStore) UpdateJob(ctx context.Context, j *lease.Job, rev int64) error {
 	// No transaction of its own: the write is one conditional UPDATE, and
-	// the existence check after a miss only chooses the error (jobs are
-	// never deleted, so a job missing then was missing at the UPDATE).
+	// the existence check after a miss only chooses the error (a job is
+	// deleted only once ended, by DeleteEnded: if it was deleted after
+	// the UPDATE missed, lease.ErrNotFound is as true as ErrConflict).
 	return s.write(ctx, func(ctx context.Context, idb bun.IDB) error {
 		return updateJob(ctx, idb, j, rev)
 	})
@@ -417,6 +425,100 @@ func (s *LeaseStore) ExpiredJobs(ctx context.Context, now time.Time, limit int) 
 		return nil, fmt.Errorf("bunstore: expired jobs: %w", aborted(err))
 	}
 	return jobs(rows), nil
+}
+
+// DeleteEnded deletes up to limit ended jobs that finished before
+// before, oldest first, with their events and artifacts, in one
+// transaction (the context's, if it carries one). The candidates come from
+// nodelane_jobs_ended_idx (migration 0015) in finished_at order, so that
+// a call reads about limit rows however many jobs the table keeps. On
+// PostgreSQL they are locked FOR UPDATE SKIP LOCKED: calls on several
+// replicas delete disjoint jobs and never wait for each other, nor for a
+// request that holds a job's row (the job is deleted by a later call);
+// and a row locked after a concurrent write is checked against the
+// predicate again, so a job that is not ended at the time of the delete
+// is never deleted. The events and artifacts go first, by job id through
+// their indexes, then the jobs. No other writer locks an ended job's
+// events or artifacts, and no writer of a live job waits for an ended
+// one, so a delete and the hot path cannot deadlock. On PostgreSQL it
+// sets deleteEndedSettings for the rest of its transaction (the
+// context's, when it joins one). It returns lease.ErrInvalidArgument if
+// limit < 1.
+func (s *LeaseStore) DeleteEnded(ctx context.Context, before time.Time, limit int) (int, error) {
+	if limit <= 0 {
+		return 0, errLimit("delete ended jobs", limit)
+	}
+	deleted := 0
+	err := s.inTx(ctx, func(ctx context.Context, tx bun.IDB) error {
+		deleted = 0
+		if s.db.postgres() {
+			if _, err := tx.ExecContext(ctx, deleteEndedSettings); err != nil {
+				return err
+			}
+		}
+		var ids []string
+		if err := s.db.endedJobs(tx, before, limit).Scan(ctx, &ids); err != nil {
+			return err
+		}
+		if len(ids) == 0 {
+			return nil
+		}
+		in := bun.List(ids)
+		if _, err := tx.NewDelete().Model((*eventRow)(nil)).Where("job_id IN (?)", in).Exec(ctx); err != nil {
+			return err
+		}
+		if _, err := tx.NewDelete().Model((*artifactRow)(nil)).Where("job_id IN (?)", in).Exec(ctx); err != nil {
+			return err
+		}
+		res, err := tx.NewDelete().Model((*jobRow)(nil)).Where("id IN (?)", in).Exec(ctx)
+		if err != nil {
+			return err
+		}
+		n, err := res.RowsAffected()
+		if err != nil {
+			return err
+		}
+		if n != int64(len(ids)) {
+			// Impossible under the row locks (PostgreSQL) or the write
+			// lock (SQLite); refuse rather than count wrong.
+			return fmt.Errorf("deleted %d of the %d jobs selected", n, len(ids))
+		}
+		deleted = len(ids)
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("bunstore: delete ended jobs: %w", err)
+	}
+	return deleted, nil
+}
+
+// deleteEndedSettings are the planner settings of DeleteEnded's
+// transaction on PostgreSQL (SET LOCAL: they end with it). With a table
+// never analyzed, or a burst of jobs ended since, the planner estimates a
+// handful of ended jobs and would gather every one of them (a bitmap of
+// the ended index) and sort them to keep the oldest few; without a sort
+// or a bitmap, it walks nodelane_jobs_ended_idx in order and stops at the
+// limit (TestDeleteEndedPlanWalksEndedIndex), as claimSettings do for
+// claims.
+const deleteEndedSettings = "SELECT set_config('enable_sort', 'off', true), set_config('enable_bitmapscan', 'off', true)"
+
+// endedJobs selects the ids of up to limit ended jobs that finished
+// before before, oldest first, from nodelane_jobs_ended_idx: on
+// PostgreSQL under deleteEndedSettings, locking them; on SQLite INDEXED BY
+// it, since the planner, without statistics, would rather read every
+// ended job through the index on state and sort them.
+func (db *DB) endedJobs(idb bun.IDB, before time.Time, limit int) *bun.SelectQuery {
+	q := idb.NewSelect().Model((*jobRow)(nil)).Column("id").
+		Where("state IN (?)", endedStates()).
+		Where("finished_at < ?", micros(before)).
+		OrderExpr("finished_at").
+		Limit(int64(limit))
+	if db.postgres() {
+		q = q.For("UPDATE SKIP LOCKED")
+	} else {
+		q = q.ModelTableExpr("nodelane_jobs AS job_row INDEXED BY nodelane_jobs_ended_idx")
+	}
+	return q
 }
 
 type eventRow struct {

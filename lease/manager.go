@@ -61,6 +61,11 @@ type Config struct {
 	// a replica whose clock runs fast does not expire live leases; Expire
 	// is not affected. Defaults to nil: Lease sweeps.
 	HoldSweeps func() bool
+	// Retention, when positive, is how long an ended job (succeeded,
+	// failed or canceled) is kept after it finished: Prune deletes the
+	// jobs that ended longer ago, with their events and artifacts.
+	// Defaults to 0, which keeps every job; a negative value is read as 0.
+	Retention time.Duration
 	// Now is the clock. Defaults to time.Now.
 	Now func() time.Time
 	// Rand is the source of tokens, ids and jitter. Defaults to crypto/rand.Reader.
@@ -986,6 +991,38 @@ func (m *Manager) expire(ctx context.Context, limit int) (int, error) {
 		}
 	}
 	return n, nil
+}
+
+// PruneBatch is how many jobs one Store.DeleteEnded of Prune deletes at
+// most, and PruneMaxBatches how many batches one Prune runs at most.
+const (
+	PruneBatch      = 500
+	PruneMaxBatches = 20
+)
+
+// Prune deletes the jobs that ended (succeeded, failed or canceled) more
+// than Config.Retention ago, with their events and artifacts, in batches
+// of PruneBatch jobs, each atomic, until a batch comes back short or
+// PruneMaxBatches ran: one call deletes at most PruneBatch *
+// PruneMaxBatches jobs, and the next call goes on. A live or queued job is
+// never deleted, whatever its age, and nothing outside the Store is
+// (receipts stay). Without Retention it deletes nothing. It is safe to run
+// on every replica at once: each job is deleted once. It returns how many
+// jobs it deleted.
+func (m *Manager) Prune(ctx context.Context) (int, error) {
+	if m.cfg.Retention <= 0 {
+		return 0, nil
+	}
+	before := m.now().Add(-m.cfg.Retention)
+	total := 0
+	for range PruneMaxBatches {
+		n, err := m.store.DeleteEnded(ctx, before, PruneBatch)
+		total += n
+		if err != nil || n < PruneBatch {
+			return total, err
+		}
+	}
+	return total, nil
 }
 
 // requeue puts j back in the queue; when the attempt is used, after a

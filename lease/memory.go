@@ -19,6 +19,7 @@ type MemoryStore struct {
 	jobs      map[string]*Job
 	workers   map[string]*Worker
 	events    []*Event
+	lastEvent int64 // the last Event.ID given out
 	logSeqs   map[jobSeq]bool
 	artifacts map[string]*Artifact
 }
@@ -182,6 +183,48 @@ func (s *MemoryStore) ExpiredJobs(_ context.Context, now time.Time, limit int) (
 	return out, nil
 }
 
+// DeleteEnded implements Store. It deletes the oldest ended jobs first.
+func (s *MemoryStore) DeleteEnded(ctx context.Context, before time.Time, limit int) (int, error) {
+	if limit <= 0 {
+		return 0, errLimit(limit)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	var ended []*Job
+	for _, j := range s.jobs {
+		if j.State.Terminal() && j.FinishedAt != nil && j.FinishedAt.Before(before) {
+			ended = append(ended, j)
+		}
+	}
+	sort.Slice(ended, func(a, b int) bool {
+		if x, y := ended[a].FinishedAt, ended[b].FinishedAt; !x.Equal(*y) {
+			return x.Before(*y)
+		}
+		return ended[a].ID < ended[b].ID
+	})
+	ended = ended[:min(limit, len(ended))]
+	gone := make(map[string]bool, len(ended))
+	for _, j := range ended {
+		gone[j.ID] = true
+		delete(s.jobs, j.ID)
+	}
+	s.events = slices.DeleteFunc(s.events, func(e *Event) bool {
+		if gone[e.JobID] && e.Kind == EventLog {
+			delete(s.logSeqs, jobSeq{e.JobID, e.Seq})
+		}
+		return gone[e.JobID]
+	})
+	for id, a := range s.artifacts {
+		if gone[a.JobID] {
+			delete(s.artifacts, id)
+		}
+	}
+	return len(ended), nil
+}
+
 // AddEvents implements Store.
 func (s *MemoryStore) AddEvents(ctx context.Context, evs []*Event) (int, error) {
 	s.mu.Lock()
@@ -198,7 +241,8 @@ func (s *MemoryStore) AddEvents(ctx context.Context, evs []*Event) (int, error) 
 			}
 			s.logSeqs[k] = true
 		}
-		e.ID = int64(len(s.events) + 1)
+		s.lastEvent++
+		e.ID = s.lastEvent
 		c := *e
 		c.Payload = slices.Clone(e.Payload)
 		s.events = append(s.events, &c)

@@ -191,6 +191,19 @@ type Store interface {
 	// before now, or that are still leased at or after their AcceptBy, in
 	// ascending id order. ErrInvalidArgument if limit <= 0.
 	ExpiredJobs(ctx context.Context, now time.Time, limit int) ([]*Job, error)
+	// DeleteEnded deletes up to limit ended jobs (succeeded, failed or
+	// canceled) whose FinishedAt is before before, together with their
+	// events and artifacts, and returns how many jobs it deleted. Each
+	// job goes with its records or not at all. It never deletes a job that
+	// is not ended, nor one that ended at or after before, nor anything
+	// outside the lease store (receipts stay). Calls may run at once, on
+	// any replica: each job is deleted by one of them, and each counts
+	// only its own; a SQL store skips the rows another call holds (FOR
+	// UPDATE SKIP LOCKED) rather than wait for them. A SQL store reads the
+	// candidates through an index on finished_at, so that a call costs
+	// about limit rows however many jobs the table keeps.
+	// ErrInvalidArgument if limit <= 0.
+	DeleteEnded(ctx context.Context, before time.Time, limit int) (int, error)
 
 	// AddEvents stores events in order and sets their IDs. A log event whose
 	// (JobID, Seq) is already stored, or repeats one earlier in evs, is

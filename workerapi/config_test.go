@@ -49,6 +49,7 @@ func TestNewFailsFast(t *testing.T) {
 		{"RetryMax below RetryBase", func(_ *workerapi.Stores, c *workerapi.Config) { c.RetryBase, c.RetryMax = time.Hour, time.Minute }, "RetryMax"},
 		{"negative SequenceInterval", func(_ *workerapi.Stores, c *workerapi.Config) { c.SequenceInterval = -1 }, "SequenceInterval"},
 		{"negative SequenceBatch", func(_ *workerapi.Stores, c *workerapi.Config) { c.SequenceBatch = -1 }, "SequenceBatch"},
+		{"negative Retention", func(_ *workerapi.Stores, c *workerapi.Config) { c.Retention = -time.Hour }, "Retention"},
 		{"negative BodyLimit", func(_ *workerapi.Stores, c *workerapi.Config) { c.BodyLimit = -1 }, "BodyLimit"},
 		{"negative MaxLeasesPerWorker", func(_ *workerapi.Stores, c *workerapi.Config) { c.MaxLeasesPerWorker = -1 }, "MaxLeasesPerWorker"},
 		{"MaxLeasesPerWorker over what a heartbeat names", func(_ *workerapi.Stores, c *workerapi.Config) { c.MaxLeasesPerWorker = wire.MaxCurrentJobs + 1 }, "MaxLeasesPerWorker"},

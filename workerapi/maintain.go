@@ -29,6 +29,9 @@ func (s *Server) MaintainOnce(ctx context.Context) error {
 	errs = append(errs, s.expireActivation(ctx))
 	_, err = s.verifier.Collect(ctx)
 	errs = append(errs, err)
+	// Without Config.Retention, Prune deletes nothing and reads nothing.
+	_, err = s.leases.Prune(ctx)
+	errs = append(errs, err)
 	return errors.Join(errs...)
 }
 

@@ -280,16 +280,26 @@ func (s *Server) opListArtifacts(ctx context.Context, c *call) (int, any, error)
 	}
 	arts, cut := fitPage(arts, artifactBytes)
 	jobs := map[string]*lease.Job{}
-	out := wire.ArtifactListResponse{Artifacts: make([]wire.ArtifactView, len(arts))}
-	for i, a := range arts {
+	out := wire.ArtifactListResponse{Artifacts: make([]wire.ArtifactView, 0, len(arts))}
+	for _, a := range arts {
 		j, ok := jobs[a.JobID]
 		if !ok {
-			if j, err = s.leases.Get(ctx, a.JobID); err != nil {
+			j, err = s.leases.Get(ctx, a.JobID)
+			if errors.Is(err, lease.ErrNotFound) {
+				// Retention deleted the job, and its artifacts with
+				// it, since they were read: they are gone.
+				jobs[a.JobID] = nil
+				continue
+			}
+			if err != nil {
 				return 0, nil, err
 			}
 			jobs[a.JobID] = j
 		}
-		out.Artifacts[i] = wireArtifact(a, j)
+		if j == nil {
+			continue
+		}
+		out.Artifacts = append(out.Artifacts, wireArtifact(a, j))
 	}
 	if len(arts) == limit || cut {
 		next := arts[len(arts)-1].ID

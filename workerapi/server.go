@@ -169,6 +169,13 @@ type Config struct {
 	// the clock against the database's. Defaults to
 	// DefaultClockCheckInterval.
 	ClockCheckInterval time.Duration
+	// Retention, when positive, is how long an ended job (succeeded,
+	// failed or canceled) is kept after it finished: the maintainer
+	// deletes the jobs that ended longer ago, with their events (status
+	// and logs) and artifact records, in batches (lease.Manager.Prune),
+	// on every replica safely. Receipts are never deleted: the receipts of
+	// a deleted job still verify. Defaults to 0: every job is kept.
+	Retention time.Duration
 	// EnvelopeSafe and EnvelopeBlocked extend the envelope's job types.
 	EnvelopeSafe, EnvelopeBlocked []string
 
@@ -251,7 +258,7 @@ func New(st Stores, cfg Config) (*Server, error) {
 		LeaseTTL: cfg.LeaseTTL, AcceptTimeout: cfg.AcceptTimeout, RetryBase: cfg.RetryBase, RetryMax: cfg.RetryMax,
 		CancelGrace: cfg.CancelGrace, MaxRuntime: cfg.MaxRuntime,
 		MaxJobsPerLease: wire.MaxJobsPerLease, MaxLeasesPerWorker: cfg.MaxLeasesPerWorker,
-		HoldSweeps: s.clockHeld, Now: s.clockNow, Rand: cfg.Rand,
+		Retention: cfg.Retention, HoldSweeps: s.clockHeld, Now: s.clockNow, Rand: cfg.Rand,
 	})
 	var err error
 	if s.issuer, err = credential.NewIssuer(st.Credentials, &credential.Config{
@@ -350,6 +357,8 @@ func (c *Config) setDefaults() error {
 		return fmt.Errorf("%w: MaxRuntime %v is over the protocol's %v", ErrConfig, c.MaxRuntime, lease.MaxRuntimeLimit)
 	case c.RetryMax < c.RetryBase:
 		return fmt.Errorf("%w: RetryMax %v is below RetryBase %v", ErrConfig, c.RetryMax, c.RetryBase)
+	case c.Retention < 0:
+		return fmt.Errorf("%w: Retention is negative (%v); 0 keeps every job", ErrConfig, c.Retention)
 	case c.BodyLimit < 0:
 		return fmt.Errorf("%w: BodyLimit is negative (%d)", ErrConfig, c.BodyLimit)
 	case c.BodyLimit == 0:

@@ -45,6 +45,24 @@ var variants = []variant{
 	{"grant called then rolled back", func() lease.Store { return retryingStore{lease.NewMemoryStore()} }, ""},
 	{"PutWorker writes the approval", func() lease.Store { return approvalWritingStore{lease.NewMemoryStore()} }, "Approval/StoreKeepsApproval"},
 	{"max runtime not stored", func() lease.Store { return runtimeDroppingStore{lease.NewMemoryStore()} }, "Bounds/MaxRuntimeCapsExtensions"},
+	{"delete ignores its limit", func() lease.Store { return deleteAllStore{lease.NewMemoryStore()} }, "Retention/DeleteLimit"},
+	{"delete includes the cutoff", func() lease.Store { return cutoffStore{lease.NewMemoryStore()} }, "Retention/DeletesEndedWithRecords"},
+}
+
+// deleteAllStore deletes every ended job before the cutoff, whatever the
+// limit, as a DELETE without its LIMIT does.
+type deleteAllStore struct{ *lease.MemoryStore }
+
+func (s deleteAllStore) DeleteEnded(ctx context.Context, before time.Time, _ int) (int, error) {
+	return s.MemoryStore.DeleteEnded(ctx, before, all)
+}
+
+// cutoffStore also deletes the jobs that ended at the cutoff, as
+// finished_at <= ? does.
+type cutoffStore struct{ *lease.MemoryStore }
+
+func (s cutoffStore) DeleteEnded(ctx context.Context, before time.Time, limit int) (int, error) {
+	return s.MemoryStore.DeleteEnded(ctx, before.Add(time.Microsecond), limit)
 }
 
 // runtimeDroppingStore keeps no max_runtime_seconds, as an adapter whose

@@ -39,6 +39,7 @@ var groups = []group{
 		{"AddArtifact", probeAddArtifact},
 		{"PutWorker", probePutWorker},
 		{"SetApproval", probeSetApproval},
+		{"DeleteEnded", probeDeleteEnded},
 	}},
 	{"Credentials", []write{
 		{"CreatePrincipal", probeCreatePrincipal},
@@ -227,6 +228,50 @@ func probeAddArtifact(ctx context.Context, st workerapi.Stores, i int) (*probe, 
 			as, err := s.ListArtifacts(ctx, lease.ArtifactFilter{JobID: job, Limit: limit})
 			return slices.ContainsFunc(as, func(a *lease.Artifact) bool { return a.ID == id }), err
 		}}},
+	}, nil
+}
+
+func probeDeleteEnded(ctx context.Context, st workerapi.Stores, i int) (*probe, error) {
+	s, id := st.Leases, name("job", i)
+	// A job canceled i hours after epoch, with an event and an artifact;
+	// instance i deletes the one job that ended before its cutoff and
+	// that no earlier instance deleted.
+	j := newJob(id, "status_check")
+	ended := epoch.Add(time.Duration(i) * time.Hour)
+	j.State, j.FinishedAt = lease.StateCanceled, &ended
+	if err := s.CreateJob(ctx, j); err != nil {
+		return nil, fmt.Errorf("CreateJob: %w", err)
+	}
+	if _, err := s.AddEvents(ctx, []*lease.Event{{JobID: id, Kind: lease.EventStatus, Type: "canceled", CreatedAt: ended}}); err != nil {
+		return nil, fmt.Errorf("AddEvents: %w", err)
+	}
+	if err := s.AddArtifact(ctx, &lease.Artifact{ID: name("artifact", i), JobID: id, Type: "log", Name: "out.txt", CreatedAt: ended}); err != nil {
+		return nil, fmt.Errorf("AddArtifact: %w", err)
+	}
+	return &probe{
+		do: func(ctx context.Context) error {
+			n, err := s.DeleteEnded(ctx, ended.Add(time.Minute), 1)
+			if err == nil && n != 1 {
+				err = fmt.Errorf("DeleteEnded deleted %d jobs, want the one job %s", n, id)
+			}
+			return err
+		},
+		// Each check sees the write when the record is gone.
+		checks: []check{
+			{"GetJob", func(ctx context.Context) (bool, error) {
+				_, err := s.GetJob(ctx, id)
+				exists, err := present(err, lease.ErrNotFound)
+				return !exists && err == nil, err
+			}},
+			{"ListEvents", func(ctx context.Context) (bool, error) {
+				evs, err := s.ListEvents(ctx, id, 0, limit)
+				return len(evs) == 0 && err == nil, err
+			}},
+			{"ListArtifacts", func(ctx context.Context) (bool, error) {
+				as, err := s.ListArtifacts(ctx, lease.ArtifactFilter{JobID: id, Limit: limit})
+				return len(as) == 0 && err == nil, err
+			}},
+		},
 	}, nil
 }
 

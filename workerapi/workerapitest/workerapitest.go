@@ -22,7 +22,8 @@
 //	}
 //
 // For every write method of every store (lease.Store's CreateJob,
-// UpdateJob, ClaimJobs, AddEvents, AddArtifact, PutWorker and SetApproval;
+// UpdateJob, ClaimJobs, AddEvents, AddArtifact, PutWorker, SetApproval
+// and DeleteEnded;
 // credential.Store's CreatePrincipal, UpdatePrincipal, CreateCredential
 // and UpdateCredential; replay.NonceStore's Insert and Collect;
 // envelope.Store's Apply; receipts.Store's AddReceipt, Sequence and

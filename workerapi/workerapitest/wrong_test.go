@@ -80,7 +80,7 @@ var suite = []struct {
 	store  string
 	writes []string
 }{
-	{"Leases", []string{"CreateJob", "UpdateJob", "ClaimJobs", "AddEvents", "AddArtifact", "PutWorker", "SetApproval"}},
+	{"Leases", []string{"CreateJob", "UpdateJob", "ClaimJobs", "AddEvents", "AddArtifact", "PutWorker", "SetApproval", "DeleteEnded"}},
 	{"Credentials", []string{"CreatePrincipal", "UpdatePrincipal", "CreateCredential", "UpdateCredential"}},
 	{"Nonces", []string{"Insert", "Collect"}},
 	{"Envelope", []string{"Apply"}},
@@ -317,6 +317,10 @@ func (s leases) ClaimJobs(ctx context.Context, q lease.ClaimQuery, grant func(*l
 
 func (s leases) ExpiredJobs(ctx context.Context, now time.Time, limit int) ([]*lease.Job, error) {
 	return s.Store.ExpiredJobs(s.d.r(ctx), now, limit)
+}
+
+func (s leases) DeleteEnded(ctx context.Context, before time.Time, limit int) (int, error) {
+	return s.Store.DeleteEnded(s.d.w(ctx), before, limit)
 }
 
 func (s leases) AddEvents(ctx context.Context, evs []*lease.Event) (int, error) {

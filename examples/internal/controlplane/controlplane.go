@@ -48,6 +48,8 @@ type Options struct {
 	MaxLeasesPerWorker int
 	CancelGrace        time.Duration
 	MaxRuntime         time.Duration
+	// Retention is workerapi.Config.Retention: 0 keeps every job.
+	Retention time.Duration
 	// SequenceInterval and SequenceBatch are workerapi.Config's.
 	SequenceInterval time.Duration
 	SequenceBatch    int
@@ -109,6 +111,7 @@ func Open(ctx context.Context, o Options) (*ControlPlane, error) {
 		MaxLeasesPerWorker: o.MaxLeasesPerWorker,
 		CancelGrace:        o.CancelGrace,
 		MaxRuntime:         o.MaxRuntime,
+		Retention:          o.Retention,
 		SequenceInterval:   o.SequenceInterval,
 		SequenceBatch:      o.SequenceBatch,
 		Logger:             o.Logger,

@@ -1,0 +1,1 @@
+DROP INDEX IF EXISTS nodelane_jobs_ended_idx;

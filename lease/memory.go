@@ -21,6 +21,7 @@ type MemoryStore struct {
 	events    []*Event
 	logSeqs   map[jobSeq]bool
 	artifacts map[string]*Artifact
+	answers   map[string]*Answer
 }
 
 type jobSeq struct {
@@ -37,6 +38,7 @@ func NewMemoryStore() *MemoryStore {
 		workers:   make(map[string]*Worker),
 		logSeqs:   make(map[jobSeq]bool),
 		artifacts: make(map[string]*Artifact),
+		answers:   make(map[string]*Answer),
 	}
 }
 

@@ -57,6 +57,8 @@ type call struct {
 	// committed is set once a signed request's transaction committed: its
 	// hooks are delivered even if then fails afterwards.
 	committed bool
+	// keyed is set when the request names its first answer (answers.go).
+	keyed *keyed
 }
 
 // after queues a hook event for delivery once the request commits.
@@ -324,9 +326,10 @@ func (s *Server) signed(ctx context.Context, c *call, pub ed25519.PublicKey, han
 		code    int
 		out     any
 		refused bool // the nonce store refused the nonce: a replay or over quota
+		handled bool // the handler and the nonce succeeded: only the commit was left
 	)
 	err = s.st.Tx.InTx(ctx, func(ctx context.Context) error {
-		refused = false
+		refused, handled = false, false
 		var err error
 		if code, out, err = handle(ctx, c); err != nil {
 			return err
@@ -335,6 +338,7 @@ func (s *Server) signed(ctx context.Context, c *call, pub ed25519.PublicKey, han
 			refused = nonceRefused(err)
 			return err
 		}
+		handled = true
 		return nil
 	})
 	if err != nil && !refused {
@@ -342,12 +346,32 @@ func (s *Server) signed(ctx context.Context, c *call, pub ed25519.PublicKey, han
 		// (or the nonce store failed): consume it in a commit of its own,
 		// so these bytes can never run later. If they ran before, or the
 		// node is over its quota, that is the answer.
+		//
+		// When only the commit was left, its outcome is unknown (a
+		// connection lost during COMMIT): the nonce, written in the same
+		// transaction, tells. Found, the transaction committed and its
+		// answer stands; not found, it did not, and now never will.
 		cerr := s.verifier.Consume(context.WithoutCancel(ctx), nonceNode, v.Nonce, v.Expires)
 		switch {
+		case handled && errors.Is(cerr, replay.ErrReplayedNonce):
+			s.log.Warn("the outcome of a commit was unknown: it committed", "request_id", c.reqID, "err", err)
+			err = nil
 		case cerr != nil && nonceRefused(cerr):
 			err = cerr
+		case cerr != nil && handled:
+			s.log.Error("the outcome of a commit is unknown", "request_id", c.reqID, "err", err, "nonce_err", cerr)
+			err = fmt.Errorf("%w: %w", ErrOutcomeUnknown, err)
 		case cerr != nil:
 			s.log.Warn("consuming the nonce of a failed request", "request_id", c.reqID, "err", cerr)
+		}
+	}
+	if err != nil && !refused && c.keyed != nil {
+		// A concurrent request under the same key may have answered
+		// first (its answer made this one fail): that answer is this
+		// one's too.
+		if rcode, rout, ok, rerr := s.recall(context.WithoutCancel(ctx), c.keyed); rerr == nil && ok {
+			c.hooks, c.then, c.committed = nil, nil, true
+			return rcode, rout, nil
 		}
 	}
 	if err != nil {
@@ -374,6 +398,9 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, reqID string, err 
 		// Store errors may name internals; log them, answer plainly.
 		s.log.Error("request failed", "request_id", reqID, "method", r.Method, "path", r.URL.Path, "err", err)
 		msg = "a store cannot answer; nothing was accepted"
+		if errors.Is(err, ErrOutcomeUnknown) {
+			msg = ErrOutcomeUnknown.Error()
+		}
 	}
 	if st.http == http.StatusServiceUnavailable || st.http == http.StatusTooManyRequests {
 		w.Header().Set("Retry-After", "1")

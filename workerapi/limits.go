@@ -28,6 +28,7 @@ func checkLimits(v any) error {
 		return firstError(
 			checkList("supported_job_types", r.SupportedJobTypes, wire.MaxJobTypes, wire.MaxJobTypeBytes),
 			checkList("supported_gpu_skus", r.SupportedGPUSKUs, wire.MaxGPUs, wire.MaxNameBytes),
+			checkKey("request_id", r.RequestID),
 		)
 	case *wire.StatusRequest:
 		return firstError(
@@ -43,6 +44,7 @@ func checkLimits(v any) error {
 			checkText("name", r.Name, wire.MaxNameBytes),
 			checkText("uri", r.URI, wire.MaxURIBytes),
 			checkObject("metadata", r.Metadata),
+			checkKey("idempotency_key", r.IdempotencyKey),
 		)
 	case *wire.CompleteRequest:
 		return firstError(
@@ -59,6 +61,9 @@ func checkLimits(v any) error {
 	case *wire.ReleaseRequest:
 		return checkText("reason", r.Reason, wire.MaxMessageBytes)
 	case *wire.AuditRequest:
+		if err := checkKey("idempotency_key", r.IdempotencyKey); err != nil {
+			return err
+		}
 		// The count is checked by the route (wire.MaxAuditEvents); only
 		// the payloads' hashes are kept.
 		if len(r.Events) <= wire.MaxAuditEvents {

@@ -24,6 +24,8 @@ func (s *Server) MaintainOnce(ctx context.Context) error {
 	errs = append(errs, s.expireActivation(ctx))
 	_, err = s.verifier.Collect(ctx)
 	errs = append(errs, err)
+	_, err = s.leases.ForgetAnswers(ctx)
+	errs = append(errs, err)
 	return errors.Join(errs...)
 }
 

@@ -144,6 +144,12 @@ type Config struct {
 	// expires leases and activations and collects nonces. Defaults to
 	// DefaultMaintainInterval.
 	MaintainInterval time.Duration
+	// AnswerTTL is how long the first answer to a fail, a release, or an
+	// artifact or audit report sent with an idempotency_key is
+	// remembered, for a repeat to get it (PROTOCOL.md "Retries"); a
+	// lease's is remembered until the accept_by of its grants. Defaults
+	// to DefaultAnswerTTL.
+	AnswerTTL time.Duration
 	// EnvelopeSafe and EnvelopeBlocked extend the envelope's job types.
 	EnvelopeSafe, EnvelopeBlocked []string
 
@@ -293,6 +299,7 @@ func (c *Config) setDefaults() error {
 		{"ProofWait", &c.ProofWait, DefaultProofWait},
 		{"SequenceInterval", &c.SequenceInterval, DefaultSequenceInterval},
 		{"MaintainInterval", &c.MaintainInterval, DefaultMaintainInterval},
+		{"AnswerTTL", &c.AnswerTTL, DefaultAnswerTTL},
 	}
 	for _, d := range durations {
 		switch {

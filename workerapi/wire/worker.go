@@ -104,6 +104,12 @@ type LeaseRequest struct {
 	// job.state and accepts the leased ones. Omitted (false) leases
 	// without accepting.
 	Accept bool `json:"accept,omitempty"`
+	// RequestID, when set, makes the lease repeatable: a repeat with the
+	// same request_id and body, until the accept_by of its grants, gets
+	// the first answer, the same grants and lease tokens, rather than
+	// new ones (PROTOCOL.md "Retries"). MinIdempotencyKeyBytes to
+	// MaxIdempotencyKeyBytes of [A-Za-z0-9._~-]; make it random.
+	RequestID string `json:"request_id,omitempty"`
 }
 
 // The job states a worker acts on (Job.State); PROTOCOL.md lists them
@@ -248,6 +254,10 @@ type ArtifactRequest struct {
 	ChecksumSHA256 *string         `json:"checksum_sha256"`
 	SizeBytes      *int64          `json:"size_bytes"`
 	Metadata       json.RawMessage `json:"metadata"`
+	// IdempotencyKey, when set, makes the report repeatable: a repeat with
+	// the same key and body gets the first artifact_id and receipt_id
+	// (PROTOCOL.md "Retries").
+	IdempotencyKey string `json:"idempotency_key,omitempty"`
 }
 
 // ArtifactResponse answers an artifact report.
@@ -366,6 +376,10 @@ type AuditEvent struct {
 // AuditRequest is the body of POST /workers/audit.
 type AuditRequest struct {
 	Events []AuditEvent `json:"events"`
+	// IdempotencyKey, when set, makes the report repeatable: a repeat with
+	// the same key and events gets the first receipt_ids (PROTOCOL.md
+	// "Retries").
+	IdempotencyKey string `json:"idempotency_key,omitempty"`
 }
 
 // AuditResponse answers audit.

@@ -45,7 +45,10 @@ type call struct {
 	principal *credential.Principal
 	// credentialID names the credential used, for logs and receipts.
 	credentialID string
-	reqID        string
+	// bearer is the bearer token of the request: a secret, never logged
+	// or stored; a token renewal's answer is remembered under it.
+	bearer string
+	reqID  string
 	// hooks are the events to deliver once the request has committed.
 	hooks []hookEvent
 	// then, when a handler sets it, runs after the request's transaction
@@ -239,7 +242,7 @@ func (s *Server) run(ctx context.Context, c *call, rt route) (int, any, error) {
 	if err != nil {
 		return 0, nil, err
 	}
-	c.principal, c.credentialID = p, cred.ID
+	c.principal, c.credentialID, c.bearer = p, cred.ID, token
 	if rt.signed && rt.path != wire.PathRegister &&
 		(p.Kind != credential.KindNode || len(p.PublicKey) != ed25519.PublicKeySize) {
 		return 0, nil, fmt.Errorf("%w: the credential is not a registered node's", credential.ErrInsufficientScope)

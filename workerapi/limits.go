@@ -35,6 +35,7 @@ func checkLimits(v any) error {
 			checkText("event_type", r.EventType, wire.MaxNameBytes),
 			checkText("message", r.Message, wire.MaxMessageBytes),
 			checkObject("payload", r.Payload),
+			checkKey("idempotency_key", r.IdempotencyKey),
 		)
 	case *wire.LogsRequest:
 		return checkLogs(r)

@@ -696,15 +696,26 @@ func (s *Server) status(ctx context.Context, c *call) (int, any, error) {
 	if err != nil {
 		return 0, nil, err
 	}
+	k, err := keyFor(c, "status", ref.JobID, req.IdempotencyKey, req)
+	if err != nil {
+		return 0, nil, err
+	}
+	if code, out, ok, err := s.recall(ctx, k); err != nil || ok {
+		return code, out, err
+	}
 	res, err := s.leases.RecordEvents(ctx, ref, lease.Event{
 		Kind: lease.EventStatus, Type: req.EventType, Message: req.Message, Payload: payload,
 	})
 	if err != nil {
 		return 0, nil, err
 	}
-	return http.StatusOK, wire.StatusResponse{
+	out := wire.StatusResponse{
 		OK: true, ExpiresAt: res.Job.Lease.ExpiresAt, CancelRequested: res.Job.CancelRequested,
-	}, nil
+	}
+	if err := s.remember(ctx, c, k, http.StatusOK, out, s.answerExpiry()); err != nil {
+		return 0, nil, err
+	}
+	return http.StatusOK, out, nil
 }
 
 // logs: POST /workers/jobs/{id}/logs, one entry or a batch.

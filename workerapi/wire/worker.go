@@ -211,6 +211,10 @@ type StatusRequest struct {
 	EventType  string          `json:"event_type"`
 	Message    string          `json:"message"`
 	Payload    json.RawMessage `json:"payload"`
+	// IdempotencyKey, when set, makes the event repeatable: a repeat with
+	// the same key and body gets the first answer and records no second
+	// event (PROTOCOL.md "Retries").
+	IdempotencyKey string `json:"idempotency_key,omitempty"`
 }
 
 // StatusResponse answers a status event.

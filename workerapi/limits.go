@@ -134,6 +134,7 @@ func checkLogs(r *wire.LogsRequest) error {
 	if err := firstError(
 		checkOptional("message", r.Message, wire.MaxMessageBytes),
 		checkObject("payload", r.Payload),
+		checkKey("idempotency_key", r.IdempotencyKey),
 	); err != nil {
 		return err
 	}

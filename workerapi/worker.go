@@ -760,13 +760,24 @@ func (s *Server) logs(ctx context.Context, c *call) (int, any, error) {
 		}
 		evs[i].Kind, evs[i].Payload = lease.EventLog, p
 	}
+	k, err := keyFor(c, "logs", ref.JobID, req.IdempotencyKey, req)
+	if err != nil {
+		return 0, nil, err
+	}
+	if code, out, ok, err := s.recall(ctx, k); err != nil || ok {
+		return code, out, err
+	}
 	res, err := s.leases.RecordEvents(ctx, ref, evs...)
 	if err != nil {
 		return 0, nil, err
 	}
-	return http.StatusOK, wire.LogsResponse{
+	out := wire.LogsResponse{
 		OK: true, Accepted: res.Accepted, Duplicates: res.Duplicates, ExpiresAt: res.Job.Lease.ExpiresAt,
-	}, nil
+	}
+	if err := s.remember(ctx, c, k, http.StatusOK, out, s.answerExpiry()); err != nil {
+		return 0, nil, err
+	}
+	return http.StatusOK, out, nil
 }
 
 // artifacts: POST /workers/jobs/{id}/artifacts. The artifact stores the

@@ -686,9 +686,14 @@ func (c *Client) Status(ctx context.Context, jobID string, req wire.StatusReques
 
 // Logs sends log lines (POST /workers/jobs/{id}/logs). A seq the server
 // has already stored counts as a duplicate, so sending a batch again is
-// harmless.
+// harmless. Logs sets req.IdempotencyKey, when it is empty, to a random
+// key, so that a retry after an answer lost in transit gets the first
+// answer's counts.
 func (c *Client) Logs(ctx context.Context, jobID string, req wire.LogsRequest) (*wire.LogsResponse, error) {
 	var out wire.LogsResponse
+	if err := c.key(&req.IdempotencyKey); err != nil {
+		return nil, err
+	}
 	if _, err := c.do(ctx, wire.JobPath(jobID, "logs"), req, &out, callOpts{}); err != nil {
 		return nil, err
 	}

@@ -239,6 +239,11 @@ type LogsRequest struct {
 	Message    *string         `json:"message"`
 	Payload    json.RawMessage `json:"payload"`
 	Entries    []LogEntry      `json:"entries"`
+	// IdempotencyKey, when set, makes the request repeatable: a repeat
+	// with the same key and body gets the first answer (its accepted and
+	// duplicates counts) rather than one that counts every entry a
+	// duplicate (PROTOCOL.md "Retries").
+	IdempotencyKey string `json:"idempotency_key,omitempty"`
 }
 
 // LogsResponse answers logs.

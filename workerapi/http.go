@@ -372,9 +372,13 @@ func (s *Server) signed(ctx context.Context, c *call, pub ed25519.PublicKey, han
 		// A concurrent request under the same key may have answered
 		// first (its answer made this one fail): that answer is this
 		// one's too.
-		if rcode, rout, ok, rerr := s.recall(context.WithoutCancel(ctx), c.keyed); rerr == nil && ok {
+		rcode, rout, ok, rerr := s.recall(context.WithoutCancel(ctx), c.keyed)
+		switch {
+		case rerr == nil && ok:
 			c.hooks, c.then, c.committed = nil, nil, true
 			return rcode, rout, nil
+		case errors.Is(rerr, ErrIdempotencyMismatch):
+			err = rerr
 		}
 	}
 	if err != nil {

@@ -64,7 +64,8 @@ func (s *Server) logRegistration(c *call, w *lease.Worker, pub ed25519.PublicKey
 // old one's scopes and lives Config.WorkerTokenTTL, and the old one keeps
 // working for wire.TokenRenewalGraceSeconds, for requests under way, then
 // stops. Renewing again with the old token within that grace (the answer
-// was lost) answers another new token and revokes the first. A key
+// was lost) answers the first answer, remembered under the old token
+// (answers.go): no second token is minted. A key
 // banned under any node id is refused. It mints a credential_minted
 // receipt whose actor is the worker.
 func (s *Server) renewToken(ctx context.Context, c *call) (int, any, error) {

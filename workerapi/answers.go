@@ -20,10 +20,11 @@ import (
 )
 
 // Retries (PROTOCOL.md "Retries"). A worker route that changes state and
-// is not idempotent by itself (lease, artifacts, audit, fail, release)
-// remembers its first answer under a key the worker sends (request_id,
-// idempotency_key; for fail and release, the lease token), in the
-// request's transaction, and answers a repeat with it. The key is scoped:
+// is not idempotent by itself (lease, status, logs, artifacts, audit,
+// fail, release, token) remembers its first answer under a key the worker
+// sends (request_id, idempotency_key; for fail and release the lease
+// token, for a token renewal the bearer token), in the request's
+// transaction, and answers a repeat with it. The key is scoped:
 // the answer is found under a SHA-256 derived (HKDF) from the route, the
 // worker, the job of the path and the key, so one worker cannot reach
 // another's answers, and one key names one request per route and job.
@@ -39,9 +40,10 @@ type keyed struct {
 	id     []byte // lease.Answer.Key
 	seal   []byte // the AES-256 key of the answer's body
 	digest []byte // the SHA-256 of the request's content
-	// byToken marks a key that is a lease token (fail, release): another
-	// body under it is no repeat, and runs as any request, which finds
-	// the lease ended (409 lease_lost).
+	// byToken marks a key that is a token (fail and release: the lease
+	// token; token: the bearer token): another body under it is no
+	// repeat, and runs as any request, which finds the lease ended (409
+	// lease_lost).
 	byToken bool
 }
 

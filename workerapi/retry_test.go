@@ -253,6 +253,31 @@ func TestRetryKeys(t *testing.T) {
 			})
 		})
 
+		t.Run("concurrent repeats", func(t *testing.T) {
+			// Sent at once, before any answer: one artifact, one answer.
+			cid, ctok := f.running(t, "status_check")
+			req := art("concurrent-key-0001", "c.bin")
+			req.LeaseToken = ctok
+			const n = 4
+			var (
+				wg     sync.WaitGroup
+				status [n]int
+				bodies [n][]byte
+			)
+			for i := range n {
+				wg.Go(func() { status[i], bodies[i] = post(t, f.node, wire.JobPath(cid, "artifacts"), req) })
+			}
+			wg.Wait()
+			for i := range n {
+				if status[i] != http.StatusCreated || string(bodies[i]) != string(bodies[0]) {
+					t.Errorf("repeat %d: %d %s, want 201 %s", i, status[i], bodies[i], bodies[0])
+				}
+			}
+			if got := artifactCount(t, f.env, cid); got != 1 {
+				t.Errorf("%d artifacts, want 1", got)
+			}
+		})
+
 		t.Run("another job", func(t *testing.T) {
 			id2, tok2 := f.running(t, "status_check")
 			req := art(key, "a.bin")

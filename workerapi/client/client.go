@@ -617,16 +617,16 @@ func (c *Client) Heartbeat(ctx context.Context, req wire.HeartbeatRequest) (*wir
 
 // Lease asks for jobs (POST /workers/jobs/lease), waiting up to
 // req.WaitSeconds for one. With none, the answer's Leases is empty. A
-// lease request that timed out may still have leased a job the answer
-// never brought; such a lease lapses at its accept_by without using an
-// attempt.
+// call that gives up (its retries spent, or ctx done) may still have
+// leased a job the answer never brought; such a lease lapses at its
+// accept_by without using an attempt.
 //
 // With req.Accept the server accepts each job it grants in the same
 // request: a grant whose job.State is wire.JobStateRunning needs no
 // Accept call. Check each grant's state all the same: a job the envelope
 // refuses at accept, and every job from a server older than the field,
-// comes back wire.JobStateLeased, to be accepted as usual. A lost answer
-// to an accepting lease leaves its jobs running until their lease TTL
+// comes back wire.JobStateLeased, to be accepted as usual. An accepting
+// lease whose call gives up leaves its jobs running until their lease TTL
 // runs out, which uses an attempt of each.
 //
 // Lease sets req.RequestID, when it is empty, to a random key, so that a

@@ -335,3 +335,46 @@ func TestRetryKeys(t *testing.T) {
 		})
 	})
 }
+
+// TestAnswerTTL: an answer is forgotten after Config.AnswerTTL, and the
+// maintainer deletes it; a repeat then records again.
+func TestAnswerTTL(t *testing.T) {
+	onDialects(t, func(t *testing.T, d string) {
+		f := setup(t, d, apitest.WithConfig(func(c *workerapi.Config) { c.AnswerTTL = time.Minute }))
+		id, tok := f.running(t, "status_check")
+		req := wire.StatusRequest{LeaseToken: tok, EventType: "progress", IdempotencyKey: "status-key-0000001"}
+		events := func() int {
+			evs, err := f.env.Server.Leases().Events(context.Background(), id, 0, 100)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return len(evs)
+		}
+		n := events()
+		for range 2 {
+			if st, b := post(t, f.node, wire.JobPath(id, "status"), req); st != http.StatusOK {
+				t.Fatalf("status: %d %s", st, b)
+			}
+		}
+		if got := events(); got != n+1 {
+			t.Fatalf("%d events within the TTL, want 1", got-n)
+		}
+		f.env.Clock.Advance(time.Minute)
+		if err := f.env.Server.MaintainOnce(context.Background()); err != nil {
+			t.Fatalf("MaintainOnce: %v", err)
+		}
+		var left int
+		if err := f.env.DB.Bun().NewSelect().Table("nodelane_answers").ColumnExpr("count(*)").Scan(context.Background(), &left); err != nil {
+			t.Fatal(err)
+		}
+		if left != 0 {
+			t.Errorf("%d answers left after the maintainer, want 0", left)
+		}
+		if st, b := post(t, f.node, wire.JobPath(id, "status"), req); st != http.StatusOK {
+			t.Fatalf("status after the TTL: %d %s", st, b)
+		}
+		if got := events(); got != n+2 {
+			t.Errorf("%d events, want 2: the key was forgotten", got-n)
+		}
+	})
+}

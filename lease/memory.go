@@ -22,6 +22,7 @@ type MemoryStore struct {
 	lastEvent int64 // the last Event.ID given out
 	logSeqs   map[jobSeq]bool
 	artifacts map[string]*Artifact
+	answers   map[string]*Answer
 }
 
 type jobSeq struct {
@@ -38,6 +39,7 @@ func NewMemoryStore() *MemoryStore {
 		workers:   make(map[string]*Worker),
 		logSeqs:   make(map[jobSeq]bool),
 		artifacts: make(map[string]*Artifact),
+		answers:   make(map[string]*Answer),
 	}
 }
 

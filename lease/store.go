@@ -237,4 +237,15 @@ type Store interface {
 	// ListWorkers returns up to limit workers with id > after in ascending
 	// id order. ErrInvalidArgument if limit <= 0.
 	ListWorkers(ctx context.Context, after string, limit int) ([]*Worker, error)
+
+	// PutAnswer stores a. ErrConflict if an answer under a.Key is stored
+	// that expires after a.CreatedAt; one that expired at or before it is
+	// replaced.
+	PutAnswer(ctx context.Context, a *Answer) error
+	// GetAnswer returns the answer stored under key, unless it expires at
+	// or before now. ErrNotFound.
+	GetAnswer(ctx context.Context, key []byte, now time.Time) (*Answer, error)
+	// DeleteAnswers deletes up to limit answers that expire at or before
+	// now and returns how many it deleted. ErrInvalidArgument if limit <= 0.
+	DeleteAnswers(ctx context.Context, now time.Time, limit int) (int, error)
 }

@@ -44,6 +44,7 @@ func TestNewFailsFast(t *testing.T) {
 		{"negative MaxRuntime", func(_ *workerapi.Stores, c *workerapi.Config) { c.MaxRuntime = -time.Second }, "MaxRuntime"},
 		{"MaxRuntime over the protocol", func(_ *workerapi.Stores, c *workerapi.Config) { c.MaxRuntime = 31 * 24 * time.Hour }, "MaxRuntime"},
 		{"negative MaintainInterval", func(_ *workerapi.Stores, c *workerapi.Config) { c.MaintainInterval = -1 }, "MaintainInterval"},
+		{"negative AnswerTTL", func(_ *workerapi.Stores, c *workerapi.Config) { c.AnswerTTL = -1 }, "AnswerTTL"},
 		{"negative ProofWait", func(_ *workerapi.Stores, c *workerapi.Config) { c.ProofWait = -1 }, "ProofWait"},
 		{"MaxWait over the protocol", func(_ *workerapi.Stores, c *workerapi.Config) { c.MaxWait = 2 * time.Minute }, "MaxWait"},
 		{"RetryMax below RetryBase", func(_ *workerapi.Stores, c *workerapi.Config) { c.RetryBase, c.RetryMax = time.Hour, time.Minute }, "RetryMax"},

@@ -29,6 +29,12 @@ var (
 	ErrPayloadTooLarge = errors.New("payload too large")
 	// ErrUnsupportedMediaType: the body is not application/json.
 	ErrUnsupportedMediaType = errors.New("content type must be application/json")
+	// ErrIdempotencyMismatch: a request_id, idempotency_key or lease
+	// token names a request answered before, with another body.
+	ErrIdempotencyMismatch = errors.New("the key was used before with another body")
+	// ErrOutcomeUnknown: the request's transaction was sent to commit
+	// and no store can tell whether it did: repeating the request tells.
+	ErrOutcomeUnknown = errors.New("a store cannot answer; the request may have been accepted: repeat it to learn its outcome")
 )
 
 // status pairs an HTTP status with a PROTOCOL.md code.
@@ -76,6 +82,8 @@ var errorTable = []struct {
 	{lease.ErrInvalidTransition, status{http.StatusConflict, wire.CodeInvalidTransition}},
 	{ErrNodeExists, status{http.StatusConflict, wire.CodeNodeExists}},
 	{ErrPrincipalExists, status{http.StatusConflict, wire.CodePrincipalExists}},
+	{ErrIdempotencyMismatch, status{http.StatusUnprocessableEntity, wire.CodeIdempotencyMismatch}},
+	{ErrOutcomeUnknown, status{http.StatusServiceUnavailable, wire.CodeUnavailable}},
 	{ErrPayloadTooLarge, status{http.StatusRequestEntityTooLarge, wire.CodePayloadTooLarge}},
 	{ErrUnsupportedMediaType, status{http.StatusUnsupportedMediaType, wire.CodeUnsupportedMediaType}},
 	{replay.ErrQuota, status{http.StatusTooManyRequests, wire.CodeRateLimited}},

@@ -45,7 +45,10 @@ type call struct {
 	principal *credential.Principal
 	// credentialID names the credential used, for logs and receipts.
 	credentialID string
-	reqID        string
+	// bearer is the bearer token of the request: a secret, never logged
+	// or stored; a token renewal's answer is remembered under it.
+	bearer string
+	reqID  string
 	// hooks are the events to deliver once the request has committed.
 	hooks []hookEvent
 	// then, when a handler sets it, runs after the request's transaction
@@ -57,6 +60,8 @@ type call struct {
 	// committed is set once a signed request's transaction committed: its
 	// hooks are delivered even if then fails afterwards.
 	committed bool
+	// keyed is set when the request names its first answer (answers.go).
+	keyed *keyed
 }
 
 // after queues a hook event for delivery once the request commits.
@@ -237,7 +242,7 @@ func (s *Server) run(ctx context.Context, c *call, rt route) (int, any, error) {
 	if err != nil {
 		return 0, nil, err
 	}
-	c.principal, c.credentialID = p, cred.ID
+	c.principal, c.credentialID, c.bearer = p, cred.ID, token
 	if rt.signed && rt.path != wire.PathRegister &&
 		(p.Kind != credential.KindNode || len(p.PublicKey) != ed25519.PublicKeySize) {
 		return 0, nil, fmt.Errorf("%w: the credential is not a registered node's", credential.ErrInsufficientScope)
@@ -324,9 +329,10 @@ func (s *Server) signed(ctx context.Context, c *call, pub ed25519.PublicKey, han
 		code    int
 		out     any
 		refused bool // the nonce store refused the nonce: a replay or over quota
+		handled bool // the handler and the nonce succeeded: only the commit was left
 	)
 	err = s.st.Tx.InTx(ctx, func(ctx context.Context) error {
-		refused = false
+		refused, handled = false, false
 		var err error
 		if code, out, err = handle(ctx, c); err != nil {
 			return err
@@ -335,6 +341,7 @@ func (s *Server) signed(ctx context.Context, c *call, pub ed25519.PublicKey, han
 			refused = nonceRefused(err)
 			return err
 		}
+		handled = true
 		return nil
 	})
 	if err != nil && !refused {
@@ -342,12 +349,36 @@ func (s *Server) signed(ctx context.Context, c *call, pub ed25519.PublicKey, han
 		// (or the nonce store failed): consume it in a commit of its own,
 		// so these bytes can never run later. If they ran before, or the
 		// node is over its quota, that is the answer.
+		//
+		// When only the commit was left, its outcome is unknown (a
+		// connection lost during COMMIT): the nonce, written in the same
+		// transaction, tells. Found, the transaction committed and its
+		// answer stands; not found, it did not, and now never will.
 		cerr := s.verifier.Consume(context.WithoutCancel(ctx), nonceNode, v.Nonce, v.Expires)
 		switch {
+		case handled && errors.Is(cerr, replay.ErrReplayedNonce):
+			s.log.Warn("the outcome of a commit was unknown: it committed", "request_id", c.reqID, "err", err)
+			err = nil
 		case cerr != nil && nonceRefused(cerr):
 			err = cerr
+		case cerr != nil && handled:
+			s.log.Error("the outcome of a commit is unknown", "request_id", c.reqID, "err", err, "nonce_err", cerr)
+			err = fmt.Errorf("%w: %w", ErrOutcomeUnknown, err)
 		case cerr != nil:
 			s.log.Warn("consuming the nonce of a failed request", "request_id", c.reqID, "err", cerr)
+		}
+	}
+	if err != nil && !refused && c.keyed != nil {
+		// A concurrent request under the same key may have answered
+		// first (its answer made this one fail): that answer is this
+		// one's too.
+		rcode, rout, ok, rerr := s.recall(context.WithoutCancel(ctx), c.keyed)
+		switch {
+		case rerr == nil && ok:
+			c.hooks, c.then, c.committed = nil, nil, true
+			return rcode, rout, nil
+		case errors.Is(rerr, ErrIdempotencyMismatch):
+			err = rerr
 		}
 	}
 	if err != nil {
@@ -374,6 +405,9 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, reqID string, err 
 	if st.http == http.StatusServiceUnavailable {
 		// Store errors may name internals; log them, answer plainly.
 		msg = "a store cannot answer; nothing was accepted"
+		if errors.Is(err, ErrOutcomeUnknown) {
+			msg = ErrOutcomeUnknown.Error()
+		}
 		if gone = clientGone(r); !gone {
 			s.log.Error("request failed", "request_id", reqID, "method", r.Method, "path", r.URL.Path, "err", err)
 		}

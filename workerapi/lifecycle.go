@@ -47,8 +47,9 @@ func (lc *lifecycle) stop(stopped chan struct{}) {
 // Start starts the Server's background work and returns at once:
 //   - the maintainer, every Config.MaintainInterval: it expires leases,
 //     records the end of timed activations (with their receipts), collects
-//     expired nonces, deletes the jobs past Config.Retention (when set),
-//     and sequences receipts and signs checkpoints
+//     expired nonces, forgets expired answers (answers.go), deletes the
+//     jobs past Config.Retention (when set), and sequences receipts and
+//     signs checkpoints
 //     continuously. It is safe to run on every replica at once: each step
 //     is conditional on what it read, and the sequencer is one at a time
 //     across replicas. The same checks also run lazily where a request

@@ -28,12 +28,14 @@ func checkLimits(v any) error {
 		return firstError(
 			checkList("supported_job_types", r.SupportedJobTypes, wire.MaxJobTypes, wire.MaxJobTypeBytes),
 			checkList("supported_gpu_skus", r.SupportedGPUSKUs, wire.MaxGPUs, wire.MaxNameBytes),
+			checkKey("request_id", r.RequestID),
 		)
 	case *wire.StatusRequest:
 		return firstError(
 			checkText("event_type", r.EventType, wire.MaxNameBytes),
 			checkText("message", r.Message, wire.MaxMessageBytes),
 			checkObject("payload", r.Payload),
+			checkKey("idempotency_key", r.IdempotencyKey),
 		)
 	case *wire.LogsRequest:
 		return checkLogs(r)
@@ -43,6 +45,7 @@ func checkLimits(v any) error {
 			checkText("name", r.Name, wire.MaxNameBytes),
 			checkText("uri", r.URI, wire.MaxURIBytes),
 			checkObject("metadata", r.Metadata),
+			checkKey("idempotency_key", r.IdempotencyKey),
 		)
 	case *wire.CompleteRequest:
 		return firstError(
@@ -59,6 +62,9 @@ func checkLimits(v any) error {
 	case *wire.ReleaseRequest:
 		return checkText("reason", r.Reason, wire.MaxMessageBytes)
 	case *wire.AuditRequest:
+		if err := checkKey("idempotency_key", r.IdempotencyKey); err != nil {
+			return err
+		}
 		// The count is checked by the route (wire.MaxAuditEvents); only
 		// the payloads' hashes are kept.
 		if len(r.Events) <= wire.MaxAuditEvents {
@@ -128,6 +134,7 @@ func checkLogs(r *wire.LogsRequest) error {
 	if err := firstError(
 		checkOptional("message", r.Message, wire.MaxMessageBytes),
 		checkObject("payload", r.Payload),
+		checkKey("idempotency_key", r.IdempotencyKey),
 	); err != nil {
 		return err
 	}

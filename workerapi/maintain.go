@@ -32,6 +32,8 @@ func (s *Server) MaintainOnce(ctx context.Context) error {
 	// Without Config.Retention, Prune deletes nothing and reads nothing.
 	_, err = s.leases.Prune(ctx)
 	errs = append(errs, err)
+	_, err = s.leases.ForgetAnswers(ctx)
+	errs = append(errs, err)
 	return errors.Join(errs...)
 }
 

@@ -64,7 +64,8 @@ func (s *Server) logRegistration(c *call, w *lease.Worker, pub ed25519.PublicKey
 // old one's scopes and lives Config.WorkerTokenTTL, and the old one keeps
 // working for wire.TokenRenewalGraceSeconds, for requests under way, then
 // stops. Renewing again with the old token within that grace (the answer
-// was lost) answers another new token and revokes the first. A key
+// was lost) answers the first answer, remembered under the old token
+// (answers.go): no second token is minted. A key
 // banned under any node id is refused. It mints a credential_minted
 // receipt whose actor is the worker.
 func (s *Server) renewToken(ctx context.Context, c *call) (int, any, error) {
@@ -74,6 +75,17 @@ func (s *Server) renewToken(ctx context.Context, c *call) (int, any, error) {
 	}
 	if err := s.keyNotBanned(ctx, c.principal.PublicKey); err != nil {
 		return 0, nil, err
+	}
+	// A repeat with the same bearer token, which keeps working until the
+	// renewal's grace ends, gets the first answer: a renewal whose answer
+	// was lost mints no second token.
+	k, err := keyFor(c, "token", "", c.bearer, req)
+	if err != nil {
+		return 0, nil, err
+	}
+	k.byToken = true
+	if code, out, ok, err := s.recall(ctx, k); err != nil || ok {
+		return code, out, err
 	}
 	tok, nc, err := s.issuer.Renew(ctx, c.credentialID, s.cfg.WorkerTokenTTL, wire.TokenRenewalGraceSeconds*time.Second)
 	if err != nil {
@@ -90,13 +102,20 @@ func (s *Server) renewToken(ctx context.Context, c *call) (int, any, error) {
 	if _, err := s.mintFor(ctx, c, snap, mintedReceipt(nc, c.principal.ID)); err != nil {
 		return 0, nil, err
 	}
-	return http.StatusOK, wire.RenewTokenResponse{
+	out := wire.RenewTokenResponse{
 		WorkerID:               c.principal.ID,
 		WorkerToken:            tok,
 		TokenExpiresAt:         nc.ExpiresAt,
 		PreviousTokenExpiresAt: old.ExpiresAt,
 		ServerTime:             s.now(),
-	}, nil
+	}
+	// Remembered while the previous token works: no repeat can come later.
+	if old.ExpiresAt.After(s.now()) {
+		if err := s.remember(ctx, c, k, http.StatusOK, out, old.ExpiresAt); err != nil {
+			return 0, nil, err
+		}
+	}
+	return http.StatusOK, out, nil
 }
 
 // maxRegistrations checks the max_registrations of a mint request and

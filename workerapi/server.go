@@ -176,6 +176,12 @@ type Config struct {
 	// on every replica safely. Receipts are never deleted: the receipts of
 	// a deleted job still verify. Defaults to 0: every job is kept.
 	Retention time.Duration
+	// AnswerTTL is how long the first answer to a fail, a release, or an
+	// artifact or audit report sent with an idempotency_key is
+	// remembered, for a repeat to get it (PROTOCOL.md "Retries"); a
+	// lease's is remembered until the accept_by of its grants. Defaults
+	// to DefaultAnswerTTL.
+	AnswerTTL time.Duration
 	// EnvelopeSafe and EnvelopeBlocked extend the envelope's job types.
 	EnvelopeSafe, EnvelopeBlocked []string
 
@@ -341,6 +347,7 @@ func (c *Config) setDefaults() error {
 		{"MaintainInterval", &c.MaintainInterval, DefaultMaintainInterval},
 		{"MaxClockSkew", &c.MaxClockSkew, DefaultMaxClockSkew},
 		{"ClockCheckInterval", &c.ClockCheckInterval, DefaultClockCheckInterval},
+		{"AnswerTTL", &c.AnswerTTL, DefaultAnswerTTL},
 	}
 	for _, d := range durations {
 		switch {

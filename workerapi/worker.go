@@ -377,6 +377,7 @@ type leaseBody struct {
 	MaxJobs           *int     `json:"max_jobs"`
 	WaitSeconds       *int     `json:"wait_seconds"`
 	Accept            bool     `json:"accept"`
+	RequestID         string   `json:"request_id"`
 }
 
 // lease: POST /workers/jobs/lease. The first attempt runs in the
@@ -401,6 +402,13 @@ func (s *Server) lease(ctx context.Context, c *call) (int, any, error) {
 			return 0, nil, invalid("wait_seconds must not be negative")
 		}
 	}
+	k, err := keyFor(c, "lease", "", req.RequestID, req)
+	if err != nil {
+		return 0, nil, err
+	}
+	if code, out, ok, err := s.recall(ctx, k); err != nil || ok {
+		return code, out, err
+	}
 	lr := lease.LeaseRequest{
 		WorkerID: c.principal.ID,
 		JobTypes: req.SupportedJobTypes,
@@ -423,6 +431,9 @@ func (s *Server) lease(ctx context.Context, c *call) (int, any, error) {
 	// dispatched anywhere.
 	out, err := s.leaseOnce(ctx, c, lr, req.Accept, d <= 0)
 	if err != nil {
+		return 0, nil, err
+	}
+	if err := s.rememberLease(ctx, c, k, out); err != nil {
 		return 0, nil, err
 	}
 	if len(out.Leases) > 0 || d <= 0 {
@@ -458,8 +469,10 @@ func (s *Server) lease(ctx context.Context, c *call) (int, any, error) {
 			queued := len(c.hooks)
 			err := s.st.Tx.InTx(ctx, func(ctx context.Context) error {
 				var err error
-				next, err = s.leaseOnce(ctx, c, lr, req.Accept, false)
-				return err
+				if next, err = s.leaseOnce(ctx, c, lr, req.Accept, false); err != nil {
+					return err
+				}
+				return s.rememberLease(ctx, c, k, next)
 			})
 			if err != nil {
 				c.hooks = c.hooks[:queued] // they did not commit
@@ -472,6 +485,22 @@ func (s *Server) lease(ctx context.Context, c *call) (int, any, error) {
 		}
 	}
 	return http.StatusOK, out, nil
+}
+
+// rememberLease remembers out, the answer to the lease request k, if it
+// granted a job: until the last accept_by of its grants, after which a
+// repeat leases anew.
+func (s *Server) rememberLease(ctx context.Context, c *call, k *keyed, out *wire.LeaseResponse) error {
+	if k == nil || len(out.Leases) == 0 {
+		return nil
+	}
+	var until time.Time
+	for _, g := range out.Leases {
+		if g.AcceptBy.After(until) {
+			until = g.AcceptBy
+		}
+	}
+	return s.remember(ctx, c, k, http.StatusOK, out, until)
 }
 
 // leaseOnce makes one attempt to lease jobs under a fresh envelope
@@ -667,15 +696,26 @@ func (s *Server) status(ctx context.Context, c *call) (int, any, error) {
 	if err != nil {
 		return 0, nil, err
 	}
+	k, err := keyFor(c, "status", ref.JobID, req.IdempotencyKey, req)
+	if err != nil {
+		return 0, nil, err
+	}
+	if code, out, ok, err := s.recall(ctx, k); err != nil || ok {
+		return code, out, err
+	}
 	res, err := s.leases.RecordEvents(ctx, ref, lease.Event{
 		Kind: lease.EventStatus, Type: req.EventType, Message: req.Message, Payload: payload,
 	})
 	if err != nil {
 		return 0, nil, err
 	}
-	return http.StatusOK, wire.StatusResponse{
+	out := wire.StatusResponse{
 		OK: true, ExpiresAt: res.Job.Lease.ExpiresAt, CancelRequested: res.Job.CancelRequested,
-	}, nil
+	}
+	if err := s.remember(ctx, c, k, http.StatusOK, out, s.answerExpiry()); err != nil {
+		return 0, nil, err
+	}
+	return http.StatusOK, out, nil
 }
 
 // logs: POST /workers/jobs/{id}/logs, one entry or a batch.
@@ -720,13 +760,24 @@ func (s *Server) logs(ctx context.Context, c *call) (int, any, error) {
 		}
 		evs[i].Kind, evs[i].Payload = lease.EventLog, p
 	}
+	k, err := keyFor(c, "logs", ref.JobID, req.IdempotencyKey, req)
+	if err != nil {
+		return 0, nil, err
+	}
+	if code, out, ok, err := s.recall(ctx, k); err != nil || ok {
+		return code, out, err
+	}
 	res, err := s.leases.RecordEvents(ctx, ref, evs...)
 	if err != nil {
 		return 0, nil, err
 	}
-	return http.StatusOK, wire.LogsResponse{
+	out := wire.LogsResponse{
 		OK: true, Accepted: res.Accepted, Duplicates: res.Duplicates, ExpiresAt: res.Job.Lease.ExpiresAt,
-	}, nil
+	}
+	if err := s.remember(ctx, c, k, http.StatusOK, out, s.answerExpiry()); err != nil {
+		return 0, nil, err
+	}
+	return http.StatusOK, out, nil
 }
 
 // artifacts: POST /workers/jobs/{id}/artifacts. The artifact stores the
@@ -762,6 +813,13 @@ func (s *Server) artifacts(ctx context.Context, c *call) (int, any, error) {
 	if err != nil {
 		return 0, nil, err
 	}
+	k, err := keyFor(c, "artifacts", ref.JobID, req.IdempotencyKey, req)
+	if err != nil {
+		return 0, nil, err
+	}
+	if code, out, ok, err := s.recall(ctx, k); err != nil || ok {
+		return code, out, err
+	}
 	rid, err := newReceiptID(s.now(), s.cfg.Rand)
 	if err != nil {
 		return 0, nil, err
@@ -794,7 +852,11 @@ func (s *Server) artifacts(ctx context.Context, c *call) (int, any, error) {
 	if _, err := s.mintFor(ctx, c, snap, r); err != nil {
 		return 0, nil, err
 	}
-	return http.StatusCreated, wire.ArtifactResponse{ArtifactID: a.ID, ReceiptID: rid}, nil
+	out := wire.ArtifactResponse{ArtifactID: a.ID, ReceiptID: rid}
+	if err := s.remember(ctx, c, k, http.StatusCreated, out, s.answerExpiry()); err != nil {
+		return 0, nil, err
+	}
+	return http.StatusCreated, out, nil
 }
 
 func isSHA256Hex(s string) bool {
@@ -1013,6 +1075,14 @@ func (s *Server) failJob(ctx context.Context, c *call) (int, any, error) {
 	if err != nil {
 		return 0, nil, err
 	}
+	// A repeat under the same lease token gets the first answer.
+	k, err := tokenKeyFor(c, "fail", ref, req)
+	if err != nil {
+		return 0, nil, err
+	}
+	if code, out, ok, err := s.recall(ctx, k); err != nil || ok {
+		return code, out, err
+	}
 	before, err := s.leases.Get(ctx, ref.JobID)
 	if err != nil {
 		return 0, nil, err
@@ -1048,7 +1118,11 @@ func (s *Server) failJob(ctx context.Context, c *call) (int, any, error) {
 	if err := s.jobChanged(ctx, c, before.State, j); err != nil {
 		return 0, nil, err
 	}
-	return http.StatusOK, wire.FailResponse{Job: wireJob(j), Requeued: outcome == receipts.OutcomeRequeued, ReceiptID: rid}, nil
+	out := wire.FailResponse{Job: wireJob(j), Requeued: outcome == receipts.OutcomeRequeued, ReceiptID: rid}
+	if err := s.remember(ctx, c, k, http.StatusOK, out, s.answerExpiry()); err != nil {
+		return 0, nil, err
+	}
+	return http.StatusOK, out, nil
 }
 
 // settleFailure mints a job_failed receipt and, when the job is back in
@@ -1079,6 +1153,14 @@ func (s *Server) release(ctx context.Context, c *call) (int, any, error) {
 	if err != nil {
 		return 0, nil, err
 	}
+	// A repeat under the same lease token gets the first answer.
+	k, err := tokenKeyFor(c, "release", ref, req)
+	if err != nil {
+		return 0, nil, err
+	}
+	if code, out, ok, err := s.recall(ctx, k); err != nil || ok {
+		return code, out, err
+	}
 	before, err := s.leases.Get(ctx, ref.JobID)
 	if err != nil {
 		return 0, nil, err
@@ -1107,7 +1189,11 @@ func (s *Server) release(ctx context.Context, c *call) (int, any, error) {
 	if err := s.jobChanged(ctx, c, before.State, j); err != nil {
 		return 0, nil, err
 	}
-	return http.StatusOK, wire.JobResponse{Job: wireJob(j)}, nil
+	out := wire.JobResponse{Job: wireJob(j)}
+	if err := s.remember(ctx, c, k, http.StatusOK, out, s.answerExpiry()); err != nil {
+		return 0, nil, err
+	}
+	return http.StatusOK, out, nil
 }
 
 // audit: POST /workers/audit. Each event becomes a node_audit receipt
@@ -1140,6 +1226,13 @@ func (s *Server) audit(ctx context.Context, c *call) (int, any, error) {
 			Kind: receipts.KindNodeAudit, EventType: e.EventType, OccurredAt: *e.OccurredAt, PayloadSHA256: h,
 		}
 	}
+	k, err := keyFor(c, "audit", "", req.IdempotencyKey, req)
+	if err != nil {
+		return 0, nil, err
+	}
+	if code, out, ok, err := s.recall(ctx, k); err != nil || ok {
+		return code, out, err
+	}
 	w, err := s.leases.Worker(ctx, c.principal.ID)
 	if err != nil {
 		return 0, nil, err
@@ -1156,6 +1249,9 @@ func (s *Server) audit(ctx context.Context, c *call) (int, any, error) {
 			return 0, nil, err
 		}
 		out.ReceiptIDs = append(out.ReceiptIDs, st.ID)
+	}
+	if err := s.remember(ctx, c, k, http.StatusCreated, out, s.answerExpiry()); err != nil {
+		return 0, nil, err
 	}
 	return http.StatusCreated, out, nil
 }

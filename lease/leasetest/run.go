@@ -63,6 +63,7 @@ func Run(t *testing.T, newStore func(t *testing.T) lease.Store) {
 	t.Run("Explain", func(t *testing.T) { testExplain(t, newStore) })
 	t.Run("Approval", func(t *testing.T) { runGroup(t, newStore, approvalTests) })
 	t.Run("Retention", func(t *testing.T) { runGroup(t, newStore, retentionTests) })
+	t.Run("Answers", func(t *testing.T) { runGroup(t, newStore, answerTests) })
 }
 
 // test is one test of the suite. It gets a fixture over a fresh store.

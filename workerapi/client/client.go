@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -165,6 +166,21 @@ func New(baseURL string, cfg *Config) (*Client, error) {
 	cl := &Client{base: u, cfg: c, id: c.Identity, hc: c.HTTPClient, log: c.Logger}
 	cl.signer = replay.NewSigner(c.Identity.Key(), &replay.SignerConfig{Now: cl.ServerNow, Rand: c.Rand})
 	return cl, nil
+}
+
+// key sets *k, when it is empty, to a random request_id or
+// idempotency_key: 128 bits in 22 base64url characters, which every
+// attempt of the call sends.
+func (c *Client) key(k *string) error {
+	if *k != "" {
+		return nil
+	}
+	var b [16]byte
+	if _, err := io.ReadFull(c.cfg.Rand, b[:]); err != nil {
+		return fmt.Errorf("client: reading randomness: %w", err)
+	}
+	*k = base64.RawURLEncoding.EncodeToString(b[:])
+	return nil
 }
 
 // Identity returns the Client's identity.
@@ -624,19 +640,26 @@ func (c *Client) Heartbeat(ctx context.Context, req wire.HeartbeatRequest) (*wir
 
 // Lease asks for jobs (POST /workers/jobs/lease), waiting up to
 // req.WaitSeconds for one. With none, the answer's Leases is empty. A
-// lease request that timed out may still have leased a job the answer
-// never brought; such a lease lapses at its accept_by without using an
-// attempt.
+// call that gives up (its retries spent, or ctx done) may still have
+// leased a job the answer never brought; such a lease lapses at its
+// accept_by without using an attempt.
 //
 // With req.Accept the server accepts each job it grants in the same
 // request: a grant whose job.State is wire.JobStateRunning needs no
 // Accept call. Check each grant's state all the same: a job the envelope
 // refuses at accept, and every job from a server older than the field,
-// comes back wire.JobStateLeased, to be accepted as usual. A lost answer
-// to an accepting lease leaves its jobs running until their lease TTL
+// comes back wire.JobStateLeased, to be accepted as usual. An accepting
+// lease whose call gives up leaves its jobs running until their lease TTL
 // runs out, which uses an attempt of each.
+//
+// Lease sets req.RequestID, when it is empty, to a random key, so that a
+// retry after an answer lost in transit gets the first answer, the same
+// grants, rather than leasing more (PROTOCOL.md "Retries").
 func (c *Client) Lease(ctx context.Context, req wire.LeaseRequest) (*wire.LeaseResponse, error) {
 	var out wire.LeaseResponse
+	if err := c.key(&req.RequestID); err != nil {
+		return nil, err
+	}
 	_, err := c.do(ctx, wire.PathLease, req, &out, callOpts{wait: time.Duration(max(req.WaitSeconds, 0)) * time.Second})
 	if err != nil {
 		return nil, err
@@ -670,8 +693,14 @@ func (c *Client) Accept(ctx context.Context, jobID string, req wire.TokenRequest
 
 // Status reports a status event (POST /workers/jobs/{id}/status), which
 // extends the lease; the answer says whether a cancel was requested.
+//
+// Status sets req.IdempotencyKey, when it is empty, to a random key, so
+// that a retry after an answer lost in transit records the event once.
 func (c *Client) Status(ctx context.Context, jobID string, req wire.StatusRequest) (*wire.StatusResponse, error) {
 	var out wire.StatusResponse
+	if err := c.key(&req.IdempotencyKey); err != nil {
+		return nil, err
+	}
 	if _, err := c.do(ctx, wire.JobPath(jobID, "status"), req, &out, callOpts{}); err != nil {
 		return nil, err
 	}
@@ -680,20 +709,30 @@ func (c *Client) Status(ctx context.Context, jobID string, req wire.StatusReques
 
 // Logs sends log lines (POST /workers/jobs/{id}/logs). A seq the server
 // has already stored counts as a duplicate, so sending a batch again is
-// harmless.
+// harmless. Logs sets req.IdempotencyKey, when it is empty, to a random
+// key, so that a retry after an answer lost in transit gets the first
+// answer's counts.
 func (c *Client) Logs(ctx context.Context, jobID string, req wire.LogsRequest) (*wire.LogsResponse, error) {
 	var out wire.LogsResponse
+	if err := c.key(&req.IdempotencyKey); err != nil {
+		return nil, err
+	}
 	if _, err := c.do(ctx, wire.JobPath(jobID, "logs"), req, &out, callOpts{}); err != nil {
 		return nil, err
 	}
 	return &out, nil
 }
 
-// Artifact reports an artifact (POST /workers/jobs/{id}/artifacts). A
-// retry after an answer was lost in transit may record the artifact
-// twice, under the same checksum.
+// Artifact reports an artifact (POST /workers/jobs/{id}/artifacts). It
+// sets req.IdempotencyKey, when it is empty, to a random key, so that a
+// retry after an answer lost in transit gets the first artifact_id and
+// receipt_id and records nothing twice. Set it yourself to make a report
+// repeatable across calls (or restarts of the node).
 func (c *Client) Artifact(ctx context.Context, jobID string, req wire.ArtifactRequest) (*wire.ArtifactResponse, error) {
 	var out wire.ArtifactResponse
+	if err := c.key(&req.IdempotencyKey); err != nil {
+		return nil, err
+	}
 	if _, err := c.do(ctx, wire.JobPath(jobID, "artifacts"), req, &out, callOpts{}); err != nil {
 		return nil, err
 	}
@@ -754,9 +793,10 @@ func CompletionError(r *wire.CompletionResult) error {
 	return ae
 }
 
-// Fail reports a failed attempt (POST /workers/jobs/{id}/fail). If an
-// earlier attempt of the same call reached the server, a retry answers 409
-// (lease_lost or invalid_transition): the failure was recorded.
+// Fail reports a failed attempt (POST /workers/jobs/{id}/fail). The
+// server answers a repeat under the same lease token, with the same body,
+// with its first answer, so retrying is safe (a server older than that
+// answers the retry 409 lease_lost: the failure was recorded).
 func (c *Client) Fail(ctx context.Context, jobID string, req wire.FailRequest) (*wire.FailResponse, error) {
 	var out wire.FailResponse
 	if _, err := c.do(ctx, wire.JobPath(jobID, "fail"), req, &out, callOpts{}); err != nil {
@@ -766,7 +806,8 @@ func (c *Client) Fail(ctx context.Context, jobID string, req wire.FailRequest) (
 }
 
 // Release hands a job back to the queue without using an attempt (POST
-// /workers/jobs/{id}/release).
+// /workers/jobs/{id}/release). As with Fail, a repeat under the same lease
+// token gets the first answer, so retrying is safe.
 func (c *Client) Release(ctx context.Context, jobID string, req wire.ReleaseRequest) (*wire.JobResponse, error) {
 	var out wire.JobResponse
 	if _, err := c.do(ctx, wire.JobPath(jobID, "release"), req, &out, callOpts{}); err != nil {
@@ -776,9 +817,14 @@ func (c *Client) Release(ctx context.Context, jobID string, req wire.ReleaseRequ
 }
 
 // Audit reports node audit events (POST /workers/audit); each becomes a
-// receipt.
+// receipt. It sets req.IdempotencyKey, when it is empty, to a random key,
+// so that a retry after an answer lost in transit gets the first
+// receipt_ids and mints nothing twice.
 func (c *Client) Audit(ctx context.Context, req wire.AuditRequest) (*wire.AuditResponse, error) {
 	var out wire.AuditResponse
+	if err := c.key(&req.IdempotencyKey); err != nil {
+		return nil, err
+	}
 	if _, err := c.do(ctx, wire.PathAudit, req, &out, callOpts{}); err != nil {
 		return nil, err
 	}

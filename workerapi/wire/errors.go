@@ -42,4 +42,8 @@ const (
 	CodeUnsupportedMediaType = "unsupported_media_type"
 	CodeRateLimited          = "rate_limited"
 	CodeUnavailable          = "unavailable"
+	// CodeIdempotencyMismatch (422): a request_id, idempotency_key or
+	// lease token was sent before with another body: it names a
+	// request already answered, which this one is not a repeat of.
+	CodeIdempotencyMismatch = "idempotency_mismatch"
 )

@@ -70,4 +70,10 @@ const (
 	// next cursor set, once its items reach this size. A page always
 	// holds at least one item.
 	MaxPageBytes = 1 << 20
+
+	// MinIdempotencyKeyBytes and MaxIdempotencyKeyBytes bound a lease's
+	// request_id and the idempotency_key of an artifact or audit report,
+	// which hold only the characters [A-Za-z0-9._~-].
+	MinIdempotencyKeyBytes = 16
+	MaxIdempotencyKeyBytes = 128
 )

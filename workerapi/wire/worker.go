@@ -104,6 +104,12 @@ type LeaseRequest struct {
 	// job.state and accepts the leased ones. Omitted (false) leases
 	// without accepting.
 	Accept bool `json:"accept,omitempty"`
+	// RequestID, when set, makes the lease repeatable: a repeat with the
+	// same request_id and body, until the accept_by of its grants, gets
+	// the first answer, the same grants and lease tokens, rather than
+	// new ones (PROTOCOL.md "Retries"). MinIdempotencyKeyBytes to
+	// MaxIdempotencyKeyBytes of [A-Za-z0-9._~-]; make it random.
+	RequestID string `json:"request_id,omitempty"`
 }
 
 // The job states a worker acts on (Job.State); PROTOCOL.md lists them
@@ -205,6 +211,10 @@ type StatusRequest struct {
 	EventType  string          `json:"event_type"`
 	Message    string          `json:"message"`
 	Payload    json.RawMessage `json:"payload"`
+	// IdempotencyKey, when set, makes the event repeatable: a repeat with
+	// the same key and body gets the first answer and records no second
+	// event (PROTOCOL.md "Retries").
+	IdempotencyKey string `json:"idempotency_key,omitempty"`
 }
 
 // StatusResponse answers a status event.
@@ -229,6 +239,11 @@ type LogsRequest struct {
 	Message    *string         `json:"message"`
 	Payload    json.RawMessage `json:"payload"`
 	Entries    []LogEntry      `json:"entries"`
+	// IdempotencyKey, when set, makes the request repeatable: a repeat
+	// with the same key and body gets the first answer (its accepted and
+	// duplicates counts) rather than one that counts every entry a
+	// duplicate (PROTOCOL.md "Retries").
+	IdempotencyKey string `json:"idempotency_key,omitempty"`
 }
 
 // LogsResponse answers logs.
@@ -248,6 +263,10 @@ type ArtifactRequest struct {
 	ChecksumSHA256 *string         `json:"checksum_sha256"`
 	SizeBytes      *int64          `json:"size_bytes"`
 	Metadata       json.RawMessage `json:"metadata"`
+	// IdempotencyKey, when set, makes the report repeatable: a repeat with
+	// the same key and body gets the first artifact_id and receipt_id
+	// (PROTOCOL.md "Retries").
+	IdempotencyKey string `json:"idempotency_key,omitempty"`
 }
 
 // ArtifactResponse answers an artifact report.
@@ -366,6 +385,10 @@ type AuditEvent struct {
 // AuditRequest is the body of POST /workers/audit.
 type AuditRequest struct {
 	Events []AuditEvent `json:"events"`
+	// IdempotencyKey, when set, makes the report repeatable: a repeat with
+	// the same key and events gets the first receipt_ids (PROTOCOL.md
+	// "Retries").
+	IdempotencyKey string `json:"idempotency_key,omitempty"`
 }
 
 // AuditResponse answers audit.

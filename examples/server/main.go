@@ -145,6 +145,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 
+	// Requests do not end with the signal: one canceled as it commits
+	// would be answered 503 although it committed. Shutdown lets those in
+	// flight finish; after ShutdownGrace the rest (long-polls, that may
+	// wait a minute) are canceled.
+	base, endRequests := context.WithCancel(context.WithoutCancel(ctx))
+	defer endRequests()
+
 	// Not a ServeMux: it would redirect paths that are not clean, which
 	// the Handler answers 404 in JSON.
 	ready, api := cp.Server.ReadyHandler(), cp.Server.Handler()
@@ -156,7 +163,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			}
 			api.ServeHTTP(w, r)
 		}),
-		BaseContext: func(net.Listener) context.Context { return ctx },
+		BaseContext: func(net.Listener) context.Context { return base },
 	}
 	hl.apply(srv)
 	served := make(chan error, 1)
@@ -169,6 +176,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	case <-ctx.Done():
 	}
 	log.Info("shutting down")
+	grace := time.AfterFunc(ShutdownGrace, endRequests)
+	defer grace.Stop()
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
 	err = srv.Shutdown(sctx)
@@ -177,6 +186,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	return err
 }
+
+// ShutdownGrace is how long requests in flight when the server is told
+// to stop may go on before they are canceled.
+const ShutdownGrace = 5 * time.Second
 
 // DefaultMintTTL is the lifetime of a token mint-operator mints: enough
 // to mint lasting credentials through the operator routes

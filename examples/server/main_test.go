@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"io/fs"
 	"net"
@@ -306,5 +307,72 @@ func TestReplicaWithOtherSecretsRefuses(t *testing.T) {
 			}
 			serve(t, f.args("127.0.0.1:0")...)
 		})
+	}
+}
+
+// A request in flight when the server is told to stop finishes with its
+// answer: it is not canceled (which, racing its commit, would answer 503
+// for a job that was queued).
+func TestStopLetsRequestsFinish(t *testing.T) {
+	f := newFiles(t, testdb.Dialect{Name: "sqlite", New: testdb.SQLite})
+	s := serve(t, f.args("127.0.0.1:0")...)
+	token := operatorToken(t, s.stdout.String())
+
+	body := `{"job_type":"status_check"}`
+	conn, err := net.Dial("tcp", s.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	rd := bufio.NewReader(conn)
+	// A first request on the connection, so that the server has accepted
+	// it before it is told to stop.
+	if _, err := fmt.Fprintf(conn, "GET /readyz HTTP/1.1\r\nHost: %s\r\n\r\n", s.addr); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(rd, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	// Then headers and half the body: the request is in flight. The
+	// server reads the headers at once; give it time to, or the
+	// connection would still count as idle.
+	head := fmt.Sprintf("POST /operator/jobs HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer %s\r\n"+
+		"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n", s.addr, token, len(body))
+	if _, err := io.WriteString(conn, head+body[:len(body)/2]); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(500 * time.Millisecond)
+	stopped := make(chan error, 1)
+	go func() { stopped <- s.stop() }()
+	// Once the server no longer accepts connections it is shutting down.
+	deadline := time.Now().Add(startTimeout)
+	for {
+		c, err := net.Dial("tcp", s.addr)
+		if err != nil {
+			break
+		}
+		c.Close()
+		if time.Now().After(deadline) {
+			t.Fatal("the server still accepts connections")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if _, err := io.WriteString(conn, body[len(body)/2:]); err != nil {
+		t.Fatal(err)
+	}
+	resp, err = http.ReadResponse(rd, nil)
+	if err != nil {
+		t.Fatalf("reading the answer: %v; server log:\n%s", err, s.stderr)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusCreated {
+		t.Errorf("the request in flight got %d %s, want 201", resp.StatusCode, b)
+	}
+	if err := <-stopped; err != nil {
+		t.Errorf("the server returned %v", err)
 	}
 }

@@ -55,6 +55,16 @@ type Config struct {
 	// another replica, or rolled back) within the TTL. Leasing never uses
 	// the list. Defaults to 1 s; a negative value turns reuse off.
 	ExplainWorkersTTL time.Duration
+	// HeartbeatInterval is how often workers are asked to heartbeat: a
+	// worker last seen within it and half of it again is online, and one
+	// seen longer ago is stale (it missed a heartbeat). Defaults to
+	// DefaultHeartbeatInterval.
+	HeartbeatInterval time.Duration
+	// OfflineAfter is how long after it was last seen a worker is offline:
+	// ExpireOffline ends its leases, and Explain does not count it. It
+	// defaults to 3 × HeartbeatInterval, and is raised to HeartbeatInterval
+	// when set below it.
+	OfflineAfter time.Duration
 	// Now is the clock. Defaults to time.Now.
 	Now func() time.Time
 	// Rand is the source of tokens, ids and jitter. Defaults to crypto/rand.Reader.
@@ -127,6 +137,13 @@ func NewManager(s Store, cfg *Config) *Manager {
 	if c.ListLimit <= 0 {
 		c.ListLimit = 100
 	}
+	if c.HeartbeatInterval <= 0 {
+		c.HeartbeatInterval = DefaultHeartbeatInterval
+	}
+	if c.OfflineAfter <= 0 {
+		c.OfflineAfter = 3 * c.HeartbeatInterval
+	}
+	c.OfflineAfter = max(c.OfflineAfter, c.HeartbeatInterval)
 	if c.Now == nil {
 		c.Now = time.Now
 	}

@@ -21,7 +21,8 @@
 // and concurrency.go; approval.go checks least privilege (a request
 // narrows the worker's registered types, never widens them; the cap on
 // live leases; pending and pinned approvals; SetApproval and a PutWorker
-// that keeps the approval). claim.go also runs a claim that the store retries
+// that keeps the approval); liveness.go checks online, stale and offline
+// workers and ExpireOffline. claim.go also runs a claim that the store retries
 // after a rolled-back attempt called grant.
 //
 // The suite's own test, wrong_test.go, runs it on stores that are wrong in
@@ -60,6 +61,7 @@ func Run(t *testing.T, newStore func(t *testing.T) lease.Store) {
 	t.Run("Concurrency", func(t *testing.T) { runGroup(t, newStore, concurrencyTests) })
 	t.Run("Explain", func(t *testing.T) { testExplain(t, newStore) })
 	t.Run("Approval", func(t *testing.T) { runGroup(t, newStore, approvalTests) })
+	t.Run("Liveness", func(t *testing.T) { runGroup(t, newStore, livenessTests) })
 }
 
 // test is one test of the suite. It gets a fixture over a fresh store.

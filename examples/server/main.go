@@ -50,6 +50,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		maxLeases     = fs.Int("max-leases-per-worker", workerapi.DefaultMaxLeasesPerWorker, "the live leases any one worker may hold; a node's governor max_jobs may lower it, never raise it")
 		cancelGrace   = fs.Duration("cancel-grace", workerapi.DefaultCancelGrace, "how long a canceled job's lease lives on before it is revoked")
 		maxRuntime    = fs.Duration("max-runtime", workerapi.DefaultMaxRuntime, "the runtime of a job that sets no requirements.max_runtime_seconds, after which its lease is revoked and it fails max_runtime_exceeded")
+		hbInterval    = fs.Duration("heartbeat-interval", workerapi.DefaultHeartbeatInterval, "how often workers are told to heartbeat (next_heartbeat_seconds)")
+		offlineAfter  = fs.Duration("offline-after", 0, "how long a silent worker stays before it is offline and its leases end (0: 3 × the heartbeat interval)")
 		seqInterval   = fs.Duration("sequence-interval", workerapi.DefaultSequenceInterval, "how often the receipt sequencer looks for receipts when no completion woke it")
 		seqBatch      = fs.Int("sequence-batch", workerapi.DefaultSequenceBatch, "the receipts one sequencing transaction integrates under one signed checkpoint")
 		hl            = httpLimitFlags(fs)
@@ -71,6 +73,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		DB: *dsn, SecretsFile: *secretsFile, LeaseTTL: *leaseTTL, AcceptTimeout: *acceptTimeout,
 		Prices: prices, ApproveNodes: *approveNodes, MaxLeasesPerWorker: *maxLeases,
 		CancelGrace: *cancelGrace, MaxRuntime: *maxRuntime,
+		HeartbeatInterval: *hbInterval, OfflineAfter: *offlineAfter,
 		SequenceInterval: *seqInterval, SequenceBatch: *seqBatch, Logger: log,
 	})
 	if err != nil {

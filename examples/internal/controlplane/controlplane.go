@@ -42,6 +42,9 @@ type Options struct {
 	MaxLeasesPerWorker int
 	CancelGrace        time.Duration
 	MaxRuntime         time.Duration
+	// HeartbeatInterval and OfflineAfter are workerapi.Config's.
+	HeartbeatInterval time.Duration
+	OfflineAfter      time.Duration
 	// SequenceInterval and SequenceBatch are workerapi.Config's.
 	SequenceInterval time.Duration
 	SequenceBatch    int
@@ -97,6 +100,8 @@ func Open(ctx context.Context, o Options) (*ControlPlane, error) {
 		MaxLeasesPerWorker: o.MaxLeasesPerWorker,
 		CancelGrace:        o.CancelGrace,
 		MaxRuntime:         o.MaxRuntime,
+		HeartbeatInterval:  o.HeartbeatInterval,
+		OfflineAfter:       o.OfflineAfter,
 		SequenceInterval:   o.SequenceInterval,
 		SequenceBatch:      o.SequenceBatch,
 		Logger:             o.Logger,

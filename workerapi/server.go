@@ -62,7 +62,7 @@ const (
 	DefaultRetryBase         = 10 * time.Second
 	DefaultRetryMax          = time.Hour
 	DefaultWorkerTokenTTL    = 30 * 24 * time.Hour
-	DefaultHeartbeatInterval = 30 * time.Second
+	DefaultHeartbeatInterval = lease.DefaultHeartbeatInterval
 	DefaultPollInterval      = 300 * time.Second
 	DefaultMaxWait           = wire.MaxWaitSeconds * time.Second
 	DefaultProofWait         = 10 * time.Second

@@ -177,7 +177,10 @@ type RunnerConfig struct {
 	HeartbeatInterval time.Duration
 	// LeaseMargin is how long before a lease's expires_at a job whose lease
 	// could not be extended is stopped (ErrLeaseExpiring); capped at a fifth
-	// of the lease's lifetime. Defaults to DefaultLeaseMargin.
+	// of the lease's lifetime. It is also how long before a heartbeat
+	// deadline every job stops when no heartbeat got through (ErrOffline),
+	// capped at a fifth of the time the deadline gave. Defaults to
+	// DefaultLeaseMargin.
 	LeaseMargin time.Duration
 	// DrainTimeout is how long running jobs may take to finish once the
 	// worker drains, before they are cancelled (ErrDrained) and released.

@@ -521,6 +521,30 @@ func (db *DB) endedJobs(idb bun.IDB, before time.Time, limit int) *bun.SelectQue
 	return q
 }
 
+// OfflineJobs returns up to limit live jobs whose lease's worker was last
+// seen at or before cutoff, leased (and accepted, if it was) then too,
+// in id order: one statement, which reads the workers not seen after
+// cutoff through nodelane_workers_last_seen_idx and their live jobs
+// through nodelane_jobs_worker_live_idx. It returns
+// lease.ErrInvalidArgument if limit < 1.
+func (s *LeaseStore) OfflineJobs(ctx context.Context, cutoff time.Time, limit int) ([]*lease.Job, error) {
+	if limit <= 0 {
+		return nil, errLimit("offline jobs", limit)
+	}
+	var rows []jobRow
+	t := micros(cutoff)
+	q := s.db.idb(ctx).NewSelect().Model(&rows).
+		Where("state IN (?)", liveStates()).
+		Where("lease_worker_id IN (SELECT id FROM nodelane_workers WHERE last_seen_at <= ?)", t).
+		Where("COALESCE(accepted_at, leased_at) <= ?", t).
+		OrderExpr("id").
+		Limit(int64(limit))
+	if err := q.Scan(ctx); err != nil {
+		return nil, fmt.Errorf("bunstore: offline jobs: %w", aborted(err))
+	}
+	return jobs(rows), nil
+}
+
 type eventRow struct {
 	bun.BaseModel `bun:"table:nodelane_job_events"`
 

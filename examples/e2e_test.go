@@ -166,13 +166,15 @@ type cluster struct {
 	hc               *http.Client
 	workers          []*proc
 	serverGeneration int
+	// serverArgs are more server flags, after (and so over) the usual ones.
+	serverArgs []string
 }
 
-func newCluster(t *testing.T) *cluster {
+func newCluster(t *testing.T, serverArgs ...string) *cluster {
 	t.Helper()
 	serverBin, workerBin := binaries(t)
 	c := &cluster{t: t, serverBin: serverBin, workerBin: workerBin, dir: t.TempDir(), addr: freeAddr(t),
-		hc: &http.Client{Timeout: 30 * time.Second}}
+		hc: &http.Client{Timeout: 30 * time.Second}, serverArgs: serverArgs}
 	c.startServer()
 	b, err := os.ReadFile(filepath.Join(c.dir, "tokens.json"))
 	if err != nil {
@@ -206,12 +208,12 @@ func (c *cluster) startServer() {
 	c.t.Helper()
 	c.serverGeneration++
 	c.server = startProc(c.t, fmt.Sprintf("server#%d", c.serverGeneration), c.serverBin, nil,
-		"-addr", c.addr,
-		"-db", "sqlite:"+filepath.Join(c.dir, "nodelane.db"),
-		"-secrets-file", filepath.Join(c.dir, "secrets.json"),
-		"-tokens-file", filepath.Join(c.dir, "tokens.json"),
-		"-lease-ttl", "3s", "-accept-timeout", "3s",
-		"-price", "rtx-4090=1800000")
+		append([]string{"-addr", c.addr,
+			"-db", "sqlite:" + filepath.Join(c.dir, "nodelane.db"),
+			"-secrets-file", filepath.Join(c.dir, "secrets.json"),
+			"-tokens-file", filepath.Join(c.dir, "tokens.json"),
+			"-lease-ttl", "3s", "-accept-timeout", "3s",
+			"-price", "rtx-4090=1800000"}, c.serverArgs...)...)
 	deadline := time.Now().Add(startTimeout)
 	for {
 		if c.server.exited() {
@@ -237,6 +239,16 @@ func (c *cluster) startServer() {
 // startWorker starts a worker process with its own identity.
 func (c *cluster) startWorker(node string) *proc {
 	c.t.Helper()
+	return c.startWorkerVia(node, c.base())
+}
+
+// identityPath is the identity file of node's worker.
+func (c *cluster) identityPath(node string) string { return filepath.Join(c.dir, node+".json") }
+
+// startWorkerVia starts a worker process that talks to the control plane
+// at server.
+func (c *cluster) startWorkerVia(node, server string) *proc {
+	c.t.Helper()
 	// The provisioning token is given in a file, never on the command line.
 	tokenFile := filepath.Join(c.dir, node+".provisioning-token")
 	if err := os.WriteFile(tokenFile, []byte(c.tokens.ProvisioningToken+"\n"), 0o600); err != nil {
@@ -244,8 +256,8 @@ func (c *cluster) startWorker(node string) *proc {
 	}
 	p := startProc(c.t, "worker "+node, c.workerBin, nil,
 		"-provisioning-token-file", tokenFile,
-		"-server", c.base(),
-		"-identity", filepath.Join(c.dir, node+".json"),
+		"-server", server,
+		"-identity", c.identityPath(node),
 		"-node-id", node, "-name", node,
 		"-gpu", "rtx-4090:24576",
 		"-workdir", filepath.Join(c.dir, "work-"+node),

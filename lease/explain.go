@@ -77,6 +77,9 @@ const (
 	// ReasonPendingApproval: the worker awaits an operator's approval
 	// (see Approval), so it is granted nothing.
 	ReasonPendingApproval ReasonCode = "pending_approval"
+	// ReasonWorkerOffline: the worker is offline (Manager.Liveness): it
+	// stopped heartbeating, and no job is counted on it.
+	ReasonWorkerOffline ReasonCode = "worker_offline"
 )
 
 // Reasons about a worker's lease request (ExplainLease).
@@ -137,7 +140,8 @@ type Explanation struct {
 	// Job is the job as read.
 	Job *Job `json:"job"`
 	// Leasable reports that the job is queued and due, and that a worker
-	// examined matches it, is not banned and has a free governor slot: that
+	// examined matches it, is online or stale (not offline), is not banned and
+	// has a free governor slot: that
 	// worker could take it at its next poll, as it registered it (a worker
 	// that polls offering fewer types or SKUs, or no longer polls, may
 	// still leave it waiting). It does not mean the job is next in line:
@@ -154,7 +158,10 @@ type Explanation struct {
 	//     governor caps it), naming the requirement none meets;
 	//  2. ReasonScheduled, with the time;
 	//  3. workers match but none could take the job now: ReasonBanned when
-	//     every one of them is banned, else ReasonMaxJobs.
+	//     every one of them is banned, ReasonPendingApproval when every one
+	//     is banned or pending, ReasonWorkerOffline ("no online worker
+	//     matches") when every one is offline, banned or pending, else
+	//     ReasonMaxJobs.
 	//
 	// For a job in another state: ReasonJobLeased or ReasonJobFinished,
 	// then ReasonCancelRequested when it applies; no worker is examined.
@@ -184,6 +191,9 @@ type WorkerVerdict struct {
 	// Pending reports that the worker awaits an operator's approval (set
 	// only when Checked); its ban and slot are not checked then.
 	Pending bool `json:"pending"`
+	// Offline reports that the worker is offline (set only when Checked
+	// and not Pending); its ban and slot are not checked then.
+	Offline bool `json:"offline"`
 	Banned  bool `json:"banned"`
 	// LiveLeases counts the worker's live leases that are still within
 	// their TTL and accept deadline (a lease past them is expired by the
@@ -198,7 +208,7 @@ type WorkerVerdict struct {
 	// Slot reports LiveLeases < MaxJobs (set only when Checked and not Banned).
 	Slot bool `json:"slot"`
 	// Available reports that the worker could take the job now: it
-	// matches, was checked, is not banned and has a slot.
+	// matches, was checked, is not offline, not banned and has a slot.
 	Available bool `json:"available"`
 	// GPUs is how many of the worker's GPUs the job may use (those of its
 	// SKU, or all when it names none); VRAMMB the VRAM each of the best
@@ -210,8 +220,8 @@ type WorkerVerdict struct {
 	// Reasons are why this worker cannot take the job: the first matching
 	// step it fails (ReasonJobType, ReasonTypeNotApproved, ReasonGPUSKU,
 	// ReasonGPUCount, ReasonVRAM, ReasonMaxVRAM), else
-	// ReasonPendingApproval, ReasonBanned or ReasonMaxJobs.
-	// Empty for an available worker and for one not checked. Job-side
+	// ReasonPendingApproval, ReasonWorkerOffline, ReasonBanned or
+	// ReasonMaxJobs. Empty for an available worker and for one not checked. Job-side
 	// reasons (ReasonScheduled) are not repeated here.
 	Reasons []Reason `json:"reasons"`
 }
@@ -290,7 +300,7 @@ func (m *Manager) Explain(ctx context.Context, jobID string, opts *ExplainOption
 			return nil, err
 		}
 	}
-	available, banned, pending := false, 0, 0
+	available, banned, pending, offline := false, 0, 0, 0
 	for _, i := range matching {
 		if available && !o.AllWorkers {
 			break
@@ -301,6 +311,13 @@ func (m *Manager) Explain(ctx context.Context, jobID string, opts *ExplainOption
 			v.Pending = true
 			v.Reasons = append(v.Reasons, Reason{Code: ReasonPendingApproval, Message: "the worker awaits an operator's approval"})
 			pending++
+			continue
+		}
+		if m.livenessAt(ws[i], now) == LivenessOffline {
+			v.Offline = true
+			v.Reasons = append(v.Reasons, Reason{Code: ReasonWorkerOffline,
+				Message: "the worker is offline: last seen " + ws[i].LastSeenAt.Format(time.RFC3339)})
+			offline++
 			continue
 		}
 		if o.Banned != nil {
@@ -351,10 +368,16 @@ func (m *Manager) Explain(ctx context.Context, jobID string, opts *ExplainOption
 		case banned+pending == len(matching):
 			ex.Reasons = append(ex.Reasons, Reason{Code: ReasonPendingApproval,
 				Message: fmt.Sprintf("every worker that can run it awaits an operator's approval (%d pending, %d banned)", pending, banned) + among})
+		case banned+pending+offline == len(matching):
+			ex.Reasons = append(ex.Reasons, Reason{Code: ReasonWorkerOffline,
+				Message: fmt.Sprintf("no online worker matches: every worker that can run it is offline (%d offline, %d banned, %d pending)", offline, banned, pending) + among})
 		default:
+			if offline > 0 {
+				awaiting += fmt.Sprintf(", %d offline", offline)
+			}
 			ex.Reasons = append(ex.Reasons, Reason{Code: ReasonMaxJobs,
 				Message: fmt.Sprintf("every worker that can run it is at its governor max_jobs (%d busy, %d banned%s): it waits for a free slot",
-					len(matching)-banned-pending, banned, awaiting) + among})
+					len(matching)-banned-pending-offline, banned, awaiting) + among})
 		}
 	}
 	ex.Leasable = len(ex.Reasons) == 0

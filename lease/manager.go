@@ -66,6 +66,16 @@ type Config struct {
 	// jobs that ended longer ago, with their events and artifacts.
 	// Defaults to 0, which keeps every job; a negative value is read as 0.
 	Retention time.Duration
+	// HeartbeatInterval is how often workers are asked to heartbeat: a
+	// worker last seen within it and half of it again is online, and one
+	// seen longer ago is stale (it missed a heartbeat). Defaults to
+	// DefaultHeartbeatInterval.
+	HeartbeatInterval time.Duration
+	// OfflineAfter is how long after it was last seen a worker is offline:
+	// ExpireOffline ends its leases, and Explain does not count it. It
+	// defaults to 3 × HeartbeatInterval, and is raised to HeartbeatInterval
+	// when set below it.
+	OfflineAfter time.Duration
 	// Now is the clock. Defaults to time.Now.
 	Now func() time.Time
 	// Rand is the source of tokens, ids and jitter. Defaults to crypto/rand.Reader.
@@ -138,6 +148,13 @@ func NewManager(s Store, cfg *Config) *Manager {
 	if c.ListLimit <= 0 {
 		c.ListLimit = 100
 	}
+	if c.HeartbeatInterval <= 0 {
+		c.HeartbeatInterval = DefaultHeartbeatInterval
+	}
+	if c.OfflineAfter <= 0 {
+		c.OfflineAfter = 3 * c.HeartbeatInterval
+	}
+	c.OfflineAfter = max(c.OfflineAfter, c.HeartbeatInterval)
 	if c.Now == nil {
 		c.Now = time.Now
 	}

@@ -227,6 +227,29 @@ func (s *MemoryStore) DeleteEnded(ctx context.Context, before time.Time, limit i
 	return len(ended), nil
 }
 
+// OfflineJobs implements Store.
+func (s *MemoryStore) OfflineJobs(_ context.Context, cutoff time.Time, limit int) ([]*Job, error) {
+	if limit <= 0 {
+		return nil, errLimit(limit)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []*Job
+	for _, j := range s.jobs {
+		if !j.State.Live() || j.Lease == nil || !seenBefore(j, cutoff) {
+			continue
+		}
+		if w, ok := s.workers[j.Lease.WorkerID]; ok && !w.LastSeenAt.After(cutoff) {
+			out = append(out, cloneJob(j))
+		}
+	}
+	sort.Slice(out, func(a, b int) bool { return out[a].ID < out[b].ID })
+	if len(out) > limit {
+		out = out[:limit]
+	}
+	return out, nil
+}
+
 // AddEvents implements Store.
 func (s *MemoryStore) AddEvents(ctx context.Context, evs []*Event) (int, error) {
 	s.mu.Lock()

@@ -204,6 +204,12 @@ type Store interface {
 	// about limit rows however many jobs the table keeps.
 	// ErrInvalidArgument if limit <= 0.
 	DeleteEnded(ctx context.Context, before time.Time, limit int) (int, error)
+	// OfflineJobs returns up to limit live jobs, in ascending id order,
+	// whose lease's worker is stored and was last seen at or before
+	// cutoff, and whose lease was granted, and accepted if it was
+	// (AcceptedAt, else LeasedAt), at or before cutoff.
+	// ErrInvalidArgument if limit <= 0.
+	OfflineJobs(ctx context.Context, cutoff time.Time, limit int) ([]*Job, error)
 
 	// AddEvents stores events in order and sets their IDs. A log event whose
 	// (JobID, Seq) is already stored, or repeats one earlier in evs, is

@@ -44,7 +44,12 @@ func TestLeaseAccept(t *testing.T) {
 	for _, d := range testdb.Dialects() {
 		t.Run(d.Name, func(t *testing.T) {
 			rec := &recorder{}
-			f := setup(t, d.Name, apitest.WithConfig(func(c *workerapi.Config) { c.Hooks = rec }), apitest.Started())
+			f := setup(t, d.Name, apitest.WithConfig(func(c *workerapi.Config) {
+				c.Hooks = rec
+				// The node never heartbeats while the clock runs past
+				// accept_by: it must not go offline meanwhile.
+				c.OfflineAfter = time.Hour
+			}), apitest.Started())
 			now := time.Now().UTC().Truncate(time.Millisecond)
 			f.env.Clock.Set(now)
 			defer f.env.Clock.Follow()

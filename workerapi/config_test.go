@@ -53,6 +53,10 @@ func TestNewFailsFast(t *testing.T) {
 		{"negative Retention", func(_ *workerapi.Stores, c *workerapi.Config) { c.Retention = -time.Hour }, "Retention"},
 		{"negative BodyLimit", func(_ *workerapi.Stores, c *workerapi.Config) { c.BodyLimit = -1 }, "BodyLimit"},
 		{"negative MaxLeasesPerWorker", func(_ *workerapi.Stores, c *workerapi.Config) { c.MaxLeasesPerWorker = -1 }, "MaxLeasesPerWorker"},
+		{"negative OfflineAfter", func(_ *workerapi.Stores, c *workerapi.Config) { c.OfflineAfter = -time.Second }, "OfflineAfter"},
+		{"OfflineAfter below HeartbeatInterval", func(_ *workerapi.Stores, c *workerapi.Config) {
+			c.HeartbeatInterval, c.OfflineAfter = 2*time.Second, time.Second
+		}, "OfflineAfter"},
 		{"MaxLeasesPerWorker over what a heartbeat names", func(_ *workerapi.Stores, c *workerapi.Config) { c.MaxLeasesPerWorker = wire.MaxCurrentJobs + 1 }, "MaxLeasesPerWorker"},
 	}
 	for _, tt := range tests {

@@ -22,7 +22,12 @@ func (s *Server) MaintainOnce(ctx context.Context) error {
 	var errs []error
 	n, err := s.leases.Expire(ctx)
 	errs = append(errs, err)
-	if n > 0 {
+	off, err := s.leases.ExpireOffline(ctx)
+	errs = append(errs, err)
+	if off > 0 {
+		s.log.Info("ended the leases of offline workers", "leases", off)
+	}
+	if n+off > 0 {
 		// Requeued jobs may be leasable now.
 		errs = append(errs, s.st.Notifier.Notify(ctx))
 	}

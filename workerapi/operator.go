@@ -490,6 +490,7 @@ func (s *Server) workerView(ctx context.Context, w *lease.Worker) (wire.WorkerVi
 		GovernorLimits:           wire.GovernorLimits{MaxJobs: w.Governor.MaxJobs, MaxVRAMMB: w.Governor.MaxVRAMMB},
 		PolicyVersion:            w.PolicyVersion,
 		Status:                   w.Status,
+		Liveness:                 string(s.leases.Liveness(w)),
 		RegisteredAt:             w.RegisteredAt,
 		LastSeenAt:               w.LastSeenAt,
 	}

@@ -33,7 +33,7 @@ var (
 	eventKeys  = []string{"id", "kind", "event_type", "message", "payload", "seq", "lease_epoch", "created_at"}
 	workerKeys = []string{"worker_id", "node_id", "name", "hostname", "endpoint_url", "role", "tags", "version",
 		"heartbeat_interval_seconds", "capabilities", "governor_limits", "policy_version", "status",
-		"registered_at", "last_seen_at", "banned", "ban_reason", "banned_at",
+		"liveness", "registered_at", "last_seen_at", "banned", "ban_reason", "banned_at",
 		"approval", "approved_at", "approved_by", "approved_job_types", "approved_tags", "max_leases"}
 	envelopeKeys = []string{"active", "policy_version", "by", "reason", "until", "changed_at", "safe_types", "blocked_types"}
 	receiptKeys  = []string{"id", "kind", "index", "body"}

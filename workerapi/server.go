@@ -74,7 +74,7 @@ const (
 	DefaultRetryBase         = 10 * time.Second
 	DefaultRetryMax          = time.Hour
 	DefaultWorkerTokenTTL    = 30 * 24 * time.Hour
-	DefaultHeartbeatInterval = 30 * time.Second
+	DefaultHeartbeatInterval = lease.DefaultHeartbeatInterval
 	DefaultPollInterval      = 300 * time.Second
 	DefaultMaxWait           = wire.MaxWaitSeconds * time.Second
 	DefaultProofWait         = 10 * time.Second
@@ -135,8 +135,15 @@ type Config struct {
 	// DefaultWorkerTokenTTL.
 	WorkerTokenTTL time.Duration
 	// HeartbeatInterval is the next_heartbeat_seconds answered. Defaults
-	// to DefaultHeartbeatInterval.
+	// to DefaultHeartbeatInterval. A worker last seen within it and half of
+	// it again reads online, one seen longer ago stale (lease.Liveness).
 	HeartbeatInterval time.Duration
+	// OfflineAfter is how long after its last heartbeat (or registration)
+	// a worker reads offline: the maintainer then ends its live leases
+	// (lease.Manager.ExpireOffline), and each heartbeat answer's
+	// heartbeat_deadline is that moment. Defaults to 3 × HeartbeatInterval;
+	// at least HeartbeatInterval.
+	OfflineAfter time.Duration
 	// PollInterval is the poll_interval_seconds answered at registration.
 	// Defaults to DefaultPollInterval.
 	PollInterval time.Duration
@@ -263,6 +270,7 @@ func New(st Stores, cfg Config) (*Server, error) {
 	s.leases = lease.NewManager(st.Leases, &lease.Config{
 		LeaseTTL: cfg.LeaseTTL, AcceptTimeout: cfg.AcceptTimeout, RetryBase: cfg.RetryBase, RetryMax: cfg.RetryMax,
 		CancelGrace: cfg.CancelGrace, MaxRuntime: cfg.MaxRuntime,
+		HeartbeatInterval: cfg.HeartbeatInterval, OfflineAfter: cfg.OfflineAfter,
 		MaxJobsPerLease: wire.MaxJobsPerLease, MaxLeasesPerWorker: cfg.MaxLeasesPerWorker,
 		Retention: cfg.Retention, HoldSweeps: s.clockHeld, Now: s.clockNow, Rand: cfg.Rand,
 	})
@@ -356,6 +364,14 @@ func (c *Config) setDefaults() error {
 		case *d.v == 0:
 			*d.v = d.def
 		}
+	}
+	switch {
+	case c.OfflineAfter < 0:
+		return fmt.Errorf("%w: OfflineAfter is negative (%v)", ErrConfig, c.OfflineAfter)
+	case c.OfflineAfter == 0:
+		c.OfflineAfter = 3 * c.HeartbeatInterval
+	case c.OfflineAfter < c.HeartbeatInterval:
+		return fmt.Errorf("%w: OfflineAfter %v is below HeartbeatInterval %v: every worker would go offline between two heartbeats", ErrConfig, c.OfflineAfter, c.HeartbeatInterval)
 	}
 	switch {
 	case c.MaxWait > DefaultMaxWait:

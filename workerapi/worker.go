@@ -346,7 +346,8 @@ func (s *Server) heartbeat(ctx context.Context, c *call) (int, any, error) {
 			return 0, nil, err
 		}
 	}
-	if _, err := s.leases.Heartbeat(ctx, id, req.Status, metrics); err != nil {
+	w, err := s.leases.Heartbeat(ctx, id, req.Status, metrics)
+	if err != nil {
 		return 0, nil, err
 	}
 	t, err := s.leases.Touch(ctx, id, req.CurrentJobs)
@@ -358,6 +359,7 @@ func (s *Server) heartbeat(ctx context.Context, c *call) (int, any, error) {
 		WorkerID:             id,
 		ServerTime:           s.now(),
 		NextHeartbeatSeconds: int(s.cfg.HeartbeatInterval / time.Second),
+		HeartbeatDeadline:    s.leases.OfflineAt(w),
 		PolicyVersion:        snap.Version(),
 		Leases:               []wire.LeaseExpiry{},
 		LostJobs:             append([]string{}, t.Lost...),

@@ -72,6 +72,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		cancelGrace   = fs.Duration("cancel-grace", workerapi.DefaultCancelGrace, "how long a canceled job's lease lives on before it is revoked")
 		maxRuntime    = fs.Duration("max-runtime", workerapi.DefaultMaxRuntime, "the runtime of a job that sets no requirements.max_runtime_seconds, after which its lease is revoked and it fails max_runtime_exceeded")
 		retention     = fs.Duration("retention", 0, "delete ended jobs, with their events, logs and artifact records, this long after they ended (0 keeps every job; receipts are never deleted)")
+		hbInterval    = fs.Duration("heartbeat-interval", workerapi.DefaultHeartbeatInterval, "how often workers are told to heartbeat (next_heartbeat_seconds)")
+		offlineAfter  = fs.Duration("offline-after", 0, "how long a silent worker stays before it is offline and its leases end (0: 3 × the heartbeat interval)")
 		seqInterval   = fs.Duration("sequence-interval", workerapi.DefaultSequenceInterval, "how often the receipt sequencer looks for receipts when no completion woke it")
 		seqBatch      = fs.Int("sequence-batch", workerapi.DefaultSequenceBatch, "the receipts one sequencing transaction integrates under one signed checkpoint")
 		clockSkew     = fs.Duration("clock-skew", 0, "for fault testing only: offset this server's clock (its Now) by this much, as a host whose clock is wrong would be")
@@ -108,6 +110,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		DB: *dsn, SecretsFile: *secretsFile, LeaseTTL: *leaseTTL, AcceptTimeout: *acceptTimeout,
 		Prices: prices, ApproveNodes: *approveNodes, MaxLeasesPerWorker: *maxLeases,
 		CancelGrace: *cancelGrace, MaxRuntime: *maxRuntime, Retention: *retention,
+		HeartbeatInterval: *hbInterval, OfflineAfter: *offlineAfter,
 		SequenceInterval: *seqInterval, SequenceBatch: *seqBatch, Logger: log, Now: now,
 	})
 	if err != nil {

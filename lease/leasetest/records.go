@@ -533,6 +533,10 @@ func testLimits(t *testing.T, f *fixture) {
 			js, err := f.store.ExpiredJobs(f.ctx, now, limit)
 			return len(js), err
 		}},
+		{"OfflineJobs", func(limit int) (int, error) {
+			js, err := f.store.OfflineJobs(f.ctx, now, limit)
+			return len(js), err
+		}},
 		{"ListEvents", func(limit int) (int, error) {
 			evs, err := f.store.ListEvents(f.ctx, job, 0, limit)
 			return len(evs), err

@@ -23,7 +23,8 @@
 // live leases; pending and pinned approvals; SetApproval and a PutWorker
 // that keeps the approval); retention.go checks DeleteEnded and
 // Manager.Prune (ended jobs go with their events and artifacts, nothing
-// else does, concurrent deleters delete each job once). claim.go also runs a claim that the store retries
+// else does, concurrent deleters delete each job once); liveness.go
+// checks online, stale and offline workers and ExpireOffline. claim.go also runs a claim that the store retries
 // after a rolled-back attempt called grant.
 //
 // The suite's own test, wrong_test.go, runs it on stores that are wrong in
@@ -64,6 +65,7 @@ func Run(t *testing.T, newStore func(t *testing.T) lease.Store) {
 	t.Run("Approval", func(t *testing.T) { runGroup(t, newStore, approvalTests) })
 	t.Run("Retention", func(t *testing.T) { runGroup(t, newStore, retentionTests) })
 	t.Run("Answers", func(t *testing.T) { runGroup(t, newStore, answerTests) })
+	t.Run("Liveness", func(t *testing.T) { runGroup(t, newStore, livenessTests) })
 }
 
 // test is one test of the suite. It gets a fixture over a fresh store.

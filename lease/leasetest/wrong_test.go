@@ -285,6 +285,10 @@ func (s unlimitedStore) ExpiredJobs(ctx context.Context, now time.Time, limit in
 	return s.MemoryStore.ExpiredJobs(ctx, now, unlimited(limit))
 }
 
+func (s unlimitedStore) OfflineJobs(ctx context.Context, cutoff time.Time, limit int) ([]*lease.Job, error) {
+	return s.MemoryStore.OfflineJobs(ctx, cutoff, unlimited(limit))
+}
+
 func (s unlimitedStore) ListEvents(ctx context.Context, jobID string, after int64, limit int) ([]*lease.Event, error) {
 	return s.MemoryStore.ListEvents(ctx, jobID, after, unlimited(limit))
 }

@@ -783,6 +783,53 @@ func TestClientLeaseExpiringStopsJob(t *testing.T) {
 	p.mu.Unlock()
 }
 
+func TestClientOfflineStopsJob(t *testing.T) {
+	// Heartbeats fail: before the heartbeat_deadline the last answer gave
+	// (when the control plane may deem the worker offline and give its
+	// job to another), the worker stops the job, although its lease (600 s)
+	// is far from expiring.
+	p := newClProxy(t, apitest.WithConfig(func(c *workerapi.Config) {
+		c.HeartbeatInterval, c.OfflineAfter = time.Second, 3*time.Second
+	}))
+	running := make(chan string, 1)
+	causes := make(chan error, 1)
+	cw := startClWorker(t, p, "node-offline", func(c *client.RunnerConfig) {
+		c.MaxConcurrent = 1
+		c.HeartbeatInterval = 0 // the server's, 1 s
+	}, map[string]client.HandlerFunc{
+		"status_check": func(ctx context.Context, job *wire.Job, r *client.Reporter) error {
+			clSignal(running, job.ID)
+			<-ctx.Done()
+			clSignal(causes, context.Cause(ctx))
+			return ctx.Err()
+		},
+	})
+	j := p.env.Enqueue(t, lease.NewJob{Type: "status_check"})
+	clWait(t, running, "the handler")
+	p.inject(clFault{suffix: "/heartbeat", n: 1000, status: http.StatusServiceUnavailable})
+	cause := clWait(t, causes, "the offline watchdog")
+	stoppedAt := time.Now()
+	if !errors.Is(cause, client.ErrOffline) {
+		t.Errorf("cause = %v, want ErrOffline", cause)
+	}
+	w, err := p.env.Server.Leases().Worker(context.Background(), cw.c.Identity().WorkerID())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if offline := p.env.Server.Leases().OfflineAt(w); !stoppedAt.Before(offline) {
+		t.Errorf("stopped at %v, after the worker went offline at %v", stoppedAt, offline)
+	}
+	if e := cw.end(t, j.ID); e.Outcome != client.JobLost {
+		t.Errorf("outcome %+v", e)
+	}
+	if got := p.requests("/complete"); len(got) != 0 {
+		t.Errorf("complete sent: %+v", got)
+	}
+	p.mu.Lock()
+	p.faults = nil
+	p.mu.Unlock()
+}
+
 func TestClientDrain(t *testing.T) {
 	p := newClProxy(t)
 	running := make(chan string, 3)

@@ -22,7 +22,7 @@ import (
 
 // HandlerFunc runs one job. Its ctx is cancelled when the job must stop:
 // context.Cause(ctx) then says why (ErrJobCanceled, ErrLeaseLost,
-// ErrLeaseExpiring, ErrDrained). Returning nil completes the job; an
+// ErrLeaseExpiring, ErrOffline, ErrDrained). Returning nil completes the job; an
 // error fails it, to be retried unless wrapped with Permanent. r reports
 // progress, logs and artifacts.
 type HandlerFunc func(ctx context.Context, job *wire.Job, r *Reporter) error
@@ -40,6 +40,12 @@ var (
 	// expire (RunnerConfig.LeaseMargin before expires_at), so the worker
 	// stops the job before the server may hand it to another worker.
 	ErrLeaseExpiring = errors.New("client: the job's lease could not be renewed before it expires")
+	// ErrOffline: no heartbeat got through before the heartbeat_deadline
+	// of the last one answered (less a margin: RunnerConfig.LeaseMargin, at
+	// most a fifth of the time the deadline gave), so the control plane
+	// may deem the worker offline and give its jobs to another worker: the
+	// worker stops every job it runs.
+	ErrOffline = errors.New("client: no heartbeat got through before the control plane's heartbeat deadline")
 	// ErrDrained: the worker is draining and the job did not finish within
 	// RunnerConfig.DrainTimeout (or had not started when the drain began).
 	// The job is released (no attempt used).
@@ -171,7 +177,10 @@ type RunnerConfig struct {
 	HeartbeatInterval time.Duration
 	// LeaseMargin is how long before a lease's expires_at a job whose lease
 	// could not be extended is stopped (ErrLeaseExpiring); capped at a fifth
-	// of the lease's lifetime. Defaults to DefaultLeaseMargin.
+	// of the lease's lifetime. It is also how long before a heartbeat
+	// deadline every job stops when no heartbeat got through (ErrOffline),
+	// capped at a fifth of the time the deadline gave. Defaults to
+	// DefaultLeaseMargin.
 	LeaseMargin time.Duration
 	// DrainTimeout is how long running jobs may take to finish once the
 	// worker drains, before they are cancelled (ErrDrained) and released.
@@ -231,6 +240,12 @@ type Runner struct {
 	draining   bool
 	hbInterval time.Duration
 	changed    chan struct{} // closed and replaced when jobs changes
+	// offlineAt is when (local clock) the jobs stop unless a heartbeat
+	// gets through first; offlineTimer fires then (offlineFired), until
+	// offlineDone.
+	offlineAt    time.Time
+	offlineTimer *time.Timer
+	offlineDone  bool
 
 	drainOnce sync.Once
 	drainCh   chan struct{}
@@ -568,6 +583,7 @@ func (w *Runner) metrics() json.RawMessage {
 
 // heartbeatLoop heartbeats until ctx ends.
 func (w *Runner) heartbeatLoop(ctx context.Context) {
+	defer w.stopOfflineWatch()
 	failures := 0
 	next := time.Duration(0)
 	for {
@@ -603,7 +619,7 @@ func (w *Runner) heartbeatLoop(ctx context.Context) {
 			w.log.Warn("heartbeat failed", "err", err, "failures", failures)
 			next = min(interval, backoffDelay(time.Second, 15*time.Second, failures)+500*time.Millisecond)
 		}
-		next = min(next, w.leaseUrgency())
+		next = min(next, w.leaseUrgency(), w.offlineUrgency())
 		if err == nil {
 			w.maybeRenew(ctx)
 		}
@@ -662,9 +678,15 @@ func (w *Runner) heartbeatOnce(ctx context.Context) error {
 	}
 	w.mu.Unlock()
 	sort.Strings(ids)
+	sent := time.Now()
 	resp, err := w.c.Heartbeat(ctx, wire.HeartbeatRequest{Status: status, CurrentJobs: ids, Metrics: w.metrics()})
 	if err != nil {
 		return err
+	}
+	// The deadline on this clock, from when the heartbeat was sent: no
+	// clock skew, and no time the request spent in flight, moves it later.
+	if window := resp.HeartbeatDeadline.Sub(resp.ServerTime); !resp.HeartbeatDeadline.IsZero() && window > 0 {
+		w.watchOffline(sent.Add(window - min(w.cfg.LeaseMargin, window/5)))
 	}
 	if resp.NextHeartbeatSeconds > 0 {
 		w.mu.Lock()
@@ -692,6 +714,69 @@ func (w *Runner) heartbeatOnce(ctx context.Context) error {
 		t.rearm() // the clock offset may have moved
 	}
 	return nil
+}
+
+// watchOffline (re)arms the watchdog that stops every job at (local
+// clock) unless a heartbeat gets through first.
+func (w *Runner) watchOffline(at time.Time) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.offlineDone {
+		return
+	}
+	w.offlineAt = at
+	if w.offlineTimer == nil {
+		w.offlineTimer = time.AfterFunc(time.Until(at), w.offlineFired)
+	} else {
+		w.offlineTimer.Reset(time.Until(at))
+	}
+}
+
+// offlineFired stops every job, unless a heartbeat moved the deadline
+// meanwhile.
+func (w *Runner) offlineFired() {
+	w.mu.Lock()
+	if w.offlineDone {
+		w.mu.Unlock()
+		return
+	}
+	if d := time.Until(w.offlineAt); d > 0 {
+		w.offlineTimer.Reset(d)
+		w.mu.Unlock()
+		return
+	}
+	ts := make([]*task, 0, len(w.jobs))
+	for _, t := range w.jobs {
+		ts = append(ts, t)
+	}
+	w.mu.Unlock()
+	for _, t := range ts {
+		if context.Cause(t.ctx) == nil {
+			t.w.log.Warn("no heartbeat got through before the control plane's deadline: stopping the job", "job", t.id)
+		}
+		t.cancel(ErrOffline)
+	}
+}
+
+// offlineUrgency is how soon the next heartbeat must come so that it
+// gets through well before the heartbeat deadline.
+func (w *Runner) offlineUrgency() time.Duration {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.offlineAt.IsZero() {
+		return time.Hour
+	}
+	return max(time.Until(w.offlineAt)/2, 100*time.Millisecond)
+}
+
+// stopOfflineWatch ends the watchdog when heartbeats end.
+func (w *Runner) stopOfflineWatch() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.offlineDone = true
+	if w.offlineTimer != nil {
+		w.offlineTimer.Stop()
+	}
 }
 
 // leaseLoop leases jobs while slots are free, until ctx ends. It asks
@@ -1122,10 +1207,14 @@ func (t *task) run(h HandlerFunc) {
 	case t.lost.Load():
 		end.Outcome = JobLost
 		return
-	case errors.Is(cause, ErrLeaseExpiring) && herr != nil:
+	case (errors.Is(cause, ErrLeaseExpiring) || errors.Is(cause, ErrOffline)) && herr != nil:
 		end.Outcome = JobLost
+		reason := "lease could not be renewed"
+		if errors.Is(cause, ErrOffline) {
+			reason = "no heartbeat got through before the deadline"
+		}
 		ctx, cancel := context.WithTimeout(w.hardCtx, w.c.cfg.RequestTimeout)
-		_, _ = w.c.Release(ctx, t.id, wire.ReleaseRequest{LeaseToken: t.token, Reason: "lease could not be renewed"})
+		_, _ = w.c.Release(ctx, t.id, wire.ReleaseRequest{LeaseToken: t.token, Reason: reason})
 		cancel()
 		return
 	}

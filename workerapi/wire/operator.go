@@ -141,8 +141,13 @@ type WorkerView struct {
 	Capabilities             Capabilities   `json:"capabilities"`
 	GovernorLimits           GovernorLimits `json:"governor_limits"`
 	PolicyVersion            int64          `json:"policy_version"`
-	// Status is the last heartbeat's: idle, busy or draining.
-	Status       string     `json:"status"`
+	// Status is the last heartbeat's: idle, busy or draining (or
+	// "registered" before the first). It is what the worker said, however
+	// long ago: Liveness says whether it still heartbeats.
+	Status string `json:"status"`
+	// Liveness is LivenessOnline, LivenessStale or LivenessOffline, from
+	// LastSeenAt (the last heartbeat or registration) when read.
+	Liveness     string     `json:"liveness"`
 	RegisteredAt time.Time  `json:"registered_at"`
 	LastSeenAt   time.Time  `json:"last_seen_at"`
 	Banned       bool       `json:"banned"`
@@ -332,3 +337,18 @@ type ReceiptResponse struct {
 type ConsistencyResponse struct {
 	Hashes []tlog.Hash `json:"hashes"`
 }
+
+// The liveness of a worker (WorkerView.Liveness), from its last_seen_at
+// and the control plane's heartbeat interval h and offline_after.
+const (
+	// LivenessOnline: last seen within 1.5 × h.
+	LivenessOnline = "online"
+	// LivenessStale: it missed a heartbeat (last seen over 1.5 × h ago),
+	// and is not yet offline. It keeps its leases and still counts for
+	// leasability.
+	LivenessStale = "stale"
+	// LivenessOffline: last seen offline_after ago or more. Its live leases
+	// end (their jobs go back to the queue with last_error worker_offline)
+	// and it does not count for leasability.
+	LivenessOffline = "offline"
+)

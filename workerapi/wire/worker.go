@@ -75,14 +75,21 @@ type LeaseExpiry struct {
 
 // HeartbeatResponse answers a heartbeat.
 type HeartbeatResponse struct {
-	OK                   bool          `json:"ok"`
-	WorkerID             string        `json:"worker_id"`
-	ServerTime           time.Time     `json:"server_time"`
-	NextHeartbeatSeconds int           `json:"next_heartbeat_seconds"`
-	PolicyVersion        int64         `json:"policy_version"`
-	Leases               []LeaseExpiry `json:"leases"`
-	LostJobs             []string      `json:"lost_jobs"`
-	CancelJobs           []string      `json:"cancel_jobs"`
+	OK                   bool      `json:"ok"`
+	WorkerID             string    `json:"worker_id"`
+	ServerTime           time.Time `json:"server_time"`
+	NextHeartbeatSeconds int       `json:"next_heartbeat_seconds"`
+	// HeartbeatDeadline is when the worker goes offline unless another
+	// heartbeat arrives first: this heartbeat's time plus the control
+	// plane's offline_after. Then its live leases end (their jobs go back
+	// to the queue, worker_offline) and their tokens get 409 lease_lost;
+	// a worker stops every job it could not heartbeat for by then. Zero
+	// from a server older than the field.
+	HeartbeatDeadline time.Time     `json:"heartbeat_deadline"`
+	PolicyVersion     int64         `json:"policy_version"`
+	Leases            []LeaseExpiry `json:"leases"`
+	LostJobs          []string      `json:"lost_jobs"`
+	CancelJobs        []string      `json:"cancel_jobs"`
 }
 
 // LeaseRequest is the body of POST /workers/jobs/lease.

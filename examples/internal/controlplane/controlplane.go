@@ -50,6 +50,9 @@ type Options struct {
 	MaxRuntime         time.Duration
 	// Retention is workerapi.Config.Retention: 0 keeps every job.
 	Retention time.Duration
+	// HeartbeatInterval and OfflineAfter are workerapi.Config's.
+	HeartbeatInterval time.Duration
+	OfflineAfter      time.Duration
 	// SequenceInterval and SequenceBatch are workerapi.Config's.
 	SequenceInterval time.Duration
 	SequenceBatch    int
@@ -112,6 +115,8 @@ func Open(ctx context.Context, o Options) (*ControlPlane, error) {
 		CancelGrace:        o.CancelGrace,
 		MaxRuntime:         o.MaxRuntime,
 		Retention:          o.Retention,
+		HeartbeatInterval:  o.HeartbeatInterval,
+		OfflineAfter:       o.OfflineAfter,
 		SequenceInterval:   o.SequenceInterval,
 		SequenceBatch:      o.SequenceBatch,
 		Logger:             o.Logger,

@@ -67,7 +67,12 @@ func TestRetention(t *testing.T) {
 	const retention = 2 * time.Hour
 	onDialects(t, func(t *testing.T, dialect string) {
 		ctx := context.Background()
-		env := newOpEnv(t, dialect, apitest.WithConfig(func(c *workerapi.Config) { c.Retention = retention }))
+		env := newOpEnv(t, dialect, apitest.WithConfig(func(c *workerapi.Config) {
+			c.Retention = retention
+			// The clock jumps hours with no heartbeat: the node's live
+			// job must not end because the node went offline.
+			c.OfflineAfter = 24 * time.Hour
+		}))
 		n := opGPUNode(t, env, "gpu-1", 4)
 		old, oldToken, oldReceipts := endedJob(t, env, n)
 		queued := dispatchJob(t, env, obj{"job_type": "lora_train"})["job"].(obj)["id"].(string) // blocked: never leased

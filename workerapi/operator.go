@@ -40,6 +40,25 @@ const maxPage = 1000
 
 // Jobs.
 
+// settleDispatch finds out the outcome of a dispatch whose COMMIT failed
+// (commitErr; a connection lost during COMMIT leaves it unknown): the job
+// it enqueued is there or not. Found, the dispatch committed and it
+// returns nil; not found, it did not, and commitErr stands; when the
+// store cannot tell either, ErrOutcomeUnknown.
+func (s *Server) settleDispatch(ctx context.Context, jobID string, commitErr error) error {
+	_, err := s.leases.Get(context.WithoutCancel(ctx), jobID)
+	switch {
+	case err == nil:
+		s.log.Warn("the outcome of a dispatch's commit was unknown: it committed", "job_id", jobID, "err", commitErr)
+		return nil
+	case errors.Is(err, lease.ErrNotFound):
+		return commitErr
+	default:
+		s.log.Error("the outcome of a dispatch's commit is unknown", "job_id", jobID, "err", commitErr, "get_err", err)
+		return fmt.Errorf("%w: %w", ErrOutcomeUnknown, commitErr)
+	}
+}
+
 // Dispatch enqueues a job and wakes long-polls, in one transaction, and
 // then says whether a registered worker could lease it now; when not,
 // reason says why (see lease.Manager.Explain, and the operator route POST
@@ -51,13 +70,22 @@ const maxPage = 1000
 // fails while leasability is checked is logged and leaves leasable false
 // with a reason that says so.
 func (s *Server) Dispatch(ctx context.Context, nj lease.NewJob) (job *lease.Job, leasable bool, reason string, err error) {
+	handled := false // only the commit was left
 	err = s.st.Tx.InTx(ctx, func(ctx context.Context) error {
+		handled = false
 		var err error
 		if job, err = s.leases.Enqueue(ctx, nj); err != nil {
 			return err
 		}
-		return s.st.Notifier.Notify(ctx)
+		if err := s.st.Notifier.Notify(ctx); err != nil {
+			return err
+		}
+		handled = true
+		return nil
 	})
+	if err != nil && handled {
+		err = s.settleDispatch(ctx, job.ID, err)
+	}
 	if err != nil {
 		return nil, false, "", err
 	}

@@ -378,3 +378,53 @@ func TestAnswerTTL(t *testing.T) {
 		}
 	})
 }
+
+// TestDispatchUnknownCommit: a dispatch whose COMMIT's outcome is unknown
+// is settled by looking for its job: committed, the answer is 201 with
+// that job (never 503 "nothing was accepted" for a queued job); rolled
+// back, 503 "nothing was accepted" and no job.
+func TestDispatchUnknownCommit(t *testing.T) {
+	onDialects(t, func(t *testing.T, d string) {
+		ctx := context.Background()
+		faults := &commitFaults{}
+		env := newOpEnv(t, d, withCommitFaults(faults))
+		jobs := func() []*lease.Job {
+			t.Helper()
+			js, _, err := env.Server.Leases().List(ctx, lease.JobFilter{Limit: 100})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return js
+		}
+
+		t.Run("committed", func(t *testing.T) {
+			n := len(jobs())
+			faults.arm(true, false, false)
+			st, m := op(t, env, "POST", "/operator/jobs", obj{"job_type": "status_check"})
+			if st != http.StatusCreated {
+				t.Fatalf("dispatch whose COMMIT's answer was lost: %d %v, want 201", st, m)
+			}
+			js := jobs()
+			if len(js) != n+1 {
+				t.Fatalf("%d jobs queued, want 1", len(js)-n)
+			}
+			id := m["job"].(obj)["id"].(string)
+			if _, err := env.Server.Leases().Get(ctx, id); err != nil {
+				t.Errorf("the answer's job %s: %v", id, err)
+			}
+		})
+
+		t.Run("rolled back", func(t *testing.T) {
+			n := len(jobs())
+			faults.arm(false, true, false)
+			st, m := op(t, env, "POST", "/operator/jobs", obj{"job_type": "status_check"})
+			wantOpError(t, "dispatch rolled back", st, m, http.StatusServiceUnavailable, wire.CodeUnavailable)
+			if msg, _ := m["error"].(obj)["message"].(string); !strings.Contains(msg, "nothing was accepted") {
+				t.Errorf("a rolled-back dispatch answered %q, want nothing was accepted", msg)
+			}
+			if got := len(jobs()); got != n {
+				t.Errorf("%d jobs queued by a rolled-back dispatch", got-n)
+			}
+		})
+	})
+}

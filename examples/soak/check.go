@@ -205,12 +205,15 @@ func deref(p *string) string {
 
 // checkRequests ties every job on the server to the request that queued
 // it, by its payload's soak_seq: no request may have queued more jobs
-// than it had attempts that could (its 201 and those not answered).
+// than it had attempts that could (its 201, those not answered and
+// those answered 503 with an unknown outcome).
 func (s *soak) checkRequests(r *result, requests map[int64]request, all map[string]wire.Job) {
 	r.requests = len(requests)
 	for _, q := range requests {
 		for _, a := range q.attempts {
 			switch {
+			case a == "503 outcome unknown":
+				r.unanswered++
 			case strings.HasPrefix(a, "429") || strings.HasPrefix(a, "503"):
 				r.errAnswers++
 			case strings.HasPrefix(a, "no answer"):
@@ -432,7 +435,7 @@ func (s *soak) summary(r *result, took time.Duration) {
 	p := func(format string, args ...any) { fmt.Fprintf(s.out, format+"\n", args...) }
 	p("")
 	p("soak summary (seed %d, %v soaking, %v in all)", c.seed, c.duration, took.Round(time.Second))
-	p("  jobs:        %d on the server, of %d asked for: %d answered 201, %d requests not answered (%d of their jobs queued), %d 429/503 answers tried again; %d jobs took more than one attempt",
+	p("  jobs:        %d on the server, of %d asked for: %d answered 201, %d requests not answered or with an unknown outcome (%d of their jobs queued), %d 429/503 answers tried again; %d jobs took more than one attempt",
 		r.jobs, r.requests, r.dispatched, r.unanswered, r.extra, r.errAnswers, r.retried)
 	p("  faults:      %d server SIGKILLs, %d worker SIGKILLs, %d PostgreSQL restarts, %d clock-skew turns%s",
 		s.serverKills.Load(), s.workerKills.Load(), s.pgRestarts.Load(), s.skewTurns.Load(), skipNote(s.features, c))

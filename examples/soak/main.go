@@ -41,7 +41,8 @@
 //   - no dispatch queued more jobs than it had attempts that could have:
 //     each job's payload carries the soak_seq of its request, and a
 //     request answered 429 or 503 is tried again (docs/PROTOCOL.md: such
-//     an answer accepted nothing), one with no answer is not. A 503 whose
+//     an answer accepted nothing), one with no answer, or a 503 that says
+//     its outcome is unknown, is not. A 503 whose
 //     job was queued anyway (the commit landed, its answer was lost) fails
 //     the run unless -allow-503-queued;
 //   - each has exactly one job_completed and one job_charged receipt, and

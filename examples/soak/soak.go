@@ -438,7 +438,8 @@ func (s *soak) nextJob(seq int64) wire.DispatchRequest {
 // dispatchOne sends the job, up to four times over the replicas: again
 // after a refused connection, or a 429 or 503 answer, which by
 // docs/PROTOCOL.md accepted nothing; never after a request that got no
-// answer, which may have queued the job.
+// answer, or a 503 that says its outcome is unknown, which may have
+// queued the job.
 func (s *soak) dispatchOne(ctx context.Context, seq int64, req wire.DispatchRequest) {
 	r := &request{jobType: req.JobType}
 	defer func() {
@@ -457,6 +458,12 @@ func (s *soak) dispatchOne(ctx context.Context, seq int64, req wire.DispatchRequ
 		case err == nil:
 			r.id = resp.Job.ID
 			r.attempts = append(r.attempts, "201")
+			r.mayQueue++
+			return
+		case errors.As(err, &oe) && oe.Status == http.StatusServiceUnavailable && outcomeUnknown(oe):
+			// The server could not learn whether its commit landed: like
+			// no answer, it may have queued the job, and is not tried again.
+			r.attempts = append(r.attempts, "503 outcome unknown")
 			r.mayQueue++
 			return
 		case errors.As(err, &oe):
@@ -590,4 +597,11 @@ func (s *soak) turnSkew(on bool) {
 		sv.signal(syscall.SIGTERM, "restarted without clock skew")
 		s.logf("%s: clock back to the true time", sv.name)
 	}
+}
+
+// outcomeUnknown reports whether a 503 says that the server could not
+// learn whether its commit landed (docs/PROTOCOL.md §12: "the request may
+// have been accepted"), rather than that nothing was accepted.
+func outcomeUnknown(e *operator.Error) bool {
+	return strings.Contains(e.Message, "may have been accepted")
 }

@@ -6,56 +6,13 @@ import (
 	"encoding/hex"
 	"log/slog"
 	"net/url"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/nodelane/nodelane/bunstore"
+	"github.com/nodelane/nodelane/internal/logtest"
 	"github.com/nodelane/nodelane/internal/testdb"
 )
-
-// recordLog is a slog.Handler that keeps every record and signals each
-// one on changed.
-type recordLog struct {
-	mu      sync.Mutex
-	recs    []slog.Record
-	changed chan struct{}
-}
-
-func (l *recordLog) Enabled(context.Context, slog.Level) bool { return true }
-func (l *recordLog) WithAttrs([]slog.Attr) slog.Handler       { return l }
-func (l *recordLog) WithGroup(string) slog.Handler            { return l }
-func (l *recordLog) Handle(_ context.Context, r slog.Record) error {
-	l.mu.Lock()
-	l.recs = append(l.recs, r.Clone())
-	l.mu.Unlock()
-	select {
-	case l.changed <- struct{}{}:
-	default:
-	}
-	return nil
-}
-
-// waitFor waits until a record satisfies ok and returns it.
-func (l *recordLog) waitFor(t *testing.T, what string, ok func(slog.Record) bool) slog.Record {
-	t.Helper()
-	timeout := time.After(time.Minute) // a hang guard, not a timing assertion
-	for {
-		l.mu.Lock()
-		for _, r := range l.recs {
-			if ok(r) {
-				l.mu.Unlock()
-				return r
-			}
-		}
-		l.mu.Unlock()
-		select {
-		case <-l.changed:
-		case <-timeout:
-			t.Fatalf("no log record: %s", what)
-		}
-	}
-}
 
 func intAttr(r slog.Record, key string) int64 {
 	var v int64
@@ -99,7 +56,7 @@ func TestNotifierOutageLoggedOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { db.Close() })
-	logs := &recordLog{changed: make(chan struct{}, 1)}
+	logs := logtest.New()
 	n := notifier(t, db, &bunstore.NotifierConfig{
 		ReconnectMin: time.Millisecond, ReconnectMax: 5 * time.Millisecond, Logger: slog.New(logs),
 	})
@@ -116,18 +73,16 @@ func TestNotifierOutageLoggedOnce(t *testing.T) {
 		t.Fatalf("pg_terminate_backend(%d) = %v, %v", pids[0], ok, err)
 	}
 	const attempts = 5
-	logs.waitFor(t, "failed reconnections", func(r slog.Record) bool { return intAttr(r, "failed_attempts") >= attempts })
+	logs.WaitFor(t, "failed reconnections", func(r slog.Record) bool { return intAttr(r, "failed_attempts") >= attempts })
 	if _, err := admin.Bun().ExecContext(ctx, "ALTER ROLE "+role+" LOGIN"); err != nil {
 		t.Fatal(err)
 	}
-	r := logs.waitFor(t, "reconnected", func(r slog.Record) bool { return r.Message == "bunstore: notifier reconnected" })
+	r := logs.WaitFor(t, "reconnected", func(r slog.Record) bool { return r.Message == "bunstore: notifier reconnected" })
 	if got := intAttr(r, "failed_attempts"); got < attempts {
 		t.Errorf("reconnected after %d failed attempts, want at least %d", got, attempts)
 	}
-	logs.mu.Lock()
-	defer logs.mu.Unlock()
 	var errs int
-	for _, r := range logs.recs {
+	for _, r := range logs.Records() {
 		if r.Level >= slog.LevelError {
 			errs++
 		}

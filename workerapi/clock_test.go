@@ -14,6 +14,7 @@ import (
 
 	"github.com/nodelane/nodelane/bunstore"
 	"github.com/nodelane/nodelane/internal/apitest"
+	"github.com/nodelane/nodelane/internal/logtest"
 	"github.com/nodelane/nodelane/lease"
 	"github.com/nodelane/nodelane/workerapi"
 	"github.com/nodelane/nodelane/workerapi/wire"
@@ -34,7 +35,7 @@ func withDBClock() apitest.Option {
 // maintainer until its clock is back within the bound.
 func TestClockSkewFollowsTheDatabase(t *testing.T) {
 	ctx := context.Background()
-	logs := newRecordLog()
+	logs := logtest.New()
 	env := apitest.New(t, "sqlite", withDBClock(), apitest.WithConfig(func(c *workerapi.Config) {
 		c.Logger = slog.New(logs)
 	}))
@@ -72,7 +73,7 @@ func TestClockSkewFollowsTheDatabase(t *testing.T) {
 	if err := srv.MaintainOnce(ctx); !errors.Is(err, workerapi.ErrNotReady) {
 		t.Fatalf("MaintainOnce with the clock 11 minutes fast = %v, want ErrNotReady", err)
 	}
-	logs.waitFor(t, "the skew's ERROR", func(r slog.Record) bool {
+	logs.WaitFor(t, "the skew's ERROR", func(r slog.Record) bool {
 		return r.Level == slog.LevelError && strings.HasPrefix(r.Message, "clock skew")
 	})
 	// It follows the database's clock: the lease is live, the signature
@@ -94,7 +95,7 @@ func TestClockSkewFollowsTheDatabase(t *testing.T) {
 		t.Fatalf("MaintainOnce with the clock back = %v", err)
 	}
 	var errs, infos int
-	for _, r := range logs.records() {
+	for _, r := range logs.Records() {
 		switch {
 		case r.Level == slog.LevelError:
 			errs++
@@ -110,7 +111,7 @@ func TestClockSkewFollowsTheDatabase(t *testing.T) {
 // Start measures the clock at once and then every ClockCheckInterval; the
 // readiness handler says what Ready says.
 func TestClockWatchAndReadyHandler(t *testing.T) {
-	logs := newRecordLog()
+	logs := logtest.New()
 	env := apitest.New(t, "sqlite", withDBClock(), apitest.Started(), apitest.WithConfig(func(c *workerapi.Config) {
 		c.Logger = slog.New(logs)
 		c.ClockCheckInterval = time.Millisecond
@@ -138,13 +139,13 @@ func TestClockWatchAndReadyHandler(t *testing.T) {
 		return resp.StatusCode, out
 	}
 	measured := func(r slog.Record) bool { return r.Message == "clock measured against the database" }
-	logs.waitFor(t, "a measurement", measured)
+	logs.WaitFor(t, "a measurement", measured)
 	if code, out := ready(http.MethodGet); code != http.StatusOK || !out.Ready || out.Reason != "" {
 		t.Fatalf("readiness in step: %d %+v", code, out)
 	}
 
 	env.Clock.Advance(-30 * time.Second) // this replica runs slow
-	logs.waitFor(t, "the skew's ERROR", func(r slog.Record) bool { return r.Level == slog.LevelError })
+	logs.WaitFor(t, "the skew's ERROR", func(r slog.Record) bool { return r.Level == slog.LevelError })
 	code, out := ready(http.MethodGet)
 	if code != http.StatusServiceUnavailable || out.Ready || !strings.Contains(out.Reason, "off the database's") {
 		t.Fatalf("readiness 30 s slow: %d %+v", code, out)
@@ -153,7 +154,7 @@ func TestClockWatchAndReadyHandler(t *testing.T) {
 		t.Errorf("the reason names the package: %q", out.Reason)
 	}
 	env.Clock.Advance(30 * time.Second)
-	logs.waitFor(t, "the recovery's INFO", func(r slog.Record) bool {
+	logs.WaitFor(t, "the recovery's INFO", func(r slog.Record) bool {
 		return r.Level == slog.LevelInfo && strings.HasPrefix(r.Message, "clock skew")
 	})
 	if code, out := ready(http.MethodGet); code != http.StatusOK || !out.Ready {

@@ -5,67 +5,16 @@ import (
 	"errors"
 	"log/slog"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/nodelane/nodelane/internal/apitest"
+	"github.com/nodelane/nodelane/internal/logtest"
 	"github.com/nodelane/nodelane/lease"
 	"github.com/nodelane/nodelane/receipts"
 	"github.com/nodelane/nodelane/workerapi"
 )
-
-// recordLog is a slog.Handler that keeps every record and signals each
-// one on changed.
-type recordLog struct {
-	mu      sync.Mutex
-	recs    []slog.Record
-	changed chan struct{}
-}
-
-func newRecordLog() *recordLog { return &recordLog{changed: make(chan struct{}, 1)} }
-
-func (l *recordLog) Enabled(context.Context, slog.Level) bool { return true }
-func (l *recordLog) WithAttrs([]slog.Attr) slog.Handler       { return l }
-func (l *recordLog) WithGroup(string) slog.Handler            { return l }
-func (l *recordLog) Handle(_ context.Context, r slog.Record) error {
-	l.mu.Lock()
-	l.recs = append(l.recs, r.Clone())
-	l.mu.Unlock()
-	select {
-	case l.changed <- struct{}{}:
-	default:
-	}
-	return nil
-}
-
-// waitFor waits until a record satisfies ok and returns it.
-func (l *recordLog) waitFor(t *testing.T, what string, ok func(slog.Record) bool) slog.Record {
-	t.Helper()
-	timeout := time.After(time.Minute) // a hang guard, not a timing assertion
-	for {
-		l.mu.Lock()
-		for _, r := range l.recs {
-			if ok(r) {
-				l.mu.Unlock()
-				return r
-			}
-		}
-		l.mu.Unlock()
-		select {
-		case <-l.changed:
-		case <-timeout:
-			t.Fatalf("no log record: %s", what)
-		}
-	}
-}
-
-func (l *recordLog) records() []slog.Record {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return append([]slog.Record(nil), l.recs...)
-}
 
 func attr(r slog.Record, key string) slog.Value {
 	var v slog.Value
@@ -120,7 +69,7 @@ func TestOutageLoggedOncePerStateChange(t *testing.T) {
 		leaseCalls, seqCalls atomic.Int64
 	)
 	down.Store(true)
-	logs := newRecordLog()
+	logs := logtest.New()
 	apitest.New(t, "sqlite", apitest.Started(),
 		apitest.WithConfig(func(c *workerapi.Config) {
 			c.Logger = slog.New(logs)
@@ -133,12 +82,12 @@ func TestOutageLoggedOncePerStateChange(t *testing.T) {
 			return s
 		}))
 	const attempts = 5
-	logs.waitFor(t, "attempts while down", func(slog.Record) bool {
+	logs.WaitFor(t, "attempts while down", func(slog.Record) bool {
 		return leaseCalls.Load() >= attempts && seqCalls.Load() >= attempts
 	})
 	down.Store(false)
 	for _, what := range []string{"receipt sequencer", "maintainer"} {
-		r := logs.waitFor(t, what+" recovered", func(r slog.Record) bool { return r.Message == what+" recovered" })
+		r := logs.WaitFor(t, what+" recovered", func(r slog.Record) bool { return r.Message == what+" recovered" })
 		if r.Level != slog.LevelInfo {
 			t.Errorf("%q logged at %v", r.Message, r.Level)
 		}
@@ -150,7 +99,7 @@ func TestOutageLoggedOncePerStateChange(t *testing.T) {
 		}
 	}
 	errorsBy := map[string]int{}
-	for _, r := range logs.records() {
+	for _, r := range logs.Records() {
 		if r.Level >= slog.LevelError {
 			what, _, _ := strings.Cut(r.Message, " failing")
 			errorsBy[what]++

@@ -1,0 +1,622 @@
+package command
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/nodelane/nodelane/workerapi/client"
+	"github.com/nodelane/nodelane/workerapi/wire"
+)
+
+// Reporter is what a run reports to; *client.Reporter implements it.
+// Log must not block.
+type Reporter interface {
+	Log(message string, payload any)
+	Progress(ctx context.Context, message string, payload any) error
+	Artifact(ctx context.Context, a client.ArtifactInfo) (*wire.ArtifactResponse, error)
+	SetOutput(outputURI string, metrics any, finalMessage string)
+}
+
+// MaxResultBytes bounds $NODELANE_OUTPUT_DIR/result.json: it becomes the
+// completion's metrics, which the control plane bounds so.
+const MaxResultBytes = wire.MaxPayloadBytes
+
+// readerGrace is how long the worker still reads a run's pipes once its
+// process group is gone (a process that left the group may hold them).
+const readerGrace = 2 * time.Second
+
+// errTimeout is the cause of a run's context when its timeout passes.
+var errTimeout = errors.New("command: the job ran over its timeout")
+
+// Failure is why a run failed: the error_code it is reported with
+// (wrapped with client.WithErrorCode) and whether another attempt may
+// succeed (if not, it is wrapped with client.Permanent too).
+type Failure struct {
+	Code      string
+	Retryable bool
+	Err       error
+}
+
+func (f *Failure) Error() string { return f.Err.Error() }
+func (f *Failure) Unwrap() error { return f.Err }
+
+// fail returns a run's failure, as the client's Runner reports it.
+func fail(code string, retryable bool, err error) error {
+	e := client.WithErrorCode(code, &Failure{Code: code, Retryable: retryable, Err: err})
+	if !retryable {
+		e = client.Permanent(e)
+	}
+	return e
+}
+
+// Options are an Executor's settings; nil means all defaults.
+type Options struct {
+	// Workdir holds the run directories (Workdir/runs/...), created 0700.
+	// Defaults to "nodelane-work".
+	Workdir string
+	// LineRate and LineBurst bound the output lines a run logs per
+	// second. Default to DefaultLineRate and DefaultLineBurst.
+	LineRate  float64
+	LineBurst int
+	// LookupEnv reads the worker's environment (PATH, HOME, LANG and
+	// env_pass). Defaults to os.LookupEnv.
+	LookupEnv func(string) (string, bool)
+	// Now is the clock of the line rate. Defaults to time.Now.
+	Now func() time.Time
+	// Logger receives the executor's own events. Defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+// Executor runs the configured jobs. It is safe for concurrent use.
+type Executor struct {
+	cfg  *Config
+	devs *Devices
+	opts Options
+	jobs map[string]*Job
+	runs sync.WaitGroup
+}
+
+// NewExecutor returns an Executor for cfg's jobs over devs (nil: no GPU).
+// It fails if a job takes more GPUs than devs holds.
+func NewExecutor(cfg *Config, devs *Devices, opts *Options) (*Executor, error) {
+	if errUnsupported != nil {
+		return nil, errUnsupported
+	}
+	if devs == nil {
+		devs, _ = NewDevices(nil)
+	}
+	e := &Executor{cfg: cfg, devs: devs, jobs: map[string]*Job{}}
+	if opts != nil {
+		e.opts = *opts
+	}
+	if e.opts.Workdir == "" {
+		e.opts.Workdir = "nodelane-work"
+	}
+	wd, err := filepath.Abs(e.opts.Workdir)
+	if err != nil {
+		return nil, fmt.Errorf("command: workdir: %w", err)
+	}
+	e.opts.Workdir = wd
+	if e.opts.LineRate <= 0 {
+		e.opts.LineRate = DefaultLineRate
+	}
+	if e.opts.LineBurst <= 0 {
+		e.opts.LineBurst = DefaultLineBurst
+	}
+	if e.opts.LookupEnv == nil {
+		e.opts.LookupEnv = os.LookupEnv
+	}
+	if e.opts.Now == nil {
+		e.opts.Now = time.Now
+	}
+	if e.opts.Logger == nil {
+		e.opts.Logger = slog.Default()
+	}
+	for _, j := range cfg.Jobs {
+		if j.GPUs > devs.Len() {
+			return nil, fmt.Errorf("%w: job type %s takes %d GPUs, the worker has %d", ErrNotEnoughGPUs, j.Type, j.GPUs, devs.Len())
+		}
+		e.jobs[j.Type] = j
+	}
+	return e, nil
+}
+
+// Register installs a handler for every configured job type on r.
+func (e *Executor) Register(r *client.Runner) {
+	for _, j := range e.cfg.Jobs {
+		r.Handle(j.Type, e.Handler())
+	}
+}
+
+// Handler returns the client.HandlerFunc that runs a job with Run.
+func (e *Executor) Handler() client.HandlerFunc {
+	return func(ctx context.Context, job *wire.Job, r *client.Reporter) error { return e.Run(ctx, job, r) }
+}
+
+// Wait waits until no run is left: every process group the executor
+// started is gone. A worker calls it before it exits, so that no
+// command outlives it.
+func (e *Executor) Wait() { e.runs.Wait() }
+
+// Run runs job's command and returns when its process group is gone:
+// nil when it exited 0 (the completion's metrics are set from
+// result.json), or the job's failure (client.WithErrorCode, and
+// client.Permanent unless retryable), or context.Cause(ctx) when ctx was
+// cancelled (the group was sent SIGTERM, then SIGKILL after kill_grace).
+func (e *Executor) Run(ctx context.Context, job *wire.Job, rep Reporter) error {
+	e.runs.Add(1)
+	defer e.runs.Done()
+	j := e.jobs[job.JobType]
+	if j == nil {
+		return fail("unknown_job_type", false, fmt.Errorf("no command for job type %s", job.JobType))
+	}
+	n := j.GPUs
+	if n < 0 {
+		n = max(job.Requirements.GPUCount, 0)
+	}
+	if n > e.devs.Len() {
+		return fail("not_enough_gpus", false, fmt.Errorf("the job takes %d GPUs, the worker has %d", n, e.devs.Len()))
+	}
+	gpus, err := e.devs.Acquire(ctx, n)
+	if err != nil {
+		return err
+	}
+	defer e.devs.Release(gpus)
+
+	runs := filepath.Join(e.opts.Workdir, "runs")
+	if err := os.MkdirAll(runs, 0o700); err != nil {
+		return fail("workdir", true, err)
+	}
+	runDir, err := os.MkdirTemp(runs, safeName(job.ID)+"-a"+strconv.Itoa(job.Attempt)+"-")
+	if err != nil {
+		return fail("workdir", true, err)
+	}
+	outDir := filepath.Join(runDir, "output")
+	if err := os.Mkdir(outDir, 0o700); err != nil {
+		return fail("workdir", true, err)
+	}
+	payloadPath := filepath.Join(runDir, "payload.json")
+	payload := []byte(job.Payload)
+	if len(payload) == 0 {
+		payload = []byte("null")
+	}
+	if err := os.WriteFile(payloadPath, payload, 0o600); err != nil {
+		return fail("workdir", true, err)
+	}
+	defer os.Remove(payloadPath)
+
+	r := &run{e: e, j: j, job: job, rep: rep, outDir: outDir,
+		bucket: newBucket(e.opts.LineRate, e.opts.LineBurst, e.opts.Now), q: newQueue()}
+	env := r.environ(payloadPath, gpus)
+	dir := j.Workdir
+	if dir == "" {
+		dir = runDir
+	}
+	return r.execute(ctx, env, dir)
+}
+
+// run is one run of a job's command.
+type run struct {
+	e      *Executor
+	j      *Job
+	job    *wire.Job
+	rep    Reporter
+	outDir string
+	bucket *bucket
+	q      *queue
+
+	mu          sync.Mutex
+	lastStderr  string
+	notReported int
+}
+
+// environ is the command's scrubbed environment.
+func (r *run) environ(payloadPath string, gpus []string) []string {
+	var env []string
+	for _, k := range append([]string{"PATH", "HOME", "LANG"}, r.j.EnvPass...) {
+		if v, ok := r.e.opts.LookupEnv(k); ok {
+			env = append(env, k+"="+v)
+		} else if k == "PATH" {
+			env = append(env, "PATH=/usr/local/bin:/usr/bin:/bin")
+		}
+	}
+	return append(env,
+		"NODELANE_JOB_ID="+r.job.ID,
+		"NODELANE_JOB_TYPE="+r.job.JobType,
+		"NODELANE_ATTEMPT="+strconv.Itoa(r.job.Attempt),
+		"NODELANE_PAYLOAD="+payloadPath,
+		"NODELANE_OUTPUT_DIR="+r.outDir,
+		"CUDA_VISIBLE_DEVICES="+strings.Join(gpus, ","))
+}
+
+func (r *run) execute(ctx context.Context, env []string, dir string) error {
+	runCtx, cancel := ctx, context.CancelFunc(func() {})
+	if r.j.Timeout > 0 {
+		runCtx, cancel = context.WithTimeoutCause(ctx, r.j.Timeout, errTimeout)
+	}
+	defer cancel()
+	g, err := startGroup(r.j.Command, env, dir)
+	if err != nil {
+		return fail("start_failed", false, fmt.Errorf("starting %s: %w", r.j.Command[0], err))
+	}
+	var readers sync.WaitGroup
+	for _, s := range []struct {
+		name string
+		f    *os.File
+	}{{"stdout", g.stdout}, {"stderr", g.stderr}} {
+		readers.Add(1)
+		go func() {
+			defer readers.Done()
+			_ = readLines(s.f, MaxLineBytes, func(line string, truncated bool) { r.line(s.name, line, truncated) })
+		}()
+	}
+	eventsDone := make(chan struct{})
+	go func() {
+		defer close(eventsDone)
+		r.events(ctx)
+	}()
+
+	var state *os.ProcessState
+	exited := make(chan struct{})
+	go func() {
+		state, _ = g.wait()
+		close(exited)
+	}()
+	killed := false
+	select {
+	case <-exited:
+	case <-runCtx.Done():
+		killed = true
+		grace := time.NewTimer(r.j.KillGrace)
+		g.signal(syscall.SIGTERM)
+		// The group has kill_grace to end, the leader and the rest.
+		select {
+		case <-exited:
+			r.waitGroup(g, grace.C)
+		case <-grace.C:
+		}
+		grace.Stop()
+	}
+	// Whatever is left of the group, now that its leader is gone (or its
+	// grace is over), is killed: no process outlives its job.
+	g.signal(syscall.SIGKILL)
+	<-exited
+	r.waitGroup(g, time.After(5*time.Second))
+
+	readersDone := make(chan struct{})
+	go func() {
+		readers.Wait()
+		close(readersDone)
+	}()
+	select {
+	case <-readersDone:
+	case <-time.After(readerGrace):
+		// A process outside the group holds the pipes: stop reading.
+		g.stdout.Close()
+		g.stderr.Close()
+		<-readersDone
+	}
+	g.stdout.Close()
+	g.stderr.Close()
+	if d := r.bucket.flush(); d > 0 {
+		r.rep.Log(r.droppedMessage(d), nil)
+	}
+	r.q.close()
+	<-eventsDone
+
+	if ctx.Err() != nil {
+		return context.Cause(ctx)
+	}
+	if killed {
+		return fail("timeout", false, fmt.Errorf("the command ran over its timeout of %v", r.j.Timeout))
+	}
+	code, sig := exitStatus(state)
+	r.mu.Lock()
+	last, notReported := r.lastStderr, r.notReported
+	r.mu.Unlock()
+	if last != "" {
+		last = "; last stderr line: " + last
+	}
+	switch {
+	case sig != "":
+		return fail("signal_"+sig, true, fmt.Errorf("the command was killed by %s%s", sig, last))
+	case code != 0:
+		return fail("exit_"+strconv.Itoa(code), slices.Contains(r.j.RetryOnExit, code),
+			fmt.Errorf("the command exited with status %d%s", code, last))
+	case notReported > 0:
+		return fail("artifact_not_reported", true, fmt.Errorf("%d artifacts could not be reported", notReported))
+	}
+	metrics, err := readResult(r.outDir)
+	if err != nil {
+		return fail("bad_result", false, err)
+	}
+	r.rep.SetOutput(fileURI(r.outDir), metrics, "exit 0")
+	return nil
+}
+
+// waitGroup waits until no process of the group runs, or until done.
+func (r *run) waitGroup(g *group, done <-chan time.Time) {
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for g.alive() {
+		select {
+		case <-done:
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+func (r *run) droppedMessage(n int64) string {
+	return fmt.Sprintf("%d output lines dropped: over the limit of %v lines per second", n, r.e.opts.LineRate)
+}
+
+// line handles one output line. It never blocks.
+func (r *run) line(stream, line string, truncated bool) {
+	payload := map[string]any{"stream": stream}
+	if stream == "stdout" && !truncated {
+		p, a, err := ParseLine(line)
+		switch {
+		case err != nil:
+			payload["warning"] = err.Error()
+		case p != nil:
+			r.q.push(event{p: p})
+			return
+		case a != nil:
+			if !r.q.push(event{a: a}) {
+				payload["warning"] = fmt.Sprintf("over %d artifacts: not reported", MaxArtifacts)
+			} else {
+				return
+			}
+		}
+	}
+	if truncated {
+		line += TruncatedMark
+		if hasPrefix(line, ProgressPrefix) || hasPrefix(line, ArtifactPrefix) {
+			payload["warning"] = fmt.Sprintf("over %d bytes: not read", MaxLineBytes)
+		}
+	}
+	if stream == "stderr" && line != "" {
+		r.mu.Lock()
+		r.lastStderr = line
+		if len(r.lastStderr) > 512 {
+			r.lastStderr = strings.ToValidUTF8(trimRune(r.lastStderr[:512]), "") + "..."
+		}
+		r.mu.Unlock()
+	}
+	ok, dropped := r.bucket.take()
+	if !ok {
+		return
+	}
+	if dropped > 0 {
+		r.rep.Log(r.droppedMessage(dropped), nil)
+	}
+	r.rep.Log(line, payload)
+}
+
+// events reports the progress and artifact lines, in order, until the
+// queue is closed and empty or ctx ends.
+func (r *run) events(ctx context.Context) {
+	for {
+		ev, ok := r.q.next(ctx)
+		if !ok {
+			return
+		}
+		if ev.p != nil {
+			r.progress(ctx, ev.p)
+		} else {
+			r.artifact(ctx, ev.a)
+		}
+	}
+}
+
+func (r *run) progress(ctx context.Context, p *Progress) {
+	payload := map[string]any{}
+	msg := p.Message
+	if p.Fraction != nil {
+		payload["fraction"] = *p.Fraction
+		if msg == "" {
+			msg = fmt.Sprintf("%.0f%%", *p.Fraction*100)
+		}
+	}
+	if len(p.Metrics) > 0 && string(p.Metrics) != "null" {
+		payload["metrics"] = p.Metrics
+	}
+	if err := r.rep.Progress(ctx, msg, payload); err != nil && ctx.Err() == nil {
+		// Progress is advisory: the heartbeat keeps the lease.
+		r.e.opts.Logger.Debug("progress not reported", "job", r.job.ID, "err", err)
+	}
+}
+
+func (r *run) artifact(ctx context.Context, a *Artifact) {
+	sum, size, err := digest(r.outDir, a.Path)
+	if err != nil {
+		r.rep.Log(fmt.Sprintf("artifact %s not reported: %v", a.Name, err), map[string]any{"warning": "bad artifact"})
+		return
+	}
+	var md any
+	if len(a.Metadata) > 0 && string(a.Metadata) != "null" {
+		md = a.Metadata
+	}
+	_, err = r.rep.Artifact(ctx, client.ArtifactInfo{Type: a.Kind, Name: a.Name,
+		URI: fileURI(filepath.Join(r.outDir, a.Path)), SHA256: sum, SizeBytes: size, Metadata: md})
+	if err != nil && ctx.Err() == nil {
+		r.rep.Log(fmt.Sprintf("artifact %s not reported: %s", a.Name, client.ErrorCode(err)), map[string]any{"warning": "artifact not reported"})
+		r.mu.Lock()
+		r.notReported++
+		r.mu.Unlock()
+	}
+}
+
+// digest returns the SHA-256 (lowercase hex) and size of the regular
+// file at rel inside dir; a path that leaves dir, through ".." or a
+// symbolic link, is refused.
+func digest(dir, rel string) (string, int64, error) {
+	if !filepath.IsLocal(rel) {
+		return "", 0, fmt.Errorf("path %q is not inside NODELANE_OUTPUT_DIR", rel)
+	}
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return "", 0, err
+	}
+	defer root.Close()
+	// O_NONBLOCK: a FIFO must not hang the worker; it is refused below.
+	f, err := root.OpenFile(rel, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return "", 0, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return "", 0, err
+	}
+	if !fi.Mode().IsRegular() {
+		return "", 0, fmt.Errorf("path %q is not a regular file", rel)
+	}
+	h := sha256.New()
+	n, err := io.Copy(h, f)
+	if err != nil {
+		return "", 0, fmt.Errorf("reading %q: %w", rel, err)
+	}
+	return hex.EncodeToString(h.Sum(nil)), n, nil
+}
+
+// readResult reads outDir/result.json, if present: a JSON object of at
+// most MaxResultBytes. It returns nil metrics if there is none.
+func readResult(outDir string) (any, error) {
+	root, err := os.OpenRoot(outDir)
+	if err != nil {
+		return nil, err
+	}
+	defer root.Close()
+	f, err := root.OpenFile("result.json", os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
+		return nil, errors.New("result.json is not a regular file")
+	}
+	b, err := io.ReadAll(io.LimitReader(f, MaxResultBytes+1))
+	if err != nil {
+		return nil, fmt.Errorf("result.json: %w", err)
+	}
+	if len(b) > MaxResultBytes {
+		return nil, fmt.Errorf("result.json is over %d bytes", MaxResultBytes)
+	}
+	var obj map[string]json.RawMessage
+	if err := json.Unmarshal(b, &obj); err != nil || obj == nil {
+		return nil, errors.New("result.json is not a JSON object")
+	}
+	return json.RawMessage(b), nil
+}
+
+// safeName keeps a job id usable as part of a file name.
+func safeName(s string) string {
+	s = strings.Map(func(r rune) rune {
+		switch {
+		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '-', r == '_':
+			return r
+		}
+		return '_'
+	}, s)
+	if len(s) > 64 {
+		s = s[:64]
+	}
+	return s
+}
+
+func fileURI(path string) string { return "file://" + filepath.ToSlash(path) }
+
+// event is a progress or an artifact line.
+type event struct {
+	p *Progress
+	a *Artifact
+}
+
+// queue holds the events the reader has not reported yet, bounded: a
+// progress event waiting last in the queue is replaced by a newer one,
+// and at most MaxArtifacts artifacts are taken.
+type queue struct {
+	mu        sync.Mutex
+	items     []event
+	artifacts int
+	closed    bool
+	wake      chan struct{}
+}
+
+func newQueue() *queue { return &queue{wake: make(chan struct{}, 1)} }
+
+// push adds ev; false means it was refused (too many artifacts).
+func (q *queue) push(ev event) bool {
+	q.mu.Lock()
+	switch {
+	case ev.a != nil && q.artifacts >= MaxArtifacts:
+		q.mu.Unlock()
+		return false
+	case ev.a != nil:
+		q.artifacts++
+		q.items = append(q.items, ev)
+	case len(q.items) > 0 && q.items[len(q.items)-1].p != nil:
+		q.items[len(q.items)-1] = ev
+	default:
+		q.items = append(q.items, ev)
+	}
+	q.mu.Unlock()
+	select {
+	case q.wake <- struct{}{}:
+	default:
+	}
+	return true
+}
+
+func (q *queue) close() {
+	q.mu.Lock()
+	q.closed = true
+	q.mu.Unlock()
+	select {
+	case q.wake <- struct{}{}:
+	default:
+	}
+}
+
+// next returns the oldest event, waiting for one; false once the queue
+// is closed and empty, or ctx ended.
+func (q *queue) next(ctx context.Context) (event, bool) {
+	for {
+		q.mu.Lock()
+		if len(q.items) > 0 {
+			ev := q.items[0]
+			q.items = q.items[1:]
+			q.mu.Unlock()
+			return ev, true
+		}
+		closed := q.closed
+		q.mu.Unlock()
+		if closed {
+			return event{}, false
+		}
+		select {
+		case <-ctx.Done():
+			return event{}, false
+		case <-q.wake:
+		}
+	}
+}

@@ -1,0 +1,392 @@
+package command
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nodelane/nodelane/workerapi/client"
+	"github.com/nodelane/nodelane/workerapi/wire"
+)
+
+// recorder is a Reporter that keeps what a run reports.
+type recorder struct {
+	mu        sync.Mutex
+	logs      []string
+	payloads  []map[string]any
+	progress  []map[string]any
+	messages  []string
+	artifacts []client.ArtifactInfo
+	outputURI string
+	metrics   any
+	final     string
+}
+
+func (r *recorder) Log(message string, payload any) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.logs = append(r.logs, message)
+	p, _ := payload.(map[string]any)
+	r.payloads = append(r.payloads, p)
+}
+
+func (r *recorder) Progress(ctx context.Context, message string, payload any) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.messages = append(r.messages, message)
+	r.progress = append(r.progress, payload.(map[string]any))
+	return nil
+}
+
+func (r *recorder) Artifact(ctx context.Context, a client.ArtifactInfo) (*wire.ArtifactResponse, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.artifacts = append(r.artifacts, a)
+	return &wire.ArtifactResponse{}, nil
+}
+
+func (r *recorder) SetOutput(uri string, metrics any, final string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.outputURI, r.metrics, r.final = uri, metrics, final
+}
+
+func (r *recorder) logged(s string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, l := range r.logs {
+		if strings.Contains(l, s) {
+			return true
+		}
+	}
+	return false
+}
+
+// executor returns an Executor for one job type "t" running script
+// with /bin/sh; extra is more TOML of the [[job]] table.
+func executor(t *testing.T, script, extra string, devs *Devices) *Executor {
+	t.Helper()
+	dir := t.TempDir()
+	path := filepath.Join(dir, "job.sh")
+	if err := os.WriteFile(path, []byte(script), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := Parse(fmt.Sprintf("[[job]]\ntype = \"t\"\ncommand = [\"/bin/sh\", %q]\n%s\n", path, extra), dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := NewExecutor(cfg, devs, &Options{Workdir: filepath.Join(dir, "work"),
+		LookupEnv: func(k string) (string, bool) {
+			if k == "SECRET_NOT_PASSED" || k == "PASSED" {
+				return "value-of-" + k, true
+			}
+			return os.LookupEnv(k)
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+func testJob() *wire.Job {
+	return &wire.Job{ID: "job-1", JobType: "t", Attempt: 2, Payload: json.RawMessage(`{"steps": 3}`),
+		Requirements: wire.Requirements{GPUCount: 1}}
+}
+
+// failure returns err's Failure, failing the test if it has none.
+func failure(t *testing.T, err error) *Failure {
+	t.Helper()
+	var f *Failure
+	if !errors.As(err, &f) {
+		t.Fatalf("error %v is not a *Failure", err)
+	}
+	if client.IsPermanent(err) == f.Retryable {
+		t.Errorf("%s: permanent %t, retryable %t", f.Code, client.IsPermanent(err), f.Retryable)
+	}
+	return f
+}
+
+func TestRunSucceeds(t *testing.T) {
+	devs, _ := NewDevices([]string{"GPU-a", "GPU-b"})
+	e := executor(t, `
+echo "hello from $NODELANE_JOB_TYPE"
+echo "to stderr" >&2
+env | sort > "$NODELANE_OUTPUT_DIR/env.txt"
+cp "$NODELANE_PAYLOAD" "$NODELANE_OUTPUT_DIR/payload.copy"
+echo 'nodelane:progress {"fraction": 0.5, "message": "half", "metrics": {"loss": 0.7}}'
+echo 'nodelane:progress {"fraction": 1}'
+mkdir -p "$NODELANE_OUTPUT_DIR/adapter"
+printf 'weights' > "$NODELANE_OUTPUT_DIR/adapter/model.bin"
+echo 'nodelane:artifact {"name": "adapter", "path": "adapter/model.bin", "kind": "adapter", "metadata": {"rank": 8}}'
+echo 'nodelane:progress {"fraction": 2}'
+echo '{"loss": 0.25}' > "$NODELANE_OUTPUT_DIR/result.json"
+`, `env_pass = ["PASSED"]`, devs)
+	rec := &recorder{}
+	if err := e.Run(context.Background(), testJob(), rec); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []string{"hello from t", "to stderr"} {
+		if !rec.logged(s) {
+			t.Errorf("no log line %q in %q", s, rec.logs)
+		}
+	}
+	if !rec.logged(`nodelane:progress {"fraction": 2}`) {
+		t.Errorf("the invalid progress line was not logged: %q", rec.logs)
+	}
+	if len(rec.progress) != 2 || rec.progress[0]["fraction"] != 0.5 || rec.messages[0] != "half" || rec.messages[1] != "100%" {
+		t.Errorf("progress %v %q", rec.progress, rec.messages)
+	}
+	if len(rec.artifacts) != 1 {
+		t.Fatalf("artifacts %+v", rec.artifacts)
+	}
+	a := rec.artifacts[0]
+	sum := sha256.Sum256([]byte("weights"))
+	if a.Name != "adapter" || a.Type != "adapter" || a.SHA256 != hex.EncodeToString(sum[:]) || a.SizeBytes != 7 ||
+		!strings.HasPrefix(a.URI, "file:///") || !strings.HasSuffix(a.URI, "/output/adapter/model.bin") {
+		t.Errorf("artifact %+v", a)
+	}
+	if m, _ := rec.metrics.(json.RawMessage); !strings.Contains(string(m), `"loss": 0.25`) || rec.final != "exit 0" {
+		t.Errorf("output %v %q", rec.metrics, rec.final)
+	}
+	out := strings.TrimPrefix(rec.outputURI, "file://")
+	env, err := os.ReadFile(filepath.Join(out, "env.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"NODELANE_JOB_ID=job-1", "NODELANE_JOB_TYPE=t", "NODELANE_ATTEMPT=2",
+		"NODELANE_OUTPUT_DIR=" + out, "CUDA_VISIBLE_DEVICES=GPU-a", "PASSED=value-of-PASSED", "PATH="} {
+		if !strings.Contains("\n"+string(env), "\n"+want) {
+			t.Errorf("environment lacks %s:\n%s", want, env)
+		}
+	}
+	if strings.Contains(string(env), "SECRET_NOT_PASSED") {
+		t.Error("a variable not in env_pass was passed")
+	}
+	if b, _ := os.ReadFile(filepath.Join(out, "payload.copy")); string(b) != `{"steps": 3}` {
+		t.Errorf("payload %q", b)
+	}
+	if _, err := os.Stat(filepath.Join(filepath.Dir(out), "payload.json")); !os.IsNotExist(err) {
+		t.Errorf("payload file left behind: %v", err)
+	}
+	// The GPUs are back.
+	if ids, err := devs.Acquire(context.Background(), 2); err != nil || len(ids) != 2 {
+		t.Errorf("GPUs not released: %v %v", ids, err)
+	}
+}
+
+func TestRunExitCodes(t *testing.T) {
+	tests := []struct {
+		name, script, extra, code string
+		retryable                 bool
+	}{
+		{"exit 3", "echo oops >&2; exit 3", "", "exit_3", false},
+		{"retryable exit", "exit 75", "retry_on_exit = [75, 76]", "exit_75", true},
+		{"signal", "kill -SEGV $$", "", "signal_SIGSEGV", true},
+		{"timeout", "sleep 30", `timeout = "300ms"` + "\nkill_grace = \"1s\"", "timeout", false},
+		{"bad result", `echo '[1, 2]' > "$NODELANE_OUTPUT_DIR/result.json"`, "", "bad_result", false},
+		{"big result", `head -c 20000 /dev/zero | tr '\0' ' ' > "$NODELANE_OUTPUT_DIR/result.json"`, "", "bad_result", false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			e := executor(t, tc.script, tc.extra, nil)
+			j := testJob()
+			j.Requirements.GPUCount = 0
+			rec := &recorder{}
+			start := time.Now()
+			err := e.Run(context.Background(), j, rec)
+			f := failure(t, err)
+			if f.Code != tc.code || f.Retryable != tc.retryable {
+				t.Errorf("code %s retryable %t, want %s %t (%v)", f.Code, f.Retryable, tc.code, tc.retryable, err)
+			}
+			if tc.code == "exit_3" && !strings.Contains(err.Error(), "last stderr line: oops") {
+				t.Errorf("message %q", err)
+			}
+			if tc.code == "timeout" && time.Since(start) > 5*time.Second {
+				t.Errorf("the timeout took %v", time.Since(start))
+			}
+		})
+	}
+}
+
+func TestRunNeedsGPUs(t *testing.T) {
+	cfg, err := Parse("[[job]]\ntype = \"t\"\ncommand = [\"/bin/true\"]\ngpus = 2\n", t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	one, _ := NewDevices([]string{"0"})
+	if _, err := NewExecutor(cfg, one, nil); !errors.Is(err, ErrNotEnoughGPUs) {
+		t.Errorf("a job of 2 GPUs on a worker of 1: %v", err)
+	}
+	e := executor(t, "exit 0", "", one)
+	j := testJob()
+	j.Requirements.GPUCount = 2
+	if f := failure(t, e.Run(context.Background(), j, &recorder{})); f.Code != "not_enough_gpus" {
+		t.Errorf("code %s", f.Code)
+	}
+	// Waiting for a GPU ends with the job's context.
+	held, _ := one.Acquire(context.Background(), 1)
+	defer one.Release(held)
+	ctx, cancel := context.WithCancelCause(context.Background())
+	cancel(client.ErrDrained)
+	if err := e.Run(ctx, testJob(), &recorder{}); !errors.Is(err, client.ErrDrained) {
+		t.Errorf("waiting for a GPU: %v", err)
+	}
+}
+
+// pids reads the pids a script wrote, one a line, waiting for n.
+func pids(t *testing.T, path string, n int) []int {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		b, _ := os.ReadFile(path)
+		var out []int
+		for _, f := range strings.Fields(string(b)) {
+			if p, err := strconv.Atoi(f); err == nil {
+				out = append(out, p)
+			}
+		}
+		if len(out) >= n {
+			return out
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the script wrote %q, want %d pids", b, n)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// checkGone fails unless every pid runs no more.
+func checkGone(t *testing.T, ps []int) {
+	t.Helper()
+	for _, p := range ps {
+		if !processGone(p) {
+			t.Errorf("process %d survived", p)
+			_ = syscallKill(p)
+		}
+	}
+}
+
+func TestRunCancelKillsTheGroup(t *testing.T) {
+	tests := []struct {
+		name, script string
+		grace        time.Duration
+		atLeast      time.Duration
+	}{
+		// The shell exits on SIGTERM; its grandchild sleep too.
+		{"grandchild", `sleep 1000 & echo $$ > "$PIDS"; echo $! >> "$PIDS"; wait`, 3 * time.Second, 0},
+		// SIGTERM ignored by the whole group: SIGKILL after kill_grace.
+		{"ignores SIGTERM", `trap '' TERM; sh -c 'trap "" TERM; sleep 1000' & echo $$ > "$PIDS"; echo $! >> "$PIDS"; while :; do sleep 1; done`, time.Second, time.Second},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			pidFile := filepath.Join(t.TempDir(), "pids")
+			e := executor(t, "PIDS="+pidFile+"\n"+tc.script, fmt.Sprintf("kill_grace = %q\ngpus = 0", tc.grace), nil)
+			ctx, cancel := context.WithCancelCause(context.Background())
+			done := make(chan error, 1)
+			go func() { done <- e.Run(ctx, testJob(), &recorder{}) }()
+			ps := pids(t, pidFile, 2)
+			time.Sleep(100 * time.Millisecond)
+			start := time.Now()
+			cancel(client.ErrJobCanceled)
+			select {
+			case err := <-done:
+				if !errors.Is(err, client.ErrJobCanceled) {
+					t.Errorf("Run returned %v, want the cause", err)
+				}
+			case <-time.After(tc.grace + time.Second):
+				t.Fatalf("Run did not return within kill_grace + 1s")
+			}
+			if took := time.Since(start); took < tc.atLeast {
+				t.Errorf("the group was killed after %v, before its kill_grace", took)
+			}
+			checkGone(t, ps)
+		})
+	}
+}
+
+// A process left in the background, holding the pipes, is killed when
+// the command exits: it neither survives nor hangs the run.
+func TestRunSweepsTheGroupOnExit(t *testing.T) {
+	pidFile := filepath.Join(t.TempDir(), "pids")
+	e := executor(t, `sleep 1000 & echo $! > `+pidFile+`; echo done`, "gpus = 0", nil)
+	start := time.Now()
+	if err := e.Run(context.Background(), testJob(), &recorder{}); err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); took > 5*time.Second {
+		t.Errorf("the run took %v", took)
+	}
+	checkGone(t, pids(t, pidFile, 1))
+}
+
+func TestRunRefusesArtifactEscapes(t *testing.T) {
+	secret := filepath.Join(t.TempDir(), "secret")
+	if err := os.WriteFile(secret, []byte("secret"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	e := executor(t, `
+cd "$NODELANE_OUTPUT_DIR"
+ln -s `+secret+` link
+mkfifo fifo
+mkdir d
+echo 'nodelane:artifact {"path": "../payload.json"}'
+echo 'nodelane:artifact {"path": "/etc/passwd"}'
+echo 'nodelane:artifact {"path": "link"}'
+echo 'nodelane:artifact {"path": "fifo"}'
+echo 'nodelane:artifact {"path": "d"}'
+echo 'nodelane:artifact {"path": "missing"}'
+`, "gpus = 0", nil)
+	rec := &recorder{}
+	if err := e.Run(context.Background(), testJob(), rec); err != nil {
+		t.Fatal(err)
+	}
+	if len(rec.artifacts) != 0 {
+		t.Errorf("artifacts reported: %+v", rec.artifacts)
+	}
+	warnings := 0
+	for i, p := range rec.payloads {
+		if p["warning"] != nil {
+			warnings++
+		}
+		if strings.Contains(rec.logs[i], "secret") && !strings.Contains(rec.logs[i], "not reported") {
+			t.Errorf("log line %q", rec.logs[i])
+		}
+	}
+	if warnings != 6 {
+		t.Errorf("%d warnings, want 6: %q", warnings, rec.logs)
+	}
+}
+
+// A flood of output neither blocks the process nor floods the log.
+func TestRunFlood(t *testing.T) {
+	e := executor(t, `head -c 100000 /dev/zero | tr '\0' x; echo; echo end >&2; yes "a line of output" | head -n 300000`, "gpus = 0", nil)
+	rec := &recorder{}
+	start := time.Now()
+	if err := e.Run(context.Background(), testJob(), rec); err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); took > 20*time.Second {
+		t.Errorf("300000 lines took %v", took)
+	}
+	if !rec.logged("end") || !rec.logged("xxxxx"+TruncatedMark) {
+		t.Errorf("the first lines were not logged")
+	}
+	// Each line let through after a drop is preceded by the count.
+	took := time.Since(start)
+	if n := len(rec.logs); float64(n) > DefaultLineBurst+2*DefaultLineRate*took.Seconds()+2 {
+		t.Errorf("%d log lines: the rate is not bounded", n)
+	}
+	if !rec.logged("output lines dropped") {
+		t.Errorf("no line says lines were dropped")
+	}
+}

@@ -17,6 +17,13 @@
 // be deleted once the worker has registered. SIGTERM or SIGINT drains the
 // worker: it leases nothing more, lets running jobs finish within
 // -drain-timeout, and releases the rest.
+//
+// With -config worker.toml the worker runs commands instead of the example
+// handlers: each [[job]] table maps a job type to a command line
+// (examples/internal/command, docs/COMMANDS.md), and the worker registers
+// those job types only. The GPUs of the -gpu flags are the devices "0",
+// "1", ... handed to the commands in CUDA_VISIBLE_DEVICES. The file's
+// tags, and the -tag flags, are the worker's registration tags.
 package main
 
 import (
@@ -28,9 +35,12 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 
+	"github.com/nodelane/nodelane/examples/internal/command"
 	"github.com/nodelane/nodelane/examples/internal/jobs"
 	"github.com/nodelane/nodelane/workerapi/client"
 	"github.com/nodelane/nodelane/workerapi/wire"
@@ -71,6 +81,19 @@ func (g *gpuFlags) Set(v string) error {
 	return nil
 }
 
+// tagFlags is the repeatable -tag flag.
+type tagFlags []string
+
+func (t *tagFlags) String() string { return strings.Join(*t, ",") }
+
+func (t *tagFlags) Set(v string) error {
+	if v == "" || len(v) > wire.MaxTagBytes {
+		return fmt.Errorf("tag %q is empty or over %d bytes", v, wire.MaxTagBytes)
+	}
+	*t = append(*t, v)
+	return nil
+}
+
 func run(ctx context.Context, args []string, stderr io.Writer) error {
 	fs := flag.NewFlagSet("worker", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -81,13 +104,16 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		nodeID       = fs.String("node-id", "", "node id to register (default: the identity's, else the host name)")
 		name         = fs.String("name", "", "display name (default: the node id)")
 		maxJobs      = fs.Int("max-jobs", 1, "jobs run at once")
-		workdir      = fs.String("workdir", "nodelane-work", "directory for job outputs (lora_train checkpoints)")
+		workdir      = fs.String("workdir", "nodelane-work", "directory for job outputs (lora_train checkpoints; with -config, each job's run directory)")
+		configPath   = fs.String("config", "", "TOML file mapping job types to commands (docs/COMMANDS.md); the worker then runs only those")
 		drainTimeout = fs.Duration("drain-timeout", client.DefaultDrainTimeout, "on SIGTERM/SIGINT, how long running jobs may take to finish before they are released")
 		waitSeconds  = fs.Int("wait-seconds", client.DefaultWaitSeconds, "lease long-poll, in seconds (max 60)")
 		verbose      = fs.Bool("v", false, "debug logging")
 		gpus         gpuFlags
+		tags         tagFlags
 	)
 	fs.Var(&gpus, "gpu", "GPU as SKU:VRAM_MB (repeatable; default rtx-4090:24576)")
+	fs.Var(&tags, "tag", "registration tag (repeatable), beside the -config file's tags")
 	if err := fs.Parse(args); err != nil {
 		return errUsage{err} // the flag package has said why
 	}
@@ -103,6 +129,12 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	if *maxJobs < 1 {
 		return errors.New("-max-jobs must be at least 1")
+	}
+	var cmdCfg *command.Config
+	if *configPath != "" {
+		if cmdCfg, err = command.Load(*configPath); err != nil {
+			return err
+		}
 	}
 	level := slog.LevelInfo
 	if *verbose {
@@ -134,10 +166,36 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	reg := jobs.Registration(node, *name, gpus, *maxJobs)
+	var cmds *command.Executor
+	if cmdCfg != nil {
+		ids := make([]string, len(gpus))
+		for i := range gpus {
+			ids[i] = strconv.Itoa(i)
+		}
+		devs, err := command.NewDevices(ids)
+		if err != nil {
+			return err
+		}
+		if cmds, err = command.NewExecutor(cmdCfg, devs, &command.Options{Workdir: *workdir, Logger: log}); err != nil {
+			return err
+		}
+		reg.Capabilities.JobTypes = cmdCfg.Types()
+		reg.Tags = nil
+		tags = append(slices.Clone(cmdCfg.Tags), tags...)
+	}
+	for _, t := range tags {
+		if !slices.Contains(reg.Tags, t) {
+			reg.Tags = append(reg.Tags, t)
+		}
+	}
+	if len(reg.Tags) > wire.MaxTags {
+		return fmt.Errorf("%d tags, at most %d", len(reg.Tags), wire.MaxTags)
+	}
 	w, err := client.NewRunner(c, &client.RunnerConfig{
 		MaxConcurrent:     *maxJobs,
 		ProvisioningToken: provToken,
-		Registration:      jobs.Registration(node, *name, gpus, *maxJobs),
+		Registration:      reg,
 		WaitSeconds:       *waitSeconds,
 		DrainTimeout:      *drainTimeout,
 		Logger:            log,
@@ -145,13 +203,23 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	jobs.Register(w, *workdir)
+	if cmds != nil {
+		cmds.Register(w)
+	} else {
+		jobs.Register(w, *workdir)
+	}
 
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	log.Info("worker starting", "server", *server, "node_id", node, "key_id", id.KeyID(),
-		"registered", id.Token() != "", "gpus", gpus.String(), "max_jobs", *maxJobs)
-	if err := w.Run(ctx); err != nil {
+		"registered", id.Token() != "", "gpus", gpus.String(), "max_jobs", *maxJobs, "job_types", reg.Capabilities.JobTypes)
+	err = w.Run(ctx)
+	if cmds != nil {
+		// A job the drain released may still be in its kill_grace: no
+		// command outlives the worker.
+		cmds.Wait()
+	}
+	if err != nil {
 		return err
 	}
 	log.Info("worker stopped")

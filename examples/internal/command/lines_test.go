@@ -175,3 +175,37 @@ func TestDevices(t *testing.T) {
 		t.Errorf("after release: %v", ids)
 	}
 }
+
+func TestQueue(t *testing.T) {
+	q := newQueue()
+	f := func(v float64) event { return event{p: &Progress{Fraction: &v}} }
+	for i := range maxPendingProgress + 10 {
+		q.push(f(float64(i) / 1000))
+	}
+	q.push(event{a: &Artifact{Path: "a"}})
+	q.push(f(0.9))
+	q.close()
+	var got []event
+	for {
+		ev, ok := q.next(context.Background())
+		if !ok {
+			break
+		}
+		got = append(got, ev)
+	}
+	if len(got) != maxPendingProgress+2 {
+		t.Fatalf("%d events, want %d", len(got), maxPendingProgress+2)
+	}
+	if last := *got[maxPendingProgress-1].p.Fraction; last != float64(maxPendingProgress+9)/1000 {
+		t.Errorf("the newest waiting progress is %v, want the last pushed", last)
+	}
+	if got[maxPendingProgress].a == nil || *got[maxPendingProgress+1].p.Fraction != 0.9 {
+		t.Error("order lost")
+	}
+	for range MaxArtifacts {
+		q.push(event{a: &Artifact{Path: "a"}})
+	}
+	if q.push(event{a: &Artifact{Path: "a"}}) {
+		t.Error("an artifact over MaxArtifacts taken")
+	}
+}

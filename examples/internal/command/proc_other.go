@@ -18,8 +18,8 @@ type group struct {
 
 func startGroup(argv, env []string, dir string) (*group, error) { return nil, errUnsupported }
 
-func (g *group) signal(sig syscall.Signal) {}
-func (g *group) alive() bool              { return false }
+func (g *group) signal(sig syscall.Signal)       {}
+func (g *group) alive() bool                     { return false }
 func (g *group) wait() (*os.ProcessState, error) { return nil, errUnsupported }
 
 func processGone(pid int) bool { return true }

@@ -551,12 +551,18 @@ type event struct {
 	a *Artifact
 }
 
-// queue holds the events the reader has not reported yet, bounded: a
-// progress event waiting last in the queue is replaced by a newer one,
-// and at most MaxArtifacts artifacts are taken.
+// maxPendingProgress bounds the progress events waiting to be reported;
+// beyond, the newest waiting one is replaced.
+const maxPendingProgress = 64
+
+// queue holds the events the reader has not reported yet, bounded: with
+// maxPendingProgress progress events waiting, a progress event waiting
+// last in the queue is replaced by a newer one, and at most MaxArtifacts
+// artifacts are taken.
 type queue struct {
 	mu        sync.Mutex
 	items     []event
+	progress  int // waiting progress events
 	artifacts int
 	closed    bool
 	wake      chan struct{}
@@ -574,9 +580,10 @@ func (q *queue) push(ev event) bool {
 	case ev.a != nil:
 		q.artifacts++
 		q.items = append(q.items, ev)
-	case len(q.items) > 0 && q.items[len(q.items)-1].p != nil:
+	case q.progress >= maxPendingProgress && q.items[len(q.items)-1].p != nil:
 		q.items[len(q.items)-1] = ev
 	default:
+		q.progress++
 		q.items = append(q.items, ev)
 	}
 	q.mu.Unlock()
@@ -605,6 +612,9 @@ func (q *queue) next(ctx context.Context) (event, bool) {
 		if len(q.items) > 0 {
 			ev := q.items[0]
 			q.items = q.items[1:]
+			if ev.p != nil {
+				q.progress--
+			}
 			q.mu.Unlock()
 			return ev, true
 		}

@@ -1,0 +1,280 @@
+package examples
+
+// End-to-end tests of examples/worker -config: job types mapped to real
+// commands (shell scripts), run by a real worker process against a real
+// examples/server over loopback.
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nodelane/nodelane/workerapi/wire"
+)
+
+// startCommandWorker starts a worker process running the commands of the
+// TOML config, with args after the usual flags (and so over them).
+func (c *cluster) startCommandWorker(node, config string, args ...string) *proc {
+	c.t.Helper()
+	tokenFile := filepath.Join(c.dir, node+".provisioning-token")
+	if err := os.WriteFile(tokenFile, []byte(c.tokens.ProvisioningToken+"\n"), 0o600); err != nil {
+		c.t.Fatal(err)
+	}
+	cfg := filepath.Join(c.dir, node+".toml")
+	if err := os.WriteFile(cfg, []byte(config), 0o600); err != nil {
+		c.t.Fatal(err)
+	}
+	p := startProc(c.t, "worker "+node, c.workerBin, nil, append([]string{
+		"-provisioning-token-file", tokenFile,
+		"-server", c.base(),
+		"-identity", c.identityPath(node),
+		"-node-id", node, "-name", node,
+		"-config", cfg,
+		"-workdir", filepath.Join(c.dir, "work-"+node),
+		"-wait-seconds", "1", "-drain-timeout", "5s"}, args...)...)
+	c.workers = append(c.workers, p)
+	return p
+}
+
+// dispatchGPUs queues a job that asks for gpus GPUs of the cluster's SKU.
+func (c *cluster) dispatchGPUs(jobType string, gpus int) wire.DispatchResponse {
+	c.t.Helper()
+	var d wire.DispatchResponse
+	c.call("POST", "/operator/jobs", wire.DispatchRequest{JobType: jobType, Payload: json.RawMessage(`{"steps": 2}`),
+		Requirements: wire.Requirements{GPUSKU: "rtx-4090", GPUCount: gpus}, MaxAttempts: 2}, &d)
+	return d
+}
+
+// script writes an executable /bin/sh script and returns its path.
+func script(t *testing.T, dir, name, body string) string {
+	t.Helper()
+	path := filepath.Join(dir, name)
+	if err := os.WriteFile(path, []byte("#!/bin/sh\n"+body), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+func logLines(d wire.JobDetailResponse) []string {
+	var out []string
+	for _, e := range d.Events {
+		if e.Kind == "log" {
+			out = append(out, e.Message)
+		}
+	}
+	return out
+}
+
+// readPids waits for a script's pid file to hold n pids.
+func readPids(c *cluster, path string, n int) []int {
+	c.t.Helper()
+	var out []int
+	c.eventually(jobTimeout, "the script's pids", func() bool {
+		b, _ := os.ReadFile(path)
+		out = out[:0]
+		for _, f := range strings.Fields(string(b)) {
+			if p, err := strconv.Atoi(f); err == nil {
+				out = append(out, p)
+			}
+		}
+		return len(out) >= n
+	})
+	return out
+}
+
+// running reports whether pid still runs (a zombie waiting for init to
+// reap it runs nothing).
+func running(pid int) bool {
+	if err := syscall.Kill(pid, 0); err == syscall.ESRCH {
+		return false
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	i := strings.LastIndexByte(string(b), ')')
+	return i < 0 || i+2 >= len(b) || (b[i+2] != 'Z' && b[i+2] != 'X')
+}
+
+// TestE2ECommandJobs: a worker that runs job types as commands: output
+// lines become logs, progress events and an artifact with the right
+// sha256; exit codes fail jobs; a cancel kills the whole process group.
+func TestE2ECommandJobs(t *testing.T) {
+	c := newCluster(t, "-heartbeat-interval", "1s")
+	c.activate()
+	dir := t.TempDir()
+	pidFile := filepath.Join(dir, "pids")
+	const adapter = "simulated adapter weights\n"
+	ok := script(t, dir, "ok.sh", `
+echo "line one"
+echo "line two"
+echo "a warning" >&2
+echo 'nodelane:progress {"fraction": 0.5, "message": "epoch 1", "metrics": {"loss": 0.9}}'
+echo 'nodelane:progress {"fraction": 1.0, "message": "epoch 2", "metrics": {"loss": 0.4}}'
+mkdir -p "$NODELANE_OUTPUT_DIR/adapter"
+printf '`+strings.TrimSuffix(adapter, "\n")+`\n' > "$NODELANE_OUTPUT_DIR/adapter/adapter.safetensors"
+echo 'nodelane:artifact {"name": "adapter.safetensors", "path": "adapter/adapter.safetensors", "kind": "adapter"}'
+echo '{"loss": 0.4}' > "$NODELANE_OUTPUT_DIR/result.json"
+exit 0
+`)
+	exit3 := script(t, dir, "exit3.sh", "echo about to fail\necho bad input >&2\nexit 3\n")
+	sleeper := script(t, dir, "sleeper.sh", `sleep 1000 &
+echo $$ > `+pidFile+`
+echo $! >> `+pidFile+`
+echo started
+wait
+`)
+	c.startCommandWorker("cmd-node", fmt.Sprintf(`
+tags = ["e2e"]
+
+[[job]]
+type = "cmd_ok"
+command = [%q]
+
+[[job]]
+type = "cmd_exit3"
+command = ["/bin/sh", %q]
+retry_on_exit = [75]
+
+[[job]]
+type = "cmd_sleep"
+command = [%q]
+gpus = 0
+kill_grace = "3s"
+`, ok, exit3, sleeper), "-gpu", "rtx-4090:24576")
+	c.workerID("cmd-node")
+
+	t.Run("exit 0", func(t *testing.T) {
+		d := c.waitDone(c.dispatchGPUs("cmd_ok", 1).Job.ID, "succeeded")
+		logs := strings.Join(logLines(d), "\n")
+		for _, want := range []string{"line one", "line two", "a warning"} {
+			if !strings.Contains(logs, want) {
+				t.Errorf("no log line %q in\n%s", want, logs)
+			}
+		}
+		if strings.Contains(logs, "nodelane:") {
+			t.Errorf("a progress or artifact line was logged:\n%s", logs)
+		}
+		if n := progressEvents(d); n != 2 {
+			t.Errorf("%d progress events, want 2", n)
+		}
+		var fractions []string
+		for _, e := range d.Events {
+			if e.EventType != nil && *e.EventType == "progress" {
+				fractions = append(fractions, e.Message+" "+string(e.Payload))
+			}
+		}
+		if len(fractions) == 2 && (!strings.Contains(fractions[0], "epoch 1") || !strings.Contains(fractions[0], `"fraction":0.5`) ||
+			!strings.Contains(fractions[1], `"loss":0.4`)) {
+			t.Errorf("progress events %q", fractions)
+		}
+		if len(d.Artifacts) != 1 {
+			t.Fatalf("artifacts %+v", d.Artifacts)
+		}
+		a := d.Artifacts[0]
+		sum := sha256.Sum256([]byte(adapter))
+		if a.ChecksumSHA256 == nil || *a.ChecksumSHA256 != hex.EncodeToString(sum[:]) || a.SizeBytes != int64(len(adapter)) ||
+			a.ArtifactType != "adapter" || a.Name != "adapter.safetensors" {
+			t.Errorf("artifact %+v (checksum %v), want sha256 %x size %d", a, a.ChecksumSHA256, sum, len(adapter))
+		}
+		b, err := os.ReadFile(strings.TrimPrefix(a.URI, "file://"))
+		if err != nil || string(b) != adapter {
+			t.Errorf("the artifact's uri %s holds %q, %v", a.URI, b, err)
+		}
+		if d.Result == nil || !strings.Contains(string(d.Result.Metrics), `"loss"`) {
+			t.Errorf("result %+v", d.Result)
+		}
+		c.checkSucceeded(d)
+	})
+
+	t.Run("exit 3", func(t *testing.T) {
+		d := c.waitDone(c.dispatchGPUs("cmd_exit3", 1).Job.ID, "failed")
+		if d.Job.LastError == nil || d.Job.LastError.Code != "exit_3" || !strings.Contains(d.Job.LastError.Message, "bad input") {
+			t.Errorf("last error %+v, want exit_3", d.Job.LastError)
+		}
+		if d.Job.Attempt != 1 {
+			t.Errorf("attempt %d: exit 3 is not in retry_on_exit, so the job is not retried", d.Job.Attempt)
+		}
+		if !strings.Contains(strings.Join(logLines(d), "\n"), "about to fail") {
+			t.Errorf("logs %q", logLines(d))
+		}
+	})
+
+	t.Run("cancel kills the process group", func(t *testing.T) {
+		d := c.dispatchGPUs("cmd_sleep", 0)
+		pids := readPids(c, pidFile, 2)
+		for _, p := range pids {
+			if !running(p) {
+				t.Fatalf("process %d is not running before the cancel", p)
+			}
+		}
+		start := time.Now()
+		c.call("POST", "/operator/jobs/"+d.Job.ID+"/cancel", nil, nil)
+		// The worker learns of the cancel by its next heartbeat (1 s),
+		// then the group has kill_grace (3 s), plus 1 s.
+		deadline := start.Add(time.Second + 3*time.Second + time.Second)
+		for {
+			alive := 0
+			for _, p := range pids {
+				if running(p) {
+					alive++
+				}
+			}
+			if alive == 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%d of the script's processes %v still run %v after the cancel", alive, pids, time.Since(start))
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		jd := c.waitDone(d.Job.ID, "canceled")
+		if !strings.Contains(strings.Join(logLines(jd), "\n"), "started") {
+			t.Errorf("logs %q", logLines(jd))
+		}
+	})
+	c.checkNoTokensLogged()
+}
+
+// TestE2ECommandGPUs: a worker with two GPUs runs two 1-GPU jobs at once,
+// each with its own CUDA_VISIBLE_DEVICES.
+func TestE2ECommandGPUs(t *testing.T) {
+	c := newCluster(t)
+	c.activate()
+	dir := t.TempDir()
+	seen := filepath.Join(dir, "seen")
+	if err := os.Mkdir(seen, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	// Each job records its devices, then waits (up to 30 s) until the
+	// other has recorded its own: the two run at once.
+	gpu := script(t, dir, "gpu.sh", `
+printf '%s' "$CUDA_VISIBLE_DEVICES" > `+seen+`/"$NODELANE_JOB_ID"
+i=0
+while [ "$(ls `+seen+` | wc -l)" -lt 2 ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done
+[ "$(ls `+seen+` | wc -l)" -ge 2 ]
+`)
+	c.startCommandWorker("gpu-node", fmt.Sprintf("[[job]]\ntype = \"cmd_gpu\"\ncommand = [%q]\n", gpu),
+		"-gpu", "rtx-4090:24576", "-gpu", "rtx-4090:24576", "-max-jobs", "2")
+	c.workerID("gpu-node")
+	a := c.dispatchGPUs("cmd_gpu", 1)
+	b := c.dispatchGPUs("cmd_gpu", 1)
+	c.waitDone(a.Job.ID, "succeeded")
+	c.waitDone(b.Job.ID, "succeeded")
+	da, errA := os.ReadFile(filepath.Join(seen, a.Job.ID))
+	db, errB := os.ReadFile(filepath.Join(seen, b.Job.ID))
+	if errA != nil || errB != nil {
+		t.Fatal(errA, errB)
+	}
+	if string(da) == string(db) || (string(da) != "0" && string(da) != "1") || (string(db) != "0" && string(db) != "1") {
+		t.Errorf("CUDA_VISIBLE_DEVICES %q and %q: want 0 and 1, one each", da, db)
+	}
+}

@@ -149,8 +149,17 @@ type = "cmd_sleep"
 command = [%q]
 gpus = 0
 kill_grace = "3s"
-`, ok, exit3, sleeper), "-gpu", "rtx-4090:24576")
-	c.workerID("cmd-node")
+`, ok, exit3, sleeper), "-gpu", "rtx-4090:24576", "-tag", "extra")
+	wid := c.workerID("cmd-node")
+	var wd wire.WorkerDetailResponse
+	c.call("GET", "/operator/workers/"+wid, nil, &wd)
+	wv := wd.Worker
+	if got := strings.Join(wv.Tags, ","); got != "e2e,extra" {
+		t.Errorf("registered tags %q, want the file's and the flag's", got)
+	}
+	if got := strings.Join(wv.Capabilities.JobTypes, ","); got != "cmd_ok,cmd_exit3,cmd_sleep" {
+		t.Errorf("registered job types %q, want the configured ones only", got)
+	}
 
 	t.Run("exit 0", func(t *testing.T) {
 		d := c.waitDone(c.dispatchGPUs("cmd_ok", 1).Job.ID, "succeeded")

@@ -130,18 +130,48 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	if *maxJobs < 1 {
 		return errors.New("-max-jobs must be at least 1")
 	}
-	var cmdCfg *command.Config
-	if *configPath != "" {
-		if cmdCfg, err = command.Load(*configPath); err != nil {
-			return err
-		}
-	}
 	level := slog.LevelInfo
 	if *verbose {
 		level = slog.LevelDebug
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 
+	// With -config, the commands run on the devices "0", "1", ... of the
+	// -gpu flags.
+	var (
+		cmdCfg *command.Config
+		cmds   *command.Executor
+	)
+	if *configPath != "" {
+		if cmdCfg, err = command.Load(*configPath); err != nil {
+			return err
+		}
+		ids := make([]string, len(gpus))
+		for i := range gpus {
+			ids[i] = strconv.Itoa(i)
+		}
+		devs, err := command.NewDevices(ids)
+		if err != nil {
+			return err
+		}
+		if cmds, err = command.NewExecutor(cmdCfg, devs, &command.Options{Workdir: *workdir, Logger: log}); err != nil {
+			return err
+		}
+	}
+	// The registration's tags: the example's, or the -config file's, and
+	// the -tag flags.
+	regTags := []string{"example"}
+	if cmdCfg != nil {
+		regTags = slices.Clone(cmdCfg.Tags)
+	}
+	for _, t := range tags {
+		if !slices.Contains(regTags, t) {
+			regTags = append(regTags, t)
+		}
+	}
+	if len(regTags) > wire.MaxTags {
+		return fmt.Errorf("%d tags, at most %d", len(regTags), wire.MaxTags)
+	}
 	id, err := client.LoadOrCreateIdentity(*identityPath)
 	if err != nil {
 		return err
@@ -167,30 +197,9 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		return err
 	}
 	reg := jobs.Registration(node, *name, gpus, *maxJobs)
-	var cmds *command.Executor
+	reg.Tags = regTags
 	if cmdCfg != nil {
-		ids := make([]string, len(gpus))
-		for i := range gpus {
-			ids[i] = strconv.Itoa(i)
-		}
-		devs, err := command.NewDevices(ids)
-		if err != nil {
-			return err
-		}
-		if cmds, err = command.NewExecutor(cmdCfg, devs, &command.Options{Workdir: *workdir, Logger: log}); err != nil {
-			return err
-		}
 		reg.Capabilities.JobTypes = cmdCfg.Types()
-		reg.Tags = nil
-		tags = append(slices.Clone(cmdCfg.Tags), tags...)
-	}
-	for _, t := range tags {
-		if !slices.Contains(reg.Tags, t) {
-			reg.Tags = append(reg.Tags, t)
-		}
-	}
-	if len(reg.Tags) > wire.MaxTags {
-		return fmt.Errorf("%d tags, at most %d", len(reg.Tags), wire.MaxTags)
 	}
 	w, err := client.NewRunner(c, &client.RunnerConfig{
 		MaxConcurrent:     *maxJobs,

@@ -3,10 +3,14 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/nodelane/nodelane/examples/internal/command"
 )
 
 const testToken = "nlc_000RxY9kz6ouWMJLgFtBDiYDMREKtrwCJfLBML0eaQHzOzSDhgW39sPXcZ1SIERix0BQRXB"
@@ -82,5 +86,45 @@ func TestNoTokenOnCommandLine(t *testing.T) {
 	err = run(context.Background(), []string{"-identity", filepath.Join(dir, "id.json"), "-node-id", "n1"}, &stderr)
 	if err == nil || !strings.Contains(err.Error(), "-provisioning-token-file") || !strings.Contains(err.Error(), provisioningEnv) {
 		t.Errorf("run without a token = %v, want an error naming -provisioning-token-file and %s", err, provisioningEnv)
+	}
+}
+
+// TestConfigFlag: a -config file that is not valid, or that asks for more
+// GPUs than the -gpu flags give, stops the worker before it creates its
+// identity or calls the server; so does a bad -tag.
+func TestConfigFlag(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, text string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(text), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	tests := []struct {
+		name string
+		args []string
+		want error
+	}{
+		{"unknown key", []string{"-config", write("unknown.toml", "[[job]]\ntype = \"t\"\ncommand = [\"/bin/true\"]\nshell = true\n")}, command.ErrConfig},
+		{"missing file", []string{"-config", filepath.Join(dir, "none.toml")}, os.ErrNotExist},
+		{"too many GPUs", []string{"-config", write("gpus.toml", "[[job]]\ntype = \"t\"\ncommand = [\"/bin/true\"]\ngpus = 2\n"), "-gpu", "rtx-4090:24576"}, command.ErrNotEnoughGPUs},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Setenv(provisioningEnv, testToken)
+			id := filepath.Join(dir, tc.name+".json")
+			err := run(context.Background(), append([]string{"-identity", id, "-server", "http://127.0.0.1:1"}, tc.args...), io.Discard)
+			if !errors.Is(err, tc.want) {
+				t.Errorf("run = %v, want %v", err, tc.want)
+			}
+			if _, err := os.Stat(id); !os.IsNotExist(err) {
+				t.Errorf("the identity was created: %v", err)
+			}
+		})
+	}
+	var stderr bytes.Buffer
+	if err := run(context.Background(), []string{"-tag", ""}, &stderr); err == nil || !strings.Contains(stderr.String(), "tag") {
+		t.Errorf("an empty -tag: %v %s", err, stderr.String())
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -388,5 +389,37 @@ func TestRunFlood(t *testing.T) {
 	}
 	if !rec.logged("output lines dropped") {
 		t.Errorf("no line says lines were dropped")
+	}
+}
+
+// A process that leaves the group (setsid) and keeps the pipes open
+// cannot hang the run: the worker stops reading readerGrace after the
+// group is gone.
+func TestRunEscapedProcessDoesNotHang(t *testing.T) {
+	setsid, err := exec.LookPath("setsid")
+	if err != nil {
+		t.Fatalf("setsid (util-linux) is needed: %v", err)
+	}
+	pidFile := filepath.Join(t.TempDir(), "pids")
+	e := executor(t, setsid+` sh -c 'echo $$ > `+pidFile+`; exec sleep 1000' &
+while [ ! -s `+pidFile+` ]; do sleep 0.01; done
+echo left`, "gpus = 0", nil)
+	start := time.Now()
+	rec := &recorder{}
+	err = e.Run(context.Background(), testJob(), rec)
+	took := time.Since(start)
+	escaped := pids(t, pidFile, 1)
+	if processGone(escaped[0]) {
+		t.Errorf("the process that left the group is gone: the test tested nothing")
+	}
+	_ = syscallKill(escaped[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if took < readerGrace || took > readerGrace+3*time.Second {
+		t.Errorf("the run took %v", took)
+	}
+	if !rec.logged("left") {
+		t.Errorf("logs %q", rec.logs)
 	}
 }

@@ -1,3 +1,5 @@
+//go:build linux
+
 package examples
 
 // End-to-end tests of examples/worker -config: job types mapped to real

@@ -75,7 +75,8 @@ func logLines(d wire.JobDetailResponse) []string {
 	return out
 }
 
-// readPids waits for a script's pid file to hold n pids.
+// readPids waits for a script's pid file to hold n pids, and kills them
+// when the test ends if they still run.
 func readPids(c *cluster, path string, n int) []int {
 	c.t.Helper()
 	var out []int
@@ -88,6 +89,15 @@ func readPids(c *cluster, path string, n int) []int {
 			}
 		}
 		return len(out) >= n
+	})
+	// A failed test leaves nothing running.
+	leftover := append([]int(nil), out...)
+	c.t.Cleanup(func() {
+		for _, p := range leftover {
+			if running(p) {
+				_ = syscall.Kill(p, syscall.SIGKILL)
+			}
+		}
 	})
 	return out
 }
@@ -134,7 +144,14 @@ echo $! >> `+pidFile+`
 echo started
 wait
 `)
-	c.startCommandWorker("cmd-node", fmt.Sprintf(`
+	// stubborn ignores SIGTERM, and so do its children.
+	stubborn := script(t, dir, "stubborn.sh", `trap '' TERM
+sh -c 'trap "" TERM; sleep 1000' &
+echo $$ > `+pidFile+`
+echo $! >> `+pidFile+`
+while :; do sleep 0.2; done
+`)
+	w := c.startCommandWorker("cmd-node", fmt.Sprintf(`
 tags = ["e2e"]
 
 [[job]]
@@ -151,7 +168,13 @@ type = "cmd_sleep"
 command = [%q]
 gpus = 0
 kill_grace = "3s"
-`, ok, exit3, sleeper), "-gpu", "rtx-4090:24576", "-tag", "extra")
+
+[[job]]
+type = "cmd_stubborn"
+command = [%q]
+gpus = 0
+kill_grace = "6s"
+`, ok, exit3, sleeper, stubborn), "-gpu", "rtx-4090:24576", "-tag", "extra", "-drain-timeout", "1s")
 	wid := c.workerID("cmd-node")
 	var wd wire.WorkerDetailResponse
 	c.call("GET", "/operator/workers/"+wid, nil, &wd)
@@ -159,7 +182,7 @@ kill_grace = "3s"
 	if got := strings.Join(wv.Tags, ","); got != "e2e,extra" {
 		t.Errorf("registered tags %q, want the file's and the flag's", got)
 	}
-	if got := strings.Join(wv.Capabilities.JobTypes, ","); got != "cmd_ok,cmd_exit3,cmd_sleep" {
+	if got := strings.Join(wv.Capabilities.JobTypes, ","); got != "cmd_ok,cmd_exit3,cmd_sleep,cmd_stubborn" {
 		t.Errorf("registered job types %q, want the configured ones only", got)
 	}
 
@@ -250,6 +273,40 @@ kill_grace = "3s"
 		jd := c.waitDone(d.Job.ID, "canceled")
 		if !strings.Contains(strings.Join(logLines(jd), "\n"), "started") {
 			t.Errorf("logs %q", logLines(jd))
+		}
+	})
+	// SIGTERM drains the worker: the job outlives -drain-timeout (1 s), so
+	// its process group is sent SIGTERM, which it ignores, and the job is
+	// released; the worker exits only once the group is gone, after the
+	// job's kill_grace (6 s), though its runner gives up on the job sooner.
+	t.Run("drain", func(t *testing.T) {
+		if err := os.Remove(pidFile); err != nil && !os.IsNotExist(err) {
+			t.Fatal(err)
+		}
+		d := c.dispatchGPUs("cmd_stubborn", 0)
+		pids := readPids(c, pidFile, 2)
+		start := time.Now()
+		if err := w.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-w.done:
+			if !w.cmd.ProcessState.Success() {
+				t.Errorf("the worker exited %v after SIGTERM", w.cmd.ProcessState)
+			}
+		case <-time.After(startTimeout):
+			t.Fatal("the worker did not drain after SIGTERM")
+		}
+		if took := time.Since(start); took < 7*time.Second {
+			t.Errorf("the worker exited %v after SIGTERM, before -drain-timeout + kill_grace", took)
+		}
+		for _, p := range pids {
+			if running(p) {
+				t.Errorf("process %d outlived the worker", p)
+			}
+		}
+		if jd := c.job(d.Job.ID); jd.Job.State != "queued" {
+			t.Errorf("after the drain the job is %s, want queued (released)", jd.Job.State)
 		}
 	})
 	c.checkNoTokensLogged()

@@ -259,6 +259,13 @@ func pids(t *testing.T, path string, n int) []int {
 			}
 		}
 		if len(out) >= n {
+			t.Cleanup(func() {
+				for _, p := range out {
+					if !processGone(p) {
+						_ = syscallKill(p)
+					}
+				}
+			})
 			return out
 		}
 		if time.Now().After(deadline) {

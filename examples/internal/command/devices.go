@@ -44,6 +44,19 @@ func NewDevices(ids []string) (*Devices, error) {
 // Len returns how many devices there are.
 func (d *Devices) Len() int { return len(d.all) }
 
+// Free returns how many devices are free now.
+func (d *Devices) Free() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	n := 0
+	for _, f := range d.free {
+		if f {
+			n++
+		}
+	}
+	return n
+}
+
 // Acquire takes n free devices, in the order they were given, waiting
 // until enough are free or ctx ends (then it returns context.Cause(ctx)).
 // n over Len is ErrNotEnoughGPUs at once. Acquire(ctx, 0) takes none.

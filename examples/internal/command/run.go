@@ -171,6 +171,9 @@ func (e *Executor) Run(ctx context.Context, job *wire.Job, rep Reporter) error {
 	if n > e.devs.Len() {
 		return fail("not_enough_gpus", false, fmt.Errorf("the job takes %d GPUs, the worker has %d", n, e.devs.Len()))
 	}
+	if free := e.devs.Free(); free < n {
+		rep.Log(fmt.Sprintf("waiting for %d GPUs (%d free): other jobs hold them", n, free), nil)
+	}
 	gpus, err := e.devs.Acquire(ctx, n)
 	if err != nil {
 		return err

@@ -241,8 +241,12 @@ func TestRunNeedsGPUs(t *testing.T) {
 	defer one.Release(held)
 	ctx, cancel := context.WithCancelCause(context.Background())
 	cancel(client.ErrDrained)
-	if err := e.Run(ctx, testJob(), &recorder{}); !errors.Is(err, client.ErrDrained) {
+	rec := &recorder{}
+	if err := e.Run(ctx, testJob(), rec); !errors.Is(err, client.ErrDrained) {
 		t.Errorf("waiting for a GPU: %v", err)
+	}
+	if !rec.logged("waiting for 1 GPUs (0 free)") {
+		t.Errorf("logs %q", rec.logs)
 	}
 }
 

@@ -3,6 +3,19 @@
 // with long-polls, and runs the example handlers (status_check,
 // embedding_dry_run and a simulated lora_train, see examples/internal/jobs).
 //
+// Its GPUs are those nvidia-smi lists (examples/internal/gpu), each
+// registered under a short SKU made from its name ("NVIDIA GeForce RTX
+// 4090" is rtx-4090, "NVIDIA H100 80GB HBM3" h100) with its memory as
+// vram_mb, unless -gpu SKU:VRAM_MB names them (repeatable). -nvidia-smi
+// names the program (default: "nvidia-smi" on PATH); "off" turns it off.
+// Without an nvidia-smi (none on PATH, or off) and without -gpu, the
+// worker registers one simulated rtx-4090 of 24576 MiB, so the example
+// jobs run anywhere; an nvidia-smi that was named but is absent, that
+// fails, or that answers what it was not asked is an error at start. An
+// nvidia-smi that lists no GPU makes a CPU-only worker. While there is
+// an nvidia-smi, each heartbeat's metrics carry every GPU's utilisation,
+// memory and temperature, sampled every 10 s (docs/PROTOCOL.md §5.2).
+//
 //	go run ./examples/worker -server http://127.0.0.1:8080 \
 //	    -provisioning-token-file /etc/nodelane/provisioning-token -gpu rtx-4090:24576
 //
@@ -85,17 +98,15 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		drainTimeout = fs.Duration("drain-timeout", client.DefaultDrainTimeout, "on SIGTERM/SIGINT, how long running jobs may take to finish before they are released")
 		waitSeconds  = fs.Int("wait-seconds", client.DefaultWaitSeconds, "lease long-poll, in seconds (max 60)")
 		verbose      = fs.Bool("v", false, "debug logging")
+		nvidiaSMI    = fs.String("nvidia-smi", "", `nvidia-smi to run for GPU discovery and heartbeat metrics (default: "nvidia-smi" on PATH; "off": neither)`)
 		gpus         gpuFlags
 	)
-	fs.Var(&gpus, "gpu", "GPU as SKU:VRAM_MB (repeatable; default rtx-4090:24576)")
+	fs.Var(&gpus, "gpu", "GPU as SKU:VRAM_MB (repeatable; default: the GPUs nvidia-smi lists, else rtx-4090:24576)")
 	if err := fs.Parse(args); err != nil {
 		return errUsage{err} // the flag package has said why
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments: %q", fs.Args())
-	}
-	if len(gpus) == 0 {
-		gpus = gpuFlags{{SKU: "rtx-4090", VRAMMB: 24576}}
 	}
 	provToken, err := provisioningToken(*provFile)
 	if err != nil {
@@ -129,6 +140,21 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	if *provFile != "" {
 		warnIfShared(log, *provFile)
 	}
+	// gs.devices are the GPUs nvidia-smi listed (none with -gpu or
+	// without nvidia-smi): their indices and UUIDs are what a job's
+	// CUDA_VISIBLE_DEVICES may name.
+	gs, err := setupGPUs(ctx, log, *nvidiaSMI, gpus)
+	if err != nil {
+		return err
+	}
+	gpus = gs.gpus
+	var metrics func() any
+	if gs.sampler != nil {
+		sctx, stop := context.WithCancel(ctx)
+		defer stop()
+		go gs.sampler.Run(sctx)
+		metrics = func() any { return gs.sampler.Metrics() }
+	}
 
 	c, err := client.New(*server, &client.Config{Identity: id, Logger: log})
 	if err != nil {
@@ -140,6 +166,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		Registration:      jobs.Registration(node, *name, gpus, *maxJobs),
 		WaitSeconds:       *waitSeconds,
 		DrainTimeout:      *drainTimeout,
+		Metrics:           metrics,
 		Logger:            log,
 	})
 	if err != nil {

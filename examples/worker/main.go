@@ -3,19 +3,6 @@
 // with long-polls, and runs the example handlers (status_check,
 // embedding_dry_run and a simulated lora_train, see examples/internal/jobs).
 //
-// Its GPUs are those nvidia-smi lists (examples/internal/gpu), each
-// registered under a short SKU made from its name ("NVIDIA GeForce RTX
-// 4090" is rtx-4090, "NVIDIA H100 80GB HBM3" h100) with its memory as
-// vram_mb, unless -gpu SKU:VRAM_MB names them (repeatable). -nvidia-smi
-// names the program (default: "nvidia-smi" on PATH); "off" turns it off.
-// Without an nvidia-smi (none on PATH, or off) and without -gpu, the
-// worker registers one simulated rtx-4090 of 24576 MiB, so the example
-// jobs run anywhere; an nvidia-smi that was named but is absent, that
-// fails, or that answers what it was not asked is an error at start. An
-// nvidia-smi that lists no GPU makes a CPU-only worker. While there is
-// an nvidia-smi, each heartbeat's metrics carry every GPU's utilisation,
-// memory and temperature, sampled every 10 s (docs/PROTOCOL.md §5.2).
-//
 //	go run ./examples/worker -server http://127.0.0.1:8080 \
 //	    -provisioning-token-file /etc/nodelane/provisioning-token -gpu rtx-4090:24576
 //
@@ -30,6 +17,20 @@
 // be deleted once the worker has registered. SIGTERM or SIGINT drains the
 // worker: it leases nothing more, lets running jobs finish within
 // -drain-timeout, and releases the rest.
+//
+// Its GPUs are those nvidia-smi lists (examples/internal/gpu), each
+// registered under a short SKU made from its name ("NVIDIA GeForce RTX
+// 4090" is rtx-4090, "NVIDIA H100 80GB HBM3" h100) with its memory as
+// vram_mb, unless -gpu SKU:VRAM_MB names them (repeatable). -nvidia-smi
+// names the program (default: "nvidia-smi" on PATH); "off" turns it off.
+// Without an nvidia-smi (none on PATH, or off) and without -gpu, the
+// worker registers one simulated rtx-4090 of 24576 MiB, so the example
+// jobs run anywhere. An nvidia-smi that -nvidia-smi names but that is
+// absent stops the worker at start, and so, without -gpu, does one that
+// fails or answers what it was not asked; one that lists no GPU makes a
+// CPU-only worker. While there is
+// an nvidia-smi, each heartbeat's metrics carry every GPU's utilisation,
+// memory and temperature, sampled every 10 s (docs/PROTOCOL.md §5.2).
 package main
 
 import (
@@ -150,8 +151,8 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	gpus = gs.gpus
 	var metrics func() any
 	if gs.sampler != nil {
-		sctx, stop := context.WithCancel(ctx)
-		defer stop()
+		sctx, stopSampler := context.WithCancel(ctx)
+		defer stopSampler()
 		go gs.sampler.Run(sctx)
 		metrics = func() any { return gs.sampler.Metrics() }
 	}

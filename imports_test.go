@@ -37,7 +37,7 @@ var allowedThirdParty = map[string][]string{
 // all of nodelane they may link besides each other: no lease,
 // credential, envelope, bunstore or bun.
 var (
-	workerSide  = []string{"workerapi/client", "examples/worker", "examples/internal/jobs", "examples/internal/command"}
+	workerSide  = []string{"workerapi/client", "examples/worker", "examples/internal/jobs", "examples/internal/command", "examples/internal/gpu"}
 	workerLinks = []string{"workerapi/wire", "replay", "receipts"}
 )
 

@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nodelane/nodelane/examples/internal/gpu/gputest"
 	"github.com/nodelane/nodelane/workerapi/wire"
 )
 
@@ -312,7 +313,8 @@ kill_grace = "6s"
 	c.checkNoTokensLogged()
 }
 
-// TestE2ECommandGPUs: a worker with two GPUs runs two 1-GPU jobs at once,
+// TestE2ECommandGPUs: a worker with the two GPUs a fake nvidia-smi lists
+// runs two 1-GPU jobs at once,
 // each with its own CUDA_VISIBLE_DEVICES.
 func TestE2ECommandGPUs(t *testing.T) {
 	c := newCluster(t)
@@ -330,8 +332,16 @@ i=0
 while [ "$(ls `+seen+` | wc -l)" -lt 2 ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done
 [ "$(ls `+seen+` | wc -l)" -ge 2 ]
 `)
+	// A fake nvidia-smi lists two GPUs, numbered 2 and 5 as on a box
+	// whose other GPUs are hidden: the jobs get those numbers.
+	_, smi := gputest.Write(t, map[string]string{
+		gputest.DiscoverQuery: "2, GPU-5d3b2c9e-1f0a-4b7c-9d2e-3a4b5c6d7e8f, NVIDIA GeForce RTX 4090, 24564\n" +
+			"5, GPU-a1b2c3d4-e5f6-4a7b-8c9d-0e1f2a3b4c5d, NVIDIA GeForce RTX 4090, 24564\n",
+		gputest.SampleQuery: "2, GPU-5d3b2c9e-1f0a-4b7c-9d2e-3a4b5c6d7e8f, 37, 1234, 24564, 55\n" +
+			"5, GPU-a1b2c3d4-e5f6-4a7b-8c9d-0e1f2a3b4c5d, 0, 3, 24564, 31\n",
+	})
 	c.startCommandWorker("gpu-node", fmt.Sprintf("[[job]]\ntype = \"cmd_gpu\"\ncommand = [%q]\n", gpu),
-		"-gpu", "rtx-4090:24576", "-gpu", "rtx-4090:24576", "-max-jobs", "2")
+		"-nvidia-smi", smi, "-max-jobs", "2")
 	c.workerID("gpu-node")
 	a := c.dispatchGPUs("cmd_gpu", 1)
 	b := c.dispatchGPUs("cmd_gpu", 1)
@@ -342,7 +352,7 @@ while [ "$(ls `+seen+` | wc -l)" -lt 2 ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i
 	if errA != nil || errB != nil {
 		t.Fatal(errA, errB)
 	}
-	if string(da) == string(db) || (string(da) != "0" && string(da) != "1") || (string(db) != "0" && string(db) != "1") {
-		t.Errorf("CUDA_VISIBLE_DEVICES %q and %q: want 0 and 1, one each", da, db)
+	if string(da) == string(db) || (string(da) != "2" && string(da) != "5") || (string(db) != "2" && string(db) != "5") {
+		t.Errorf("CUDA_VISIBLE_DEVICES %q and %q: want 2 and 5, one each", da, db)
 	}
 }

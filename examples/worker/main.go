@@ -18,6 +18,20 @@
 // worker: it leases nothing more, lets running jobs finish within
 // -drain-timeout, and releases the rest.
 //
+// Its GPUs are those nvidia-smi lists (examples/internal/gpu), each
+// registered under a short SKU made from its name ("NVIDIA GeForce RTX
+// 4090" is rtx-4090, "NVIDIA H100 80GB HBM3" h100) with its memory as
+// vram_mb, unless -gpu SKU:VRAM_MB names them (repeatable). -nvidia-smi
+// names the program (default: "nvidia-smi" on PATH); "off" turns it off.
+// Without an nvidia-smi (none on PATH, or off) and without -gpu, the
+// worker registers one simulated rtx-4090 of 24576 MiB, so the example
+// jobs run anywhere. An nvidia-smi that -nvidia-smi names but that is
+// absent stops the worker at start, and so, without -gpu, does one that
+// fails or answers what it was not asked; one that lists no GPU makes a
+// CPU-only worker. While there is
+// an nvidia-smi, each heartbeat's metrics carry every GPU's utilisation,
+// memory and temperature, sampled every 10 s (docs/PROTOCOL.md §5.2).
+//
 // With -config worker.toml the worker runs commands instead of the example
 // handlers: each [[job]] table maps a job type to a command line
 // (examples/internal/command, docs/COMMANDS.md), and the worker registers
@@ -109,19 +123,17 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		drainTimeout = fs.Duration("drain-timeout", client.DefaultDrainTimeout, "on SIGTERM/SIGINT, how long running jobs may take to finish before they are released")
 		waitSeconds  = fs.Int("wait-seconds", client.DefaultWaitSeconds, "lease long-poll, in seconds (max 60)")
 		verbose      = fs.Bool("v", false, "debug logging")
+		nvidiaSMI    = fs.String("nvidia-smi", "", `nvidia-smi to run for GPU discovery and heartbeat metrics (default: "nvidia-smi" on PATH; "off": neither)`)
 		gpus         gpuFlags
 		tags         tagFlags
 	)
-	fs.Var(&gpus, "gpu", "GPU as SKU:VRAM_MB (repeatable; default rtx-4090:24576)")
+	fs.Var(&gpus, "gpu", "GPU as SKU:VRAM_MB (repeatable; default: the GPUs nvidia-smi lists, else rtx-4090:24576)")
 	fs.Var(&tags, "tag", "registration tag (repeatable), beside the -config file's tags")
 	if err := fs.Parse(args); err != nil {
 		return errUsage{err} // the flag package has said why
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments: %q", fs.Args())
-	}
-	if len(gpus) == 0 {
-		gpus = gpuFlags{{SKU: "rtx-4090", VRAMMB: 24576}}
 	}
 	provToken, err := provisioningToken(*provFile)
 	if err != nil {
@@ -136,25 +148,9 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 
-	// With -config, the commands run on the devices "0", "1", ... of the
-	// -gpu flags.
-	var (
-		cmdCfg *command.Config
-		cmds   *command.Executor
-	)
+	var cmdCfg *command.Config
 	if *configPath != "" {
 		if cmdCfg, err = command.Load(*configPath); err != nil {
-			return err
-		}
-		ids := make([]string, len(gpus))
-		for i := range gpus {
-			ids[i] = strconv.Itoa(i)
-		}
-		devs, err := command.NewDevices(ids)
-		if err != nil {
-			return err
-		}
-		if cmds, err = command.NewExecutor(cmdCfg, devs, &command.Options{Workdir: *workdir, Logger: log}); err != nil {
 			return err
 		}
 	}
@@ -172,6 +168,42 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	if len(regTags) > wire.MaxTags {
 		return fmt.Errorf("%d tags, at most %d", len(regTags), wire.MaxTags)
 	}
+	// gs.devices are the GPUs nvidia-smi listed (none with -gpu or
+	// without nvidia-smi): their indices and UUIDs are what a job's
+	// CUDA_VISIBLE_DEVICES may name.
+	gs, err := setupGPUs(ctx, log, *nvidiaSMI, gpus)
+	if err != nil {
+		return err
+	}
+	gpus = gs.gpus
+	// With -config, the commands run on the GPUs nvidia-smi listed, named
+	// by their indices (CUDA_DEVICE_ORDER=PCI_BUS_ID numbers them as
+	// nvidia-smi does), else on the devices "0", "1", ... of the -gpu flags.
+	var cmds *command.Executor
+	if cmdCfg != nil {
+		ids := make([]string, len(gpus))
+		for i := range gpus {
+			ids[i] = strconv.Itoa(i)
+		}
+		for i, d := range gs.devices {
+			ids[i] = strconv.Itoa(d.Index)
+		}
+		devs, err := command.NewDevices(ids)
+		if err != nil {
+			return err
+		}
+		if cmds, err = command.NewExecutor(cmdCfg, devs, &command.Options{Workdir: *workdir, Logger: log}); err != nil {
+			return err
+		}
+	}
+	var metrics func() any
+	if gs.sampler != nil {
+		sctx, stopSampler := context.WithCancel(ctx)
+		defer stopSampler()
+		go gs.sampler.Run(sctx)
+		metrics = func() any { return gs.sampler.Metrics() }
+	}
+
 	id, err := client.LoadOrCreateIdentity(*identityPath)
 	if err != nil {
 		return err
@@ -191,7 +223,6 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	if *provFile != "" {
 		warnIfShared(log, *provFile)
 	}
-
 	c, err := client.New(*server, &client.Config{Identity: id, Logger: log})
 	if err != nil {
 		return err
@@ -207,6 +238,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		Registration:      reg,
 		WaitSeconds:       *waitSeconds,
 		DrainTimeout:      *drainTimeout,
+		Metrics:           metrics,
 		Logger:            log,
 	})
 	if err != nil {

@@ -197,7 +197,7 @@ func (c *Config) Types() []string {
 
 // reserved are the variables the worker sets itself.
 func reserved(name string) bool {
-	return strings.HasPrefix(name, "NODELANE_") || name == "CUDA_VISIBLE_DEVICES" || name == "PATH" || name == "HOME" || name == "LANG"
+	return strings.HasPrefix(name, "NODELANE_") || name == "CUDA_VISIBLE_DEVICES" || name == "CUDA_DEVICE_ORDER" || name == "PATH" || name == "HOME" || name == "LANG"
 }
 
 func (fj fileJob) validate(dir string) (*Job, error) {

@@ -243,6 +243,7 @@ func (r *run) environ(payloadPath string, gpus []string) []string {
 		"NODELANE_ATTEMPT="+strconv.Itoa(r.job.Attempt),
 		"NODELANE_PAYLOAD="+payloadPath,
 		"NODELANE_OUTPUT_DIR="+r.outDir,
+		"CUDA_DEVICE_ORDER=PCI_BUS_ID",
 		"CUDA_VISIBLE_DEVICES="+strings.Join(gpus, ","))
 }
 

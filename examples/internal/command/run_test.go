@@ -167,7 +167,7 @@ echo '{"loss": 0.25}' > "$NODELANE_OUTPUT_DIR/result.json"
 		t.Fatal(err)
 	}
 	for _, want := range []string{"NODELANE_JOB_ID=job-1", "NODELANE_JOB_TYPE=t", "NODELANE_ATTEMPT=2",
-		"NODELANE_OUTPUT_DIR=" + out, "CUDA_VISIBLE_DEVICES=GPU-a", "PASSED=value-of-PASSED", "PATH="} {
+		"NODELANE_OUTPUT_DIR=" + out, "CUDA_VISIBLE_DEVICES=GPU-a", "CUDA_DEVICE_ORDER=PCI_BUS_ID", "PASSED=value-of-PASSED", "PATH="} {
 		if !strings.Contains("\n"+string(env), "\n"+want) {
 			t.Errorf("environment lacks %s:\n%s", want, env)
 		}

@@ -314,8 +314,7 @@ kill_grace = "6s"
 }
 
 // TestE2ECommandGPUs: a worker with the two GPUs a fake nvidia-smi lists
-// runs two 1-GPU jobs at once,
-// each with its own CUDA_VISIBLE_DEVICES.
+// runs two 1-GPU jobs at once, each with its own CUDA_VISIBLE_DEVICES.
 func TestE2ECommandGPUs(t *testing.T) {
 	c := newCluster(t)
 	c.activate()

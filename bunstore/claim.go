@@ -469,7 +469,7 @@ func tagsArg(tags []string) string {
 // tagsMatch is the claim's filter on tags, with one placeholder for
 // tagsArg: a job matches when it has no tags or all of its tags are
 // among the worker's (lease.Requirements.TagsMatch). The NULLIF keeps
-// the second arm from parsing ” whatever order the database evaluates
+// the second arm from parsing the empty string whatever order the database evaluates
 // the arms in.
 func (db *DB) tagsMatch() string {
 	if db.postgres() {

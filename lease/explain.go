@@ -522,7 +522,7 @@ func shortfall(j *Job, vs []WorkerVerdict) Reason {
 	case 5:
 		fits := ""
 		if r.GPUCount > 0 {
-			fits = " and its GPUs"
+			fits = " with the GPUs it needs"
 		}
 		return Reason{Code: ReasonTagsMismatch, Message: fmt.Sprintf("no registered worker that supports %s%s has tags %s", j.Type, fits, strings.Join(r.Tags, ", "))}
 	}

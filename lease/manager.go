@@ -194,7 +194,10 @@ type NewJob struct {
 
 var sha256Hex = regexp.MustCompile(`^[0-9a-f]{64}$`)
 
-// Enqueue adds a queued job.
+// Enqueue adds a queued job. Its Requirements.Tags (at most MaxJobTags,
+// each 1 to MaxTagLen bytes of UTF-8 without spaces or control
+// characters) are stored sorted and deduplicated, nil when none.
+// ErrInvalidArgument for requirements or attempts out of bounds.
 func (m *Manager) Enqueue(ctx context.Context, nj NewJob) (*Job, error) {
 	if nj.Type == "" || len(nj.Type) > maxTypeLen {
 		return nil, fmt.Errorf("%w: job type must be 1 to %d bytes", ErrInvalidArgument, maxTypeLen)

@@ -326,7 +326,7 @@ func testExplainTags(t *testing.T, f *fixture) {
 	}
 	ex = f.explain(gj.ID, &lease.ExplainOptions{AllWorkers: true})
 	wantExplained(t, "no GPU worker has lab-z", ex, lease.Reason{Code: lease.ReasonTagsMismatch,
-		Message: "no registered worker that supports lora_train and its GPUs has tags lab-a, lab-z"})
+		Message: "no registered worker that supports lora_train with the GPUs it needs has tags lab-a, lab-z"})
 	wantVerdictReasons(t, verdict(t, ex, g), lease.Reason{Code: lease.ReasonTagsMismatch,
 		Message: "the job needs tags lab-a, lab-z; the worker lacks lab-z"})
 	// A worker that lacks the GPUs is judged on them first.

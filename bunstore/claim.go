@@ -268,7 +268,8 @@ func (db *DB) claimIn(ctx context.Context, tx bun.IDB, calls []claimCall) ([]cla
 }
 
 // claimKey is the key of the claims that one statement can serve: the
-// same job types and shapes.
+// same job types, shapes and effective tags. Workers of different tags
+// claim in statements of their own, as workers of different shapes do.
 func claimKey(q lease.ClaimQuery) string {
 	var b strings.Builder
 	for _, t := range q.Types {
@@ -278,11 +279,15 @@ func claimKey(q lease.ClaimQuery) string {
 	for _, f := range q.Fits {
 		fmt.Fprintf(&b, "\x01%s\x00%d\x00%d", f.SKU, f.GPUs, f.VRAMMB)
 	}
+	for _, t := range q.Tags {
+		b.WriteByte(2)
+		b.WriteString(t)
+	}
 	return b.String()
 }
 
 // claimStatement is the statement that claims for the calls of g, which
-// share job types and shapes, and its arguments: it locks as many
+// share job types, shapes and tags, and its arguments: it locks as many
 // candidates as the calls may take, in claim order, and gives the k-th
 // of them the k-th lease of the calls' leases (each lease's fields one
 // array, zipped with the candidates by a many-argument unnest).
@@ -340,7 +345,7 @@ func (db *DB) claimStatement(g []planned) (string, []any, error) {
 		"lease_expires_at = b.exp, lease_accept_by = b.acc, lease_sku = " + sku +
 		", lease_price_micro_usd = COALESCE((SELECT p.price FROM p WHERE p.w = b.w AND p.sku = " + sku + "), 0), lease_policy_version = b.pv, rev = j.rev + 1 " +
 		"FROM unnest(ARRAY(SELECT id FROM nodelane_jobs WHERE state = 'queued' AND type IN (" + strings.Repeat("?, ", len(q.Types)-1) + "?) AND scheduled_at <= ? AND (" +
-		strings.Join(fits, " OR ") + ") ORDER BY priority DESC, created_at, id LIMIT " + strconv.Itoa(len(lid)) + " FOR UPDATE SKIP LOCKED), " +
+		strings.Join(fits, " OR ") + ") AND " + db.tagsMatch() + " ORDER BY priority DESC, created_at, id LIMIT " + strconv.Itoa(len(lid)) + " FOR UPDATE SKIP LOCKED), " +
 		"?::text[], ?::text[], ?::text[], ?::bytea[], ?::bigint[], ?::bigint[], ?::bigint[], ?::bigint[]) AS b(id, lid, w, dsku, th, now, exp, acc, pv) " +
 		"WHERE j.id = b.id RETURNING j.*"
 	// The arguments in the order of the placeholders.
@@ -350,6 +355,7 @@ func (db *DB) claimStatement(g []planned) (string, []any, error) {
 	}
 	args = append(args, micros(oldest))
 	args = append(args, fitArgs...)
+	args = append(args, tagsArg(q.Tags))
 	args = append(args, lid, w, dsku, th, now, exp, acc, pv)
 	return query, args, nil
 }
@@ -410,4 +416,64 @@ func grantFrom(q lease.ClaimQuery, c lease.LeaseClaim) func(*lease.Job) {
 		j.Lease, j.State, j.LeasedAt, j.AcceptedAt = &l, lease.StateLeased, &now, nil
 		j.Rev++
 	}
+}
+
+// Tags (lease.Requirements.Tags, migration 0016). A job's tags are stored
+// in one text column, '' for a job without any, else a JSON array of
+// strings, sorted and deduplicated. A claim passes the worker's effective
+// tags (lease.ClaimQuery.Tags) as one JSON array parameter, so that a
+// claim's statement text, and the statement count of a claim, stay what
+// they were: tagsMatch is one more filter on the candidates the claim
+// walks on the queued index. An untagged job, most of any queue, costs
+// one comparison with '' (the first arm of the OR); only a tagged job's
+// JSON is parsed. A text[] column with <@ would be as cheap on
+// PostgreSQL, but SQLite has no arrays: one JSON text column keeps one
+// jobRow and one representation for both, and returns byte for byte.
+
+// tagsText is the stored form of a job's tags.
+func tagsText(tags []string) string {
+	if len(tags) == 0 {
+		return ""
+	}
+	b, err := json.Marshal(tags)
+	if err != nil {
+		panic(err) // a []string always marshals
+	}
+	return string(b)
+}
+
+// tagsFrom reads a job's stored tags back. Only tagsText writes the
+// column; a value that is not a JSON array of strings reads as no tags
+// (and a claim, whose SQL reads the column itself, still treats the job
+// as tagged).
+func tagsFrom(s string) []string {
+	if s == "" {
+		return nil
+	}
+	var tags []string
+	if json.Unmarshal([]byte(s), &tags) != nil {
+		return nil
+	}
+	return tags
+}
+
+// tagsArg is the parameter of tagsMatch: the worker's effective tags as
+// a JSON array, [] for none.
+func tagsArg(tags []string) string {
+	if len(tags) == 0 {
+		return "[]"
+	}
+	return tagsText(tags)
+}
+
+// tagsMatch is the claim's filter on tags, with one placeholder for
+// tagsArg: a job matches when it has no tags or all of its tags are
+// among the worker's (lease.Requirements.TagsMatch). The NULLIF keeps
+// the second arm from parsing the empty string whatever order the database evaluates
+// the arms in.
+func (db *DB) tagsMatch() string {
+	if db.postgres() {
+		return "(tags = '' OR NULLIF(tags, '')::jsonb <@ ?::jsonb)"
+	}
+	return "(tags = '' OR NOT EXISTS (SELECT 1 FROM json_each(NULLIF(tags, '')) AS t WHERE t.value NOT IN (SELECT value FROM json_each(?))))"
 }

@@ -72,6 +72,7 @@ type jobRow struct {
 	GPUCount        int     `bun:"gpu_count"`
 	MinVRAMMB       int     `bun:"min_vram_mb"`
 	MaxRuntime      int     `bun:"max_runtime_seconds"`
+	Tags            string  `bun:"tags"` // tagsText
 	Priority        int     `bun:"priority"`
 	MaxAttempts     int     `bun:"max_attempts"`
 	State           string  `bun:"state"`
@@ -117,6 +118,7 @@ func newJobRow(j *lease.Job) *jobRow {
 		GPUCount:        j.Requirements.GPUCount,
 		MinVRAMMB:       j.Requirements.MinVRAMMB,
 		MaxRuntime:      j.Requirements.MaxRuntimeSeconds,
+		Tags:            tagsText(j.Requirements.Tags),
 		Priority:        j.Priority,
 		MaxAttempts:     j.MaxAttempts,
 		State:           string(j.State),
@@ -167,6 +169,7 @@ func (r *jobRow) job() *lease.Job {
 			GPUCount:          r.GPUCount,
 			MinVRAMMB:         r.MinVRAMMB,
 			MaxRuntimeSeconds: r.MaxRuntime,
+			Tags:              tagsFrom(r.Tags),
 		},
 		Priority:        r.Priority,
 		MaxAttempts:     r.MaxAttempts,
@@ -381,6 +384,7 @@ func (s *LeaseStore) ClaimJobs(ctx context.Context, q lease.ClaimQuery, grant fu
 			Where("type IN (?)", bun.List(q.Types)).
 			Where("scheduled_at <= ?", micros(q.Now)).
 			Where("("+strings.Join(fits, " OR ")+")", args...).
+			Where(s.db.tagsMatch(), tagsArg(q.Tags)).
 			OrderExpr("priority DESC, created_at, id").
 			Limit(n)
 		if s.db.postgres() {

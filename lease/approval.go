@@ -12,11 +12,15 @@ import (
 
 // MaxPins bounds how many job types, and how many tags, one approval
 // pins; MaxPinLen bounds each one, in bytes.
-// MaxApprovalReason bounds an approval's reason, in bytes.
+// MaxApprovalReason bounds an approval's reason, in bytes. MaxJobTags
+// bounds a job's Requirements.Tags, and MaxTagLen each of them, in bytes,
+// by the same rules as an approval's pins.
 const (
 	MaxPins           = 64
 	MaxPinLen         = maxTypeLen
 	MaxApprovalReason = 1024
+	MaxJobTags        = MaxPins
+	MaxTagLen         = MaxPinLen
 )
 
 // Approval is an operator's decision on a worker. A control plane that
@@ -24,7 +28,11 @@ const (
 // pending worker nothing until Manager.Approve approves it. An approval
 // may pin the job types the worker may be granted: they narrow the types
 // it registered, never widen them. It may also pin the tags the operator
-// vouches for; the worker's own Tags stay what it registered.
+// vouches for, which narrow the worker's tags in the same way: the
+// worker's own Tags stay what it registered, and a job's
+// Requirements.Tags are matched against those of them the approval pins
+// (Worker.EffectiveTags), so a worker cannot join a pool by registering
+// a tag its approval does not pin.
 //
 // A Store keeps a worker's Approval as SetApproval last wrote it:
 // PutWorker never changes the Approval of a worker already stored, so a
@@ -42,7 +50,8 @@ type Approval struct {
 	// granted, sorted and without duplicates. Empty pins no type.
 	JobTypes []string `json:"job_types"`
 	// Tags, when not empty, are the tags the operator approved, sorted and
-	// without duplicates.
+	// without duplicates: only those of the worker's registered tags count
+	// in matching (Worker.EffectiveTags). Empty pins no tag.
 	Tags []string `json:"tags"`
 }
 
@@ -123,8 +132,10 @@ func (m *Manager) Approve(ctx context.Context, workerID string, a Approval) (w *
 	return nil, false, fmt.Errorf("lease: approval of worker %s: %w: too many concurrent approvals", workerID, ErrConflict)
 }
 
-// pins checks the values an approval pins and returns them sorted and
-// deduplicated, nil when there are none.
+// pins checks the values an approval pins, or a job's tags, and returns
+// them sorted and deduplicated, nil when there are none: at most MaxPins
+// (MaxJobTags) values of 1 to MaxPinLen (MaxTagLen) bytes of UTF-8
+// without spaces or control characters.
 func pins(field string, vs []string) ([]string, error) {
 	if len(vs) == 0 {
 		return nil, nil
@@ -133,7 +144,7 @@ func pins(field string, vs []string) ([]string, error) {
 	slices.Sort(out)
 	out = slices.Compact(out)
 	if len(out) > MaxPins {
-		return nil, fmt.Errorf("%w: %s pins %d values, more than %d", ErrInvalidArgument, field, len(out), MaxPins)
+		return nil, fmt.Errorf("%w: %s holds %d values, more than %d", ErrInvalidArgument, field, len(out), MaxPins)
 	}
 	for _, v := range out {
 		if v == "" || len(v) > MaxPinLen || !utf8.ValidString(v) {

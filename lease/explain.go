@@ -65,6 +65,10 @@ const (
 	// ReasonMaxVRAM: the GPUs have the VRAM, but the worker's governor
 	// max_vram_mb caps it below what the job needs.
 	ReasonMaxVRAM ReasonCode = "max_vram"
+	// ReasonTagsMismatch: the worker's GPUs fit the job, but it lacks one
+	// of the job's Requirements.Tags among its effective tags (those it
+	// registered, narrowed by what its approval pins: Worker.EffectiveTags).
+	ReasonTagsMismatch ReasonCode = "tags_mismatch"
 	// ReasonBanned: the worker is banned (as ExplainOptions.Banned says).
 	ReasonBanned ReasonCode = "banned"
 	// ReasonMaxJobs: the worker holds as many live leases as its governor
@@ -98,7 +102,7 @@ const (
 	// ReasonNoQueuedJob: no job of the type is queued.
 	ReasonNoQueuedJob ReasonCode = "no_queued_job"
 	// ReasonNoFittingJob: jobs of the type are queued, but none of those
-	// examined fits the worker's GPUs (as offered).
+	// examined fits the worker's GPUs (as offered) and tags.
 	ReasonNoFittingJob ReasonCode = "no_fitting_job"
 )
 
@@ -153,9 +157,10 @@ type Explanation struct {
 	//
 	//  1. no worker examined matches the job: one summary reason, coded as
 	//     the furthest matching step a worker reached (ReasonNoWorker,
-	//     ReasonJobType, ReasonGPUSKU, ReasonGPUCount, ReasonVRAM, or
+	//     ReasonJobType, ReasonGPUSKU, ReasonGPUCount, ReasonVRAM,
 	//     ReasonMaxVRAM when some worker's GPUs have the VRAM but its
-	//     governor caps it), naming the requirement none meets;
+	//     governor caps it, or ReasonTagsMismatch when workers fit all but
+	//     the job's tags), naming the requirement none meets;
 	//  2. ReasonScheduled, with the time;
 	//  3. workers match but none could take the job now: ReasonBanned when
 	//     every one of them is banned, ReasonPendingApproval when every one
@@ -180,9 +185,10 @@ type Explanation struct {
 type WorkerVerdict struct {
 	WorkerID string `json:"worker_id"`
 	NodeID   string `json:"node_id"`
-	// Matches reports that the worker's registered job types and GPUs fit
-	// the job, as Lease would match them (Requirements.Matches on
-	// Worker.Fits), within its governor max_vram_mb.
+	// Matches reports that the worker's registered job types, GPUs and
+	// tags fit the job, as Lease would match them (Requirements.Matches on
+	// Worker.Fits, within its governor max_vram_mb, and
+	// Requirements.TagsMatch on Worker.EffectiveTags).
 	Matches bool `json:"matches"`
 	// Checked reports that the worker's ban and governor slot were
 	// checked. Only matching workers are checked, and, unless
@@ -219,7 +225,7 @@ type WorkerVerdict struct {
 	VRAMMB int `json:"vram_mb"`
 	// Reasons are why this worker cannot take the job: the first matching
 	// step it fails (ReasonJobType, ReasonTypeNotApproved, ReasonGPUSKU,
-	// ReasonGPUCount, ReasonVRAM, ReasonMaxVRAM), else
+	// ReasonGPUCount, ReasonVRAM, ReasonMaxVRAM, ReasonTagsMismatch), else
 	// ReasonPendingApproval, ReasonWorkerOffline, ReasonBanned or
 	// ReasonMaxJobs. Empty for an available worker and for one not checked. Job-side
 	// reasons (ReasonScheduled) are not repeated here.
@@ -229,7 +235,7 @@ type WorkerVerdict struct {
 // Explain says whether the job jobID is leasable now and, if not, why: the
 // job's own state and schedule, and for each registered worker (at most
 // ExplainMaxWorkers) whether it matches the job (type, GPU SKU, GPU count,
-// VRAM per GPU, governor max_vram_mb), is banned, and has a free governor
+// VRAM per GPU, governor max_vram_mb, tags), is banned, and has a free governor
 // slot (max_jobs against its live leases). It writes nothing, and does
 // not expire leases: it judges them as the next Lease would, after its
 // expiry. It does not consult any job-type policy (the envelope): callers
@@ -474,6 +480,8 @@ func stepOf(c ReasonCode) int {
 		return 3
 	case ReasonVRAM, ReasonMaxVRAM:
 		return 4
+	case ReasonTagsMismatch:
+		return 5
 	}
 	return 0
 }
@@ -511,6 +519,12 @@ func shortfall(j *Job, vs []WorkerVerdict) Reason {
 		return Reason{Code: ReasonGPUSKU, Message: fmt.Sprintf("no registered worker that supports %s has a GPU of SKU %q", j.Type, r.GPUSKU)}
 	case 3:
 		return Reason{Code: ReasonGPUCount, Message: fmt.Sprintf("no registered worker that supports %s has %d GPUs%s (the most is %d)", j.Type, r.GPUCount, of, mostGPUs)}
+	case 5:
+		fits := ""
+		if r.GPUCount > 0 {
+			fits = " with the GPUs it needs"
+		}
+		return Reason{Code: ReasonTagsMismatch, Message: fmt.Sprintf("no registered worker that supports %s%s has tags %s", j.Type, fits, strings.Join(r.Tags, ", "))}
 	}
 	code := ReasonVRAM
 	if capped {
@@ -533,8 +547,10 @@ type fit struct {
 
 // judge matches requirements r against w's GPUs of the SKUs offered (all
 // of w's when offered is empty), step by step so that a mismatch can be
-// named. Requirements.Matches on Worker.Fits, which Lease uses, has the
-// last word: the steps only name what it decided.
+// named, then against w's effective tags. Requirements.Matches on
+// Worker.Fits, which Lease uses, has the last word on GPUs, and
+// Requirements.TagsMatch on Worker.EffectiveTags on tags: the steps only
+// name what they decided.
 func judge(w *Worker, r Requirements, offered []string) fit {
 	need := r.GPUCount
 	if need == 0 && (r.GPUSKU != "" || r.MinVRAMMB > 0) {
@@ -579,6 +595,9 @@ func judge(w *Worker, r Requirements, offered []string) fit {
 	case f.code == "":
 		f.code = ReasonVRAM
 	}
+	if f.code == "" && !r.TagsMatch(w.EffectiveTags()) {
+		f.code = ReasonTagsMismatch
+	}
 	return f
 }
 
@@ -598,6 +617,26 @@ func (f fit) reason(w *Worker, r Requirements) Reason {
 		msg = fmt.Sprintf("the job needs %d GPUs%s; the worker offers %d", max(r.GPUCount, 1), of, f.gpus)
 	case ReasonMaxVRAM:
 		msg = fmt.Sprintf("the job needs %d MiB of VRAM on each GPU; the worker's governor max_vram_mb caps it at %d MiB", r.MinVRAMMB, w.Governor.MaxVRAMMB)
+	case ReasonTagsMismatch:
+		has := w.EffectiveTags()
+		var lacks, unpinned []string
+		for _, t := range r.Tags {
+			switch {
+			case slices.Contains(has, t):
+			case slices.Contains(w.Tags, t):
+				unpinned = append(unpinned, t)
+			default:
+				lacks = append(lacks, t)
+			}
+		}
+		var why []string
+		if len(lacks) > 0 {
+			why = append(why, "the worker lacks "+strings.Join(lacks, ", "))
+		}
+		if len(unpinned) > 0 {
+			why = append(why, "its approval does not pin "+strings.Join(unpinned, ", "))
+		}
+		msg = fmt.Sprintf("the job needs tags %s; %s", strings.Join(r.Tags, ", "), strings.Join(why, "; "))
 	default:
 		msg = fmt.Sprintf("the job needs %d GPUs%s with %d MiB of VRAM each; the worker's best %d have %d MiB each", max(r.GPUCount, 1), of, r.MinVRAMMB, max(r.GPUCount, 1), f.raw)
 	}
@@ -666,7 +705,7 @@ type TypeVerdict struct {
 	NextAt time.Time `json:"next_at,omitzero"`
 	// Shortfalls counts the examined jobs that do not fit, by the first
 	// matching step the worker fails (ReasonGPUSKU, ReasonSKUNotOffered,
-	// ReasonGPUCount, ReasonVRAM, ReasonMaxVRAM).
+	// ReasonGPUCount, ReasonVRAM, ReasonMaxVRAM, ReasonTagsMismatch).
 	Shortfalls map[ReasonCode]int `json:"shortfalls"`
 	// Reasons are the type's reasons, as in LeaseExplanation.Reasons.
 	Reasons []Reason `json:"reasons"`
@@ -709,8 +748,8 @@ func (m *Manager) forgetWorkers() { m.workersGen.Add(1) }
 // registered ones; those it did not register, those its approval does not
 // include and those req.Allow refuses are not leased), for each type
 // whether a queued job fits the
-// worker's GPUs of the SKUs offered (req.GPUSKUs, else all its own) and is
-// due, and whether the worker is banned (ExplainOptions.Banned) or at its
+// worker's GPUs of the SKUs offered (req.GPUSKUs, else all its own) and
+// its effective tags, and is due, and whether the worker is banned (ExplainOptions.Banned) or at its
 // governor max_jobs. MaxJobs, PolicyVersion and Price are ignored, as is
 // ExplainOptions.AllWorkers. It reads at most 1 worker, ExplainMaxTypes
 // pages of ExplainMaxJobsPerType queued jobs, and the worker's live
@@ -845,6 +884,7 @@ func shortfalls(n map[ReasonCode]int) string {
 		{ReasonGPUCount, "more GPUs than it offers"},
 		{ReasonVRAM, "more VRAM per GPU than it has"},
 		{ReasonMaxVRAM, "more VRAM per GPU than its governor max_vram_mb allows"},
+		{ReasonTagsMismatch, "tags it lacks"},
 	} {
 		switch c := n[s.code]; c {
 		case 0:

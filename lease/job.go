@@ -50,10 +50,18 @@ type Requirements struct {
 	// ends failed with CodeMaxRuntimeExceeded, without a retry. 0 means
 	// Config.MaxRuntime; at most MaxRuntimeLimit. It constrains no match.
 	MaxRuntimeSeconds int `json:"max_runtime_seconds"`
+	// Tags, when not empty, restrict the job to a pool: a worker may
+	// lease it only if every one of them is among the worker's effective
+	// tags (Worker.EffectiveTags; Requirements.TagsMatch decides). At most
+	// MaxJobTags, each 1 to MaxTagLen bytes of UTF-8 without spaces or
+	// control characters; Enqueue stores them sorted and deduplicated,
+	// nil when there are none.
+	Tags []string `json:"tags"`
 }
 
 // Matches reports whether a job with requirements r fits one of fs, as
-// every Store's ClaimJobs must decide it.
+// every Store's ClaimJobs must decide it. It says nothing of tags:
+// TagsMatch does, and a Store must check both.
 func (r Requirements) Matches(fs []Fit) bool {
 	for _, f := range fs {
 		if r.GPUSKU == f.SKU && r.GPUCount <= f.GPUs && r.MinVRAMMB <= f.VRAMMB {
@@ -61,6 +69,20 @@ func (r Requirements) Matches(fs []Fit) bool {
 		}
 	}
 	return false
+}
+
+// TagsMatch reports whether every tag of r is among tags, a worker's
+// effective tags (Worker.EffectiveTags, which ClaimQuery.Tags carries),
+// as every Store's ClaimJobs must decide it: a job without tags matches
+// every worker, a tagged job only a worker that has all of its tags. The
+// order of either list does not matter.
+func (r Requirements) TagsMatch(tags []string) bool {
+	for _, t := range r.Tags {
+		if !slices.Contains(tags, t) {
+			return false
+		}
+	}
+	return true
 }
 
 // Job is a unit of work and its lifecycle.
@@ -239,6 +261,22 @@ type Worker struct {
 	// awaits one, and the job types it pins. Only Manager.Approve (through
 	// Store.SetApproval) changes it once the worker is stored.
 	Approval Approval `json:"approval"`
+}
+
+// EffectiveTags returns the tags a job's Requirements.Tags are matched
+// against: those w registered (Tags), and when its approval pins tags
+// (Approval.Tags), only those of them it pins, sorted and without
+// duplicates, nil when none. An approval narrows the registered tags,
+// never widens them, as it narrows job types.
+func (w *Worker) EffectiveTags() []string {
+	var out []string
+	for _, t := range w.Tags {
+		if len(w.Approval.Tags) == 0 || slices.Contains(w.Approval.Tags, t) {
+			out = append(out, t)
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
 }
 
 // Fits lists the job shapes w can take on the SKUs offered (all of its

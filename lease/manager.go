@@ -194,7 +194,10 @@ type NewJob struct {
 
 var sha256Hex = regexp.MustCompile(`^[0-9a-f]{64}$`)
 
-// Enqueue adds a queued job.
+// Enqueue adds a queued job. Its Requirements.Tags (at most MaxJobTags,
+// each 1 to MaxTagLen bytes of UTF-8 without spaces or control
+// characters) are stored sorted and deduplicated, nil when none.
+// ErrInvalidArgument for requirements or attempts out of bounds.
 func (m *Manager) Enqueue(ctx context.Context, nj NewJob) (*Job, error) {
 	if nj.Type == "" || len(nj.Type) > maxTypeLen {
 		return nil, fmt.Errorf("%w: job type must be 1 to %d bytes", ErrInvalidArgument, maxTypeLen)
@@ -206,6 +209,11 @@ func (m *Manager) Enqueue(ctx context.Context, nj NewJob) (*Job, error) {
 	if limit := int64(MaxRuntimeLimit / time.Second); int64(r.MaxRuntimeSeconds) > limit {
 		return nil, fmt.Errorf("%w: max_runtime_seconds must be at most %d (30 days)", ErrInvalidArgument, limit)
 	}
+	tags, err := pins("requirements.tags", r.Tags)
+	if err != nil {
+		return nil, err
+	}
+	r.Tags = tags
 	if (r.GPUSKU != "" || r.MinVRAMMB > 0) && r.GPUCount == 0 {
 		r.GPUCount = 1 // a SKU or a VRAM floor implies a GPU
 	}
@@ -354,7 +362,9 @@ type Grant struct {
 
 // Lease claims up to MaxJobs queued jobs that the worker can run: the
 // types it asks for among those it registered and its approval allows (as
-// Allow allows), its GPUs and VRAM, within its live-lease limit
+// Allow allows), its GPUs and VRAM, its effective tags (a job's
+// Requirements.Tags must all be among Worker.EffectiveTags), within its
+// live-lease limit
 // (MaxLeases), higher priority first, then oldest. A worker whose
 // approval is pending is granted nothing. It returns no grants, and no
 // error, when nothing is eligible (ExplainLease says why). Due lease
@@ -414,6 +424,7 @@ func (m *Manager) Lease(ctx context.Context, req LeaseRequest) ([]Grant, error) 
 			WorkerID:  w.ID,
 			Types:     allowed,
 			Fits:      w.Fits(req.GPUSKUs),
+			Tags:      w.EffectiveTags(),
 			MaxActive: m.MaxLeases(w),
 			Limit:     n,
 			Now:       now,

@@ -126,7 +126,7 @@ func (s *MemoryStore) ClaimJobs(ctx context.Context, q ClaimQuery, grant func(*J
 		if j.State.Live() && j.Lease.WorkerID == q.WorkerID {
 			active++
 		}
-		if j.State == StateQueued && !j.ScheduledAt.After(q.Now) && slices.Contains(q.Types, j.Type) && j.Requirements.Matches(q.Fits) {
+		if j.State == StateQueued && !j.ScheduledAt.After(q.Now) && slices.Contains(q.Types, j.Type) && j.Requirements.Matches(q.Fits) && j.Requirements.TagsMatch(q.Tags) {
 			cands = append(cands, j)
 		}
 	}
@@ -424,6 +424,7 @@ func errLimit(limit int) error {
 func cloneJob(j *Job) *Job {
 	c := *j
 	c.Payload = slices.Clone(j.Payload)
+	c.Requirements.Tags = slices.Clone(j.Requirements.Tags)
 	c.LeasedAt = cloneTime(j.LeasedAt)
 	c.AcceptedAt = cloneTime(j.AcceptedAt)
 	c.FinishedAt = cloneTime(j.FinishedAt)

@@ -65,6 +65,11 @@ type ClaimQuery struct {
 	Types []string
 	// Fits are the job shapes the worker can take; a job must match one.
 	Fits []Fit
+	// Tags are the worker's effective tags (Worker.EffectiveTags), sorted
+	// and without duplicates: a job matches only if every one of its
+	// Requirements.Tags is among them (Requirements.TagsMatch). A job
+	// without tags matches whatever Tags holds.
+	Tags []string
 	// MaxActive caps the worker's live leases (leased or running jobs whose
 	// lease is the worker's), counting those it already holds.
 	MaxActive int

@@ -25,6 +25,9 @@ func wireJob(j *lease.Job) wire.Job {
 		FinishedAt:      j.FinishedAt,
 		CancelRequested: j.CancelRequested,
 	}
+	if w.Requirements.Tags == nil {
+		w.Requirements.Tags = []string{}
+	}
 	if len(w.Payload) == 0 {
 		w.Payload = json.RawMessage(`{}`)
 	}

@@ -4,6 +4,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"strings"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/nodelane/nodelane/lease"
 	"github.com/nodelane/nodelane/replay"
@@ -83,6 +86,7 @@ func checkLimits(v any) error {
 		return firstError(
 			checkText("job_type", r.JobType, wire.MaxJobTypeBytes),
 			checkText("requirements.gpu_sku", r.Requirements.GPUSKU, wire.MaxNameBytes),
+			checkTags("requirements.tags", r.Requirements.Tags),
 		)
 	}
 	return nil
@@ -144,6 +148,25 @@ func checkLogs(r *wire.LogsRequest) error {
 			checkObject(fmt.Sprintf("entries[%d].payload", i), e.Payload),
 		); err != nil {
 			return err
+		}
+	}
+	return nil
+}
+
+// checkTags checks a job's tags: at most wire.MaxTags, each 1 to
+// wire.MaxTagBytes bytes of UTF-8 without whitespace or control
+// characters, the rules of an approval's pinned tags (approvalPins), so
+// that a job names only tags an operator could pin.
+func checkTags(field string, tags []string) error {
+	if err := checkList(field, tags, wire.MaxTags, wire.MaxTagBytes); err != nil {
+		return err
+	}
+	for i, t := range tags {
+		if t == "" || !utf8.ValidString(t) {
+			return invalid("%s[%d] must be 1 to %d bytes of UTF-8", field, i, wire.MaxTagBytes)
+		}
+		if strings.IndexFunc(t, func(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) }) >= 0 {
+			return invalid("%s[%d] must hold no whitespace or control character", field, i)
 		}
 	}
 	return nil
@@ -256,6 +279,9 @@ func eventBytes(e *lease.Event) int {
 
 func jobBytes(j *lease.Job) int {
 	n := itemOverhead + len(j.Type) + len(j.Payload) + len(j.Requirements.GPUSKU)
+	for _, t := range j.Requirements.Tags {
+		n += len(t) + 4
+	}
 	if e := j.LastError; e != nil {
 		n += len(e.Code) + len(e.Message) + len(e.Payload)
 	}

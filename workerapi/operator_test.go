@@ -237,7 +237,7 @@ func TestOperatorDispatchLeasability(t *testing.T) {
 		exactKeys(t, "dispatch", m, "job", "leasable", "reason")
 		job := m["job"].(obj)
 		exactKeys(t, "dispatch job", job, jobKeys...)
-		exactKeys(t, "requirements", job["requirements"].(obj), "gpu_sku", "gpu_count", "min_vram_mb", "max_runtime_seconds")
+		exactKeys(t, "requirements", job["requirements"].(obj), "gpu_sku", "gpu_count", "min_vram_mb", "max_runtime_seconds", "tags")
 		if m["leasable"] != false || m["reason"] != blocked {
 			t.Errorf("lora_train, envelope inactive: leasable %v, reason %q; want false, %q", m["leasable"], m["reason"], blocked)
 		}

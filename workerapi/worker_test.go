@@ -604,7 +604,7 @@ func TestLease(t *testing.T) {
 	job := m["job"].(map[string]any)
 	hasKeys(t, "job", job, "id", "job_type", "payload", "requirements", "state", "attempt", "max_attempts", "priority",
 		"created_at", "receipt_id", "cancel_requested")
-	wantKeys(t, "requirements", job["requirements"].(map[string]any), "gpu_sku", "gpu_count", "min_vram_mb", "max_runtime_seconds")
+	wantKeys(t, "requirements", job["requirements"].(map[string]any), "gpu_sku", "gpu_count", "min_vram_mb", "max_runtime_seconds", "tags")
 	if job["id"] != j.ID || job["state"] != "leased" || job["attempt"] != 1.0 || job["receipt_id"] != nil ||
 		job["cancel_requested"] != false || m["message"] != "leased 1 job" {
 		t.Errorf("lease answer %s", b)

@@ -24,7 +24,10 @@
 // that keeps the approval); retention.go checks DeleteEnded and
 // Manager.Prune (ended jobs go with their events and artifacts, nothing
 // else does, concurrent deleters delete each job once); liveness.go
-// checks online, stale and offline workers and ExpireOffline. claim.go also runs a claim that the store retries
+// checks online, stale and offline workers and ExpireOffline; tags.go
+// checks pools (a job's tags restrict it to the workers that have them,
+// an approval's pinned tags narrow a worker's, also with many workers
+// claiming at once, and Explain names the missing tags). claim.go also runs a claim that the store retries
 // after a rolled-back attempt called grant.
 //
 // The suite's own test, wrong_test.go, runs it on stores that are wrong in
@@ -66,6 +69,7 @@ func Run(t *testing.T, newStore func(t *testing.T) lease.Store) {
 	t.Run("Retention", func(t *testing.T) { runGroup(t, newStore, retentionTests) })
 	t.Run("Answers", func(t *testing.T) { runGroup(t, newStore, answerTests) })
 	t.Run("Liveness", func(t *testing.T) { runGroup(t, newStore, livenessTests) })
+	t.Run("Tags", func(t *testing.T) { runGroup(t, newStore, tagTests) })
 }
 
 // test is one test of the suite. It gets a fixture over a fresh store.

@@ -47,6 +47,17 @@ var variants = []variant{
 	{"max runtime not stored", func() lease.Store { return runtimeDroppingStore{lease.NewMemoryStore()} }, "Bounds/MaxRuntimeCapsExtensions"},
 	{"delete ignores its limit", func() lease.Store { return deleteAllStore{lease.NewMemoryStore()} }, "Retention/DeleteLimit"},
 	{"delete includes the cutoff", func() lease.Store { return cutoffStore{lease.NewMemoryStore()} }, "Retention/DeletesEndedWithRecords"},
+	{"tags not stored", func() lease.Store { return tagDroppingStore{lease.NewMemoryStore()} }, "Tags/PoolsRestrictLeases"},
+}
+
+// tagDroppingStore keeps no requirements.tags, as an adapter whose table
+// lacks the column does: every job is open to every worker.
+type tagDroppingStore struct{ *lease.MemoryStore }
+
+func (s tagDroppingStore) CreateJob(ctx context.Context, j *lease.Job) error {
+	c := *j
+	c.Requirements.Tags = nil
+	return s.MemoryStore.CreateJob(ctx, &c)
 }
 
 // deleteAllStore deletes every ended job before the cutoff, whatever the

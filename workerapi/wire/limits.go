@@ -19,7 +19,9 @@ const (
 	// MaxJobTypes bounds capabilities.job_types of register and heartbeat,
 	// and supported_job_types of a lease request.
 	MaxJobTypes = 256
-	// MaxTags bounds the tags of register; MaxTagBytes each tag.
+	// MaxTags bounds the tags of register, and requirements.tags of POST
+	// /operator/jobs; MaxTagBytes each tag. A job's tags must also be
+	// non-empty UTF-8 without whitespace or control characters.
 	MaxTags     = 64
 	MaxTagBytes = 128
 	// MaxNameBytes bounds every name-like string a worker sends: node_id,

@@ -127,8 +127,8 @@ const (
 	JobStateSucceeded = "succeeded"
 )
 
-// Requirements constrain which workers may lease a job, and how long it
-// may run.
+// Requirements constrain which workers may lease a job (GPUs and tags),
+// and how long it may run.
 type Requirements struct {
 	GPUSKU    string `json:"gpu_sku"`
 	GPUCount  int    `json:"gpu_count"`
@@ -138,6 +138,14 @@ type Requirements struct {
 	// CodeMaxRuntimeExceeded. 0 (or absent at dispatch) means the control
 	// plane's default (24 h unless configured); at most MaxRuntimeSeconds.
 	MaxRuntimeSeconds int `json:"max_runtime_seconds"`
+	// Tags restrict the job to a pool: only a worker that has every one
+	// of them among its registered tags (and, when its operator's
+	// approval pins tags, among those pinned) may lease it. At dispatch
+	// at most MaxTags, each 1 to MaxTagBytes bytes of UTF-8 without
+	// whitespace or control characters; absent, null or [] means none,
+	// which every worker matches. A job answers them sorted and
+	// deduplicated, [] when none.
+	Tags []string `json:"tags"`
 }
 
 // MaxRuntimeSeconds is the largest requirements.max_runtime_seconds: 30

@@ -1,0 +1,1 @@
+ALTER TABLE nodelane_jobs DROP COLUMN tags;

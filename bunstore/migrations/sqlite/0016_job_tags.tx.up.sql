@@ -1,0 +1,11 @@
+-- A job's requirements.tags (lease.Requirements.Tags): '' when the job has
+-- none, else its tags as a JSON array of strings, sorted and without
+-- duplicates (as Manager.Enqueue stores them). Existing jobs have none,
+-- and stay leasable by every worker. A claim matches a job with
+-- (tags = '' OR NOT EXISTS (a tag of json_each(tags) not among
+-- json_each(<the worker's tags>))): an untagged job, which is most of a
+-- queue, costs one comparison with the empty string, and only a tagged
+-- one is parsed. It is in no index: claims walk the queued index and
+-- filter on it, as on type and GPUs. The DEFAULT only fills existing
+-- rows: bun writes this text column as a value.
+ALTER TABLE nodelane_jobs ADD COLUMN tags TEXT NOT NULL DEFAULT '';

@@ -246,22 +246,22 @@ func (c *cluster) startWorker(node string) *proc {
 func (c *cluster) identityPath(node string) string { return filepath.Join(c.dir, node+".json") }
 
 // startWorkerVia starts a worker process that talks to the control plane
-// at server.
-func (c *cluster) startWorkerVia(node, server string) *proc {
+// at server, with more flags when given.
+func (c *cluster) startWorkerVia(node, server string, flags ...string) *proc {
 	c.t.Helper()
 	// The provisioning token is given in a file, never on the command line.
 	tokenFile := filepath.Join(c.dir, node+".provisioning-token")
 	if err := os.WriteFile(tokenFile, []byte(c.tokens.ProvisioningToken+"\n"), 0o600); err != nil {
 		c.t.Fatal(err)
 	}
-	p := startProc(c.t, "worker "+node, c.workerBin, nil,
+	p := startProc(c.t, "worker "+node, c.workerBin, nil, append([]string{
 		"-provisioning-token-file", tokenFile,
 		"-server", server,
 		"-identity", c.identityPath(node),
 		"-node-id", node, "-name", node,
 		"-gpu", "rtx-4090:24576",
 		"-workdir", filepath.Join(c.dir, "work-"+node),
-		"-wait-seconds", "2", "-drain-timeout", "5s")
+		"-wait-seconds", "2", "-drain-timeout", "5s"}, flags...)...)
 	c.workers = append(c.workers, p)
 	return p
 }

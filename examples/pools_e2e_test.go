@@ -1,28 +1,19 @@
 package examples
 
 import (
-	"context"
-	"errors"
-	"log/slog"
-	"path/filepath"
 	"slices"
 	"testing"
 	"time"
 
 	"github.com/nodelane/nodelane/examples/internal/jobs"
-	"github.com/nodelane/nodelane/workerapi/client"
 	"github.com/nodelane/nodelane/workerapi/wire"
 )
 
 // Pools end to end (issue 13): a job dispatched with requirements.tags
 // ["lab-a"] is never leased by a worker without that tag. The control
-// plane is a real examples/server process; the worker outside the pool
-// is a real examples/worker process (it registers the tag "example"
-// only), polling all along; the worker in the pool is a
-// workerapi/client Runner in this process, with the example handlers,
-// registered with the tags "example" and "lab-a", over real HTTP on
-// loopback. (examples/worker has no flag for tags yet; once it has one,
-// both workers can be processes.)
+// plane and both workers are real processes: one worker registers the tag
+// "example" only and polls all along, the other joins later with -tag
+// lab-a.
 func TestE2EPools(t *testing.T) {
 	c := newCluster(t)
 	plain := c.startWorker("plain")
@@ -59,8 +50,8 @@ func TestE2EPools(t *testing.T) {
 
 	// A worker in the pool joins and runs them all; untagged jobs
 	// dispatched meanwhile may go to either.
-	labID, stop := c.startPoolRunner(t, "lab", "example", "lab-a")
-	defer stop()
+	c.startWorkerVia("lab", c.base(), "-tag", "lab-a")
+	labID := c.workerID("lab")
 	var plainJobs []string
 	for range 3 {
 		plainJobs = append(plainJobs, c.dispatchTagged(nil).Job.ID)
@@ -90,45 +81,4 @@ func (c *cluster) dispatchTagged(tags []string) wire.DispatchResponse {
 	c.call("POST", "/operator/jobs", wire.DispatchRequest{JobType: jobs.StatusCheck, Payload: []byte(`{}`),
 		Requirements: wire.Requirements{Tags: tags}, MaxAttempts: 5}, &d)
 	return d
-}
-
-// startPoolRunner runs, in this process, a worker with the example
-// handlers registered as node with tags, and returns its worker id and a
-// function that stops it (drained) and waits for it.
-func (c *cluster) startPoolRunner(t *testing.T, node string, tags ...string) (string, func()) {
-	t.Helper()
-	id, err := client.LoadOrCreateIdentity(c.identityPath(node))
-	if err != nil {
-		t.Fatal(err)
-	}
-	log := slog.New(slog.NewTextHandler(&syncBuffer{}, nil))
-	cl, err := client.New(c.base(), &client.Config{Identity: id, Logger: log})
-	if err != nil {
-		t.Fatal(err)
-	}
-	reg := jobs.Registration(node, node, []wire.GPU{{SKU: "rtx-4090", VRAMMB: 24576}}, 2)
-	reg.Tags = tags
-	r, err := client.NewRunner(cl, &client.RunnerConfig{
-		MaxConcurrent: 2, ProvisioningToken: c.tokens.ProvisioningToken, Registration: reg,
-		WaitSeconds: 2, DrainTimeout: 5 * time.Second, Logger: log,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	jobs.Register(r, filepath.Join(c.dir, "work-"+node))
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	wid := c.workerID(node)
-	return wid, func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil && !errors.Is(err, context.Canceled) {
-				t.Errorf("the %s runner: %v", node, err)
-			}
-		case <-time.After(30 * time.Second):
-			t.Errorf("the %s runner did not stop", node)
-		}
-	}
 }

@@ -10,6 +10,7 @@ synced, then renamed.
 from __future__ import annotations
 
 import datetime as _dt
+import errno
 import json
 import os
 import stat
@@ -82,7 +83,12 @@ class Identity:
 
     @classmethod
     def _load(cls, path: str) -> "Identity":
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        try:
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise ConfigError("identity file %s is a symbolic link, not a regular file" % path)
+            raise
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             os.close(fd)

@@ -530,6 +530,7 @@ class Worker:
         check_job_type(job_type)
 
         def register(fn: Handler) -> Handler:
+            """Register fn as the handler of job_type and return it unchanged."""
             self.handle(job_type, fn)
             return fn
         return register

@@ -188,3 +188,7 @@ def test_identity_file(tmp_path):
         Identity.load_or_create(p)
     with pytest.raises(ConfigError, match="not a regular file"):
         Identity.load_or_create(str(tmp_path))
+    link = tmp_path / "link.json"
+    link.symlink_to(p)
+    with pytest.raises(ConfigError, match="symbolic link"):
+        Identity.load_or_create(str(link))

@@ -746,6 +746,8 @@ class Worker:
     def _lease_urgency(self) -> float:
         d = 3600.0
         for ctx in self._tasks():
+            if ctx.cancelled and ctx.reason != DRAINED:
+                continue  # stopping: no extension helps it (a canceled lease is never extended)
             left = ctx._left()
             if left is not None:
                 d = min(d, left / 3)

@@ -4,7 +4,8 @@ It forwards each request unchanged (Host included, so signatures still
 verify) and, for the first `count` requests whose path contains `match`,
 injects a fault: "drop" forwards the request and then closes the client's
 connection without the answer (the server acted, the answer was lost);
-"503" answers 503 unavailable with Retry-After without forwarding.
+"503" answers 503 unavailable with Retry-After without forwarding. The
+first `skip` matching requests pass untouched.
 """
 
 from __future__ import annotations
@@ -18,10 +19,11 @@ class FaultProxy:
     """Forwards to 127.0.0.1:upstream_port; see the module doc for the faults."""
 
     def __init__(self, upstream_port: int, match: str, fault: str = "drop", count: int = 1,
-                 retry_after: int = 1):
+                 retry_after: int = 1, skip: int = 0):
         assert fault in ("drop", "503")
         self.upstream_port = upstream_port
         self.match, self.fault, self.left, self.retry_after = match, fault, count, retry_after
+        self.skip = skip  # matching requests passed through before the faults begin
         self.paths: List[str] = []
         self.faults = 0
         self._mu = threading.Lock()
@@ -70,6 +72,9 @@ class FaultProxy:
             with self._mu:
                 self.paths.append(path)
                 inject = self.match in path and self.left > 0
+                if inject and self.skip > 0:
+                    self.skip -= 1
+                    inject = False
                 if inject:
                     self.left -= 1
                     self.faults += 1

@@ -33,15 +33,15 @@ def job_state(op: nodelane.Operator, job_id: str) -> str:
     return op.job(job_id)["job"]["state"]
 
 
-def new_worker(server: Any, node_prefix: str = "py", **kw: Any) -> nodelane.Worker:
-    """A Worker of the test server, quick to heartbeat, poll and flush."""
+def new_worker(server: Any, node_prefix: str = "py", url: str = "", **kw: Any) -> nodelane.Worker:
+    """A Worker of the test server (or of url, a proxy in front of it), quick to heartbeat, poll and flush."""
     node = unique(node_prefix)
     opts: Dict[str, Any] = dict(provisioning_token=server.provisioning_token, wait_seconds=2,
                                 heartbeat_interval=0.5, log_flush_interval=0.2, drain_timeout=10, timeout=10,
                                 registration={"node_id": node, "capabilities": {
                                     "gpus": [{"sku": "rtx-4090", "vram_mb": 24576}]}})
     opts.update(kw)
-    return nodelane.Worker(server.url, **opts)
+    return nodelane.Worker(url or server.url, **opts)
 
 
 @contextlib.contextmanager

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 import pytest
@@ -192,3 +193,33 @@ def test_identity_file(tmp_path):
     link.symlink_to(p)
     with pytest.raises(ConfigError, match="symbolic link"):
         Identity.load_or_create(str(link))
+
+
+def test_a_banned_worker_stops(server, operator):
+    jt = unique("banned")
+    w = new_worker(server)
+    started = threading.Event()
+
+    @w.job(jt)
+    def work(ctx):
+        started.set()
+        ctx.cancel_event.wait(60)
+        ctx.check()
+
+    errors = []
+    t = threading.Thread(target=lambda: _run_catching(w, errors), daemon=True)
+    t.start()
+    operator.dispatch(jt, {})
+    assert started.wait(30)
+    nodelane.client.expect(operator.post("/operator/workers/%s/ban" % w.identity.worker_id, {"reason": "test"}),
+                           "ban", 200)
+    t.join(60)
+    assert not t.is_alive()
+    assert isinstance(errors[0], APIError) and errors[0].code == "worker_banned"
+
+
+def _run_catching(w, errors):
+    try:
+        w.run(install_signal_handlers=False)
+    except BaseException as e:
+        errors.append(e)

@@ -274,3 +274,50 @@ def test_oversized_logs_and_payloads_are_bounded(server, operator):
     st = [e for e in jv["events"] if e["kind"] != "log"][0]
     assert st["payload"] == {"truncated": True} and len(st["message"].encode()) <= 16 << 10
     assert jv["result"]["metrics"] == {"lines": 202}
+
+
+def test_jobs_run_concurrently_up_to_max_jobs(server, operator):
+    jt = unique("parallel")
+    w = new_worker(server, max_jobs=2)
+    lock = threading.Lock()
+    now = {"running": 0, "most": 0}
+
+    @w.job(jt)
+    def work(ctx):
+        with lock:
+            now["running"] += 1
+            now["most"] = max(now["most"], now["running"])
+        ctx.sleep(1.0)
+        with lock:
+            now["running"] -= 1
+
+    with running(w) as ends:
+        for _ in range(4):
+            operator.dispatch(jt, {})
+        wait_for(lambda: len(ends) == 4, 60, "four jobs to end")
+    assert now["most"] == 2
+    assert [e.outcome for e in ends] == ["succeeded"] * 4
+
+
+def test_a_missed_heartbeat_deadline_stops_the_jobs(start_server):
+    from faultproxy import FaultProxy
+    s = start_server("-heartbeat-interval", "1s", "-offline-after", "2s")
+    op = nodelane.Operator(s.url, s.operator_token)
+    nodelane.client.expect(op.post("/operator/envelope/activate", {"reason": "offline"}), "activate", 200)
+    # the first two heartbeats get through; every later one is refused 503 by the proxy
+    proxy = FaultProxy(s.port, "/workers/heartbeat", "503", count=10_000, retry_after=0, skip=2)
+    jt = unique("offline")
+    w = new_worker(s, url=proxy.url, heartbeat_interval=0.3, max_attempts=1)
+    saw = {}
+
+    @w.job(jt)
+    def forever(ctx):
+        ctx.cancel_event.wait(60)
+        saw["reason"] = ctx.reason
+        ctx.check()
+
+    with running(w) as ends:
+        op.dispatch(jt, {})
+        wait_for(lambda: ends, 30, "the job to end")
+    proxy.close()
+    assert saw["reason"] == "offline" and ends[0].outcome == "lost"

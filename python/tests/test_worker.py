@@ -203,10 +203,11 @@ def test_a_lease_about_to_expire_stops_the_handler_first(server, operator):
         ctx.check()
 
     with running(w) as ends:
-        # expires_at is capped at accept + 2 s: the worker stops the job before then (its margin)
-        jid = operator.dispatch(jt, {}, requirements={"max_runtime_seconds": 2})["job"]["id"]
+        # expires_at is capped at accept + 4 s: the worker stops the job before then (its
+        # margin, a fifth of the lease's 4 s), before the server revokes the lease
+        jid = operator.dispatch(jt, {}, requirements={"max_runtime_seconds": 4})["job"]["id"]
         wait_for(lambda: ends, 40, "the job to end")
-    assert saw["reason"] == "lease_expiring" and saw["after"] < 2
+    assert saw["reason"] == "lease_expiring" and saw["after"] < 4
     assert ends[0].outcome == "lost"
     # it was handed back (release) before the server revoked it: queued again, no attempt used
     job = operator.job(jid)["job"]
@@ -316,8 +317,23 @@ def test_a_missed_heartbeat_deadline_stops_the_jobs(start_server):
         saw["reason"] = ctx.reason
         ctx.check()
 
+    op.dispatch(jt, {})  # queued first: leased at once, before the worker goes offline
     with running(w) as ends:
-        op.dispatch(jt, {})
         wait_for(lambda: ends, 30, "the job to end")
     proxy.close()
     assert saw["reason"] == "offline" and ends[0].outcome == "lost"
+
+
+def test_the_worker_renews_its_token(server, operator):
+    jt = unique("renew")
+    w = new_worker(server, token_renew_before=40 * 86400)
+    w.job(jt)(lambda ctx: {"ok": 1})
+    with running(w) as ends:
+        first = w.identity.token
+        # as if the 30-day token had been received 100 days before it expires: a third of
+        # that lifetime (33 days) is more than the 30 days left, so the next heartbeat renews
+        w.identity.token_received_at -= 70 * 86400
+        wait_for(lambda: w.identity.token != first, 10, "the token to be renewed")
+        operator.dispatch(jt, {})
+        wait_for(lambda: ends, 30, "the job to end")
+    assert ends[0].outcome == "succeeded"

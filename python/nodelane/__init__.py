@@ -15,7 +15,8 @@ Depends only on the standard library and `cryptography`.
   ConfigError, Cancelled, JobError.
 """
 
-from .client import Abort, Client, Connection, Operator, Response, parse_api_time
+from .client import Abort, Client, Connection, Operator, Response
+from .times import parse_api_time
 from .errors import (APIError, Cancelled, ConfigError, JobError, LeaseLost, NodelaneError, TransportError,
                      VerificationError)
 from .identity import Identity

@@ -11,7 +11,6 @@ operator routes (§13) a test or a verifier needs.
 
 from __future__ import annotations
 
-import datetime as _dt
 import email.utils
 import http.client
 import json
@@ -28,6 +27,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from .errors import APIError, ConfigError, LeaseLost, TransportError
 from .identity import Identity
+from .times import parse_api_time, unix_seconds
 from .signing import CONTENT_TYPE, Signer, authority_for_signing, b64url_nopad, sign_request
 
 #: The default bound of one attempt of one request, in seconds (a long-poll adds its wait).
@@ -57,25 +57,6 @@ def dumps(obj: Any) -> bytes:
 def new_key() -> str:
     """A random request_id / idempotency_key: 16 random bytes in 22 base64url characters (§5.16)."""
     return b64url_nopad(os.urandom(16))
-
-
-def parse_api_time(s: str) -> _dt.datetime:
-    """An RFC 3339 UTC time of a JSON answer (`Z`, at most microsecond precision)."""
-    import re
-    m = re.fullmatch(r"(\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2})(?:\.(\d{1,9}))?Z", s or "")
-    if not m:
-        raise ValueError("bad time %r" % s)
-    frac = (m.group(2) or "")[:6].ljust(6, "0")
-    return _dt.datetime.strptime(m.group(1) + "." + frac, "%Y-%m-%dT%H:%M:%S.%f").replace(
-        tzinfo=_dt.timezone.utc)
-
-
-def unix_seconds(s: str) -> Optional[float]:
-    """The Unix time in seconds of an answer's RFC 3339 time, or None when it is not one."""
-    try:
-        return parse_api_time(s).timestamp()
-    except (TypeError, ValueError):
-        return None
 
 
 @dataclass

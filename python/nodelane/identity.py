@@ -16,10 +16,12 @@ import os
 import stat
 import tempfile
 import threading
+import time
 from typing import Optional
 
 from .errors import ConfigError
 from .signing import Signer, b64url_nopad, b64url_nopad_decode
+from .times import parse_api_time
 
 #: The version of the identity file format.
 IDENTITY_VERSION = 1
@@ -29,7 +31,6 @@ def _parse_time(s: Optional[str]) -> Optional[_dt.datetime]:
     """An RFC 3339 UTC time (as the server and the Go client write it), or None."""
     if not s:
         return None
-    from .client import parse_api_time
     try:
         return parse_api_time(s)
     except ValueError:
@@ -122,7 +123,6 @@ class Identity:
     def set_registration(self, node_id: Optional[str], worker_id: Optional[str], token: str,
                          expires_at: "str | _dt.datetime | None" = None) -> None:
         """Keep a new registration or token, and save it to the file if there is one."""
-        import time
         if isinstance(expires_at, str):
             expires_at = _parse_time(expires_at)
         with self._mu:

@@ -13,6 +13,7 @@ import base64
 import hashlib
 import os
 import re
+import time
 from dataclasses import dataclass
 from typing import Dict, Optional, Sequence, Tuple
 
@@ -230,7 +231,6 @@ def sign_request(signer: Signer, method: str, authority: str, target: str, body:
     target (the request-target as sent) must be those of the request.
     """
     if created is None:
-        import time
         created = int(now if now is not None else time.time())
     if expires is None:
         expires = created + VALIDITY_SECONDS

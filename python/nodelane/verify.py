@@ -381,16 +381,6 @@ def parse_receipt_time(s: str) -> int:
     return (d - _dt.datetime(1970, 1, 1, tzinfo=_dt.timezone.utc)) // _dt.timedelta(microseconds=1)
 
 
-def parse_api_time(s: str) -> _dt.datetime:
-    """An RFC 3339 UTC time of a JSON answer (at most microsecond precision)."""
-    m = re.fullmatch(r"(\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2})(?:\.(\d{1,6}))?Z", s)
-    if not m:
-        raise ValueError("bad time %r" % s)
-    frac = (m.group(2) or "").ljust(6, "0")
-    return _dt.datetime.strptime(m.group(1) + "." + frac, "%Y-%m-%dT%H:%M:%S.%f").replace(
-        tzinfo=_dt.timezone.utc)
-
-
 def _micro(s: str) -> int:
     if not MONEY_RE.fullmatch(s):
         raise VerificationError("bad decimal %r" % s)

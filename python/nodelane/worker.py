@@ -595,6 +595,7 @@ class Worker:
         try:
             hb = threading.Thread(target=self._heartbeat_loop, name="nodelane-heartbeat", daemon=True)
             hb.start()
+            threading.Thread(target=self._watchdog_loop, name="nodelane-watchdog", daemon=True).start()
             lease = threading.Thread(target=self._lease_loop, args=(types,), name="nodelane-lease", daemon=True)
             lease.start()
             while not self._drain_event.wait(0.2):
@@ -705,7 +706,6 @@ class Worker:
         failures = 0
         next_at = time.monotonic()
         while not self._hb_stop.is_set():
-            self._watchdogs()
             now = time.monotonic()
             if now < next_at and not self._hb_kick.is_set():
                 self._hb_kick.wait(min(next_at - now, 0.25))
@@ -780,6 +780,11 @@ class Worker:
         for jid in ans.get("cancel_jobs") or []:
             if jid in listed:
                 listed[jid]._stop(CANCELED)
+
+    def _watchdog_loop(self) -> None:
+        """Check the watchdogs four times a second, apart from heartbeats that may be slow, until stopped."""
+        while not self._hb_stop.wait(0.25):
+            self._watchdogs()
 
     def _watchdogs(self) -> None:
         """Stop the jobs whose lease runs out unextended, and all jobs once the worker is offline."""

@@ -192,7 +192,7 @@ def test_lost_jobs_of_a_heartbeat_stop_the_handler(server, operator):
 
 def test_a_lease_about_to_expire_stops_the_handler_first(server, operator):
     jt = unique("expiring")
-    w = new_worker(server)
+    w = new_worker(server, heartbeat_interval=60)  # only the worker's own watchdog can tell
     saw = {}
 
     @w.job(jt)

@@ -337,3 +337,19 @@ def test_the_worker_renews_its_token(server, operator):
         operator.dispatch(jt, {})
         wait_for(lambda: ends, 30, "the job to end")
     assert ends[0].outcome == "succeeded"
+
+
+def test_drain_cuts_the_long_poll(server, operator):
+    jt = unique("idle")
+    w = new_worker(server, wait_seconds=30)
+    w.job(jt)(lambda ctx: None)
+    with running(w):
+        time.sleep(1.0)  # the lease long-poll is in flight now
+        t0 = time.monotonic()
+        w.drain()
+    assert time.monotonic() - t0 < 10  # not the 30 s of the long-poll
+    # the cut long-poll leases nothing afterwards
+    jid = operator.dispatch(jt, {})["job"]["id"]
+    time.sleep(1.5)
+    job = operator.job(jid)["job"]
+    assert job["state"] == "queued" and job["leased_at"] is None, job

@@ -103,11 +103,13 @@ class Abort:
         with self._mu:
             self.aborted = True
             conn = self._conn
-        if conn is not None and conn.sock is not None:
-            try:
-                conn.sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+            # the sender closes its connection only after _set(None), which takes the lock
+            sock = conn.sock if conn is not None else None
+            if sock is not None:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
 
 
 class Connection:

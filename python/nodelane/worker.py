@@ -737,9 +737,9 @@ class Worker:
                 failures += 1
                 self.log.warning("heartbeat failed (%d): %s", failures, e)
                 next_at = time.monotonic() + min(interval, min(2 ** failures, 15) + 0.5)
-            except TransportError as e:
+            except (TransportError, ValueError, TypeError, KeyError, AttributeError) as e:
                 failures += 1
-                self.log.warning("heartbeat failed (%d): %s", failures, e)
+                self.log.warning("heartbeat failed (%d): %r", failures, e)
                 next_at = time.monotonic() + min(interval, min(2 ** failures, 15) + 0.5)
             next_at = min(next_at, time.monotonic() + self._lease_urgency())
 
@@ -826,7 +826,7 @@ class Worker:
                 ans = self.client.lease(self.wait_seconds, max_jobs=min(free, 32), supported_job_types=types,
                                         supported_gpu_skus=self.supported_gpu_skus, accept=True, abort=abort)
                 failures = 0
-            except NodelaneError as e:
+            except (NodelaneError, ValueError, TypeError, KeyError, AttributeError) as e:
                 if self._drain_event.is_set():
                     return
                 if isinstance(e, APIError) and e.code == "token_expired":

@@ -1,0 +1,628 @@
+"""A signed HTTP client for the worker routes of docs/PROTOCOL.md §5, on the standard library.
+
+Client signs every attempt of every request afresh (§3: a retry is a new
+request with a new nonce and `created`), retries what may succeed later
+(no answer, 5xx, 429, honouring Retry-After) with full-jitter backoff,
+sends the same `request_id` / `idempotency_key` on every attempt of a call
+so that a retry after a lost answer gets the first answer (§5.16), and
+corrects the node's clock from the server's (§4.3). Operator is the few
+operator routes (§13) a test or a verifier needs.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import http.client
+import json
+import logging
+import os
+import random
+import socket
+import ssl
+import threading
+import time
+import urllib.parse
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from .errors import APIError, ConfigError, LeaseLost, TransportError
+from .identity import Identity
+from .times import parse_api_time, unix_seconds
+from .signing import CONTENT_TYPE, Signer, authority_for_signing, b64url_nopad, sign_request
+
+#: The default bound of one attempt of one request, in seconds (a long-poll adds its wait).
+DEFAULT_TIMEOUT = 30.0
+#: How many times one call is sent before its error is raised.
+DEFAULT_MAX_ATTEMPTS = 5
+#: The backoff between attempts: a random delay in [0, base * 2^(attempt-1)], at most max.
+DEFAULT_RETRY_BASE = 0.25
+DEFAULT_RETRY_MAX = 15.0
+#: The bound of the clock offset a Client adopts, in seconds (the Go client's MaxClockOffset).
+MAX_CLOCK_OFFSET = 3600.0
+#: The longest Retry-After honoured, in seconds.
+MAX_RETRY_AFTER = 300.0
+#: The most bytes of an answer read.
+MAX_ANSWER_BYTES = 16 << 20
+#: The User-Agent sent.
+USER_AGENT = "nodelane-python/0.1"
+
+_log = logging.getLogger("nodelane")
+
+
+def dumps(obj: Any) -> bytes:
+    """JSON without insignificant whitespace, UTF-8: the bytes a request body is sent as."""
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def new_key() -> str:
+    """A random request_id / idempotency_key: 16 random bytes in 22 base64url characters (§5.16)."""
+    return b64url_nopad(os.urandom(16))
+
+
+@dataclass
+class Response:
+    """One HTTP answer: its status, headers (names lowercased) and raw body."""
+
+    status: int
+    headers: Dict[str, str]
+    raw: bytes
+
+    def json(self) -> Any:
+        """The body decoded as JSON."""
+        return json.loads(self.raw.decode("utf-8"))
+
+    @property
+    def error_code(self) -> Optional[str]:
+        """The PROTOCOL.md error code of the body, or None."""
+        try:
+            return self.json()["error"]["code"]
+        except Exception:
+            return None
+
+
+class Abort:
+    """A handle that cuts the request in flight (a long-poll) from another thread.
+
+    Pass it to a call; abort() closes the connection of the attempt under way
+    and makes later attempts fail at once with a TransportError.
+    """
+
+    def __init__(self) -> None:
+        self._mu = threading.Lock()
+        self._conn: Optional[http.client.HTTPConnection] = None
+        self.aborted = False
+
+    def _set(self, conn: Optional[http.client.HTTPConnection]) -> None:
+        with self._mu:
+            self._conn = conn
+            if conn is not None and self.aborted:
+                raise TransportError("abort", ConnectionAbortedError("aborted"))
+
+    def abort(self) -> None:
+        """Close the connection in flight, if any; every later attempt fails."""
+        with self._mu:
+            self.aborted = True
+            conn = self._conn
+            # the sender closes its connection only after _set(None), which takes the lock
+            sock = conn.sock if conn is not None else None
+            if sock is not None:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+
+class Connection:
+    """One control plane's address: scheme, host, port and the prefix it is mounted under."""
+
+    def __init__(self, base_url: str, timeout: float = DEFAULT_TIMEOUT,
+                 ssl_context: Optional[ssl.SSLContext] = None):
+        u = urllib.parse.urlsplit(base_url)
+        if u.scheme not in ("http", "https") or not u.hostname:
+            raise ConfigError("base URL %r is not an absolute http(s) URL" % base_url)
+        if u.query or u.fragment:
+            raise ConfigError("base URL %r has a query or fragment" % base_url)
+        self.scheme = u.scheme
+        self.host = u.hostname
+        self.port = u.port or (443 if u.scheme == "https" else 80)
+        self.authority = authority_for_signing(u.netloc, u.scheme)
+        self.prefix = u.path.rstrip("/")
+        self.timeout = timeout
+        self.ssl_context = ssl_context
+
+    def target(self, path: str) -> str:
+        """The request-target of a route path: the mount prefix, then path."""
+        return self.prefix + path
+
+    def send(self, method: str, target: str, body: Optional[bytes] = None,
+             headers: Optional[Dict[str, str]] = None, timeout: Optional[float] = None,
+             abort: Optional[Abort] = None) -> Response:
+        """Send exactly these bytes once and read the answer; raise OSError/HTTPException on no answer."""
+        t = timeout if timeout is not None else self.timeout
+        if self.scheme == "https":
+            conn: http.client.HTTPConnection = http.client.HTTPSConnection(
+                self.host, self.port, timeout=t, context=self.ssl_context or ssl.create_default_context())
+        else:
+            conn = http.client.HTTPConnection(self.host, self.port, timeout=t)
+        try:
+            conn.connect()
+            if abort is not None:
+                abort._set(conn)
+            conn.putrequest(method, target, skip_host=True, skip_accept_encoding=True)
+            conn.putheader("Host", self.authority)
+            for k, v in (headers or {}).items():
+                conn.putheader(k, v)
+            if body is not None:
+                conn.putheader("Content-Length", str(len(body)))
+            conn.endheaders(body)
+            r = conn.getresponse()
+            raw = r.read(MAX_ANSWER_BYTES)
+            return Response(r.status, {k.lower(): v for k, v in r.getheaders()}, raw)
+        finally:
+            if abort is not None:
+                abort._set(None)
+            conn.close()
+
+
+def _retry_after(v: Optional[str], now: float) -> float:
+    if not v:
+        return 0.0
+    v = v.strip()
+    d = 0.0
+    if v.isdigit():
+        d = float(v)
+    else:
+        try:
+            d = email.utils.parsedate_to_datetime(v).timestamp() - now
+        except (TypeError, ValueError):
+            return 0.0
+    return min(max(d, 0.0), MAX_RETRY_AFTER)
+
+
+def api_error(resp: Response, route: str, now: float) -> APIError:
+    """The APIError of an error answer (a LeaseLost for 409 lease_lost)."""
+    code = message = server_time = ""
+    try:
+        err = resp.json()["error"]
+        code, message = str(err.get("code", "")), str(err.get("message", ""))
+        server_time = str(err.get("server_time", "") or "")
+    except (ValueError, KeyError, TypeError, AttributeError):
+        message = resp.raw[:200].decode("utf-8", "replace").strip()
+    cls = LeaseLost if code == "lease_lost" else APIError
+    return cls(resp.status, code, message, route=route, request_id=resp.headers.get("x-request-id", ""),
+               server_time=server_time, retry_after=_retry_after(resp.headers.get("retry-after"), now),
+               body=resp.raw)
+
+
+def expect(resp: Response, route: str, *ok: int) -> Any:
+    """The JSON of resp if its status is one of ok, else raise its APIError."""
+    if resp.status not in ok:
+        raise api_error(resp, route, time.time())
+    try:
+        return resp.json()
+    except ValueError as e:
+        raise APIError(resp.status, "", "undecodable answer: %s" % e, route=route, body=resp.raw)
+
+
+def _job(job_id: str, verb: str) -> str:
+    if not isinstance(job_id, str) or not job_id:
+        raise ConfigError("a job id is a non-empty string")
+    return "/workers/jobs/%s/%s" % (urllib.parse.quote(job_id, safe=""), verb)
+
+
+class Client:
+    """Calls the worker routes of PROTOCOL.md for one node. Safe for use from several threads.
+
+    identity is the node's key and, once registered, its worker id and token
+    (an Identity; a bare Signer makes an in-memory one). Each call is sent up
+    to max_attempts times: no answer, 5xx and 429 are retried after a backoff
+    (Retry-After honoured), other 4xx never; one stale_timestamp refusal is
+    signed again at once with the corrected clock. `clock` is the node's wall
+    clock in Unix seconds (time.time by default): signatures are created at
+    clock() plus the measured offset to the server's clock, which 2xx answers
+    and stale_timestamp refusals update, bounded by ±MAX_CLOCK_OFFSET.
+    """
+
+    def __init__(self, base_url: str, identity: "Identity | Signer | None" = None, *,
+                 timeout: float = DEFAULT_TIMEOUT, max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+                 retry_base: float = DEFAULT_RETRY_BASE, retry_max: float = DEFAULT_RETRY_MAX,
+                 clock: Callable[[], float] = time.time,
+                 logger: Optional[logging.Logger] = None,
+                 ssl_context: Optional[ssl.SSLContext] = None):
+        if timeout <= 0 or retry_base < 0 or retry_max < 0:
+            raise ConfigError("timeout must be positive and the retry delays not negative")
+        if max_attempts < 1:
+            raise ConfigError("max_attempts must be at least 1")
+        if identity is None:
+            identity = Identity(Signer())
+        elif isinstance(identity, Signer):
+            identity = Identity(identity)
+        self.identity: Identity = identity
+        self.conn = Connection(base_url, timeout=timeout, ssl_context=ssl_context)
+        self.timeout = timeout
+        self.max_attempts = max_attempts
+        self.retry_base = retry_base
+        self.retry_max = retry_max
+        self.clock = clock
+        self.logger = logger or _log
+        self._mu = threading.Lock()
+        self._offset = 0.0
+        self._offset_known = False
+        #: Whether the last register created the node (201) rather than replaced it (200).
+        self.registered_new = False
+
+    # -- identity ---------------------------------------------------------
+
+    @property
+    def signer(self) -> Signer:
+        """The node's key."""
+        return self.identity.signer
+
+    @property
+    def token(self) -> Optional[str]:
+        """The worker token, once registered."""
+        return self.identity.token
+
+    @property
+    def worker_id(self) -> Optional[str]:
+        """The worker id, once registered."""
+        return self.identity.worker_id
+
+    # -- the clock (§4.3) -------------------------------------------------
+
+    @property
+    def clock_offset(self) -> Tuple[float, bool]:
+        """The server's clock minus the node's, in seconds, and whether any answer measured it."""
+        with self._mu:
+            return self._offset, self._offset_known
+
+    def server_now(self) -> float:
+        """The node's estimate of the server's clock (Unix seconds): clock() plus the offset."""
+        with self._mu:
+            off = self._offset
+        return self.clock() + off
+
+    def observe(self, server_time: Optional[str], date: Optional[str], sent: float, recv: float) -> None:
+        """Update the clock offset from an answer sent at `sent` and received at `recv` (local clock).
+
+        server_time (microseconds) is preferred; the Date header (whole
+        seconds) only corrects an offset more than 1.5 s off. The offset is
+        clamped to ±MAX_CLOCK_OFFSET.
+        """
+        ref = recv - min((recv - sent) / 2, 0.25)
+        precise = True
+        st = unix_seconds(server_time) if server_time else None
+        if st is not None:
+            sample = st - ref
+        elif date:
+            try:
+                sample = email.utils.parsedate_to_datetime(date).timestamp() + 0.5 - ref
+            except (TypeError, ValueError):
+                return
+            precise = False
+        else:
+            return
+        clamped = abs(sample) > MAX_CLOCK_OFFSET
+        sample = min(max(sample, -MAX_CLOCK_OFFSET), MAX_CLOCK_OFFSET)
+        with self._mu:
+            diff = sample - self._offset
+            if not precise and self._offset_known and abs(diff) < 1.5:
+                return
+            if clamped:
+                self.logger.warning("server clock offset beyond the bound of %ds; clamped", MAX_CLOCK_OFFSET)
+            elif not self._offset_known or abs(diff) > 1:
+                self.logger.info("server clock offset %.3fs", sample)
+            self._offset, self._offset_known = sample, True
+
+    # -- requests ---------------------------------------------------------
+
+    def prepare(self, path: str, obj: Any, bearer: Optional[str] = None, created: Optional[int] = None,
+                nonce: Optional[str] = None) -> Tuple[str, bytes, Dict[str, str]]:
+        """Build one signed request (target, body, headers) for a worker route, without sending it."""
+        target = self.conn.target(path)
+        body = dumps(obj)
+        sh = sign_request(self.signer, "POST", self.conn.authority, target, body, created=created,
+                          nonce=nonce, now=self.server_now())
+        headers = dict(sh.headers)
+        headers["Accept"] = "application/json"
+        headers["User-Agent"] = USER_AGENT
+        tok = bearer if bearer is not None else self.identity.token
+        if tok:
+            headers["Authorization"] = "Bearer " + tok
+        return target, body, headers
+
+    def post(self, path: str, obj: Any, bearer: Optional[str] = None, timeout: Optional[float] = None,
+             created: Optional[int] = None, nonce: Optional[str] = None,
+             abort: Optional[Abort] = None) -> Response:
+        """Send one signed attempt and return the answer, whatever its status (no retry).
+
+        The answer's clock is observed as call() observes it. Raises TransportError
+        when there is no answer.
+        """
+        target, body, headers = self.prepare(path, obj, bearer=bearer, created=created, nonce=nonce)
+        sent = self.clock()
+        try:
+            resp = self.conn.send("POST", target, body, headers, timeout=timeout, abort=abort)
+        except (OSError, http.client.HTTPException) as e:
+            raise TransportError(path, e) from e
+        recv = self.clock()
+        server_time = None
+        code = None
+        try:
+            j = json.loads(resp.raw.decode("utf-8"))
+            if isinstance(j, dict):
+                if isinstance(j.get("error"), dict):
+                    code = j["error"].get("code")
+                    server_time = j["error"].get("server_time")
+                else:
+                    server_time = j.get("server_time")
+        except (ValueError, UnicodeDecodeError):
+            pass
+        # Only an answer given in full (2xx), or the refusal of a stale signature, moves the
+        # offset: any other error may come from a proxy or replica with a clock of its own.
+        if 200 <= resp.status < 300:
+            self.observe(server_time if isinstance(server_time, str) else None,
+                         resp.headers.get("date"), sent, recv)
+        elif code == "stale_timestamp":
+            self.observe(server_time if isinstance(server_time, str) else None,
+                         resp.headers.get("date"), sent, recv)
+        return resp
+
+    def backoff(self, attempt: int) -> float:
+        """The delay after the attempt-th failed attempt: full jitter over a capped exponential window."""
+        w = self.retry_base * (2 ** (attempt - 1))
+        return random.uniform(0, min(w, self.retry_max))
+
+    def call(self, path: str, obj: Any, ok: Sequence[int] = (200,), bearer: Optional[str] = None,
+             wait: float = 0.0, abort: Optional[Abort] = None) -> Tuple[int, Any]:
+        """POST obj to a worker route with retries; return (status, decoded answer) of a status in ok.
+
+        Raise APIError (LeaseLost for 409 lease_lost) for an error answer that is
+        final or whose retries are spent, TransportError when no attempt got an
+        answer. Every attempt is signed afresh; the body, and so any key it
+        carries, is the same on every attempt.
+        """
+        stale_retried = token_retried = unanswered = False
+        attempt = 0
+        while True:
+            attempt += 1
+            tok = bearer if bearer is not None else self.identity.token
+            err: Exception
+            try:
+                resp = self.post(path, obj, bearer=tok, timeout=self.timeout + wait, abort=abort)
+                if resp.status in ok:
+                    return resp.status, expect(resp, path, *ok)
+                err = api_error(resp, path, self.clock())
+            except TransportError as e:
+                err = e
+            if abort is not None and abort.aborted:
+                raise err
+            if isinstance(err, APIError):
+                if err.code == "stale_timestamp" and not stale_retried:
+                    stale_retried = True  # post() corrected the offset from this refusal
+                    attempt -= 1
+                    continue
+                if (err.code in ("token_revoked", "invalid_token", "token_expired") and bearer is None
+                        and not token_retried and self.identity.token != tok):
+                    token_retried = True  # the token was rotated while this request was in flight
+                    attempt -= 1
+                    continue
+                if not err.temporary:
+                    err.unanswered = unanswered
+                    raise err
+            else:
+                unanswered = True
+            if attempt >= self.max_attempts:
+                raise err
+            d = self.backoff(attempt)
+            if isinstance(err, APIError) and err.retry_after > 0:
+                d = err.retry_after + random.uniform(0, self.retry_base)
+            self.logger.debug("retrying %s (attempt %d) in %.2fs: %s", path, attempt, d, err)
+            time.sleep(d)
+
+    # -- worker routes (§5) ----------------------------------------------
+
+    def register(self, provisioning_token: str, node_id: Optional[str] = None, **fields: Any) -> Dict[str, Any]:
+        """Register the node (§5.1) with a node:register token; keep the worker id and token.
+
+        fields are the register body's other fields (name, hostname, role,
+        capabilities, governor_limits, tags, version, ...); public_key is the
+        identity's. Returns the answer; registered_new says whether it was 201.
+        """
+        if not provisioning_token:
+            raise ConfigError("register needs a provisioning token")
+        node_id = node_id or self.identity.node_id
+        if not node_id:
+            raise ConfigError("register needs a node_id")
+        body: Dict[str, Any] = {"node_id": node_id}
+        body.update(fields)
+        body["public_key"] = self.signer.public_key
+        status, ans = self.call("/workers/register", body, ok=(200, 201), bearer=provisioning_token)
+        if not ans.get("worker_token") or not ans.get("worker_id"):
+            raise APIError(status, "", "the answer has no worker_id or worker_token", route="/workers/register")
+        self.registered_new = status == 201
+        self.identity.set_registration(node_id, ans["worker_id"], ans["worker_token"],
+                                       ans.get("token_expires_at"))
+        return ans
+
+    def renew_token(self) -> Dict[str, Any]:
+        """Renew the worker token (§5.13), signed by the node's key; keep the new one."""
+        if not self.identity.token:
+            raise ConfigError("renew needs a worker token: register first")
+        _, ans = self.call("/workers/token", {})
+        if not ans.get("worker_token"):
+            raise APIError(200, "", "the answer has no worker_token", route="/workers/token")
+        self.identity.set_registration(self.identity.node_id, ans.get("worker_id") or self.identity.worker_id,
+                                       ans["worker_token"], ans.get("token_expires_at"))
+        return ans
+
+    def heartbeat(self, status: str = "idle", current_jobs: Optional[List[str]] = None,
+                  metrics: Optional[Dict[str, Any]] = None,
+                  capabilities: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+        """Report liveness (§5.2); the answer's leases, lost_jobs and cancel_jobs say what to do."""
+        if status not in ("idle", "busy", "draining"):
+            raise ConfigError("heartbeat status is idle, busy or draining")
+        body: Dict[str, Any] = {"status": status, "current_jobs": list(current_jobs or []), "metrics": metrics}
+        if capabilities is not None:
+            body["capabilities"] = capabilities
+        return self.call("/workers/heartbeat", body)[1]
+
+    def lease(self, wait_seconds: int = 0, max_jobs: int = 1, supported_job_types: Optional[List[str]] = None,
+              supported_gpu_skus: Optional[List[str]] = None, accept: bool = False,
+              request_id: Optional[str] = None, abort: Optional[Abort] = None) -> Dict[str, Any]:
+        """Ask for jobs (§5.3), long-polling up to wait_seconds (0 to 60).
+
+        A random request_id is sent when none is given, so that a retry after a
+        lost answer gets the same grants rather than leasing more (§5.16). The
+        answer's `leases` lists every grant (filled from the top-level fields of
+        a v0.2-style answer).
+        """
+        if not 0 <= wait_seconds <= 60:
+            raise ConfigError("wait_seconds is 0 to 60")
+        if not 1 <= max_jobs <= 32:
+            raise ConfigError("max_jobs is 1 to 32")
+        body: Dict[str, Any] = {"max_jobs": max_jobs, "wait_seconds": wait_seconds,
+                                "request_id": request_id or new_key()}
+        if supported_job_types:
+            body["supported_job_types"] = list(supported_job_types)
+        if supported_gpu_skus:
+            body["supported_gpu_skus"] = list(supported_gpu_skus)
+        if accept:
+            body["accept"] = True
+        ans = self.call("/workers/jobs/lease", body, wait=wait_seconds, abort=abort)[1]
+        if ans.get("leases") is None and ans.get("lease_token") and ans.get("job"):
+            ans["leases"] = [{k: ans.get(k) for k in ("lease_id", "lease_token", "job", "expires_at", "accept_by")}]
+        ans.setdefault("leases", [])
+        return ans
+
+    def accept(self, job_id: str, lease_token: str) -> Dict[str, Any]:
+        """Accept a leased job (§5.4): it runs."""
+        return self.call(_job(job_id, "accept"), {"lease_token": lease_token})[1]
+
+    def status(self, job_id: str, lease_token: str, event_type: str, message: str = "",
+               payload: Optional[Dict[str, Any]] = None, idempotency_key: Optional[str] = None) -> Dict[str, Any]:
+        """Report a status event (§5.5); the answer's cancel_requested says whether to stop."""
+        body = {"lease_token": lease_token, "event_type": event_type, "message": message, "payload": payload,
+                "idempotency_key": idempotency_key or new_key()}
+        return self.call(_job(job_id, "status"), body)[1]
+
+    def log(self, job_id: str, lease_token: str, seq: int, message: str,
+            payload: Optional[Dict[str, Any]] = None, idempotency_key: Optional[str] = None) -> Dict[str, Any]:
+        """Send one log line (§5.6); a seq already stored counts as a duplicate."""
+        body = {"lease_token": lease_token, "seq": seq, "message": message,
+                "payload": payload if payload is not None else {},
+                "idempotency_key": idempotency_key or new_key()}
+        return self.call(_job(job_id, "logs"), body)[1]
+
+    def logs(self, job_id: str, lease_token: str, entries: List[Dict[str, Any]],
+             idempotency_key: Optional[str] = None) -> Dict[str, Any]:
+        """Send a batch of 1 to 1,000 log entries ({seq, message, payload}) (§5.6)."""
+        if not 1 <= len(entries) <= 1000:
+            raise ConfigError("a logs batch holds 1 to 1000 entries")
+        body = {"lease_token": lease_token, "entries": entries, "idempotency_key": idempotency_key or new_key()}
+        return self.call(_job(job_id, "logs"), body)[1]
+
+    def artifact(self, job_id: str, lease_token: str, artifact_type: str, name: str, uri: str,
+                 checksum_sha256: Optional[str] = None, size_bytes: Optional[int] = None,
+                 metadata: Optional[Dict[str, Any]] = None,
+                 idempotency_key: Optional[str] = None) -> Dict[str, Any]:
+        """Report an artifact (§5.7); mints an artifact_reported receipt."""
+        body: Dict[str, Any] = {"lease_token": lease_token, "artifact_type": artifact_type, "name": name,
+                                "uri": uri, "idempotency_key": idempotency_key or new_key()}
+        if checksum_sha256 is not None:
+            body["checksum_sha256"] = checksum_sha256
+        if size_bytes is not None:
+            body["size_bytes"] = size_bytes
+        if metadata is not None:
+            body["metadata"] = metadata
+        return self.call(_job(job_id, "artifacts"), body, ok=(201,))[1]
+
+    def complete(self, job_id: str, lease_token: str, output_uri: Optional[str] = None,
+                 metrics: Optional[Dict[str, Any]] = None, final_message: Optional[str] = None,
+                 proof_retries: int = 5) -> Dict[str, Any]:
+        """Complete a running job (§5.8); the answer carries its receipts, proofs and checkpoint.
+
+        If the answer has no proofs yet, complete is sent again (it mints
+        nothing) up to proof_retries times, half a second apart.
+        """
+        body = {"lease_token": lease_token, "output_uri": output_uri, "metrics": metrics,
+                "final_message": final_message}
+        route = _job(job_id, "complete")
+        ans = self.call(route, body, wait=15)[1]
+        tries = 0
+        while (not ans.get("proofs") or not ans.get("checkpoint")) and tries < proof_retries:
+            tries += 1
+            time.sleep(0.5)
+            ans = self.call(route, body, wait=15)[1]
+        return ans
+
+    def fail(self, job_id: str, lease_token: str, error_code: str = "unspecified", message: str = "",
+             retryable: bool = False, payload: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+        """Report a failed attempt (§5.9): requeued while retryable and attempts remain, else failed."""
+        body = {"lease_token": lease_token, "error_code": error_code, "message": message,
+                "payload": payload, "retryable": retryable}
+        return self.call(_job(job_id, "fail"), body)[1]
+
+    def release(self, job_id: str, lease_token: str, reason: str = "") -> Dict[str, Any]:
+        """Hand a job back to the queue without using an attempt (§5.10)."""
+        return self.call(_job(job_id, "release"), {"lease_token": lease_token, "reason": reason})[1]
+
+    def audit(self, events: List[Dict[str, Any]], idempotency_key: Optional[str] = None) -> Dict[str, Any]:
+        """Report 1 to 100 node audit events (§5.11); one node_audit receipt each."""
+        body = {"events": events, "idempotency_key": idempotency_key or new_key()}
+        return self.call("/workers/audit", body, ok=(201,))[1]
+
+
+class Operator:
+    """The operator routes (§13) a test or a verifier needs: bearer only, no signature."""
+
+    def __init__(self, base_url: "str | Connection", token: str, timeout: float = DEFAULT_TIMEOUT):
+        self.conn = base_url if isinstance(base_url, Connection) else Connection(base_url, timeout=timeout)
+        self.token = token
+
+    def _h(self, body: bool) -> Dict[str, str]:
+        h = {"Authorization": "Bearer " + self.token, "Accept": "application/json"}
+        if body:
+            h["Content-Type"] = CONTENT_TYPE
+        return h
+
+    def get(self, path: str) -> Response:
+        """GET an operator route once."""
+        return self.conn.send("GET", self.conn.target(path), None, self._h(False))
+
+    def post(self, path: str, obj: Any) -> Response:
+        """POST JSON to an operator route once."""
+        return self.conn.send("POST", self.conn.target(path), dumps(obj), self._h(True))
+
+    def dispatch(self, job_type: str, payload: Optional[Dict[str, Any]] = None, **fields: Any) -> Dict[str, Any]:
+        """Queue a job (POST /operator/jobs); fields: requirements, priority, max_attempts."""
+        body = {"job_type": job_type, "payload": payload if payload is not None else {}}
+        body.update(fields)
+        return expect(self.post("/operator/jobs", body), "/operator/jobs", 201)
+
+    def job(self, job_id: str) -> Dict[str, Any]:
+        """GET /operator/jobs/{id}: the job, its result, events and artifacts."""
+        p = "/operator/jobs/" + urllib.parse.quote(job_id, safe="")
+        return expect(self.get(p), p, 200)
+
+    def cancel(self, job_id: str) -> Dict[str, Any]:
+        """Cancel a job (POST /operator/jobs/{id}/cancel)."""
+        p = "/operator/jobs/%s/cancel" % urllib.parse.quote(job_id, safe="")
+        return expect(self.post(p, {}), p, 200)
+
+    def checkpoint(self) -> str:
+        """The latest signed checkpoint note."""
+        r = self.get("/operator/receipts/checkpoint")
+        if r.status != 200:
+            expect(r, "/operator/receipts/checkpoint", 200)
+        return r.raw.decode("utf-8")
+
+    def receipt(self, receipt_id: str) -> Dict[str, Any]:
+        """GET /operator/receipts/{id}: {receipt, proof, checkpoint}."""
+        p = "/operator/receipts/" + urllib.parse.quote(receipt_id, safe="")
+        return expect(self.get(p), p, 200)
+
+    def consistency(self, old: int, new: int) -> List[str]:
+        """The consistency proof's base64 hashes between two tree sizes."""
+        p = "/operator/receipts/consistency?old=%d&new=%d" % (old, new)
+        return expect(self.get(p), p, 200)["hashes"]

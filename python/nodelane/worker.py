@@ -1,0 +1,1102 @@
+"""Worker: a node's runtime, which runs decorated handlers for the jobs it leases.
+
+    worker = Worker("http://127.0.0.1:8080", identity="/var/lib/node/identity.json",
+                    provisioning_token=token)
+
+    @worker.job("lora_train")
+    def train(ctx: JobContext) -> Result:
+        for step in range(100):
+            ctx.check()                       # raises Cancelled once the job must stop
+            ctx.progress(step / 100, "training", {"loss": 0.1})
+            ctx.log("step %d" % step)
+        return Result(output_uri="s3://bucket/adapter", metrics={"loss": 0.1})
+
+    worker.run()                              # until SIGTERM: then drains
+
+The worker registers (once: the token is kept in the identity file and renewed
+before it expires), heartbeats in a thread, long-polls for jobs while it has
+free slots (up to max_jobs), accepts them, and runs each handler in its own
+thread with a JobContext. A handler's return completes the job; an exception
+fails it (retryable unless it is a JobError with retryable=False). The job's
+context is cancelled when an operator cancels the job (the heartbeat's
+cancel_jobs, a status answer's cancel_requested), when its lease is lost (409
+lease_lost, the heartbeat's lost_jobs), when the lease could not be extended
+before it expires, when no heartbeat got through before the control plane's
+deadline, and when the worker drains. On SIGTERM (or drain()) the worker stops
+leasing, lets running jobs finish for drain_timeout seconds, then cancels them
+and releases those whose handlers did not return, and run() returns.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import signal
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional
+
+from .client import USER_AGENT, Abort, Client, unix_seconds
+from .errors import APIError, Cancelled, ConfigError, JobError, LeaseLost, NodelaneError, TransportError
+from .identity import Identity
+
+#: Defaults of Worker's settings (seconds, or counts), as the Go runner's.
+DEFAULT_WAIT_SECONDS = 20
+DEFAULT_IDLE_POLL = 5.0
+DEFAULT_LEASE_MARGIN = 30.0
+DEFAULT_DRAIN_TIMEOUT = 25.0
+DEFAULT_DRAIN_GRACE = 3.0
+DEFAULT_REPORT_PATIENCE = 600.0
+DEFAULT_LOG_FLUSH_INTERVAL = 2.0
+DEFAULT_LOG_BATCH_SIZE = 200
+DEFAULT_MAX_BUFFERED_LOGS = 20000
+DEFAULT_TOKEN_RENEW_BEFORE = 72 * 3600.0
+
+#: The server's limits (PROTOCOL.md §5.14) that a JobContext keeps to.
+MAX_MESSAGE_BYTES = 16 << 10
+MAX_PAYLOAD_BYTES = 16 << 10
+MAX_LOG_ENTRIES = 1000
+MAX_JOB_TYPE_BYTES = 128
+MAX_NAME_BYTES = 255
+#: A log message longer than this many bytes is cut and marked "...(truncated)".
+MAX_LOG_MESSAGE = MAX_MESSAGE_BYTES - 32
+#: The most bytes of log lines one request carries.
+MAX_LOG_BATCH_BYTES = 256 << 10
+
+#: Why a job's context was cancelled (JobContext.reason, Cancelled.reason).
+CANCELED = "canceled"
+LEASE_LOST = "lease_lost"
+LEASE_EXPIRING = "lease_expiring"
+OFFLINE = "offline"
+DRAINED = "drained"
+
+#: The codes that mean this node cannot go on with its credential.
+_AUTH_FATAL = {"missing_credential", "invalid_token", "token_expired", "token_revoked", "bad_signature",
+               "worker_banned", "insufficient_scope"}
+_TOKEN_DEAD = {"token_expired", "token_revoked", "invalid_token", "not_found"}
+
+_log = logging.getLogger("nodelane.worker")
+
+
+def check_job_type(job_type: Any) -> str:
+    """Return job_type if it is a valid job type name, else raise ConfigError.
+
+    A job type is 1 to 128 bytes of UTF-8 without whitespace or control characters.
+    """
+    if not isinstance(job_type, str) or not job_type:
+        raise ConfigError("a job type is a non-empty string, not %r" % (job_type,))
+    if len(job_type.encode("utf-8")) > MAX_JOB_TYPE_BYTES:
+        raise ConfigError("job type %r is over %d bytes" % (job_type[:40], MAX_JOB_TYPE_BYTES))
+    if any(c.isspace() or ord(c) < 0x20 or ord(c) == 0x7F for c in job_type):
+        raise ConfigError("job type %r holds whitespace or a control character" % job_type)
+    return job_type
+
+
+def object_payload(v: Any) -> Optional[Dict[str, Any]]:
+    """A value for a payload field, which must be a JSON object of at most 16 KiB.
+
+    None stays None; a non-object is wrapped as {"value": v}; a value that is
+    not JSON becomes {"error": ...}; one over the limit becomes {"truncated": true}.
+    """
+    if v is None:
+        return None
+    if not isinstance(v, dict):
+        v = {"value": v}
+    try:
+        b = json.dumps(v, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8")
+    except (TypeError, ValueError) as e:
+        return {"error": "payload not encodable: %s" % e}
+    if len(b) > MAX_PAYLOAD_BYTES:
+        return {"truncated": True}
+    return json.loads(b)
+
+
+def _cut(s: str, limit: int, mark: str = "...(truncated)") -> str:
+    b = s.encode("utf-8")
+    if len(b) <= limit:
+        return s
+    return b[:limit].decode("utf-8", "ignore") + mark
+
+
+@dataclass
+class Result:
+    """What a handler's job completes with: all optional. A handler may also return a dict (metrics)."""
+
+    output_uri: Optional[str] = None
+    metrics: Optional[Dict[str, Any]] = None
+    final_message: Optional[str] = None
+
+
+@dataclass
+class JobEnd:
+    """How a job ended for this worker, given to Worker's on_job_end.
+
+    outcome is one of "succeeded", "failed" (a fail was reported; the job may be
+    queued again), "canceled", "released" (handed back), "lost" (the lease was
+    lost) and "abandoned" (its result could not be reported). answer is the
+    complete or fail answer, when there was one.
+    """
+
+    job: Dict[str, Any]
+    outcome: str
+    error: Optional[BaseException] = None
+    answer: Optional[Dict[str, Any]] = None
+
+
+class JobContext:
+    """What a handler gets: the job, and the means to report on it and to learn it must stop.
+
+    Its methods may be called from any thread. `cancelled` (and the Event
+    `cancel_event`) turns true once the job must stop; `reason` says why.
+    """
+
+    def __init__(self, worker: "Worker", grant: Dict[str, Any]):
+        self._w = worker
+        self.job: Dict[str, Any] = grant["job"]
+        self.lease_token: str = grant["lease_token"]
+        self.lease_id: Optional[str] = grant.get("lease_id")
+        #: Set once the job must stop.
+        self.cancel_event = threading.Event()
+        self.reason: Optional[str] = None
+        self._mu = threading.Lock()
+        self._lost = False
+        self._claimed = False
+        self._expires_at: Optional[float] = None  # server clock
+        self._ttl = 0.0
+        # results
+        self._output: Result = Result()
+        # logs
+        self._seq_base = 0
+        self._n = 0
+        self._pending: List[Dict[str, Any]] = []
+        self._pending_bytes = 0
+        self._dropped = 0
+        self._send_mu = threading.Lock()
+        self._kick = threading.Event()
+
+    # -- the job ------------------------------------------------------------
+
+    @property
+    def job_id(self) -> str:
+        """The job's id."""
+        return self.job["id"]
+
+    @property
+    def job_type(self) -> str:
+        """The job's type."""
+        return self.job["job_type"]
+
+    @property
+    def payload(self) -> Dict[str, Any]:
+        """The job's input ({} when none)."""
+        return self.job.get("payload") or {}
+
+    @property
+    def attempt(self) -> int:
+        """The current attempt, from 1."""
+        return int(self.job.get("attempt") or 1)
+
+    # -- stopping -----------------------------------------------------------
+
+    @property
+    def cancelled(self) -> bool:
+        """Whether the job must stop (see reason)."""
+        return self.cancel_event.is_set()
+
+    def check(self) -> None:
+        """Raise Cancelled if the job must stop; else return at once."""
+        if self.cancel_event.is_set():
+            raise Cancelled(self.reason or CANCELED)
+
+    def sleep(self, seconds: float) -> None:
+        """Wait up to seconds, and raise Cancelled as soon as the job must stop."""
+        self.cancel_event.wait(seconds)
+        self.check()
+
+    def _stop(self, reason: str) -> None:
+        with self._mu:
+            if self.reason is None:
+                self.reason = reason
+        self.cancel_event.set()
+
+    def _lose(self) -> None:
+        with self._mu:
+            first = not self._lost
+            self._lost = True
+        if first:
+            self._w.log.warning("lease lost: job %s", self.job_id)
+        self._stop(LEASE_LOST)
+
+    @property
+    def lost(self) -> bool:
+        """Whether the job's lease was lost."""
+        with self._mu:
+            return self._lost
+
+    def _claim(self) -> bool:
+        with self._mu:
+            if self._claimed:
+                return False
+            self._claimed = True
+            return True
+
+    def _extend(self, expires_at: Optional[str]) -> None:
+        if not expires_at:
+            return
+        exp = unix_seconds(expires_at)
+        if exp is None:
+            return
+        with self._mu:
+            if self._expires_at is not None and exp <= self._expires_at:
+                return
+            self._ttl = max(self._ttl, exp - self._w.client.server_now())
+            self._expires_at = exp
+
+    def _margin(self) -> float:
+        return min(self._w.lease_margin, self._ttl / 5)
+
+    def _left(self) -> Optional[float]:
+        """Seconds until the lease's margin, on the server's clock, or None when unknown."""
+        with self._mu:
+            if self._expires_at is None:
+                return None
+            return self._expires_at - self._margin() - self._w.client.server_now()
+
+    def _deadline(self) -> float:
+        """The lease's expiry as time.monotonic(), or report_patience from now when unknown."""
+        with self._mu:
+            exp = self._expires_at
+        if exp is None:
+            return time.monotonic() + self._w.report_patience
+        return time.monotonic() + (exp - self._w.client.server_now())
+
+    # -- reporting ----------------------------------------------------------
+
+    def _report(self, fn: Callable[[], Dict[str, Any]]) -> Dict[str, Any]:
+        try:
+            ans = fn()
+        except LeaseLost:
+            self._lose()
+            raise
+        self._extend(ans.get("expires_at"))
+        if ans.get("cancel_requested"):
+            self._stop(CANCELED)
+        return ans
+
+    def status(self, event_type: str, message: str = "", payload: Any = None) -> Dict[str, Any]:
+        """Report a status event (POST .../status), which also extends the lease.
+
+        payload must be a JSON object (anything else is wrapped as {"value": ...}).
+        If the answer says the job's cancel was requested, the context is
+        cancelled. Raises LeaseLost (and cancels) when the lease is gone.
+        """
+        if not isinstance(event_type, str) or not event_type or len(event_type.encode("utf-8")) > MAX_NAME_BYTES:
+            raise ConfigError("event_type is 1 to %d bytes" % MAX_NAME_BYTES)
+        if not isinstance(message, str):
+            raise ConfigError("message is a string")
+        msg = _cut(message, MAX_MESSAGE_BYTES - 32)
+        return self._report(lambda: self._w.client.status(self.job_id, self.lease_token, event_type, msg,
+                                                          object_payload(payload)))
+
+    def progress(self, fraction: Optional[float] = None, message: str = "",
+                 metrics: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+        """Report progress: a status event "progress" with {"fraction": f, "metrics": {...}}.
+
+        fraction, when given, is a number from 0 to 1.
+        """
+        payload: Dict[str, Any] = {}
+        if fraction is not None:
+            if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 <= fraction <= 1:
+                raise ConfigError("progress fraction is a number from 0 to 1, not %r" % (fraction,))
+            payload["fraction"] = fraction
+        if metrics is not None:
+            if not isinstance(metrics, dict):
+                raise ConfigError("progress metrics is a dict")
+            payload["metrics"] = metrics
+        return self.status("progress", message, payload)
+
+    def log(self, message: str, payload: Any = None) -> None:
+        """Buffer a log line; never blocks on the network.
+
+        Lines are sent in batches every log_flush_interval, when a batch is
+        full, on flush(), and before the job's result; each has a seq the server
+        stores once, so a batch sent twice is stored once. A message over 16 KiB
+        is cut, a payload over 16 KiB replaced by {"truncated": true}. At most
+        max_buffered_logs lines wait; beyond, the oldest are dropped and a line
+        says how many.
+        """
+        if not isinstance(message, str):
+            message = str(message)
+        message = _cut(message, MAX_LOG_MESSAGE)
+        entry = {"message": message, "payload": object_payload(payload)}
+        size = _entry_size(entry)
+        with self._mu:
+            self._n += 1
+            entry["seq"] = self._seq_base + self._n
+            self._pending.append(entry)
+            self._pending_bytes += size
+            while len(self._pending) > self._w.max_buffered_logs:
+                self._pending_bytes -= _entry_size(self._pending.pop(0))
+                self._dropped += 1
+            full = len(self._pending) >= self._w.log_batch_size or self._pending_bytes >= MAX_LOG_BATCH_BYTES
+        if full:
+            self._kick.set()
+
+    @property
+    def buffered_logs(self) -> int:
+        """How many log lines wait to be sent."""
+        with self._mu:
+            return len(self._pending)
+
+    def flush(self) -> None:
+        """Send the buffered log lines now; lines that could not be sent stay buffered."""
+        with self._send_mu:
+            while True:
+                with self._mu:
+                    if self._dropped:
+                        self._n += 1
+                        e = {"seq": self._seq_base + self._n, "payload": None,
+                             "message": "%d log lines dropped: the buffer was full" % self._dropped}
+                        self._pending.append(e)
+                        self._pending_bytes += _entry_size(e)
+                        self._dropped = 0
+                    n, size = 0, 0
+                    while (n < len(self._pending) and n < self._w.log_batch_size
+                           and (n == 0 or size + _entry_size(self._pending[n]) <= MAX_LOG_BATCH_BYTES)):
+                        size += _entry_size(self._pending[n])
+                        n += 1
+                    batch = [dict(e) for e in self._pending[:n]]
+                if n == 0:
+                    return
+                try:
+                    ans = self._w.client.logs(self.job_id, self.lease_token, batch)
+                    self._extend(ans.get("expires_at"))
+                except LeaseLost:
+                    self._lose()
+                    raise
+                except APIError as e:
+                    if e.code not in ("invalid_request", "payload_too_large"):
+                        raise
+                    self._w.log.error("log lines refused, dropped: job %s: %s", self.job_id, e)
+                last = batch[-1]["seq"]
+                with self._mu:
+                    i = 0
+                    while i < len(self._pending) and self._pending[i]["seq"] <= last:
+                        self._pending_bytes -= _entry_size(self._pending[i])
+                        i += 1
+                    del self._pending[:i]
+
+    def artifact(self, artifact_type: str, name: str, uri: str, path: Optional[str] = None,
+                 checksum_sha256: Optional[str] = None, size_bytes: Optional[int] = None,
+                 metadata: Optional[Dict[str, Any]] = None, idempotency_key: Optional[str] = None) -> Dict[str, Any]:
+        """Report an artifact; with path, its SHA-256 and size are computed from the local file.
+
+        Returns {"artifact_id", "receipt_id"}.
+        """
+        for field, v in (("artifact_type", artifact_type), ("name", name)):
+            if not isinstance(v, str) or not v or len(v.encode("utf-8")) > MAX_NAME_BYTES:
+                raise ConfigError("%s is 1 to %d bytes" % (field, MAX_NAME_BYTES))
+        if not isinstance(uri, str) or not uri or len(uri.encode("utf-8")) > 2048:
+            raise ConfigError("uri is 1 to 2048 bytes")
+        if path is not None:
+            h = hashlib.sha256()
+            size_bytes = 0
+            with open(path, "rb") as f:
+                for chunk in iter(lambda: f.read(1 << 20), b""):
+                    h.update(chunk)
+                    size_bytes += len(chunk)
+            checksum_sha256 = h.hexdigest()
+        md = object_payload(metadata)
+        return self._report(lambda: self._w.client.artifact(
+            self.job_id, self.lease_token, artifact_type, name, uri, checksum_sha256=checksum_sha256,
+            size_bytes=size_bytes, metadata=md, idempotency_key=idempotency_key))
+
+    def set_output(self, output_uri: Optional[str] = None, metrics: Optional[Dict[str, Any]] = None,
+                   final_message: Optional[str] = None) -> None:
+        """Set what the completion reports if the handler returns None."""
+        self._output = Result(output_uri, metrics, final_message)
+
+    def _flush_loop(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            self._kick.wait(self._w.log_flush_interval)
+            self._kick.clear()
+            if stop.is_set():
+                return
+            try:
+                self.flush()
+            except NodelaneError as e:
+                self._w.log.debug("log flush failed; the lines stay buffered: %s", e)
+
+
+def _entry_size(e: Dict[str, Any]) -> int:
+    return len(e["message"].encode("utf-8")) + len(json.dumps(e.get("payload"))) + 48
+
+
+Handler = Callable[[JobContext], Any]
+
+
+class Worker:
+    """A worker node's runtime: register, heartbeat, lease, run handlers, report, drain.
+
+    url is the control plane's base URL. identity is an Identity, a path to an
+    identity file (created 0600 when missing), or None for an in-memory one.
+    provisioning_token (node:register) is needed only when the identity has no
+    worker token yet, or its token can no longer be renewed. registration holds
+    the register body's fields (node_id, name, capabilities with gpus, ...);
+    capabilities.job_types defaults to the handlers' types. Times are seconds.
+    """
+
+    def __init__(self, url: str, identity: "Identity | str | None" = None, *,
+                 provisioning_token: Optional[str] = None, registration: Optional[Dict[str, Any]] = None,
+                 max_jobs: int = 1, wait_seconds: int = DEFAULT_WAIT_SECONDS,
+                 idle_poll: float = DEFAULT_IDLE_POLL, heartbeat_interval: Optional[float] = None,
+                 lease_margin: float = DEFAULT_LEASE_MARGIN, drain_timeout: float = DEFAULT_DRAIN_TIMEOUT,
+                 drain_grace: float = DEFAULT_DRAIN_GRACE, report_patience: float = DEFAULT_REPORT_PATIENCE,
+                 log_flush_interval: float = DEFAULT_LOG_FLUSH_INTERVAL,
+                 log_batch_size: int = DEFAULT_LOG_BATCH_SIZE, max_buffered_logs: int = DEFAULT_MAX_BUFFERED_LOGS,
+                 token_renew_before: float = DEFAULT_TOKEN_RENEW_BEFORE,
+                 supported_gpu_skus: Optional[List[str]] = None,
+                 metrics: Optional[Callable[[], Dict[str, Any]]] = None,
+                 on_job_end: Optional[Callable[[JobEnd], None]] = None,
+                 client: Optional[Client] = None, logger: Optional[logging.Logger] = None,
+                 **client_options: Any):
+        if not 1 <= max_jobs <= 256:
+            raise ConfigError("max_jobs is 1 to 256")
+        if not 0 <= wait_seconds <= 60:
+            raise ConfigError("wait_seconds is 0 to 60")
+        if not 1 <= log_batch_size <= MAX_LOG_ENTRIES:
+            raise ConfigError("log_batch_size is 1 to %d" % MAX_LOG_ENTRIES)
+        if max_buffered_logs < 1:
+            raise ConfigError("max_buffered_logs is at least 1")
+        for name, v in (("idle_poll", idle_poll), ("lease_margin", lease_margin),
+                        ("drain_timeout", drain_timeout), ("drain_grace", drain_grace),
+                        ("report_patience", report_patience), ("log_flush_interval", log_flush_interval),
+                        ("token_renew_before", token_renew_before)):
+            if v < 0:
+                raise ConfigError("%s is negative" % name)
+        if heartbeat_interval is not None and heartbeat_interval <= 0:
+            raise ConfigError("heartbeat_interval must be positive")
+        if isinstance(identity, str):
+            identity = Identity.load_or_create(identity)
+        self.client = client or Client(url, identity, **client_options)
+        self.identity = self.client.identity
+        self.provisioning_token = provisioning_token
+        self.registration = dict(registration or {})
+        self.max_jobs = max_jobs
+        self.wait_seconds = wait_seconds
+        self.idle_poll = idle_poll
+        self.heartbeat_interval = heartbeat_interval
+        self.lease_margin = lease_margin
+        self.drain_timeout = drain_timeout
+        self.drain_grace = drain_grace
+        self.report_patience = report_patience
+        self.log_flush_interval = log_flush_interval
+        self.log_batch_size = log_batch_size
+        self.max_buffered_logs = max_buffered_logs
+        self.token_renew_before = token_renew_before
+        self.supported_gpu_skus = supported_gpu_skus
+        self.metrics = metrics
+        self.on_job_end = on_job_end
+        self.log = logger or _log
+
+        self._handlers: Dict[str, Handler] = {}
+        self._mu = threading.Lock()
+        self._jobs: Dict[str, JobContext] = {}
+        self._started = False
+        self._draining = False
+        self._drain_event = threading.Event()
+        self._hard = threading.Event()  # reports still being retried stop
+        self._slot = threading.Event()
+        self._changed = threading.Condition(self._mu)
+        self._hb_kick = threading.Event()
+        self._hb_stop = threading.Event()
+        self._hb_interval = 30.0
+        self._offline_at: Optional[float] = None  # time.monotonic()
+        self._fatal: Optional[BaseException] = None
+        self._lease_abort: Optional[Abort] = None
+        self._renew_mu = threading.Lock()
+
+    # -- handlers -----------------------------------------------------------
+
+    def job(self, job_type: str) -> Callable[[Handler], Handler]:
+        """Decorator: run the function for every job of job_type. It gets a JobContext.
+
+        Its return value completes the job: None (with what ctx.set_output set),
+        a Result, or a dict taken as the metrics. An exception fails it.
+        """
+        check_job_type(job_type)
+
+        def register(fn: Handler) -> Handler:
+            """Register fn as the handler of job_type and return it unchanged."""
+            self.handle(job_type, fn)
+            return fn
+        return register
+
+    def handle(self, job_type: str, fn: Handler) -> None:
+        """Run fn for every job of job_type (the decorator's form without decoration)."""
+        check_job_type(job_type)
+        if not callable(fn):
+            raise ConfigError("the handler of %s is not callable" % job_type)
+        with self._mu:
+            if self._started:
+                raise ConfigError("handlers are added before run()")
+            if job_type in self._handlers:
+                raise ConfigError("job type %s has a handler already" % job_type)
+            self._handlers[job_type] = fn
+
+    @property
+    def job_types(self) -> List[str]:
+        """The job types with a handler, sorted."""
+        with self._mu:
+            return sorted(self._handlers)
+
+    def jobs(self) -> List[str]:
+        """The ids of the jobs this worker holds now."""
+        with self._mu:
+            return sorted(self._jobs)
+
+    # -- lifecycle ----------------------------------------------------------
+
+    def drain(self) -> None:
+        """Stop leasing, let running jobs finish (up to drain_timeout), then return from run()."""
+        self._drain_event.set()
+
+    def run(self, install_signal_handlers: bool = True) -> None:
+        """Run until drain() or SIGTERM/SIGINT (when called from the main thread), then drain.
+
+        Raises at once if the worker cannot register, and after stopping its
+        jobs if the server refuses its credential for good (revoked, banned).
+        """
+        with self._mu:
+            if self._started:
+                raise ConfigError("Worker.run called twice")
+            if not self._handlers:
+                raise ConfigError("the worker has no handler")
+            self._started = True
+            types = sorted(self._handlers)
+        reg = self.registration
+        caps = dict(reg.get("capabilities") or {})
+        if not caps.get("job_types"):
+            caps["job_types"] = types
+        reg["capabilities"] = caps
+        if self.supported_gpu_skus is None:
+            skus = [g.get("sku") for g in caps.get("gpus") or [] if isinstance(g, dict) and g.get("sku")]
+            self.supported_gpu_skus = sorted(set(skus)) or None
+
+        self._ensure_registered()
+
+        old_handlers = {}
+        if install_signal_handlers and threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                old_handlers[sig] = signal.signal(sig, lambda s, f: self.drain())
+        try:
+            hb = threading.Thread(target=self._heartbeat_loop, name="nodelane-heartbeat", daemon=True)
+            hb.start()
+            threading.Thread(target=self._watchdog_loop, name="nodelane-watchdog", daemon=True).start()
+            lease = threading.Thread(target=self._lease_loop, args=(types,), name="nodelane-lease", daemon=True)
+            lease.start()
+            while not self._drain_event.wait(0.2):
+                pass
+            with self._mu:
+                self._draining = True
+                fatal = self._fatal
+                abort = self._lease_abort
+            if abort is not None:
+                abort.abort()
+            lease.join(self.client.timeout + self.wait_seconds)
+            self._hb_kick.set()
+            if fatal is not None:
+                self.log.error("stopping: the server refuses this worker: %s", fatal)
+                self._stop_jobs(DRAINED)
+                self._wait_idle(self.drain_grace)
+            else:
+                self.log.info("draining %d jobs (timeout %.0fs)", len(self.jobs()), self.drain_timeout)
+                if not self._wait_idle(self.drain_timeout):
+                    self.log.warning("drain timeout: stopping the jobs still running: %s", self.jobs())
+                    self._stop_jobs(DRAINED)
+                    self._wait_idle(self.drain_grace)
+            self._force_release()
+            self._hard.set()
+            self._wait_idle(self.drain_grace)
+            self._hb_stop.set()
+            self._hb_kick.set()
+            hb.join(self.client.timeout * self.client.max_attempts)
+            if fatal is None:
+                try:
+                    self.client.heartbeat("draining", self.jobs(), self._metrics())
+                except NodelaneError as e:
+                    self.log.warning("final heartbeat: %s", e)
+        finally:
+            for sig, h in old_handlers.items():
+                signal.signal(sig, h)
+        if fatal is not None:
+            raise fatal
+
+    def _set_fatal(self, err: BaseException) -> None:
+        with self._mu:
+            if self._fatal is None:
+                self._fatal = err
+        self._drain_event.set()
+
+    # -- registration and the token ----------------------------------------
+
+    def _ensure_registered(self) -> None:
+        if not self.identity.token:
+            self._register()
+            return
+        self._maybe_renew()
+
+    def _register(self) -> None:
+        if not self.provisioning_token:
+            raise ConfigError("the identity has no worker token: give a provisioning_token to register")
+        reg = dict(self.registration)
+        node_id = reg.pop("node_id", None) or self.identity.node_id or socket.gethostname()
+        reg.setdefault("name", node_id)
+        reg.setdefault("hostname", socket.gethostname())
+        reg.setdefault("role", "worker")
+        reg.setdefault("version", USER_AGENT)
+        limits = dict(reg.get("governor_limits") or {})
+        limits.setdefault("max_jobs", self.max_jobs)
+        reg["governor_limits"] = limits
+        reg.pop("public_key", None)
+        ans = self.client.register(self.provisioning_token, node_id, **reg)
+        self.log.info("registered %s as %s", node_id, ans["worker_id"])
+
+    def _maybe_renew(self) -> None:
+        exp = self.identity.token_expires_at
+        if exp is None:
+            return
+        left = exp.timestamp() - self.client.server_now()
+        got = self.identity.token_received_at
+        before = self.token_renew_before
+        if got is not None:
+            before = min(before, (exp.timestamp() - got) / 3)
+        if left > before:
+            return
+        self._renew(self.identity.token)
+
+    def _renew(self, used: Optional[str]) -> None:
+        """Get a new token: renew the one used, or register again when it can no longer be renewed."""
+        with self._renew_mu:
+            if self.identity.token != used:
+                return  # another thread renewed it meanwhile
+            try:
+                self.client.renew_token()
+                self.log.info("worker token renewed")
+            except APIError as e:
+                if e.code in _TOKEN_DEAD and self.provisioning_token:
+                    self._register()
+                else:
+                    raise
+
+    # -- heartbeats ----------------------------------------------------------
+
+    def _metrics(self) -> Optional[Dict[str, Any]]:
+        if self.metrics is None:
+            return None
+        try:
+            return object_payload(self.metrics())
+        except Exception as e:  # a metrics callback must not stop heartbeats
+            return {"error": "metrics: %s" % e}
+
+    def _heartbeat_loop(self) -> None:
+        failures = 0
+        next_at = time.monotonic()
+        while not self._hb_stop.is_set():
+            now = time.monotonic()
+            if now < next_at and not self._hb_kick.is_set():
+                self._hb_kick.wait(min(next_at - now, 0.25))
+                continue
+            self._hb_kick.clear()
+            if self._hb_stop.is_set():
+                return
+            used = self.identity.token
+            interval = self.heartbeat_interval or self._hb_interval
+            try:
+                self._heartbeat_once()
+                failures = 0
+                next_at = time.monotonic() + (self.heartbeat_interval or self._hb_interval)
+                try:
+                    self._maybe_renew()
+                except NodelaneError as e:
+                    self.log.warning("token renewal failed: %s", e)
+            except APIError as e:
+                if e.code == "token_expired":
+                    try:
+                        self._renew(used)
+                        continue
+                    except NodelaneError as e2:
+                        self._set_fatal(e2)
+                        return
+                if e.code in _AUTH_FATAL:
+                    self._set_fatal(e)
+                    return
+                failures += 1
+                self.log.warning("heartbeat failed (%d): %s", failures, e)
+                next_at = time.monotonic() + min(interval, min(2 ** failures, 15) + 0.5)
+            except (TransportError, ValueError, TypeError, KeyError, AttributeError) as e:
+                failures += 1
+                self.log.warning("heartbeat failed (%d): %r", failures, e)
+                next_at = time.monotonic() + min(interval, min(2 ** failures, 15) + 0.5)
+            next_at = min(next_at, time.monotonic() + self._lease_urgency())
+
+    def _lease_urgency(self) -> float:
+        d = 3600.0
+        for ctx in self._tasks():
+            if ctx.cancelled and ctx.reason != DRAINED:
+                continue  # stopping: no extension helps it (a canceled lease is never extended)
+            left = ctx._left()
+            if left is not None:
+                d = min(d, left / 3)
+        return max(d, 0.1)
+
+    def _tasks(self) -> List[JobContext]:
+        with self._mu:
+            return list(self._jobs.values())
+
+    def _heartbeat_once(self) -> None:
+        with self._mu:
+            listed = dict(self._jobs)
+            status = "draining" if self._draining else ("busy" if listed else "idle")
+        sent = time.monotonic()
+        ans = self.client.heartbeat(status, sorted(listed), self._metrics())
+        st, dl = unix_seconds(ans.get("server_time") or ""), unix_seconds(ans.get("heartbeat_deadline") or "")
+        if st is not None and dl is not None and dl > st:
+            window = dl - st
+            with self._mu:
+                self._offline_at = sent + window - min(self.lease_margin, window / 5)
+        if ans.get("next_heartbeat_seconds"):
+            self._hb_interval = float(ans["next_heartbeat_seconds"])
+        for lease in ans.get("leases") or []:
+            ctx = listed.get(lease.get("job_id"))
+            if ctx is not None:
+                ctx._extend(lease.get("expires_at"))
+        for jid in ans.get("lost_jobs") or []:
+            if jid in listed:
+                listed[jid]._lose()
+        for jid in ans.get("cancel_jobs") or []:
+            if jid in listed:
+                listed[jid]._stop(CANCELED)
+
+    def _watchdog_loop(self) -> None:
+        """Check the watchdogs four times a second, apart from heartbeats that may be slow, until stopped."""
+        while not self._hb_stop.wait(0.25):
+            self._watchdogs()
+
+    def _watchdogs(self) -> None:
+        """Stop the jobs whose lease runs out unextended, and all jobs once the worker is offline."""
+        with self._mu:
+            offline = self._offline_at is not None and time.monotonic() >= self._offline_at
+        for ctx in self._tasks():
+            if ctx.cancelled:
+                continue
+            if offline:
+                self.log.warning("no heartbeat got through before the deadline: stopping job %s", ctx.job_id)
+                ctx._stop(OFFLINE)
+                continue
+            left = ctx._left()
+            if left is not None and left <= 0:
+                self.log.warning("lease about to expire without renewal: stopping job %s", ctx.job_id)
+                ctx._stop(LEASE_EXPIRING)
+
+    # -- leasing -------------------------------------------------------------
+
+    def _free_slots(self) -> int:
+        with self._mu:
+            return self.max_jobs - len(self._jobs)
+
+    def _lease_loop(self, types: List[str]) -> None:
+        failures = 0
+        while not self._drain_event.is_set():
+            free = self._free_slots()
+            if free <= 0:
+                self._slot.wait(0.5)
+                self._slot.clear()
+                continue
+            abort = Abort()
+            with self._mu:
+                if self._draining:
+                    return
+                self._lease_abort = abort
+            start, used = time.monotonic(), self.identity.token
+            try:
+                ans = self.client.lease(self.wait_seconds, max_jobs=min(free, 32), supported_job_types=types,
+                                        supported_gpu_skus=self.supported_gpu_skus, accept=True, abort=abort)
+                failures = 0
+            except (NodelaneError, ValueError, TypeError, KeyError, AttributeError) as e:
+                if self._drain_event.is_set():
+                    return
+                if isinstance(e, APIError) and e.code == "token_expired":
+                    try:
+                        self._renew(used)
+                        continue
+                    except NodelaneError as e2:
+                        self._set_fatal(e2)
+                        return
+                if isinstance(e, APIError) and e.code in _AUTH_FATAL:
+                    self._set_fatal(e)
+                    return
+                failures += 1
+                self.log.warning("lease failed (%d): %s", failures, e)
+                self._drain_event.wait(min(2 ** failures, 30) + 1)
+                continue
+            finally:
+                with self._mu:
+                    self._lease_abort = None
+            for g in ans.get("leases") or []:
+                self._start(g)
+            if not ans.get("leases") and time.monotonic() - start < self.wait_seconds / 2:
+                self._drain_event.wait(self.idle_poll)
+
+    def _start(self, grant: Dict[str, Any]) -> None:
+        job = grant.get("job") or {}
+        with self._mu:
+            h = self._handlers.get(job.get("job_type"))
+            reason = ""
+            if self._draining:
+                reason = "drain"
+            elif h is None:
+                reason = "no handler for job type %s" % job.get("job_type")
+            elif job.get("id") in self._jobs:
+                self.log.error("the server leased job %s that this worker holds already", job.get("id"))
+                return
+            if not reason:
+                ctx = JobContext(self, grant)
+                self._jobs[ctx.job_id] = ctx
+                self._changed.notify_all()
+        if reason:
+            try:
+                self.client.release(job["id"], grant["lease_token"], reason)
+            except NodelaneError as e:
+                self.log.warning("releasing job %s not run (%s): %s", job.get("id"), reason, e)
+            self._ended(JobEnd(job, "released"))
+            return
+        deadline = grant.get("expires_at")
+        if job.get("state") != "running" and grant.get("accept_by"):
+            exp, by = unix_seconds(deadline or ""), unix_seconds(grant["accept_by"])
+            if exp is None or (by is not None and by < exp):
+                deadline = grant["accept_by"]
+        ctx._extend(deadline)
+        threading.Thread(target=self._run_job, args=(ctx, h), name="nodelane-job-" + ctx.job_id,
+                         daemon=True).start()
+
+    def _remove(self, ctx: JobContext) -> None:
+        with self._mu:
+            if self._jobs.get(ctx.job_id) is ctx:
+                del self._jobs[ctx.job_id]
+                self._changed.notify_all()
+        self._slot.set()
+
+    def _wait_idle(self, timeout: float) -> bool:
+        end = time.monotonic() + timeout
+        with self._mu:
+            while self._jobs:
+                left = end - time.monotonic()
+                if left <= 0:
+                    return False
+                self._changed.wait(left)
+            return True
+
+    def _stop_jobs(self, reason: str) -> None:
+        for ctx in self._tasks():
+            ctx._stop(reason)
+
+    def _force_release(self) -> None:
+        """Release the jobs whose handlers did not return in time; their threads report nothing."""
+        for ctx in self._tasks():
+            if not ctx._claim():
+                continue  # reporting its own end
+            ctx._stop(DRAINED)
+            end = JobEnd(ctx.job, "released", Cancelled(DRAINED))
+            try:
+                self.client.release(ctx.job_id, ctx.lease_token, "drain")
+            except LeaseLost:
+                pass
+            except NodelaneError as e:
+                self.log.warning("releasing job %s at drain: %s", ctx.job_id, e)
+                end.outcome, end.error = "abandoned", e
+            self._remove(ctx)
+            self._ended(end)
+
+    def _ended(self, end: JobEnd) -> None:
+        self.log.info("job %s (%s) ended: %s", end.job.get("id"), end.job.get("job_type"), end.outcome)
+        if self.on_job_end is not None:
+            try:
+                self.on_job_end(end)
+            except Exception:
+                self.log.exception("on_job_end")
+
+    # -- one job -------------------------------------------------------------
+
+    def _persist(self, ctx: JobContext, what: str, settled_by_409: bool,
+                 fn: Callable[[], Dict[str, Any]]) -> Dict[str, Any]:
+        """Call fn until it succeeds, fails for good, the lease is lost or runs out, or the worker stops.
+
+        With settled_by_409 (fail, release), a 409 after an attempt that went
+        unanswered means that attempt did the work.
+        """
+        start = time.monotonic()
+        unanswered = False
+        renewals = 0
+        attempt = 0
+        while True:
+            attempt += 1
+            used = self.identity.token
+            try:
+                return fn()
+            except APIError as e:
+                if settled_by_409 and (unanswered or e.unanswered) and e.code in ("lease_lost", "invalid_transition"):
+                    self.log.info("an earlier unanswered %s of job %s did it", what, ctx.job_id)
+                    return {}
+                if isinstance(e, LeaseLost):
+                    ctx._lose()
+                    raise
+                if e.code == "token_expired" and renewals < 2:
+                    renewals += 1
+                    try:
+                        self._renew(used)
+                        continue
+                    except NodelaneError:
+                        pass
+                if not e.temporary or ctx.lost or self._hard.is_set():
+                    raise
+                unanswered = unanswered or e.unanswered
+                err: NodelaneError = e
+            except TransportError as e:
+                if ctx.lost or self._hard.is_set():
+                    raise
+                unanswered = True
+                err = e
+            d = min(2 ** attempt, 15) + 0.2
+            now = time.monotonic()
+            if now + d > ctx._deadline() or now + d > start + self.report_patience:
+                raise err
+            self.log.warning("retrying %s of job %s in %.1fs: %s", what, ctx.job_id, d, err)
+            if self._hard.wait(d):
+                raise err
+
+    def _run_job(self, ctx: JobContext, handler: Handler) -> None:
+        end = JobEnd(ctx.job, "")
+        try:
+            self._run_job_inner(ctx, handler, end)
+        finally:
+            ctx.cancel_event.set()
+            self._remove(ctx)
+            if end.outcome:
+                self._ended(end)
+
+    def _run_job_inner(self, ctx: JobContext, handler: Handler, end: JobEnd) -> None:
+        if ctx.job.get("state") != "running":
+            try:
+                acc = self._persist(ctx, "accept", False,
+                                    lambda: self.client.accept(ctx.job_id, ctx.lease_token))
+            except NodelaneError as e:
+                if not ctx._claim():
+                    return
+                end.outcome, end.error = "lost", e
+                if not isinstance(e, LeaseLost) and getattr(e, "code", "") != "invalid_transition":
+                    try:  # not ours to run (blocked by the envelope, or out of reach): hand it back
+                        self.client.release(ctx.job_id, ctx.lease_token, "not accepted: %s" % getattr(e, "code", ""))
+                        end.outcome = "released"
+                    except NodelaneError:
+                        pass
+                return
+            if acc.get("job"):
+                ctx.job = acc["job"]
+                end.job = ctx.job
+            ctx._extend(acc.get("expires_at"))
+        if ctx.job.get("cancel_requested"):
+            ctx._stop(CANCELED)
+        with self._mu:
+            draining = self._draining
+        if draining:
+            ctx._stop(DRAINED)  # leased just before the drain: hand it back unstarted
+        ctx._seq_base = int(self.client.server_now() * 1_000_000)
+
+        stop_flusher = threading.Event()
+        flusher = threading.Thread(target=ctx._flush_loop, args=(stop_flusher,), daemon=True,
+                                   name="nodelane-logs-" + ctx.job_id)
+        flusher.start()
+        result: Any = None
+        herr: Optional[BaseException] = None
+        if ctx.cancelled:
+            herr = Cancelled(ctx.reason or CANCELED)
+        else:
+            try:
+                result = handler(ctx)
+            except Exception as e:  # the handler's failure is the job's
+                herr = e
+                if not isinstance(e, (Cancelled, JobError)):
+                    self.log.warning("handler of job %s raised %s: %s", ctx.job_id, type(e).__name__, e)
+        stop_flusher.set()
+        ctx._kick.set()
+        flusher.join()
+
+        if not ctx._claim():
+            return  # the drain released it
+        end.error = herr
+        reason = ctx.reason
+        if ctx.lost:
+            end.outcome = "lost"
+            return
+        if reason in (LEASE_EXPIRING, OFFLINE) and herr is not None:
+            end.outcome = "lost"
+            try:
+                self.client.release(ctx.job_id, ctx.lease_token, "lease could not be renewed"
+                                    if reason == LEASE_EXPIRING else "no heartbeat got through before the deadline")
+            except NodelaneError:
+                pass
+            return
+        try:
+            self._persist(ctx, "logs", False, lambda: ctx.flush() or {})
+        except NodelaneError as e:
+            if ctx.lost:
+                end.outcome, end.error = "lost", e
+                return
+            self.log.warning("log lines of job %s not delivered: %s", ctx.job_id, e)
+
+        if herr is None:
+            out = ctx._output
+            if isinstance(result, Result):
+                out = result
+            elif isinstance(result, dict):
+                out = Result(ctx._output.output_uri, result, ctx._output.final_message)
+            elif result is not None:
+                out = Result(ctx._output.output_uri, {"value": result}, ctx._output.final_message)
+            try:
+                end.answer = self._persist(ctx, "complete", False, lambda: self.client.complete(
+                    ctx.job_id, ctx.lease_token, output_uri=out.output_uri, metrics=object_payload(out.metrics),
+                    final_message=out.final_message))
+                end.outcome = "succeeded"
+            except NodelaneError as e:
+                end.error = e
+                if isinstance(e, APIError) and e.code == "job_canceled":
+                    end.outcome = "canceled"  # its cancel was requested: the server ended it canceled
+                else:
+                    end.outcome = "lost" if ctx.lost else "abandoned"
+            return
+        if reason == DRAINED:
+            try:
+                self._persist(ctx, "release", True,
+                              lambda: self.client.release(ctx.job_id, ctx.lease_token, "drain"))
+                end.outcome = "released"
+            except NodelaneError as e:
+                end.outcome, end.error = ("lost" if ctx.lost else "abandoned"), e
+            return
+        code, retryable, payload = "handler_error", True, None
+        message = "%s: %s" % (type(herr).__name__, herr)
+        end.outcome = "failed"
+        if reason == CANCELED:
+            code, retryable = "canceled", False
+            end.outcome = "canceled"
+        elif isinstance(herr, JobError):
+            code, retryable, payload = herr.code, herr.retryable, object_payload(herr.payload)
+            message = str(herr)
+        try:
+            end.answer = self._persist(ctx, "fail", True, lambda: self.client.fail(
+                ctx.job_id, ctx.lease_token, code, _cut(message, 4096, ""), retryable, payload))
+        except NodelaneError as e:
+            end.outcome, end.error = ("lost" if ctx.lost else "abandoned"), e

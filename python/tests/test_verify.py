@@ -1,0 +1,136 @@
+"""Offline verification of what the real server answered: receipts, proofs, checkpoints, tampering."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+
+import pytest
+
+import nodelane
+from nodelane import DEFAULT_ORIGIN, VerificationError
+from nodelane.verify import (leaf_hash, parse_verifier_key, verify_checkpoint, verify_consistency, verify_inclusion,
+                             verify_receipt, verify_receipt_response)
+
+from nodelane.vectors import DOC_VKEY
+
+from helpers import new_worker, running, unique, wait_for
+
+
+def flip(b: bytes, i: int) -> bytes:
+    return b[:i] + bytes([b[i] ^ 1]) + b[i + 1:]
+
+
+@pytest.fixture(scope="module")
+def finished(server):
+    """A job run to completion by a Worker, with an artifact: the complete answer and its receipt ids."""
+    op = nodelane.Operator(server.url, server.operator_token)
+    jt = unique("verify")
+    w = new_worker(server)
+    art = {}
+
+    @w.job(jt)
+    def job(ctx):
+        art.update(ctx.artifact("adapter", "a.bin", "s3://bucket/a.bin", checksum_sha256="ab" * 32, size_bytes=3))
+        return {"loss": 0.25}
+
+    with running(w) as ends:
+        jid = op.dispatch(jt, {})["job"]["id"]
+        wait_for(lambda: ends, 30, "the job to end")
+    assert ends[0].outcome == "succeeded"
+    return {"answer": ends[0].answer, "job_id": jid, "worker_id": w.identity.worker_id,
+            "artifact_receipt": art["receipt_id"], "op": op}
+
+
+def test_receipts_fetched_and_verified_offline(server, finished):
+    vkey = server.receipt_public_key
+    ans = finished["answer"]
+    op = finished["op"]
+    v = nodelane.verify_completion(json.loads(json.dumps(ans)), vkey, DEFAULT_ORIGIN, job_id=finished["job_id"],
+                                   worker_id=finished["worker_id"], metrics={"loss": 0.25})
+    assert v.charged["rate_usd_per_gpu_hour"] == "1.802000"
+    # each receipt fetched on its own, with its proof and the checkpoint it is against
+    for rid in (ans["receipt_id"], ans["receipt_id"] + ".charge", finished["artifact_receipt"]):
+        r = verify_receipt_response(op.receipt(rid), vkey, DEFAULT_ORIGIN)
+        assert r["id"] == rid
+    art = verify_receipt_response(op.receipt(finished["artifact_receipt"]), vkey)
+    assert art["kind"] == "artifact_reported" and art["checksum_sha256"] == "ab" * 32
+    # the latest checkpoint is consistent with the answer's
+    w = nodelane.Witness(vkey, DEFAULT_ORIGIN)
+    first = w.update(ans["checkpoint"], op.consistency)
+    latest = w.update(op.checkpoint(), op.consistency)
+    assert latest.size >= first.size
+
+
+def test_tampering_is_rejected(server, finished):
+    vkey_s = server.receipt_public_key
+    vkey = parse_verifier_key(vkey_s, DEFAULT_ORIGIN)
+    op = finished["op"]
+    rc = op.receipt(finished["answer"]["receipt_id"])
+    cp = verify_checkpoint(rc["checkpoint"], vkey)
+    verify_receipt(rc["receipt"], rc["proof"], cp)
+
+    # one byte of the receipt's body, anywhere
+    body = base64.b64decode(rc["receipt"]["body"])
+    for i in range(0, len(body), 7):
+        t = copy.deepcopy(rc)
+        t["receipt"]["body"] = base64.b64encode(flip(body, i)).decode()
+        with pytest.raises(VerificationError):
+            verify_receipt(t["receipt"], t["proof"], cp)
+    # one bit of a proof hash, a hash dropped, the index moved
+    if rc["proof"]["hashes"]:
+        for j in range(len(rc["proof"]["hashes"])):
+            t = copy.deepcopy(rc)
+            h = base64.b64decode(t["proof"]["hashes"][j])
+            t["proof"]["hashes"][j] = base64.b64encode(flip(h, 31)).decode()
+            with pytest.raises(VerificationError, match="inclusion proof"):
+                verify_receipt(t["receipt"], t["proof"], cp)
+        t = copy.deepcopy(rc)
+        t["proof"]["hashes"].pop()
+        with pytest.raises(VerificationError):
+            verify_receipt(t["receipt"], t["proof"], cp)
+    with pytest.raises(VerificationError):
+        verify_inclusion(leaf_hash(body), rc["proof"]["index"] + 1, cp.size,
+                         [base64.b64decode(h) for h in rc["proof"]["hashes"]], cp.root)
+    # one bit of the checkpoint's signature, of its root, of its size
+    note = rc["checkpoint"]
+    head, _, sigline = note[:-1].rpartition("\n")
+    name, _, b64 = sigline.partition(" ")[2].partition(" ")
+    sig = base64.b64decode(b64)
+    for i in (4, 20, 67):
+        bad = head + "\n\u2014 " + name + " " + base64.b64encode(flip(sig, i)).decode() + "\n"
+        with pytest.raises(VerificationError, match="does not verify"):
+            verify_checkpoint(bad, vkey)
+    lines = note.split("\n")
+    bad_root = list(lines)
+    bad_root[2] = base64.b64encode(flip(base64.b64decode(lines[2]), 0)).decode()
+    bad_size = list(lines)
+    bad_size[1] = str(int(lines[1]) + 1)
+    for bad in ("\n".join(bad_root), "\n".join(bad_size)):
+        with pytest.raises(VerificationError):
+            verify_checkpoint(bad, vkey)
+    # another log's key, another origin
+    with pytest.raises(VerificationError):
+        verify_checkpoint(note, parse_verifier_key(DOC_VKEY))
+    with pytest.raises(VerificationError):
+        verify_receipt_response(rc, vkey_s, "example.org/other")
+    # a consistency proof with a flipped hash
+    latest = verify_checkpoint(op.checkpoint(), vkey)
+    if latest.size > cp.size:
+        hashes = [base64.b64decode(h) for h in op.consistency(cp.size, latest.size)]
+        verify_consistency(cp.size, cp.root, latest.size, latest.root, hashes)
+        with pytest.raises(VerificationError):
+            verify_consistency(cp.size, cp.root, latest.size, latest.root, [flip(hashes[0], 5)] + hashes[1:])
+
+
+def test_verifier_key_and_note_bad_input():
+    for bad in ("", "a+b", "nodelane.local/receipts+XYZ+AAAA", "nodelane.local/receipts+31f6a790+notbase64!"):
+        with pytest.raises(VerificationError):
+            parse_verifier_key(bad)
+    vk = parse_verifier_key(DOC_VKEY)
+    for bad in ("", "no blank line", "a\n1\nroot\n\n\u2014 x y\n"):
+        with pytest.raises(VerificationError):
+            verify_checkpoint(bad, vk)
+    with pytest.raises(VerificationError, match="no proof"):
+        verify_receipt_response({"receipt": {}, "proof": None, "checkpoint": None}, DOC_VKEY)

@@ -12,7 +12,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -27,12 +29,19 @@ import (
 // TOML config, with args after the usual flags (and so over them).
 func (c *cluster) startCommandWorker(node, config string, args ...string) *proc {
 	c.t.Helper()
-	tokenFile := filepath.Join(c.dir, node+".provisioning-token")
-	if err := os.WriteFile(tokenFile, []byte(c.tokens.ProvisioningToken+"\n"), 0o600); err != nil {
-		c.t.Fatal(err)
-	}
 	cfg := filepath.Join(c.dir, node+".toml")
 	if err := os.WriteFile(cfg, []byte(config), 0o600); err != nil {
+		c.t.Fatal(err)
+	}
+	return c.startConfigWorker(node, cfg, args...)
+}
+
+// startConfigWorker starts a worker process running the commands of the
+// TOML file at cfg, with args after the usual flags (and so over them).
+func (c *cluster) startConfigWorker(node, cfg string, args ...string) *proc {
+	c.t.Helper()
+	tokenFile := filepath.Join(c.dir, node+".provisioning-token")
+	if err := os.WriteFile(tokenFile, []byte(c.tokens.ProvisioningToken+"\n"), 0o600); err != nil {
 		c.t.Fatal(err)
 	}
 	p := startProc(c.t, "worker "+node, c.workerBin, nil, append([]string{
@@ -354,4 +363,118 @@ while [ "$(ls `+seen+` | wc -l)" -lt 2 ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i
 	if string(da) == string(db) || (string(da) != "2" && string(da) != "5") || (string(db) != "2" && string(db) != "5") {
 		t.Errorf("CUDA_VISIBLE_DEVICES %q and %q: want 2 and 5, one each", da, db)
 	}
+}
+
+// TestE2ECommandTrainPy: the documented example as a reader runs it, the
+// worker given the repository's examples/commands/worker.toml, which runs
+// train.py with python3: two progress events, the adapter as an artifact
+// whose sha256 is the file's in the run's output directory, the metrics of
+// result.json; a bad payload fails for good (exit 2); SIGTERM drains.
+func TestE2ECommandTrainPy(t *testing.T) {
+	if _, err := exec.LookPath("python3"); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("python3 is needed to run examples/commands/train.py: %v", err)
+		}
+		t.Skipf("no python3 on PATH: %v", err)
+	}
+	cfg, err := filepath.Abs(filepath.Join("commands", "worker.toml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := newCluster(t)
+	c.activate()
+	w := c.startConfigWorker("train-py", cfg, "-gpu", "rtx-4090:24576")
+	var wd wire.WorkerDetailResponse
+	c.call("GET", "/operator/workers/"+c.workerID("train-py"), nil, &wd)
+	if got := strings.Join(wd.Worker.Capabilities.JobTypes, ","); got != "lora_train" {
+		t.Errorf("registered job types %q, want lora_train", got)
+	}
+	dispatch := func(payload string) string {
+		var d wire.DispatchResponse
+		c.call("POST", "/operator/jobs", wire.DispatchRequest{JobType: "lora_train", Payload: json.RawMessage(payload),
+			Requirements: wire.Requirements{GPUSKU: "rtx-4090", GPUCount: 1}, MaxAttempts: 3}, &d)
+		return d.Job.ID
+	}
+
+	d := c.waitDone(dispatch(`{"epochs": 2, "step_seconds": 0.05}`), "succeeded")
+	type progress struct {
+		Fraction float64            `json:"fraction"`
+		Metrics  map[string]float64 `json:"metrics"`
+	}
+	var got []string
+	for _, e := range d.Events {
+		if e.EventType != nil && *e.EventType == "progress" {
+			var p progress
+			if err := json.Unmarshal(e.Payload, &p); err != nil {
+				t.Fatalf("progress payload %s: %v", e.Payload, err)
+			}
+			got = append(got, fmt.Sprintf("%s %v %v %v", e.Message, p.Fraction, p.Metrics["epoch"], p.Metrics["loss"]))
+		}
+	}
+	if want := []string{"epoch 1/2 0.5 1 1", "epoch 2/2 1 2 0.5"}; !slices.Equal(got, want) {
+		t.Errorf("progress events (message fraction epoch loss) %q, want %q", got, want)
+	}
+	logs := strings.Join(logLines(d), "\n")
+	for _, want := range []string{"on GPUs [0]", "epoch 2/2 loss 0.5000"} {
+		if !strings.Contains(logs, want) {
+			t.Errorf("no log line %q in\n%s", want, logs)
+		}
+	}
+	if len(d.Artifacts) != 1 {
+		t.Fatalf("artifacts %+v", d.Artifacts)
+	}
+	a := d.Artifacts[0]
+	path, ok := strings.CutPrefix(a.URI, "file://")
+	runs := filepath.Join(c.dir, "work-train-py", "runs") + string(filepath.Separator)
+	if !ok || !strings.HasPrefix(path, runs+d.Job.ID+"-a1-") || !strings.HasSuffix(path, "/output/adapter/adapter_model.safetensors") {
+		t.Errorf("artifact uri %s, want a file in the run's output directory under %s", a.URI, runs)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(b)
+	if a.ChecksumSHA256 == nil || *a.ChecksumSHA256 != hex.EncodeToString(sum[:]) || a.SizeBytes != int64(len(b)) {
+		t.Errorf("artifact checksum %v size %d, the file's is %x size %d", a.ChecksumSHA256, a.SizeBytes, sum, len(b))
+	}
+	if string(b) != "simulated LoRA adapter, rank 8, loss 0.500000\n" {
+		t.Errorf("adapter file holds %q", b)
+	}
+	var md map[string]int
+	if err := json.Unmarshal(a.Metadata, &md); err != nil || a.ArtifactType != "adapter" || a.Name != "adapter_model.safetensors" ||
+		md["rank"] != 8 || md["epochs"] != 2 || a.Status != wire.ArtifactTrained {
+		t.Errorf("artifact %+v, metadata %s", a, a.Metadata)
+	}
+	if d.Result == nil {
+		t.Fatal("the succeeded job has no result")
+	}
+	var metrics map[string]float64
+	if json.Unmarshal(d.Result.Metrics, &metrics) != nil || len(metrics) != 2 || metrics["loss"] != 0.5 || metrics["epochs"] != 2 {
+		t.Errorf("result metrics %s, want loss 0.5 and epochs 2", d.Result.Metrics)
+	}
+	if out := filepath.Dir(filepath.Dir(path)); d.Result.OutputURI == nil || *d.Result.OutputURI != "file://"+out {
+		t.Errorf("output_uri %v, want file://%s", d.Result.OutputURI, out)
+	}
+	c.checkSucceeded(d)
+
+	// train.py exits 2 on a bad payload: not in retry_on_exit, so the
+	// job fails at its first attempt.
+	f := c.waitDone(dispatch(`{"epochs": 0}`), "failed")
+	if f.Job.LastError == nil || f.Job.LastError.Code != "exit_2" || !strings.Contains(f.Job.LastError.Message, "epochs must be 1 to 1000") ||
+		f.Job.Attempt != 1 {
+		t.Errorf("bad payload: attempt %d, last error %+v", f.Job.Attempt, f.Job.LastError)
+	}
+
+	if err := w.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-w.done:
+		if !w.cmd.ProcessState.Success() {
+			t.Errorf("the worker exited %v after SIGTERM", w.cmd.ProcessState)
+		}
+	case <-time.After(startTimeout):
+		t.Fatal("the worker did not drain after SIGTERM")
+	}
+	c.checkNoTokensLogged()
 }

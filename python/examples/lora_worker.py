@@ -74,6 +74,8 @@ def main() -> None:
                     help="the node's key and worker token, created 0600 on first start")
     ap.add_argument("--node-id", default=socket.gethostname() + "-py", help="node id to register")
     ap.add_argument("--gpu", type=gpu, action="append", help="GPU as SKU:VRAM_MB (repeatable; default rtx-4090:24576)")
+    ap.add_argument("--tag", action="append", default=[],
+                    help="registration tag, beside example and python (repeatable): the pools it joins")
     ap.add_argument("--workdir", default="nodelane-py-work", help="directory for the jobs' output directories")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
@@ -85,11 +87,12 @@ def main() -> None:
     workdir = os.path.abspath(args.workdir)
     os.makedirs(workdir, mode=0o700, exist_ok=True)
 
+    tags = ["example", "python"] + [t for t in args.tag if t not in ("example", "python")]
     worker = nodelane.Worker(
         args.server,
         identity=args.identity,
         provisioning_token=token.strip() or None,
-        registration={"node_id": args.node_id, "tags": ["example", "python"],
+        registration={"node_id": args.node_id, "tags": tags,
                       "capabilities": {"gpus": args.gpu or [gpu("rtx-4090:24576")]}},
     )
 

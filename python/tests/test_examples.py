@@ -39,7 +39,7 @@ class ExampleWorker:
         self.proc = subprocess.Popen(
             [sys.executable, EXAMPLE, "--server", server.url, "--provisioning-token-file", str(tok),
              "--identity", str(self.identity), "--node-id", unique("lora-py"),
-             "--gpu", "rtx-4090:24576", "--workdir", str(self.workdir)],
+             "--gpu", "rtx-4090:24576", "--tag", "lab-a", "--workdir", str(self.workdir)],
             stdout=self._log, stderr=subprocess.STDOUT, cwd=str(tmp_path), env=env)
 
     def wait_registered(self, operator: Any) -> str:
@@ -52,7 +52,7 @@ class ExampleWorker:
                 return None
         wid = wait_for(worker_id, 30, "lora_worker.py to register")
         w = nodelane.client.expect(operator.get("/operator/workers/" + wid), "/operator/workers/{id}", 200)["worker"]
-        assert w["capabilities"]["job_types"] == ["lora_train"] and w["tags"] == ["example", "python"], w
+        assert w["capabilities"]["job_types"] == ["lora_train"] and sorted(w["tags"]) == ["example", "lab-a", "python"], w
         assert w["capabilities"]["gpus"] == [{"sku": "rtx-4090", "vram_mb": 24576}], w
         return wid
 
@@ -118,7 +118,7 @@ def train_py(tmp_path: Any, payload: Dict[str, Any]) -> Dict[str, Any]:
 def test_lora_worker_runs_the_job_of_train_py(server, operator, example_worker, tmp_path):
     payload = {"epochs": 2, "step_seconds": 0.05}
     example_worker.wait_registered(operator)
-    d = operator.dispatch("lora_train", payload, requirements=GPU, max_attempts=2)
+    d = operator.dispatch("lora_train", payload, requirements=dict(GPU, tags=["lab-a"]), max_attempts=2)
     assert d["leasable"], d
     jid = d["job"]["id"]
     jv = wait_ended(operator, jid, example_worker)

@@ -1,6 +1,6 @@
 // Package operator is a small client of nodelane's operator routes
 // (docs/PROTOCOL.md §13): plain HTTP with a bearer token, no signature.
-// examples/loadgen and examples/soak share it.
+// examples/loadgen, examples/soak and examples/nodelanectl share it.
 package operator
 
 import (
@@ -92,6 +92,18 @@ func (o *Client) do(ctx context.Context, method, route string, in, out any, raw 
 		return fmt.Errorf("%s %s: undecodable answer: %w", method, route, err)
 	}
 	return nil
+}
+
+// Call sends one request to route (a path with its query, e.g.
+// "/operator/jobs?state=queued") with in as its JSON body (none when in
+// is nil) and returns the body of a 2xx answer as it came. Any other
+// answer is an *Error. The operator token appears in no error.
+func (o *Client) Call(ctx context.Context, method, route string, in any) ([]byte, error) {
+	var b []byte
+	if err := o.do(ctx, method, route, in, nil, &b); err != nil {
+		return nil, err
+	}
+	return b, nil
 }
 
 // Dispatch queues a job (POST /operator/jobs). A 429 or 503 answer, which

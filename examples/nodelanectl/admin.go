@@ -1,0 +1,393 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nodelane/nodelane/workerapi/wire"
+)
+
+// workerView is an operator worker view; Status may be "retired" with
+// the API's later versions.
+type workerView = wire.WorkerView
+
+func workersList(a *app, args []string) error {
+	fs := a.flags("workers list", "")
+	after := fs.String("after", "", "list workers after this id (the answer's next)")
+	limit := fs.Int("limit", 1000, "workers a page, 1 to 1000")
+	if err := a.parse(fs, args, 0, 0); err != nil {
+		return err
+	}
+	q := url.Values{"limit": {strconv.Itoa(*limit)}}
+	setIf(q, "after", *after)
+	b, err := a.call(http.MethodGet, "/operator/workers?"+q.Encode(), nil)
+	if err != nil {
+		return err
+	}
+	if a.json() {
+		return a.printJSON(b)
+	}
+	var out wire.WorkerListResponse
+	if err := json.Unmarshal(b, &out); err != nil {
+		return fmt.Errorf("undecodable answer: %w", err)
+	}
+	t := newTable(a.stdout)
+	t.row("ID", "NODE", "STATUS", "LIVENESS", "APPROVAL", "BANNED", "GPUS", "TAGS", "LAST_SEEN")
+	for _, w := range out.Workers {
+		t.row(w.WorkerID, w.NodeID, w.Status, w.Liveness, w.Approval, strconv.FormatBool(w.Banned), gpus(w), orDash(strings.Join(w.Tags, ",")), tstr(w.LastSeenAt))
+	}
+	t.flush()
+	if out.Next != nil {
+		fmt.Fprintf(a.stdout, "more: -after %s\n", *out.Next)
+	}
+	return nil
+}
+
+// gpus summarises a worker's GPUs as "2×rtx-4090".
+func gpus(w workerView) string {
+	n := map[string]int{}
+	var order []string
+	for _, g := range w.Capabilities.GPUs {
+		if n[g.SKU] == 0 {
+			order = append(order, g.SKU)
+		}
+		n[g.SKU]++
+	}
+	var parts []string
+	for _, s := range order {
+		parts = append(parts, fmt.Sprintf("%d×%s", n[s], s))
+	}
+	return orDash(strings.Join(parts, ","))
+}
+
+func workersShow(a *app, args []string) error {
+	fs := a.flags("workers show", "WORKER_ID")
+	if err := a.parse(fs, args, 1, 1); err != nil {
+		return err
+	}
+	b, err := a.call(http.MethodGet, "/operator/workers/"+url.PathEscape(fs.Arg(0)), nil)
+	if err != nil {
+		return err
+	}
+	if a.json() {
+		return a.printJSON(b)
+	}
+	var out wire.WorkerDetailResponse
+	if err := json.Unmarshal(b, &out); err != nil {
+		return fmt.Errorf("undecodable answer: %w", err)
+	}
+	printWorker(a, out.Worker)
+	if len(out.Leases) > 0 {
+		fmt.Fprintln(a.stdout)
+		t := newTable(a.stdout)
+		t.row("JOB", "TYPE", "STATE", "LEASE", "EPOCH", "EXPIRES")
+		for _, l := range out.Leases {
+			t.row(l.JobID, l.JobType, l.State, l.LeaseID, strconv.FormatInt(l.LeaseEpoch, 10), tstr(l.ExpiresAt))
+		}
+		t.flush()
+	}
+	return nil
+}
+
+func printWorker(a *app, w workerView) {
+	t := newTable(a.stdout)
+	t.row("id", w.WorkerID)
+	t.row("node", w.NodeID)
+	t.row("name", w.Name)
+	t.row("hostname", w.Hostname)
+	t.row("status", w.Status)
+	t.row("liveness", w.Liveness)
+	t.row("approval", w.Approval)
+	if len(w.ApprovedJobTypes) > 0 || len(w.ApprovedTags) > 0 {
+		t.row("approved_pins", "job_types="+orDash(strings.Join(w.ApprovedJobTypes, ","))+" tags="+orDash(strings.Join(w.ApprovedTags, ",")))
+	}
+	t.row("banned", strconv.FormatBool(w.Banned)+" "+strp(w.BanReason))
+	t.row("gpus", gpus(w))
+	t.row("tags", orDash(strings.Join(w.Tags, ",")))
+	t.row("max_leases", strconv.Itoa(w.MaxLeases))
+	t.row("registered", tstr(w.RegisteredAt))
+	t.row("last_seen", tstr(w.LastSeenAt))
+	t.flush()
+}
+
+// workerAction is ban, unban or retire: POST /operator/workers/{id}/VERB
+// with a reason.
+func workerAction(verb string) func(a *app, args []string) error {
+	return func(a *app, args []string) error {
+		fs := a.flags("workers "+verb, "WORKER_ID")
+		reason := fs.String("reason", "", "the reason, recorded in the receipt")
+		if err := a.parse(fs, args, 1, 1); err != nil {
+			return err
+		}
+		b, err := a.call(http.MethodPost, "/operator/workers/"+url.PathEscape(fs.Arg(0))+"/"+verb, wire.ReasonRequest{Reason: *reason})
+		if err != nil {
+			return err
+		}
+		return a.printWorkerResponse(b)
+	}
+}
+
+func (a *app) printWorkerResponse(b []byte) error {
+	if a.json() {
+		return a.printJSON(b)
+	}
+	var out wire.WorkerResponse
+	if err := json.Unmarshal(b, &out); err != nil {
+		return fmt.Errorf("undecodable answer: %w", err)
+	}
+	t := newTable(a.stdout)
+	t.row("ID", "NODE", "STATUS", "APPROVAL", "BANNED", "RECEIPT")
+	t.row(out.Worker.WorkerID, out.Worker.NodeID, out.Worker.Status, out.Worker.Approval, strconv.FormatBool(out.Worker.Banned), strp(out.ReceiptID))
+	t.flush()
+	return nil
+}
+
+func workersApprove(a *app, args []string) error {
+	fs := a.flags("workers approve", "WORKER_ID")
+	var jobTypes, tags stringList
+	fs.Var(&jobTypes, "job-type", "pin a job type the worker may be granted (repeatable)")
+	fs.Var(&tags, "tag", "pin a tag the operator vouches for (repeatable)")
+	reason := fs.String("reason", "", "the reason, recorded in the receipt")
+	if err := a.parse(fs, args, 1, 1); err != nil {
+		return err
+	}
+	req := wire.ApproveRequest{Reason: *reason}
+	if len(jobTypes) > 0 {
+		req.JobTypes = (*[]string)(&jobTypes)
+	}
+	if len(tags) > 0 {
+		req.Tags = (*[]string)(&tags)
+	}
+	b, err := a.call(http.MethodPost, "/operator/workers/"+url.PathEscape(fs.Arg(0))+"/approve", req)
+	if err != nil {
+		return err
+	}
+	return a.printWorkerResponse(b)
+}
+
+func (a *app) printEnvelope(b []byte) error {
+	if a.json() {
+		return a.printJSON(b)
+	}
+	var e wire.EnvelopeResponse
+	if err := json.Unmarshal(b, &e); err != nil {
+		return fmt.Errorf("undecodable answer: %w", err)
+	}
+	t := newTable(a.stdout)
+	t.row("active", strconv.FormatBool(e.Active))
+	t.row("policy_version", strconv.FormatInt(e.PolicyVersion, 10))
+	t.row("by", orDash(e.By))
+	t.row("reason", orDash(e.Reason))
+	t.row("until", timep(e.Until))
+	t.row("changed_at", timep(e.ChangedAt))
+	t.row("safe_types", orDash(strings.Join(e.SafeTypes, ",")))
+	t.row("blocked_types", orDash(strings.Join(e.BlockedTypes, ",")))
+	if e.ReceiptID != "" {
+		t.row("receipt", e.ReceiptID)
+	}
+	t.flush()
+	return nil
+}
+
+func envelopeStatus(a *app, args []string) error {
+	fs := a.flags("envelope status", "")
+	if err := a.parse(fs, args, 0, 0); err != nil {
+		return err
+	}
+	b, err := a.call(http.MethodGet, "/operator/envelope", nil)
+	if err != nil {
+		return err
+	}
+	return a.printEnvelope(b)
+}
+
+func envelopeActivate(a *app, args []string) error {
+	fs := a.flags("envelope activate", "")
+	reason := fs.String("reason", "", "why (required)")
+	until := fs.String("until", "", "end the activation at this RFC 3339 `time`")
+	dur := fs.Duration("for", 0, "end the activation after this `duration`")
+	if err := a.parse(fs, args, 0, 0); err != nil {
+		return err
+	}
+	if *reason == "" {
+		return usagef("envelope activate: -reason is required")
+	}
+	req := wire.ActivateRequest{Reason: *reason}
+	switch {
+	case *until != "" && *dur != 0:
+		return usagef("envelope activate: give -until or -for, not both")
+	case *until != "":
+		u, err := time.Parse(time.RFC3339, *until)
+		if err != nil {
+			return usagef("envelope activate: -until: %v", err)
+		}
+		req.Until = &u
+	case *dur < 0:
+		return usagef("envelope activate: -for %v is negative", *dur)
+	case *dur > 0:
+		u := a.now().Add(*dur).UTC()
+		req.Until = &u
+	}
+	b, err := a.call(http.MethodPost, "/operator/envelope/activate", req)
+	if err != nil {
+		return err
+	}
+	return a.printEnvelope(b)
+}
+
+func envelopeDeactivate(a *app, args []string) error {
+	fs := a.flags("envelope deactivate", "")
+	reason := fs.String("reason", "", "why (required)")
+	if err := a.parse(fs, args, 0, 0); err != nil {
+		return err
+	}
+	if *reason == "" {
+		return usagef("envelope deactivate: -reason is required")
+	}
+	b, err := a.call(http.MethodPost, "/operator/envelope/deactivate", wire.ReasonRequest{Reason: *reason})
+	if err != nil {
+		return err
+	}
+	return a.printEnvelope(b)
+}
+
+func credentialsMint(a *app, args []string) error {
+	fs := a.flags("credentials mint", "")
+	principal := fs.String("principal", "", "the principal's id (required)")
+	var scopes stringList
+	fs.Var(&scopes, "scope", "a scope (repeatable, or comma-separated; required)")
+	ttl := fs.Duration("ttl", 0, "the credential's lifetime (0: 30 days)")
+	maxReg := fs.Int64("max-registrations", 0, "with node:register, how many registrations it may authorise (0: no limit)")
+	tokenOut := fs.String("token-out", "", "write the new token to this `file` (created 0600; must not exist; required)")
+	if err := a.parse(fs, args, 0, 0); err != nil {
+		return err
+	}
+	switch {
+	case *principal == "":
+		return usagef("credentials mint: -principal is required")
+	case len(scopes) == 0:
+		return usagef("credentials mint: -scope is required")
+	case *tokenOut == "":
+		return usagef("credentials mint: -token-out is required: the token is shown once, and never on the terminal")
+	case *ttl < 0 || *ttl%time.Second != 0:
+		return usagef("credentials mint: -ttl %v is not a whole number of seconds", *ttl)
+	case *maxReg < 0:
+		return usagef("credentials mint: -max-registrations %d is negative", *maxReg)
+	}
+	// Create the file first, so that a token is never minted with
+	// nowhere to go.
+	f, err := os.OpenFile(*tokenOut, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return fmt.Errorf("-token-out: %w", err)
+	}
+	minted := false
+	defer func() {
+		if !minted {
+			f.Close()
+			os.Remove(*tokenOut)
+		}
+	}()
+	req := wire.MintCredentialRequest{Principal: *principal, Scopes: scopes, TTLSeconds: int64(*ttl / time.Second)}
+	if *maxReg > 0 {
+		req.MaxRegistrations = maxReg
+	}
+	b, err := a.call(http.MethodPost, "/operator/credentials", req)
+	if err != nil {
+		return err
+	}
+	var out wire.MintCredentialResponse
+	if err := json.Unmarshal(b, &out); err != nil || out.Token == "" {
+		return errors.New("undecodable answer: the credential may be minted; list and revoke it")
+	}
+	if _, err := f.WriteString(out.Token + "\n"); err != nil {
+		return fmt.Errorf("-token-out: %w (credential %s is minted: revoke it)", err, out.CredentialID)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("-token-out: %w (credential %s is minted: revoke it)", err, out.CredentialID)
+	}
+	minted = true
+	if a.json() {
+		// The API's answer, but the token is in the file.
+		var m map[string]any
+		if err := json.Unmarshal(b, &m); err != nil {
+			return err
+		}
+		delete(m, "token")
+		m["token_file"] = *tokenOut
+		j, err := json.Marshal(m)
+		if err != nil {
+			return err
+		}
+		return a.printJSON(j)
+	}
+	t := newTable(a.stdout)
+	t.row("ID", "PRINCIPAL", "SCOPES", "EXPIRES", "RECEIPT", "TOKEN_FILE")
+	t.row(out.CredentialID, out.Principal, strings.Join(out.Scopes, ","), tstr(out.ExpiresAt), out.ReceiptID, *tokenOut)
+	t.flush()
+	return nil
+}
+
+func credentialsList(a *app, args []string) error {
+	fs := a.flags("credentials list", "")
+	principal := fs.String("principal", "", "only this principal's credentials")
+	after := fs.String("after", "", "list credentials after this id (the answer's next)")
+	limit := fs.Int("limit", 100, "credentials a page, 1 to 1000")
+	if err := a.parse(fs, args, 0, 0); err != nil {
+		return err
+	}
+	q := url.Values{"limit": {strconv.Itoa(*limit)}}
+	setIf(q, "principal", *principal)
+	setIf(q, "after", *after)
+	b, err := a.call(http.MethodGet, "/operator/credentials?"+q.Encode(), nil)
+	if err != nil {
+		return err
+	}
+	if a.json() {
+		return a.printJSON(b)
+	}
+	var out wire.CredentialListResponse
+	if err := json.Unmarshal(b, &out); err != nil {
+		return fmt.Errorf("undecodable answer: %w", err)
+	}
+	t := newTable(a.stdout)
+	t.row("ID", "PRINCIPAL", "SCOPES", "CREATED", "EXPIRES", "REVOKED")
+	for _, c := range out.Credentials {
+		t.row(c.CredentialID, c.Principal, strings.Join(c.Scopes, ","), tstr(c.CreatedAt), tstr(c.ExpiresAt), timep(c.RevokedAt))
+	}
+	t.flush()
+	if out.Next != nil {
+		fmt.Fprintf(a.stdout, "more: -after %s\n", *out.Next)
+	}
+	return nil
+}
+
+func credentialsRevoke(a *app, args []string) error {
+	fs := a.flags("credentials revoke", "CREDENTIAL_ID")
+	reason := fs.String("reason", "", "the reason, recorded in the receipt")
+	if err := a.parse(fs, args, 1, 1); err != nil {
+		return err
+	}
+	b, err := a.call(http.MethodPost, "/operator/credentials/"+url.PathEscape(fs.Arg(0))+"/revoke", wire.ReasonRequest{Reason: *reason})
+	if err != nil {
+		return err
+	}
+	if a.json() {
+		return a.printJSON(b)
+	}
+	var out wire.RevokeCredentialResponse
+	if err := json.Unmarshal(b, &out); err != nil {
+		return fmt.Errorf("undecodable answer: %w", err)
+	}
+	t := newTable(a.stdout)
+	t.row("ID", "PRINCIPAL", "REVOKED", "RECEIPT")
+	t.row(out.CredentialID, out.Principal, tstr(out.RevokedAt), strp(out.ReceiptID))
+	t.flush()
+	return nil
+}

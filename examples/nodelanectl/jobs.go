@@ -1,0 +1,370 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/nodelane/nodelane/workerapi/wire"
+)
+
+// table writes aligned columns.
+type table struct{ tw *tabwriter.Writer }
+
+func newTable(w io.Writer) *table {
+	return &table{tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)}
+}
+
+func (t *table) row(cells ...string) {
+	for i, c := range cells {
+		// A cell is one line, and a tab would break the columns.
+		cells[i] = strings.NewReplacer("\t", " ", "\n", " ", "\r", " ").Replace(c)
+	}
+	fmt.Fprintln(t.tw, strings.Join(cells, "\t"))
+}
+
+func (t *table) flush() { t.tw.Flush() }
+
+// Helpers for table cells.
+func strp(p *string) string {
+	if p == nil {
+		return "-"
+	}
+	return *p
+}
+
+func timep(p *time.Time) string {
+	if p == nil {
+		return "-"
+	}
+	return p.UTC().Format(time.RFC3339)
+}
+
+func tstr(t time.Time) string { return t.UTC().Format(time.RFC3339) }
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// stringList is a repeatable flag; a value may also hold several,
+// comma-separated.
+type stringList []string
+
+func (l *stringList) String() string { return strings.Join(*l, ",") }
+
+func (l *stringList) Set(v string) error {
+	for _, s := range strings.Split(v, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			*l = append(*l, s)
+		}
+	}
+	return nil
+}
+
+// jobView is an operator job view, with the cost fields of the API's
+// later versions (absent before: nil).
+type jobView struct {
+	wire.Job
+	ActualMS           *int64  `json:"actual_ms"`
+	ActualHours        *string `json:"actual_hours"`
+	ActualCostUSD      *string `json:"actual_cost_usd"`
+	ActualCostMicroUSD *int64  `json:"actual_cost_micro_usd"`
+}
+
+func jobsSubmit(a *app, args []string) error {
+	fs := a.flags("jobs submit", "")
+	jobType := fs.String("type", "", "the job type (required)")
+	payload := fs.String("payload", "", "the payload, a JSON object")
+	payloadFile := fs.String("payload-file", "", "read the payload from `file` (- for standard input)")
+	sku := fs.String("gpu-sku", "", "the GPU SKU required")
+	gpus := fs.Int("gpu-count", 0, "the GPUs required")
+	vram := fs.Int("min-vram-mb", 0, "the VRAM per GPU required, in MB")
+	maxRuntime := fs.Duration("max-runtime", 0, "the runtime cap of one attempt (0: the server's default)")
+	var tags stringList
+	fs.Var(&tags, "tag", "a tag the worker must have (repeatable)")
+	priority := fs.Int("priority", 0, "the priority, higher first")
+	attempts := fs.Int("max-attempts", 0, "the attempts allowed (0: the server's default, 3)")
+	if err := a.parse(fs, args, 0, 0); err != nil {
+		return err
+	}
+	if *jobType == "" {
+		return usagef("jobs submit: -type is required")
+	}
+	if *payload != "" && *payloadFile != "" {
+		return usagef("jobs submit: give -payload or -payload-file, not both")
+	}
+	if *maxRuntime < 0 || *maxRuntime%time.Second != 0 {
+		return usagef("jobs submit: -max-runtime %v is not a whole number of seconds", *maxRuntime)
+	}
+	body := []byte(*payload)
+	if *payloadFile != "" {
+		var err error
+		if *payloadFile == "-" {
+			body, err = io.ReadAll(io.LimitReader(os.Stdin, 1<<20))
+		} else {
+			body, err = os.ReadFile(*payloadFile)
+		}
+		if err != nil {
+			return fmt.Errorf("-payload-file: %w", err)
+		}
+	}
+	if len(body) == 0 {
+		body = []byte("{}")
+	}
+	if !json.Valid(body) {
+		return usagef("jobs submit: the payload is not JSON")
+	}
+	req := wire.DispatchRequest{JobType: *jobType, Payload: body, Priority: *priority, MaxAttempts: *attempts,
+		Requirements: wire.Requirements{GPUSKU: *sku, GPUCount: *gpus, MinVRAMMB: *vram,
+			MaxRuntimeSeconds: int(*maxRuntime / time.Second), Tags: tags}}
+	b, err := a.call(http.MethodPost, "/operator/jobs", req)
+	if err != nil {
+		return err
+	}
+	if a.json() {
+		return a.printJSON(b)
+	}
+	var out struct {
+		Job      jobView `json:"job"`
+		Leasable bool    `json:"leasable"`
+		Reason   string  `json:"reason"`
+	}
+	if err := json.Unmarshal(b, &out); err != nil {
+		return fmt.Errorf("undecodable answer: %w", err)
+	}
+	t := newTable(a.stdout)
+	t.row("ID", "TYPE", "STATE", "LEASABLE", "REASON")
+	t.row(out.Job.ID, out.Job.JobType, out.Job.State, strconv.FormatBool(out.Leasable), orDash(out.Reason))
+	t.flush()
+	return nil
+}
+
+func jobsList(a *app, args []string) error {
+	fs := a.flags("jobs list", "")
+	state := fs.String("state", "", "only jobs in this state (queued, leased, running, succeeded, failed, canceled)")
+	jobType := fs.String("type", "", "only jobs of this type")
+	worker := fs.String("worker", "", "only jobs of this worker id")
+	tag := fs.String("tag", "", "only jobs requiring this tag")
+	after := fs.String("after", "", "list jobs after this id (the answer's next)")
+	limit := fs.Int("limit", 100, "jobs a page, 1 to 1000")
+	if err := a.parse(fs, args, 0, 0); err != nil {
+		return err
+	}
+	q := url.Values{"limit": {strconv.Itoa(*limit)}}
+	setIf(q, "state", *state)
+	setIf(q, "job_type", *jobType)
+	setIf(q, "worker_id", *worker)
+	setIf(q, "tag", *tag)
+	setIf(q, "after", *after)
+	b, err := a.call(http.MethodGet, "/operator/jobs?"+q.Encode(), nil)
+	if err != nil {
+		return err
+	}
+	if a.json() {
+		return a.printJSON(b)
+	}
+	var out struct {
+		Jobs []jobView `json:"jobs"`
+		Next *string   `json:"next"`
+	}
+	if err := json.Unmarshal(b, &out); err != nil {
+		return fmt.Errorf("undecodable answer: %w", err)
+	}
+	t := newTable(a.stdout)
+	t.row("ID", "TYPE", "STATE", "ATTEMPT", "WORKER", "CREATED", "COST_USD")
+	for _, j := range out.Jobs {
+		t.row(j.ID, j.JobType, j.State, fmt.Sprintf("%d/%d", j.Attempt, j.MaxAttempts), strp(j.WorkerID), tstr(j.CreatedAt), strp(j.ActualCostUSD))
+	}
+	t.flush()
+	if out.Next != nil {
+		fmt.Fprintf(a.stdout, "more: -after %s\n", *out.Next)
+	}
+	return nil
+}
+
+func setIf(q url.Values, k, v string) {
+	if v != "" {
+		q.Set(k, v)
+	}
+}
+
+// jobDetail is GET /operator/jobs/{id}'s answer with jobView.
+type jobDetail struct {
+	Job        jobView             `json:"job"`
+	Leasable   bool                `json:"leasable"`
+	Reason     string              `json:"reason"`
+	Result     *wire.JobResult     `json:"result"`
+	Events     []wire.JobEventView `json:"events"`
+	EventsNext *int64              `json:"events_next"`
+	Artifacts  []wire.ArtifactView `json:"artifacts"`
+}
+
+func (a *app) job(id string, eventsAfter int64) (*jobDetail, []byte, error) {
+	route := "/operator/jobs/" + url.PathEscape(id)
+	if eventsAfter > 0 {
+		route += "?events_after=" + strconv.FormatInt(eventsAfter, 10)
+	}
+	b, err := a.call(http.MethodGet, route, nil)
+	if err != nil {
+		return nil, nil, err
+	}
+	var d jobDetail
+	if err := json.Unmarshal(b, &d); err != nil {
+		return nil, nil, fmt.Errorf("undecodable answer: %w", err)
+	}
+	return &d, b, nil
+}
+
+func jobsShow(a *app, args []string) error {
+	fs := a.flags("jobs show", "JOB_ID")
+	if err := a.parse(fs, args, 1, 1); err != nil {
+		return err
+	}
+	d, b, err := a.job(fs.Arg(0), 0)
+	if err != nil {
+		return err
+	}
+	if a.json() {
+		return a.printJSON(b)
+	}
+	j := d.Job
+	t := newTable(a.stdout)
+	t.row("id", j.ID)
+	t.row("type", j.JobType)
+	t.row("state", j.State)
+	if j.State == "queued" {
+		t.row("leasable", strconv.FormatBool(d.Leasable)+" "+d.Reason)
+	}
+	t.row("attempt", fmt.Sprintf("%d of %d", j.Attempt, j.MaxAttempts))
+	t.row("priority", strconv.Itoa(j.Priority))
+	r := j.Requirements
+	t.row("requirements", fmt.Sprintf("gpu_sku=%s gpu_count=%d min_vram_mb=%d max_runtime_seconds=%d tags=%s",
+		orDash(r.GPUSKU), r.GPUCount, r.MinVRAMMB, r.MaxRuntimeSeconds, orDash(strings.Join(r.Tags, ","))))
+	t.row("worker", strp(j.WorkerID))
+	t.row("created", tstr(j.CreatedAt))
+	t.row("accepted", timep(j.AcceptedAt))
+	t.row("finished", timep(j.FinishedAt))
+	t.row("cancel_requested", strconv.FormatBool(j.CancelRequested))
+	if j.LastError != nil {
+		t.row("last_error", j.LastError.Code+": "+j.LastError.Message)
+	}
+	t.row("receipt", strp(j.ReceiptID))
+	if j.ActualMS != nil {
+		t.row("actual_ms", strconv.FormatInt(*j.ActualMS, 10))
+	}
+	if j.ActualCostUSD != nil {
+		t.row("cost_usd", *j.ActualCostUSD)
+	}
+	if d.Result != nil {
+		t.row("output_uri", strp(d.Result.OutputURI))
+		if len(d.Result.Metrics) > 0 && string(d.Result.Metrics) != "null" {
+			t.row("metrics", string(d.Result.Metrics))
+		}
+	}
+	t.row("events", strconv.Itoa(len(d.Events)))
+	t.flush()
+	if len(d.Artifacts) > 0 {
+		fmt.Fprintln(a.stdout)
+		t = newTable(a.stdout)
+		t.row("ARTIFACT", "TYPE", "STATUS", "SIZE", "URI")
+		for _, x := range d.Artifacts {
+			t.row(x.ArtifactID, x.ArtifactType, x.Status, strconv.FormatInt(x.SizeBytes, 10), x.URI)
+		}
+		t.flush()
+	}
+	return nil
+}
+
+func jobsCancel(a *app, args []string) error {
+	fs := a.flags("jobs cancel", "JOB_ID")
+	if err := a.parse(fs, args, 1, 1); err != nil {
+		return err
+	}
+	b, err := a.call(http.MethodPost, "/operator/jobs/"+url.PathEscape(fs.Arg(0))+"/cancel", nil)
+	if err != nil {
+		return err
+	}
+	if a.json() {
+		return a.printJSON(b)
+	}
+	var out struct {
+		Job jobView `json:"job"`
+	}
+	if err := json.Unmarshal(b, &out); err != nil {
+		return fmt.Errorf("undecodable answer: %w", err)
+	}
+	t := newTable(a.stdout)
+	t.row("ID", "STATE", "CANCEL_REQUESTED")
+	t.row(out.Job.ID, out.Job.State, strconv.FormatBool(out.Job.CancelRequested))
+	t.flush()
+	return nil
+}
+
+// The bounds of jobs logs -interval.
+const (
+	minFollowInterval = 100 * time.Millisecond
+	maxFollowInterval = time.Minute
+)
+
+// ended reports whether a job's state is final.
+func ended(state string) bool {
+	return state == "succeeded" || state == "failed" || state == "canceled"
+}
+
+func jobsLogs(a *app, args []string) error {
+	fs := a.flags("jobs logs", "JOB_ID")
+	follow := fs.Bool("follow", false, "poll for new events until the job ends (or SIGINT)")
+	fs.BoolVar(follow, "f", false, "short for -follow")
+	interval := fs.Duration("interval", time.Second, "how often -follow polls, 100ms to 1m")
+	if err := a.parse(fs, args, 1, 1); err != nil {
+		return err
+	}
+	if *interval < minFollowInterval || *interval > maxFollowInterval {
+		return usagef("jobs logs: -interval %v is outside %v to %v", *interval, minFollowInterval, maxFollowInterval)
+	}
+	id := fs.Arg(0)
+	var after int64
+	enc := json.NewEncoder(a.stdout)
+	for {
+		d, _, err := a.job(id, after)
+		if err != nil {
+			return err
+		}
+		for _, e := range d.Events {
+			if a.json() {
+				if err := enc.Encode(e); err != nil {
+					return err
+				}
+			} else {
+				what := "log"
+				if e.EventType != nil {
+					what = *e.EventType
+				}
+				fmt.Fprintf(a.stdout, "%s  %-10s %s\n", e.CreatedAt.UTC().Format("2006-01-02T15:04:05.000Z"), what, strings.TrimRight(e.Message, "\n"))
+			}
+			after = e.ID
+		}
+		if d.EventsNext != nil {
+			after = *d.EventsNext
+			continue
+		}
+		if !*follow || ended(d.Job.State) {
+			return nil
+		}
+		select {
+		case <-a.ctx.Done():
+			return a.ctx.Err()
+		case <-time.After(*interval):
+		}
+	}
+}

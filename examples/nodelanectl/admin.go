@@ -72,7 +72,7 @@ func workersShow(a *app, args []string) error {
 	if err := a.parse(fs, args, 1, 1); err != nil {
 		return err
 	}
-	b, err := a.call(http.MethodGet, "/operator/workers/"+url.PathEscape(fs.Arg(0)), nil)
+	b, err := a.call(http.MethodGet, "/operator/workers/"+url.PathEscape(a.arg(0)), nil)
 	if err != nil {
 		return err
 	}
@@ -126,7 +126,7 @@ func workerAction(verb string) func(a *app, args []string) error {
 		if err := a.parse(fs, args, 1, 1); err != nil {
 			return err
 		}
-		b, err := a.call(http.MethodPost, "/operator/workers/"+url.PathEscape(fs.Arg(0))+"/"+verb, wire.ReasonRequest{Reason: *reason})
+		b, err := a.call(http.MethodPost, "/operator/workers/"+url.PathEscape(a.arg(0))+"/"+verb, wire.ReasonRequest{Reason: *reason})
 		if err != nil {
 			return err
 		}
@@ -165,7 +165,7 @@ func workersApprove(a *app, args []string) error {
 	if len(tags) > 0 {
 		req.Tags = (*[]string)(&tags)
 	}
-	b, err := a.call(http.MethodPost, "/operator/workers/"+url.PathEscape(fs.Arg(0))+"/approve", req)
+	b, err := a.call(http.MethodPost, "/operator/workers/"+url.PathEscape(a.arg(0))+"/approve", req)
 	if err != nil {
 		return err
 	}
@@ -374,7 +374,7 @@ func credentialsRevoke(a *app, args []string) error {
 	if err := a.parse(fs, args, 1, 1); err != nil {
 		return err
 	}
-	b, err := a.call(http.MethodPost, "/operator/credentials/"+url.PathEscape(fs.Arg(0))+"/revoke", wire.ReasonRequest{Reason: *reason})
+	b, err := a.call(http.MethodPost, "/operator/credentials/"+url.PathEscape(a.arg(0))+"/revoke", wire.ReasonRequest{Reason: *reason})
 	if err != nil {
 		return err
 	}

@@ -230,7 +230,7 @@ func jobsShow(a *app, args []string) error {
 	if err := a.parse(fs, args, 1, 1); err != nil {
 		return err
 	}
-	d, b, err := a.job(fs.Arg(0), 0)
+	d, b, err := a.job(a.arg(0), 0)
 	if err != nil {
 		return err
 	}
@@ -290,7 +290,7 @@ func jobsCancel(a *app, args []string) error {
 	if err := a.parse(fs, args, 1, 1); err != nil {
 		return err
 	}
-	b, err := a.call(http.MethodPost, "/operator/jobs/"+url.PathEscape(fs.Arg(0))+"/cancel", nil)
+	b, err := a.call(http.MethodPost, "/operator/jobs/"+url.PathEscape(a.arg(0))+"/cancel", nil)
 	if err != nil {
 		return err
 	}
@@ -332,7 +332,7 @@ func jobsLogs(a *app, args []string) error {
 	if *interval < minFollowInterval || *interval > maxFollowInterval {
 		return usagef("jobs logs: -interval %v is outside %v to %v", *interval, minFollowInterval, maxFollowInterval)
 	}
-	id := fs.Arg(0)
+	id := a.arg(0)
 	var after int64
 	enc := json.NewEncoder(a.stdout)
 	for {

@@ -90,6 +90,8 @@ type app struct {
 	now func() time.Time
 	// settings once resolved.
 	cfg *settings
+	// args are the command's arguments, after parse.
+	args []string
 }
 
 // command is a verb of a group.
@@ -242,15 +244,30 @@ func (a *app) flags(name, args string) *flag.FlagSet {
 	return fs
 }
 
-// parse parses a command's flags and checks its number of arguments.
+// parse parses a command's flags, which may come before, between and
+// after its arguments (all after "--" are arguments), and checks the
+// number of arguments; a.arg reads them.
 func (a *app) parse(fs *flag.FlagSet, args []string, minArgs, maxArgs int) error {
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
+	a.args = nil
+	for {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return err
+			}
+			return usagef("%s: %v", fs.Name(), err)
 		}
-		return usagef("%s: %v", fs.Name(), err)
+		rest := fs.Args()
+		if len(rest) == 0 {
+			break
+		}
+		if n := len(args) - len(rest); n > 0 && args[n-1] == "--" {
+			a.args = append(a.args, rest...)
+			break
+		}
+		a.args = append(a.args, rest[0])
+		args = rest[1:]
 	}
-	if n := fs.NArg(); n < minArgs || n > maxArgs {
+	if n := len(a.args); n < minArgs || n > maxArgs {
 		fs.Usage()
 		if minArgs == maxArgs {
 			return usagef("%s takes %d argument(s), got %d", fs.Name(), minArgs, n)
@@ -262,6 +279,9 @@ func (a *app) parse(fs *flag.FlagSet, args []string, minArgs, maxArgs int) error
 	}
 	return nil
 }
+
+// arg is the command's i-th argument, after parse.
+func (a *app) arg(i int) string { return a.args[i] }
 
 func (a *app) json() bool { return a.common.output == "json" }
 

@@ -131,7 +131,7 @@ func receiptsVerify(a *app, args []string) error {
 	if err != nil {
 		return fmt.Errorf("-checkpoint: %w", err)
 	}
-	f, err := os.Open(fs.Arg(0))
+	f, err := os.Open(a.arg(0))
 	if err != nil {
 		return err
 	}

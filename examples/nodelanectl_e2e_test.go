@@ -237,6 +237,15 @@ func TestNodelanectlCommands(t *testing.T) {
 		if len(l.Jobs) != 1 || l.Jobs[0].ID != jobID {
 			t.Errorf("jobs list -o json: %+v", l.Jobs)
 		}
+		payload := filepath.Join(x.home, "payload.json")
+		if err := os.WriteFile(payload, []byte(`{"from_file": true}`), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		x.runJSON(&d, "jobs", "submit", "-type", "embedding_dry_run", "-payload-file", payload, "-gpu-sku", "rtx-4090", "-max-runtime", "5m")
+		if !bytes.Contains(d.Job.Payload, []byte(`"from_file":true`)) || d.Job.Requirements.MaxRuntimeSeconds != 300 || d.Job.Requirements.GPUSKU != "rtx-4090" {
+			t.Errorf("submit -payload-file: %+v", d.Job)
+		}
+		c.waitDone(d.Job.ID, "succeeded")
 		// A blocked type stays queued; cancel it.
 		x.runJSON(&d, "jobs", "submit", "-type", "lora_train", "-tag", "lab-z", "-priority", "3", "-max-attempts", "2")
 		if d.Leasable || d.Reason == "" || d.Job.Priority != 3 || d.Job.MaxAttempts != 2 || len(d.Job.Requirements.Tags) != 1 {

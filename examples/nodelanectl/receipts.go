@@ -107,7 +107,7 @@ func receiptsExport(a *app, args []string) error {
 var errInvalid = errors.New("check failed")
 
 func receiptsVerify(a *app, args []string) error {
-	fs := a.flags("receipts verify", "RECEIPTS_FILE")
+	fs := a.flags("receipts verify", "RECEIPTS_FILE (- for standard input)")
 	key := fs.String("key", "", "the log's note verifier key, receipt_public_key (default: the config file's)")
 	origin := fs.String("origin", receipts.DefaultOrigin, "the log's checkpoint origin")
 	cpFile := fs.String("checkpoint", "", "the signed checkpoint `file` (required)")
@@ -131,12 +131,16 @@ func receiptsVerify(a *app, args []string) error {
 	if err != nil {
 		return fmt.Errorf("-checkpoint: %w", err)
 	}
-	f, err := os.Open(a.arg(0))
-	if err != nil {
-		return err
+	var in io.Reader = os.Stdin
+	if name := a.arg(0); name != "-" {
+		f, err := os.Open(name)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		in = f
 	}
-	defer f.Close()
-	cp, err := receiptexport.Verify(f, signed, *key, *origin)
+	cp, err := receiptexport.Verify(in, signed, *key, *origin)
 	var re *receiptexport.ReadError
 	switch {
 	case errors.As(err, &re):

@@ -22,6 +22,10 @@
 // and receipt_public_key; a file that holds a token must be readable by
 // its owner only.
 //
+// Limits: a token file is at most 4 KiB and holds one token; a config
+// file is at most 64 KiB; jobs logs -follow polls every -interval, 100 ms
+// to 1 minute (1 s by default); every request times out after 60 s.
+//
 // Output is aligned tables, or with -o json the API's JSON answer as it
 // came (jobs logs writes one JSON event a line). The exit status is 0 on
 // success, 1 when the server refuses or cannot be reached, an export does

@@ -31,7 +31,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/nodelane/nodelane/receipts"
 	"github.com/nodelane/nodelane/workerapi/wire"
 )
 
@@ -68,8 +67,8 @@ type Config struct {
 	// Server.ReceiptVerifierKey), against which the console verifies
 	// checkpoints and receipts. Required.
 	VerifierKey string
-	// Origin is the receipt log's checkpoint origin. Defaults to
-	// receipts.DefaultOrigin.
+	// Origin is the receipt log's checkpoint origin. Defaults to the
+	// name of VerifierKey, which workerapi requires to be its origin.
 	Origin string
 	// SessionTTL is how long a sign-in lasts. Defaults to DefaultSessionTTL.
 	SessionTTL time.Duration
@@ -103,7 +102,11 @@ func New(cfg Config) (*Console, error) {
 		return nil, fmt.Errorf("%w: VerifierKey is required", ErrConfig)
 	}
 	if cfg.Origin == "" {
-		cfg.Origin = receipts.DefaultOrigin
+		name, _, ok := strings.Cut(cfg.VerifierKey, "+")
+		if !ok || name == "" {
+			return nil, fmt.Errorf("%w: VerifierKey is not a note verifier key", ErrConfig)
+		}
+		cfg.Origin = name
 	}
 	if cfg.SessionTTL == 0 {
 		cfg.SessionTTL = DefaultSessionTTL

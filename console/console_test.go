@@ -725,3 +725,31 @@ func mustURL(t *testing.T, s string) *url.URL {
 	}
 	return u
 }
+
+// TestLimits: a form over 64 KiB and an export over MaxExportBytes are
+// refused with a message, and change nothing.
+func TestLimits(t *testing.T) {
+	f := newFixture(t, nil)
+	b := f.browser(t)
+	b.signIn(t, f.env.OperatorToken)
+	before := f.env.Dump(t)
+	p := b.post(t, "/envelope/activate", url.Values{"reason": {strings.Repeat("r", 65<<10)}})
+	mustContain(t, "large form", p, "the form could not be read")
+	var body bytes.Buffer
+	mw := multipart.NewWriter(&body)
+	w, _ := mw.CreateFormFile("export", "export")
+	w.Write(bytes.Repeat([]byte("x"), console.MaxExportBytes+1))
+	w, _ = mw.CreateFormFile("checkpoint", "checkpoint")
+	w.Write([]byte("x"))
+	mw.Close()
+	req, _ := http.NewRequest(http.MethodPost, f.url+"/receipts/verify", &body)
+	req.Header.Set("Content-Type", mw.FormDataContentType())
+	p = b.do(t, req)
+	mustContain(t, "large export", p, "✘ The export could not be read")
+	if diff := cmp.Diff(before, f.env.Dump(t)); diff != "" {
+		t.Fatalf("refused requests changed the state:\n%s", diff)
+	}
+	if p := b.get(t, "/envelope"); !strings.Contains(p.body, `id="active">inactive`) {
+		t.Error("the envelope changed")
+	}
+}

@@ -129,16 +129,20 @@ func (c *Console) verifyExport(w http.ResponseWriter, r *http.Request, s *sessio
 			return nil, fmt.Errorf("no %s was sent", name)
 		}
 		defer f.Close()
-		return io.ReadAll(io.LimitReader(f, MaxExportBytes))
+		b, err := io.ReadAll(io.LimitReader(f, MaxExportBytes+1))
+		if err == nil && len(b) > MaxExportBytes {
+			err = fmt.Errorf("the %s is larger than %d MiB", name, MaxExportBytes>>20)
+		}
+		return b, err
 	}
 	note, err := read("checkpoint")
 	if err != nil {
-		c.renderReceipts(w, r, s, &exportResult{Message: err.Error()})
+		c.renderReceipts(w, r, s, &exportResult{Message: "The export could not be read: " + err.Error()})
 		return
 	}
 	export, err := read("export")
 	if err != nil {
-		c.renderReceipts(w, r, s, &exportResult{Message: err.Error()})
+		c.renderReceipts(w, r, s, &exportResult{Message: "The export could not be read: " + err.Error()})
 		return
 	}
 	c.renderReceipts(w, r, s, c.checkExport(note, export))

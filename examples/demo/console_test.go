@@ -111,7 +111,7 @@ func TestDemoConsole(t *testing.T) {
 	for _, want := range []string{
 		`class="state-succeeded">succeeded`,
 		`<tr class="ev-log">`, // its logs
-		"adapter", "file://", // its artifact
+		"adapter", "file://",  // its artifact
 		"USD for", "on rtx-4090 at 1.800000 USD per GPU-hour", // its cost
 		`<td>job_charged</td><td class="verified">✔ verified`,
 		`<td>job_completed</td><td class="verified">✔ verified`,

@@ -501,7 +501,7 @@ func TestActions(t *testing.T) {
 		mustContain(t, "explode", p, "there is no worker action")
 	})
 	t.Run("dispatch refused", func(t *testing.T) {
-		before := f.env.Dump(t)
+		before := settled(t, f)
 		p := b.post(t, "/jobs", url.Values{"job_type": {"status_check"}, "payload": {"{not json"}})
 		mustContain(t, "bad payload", p, "the payload is not JSON")
 		p = b.post(t, "/jobs", url.Values{"job_type": {""}})
@@ -544,7 +544,7 @@ func TestActions(t *testing.T) {
 		if i, j := strings.Index(p.body, "envelope_deactivated"), strings.Index(p.body, "envelope_activated"); i > j {
 			t.Error("the history is not newest first")
 		}
-		before := f.env.Dump(t)
+		before := settled(t, f)
 		p = b.post(t, "/envelope/activate", url.Values{"reason": {"x"}, "until": {"tomorrow"}})
 		mustContain(t, "bad until", p, "is not a time")
 		p = b.post(t, "/envelope/deactivate", url.Values{"reason": {""}})
@@ -587,7 +587,7 @@ func TestCSRF(t *testing.T) {
 	b := f.browser(t)
 	b.signIn(t, f.env.OperatorToken)
 	n := registerNode(t, f, "gpu-1")
-	before := f.env.Dump(t)
+	before := settled(t, f)
 	for _, tc := range []struct {
 		name    string
 		headers map[string]string
@@ -631,7 +631,7 @@ func TestScopeRefusal(t *testing.T) {
 	b := f.browser(t)
 	p := b.signIn(t, tok) // a token without every scope signs in
 	mustContain(t, "overview", p, "Refused (403 insufficient_scope)")
-	before := f.env.Dump(t)
+	before := settled(t, f)
 	for _, tc := range []struct {
 		path string
 		form url.Values
@@ -732,7 +732,7 @@ func TestLimits(t *testing.T) {
 	f := newFixture(t, nil)
 	b := f.browser(t)
 	b.signIn(t, f.env.OperatorToken)
-	before := f.env.Dump(t)
+	before := settled(t, f)
 	p := b.post(t, "/envelope/activate", url.Values{"reason": {strings.Repeat("r", 65<<10)}})
 	mustContain(t, "large form", p, "the form could not be read")
 	var body bytes.Buffer
@@ -752,4 +752,15 @@ func TestLimits(t *testing.T) {
 	if p := b.get(t, "/envelope"); !strings.Contains(p.body, `id="active">inactive`) {
 		t.Error("the envelope changed")
 	}
+}
+
+// settled sequences every receipt minted so far (the background sequencer
+// would, between two dumps) and returns the state, for a test to check
+// that what follows changes nothing.
+func settled(t *testing.T, f *fixture) map[string][]string {
+	t.Helper()
+	if _, err := f.env.Server.Sequence(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return f.env.Dump(t)
 }

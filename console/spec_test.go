@@ -93,7 +93,7 @@ func TestSpecRetire(t *testing.T) {
 	}
 	weak := f.browser(t)
 	weak.signIn(t, tok)
-	before := f.env.Dump(t)
+	before := settled(t, f)
 	p := weak.post(t, wp+"/retire", url.Values{"reason": {"x"}})
 	mustContain(t, "retire refused", p, "Refused (403 insufficient_scope)")
 	if after := f.env.Dump(t); fmt.Sprint(before) != fmt.Sprint(after) {

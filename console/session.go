@@ -126,13 +126,6 @@ func (ss *sessions) pop(s *session) []flash {
 	return f
 }
 
-// len is the number of sessions held.
-func (ss *sessions) len() int {
-	ss.mu.Lock()
-	defer ss.mu.Unlock()
-	return len(ss.m)
-}
-
 func (c *Console) session(r *http.Request) *session {
 	ck, err := r.Cookie(CookieName)
 	if err != nil {

@@ -38,12 +38,16 @@ func chromium(t *testing.T) string {
 // the runtime, watch the job run and its logs arrive without reloading
 // (the page's script), then its cost and verified receipts. It fails on
 // any script error or Content-Security-Policy report in the page.
-// Screenshots go to the test's temporary directory.
+// Screenshots go to the test's temporary directory, or to the directory
+// $CONSOLE_SCREENSHOTS names, to look at them.
 func TestBrowser(t *testing.T) {
 	exe := chromium(t)
 	f := newFixture(t, nil)
 	n := registerNode(t, f, "gpu-1")
 	shots := t.TempDir()
+	if d := os.Getenv("CONSOLE_SCREENSHOTS"); d != "" {
+		shots = d
+	}
 
 	actx, cancelAlloc := chromedp.NewExecAllocator(context.WithoutCancel(t.Context()), append(chromedp.DefaultExecAllocatorOptions[:],
 		chromedp.ExecPath(exe), chromedp.NoSandbox, chromedp.Headless, chromedp.DisableGPU,

@@ -96,11 +96,11 @@ func TestBrowser(t *testing.T) {
 	}
 	shot := func(name string) {
 		t.Helper()
-		b, err := chromedp.Run(ctx, chromedp.FullScreenshot(80))
+		b, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
 		if err != nil {
 			t.Fatalf("screenshot %s: %v", name, err)
 		}
-		p := filepath.Join(shots, name+".jpg")
+		p := filepath.Join(shots, name+".png")
 		if err := os.WriteFile(p, b, 0o600); err != nil {
 			t.Fatal(err)
 		}

@@ -96,6 +96,9 @@ func TestSpecRetire(t *testing.T) {
 	before := settled(t, f)
 	p := weak.post(t, wp+"/retire", url.Values{"reason": {"x"}})
 	mustContain(t, "retire refused", p, "Refused (403 insufficient_scope)")
+	if strings.Contains(p.body, "answered 404") {
+		t.Fatalf("the control plane does not serve retire:\n%s", p.body)
+	}
 	if after := f.env.Dump(t); fmt.Sprint(before) != fmt.Sprint(after) {
 		t.Fatal("a refused retire changed the state")
 	}

@@ -618,11 +618,16 @@ func (c *Console) job(w http.ResponseWriter, r *http.Request, s *session) {
 		d.ReceiptsErr = explain(err)
 	}
 	for _, rr := range d.Receipts {
-		if rr.Kind == receipts.KindJobCharged && rr.Receipt != nil && d.Cost == nil {
-			rc := rr.Receipt
-			d.Cost = &cost{MS: strconv.FormatInt(rc.ActualMS, 10), Hours: receipts.Hours(rc.ActualMS), USD: receipts.FormatMicros(rc.CostMicros),
-				SKU: rc.GPUSKU, Rate: receipts.FormatMicros(rc.RateMicros), From: "its job_charged receipt"}
+		if rr.Kind != receipts.KindJobCharged || rr.Receipt == nil {
+			continue
 		}
+		rc := rr.Receipt
+		if d.Cost == nil {
+			d.Cost = &cost{MS: strconv.FormatInt(rc.ActualMS, 10), Hours: receipts.Hours(rc.ActualMS), USD: receipts.FormatMicros(rc.CostMicros),
+				From: "its job_charged receipt"}
+		}
+		// The SKU and rate are the receipt's in either case.
+		d.Cost.SKU, d.Cost.Rate = rc.GPUSKU, receipts.FormatMicros(rc.RateMicros)
 	}
 	c.render(w, r, http.StatusOK, "job", s, &pageData{Title: "Job " + id, Nav: "jobs", Data: d})
 }

@@ -66,7 +66,7 @@ func TestSpecJobCostFromView(t *testing.T) {
 	b := f.browser(t)
 	b.signIn(t, f.env.OperatorToken)
 	job, rc := charged(t, f, b)
-	want := fmt.Sprintf(`<p id="cost">%s USD for %d ms (%s GPU-hours), from the job.</p>`, receipts.FormatMicros(rc.CostMicros), rc.ActualMS, receipts.Hours(rc.ActualMS))
+	want := fmt.Sprintf(`<p id="cost">%s USD for %d ms (%s GPU-hours) on rtx-4090 at 1.800000 USD per GPU-hour, from the job.</p>`, receipts.FormatMicros(rc.CostMicros), rc.ActualMS, receipts.Hours(rc.ActualMS))
 	if p := b.get(t, "/jobs/"+job.id); !strings.Contains(p.body, want) {
 		t.Errorf("the job page does not show %s", want)
 	}

@@ -114,6 +114,9 @@ func violations(pkg string, deps []string, std map[string]bool) []string {
 		if pkg == "workerapi/wire" && ((own && r != "receipts") || (!own && !strings.HasPrefix(d, "golang.org/x/"))) {
 			out = append(out, pkg+" imports "+d+": the wire package imports only receipts, the standard library and golang.org/x")
 		}
+		if pkg == "console" && ((own && r != "workerapi/wire" && r != "receipts") || (!own && !strings.HasPrefix(d, "golang.org/x/"))) {
+			out = append(out, pkg+" imports "+d+": the console imports only workerapi/wire, receipts, the standard library and golang.org/x")
+		}
 		if slices.Contains(workerSide, pkg) && ((own && !slices.Contains(workerLinks, r) && !slices.Contains(workerSide, r)) || storageDriver(d)) {
 			out = append(out, pkg+" imports "+d+": a worker links only "+strings.Join(workerLinks, ", ")+" of nodelane, and no storage driver")
 		}
@@ -206,6 +209,9 @@ func TestViolations(t *testing.T) {
 		{workerapitest, []string{module + "/workerapi/client", module + "/lease/leasetest"}, 2},
 		{workerapitest, []string{"github.com/google/uuid"}, 1},
 		{"examples/server", []string{module + "/" + workerapitest}, 1},
+		{"console", []string{module + "/workerapi/wire", module + "/receipts", "golang.org/x/mod/sumdb/tlog"}, 0},
+		{"console", []string{module + "/workerapi", module + "/lease", module + "/credential", module + "/bunstore"}, 4},
+		{"console", []string{"github.com/uptrace/bun"}, 1},
 		{"workerapi", []string{module + "/" + workerapitest}, 1},
 	}
 	for _, tc := range tests {

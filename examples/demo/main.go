@@ -11,6 +11,13 @@
 // it, activates the runtime, waits for lora_train to succeed, prints its
 // cost from its job_charged receipt, and finally exports the receipt log
 // and verifies every receipt offline with nothing but the verifier key.
+//
+// The control plane also serves the web console (package console) at
+// /console/, whose URL the demo prints: sign in with the operator token of
+// nodelane-tokens.json in the demo's directory. With -serve the demo keeps
+// the control plane, the worker and the console running after its last
+// step, until it is interrupted, so that the console can be opened on
+// what the demo did.
 package main
 
 import (
@@ -32,6 +39,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/nodelane/nodelane/console"
 	"github.com/nodelane/nodelane/examples/internal/controlplane"
 	"github.com/nodelane/nodelane/examples/internal/jobs"
 	"github.com/nodelane/nodelane/receipts"
@@ -65,9 +73,11 @@ func run(ctx context.Context, args []string, stdout io.Writer) (err error) {
 	dir := fs.String("dir", "", "directory for the database, secrets, identity and outputs (default: a temporary directory, removed at the end)")
 	verbose := fs.Bool("v", false, "show the control plane's and the worker's logs on stderr")
 	timeout := fs.Duration("timeout", 50*time.Second, "give up after this long")
+	serveOn := fs.Bool("serve", false, "after the last step, keep serving the web console (and the control plane and the worker) until interrupted")
 	if err := fs.Parse(args); err != nil {
 		return errUsage{err} // the flag package has said why
 	}
+	outer := ctx
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
 
@@ -116,7 +126,14 @@ func run(ctx context.Context, args []string, stdout io.Writer) (err error) {
 	if err != nil {
 		return err
 	}
-	srv := &http.Server{Handler: cp.Server.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	con, err := console.New(console.Config{API: cp.Server.OperatorHandler(), VerifierKey: cp.Server.ReceiptVerifierKey()})
+	if err != nil {
+		return err
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/console/", http.StripPrefix("/console", con))
+	mux.Handle("/", cp.Server.Handler())
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
 	if err := cp.Server.Start(ctx); err != nil {
@@ -129,7 +146,9 @@ func run(ctx context.Context, args []string, stdout io.Writer) (err error) {
 		<-served
 	}()
 	base := "http://" + ln.Addr().String()
-	say("   listening on %s; operator and provisioning credentials minted (kept in %s, not printed)", base, filepath.Base(filepath.Join(*dir, "nodelane-tokens.json")))
+	tokensPath := filepath.Join(*dir, "nodelane-tokens.json")
+	say("   listening on %s; operator and provisioning credentials minted (kept in %s, not printed)", base, filepath.Base(tokensPath))
+	say("   web console: %s/console/ (sign in with operator_token from %s)", base, tokensPath)
 	op := &operator{base: base, token: tokens.OperatorToken, hc: &http.Client{Timeout: 30 * time.Second}}
 
 	// 2. The worker node.
@@ -274,7 +293,12 @@ func run(ctx context.Context, args []string, stdout io.Writer) (err error) {
 	}
 	say("   %d receipts verified against the signed checkpoint of tree size %d (key %s)", n, ckpt.Size, keyName(tokens.ReceiptPublicKey))
 
-	say("Done: the worker drains and the control plane stops.")
+	if *serveOn {
+		say("Done. The web console stays open at %s/console/ (operator_token in %s); press Ctrl-C to stop.", base, tokensPath)
+		<-outer.Done()
+		return nil
+	}
+	say("Done: the worker drains and the control plane stops. (With -serve the web console, %s/console/, stays open.)", base)
 	return nil
 }
 

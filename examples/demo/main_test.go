@@ -36,6 +36,7 @@ func TestDemo(t *testing.T) {
 		"actual_ms=",
 		"actual_hours=",
 		"actual_cost_usd=",
+		"web console: http://127.0.0.1:",
 		"Done:",
 	} {
 		if !strings.Contains(got, want) {

@@ -26,6 +26,9 @@
 // until its clock has been measured against the database's, and while the
 // two are more than 2 s apart (workerapi.Server.Ready). -clock-skew
 // DURATION offsets the server's own clock, for fault testing only.
+//
+// The web console (package console) is served at /console/: sign in with
+// an operator token.
 package main
 
 import (
@@ -39,9 +42,11 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
+	"github.com/nodelane/nodelane/console"
 	"github.com/nodelane/nodelane/examples/internal/controlplane"
 	"github.com/nodelane/nodelane/receipts"
 	"github.com/nodelane/nodelane/workerapi"
@@ -158,10 +163,22 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	// Not a ServeMux: it would redirect paths that are not clean, which
 	// the Handler answers 404 in JSON.
 	ready, api := cp.Server.ReadyHandler(), cp.Server.Handler()
+	con, err := console.New(console.Config{API: cp.Server.OperatorHandler(), VerifierKey: cp.Server.ReceiptVerifierKey()})
+	if err != nil {
+		return err
+	}
+	web := http.StripPrefix("/console", con)
 	srv := &http.Server{
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			if r.URL.Path == "/readyz" {
+			switch {
+			case r.URL.Path == "/readyz":
 				ready.ServeHTTP(w, r)
+				return
+			case r.URL.Path == "/console":
+				http.Redirect(w, r, "/console/", http.StatusMovedPermanently)
+				return
+			case strings.HasPrefix(r.URL.Path, "/console/"):
+				web.ServeHTTP(w, r)
 				return
 			}
 			api.ServeHTTP(w, r)
@@ -171,7 +188,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	hl.apply(srv)
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(limitListener(ln, hl.maxConns)) }()
-	log.Info("serving", "addr", ln.Addr().String(), "db", dbKind(*dsn))
+	log.Info("serving", "addr", ln.Addr().String(), "db", dbKind(*dsn), "console", "http://"+ln.Addr().String()+"/console/")
 
 	select {
 	case err := <-served:

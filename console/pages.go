@@ -1,0 +1,923 @@
+package console
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"html/template"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nodelane/nodelane/receipts"
+	"github.com/nodelane/nodelane/workerapi/wire"
+)
+
+// Bounds of what one page reads from the API, so that a page's cost does
+// not grow with the control plane's history.
+const (
+	// MaxCounted is the most jobs of one state, and workers, the overview
+	// counts; beyond it, it shows the count as a lower bound.
+	MaxCounted = 5000
+	// RecentReceipts is how many of the latest receipts the overview (for
+	// jobs/s), the envelope's history and a job's receipts look through.
+	RecentReceipts = 5000
+	// PageSize is the rows of a list page.
+	PageSize = 100
+)
+
+// pageData is what every template gets.
+type pageData struct {
+	Title    string
+	Base     string
+	Nav      string
+	Flashes  []flash
+	SignedIn bool
+	Now      time.Time
+	// Data is the page's own.
+	Data any
+}
+
+var funcs = template.FuncMap{
+	"when": func(t any) string {
+		switch v := t.(type) {
+		case time.Time:
+			if v.IsZero() {
+				return "—"
+			}
+			return v.UTC().Format("2006-01-02 15:04:05Z")
+		case *time.Time:
+			if v == nil || v.IsZero() {
+				return "—"
+			}
+			return v.UTC().Format("2006-01-02 15:04:05Z")
+		}
+		return fmt.Sprint(t)
+	},
+	"deref": func(p any) string {
+		switch v := p.(type) {
+		case *string:
+			if v == nil {
+				return "—"
+			}
+			return *v
+		case *int64:
+			if v == nil {
+				return "—"
+			}
+			return strconv.FormatInt(*v, 10)
+		}
+		return fmt.Sprint(p)
+	},
+	"pretty": func(b json.RawMessage) string {
+		if len(b) == 0 || string(b) == "null" {
+			return ""
+		}
+		var v any
+		if json.Unmarshal(b, &v) != nil {
+			return string(b)
+		}
+		out, _ := json.MarshalIndent(v, "", "  ")
+		return string(out)
+	},
+	"join":   strings.Join,
+	"states": func() []string { return jobStates },
+	"path":   url.PathEscape,
+	"query":  url.QueryEscape,
+	"ended":  func(state string) bool { return state == "succeeded" || state == "failed" || state == "canceled" },
+}
+
+var pageNames = []string{"signin", "error", "overview", "workers", "worker", "jobs", "job", "envelope", "receipts", "receipt", "credentials"}
+
+func parsePages() (map[string]*template.Template, error) {
+	out := map[string]*template.Template{}
+	for _, n := range pageNames {
+		t, err := template.New(n).Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/"+n+".html")
+		if err != nil {
+			return nil, fmt.Errorf("console: template %s: %w", n, err)
+		}
+		out[n] = t
+	}
+	return out, nil
+}
+
+// render writes page name with pd; s, when set, gives the flashes.
+func (c *Console) render(w http.ResponseWriter, r *http.Request, code int, name string, s *session, pd *pageData) {
+	pd.Base = base(r)
+	pd.Now = c.cfg.Now().UTC()
+	if s != nil {
+		pd.SignedIn = true
+		pd.Flashes = append(c.sessions.pop(s), pd.Flashes...)
+	}
+	if pd.Nav == "" {
+		pd.Nav = name
+	}
+	var buf strings.Builder
+	if err := c.pages[name].ExecuteTemplate(&buf, "layout", pd); err != nil {
+		http.Error(w, "console: rendering "+name+": "+err.Error(), http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.WriteHeader(code)
+	_, _ = w.Write([]byte(buf.String()))
+}
+
+func (c *Console) renderError(w http.ResponseWriter, r *http.Request, code int, msg string) {
+	s := c.session(r)
+	c.render(w, r, code, "error", s, &pageData{Title: http.StatusText(code), Data: msg, Flashes: []flash{{Error: true, Text: msg}}})
+}
+
+// act runs do, records its outcome as a flash and sends the browser to
+// back (Post/Redirect/Get).
+func (c *Console) act(w http.ResponseWriter, r *http.Request, s *session, back string, do func(ctx context.Context) (flash, error)) {
+	c.actTo(w, r, s, &back, do)
+}
+
+// actTo is act where do may change where the browser goes.
+func (c *Console) actTo(w http.ResponseWriter, r *http.Request, s *session, back *string, do func(ctx context.Context) (flash, error)) {
+	f, err := do(r.Context())
+	if err != nil {
+		f = flash{Error: true, Text: explain(err)}
+	}
+	c.sessions.push(s, f)
+	http.Redirect(w, r, base(r)+*back, http.StatusSeeOther)
+}
+
+// form parses a bounded form body.
+func form(w http.ResponseWriter, r *http.Request) error {
+	r.Body = http.MaxBytesReader(w, r.Body, maxForm)
+	if err := r.ParseForm(); err != nil {
+		return fmt.Errorf("the form could not be read: %w", err)
+	}
+	return nil
+}
+
+// --- overview
+
+// stateCounts is how many jobs are in each state, for one job type.
+type stateCounts struct {
+	Type   string
+	Counts []int
+}
+
+type overviewData struct {
+	States      []string
+	Types       []stateCounts
+	Totals      []int
+	Capped      bool
+	JobsErr     string
+	Liveness    map[string]int
+	Workers     int
+	WorkersErr  string
+	Rate        string
+	RateErr     string
+	SpendToday  *costsResponse
+	SpendMonth  *costsResponse
+	SpendErr    string
+	Envelope    *wire.EnvelopeResponse
+	EnvelopeErr string
+}
+
+var jobStates = []string{"queued", "leased", "running", "succeeded", "failed", "canceled"}
+
+func (c *Console) overview(w http.ResponseWriter, r *http.Request, s *session) {
+	ctx := r.Context()
+	d := overviewData{States: jobStates, Liveness: map[string]int{}, Totals: make([]int, len(jobStates))}
+	byType := map[string][]int{}
+	for i, st := range jobStates {
+		n := 0
+		err := c.eachJob(ctx, s.token, url.Values{"state": {st}}, MaxCounted, func(j jobView) {
+			if byType[j.JobType] == nil {
+				byType[j.JobType] = make([]int, len(jobStates))
+			}
+			byType[j.JobType][i]++
+			n++
+		})
+		if err != nil {
+			d.JobsErr = explain(err)
+			break
+		}
+		d.Totals[i] = n
+		if n >= MaxCounted {
+			d.Capped = true
+		}
+	}
+	for _, t := range sortedKeys(byType) {
+		d.Types = append(d.Types, stateCounts{Type: t, Counts: byType[t]})
+	}
+	if err := c.eachWorker(ctx, s.token, MaxCounted, func(v wire.WorkerView) {
+		d.Workers++
+		d.Liveness[v.Liveness]++
+	}); err != nil {
+		d.WorkersErr = explain(err)
+	}
+	if rs, _, err := c.recent(ctx, s.token, 1000); err != nil {
+		d.RateErr = explain(err)
+	} else {
+		// Jobs ended in the last minute, from their receipts.
+		since := c.cfg.Now().Add(-time.Minute)
+		n := 0
+		for _, w := range rs {
+			if w.Kind != receipts.KindJobCompleted && w.Kind != receipts.KindJobFailed {
+				continue
+			}
+			rc, err := receipts.Decode(w.Body)
+			if err != nil || rc.ServerTime.Before(since) || (rc.Kind == receipts.KindJobFailed && rc.Outcome == receipts.OutcomeRequeued) {
+				continue
+			}
+			n++
+		}
+		d.Rate = strconv.FormatFloat(float64(n)/60, 'f', 2, 64)
+	}
+	now := c.cfg.Now().UTC()
+	day := time.Date(now.Year(), now.Month(), now.Day(), 0, 0, 0, 0, time.UTC)
+	var today, month costsResponse
+	if err := c.call(ctx, s.token, http.MethodGet, "/operator/costs?from="+url.QueryEscape(day.Format(time.RFC3339))+"&to="+url.QueryEscape(now.Add(time.Second).Format(time.RFC3339)), nil, &today); err != nil {
+		d.SpendErr = explain(err)
+	} else if err := c.call(ctx, s.token, http.MethodGet, "/operator/costs", nil, &month); err != nil {
+		d.SpendErr = explain(err)
+	} else {
+		d.SpendToday, d.SpendMonth = &today, &month
+	}
+	var env wire.EnvelopeResponse
+	if err := c.call(ctx, s.token, http.MethodGet, "/operator/envelope", nil, &env); err != nil {
+		d.EnvelopeErr = explain(err)
+	} else {
+		d.Envelope = &env
+	}
+	c.render(w, r, http.StatusOK, "overview", s, &pageData{Title: "Overview", Data: d})
+}
+
+// costsResponse answers GET /operator/costs.
+type costsResponse struct {
+	From    string      `json:"from"`
+	To      string      `json:"to"`
+	GroupBy string      `json:"group_by"`
+	Groups  []costGroup `json:"groups"`
+	Total   costGroup   `json:"total"`
+}
+
+type costGroup struct {
+	Key          string `json:"key"`
+	Jobs         int64  `json:"jobs"`
+	ActualMS     int64  `json:"actual_ms"`
+	GPUHours     string `json:"gpu_hours"`
+	CostMicroUSD int64  `json:"cost_micro_usd"`
+	CostUSD      string `json:"cost_usd"`
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	ks := make([]string, 0, len(m))
+	for k := range m {
+		ks = append(ks, k)
+	}
+	slices.Sort(ks)
+	return ks
+}
+
+// jobView is a job as the operator routes answer it, with its cost.
+type jobView struct {
+	wire.Job
+	ActualMS           *int64  `json:"actual_ms"`
+	ActualHours        *string `json:"actual_hours"`
+	ActualCostUSD      *string `json:"actual_cost_usd"`
+	ActualCostMicroUSD *int64  `json:"actual_cost_micro_usd"`
+}
+
+type jobList struct {
+	Jobs []jobView `json:"jobs"`
+	Next *string   `json:"next"`
+}
+
+// eachJob calls f for each job the query lists, at most max.
+func (c *Console) eachJob(ctx context.Context, token string, q url.Values, max int, f func(jobView)) error {
+	q.Set("limit", "1000")
+	n := 0
+	for {
+		var page jobList
+		if err := c.call(ctx, token, http.MethodGet, "/operator/jobs?"+q.Encode(), nil, &page); err != nil {
+			return err
+		}
+		for _, j := range page.Jobs {
+			if n == max {
+				return nil
+			}
+			f(j)
+			n++
+		}
+		if page.Next == nil || n == max {
+			return nil
+		}
+		q.Set("after", *page.Next)
+	}
+}
+
+func (c *Console) eachWorker(ctx context.Context, token string, max int, f func(wire.WorkerView)) error {
+	q := url.Values{"limit": {"1000"}}
+	n := 0
+	for {
+		var page wire.WorkerListResponse
+		if err := c.call(ctx, token, http.MethodGet, "/operator/workers?"+q.Encode(), nil, &page); err != nil {
+			return err
+		}
+		for _, v := range page.Workers {
+			if n == max {
+				return nil
+			}
+			f(v)
+			n++
+		}
+		if page.Next == nil || n == max {
+			return nil
+		}
+		q.Set("after", *page.Next)
+	}
+}
+
+// checkpoint reads the current signed checkpoint and verifies it.
+func (c *Console) checkpoint(ctx context.Context, token string) (*receipts.Checkpoint, error) {
+	var note string
+	if err := c.call(ctx, token, http.MethodGet, "/operator/receipts/checkpoint", nil, &note); err != nil {
+		return nil, err
+	}
+	cp, err := receipts.OpenCheckpoint([]byte(note), c.cfg.VerifierKey, c.cfg.Origin)
+	if err != nil {
+		return nil, fmt.Errorf("the control plane's checkpoint does not verify with the configured key: %w", err)
+	}
+	return cp, nil
+}
+
+// recent returns the last n (at most RecentReceipts) receipts of the
+// current checkpoint's tree, in index order, and the checkpoint.
+func (c *Console) recent(ctx context.Context, token string, n int) ([]receipts.WireReceipt, *receipts.Checkpoint, error) {
+	cp, err := c.checkpoint(ctx, token)
+	if err != nil {
+		return nil, nil, err
+	}
+	n = min(n, RecentReceipts)
+	from := max(cp.Size-int64(n), 0)
+	var out []receipts.WireReceipt
+	for from < cp.Size {
+		path := "/operator/receipts?limit=1000"
+		if from > 0 {
+			path += "&after=" + strconv.FormatInt(from-1, 10)
+		}
+		var page wire.ReceiptListResponse
+		if err := c.call(ctx, token, http.MethodGet, path, nil, &page); err != nil {
+			return nil, nil, err
+		}
+		for _, w := range page.Receipts {
+			if w.Index != nil && *w.Index < cp.Size {
+				out = append(out, w)
+			}
+		}
+		if page.Next == nil || len(page.Receipts) == 0 {
+			break
+		}
+		from = *page.Next + 1
+	}
+	return out, cp, nil
+}
+
+// --- workers
+
+func (c *Console) workers(w http.ResponseWriter, r *http.Request, s *session) {
+	q := url.Values{"limit": {strconv.Itoa(PageSize)}}
+	if a := r.URL.Query().Get("after"); a != "" {
+		q.Set("after", a)
+	}
+	var page wire.WorkerListResponse
+	if err := c.call(r.Context(), s.token, http.MethodGet, "/operator/workers?"+q.Encode(), nil, &page); err != nil {
+		c.render(w, r, status(err), "workers", s, &pageData{Title: "Workers", Flashes: []flash{{Error: true, Text: explain(err)}}})
+		return
+	}
+	c.render(w, r, http.StatusOK, "workers", s, &pageData{Title: "Workers", Data: page})
+}
+
+type workerData struct {
+	wire.WorkerDetailResponse
+	// Retired is the spec's "status":"retired".
+	Retired    bool
+	History    []jobView
+	HistoryErr string
+}
+
+func (c *Console) worker(w http.ResponseWriter, r *http.Request, s *session) {
+	id := r.PathValue("id")
+	var d workerData
+	if err := c.call(r.Context(), s.token, http.MethodGet, "/operator/workers/"+url.PathEscape(id), nil, &d.WorkerDetailResponse); err != nil {
+		c.render(w, r, status(err), "worker", s, &pageData{Title: "Worker " + id, Nav: "workers", Flashes: []flash{{Error: true, Text: explain(err)}}})
+		return
+	}
+	d.Retired = d.Worker.Status == "retired"
+	var page jobList
+	if err := c.call(r.Context(), s.token, http.MethodGet, "/operator/jobs?"+url.Values{"worker_id": {id}, "limit": {strconv.Itoa(PageSize)}}.Encode(), nil, &page); err != nil {
+		d.HistoryErr = explain(err)
+	}
+	for _, j := range page.Jobs {
+		// Kept only when the API filtered as asked.
+		if j.WorkerID != nil && *j.WorkerID == id {
+			d.History = append(d.History, j)
+		}
+	}
+	c.render(w, r, http.StatusOK, "worker", s, &pageData{Title: "Worker " + d.Worker.Name, Nav: "workers", Data: d})
+}
+
+// fields splits a space- or comma-separated list.
+func fields(s string) []string {
+	return strings.FieldsFunc(s, func(r rune) bool { return r == ',' || r == ' ' || r == '\t' || r == '\n' || r == '\r' })
+}
+
+func (c *Console) workerAction(w http.ResponseWriter, r *http.Request, s *session) {
+	id, action := r.PathValue("id"), r.PathValue("action")
+	back := "/workers/" + url.PathEscape(id)
+	c.act(w, r, s, back, func(ctx context.Context) (flash, error) {
+		if err := form(w, r); err != nil {
+			return flash{}, err
+		}
+		reason := r.PostForm.Get("reason")
+		var body any
+		switch action {
+		case "ban", "unban", "retire":
+			body = wire.ReasonRequest{Reason: reason}
+		case "approve":
+			a := wire.ApproveRequest{Reason: reason}
+			if t := fields(r.PostForm.Get("job_types")); len(t) > 0 {
+				a.JobTypes = &t
+			}
+			if t := fields(r.PostForm.Get("tags")); len(t) > 0 {
+				a.Tags = &t
+			}
+			body = a
+		default:
+			return flash{}, fmt.Errorf("there is no worker action %q", action)
+		}
+		var out wire.WorkerResponse
+		if err := c.call(ctx, s.token, http.MethodPost, "/operator/workers/"+url.PathEscape(id)+"/"+action, body, &out); err != nil {
+			return flash{}, err
+		}
+		msg := fmt.Sprintf("Worker %s: %s done.", id, action)
+		if out.ReceiptID != nil {
+			msg += " Receipt " + *out.ReceiptID + "."
+		} else {
+			msg += " (Nothing changed.)"
+		}
+		return flash{Text: msg}, nil
+	})
+}
+
+// --- jobs
+
+type jobsData struct {
+	State, Type, Worker, Tag string
+	Jobs                     []jobView
+	Next                     string
+	NextQuery                string
+	SafeTypes, BlockedTypes  []string
+}
+
+func (c *Console) jobs(w http.ResponseWriter, r *http.Request, s *session) {
+	in := r.URL.Query()
+	d := jobsData{State: in.Get("state"), Type: in.Get("job_type"), Worker: in.Get("worker_id"), Tag: in.Get("tag")}
+	q := url.Values{"limit": {strconv.Itoa(PageSize)}}
+	for k, v := range map[string]string{"state": d.State, "job_type": d.Type, "worker_id": d.Worker, "tag": d.Tag, "after": in.Get("after")} {
+		if v != "" {
+			q.Set(k, v)
+		}
+	}
+	var page jobList
+	if err := c.call(r.Context(), s.token, http.MethodGet, "/operator/jobs?"+q.Encode(), nil, &page); err != nil {
+		c.render(w, r, status(err), "jobs", s, &pageData{Title: "Jobs", Data: d, Flashes: []flash{{Error: true, Text: explain(err)}}})
+		return
+	}
+	for _, j := range page.Jobs {
+		// Filter here too, so that a control plane that ignores a
+		// filter shows no job that does not match it.
+		if (d.State != "" && j.State != d.State) || (d.Type != "" && j.JobType != d.Type) ||
+			(d.Worker != "" && (j.WorkerID == nil || *j.WorkerID != d.Worker)) ||
+			(d.Tag != "" && !slices.Contains(j.Requirements.Tags, d.Tag)) {
+			continue
+		}
+		d.Jobs = append(d.Jobs, j)
+	}
+	if page.Next != nil {
+		q.Set("after", *page.Next)
+		q.Del("limit")
+		d.NextQuery = q.Encode()
+	}
+	var env wire.EnvelopeResponse
+	if c.call(r.Context(), s.token, http.MethodGet, "/operator/envelope", nil, &env) == nil {
+		d.SafeTypes, d.BlockedTypes = env.SafeTypes, env.BlockedTypes
+	}
+	c.render(w, r, http.StatusOK, "jobs", s, &pageData{Title: "Jobs", Data: d})
+}
+
+func (c *Console) dispatch(w http.ResponseWriter, r *http.Request, s *session) {
+	back := "/jobs"
+	c.actTo(w, r, s, &back, func(ctx context.Context) (flash, error) {
+		if err := form(w, r); err != nil {
+			return flash{}, err
+		}
+		f := r.PostForm
+		req := wire.DispatchRequest{JobType: strings.TrimSpace(f.Get("job_type")), Requirements: wire.Requirements{GPUSKU: strings.TrimSpace(f.Get("gpu_sku")), Tags: fields(f.Get("tags"))}}
+		if p := strings.TrimSpace(f.Get("payload")); p != "" {
+			if !json.Valid([]byte(p)) {
+				return flash{}, errors.New("the payload is not JSON")
+			}
+			req.Payload = json.RawMessage(p)
+		}
+		for name, dst := range map[string]*int{"gpu_count": &req.Requirements.GPUCount, "priority": &req.Priority, "max_attempts": &req.MaxAttempts} {
+			if v := strings.TrimSpace(f.Get(name)); v != "" {
+				n, err := strconv.Atoi(v)
+				if err != nil {
+					return flash{}, fmt.Errorf("%s %q is not a whole number", name, v)
+				}
+				*dst = n
+			}
+		}
+		var out wire.DispatchResponse
+		if err := c.call(ctx, s.token, http.MethodPost, "/operator/jobs", req, &out); err != nil {
+			return flash{}, err
+		}
+		back = "/jobs/" + url.PathEscape(out.Job.ID)
+		msg := "Dispatched " + out.Job.JobType + " as job " + out.Job.ID + "."
+		if !out.Leasable {
+			msg += " Not leasable now: " + out.Reason
+		}
+		return flash{Text: msg}, nil
+	})
+}
+
+// jobDetail is GET /operator/jobs/{id}'s answer, with the job's cost.
+type jobDetail struct {
+	wire.JobDetailResponse
+	Job jobView `json:"job"`
+}
+
+// receiptRow is one receipt as a page shows it, with the outcome of its
+// verification.
+type receiptRow struct {
+	ID       string
+	Kind     receipts.Kind
+	Index    *int64
+	Receipt  *receipts.Receipt
+	Verified bool
+	Note     string
+	Proof    *receipts.Proof
+	Body     string
+}
+
+// cost is what a job cost, from its view or its job_charged receipt.
+type cost struct {
+	MS, Hours, USD, SKU, Rate string
+	From                      string
+}
+
+type jobData struct {
+	jobDetail
+	Cost        *cost
+	Receipts    []receiptRow
+	ReceiptsErr string
+	Checkpoint  *receipts.Checkpoint
+	LastEvent   int64
+}
+
+func (c *Console) jobDetail(ctx context.Context, token, id, after string) (*jobDetail, error) {
+	path := "/operator/jobs/" + url.PathEscape(id)
+	if after != "" {
+		path += "?events_after=" + url.QueryEscape(after)
+	}
+	var d jobDetail
+	if err := c.call(ctx, token, http.MethodGet, path, nil, &d); err != nil {
+		return nil, err
+	}
+	return &d, nil
+}
+
+func (c *Console) job(w http.ResponseWriter, r *http.Request, s *session) {
+	ctx := r.Context()
+	id := r.PathValue("id")
+	jd, err := c.jobDetail(ctx, s.token, id, r.URL.Query().Get("events_after"))
+	if err != nil {
+		c.render(w, r, status(err), "job", s, &pageData{Title: "Job " + id, Nav: "jobs", Flashes: []flash{{Error: true, Text: explain(err)}}})
+		return
+	}
+	d := jobData{jobDetail: *jd}
+	if n := len(jd.Events); n > 0 {
+		d.LastEvent = jd.Events[n-1].ID
+	}
+	if j := jd.Job; j.ActualCostUSD != nil {
+		d.Cost = &cost{MS: deref(j.ActualMS), Hours: derefS(j.ActualHours), USD: *j.ActualCostUSD, From: "the job"}
+	}
+	d.Receipts, d.Checkpoint, err = c.jobReceipts(ctx, s.token, jd)
+	if err != nil {
+		d.ReceiptsErr = explain(err)
+	}
+	for _, rr := range d.Receipts {
+		if rr.Kind != receipts.KindJobCharged || rr.Receipt == nil {
+			continue
+		}
+		rc := rr.Receipt
+		if d.Cost == nil {
+			d.Cost = &cost{MS: strconv.FormatInt(rc.ActualMS, 10), Hours: receipts.Hours(rc.ActualMS), USD: receipts.FormatMicros(rc.CostMicros),
+				From: "its job_charged receipt"}
+		}
+		// The SKU and rate are the receipt's in either case.
+		d.Cost.SKU, d.Cost.Rate = rc.GPUSKU, receipts.FormatMicros(rc.RateMicros)
+	}
+	c.render(w, r, http.StatusOK, "job", s, &pageData{Title: "Job " + id, Nav: "jobs", Data: d})
+}
+
+func deref(p *int64) string {
+	if p == nil {
+		return "—"
+	}
+	return strconv.FormatInt(*p, 10)
+}
+
+func derefS(p *string) string {
+	if p == nil {
+		return "—"
+	}
+	return *p
+}
+
+// jobReceipts finds the receipts of a job (those its view and its
+// artifacts name, and those among the latest RecentReceipts that name
+// it) and verifies each against the current checkpoint.
+func (c *Console) jobReceipts(ctx context.Context, token string, jd *jobDetail) ([]receiptRow, *receipts.Checkpoint, error) {
+	var ids []string
+	add := func(id string) {
+		if id != "" && !slices.Contains(ids, id) {
+			ids = append(ids, id)
+		}
+	}
+	if jd.Job.ReceiptID != nil {
+		add(*jd.Job.ReceiptID)
+	}
+	for _, a := range jd.Artifacts {
+		if a.ReceiptID != nil {
+			add(*a.ReceiptID)
+		}
+	}
+	recent, cp, err := c.recent(ctx, token, RecentReceipts)
+	if err != nil {
+		return nil, nil, err
+	}
+	for _, w := range recent {
+		if rc, err := receipts.Decode(w.Body); err == nil && rc.JobID == jd.Job.ID {
+			add(w.ID)
+		}
+	}
+	rows := make([]receiptRow, 0, len(ids))
+	for _, id := range ids {
+		rows = append(rows, c.verifyReceipt(ctx, token, id, cp))
+	}
+	slices.SortStableFunc(rows, func(a, b receiptRow) int {
+		if a.Index == nil || b.Index == nil {
+			return 0
+		}
+		return int(*a.Index - *b.Index)
+	})
+	return rows, cp, nil
+}
+
+// verifyReceipt reads receipt id with its proof and verifies it with the
+// configured key; it notes when the proof is against another checkpoint
+// than cp (the current one).
+func (c *Console) verifyReceipt(ctx context.Context, token, id string, cp *receipts.Checkpoint) receiptRow {
+	row := receiptRow{ID: id}
+	var rr wire.ReceiptResponse
+	if err := c.call(ctx, token, http.MethodGet, "/operator/receipts/"+url.PathEscape(id), nil, &rr); err != nil {
+		row.Note = explain(err)
+		return row
+	}
+	row.Kind, row.Index, row.Body = rr.Receipt.Kind, rr.Receipt.Index, string(rr.Receipt.Body)
+	if rc, err := receipts.Decode(rr.Receipt.Body); err == nil {
+		row.Receipt = rc
+	}
+	if rr.Proof == nil || rr.Checkpoint == nil {
+		row.Note = "not yet sequenced: no proof yet"
+		return row
+	}
+	row.Proof = rr.Proof
+	rc, err := receipts.Verify(c.cfg.VerifierKey, c.cfg.Origin, rr.Receipt.Body, *rr.Proof, []byte(*rr.Checkpoint))
+	switch {
+	case err != nil:
+		row.Note = "does not verify: " + err.Error()
+	case rc.ID != rr.Receipt.ID || rc.Kind != rr.Receipt.Kind:
+		row.Note = "does not verify: its body is receipt " + rc.ID + " (" + string(rc.Kind) + ")"
+	case cp != nil && rr.Proof.TreeSize != cp.Size:
+		row.Verified = true
+		row.Note = fmt.Sprintf("verified against the signed checkpoint of %d receipts (the current one has %d)", rr.Proof.TreeSize, cp.Size)
+	default:
+		row.Verified = true
+		row.Note = fmt.Sprintf("verified: included in the current signed checkpoint of %d receipts", rr.Proof.TreeSize)
+	}
+	return row
+}
+
+// eventsAnswer is what GET /jobs/{id}/events answers the log follower.
+type eventsAnswer struct {
+	State  string              `json:"state"`
+	Ended  bool                `json:"ended"`
+	Events []wire.JobEventView `json:"events"`
+	Next   *int64              `json:"next"`
+}
+
+// jobEvents answers the job's events after ?after= as JSON, for the
+// script that makes the job page's logs follow live.
+func (c *Console) jobEvents(w http.ResponseWriter, r *http.Request, s *session) {
+	after := r.URL.Query().Get("after")
+	if after != "" {
+		if _, err := strconv.ParseInt(after, 10, 64); err != nil {
+			http.Error(w, "after is not a whole number", http.StatusBadRequest)
+			return
+		}
+	}
+	jd, err := c.jobDetail(r.Context(), s.token, r.PathValue("id"), after)
+	w.Header().Set("Content-Type", "application/json")
+	if err != nil {
+		w.WriteHeader(status(err))
+		_ = json.NewEncoder(w).Encode(map[string]string{"error": explain(err)})
+		return
+	}
+	out := eventsAnswer{State: jd.Job.State, Events: jd.Events, Next: jd.EventsNext}
+	out.Ended = out.State == "succeeded" || out.State == "failed" || out.State == "canceled"
+	if out.Events == nil {
+		out.Events = []wire.JobEventView{}
+	}
+	_ = json.NewEncoder(w).Encode(out)
+}
+
+func (c *Console) cancel(w http.ResponseWriter, r *http.Request, s *session) {
+	id := r.PathValue("id")
+	c.act(w, r, s, "/jobs/"+url.PathEscape(id), func(ctx context.Context) (flash, error) {
+		var out wire.JobResponse
+		if err := c.call(ctx, s.token, http.MethodPost, "/operator/jobs/"+url.PathEscape(id)+"/cancel", nil, &out); err != nil {
+			return flash{}, err
+		}
+		return flash{Text: "Job " + id + " is " + out.Job.State + map[bool]string{true: " (cancel requested)", false: ""}[out.Job.CancelRequested] + "."}, nil
+	})
+}
+
+// --- envelope
+
+type envelopeData struct {
+	Envelope   *wire.EnvelopeResponse
+	History    []receiptRow
+	HistoryErr string
+}
+
+func (c *Console) envelope(w http.ResponseWriter, r *http.Request, s *session) {
+	var d envelopeData
+	var env wire.EnvelopeResponse
+	if err := c.call(r.Context(), s.token, http.MethodGet, "/operator/envelope", nil, &env); err != nil {
+		c.render(w, r, status(err), "envelope", s, &pageData{Title: "Envelope", Data: d, Flashes: []flash{{Error: true, Text: explain(err)}}})
+		return
+	}
+	d.Envelope = &env
+	if rs, _, err := c.recent(r.Context(), s.token, RecentReceipts); err != nil {
+		d.HistoryErr = explain(err)
+	} else {
+		for i := len(rs) - 1; i >= 0; i-- {
+			if k := rs[i].Kind; k == receipts.KindEnvelopeActivated || k == receipts.KindEnvelopeDeactivated {
+				row := receiptRow{ID: rs[i].ID, Kind: k, Index: rs[i].Index}
+				row.Receipt, _ = receipts.Decode(rs[i].Body)
+				d.History = append(d.History, row)
+			}
+		}
+	}
+	c.render(w, r, http.StatusOK, "envelope", s, &pageData{Title: "Envelope", Data: d})
+}
+
+func (c *Console) envelopeAction(w http.ResponseWriter, r *http.Request, s *session) {
+	action := r.PathValue("action")
+	c.act(w, r, s, "/envelope", func(ctx context.Context) (flash, error) {
+		if err := form(w, r); err != nil {
+			return flash{}, err
+		}
+		var body any
+		reason := strings.TrimSpace(r.PostForm.Get("reason"))
+		switch action {
+		case "activate":
+			a := wire.ActivateRequest{Reason: reason}
+			if u := strings.TrimSpace(r.PostForm.Get("until")); u != "" {
+				t, err := parseUntil(u)
+				if err != nil {
+					return flash{}, err
+				}
+				a.Until = &t
+			}
+			body = a
+		case "deactivate":
+			body = wire.ReasonRequest{Reason: reason}
+		default:
+			return flash{}, fmt.Errorf("there is no envelope action %q", action)
+		}
+		var out wire.EnvelopeResponse
+		if err := c.call(ctx, s.token, http.MethodPost, "/operator/envelope/"+action, body, &out); err != nil {
+			return flash{}, err
+		}
+		return flash{Text: fmt.Sprintf("Envelope %sd: runtime active=%t, policy version %d, receipt %s.", action, out.Active, out.PolicyVersion, out.ReceiptID)}, nil
+	})
+}
+
+// parseUntil reads a deadline: RFC 3339, or a browser's datetime-local
+// (2006-01-02T15:04, taken as UTC).
+func parseUntil(s string) (time.Time, error) {
+	if t, err := time.Parse(time.RFC3339, s); err == nil {
+		return t, nil
+	}
+	for _, layout := range []string{"2006-01-02T15:04", "2006-01-02T15:04:05"} {
+		if t, err := time.ParseInLocation(layout, s, time.UTC); err == nil {
+			return t, nil
+		}
+	}
+	return time.Time{}, fmt.Errorf("the deadline %q is not a time (2006-01-02T15:04 UTC, or RFC 3339)", s)
+}
+
+// --- credentials
+
+type credentialsData struct {
+	Credentials []wire.CredentialView
+	NextQuery   string
+	Scopes      []string
+}
+
+var operatorScopes = []string{"operator:jobs", "operator:workers", "operator:credentials", "operator:envelope", "operator:receipts",
+	"node:register", "node:heartbeat", "node:poll", "node:result:submit", "node:audit:submit"}
+
+func (c *Console) credentials(w http.ResponseWriter, r *http.Request, s *session) {
+	in := r.URL.Query()
+	q := url.Values{"limit": {strconv.Itoa(PageSize)}}
+	for _, k := range []string{"principal", "after"} {
+		if v := in.Get(k); v != "" {
+			q.Set(k, v)
+		}
+	}
+	d := credentialsData{Scopes: operatorScopes}
+	var page wire.CredentialListResponse
+	if err := c.call(r.Context(), s.token, http.MethodGet, "/operator/credentials?"+q.Encode(), nil, &page); err != nil {
+		c.render(w, r, status(err), "credentials", s, &pageData{Title: "Credentials", Data: d, Flashes: []flash{{Error: true, Text: explain(err)}}})
+		return
+	}
+	d.Credentials = page.Credentials
+	if page.Next != nil {
+		q.Set("after", *page.Next)
+		q.Del("limit")
+		d.NextQuery = q.Encode()
+	}
+	c.render(w, r, http.StatusOK, "credentials", s, &pageData{Title: "Credentials", Data: d})
+}
+
+func (c *Console) mint(w http.ResponseWriter, r *http.Request, s *session) {
+	c.act(w, r, s, "/credentials", func(ctx context.Context) (flash, error) {
+		if err := form(w, r); err != nil {
+			return flash{}, err
+		}
+		f := r.PostForm
+		req := wire.MintCredentialRequest{Principal: strings.TrimSpace(f.Get("principal")), Scopes: f["scope"]}
+		if v := strings.TrimSpace(f.Get("ttl_hours")); v != "" {
+			h, err := strconv.ParseInt(v, 10, 64)
+			if err != nil || h < 0 || h > 1<<20 {
+				return flash{}, fmt.Errorf("the lifetime %q is not a number of hours", v)
+			}
+			req.TTLSeconds = h * 3600
+		}
+		if v := strings.TrimSpace(f.Get("max_registrations")); v != "" {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				return flash{}, fmt.Errorf("max registrations %q is not a whole number", v)
+			}
+			req.MaxRegistrations = &n
+		}
+		var out wire.MintCredentialResponse
+		if err := c.call(ctx, s.token, http.MethodPost, "/operator/credentials", req, &out); err != nil {
+			return flash{}, err
+		}
+		return flash{Text: fmt.Sprintf("Minted credential %s for %s (%s), expiring %s. Copy its token now: it is shown this once.",
+			out.CredentialID, out.Principal, strings.Join(out.Scopes, " "), out.ExpiresAt.UTC().Format(time.RFC3339)), Secret: out.Token}, nil
+	})
+}
+
+func (c *Console) revoke(w http.ResponseWriter, r *http.Request, s *session) {
+	id := r.PathValue("id")
+	c.act(w, r, s, "/credentials", func(ctx context.Context) (flash, error) {
+		if err := form(w, r); err != nil {
+			return flash{}, err
+		}
+		var out wire.RevokeCredentialResponse
+		if err := c.call(ctx, s.token, http.MethodPost, "/operator/credentials/"+url.PathEscape(id)+"/revoke", wire.ReasonRequest{Reason: r.PostForm.Get("reason")}, &out); err != nil {
+			return flash{}, err
+		}
+		if out.ReceiptID == nil {
+			return flash{Text: "Credential " + id + " was revoked already."}, nil
+		}
+		return flash{Text: "Revoked credential " + id + " of " + out.Principal + "; receipt " + *out.ReceiptID + "."}, nil
+	})
+}

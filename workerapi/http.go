@@ -51,6 +51,11 @@ type call struct {
 	reqID  string
 	// hooks are the events to deliver once the request has committed.
 	hooks []hookEvent
+	// notes run once the request has committed, on its goroutine: the
+	// lifecycle logs and event counts of its changes (observe.go).
+	notes []func()
+	// jobIDs are the jobs the request granted, for its log line.
+	jobIDs []string
 	// then, when a handler sets it, runs after the request's transaction
 	// committed and gives the answer: for work that must hold no
 	// transaction, such as a long-poll wait or waiting for a proof.
@@ -189,11 +194,12 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, rt route) {
 		}
 	}()
 	w.Header().Set("X-Request-Id", c.reqID)
-	code, out, err := s.run(r.Context(), c, rt)
+	code, out, err := s.run(context.WithValue(r.Context(), callKey{}, c), c, rt)
 	if err != nil {
 		st := s.fail(w, r, c.reqID, err)
 		if c.committed {
 			s.hooks.emit(c.hooks)
+			c.runNotes()
 		}
 		s.observe(rt, c, st.http, st.code, start, err)
 		return
@@ -204,7 +210,15 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, rt route) {
 		s.writeJSON(w, code, out)
 	}
 	s.hooks.emit(c.hooks)
+	c.runNotes()
 	s.observe(rt, c, code, "", start, nil)
+}
+
+// runNotes runs the notes of a committed request.
+func (c *call) runNotes() {
+	for _, f := range c.notes {
+		f()
+	}
 }
 
 // run is the pipeline of PROTOCOL.md §3. Every check that needs no body
@@ -322,6 +336,7 @@ func sameForEveryProbe(err error) error {
 func (s *Server) signed(ctx context.Context, c *call, pub ed25519.PublicKey, handle func(context.Context, *call) (int, any, error)) (int, any, error) {
 	v, err := s.verifier.Check(c.r, c.body, pub)
 	if err != nil {
+		s.rejected(err)
 		return 0, nil, err
 	}
 	nonceNode := v.KeyID
@@ -375,13 +390,16 @@ func (s *Server) signed(ctx context.Context, c *call, pub ed25519.PublicKey, han
 		rcode, rout, ok, rerr := s.recall(context.WithoutCancel(ctx), c.keyed)
 		switch {
 		case rerr == nil && ok:
-			c.hooks, c.then, c.committed = nil, nil, true
+			c.hooks, c.notes, c.then, c.committed = nil, nil, nil, true
 			return rcode, rout, nil
 		case errors.Is(rerr, ErrIdempotencyMismatch):
 			err = rerr
 		}
 	}
 	if err != nil {
+		if nonceRefused(err) {
+			s.rejected(err)
+		}
 		return 0, nil, err
 	}
 	c.committed = true
@@ -493,6 +511,20 @@ func (s *Server) observe(rt route, c *call, code int, errCode string, start time
 	attrs := []any{"request_id", c.reqID, "method", rt.method, "route", rt.path, "status", code, "duration", d}
 	if c.principal != nil {
 		attrs = append(attrs, "principal", c.principal.ID, "credential", c.credentialID)
+		if rt.signed && c.principal.Kind == credential.KindNode {
+			attrs = append(attrs, "worker_id", c.principal.ID)
+		}
+	}
+	if id := c.r.PathValue("id"); id != "" {
+		switch {
+		case strings.HasPrefix(rt.path, "/workers/jobs/{id}"), strings.HasPrefix(rt.path, "/operator/jobs/{id}"):
+			attrs = append(attrs, "job_id", id)
+		case strings.HasPrefix(rt.path, "/operator/workers/{id}"):
+			attrs = append(attrs, "worker_id", id)
+		}
+	}
+	if len(c.jobIDs) > 0 {
+		attrs = append(attrs, "job_ids", c.jobIDs)
 	}
 	switch {
 	case err != nil && code == StatusClientClosedRequest:
@@ -502,6 +534,9 @@ func (s *Server) observe(rt route, c *call, code int, errCode string, start time
 		s.log.Info("request refused", append(attrs, "reason", err.Error())...)
 	default:
 		s.log.Debug("request", attrs...)
+	}
+	if em := s.events(); em != nil && errCode == wire.CodeLeaseLost {
+		em.ObserveLeases(LeaseLost, 1)
 	}
 	if s.cfg.Metrics != nil {
 		s.cfg.Metrics.ObserveRequest(RequestInfo{Method: rt.method, Route: rt.path, Status: code, Code: errCode, Duration: d})

@@ -62,6 +62,16 @@ type Stores struct {
 	// Fingerprints keeps the fingerprints of the secrets every replica
 	// must share (see Server.CheckSecrets).
 	Fingerprints fingerprint.Store
+	// Schema, when set, tells whether the database's schema is this
+	// build's (bunstore.DB is one): CheckReady reports not ready while it
+	// is not. Defaults to nil: not checked.
+	Schema SchemaChecker
+}
+
+// SchemaChecker checks that a database's schema has every migration the
+// build needs. bunstore.DB implements it.
+type SchemaChecker interface {
+	CheckMigrations(ctx context.Context) error
 }
 
 // The defaults of Config, exported so that hosts and their flags say them

@@ -29,6 +29,7 @@ import (
 
 	"github.com/nodelane/nodelane/lease"
 	"github.com/nodelane/nodelane/workerapi"
+	"github.com/nodelane/nodelane/workerapi/wire"
 )
 
 // namespace prefixes every family.
@@ -86,7 +87,17 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 	for _, o := range []workerapi.LeaseOutcome{workerapi.LeaseGranted, workerapi.LeaseExpired, workerapi.LeaseLost} {
 		m.leases.WithLabelValues(string(o))
 	}
+	for _, r := range NonceReasons {
+		m.nonces.WithLabelValues(r)
+	}
 	return m, nil
+}
+
+// NonceReasons are the reasons of nonce_rejections_total, each exported
+// from the start at zero: the error codes of workerapi's replay refusals.
+var NonceReasons = []string{
+	wire.CodeMissingSignature, wire.CodeMalformedSignature, wire.CodeBadDigest, wire.CodeBadSignature,
+	wire.CodeStaleTimestamp, wire.CodeReplayedNonce, wire.CodeRateLimited,
 }
 
 // ObserveRequest implements workerapi.Metrics.

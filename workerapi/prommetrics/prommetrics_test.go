@@ -99,7 +99,13 @@ nodelane_leases_total{outcome="granted"} 3
 nodelane_leases_total{outcome="lost"} 1
 # HELP nodelane_nonce_rejections_total Signed worker requests refused by the signature and replay checks, by the error code answered.
 # TYPE nodelane_nonce_rejections_total counter
+nodelane_nonce_rejections_total{reason="bad_digest"} 0
+nodelane_nonce_rejections_total{reason="bad_signature"} 0
+nodelane_nonce_rejections_total{reason="malformed_signature"} 0
+nodelane_nonce_rejections_total{reason="missing_signature"} 0
+nodelane_nonce_rejections_total{reason="rate_limited"} 0
 nodelane_nonce_rejections_total{reason="replayed_nonce"} 1
+nodelane_nonce_rejections_total{reason="stale_timestamp"} 0
 # HELP nodelane_queue_jobs Jobs queued, leased and running, by state and job type, read from the database when scraped.
 # TYPE nodelane_queue_jobs gauge
 nodelane_queue_jobs{state="leased",type="status_check"} 1

@@ -154,9 +154,10 @@ func jobEvent(from lease.State, j *lease.Job, pattern string) string {
 	return "requeued"
 }
 
-// logJob logs a committed change of a job at INFO, with job_id, job_type,
-// worker_id (of the lease, when it has one), attempt, state, from, and the
-// error code of its last failure when the change failed or expired it.
+// logJob logs a committed change of a job at INFO ("job leased", ...),
+// with event, job_id, job_type, worker_id (of the lease, when it has one),
+// attempt (the failed or expired one for those events), state, from, and
+// reason (the error code) when the change failed or expired it.
 func (s *Server) logJob(event string, from lease.State, j *lease.Job) {
 	if !s.log.Enabled(context.Background(), slog.LevelInfo) {
 		return
@@ -165,7 +166,13 @@ func (s *Server) logJob(event string, from lease.State, j *lease.Job) {
 	if j.Lease != nil {
 		attrs = append(attrs, "worker_id", j.Lease.WorkerID)
 	}
-	attrs = append(attrs, "attempt", j.Attempt, "state", string(j.State))
+	// The attempt the event concerns: a failure's or expiry's own, not
+	// the next one a requeue makes.
+	attempt := j.Attempt
+	if (event == "failed" || event == "expired") && j.LastError != nil {
+		attempt = j.LastError.Attempt
+	}
+	attrs = append(attrs, "attempt", attempt, "state", string(j.State))
 	if from != "" {
 		attrs = append(attrs, "from", string(from))
 	}

@@ -511,20 +511,16 @@ func (s *Server) observe(rt route, c *call, code int, errCode string, start time
 	attrs := []any{"request_id", c.reqID, "method", rt.method, "route", rt.path, "status", code, "duration", d}
 	if c.principal != nil {
 		attrs = append(attrs, "principal", c.principal.ID, "credential", c.credentialID)
-		if rt.signed && c.principal.Kind == credential.KindNode {
-			attrs = append(attrs, "worker_id", c.principal.ID)
-		}
 	}
-	if id := c.r.PathValue("id"); id != "" {
-		switch {
-		case strings.HasPrefix(rt.path, "/workers/jobs/{id}"), strings.HasPrefix(rt.path, "/operator/jobs/{id}"):
-			attrs = append(attrs, "job_id", id)
-		case strings.HasPrefix(rt.path, "/operator/workers/{id}"):
-			attrs = append(attrs, "worker_id", id)
-		}
+	workerID, jobIDs := c.ids(rt)
+	if workerID != "" {
+		attrs = append(attrs, "worker_id", workerID)
 	}
-	if len(c.jobIDs) > 0 {
-		attrs = append(attrs, "job_ids", c.jobIDs)
+	switch {
+	case len(c.jobIDs) > 0:
+		attrs = append(attrs, "job_ids", jobIDs)
+	case len(jobIDs) == 1:
+		attrs = append(attrs, "job_id", jobIDs[0])
 	}
 	switch {
 	case err != nil && code == StatusClientClosedRequest:
@@ -539,8 +535,35 @@ func (s *Server) observe(rt route, c *call, code int, errCode string, start time
 		em.ObserveLeases(LeaseLost, 1)
 	}
 	if s.cfg.Metrics != nil {
-		s.cfg.Metrics.ObserveRequest(RequestInfo{Method: rt.method, Route: rt.path, Status: code, Code: errCode, Duration: d})
+		ri := RequestInfo{Method: rt.method, Route: rt.path, Status: code, Code: errCode, Duration: d, WorkerID: workerID, JobIDs: jobIDs}
+		if cm, ok := s.cfg.Metrics.(ContextMetrics); ok {
+			cm.ObserveRequestContext(c.r.Context(), ri)
+		} else {
+			s.cfg.Metrics.ObserveRequest(ri)
+		}
 	}
+}
+
+// ids returns the worker and the jobs a request concerns, for its log
+// line and RequestInfo: the worker of a signed request, or the {id} of
+// an operator route on a worker; the job of the path's {id}, or the jobs
+// a lease granted.
+func (c *call) ids(rt route) (workerID string, jobIDs []string) {
+	if rt.signed && c.principal != nil && c.principal.Kind == credential.KindNode {
+		workerID = c.principal.ID
+	}
+	if id := c.r.PathValue("id"); id != "" {
+		switch {
+		case strings.HasPrefix(rt.path, "/workers/jobs/{id}"), strings.HasPrefix(rt.path, "/operator/jobs/{id}"):
+			jobIDs = []string{id}
+		case strings.HasPrefix(rt.path, "/operator/workers/{id}"):
+			workerID = id
+		}
+	}
+	if len(c.jobIDs) > 0 {
+		jobIDs = c.jobIDs
+	}
+	return workerID, jobIDs
 }
 
 // requestID keeps a caller's X-Request-Id when it is short and plain, and

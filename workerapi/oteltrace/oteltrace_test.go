@@ -91,7 +91,7 @@ func TestSpansFromARealServer(t *testing.T) {
 		got := spanAttrs(s)
 		for k, v := range want {
 			if got[k] != v {
-				t.Errorf("span %s: %s = %v, want %v", name, k, got[k].Emit(), v.Emit())
+				t.Errorf("span %s: %s = %v, want %v", name, k, got[k].String(), v.String())
 			}
 		}
 		return s

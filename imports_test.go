@@ -41,6 +41,23 @@ var (
 	workerLinks = []string{"workerapi/wire", "replay", "receipts"}
 )
 
+// adapters are the packages that export a workerapi.Server's metrics and
+// traces to a third-party library: only they (and examples, hosts) import
+// one, so that workerapi and the cores stay free of them. Of nodelane they
+// import workerapi, workerapi/wire and the cores; never bunstore or bun.
+var adapters = []string{"workerapi/prommetrics", "workerapi/oteltrace"}
+
+// coreThirdParty reports whether d is a third-party package some core
+// may import (allowedThirdParty).
+func coreThirdParty(d string) bool {
+	for _, ps := range allowedThirdParty {
+		if slices.ContainsFunc(ps, func(p string) bool { return d == p || strings.HasPrefix(d, p+"/") }) {
+			return true
+		}
+	}
+	return false
+}
+
 // storageDriver reports whether d is a database library.
 func storageDriver(d string) bool {
 	for _, p := range []string{"github.com/uptrace/bun", "github.com/jackc/", "modernc.org/", "github.com/lib/pq"} {
@@ -110,6 +127,11 @@ func violations(pkg string, deps []string, std map[string]bool) []string {
 		}
 		if pkg == "workerapi" && ((own && (r == "bunstore" || strings.HasPrefix(r, "bunstore/"))) || strings.HasPrefix(d, "github.com/uptrace/bun")) {
 			out = append(out, pkg+" imports "+d+": workerapi never imports bunstore or bun")
+		} else if pkg == "workerapi" && !own && !strings.HasPrefix(d, "golang.org/x/") && !coreThirdParty(d) {
+			out = append(out, pkg+" imports "+d+": workerapi imports the cores and the standard library (metrics and traces live in "+strings.Join(adapters, ", ")+")")
+		}
+		if slices.Contains(adapters, pkg) && ((own && r != "workerapi" && r != "workerapi/wire" && !slices.Contains(cores, r)) || storageDriver(d)) {
+			out = append(out, pkg+" imports "+d+": an adapter imports of nodelane only workerapi, workerapi/wire and the cores, and no storage driver")
 		}
 		if pkg == "workerapi/wire" && ((own && r != "receipts") || (!own && !strings.HasPrefix(d, "golang.org/x/"))) {
 			out = append(out, pkg+" imports "+d+": the wire package imports only receipts, the standard library and golang.org/x")
@@ -213,6 +235,12 @@ func TestViolations(t *testing.T) {
 		{"console", []string{module + "/workerapi", module + "/lease", module + "/credential", module + "/bunstore"}, 4},
 		{"console", []string{"github.com/uptrace/bun"}, 1},
 		{"workerapi", []string{module + "/" + workerapitest}, 1},
+		{"workerapi", []string{"github.com/prometheus/client_golang/prometheus"}, 1},
+		{"workerapi", []string{"go.opentelemetry.io/otel/trace", "golang.org/x/mod/sumdb/note", "github.com/dunglas/httpsfv"}, 1},
+		{"workerapi/prommetrics", []string{module + "/workerapi", module + "/lease", "github.com/prometheus/client_golang/prometheus"}, 0},
+		{"workerapi/prommetrics", []string{module + "/bunstore", "github.com/uptrace/bun"}, 2},
+		{"workerapi/oteltrace", []string{module + "/workerapi", "go.opentelemetry.io/otel/trace"}, 0},
+		{"workerapi/oteltrace", []string{module + "/internal/apitest"}, 1},
 	}
 	for _, tc := range tests {
 		if got := violations(tc.pkg, tc.deps, std); len(got) != tc.want {

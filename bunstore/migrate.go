@@ -144,3 +144,27 @@ func migrateLocked(ctx context.Context, m *migrate.Migrator) (err error) {
 	_, err = m.Migrate(ctx)
 	return err
 }
+
+// ErrMigrationsPending is wrapped by the error of CheckMigrations when a
+// migration of this build is not applied to the database.
+var ErrMigrationsPending = errors.New("bunstore: migrations pending")
+
+// CheckMigrations reports whether every migration this build embeds is
+// applied (workerapi.SchemaChecker, for readiness): nil, or an error
+// wrapping ErrMigrationsPending that names the first one pending, or the
+// error of reading the migrations table. It reads that table only; it
+// never migrates.
+func (db *DB) CheckMigrations(ctx context.Context) error {
+	m, err := db.migrator()
+	if err != nil {
+		return fmt.Errorf("bunstore: check migrations: %w", err)
+	}
+	ms, err := m.MigrationsWithStatus(ctx)
+	if err != nil {
+		return fmt.Errorf("bunstore: check migrations: %w", err)
+	}
+	if un := ms.Unapplied(); len(un) > 0 {
+		return fmt.Errorf("%w: %d, the first %s", ErrMigrationsPending, len(un), un[0].Name)
+	}
+	return nil
+}

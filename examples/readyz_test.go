@@ -2,13 +2,18 @@ package examples
 
 import (
 	"encoding/json"
+	"io"
+	"net"
 	"net/http"
+	"net/url"
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/nodelane/nodelane/internal/testdb"
 	"github.com/nodelane/nodelane/workerapi"
 )
 
@@ -75,4 +80,99 @@ func TestServerReadiness(t *testing.T) {
 	if !strings.Contains(skewed.stderr.String(), "level=ERROR msg=\"clock skew") {
 		t.Errorf("the skew was not logged as an ERROR:\n%s", skewed.stderr.String())
 	}
+}
+
+// tcpProxy forwards connections to a database, and can cut them all and
+// refuse new ones, as a network partition or a database down would.
+type tcpProxy struct {
+	ln       net.Listener
+	upstream string
+
+	mu    sync.Mutex
+	down  bool
+	conns map[net.Conn]bool
+}
+
+func newTCPProxy(t *testing.T, upstream string) *tcpProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &tcpProxy{ln: ln, upstream: upstream, conns: map[net.Conn]bool{}}
+	t.Cleanup(func() { ln.Close(); p.setDown(true) })
+	go p.serve()
+	return p
+}
+
+func (p *tcpProxy) serve() {
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		p.mu.Lock()
+		down := p.down
+		p.mu.Unlock()
+		if down {
+			c.Close()
+			continue
+		}
+		u, err := net.DialTimeout("tcp", p.upstream, 5*time.Second)
+		if err != nil {
+			c.Close()
+			continue
+		}
+		p.mu.Lock()
+		p.conns[c], p.conns[u] = true, true
+		p.mu.Unlock()
+		go func() { io.Copy(u, c); u.Close(); c.Close() }()
+		go func() { io.Copy(c, u); u.Close(); c.Close() }()
+	}
+}
+
+// setDown cuts every connection and refuses new ones (true), or lets
+// them through again (false).
+func (p *tcpProxy) setDown(down bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.down = down
+	if down {
+		for c := range p.conns {
+			c.Close()
+		}
+		clear(p.conns)
+	}
+}
+
+// GET /readyz goes 503 while the server's PostgreSQL does not answer,
+// saying so, and 200 again once it answers, while /healthz stays 200:
+// the process serves throughout.
+func TestServerReadyzFollowsTheDatabase(t *testing.T) {
+	db := testdb.Postgres(t)
+	u, err := url.Parse(db.DSN)
+	if err != nil || u.Scheme == "" {
+		t.Fatalf("the PostgreSQL DSN must be a URL for this test to route it through a proxy: %v", err)
+	}
+	proxy := newTCPProxy(t, u.Host)
+	u.Host = proxy.ln.Addr().String()
+
+	serverBin, _ := binaries(t)
+	dir, addr := t.TempDir(), freeAddr(t)
+	p := startProc(t, "server on postgres", serverBin, nil,
+		"-addr", addr, "-db", u.String(), "-secrets-file", filepath.Join(dir, "secrets.json"))
+	base := "http://" + addr
+	readyz(t, p, base, func(code int, r workerapi.ReadyResponse) bool { return code == http.StatusOK && r.Ready })
+
+	proxy.setDown(true)
+	_, r := readyz(t, p, base, func(code int, r workerapi.ReadyResponse) bool { return code == http.StatusServiceUnavailable })
+	if r.Ready || !strings.Contains(r.Reason, "database did not answer") {
+		t.Fatalf("readiness with the database down: %+v", r)
+	}
+	if code, _ := get(t, base+"/healthz"); code != http.StatusOK {
+		t.Fatalf("GET /healthz with the database down: %d, want 200", code)
+	}
+
+	proxy.setDown(false)
+	readyz(t, p, base, func(code int, r workerapi.ReadyResponse) bool { return code == http.StatusOK && r.Ready })
 }

@@ -109,7 +109,7 @@ func (m *Manager) expireOffline(ctx context.Context, limit int) (ended, found in
 			continue
 		}
 		done := false
-		_, err := m.update(ctx, d.ID, func(j *Job, now time.Time) (*Job, error) {
+		written, err := m.update(ctx, d.ID, func(j *Job, now time.Time) (*Job, error) {
 			done = false
 			if !j.State.Live() || j.Lease == nil || j.Lease.Epoch != d.Lease.Epoch || j.Lease.WorkerID != wid ||
 				!seenBefore(j, now.Add(-m.cfg.OfflineAfter)) {
@@ -133,6 +133,9 @@ func (m *Manager) expireOffline(ctx context.Context, limit int) (ended, found in
 		}
 		if done {
 			ended++
+			if m.cfg.Expired != nil && written != nil {
+				m.cfg.Expired(ctx, written)
+			}
 		}
 	}
 	return ended, len(due), nil

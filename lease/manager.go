@@ -61,6 +61,13 @@ type Config struct {
 	// a replica whose clock runs fast does not expire live leases; Expire
 	// is not affected. Defaults to nil: Lease sweeps.
 	HoldSweeps func() bool
+	// Expired, when set, is called after each job whose lease Expire,
+	// ExpireOffline or Lease's expiry sweep ended was written, with the
+	// caller's context (which carries its transaction, if any: the write
+	// may still roll back) and the job as written (its LastError says
+	// why). It must be quick: workerapi counts and logs there. Defaults
+	// to nil.
+	Expired func(ctx context.Context, j *Job)
 	// Retention, when positive, is how long an ended job (succeeded,
 	// failed or canceled) is kept after it finished: Prune deletes the
 	// jobs that ended longer ago, with their events and artifacts.
@@ -975,7 +982,7 @@ func (m *Manager) expire(ctx context.Context, limit int) (int, error) {
 	n := 0
 	for _, d := range due {
 		expired := false
-		_, err := m.update(ctx, d.ID, func(j *Job, now time.Time) (*Job, error) {
+		written, err := m.update(ctx, d.ID, func(j *Job, now time.Time) (*Job, error) {
 			expired = false
 			if !j.State.Live() || j.Lease.Epoch != d.Lease.Epoch {
 				return nil, nil
@@ -1016,6 +1023,9 @@ func (m *Manager) expire(ctx context.Context, limit int) (int, error) {
 		}
 		if expired {
 			n++
+			if m.cfg.Expired != nil && written != nil {
+				m.cfg.Expired(ctx, written)
+			}
 		}
 	}
 	return n, nil

@@ -55,6 +55,12 @@ type Config struct {
 	// log an outage once when it begins and once when it ends. Defaults
 	// to nil.
 	OnRecover func()
+	// OnSequenced, when set, is called after each batch of
+	// Sequencer.Sequence that integrated receipts and was published, with
+	// how many it integrated and when the oldest of them was minted (its
+	// ServerTime): a host measures the sequencer's lag with it. Defaults
+	// to nil.
+	OnSequenced func(n int, oldest time.Time)
 }
 
 func (c *Config) withDefaults() Config {
@@ -622,6 +628,12 @@ func (q *Sequencer) Sequence(ctx context.Context) (int, error) {
 		return n, err
 	}
 	q.settle(ctx, begun, in, cp, n == q.cfg.BatchSize)
+	if n > 0 && q.cfg.OnSequenced != nil {
+		// The batch is in mint order: its first receipt waited longest.
+		if r, err := in.pending[0].Receipt(); err == nil {
+			q.cfg.OnSequenced(n, r.ServerTime)
+		}
+	}
 	return n, nil
 }
 

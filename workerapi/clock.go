@@ -140,6 +140,36 @@ func (s *Server) Ready() error {
 	return nil
 }
 
+// readyTimeout bounds the database reads of one CheckReady.
+const readyTimeout = 2 * time.Second
+
+// CheckReady is Ready, and then asks the database, within 2 seconds:
+// with Stores.Clock, it reads the database's clock, so that a database
+// that does not answer makes the Server not ready at once (not at the
+// next clock check); with Stores.Schema, it checks that every migration is
+// applied. It returns nil or an error wrapping ErrNotReady that says why,
+// in words fit for a probe's answer. ReadyHandler answers with it.
+func (s *Server) CheckReady(ctx context.Context) error {
+	if err := s.Ready(); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, readyTimeout)
+	defer cancel()
+	if s.st.Clock != nil {
+		if _, err := s.st.Clock.DatabaseTime(ctx); err != nil {
+			s.log.Debug("readiness: the database did not answer", "err", err)
+			return fmt.Errorf("%w: the database did not answer", ErrNotReady)
+		}
+	}
+	if s.st.Schema != nil {
+		if err := s.st.Schema.CheckMigrations(ctx); err != nil {
+			s.log.Debug("readiness: the schema check failed", "err", err)
+			return fmt.Errorf("%w: the database's schema is not this version's (are its migrations applied?)", ErrNotReady)
+		}
+	}
+	return nil
+}
+
 // ReadyResponse is the body of ReadyHandler's answer.
 type ReadyResponse struct {
 	Ready bool `json:"ready"`
@@ -147,7 +177,7 @@ type ReadyResponse struct {
 	Reason string `json:"reason,omitempty"`
 }
 
-// ReadyHandler answers a readiness probe (say, at /readyz) with Ready:
+// ReadyHandler answers a readiness probe (say, at /readyz) with CheckReady:
 // 200 {"ready":true}, or 503 {"ready":false,"reason":"..."}. It needs no
 // credential and tells nothing secret; it answers GET and HEAD only (405
 // otherwise). It is not part of Handler: the host mounts it where its
@@ -160,7 +190,7 @@ func (s *Server) ReadyHandler() http.Handler {
 			return
 		}
 		out, code := ReadyResponse{Ready: true}, http.StatusOK
-		if err := s.Ready(); err != nil {
+		if err := s.CheckReady(r.Context()); err != nil {
 			out, code = ReadyResponse{Reason: publicMessage(err.Error())}, http.StatusServiceUnavailable
 		}
 		w.Header().Set("Content-Type", "application/json")

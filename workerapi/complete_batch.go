@@ -143,6 +143,7 @@ func (s *Server) completeTogether(ctx context.Context, c *call, items []batchIte
 		out     *wire.CompleteResponse
 		refusal error
 		hooks   []hookEvent
+		notes   []func()
 	}
 	var got []done
 	err := s.st.Tx.InTx(ctx, func(ctx context.Context) error {
@@ -153,7 +154,7 @@ func (s *Server) completeTogether(ctx context.Context, c *call, items []batchIte
 			if err != nil {
 				return err
 			}
-			got = append(got, done{out, refusal, ic.hooks})
+			got = append(got, done{out, refusal, ic.hooks, ic.notes})
 		}
 		return nil
 	})
@@ -164,6 +165,7 @@ func (s *Server) completeTogether(ctx context.Context, c *call, items []batchIte
 	for k, i := range todo {
 		items[i].out, items[i].err = got[k].out, got[k].refusal
 		c.hooks = append(c.hooks, got[k].hooks...)
+		c.notes = append(c.notes, got[k].notes...)
 	}
 	return true
 }
@@ -186,9 +188,11 @@ func (s *Server) completeAlone(ctx context.Context, c *call, it *batchItem) {
 	case refusal != nil:
 		it.err = refusal
 		c.hooks = append(c.hooks, ic.hooks...)
+		c.notes = append(c.notes, ic.notes...)
 	default:
 		it.out = out
 		c.hooks = append(c.hooks, ic.hooks...)
+		c.notes = append(c.notes, ic.notes...)
 	}
 }
 

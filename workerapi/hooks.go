@@ -52,6 +52,21 @@ type RequestInfo struct {
 	// Code is the error code, empty on success.
 	Code     string
 	Duration time.Duration
+	// WorkerID is the worker of a signed request, or the {id} of an
+	// operator route on a worker; empty otherwise.
+	WorkerID string
+	// JobIDs are the job of the route's path ({id}), or the jobs a lease
+	// request was granted; empty otherwise.
+	JobIDs []string
+}
+
+// ContextMetrics is an optional extension of Metrics: a Config.Metrics
+// that implements it is called with ObserveRequestContext, and the
+// request's context, instead of ObserveRequest, so that it can annotate
+// what the context carries (workerapi/oteltrace sets the attributes of
+// the request's span).
+type ContextMetrics interface {
+	ObserveRequestContext(ctx context.Context, ri RequestInfo)
 }
 
 // hookQueue is how many hook events wait for delivery before the newest

@@ -51,6 +51,11 @@ type call struct {
 	reqID  string
 	// hooks are the events to deliver once the request has committed.
 	hooks []hookEvent
+	// notes run once the request has committed, on its goroutine: the
+	// lifecycle logs and event counts of its changes (observe.go).
+	notes []func()
+	// jobIDs are the jobs the request granted, for its log line.
+	jobIDs []string
 	// then, when a handler sets it, runs after the request's transaction
 	// committed and gives the answer: for work that must hold no
 	// transaction, such as a long-poll wait or waiting for a proof.
@@ -189,11 +194,12 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, rt route) {
 		}
 	}()
 	w.Header().Set("X-Request-Id", c.reqID)
-	code, out, err := s.run(r.Context(), c, rt)
+	code, out, err := s.run(context.WithValue(r.Context(), callKey{}, c), c, rt)
 	if err != nil {
 		st := s.fail(w, r, c.reqID, err)
 		if c.committed {
 			s.hooks.emit(c.hooks)
+			c.runNotes()
 		}
 		s.observe(rt, c, st.http, st.code, start, err)
 		return
@@ -204,7 +210,15 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, rt route) {
 		s.writeJSON(w, code, out)
 	}
 	s.hooks.emit(c.hooks)
+	c.runNotes()
 	s.observe(rt, c, code, "", start, nil)
+}
+
+// runNotes runs the notes of a committed request.
+func (c *call) runNotes() {
+	for _, f := range c.notes {
+		f()
+	}
 }
 
 // run is the pipeline of PROTOCOL.md §3. Every check that needs no body
@@ -322,6 +336,7 @@ func sameForEveryProbe(err error) error {
 func (s *Server) signed(ctx context.Context, c *call, pub ed25519.PublicKey, handle func(context.Context, *call) (int, any, error)) (int, any, error) {
 	v, err := s.verifier.Check(c.r, c.body, pub)
 	if err != nil {
+		s.rejected(err)
 		return 0, nil, err
 	}
 	nonceNode := v.KeyID
@@ -375,13 +390,16 @@ func (s *Server) signed(ctx context.Context, c *call, pub ed25519.PublicKey, han
 		rcode, rout, ok, rerr := s.recall(context.WithoutCancel(ctx), c.keyed)
 		switch {
 		case rerr == nil && ok:
-			c.hooks, c.then, c.committed = nil, nil, true
+			c.hooks, c.notes, c.then, c.committed = nil, nil, nil, true
 			return rcode, rout, nil
 		case errors.Is(rerr, ErrIdempotencyMismatch):
 			err = rerr
 		}
 	}
 	if err != nil {
+		if nonceRefused(err) {
+			s.rejected(err)
+		}
 		return 0, nil, err
 	}
 	c.committed = true
@@ -494,6 +512,16 @@ func (s *Server) observe(rt route, c *call, code int, errCode string, start time
 	if c.principal != nil {
 		attrs = append(attrs, "principal", c.principal.ID, "credential", c.credentialID)
 	}
+	workerID, jobIDs := c.ids(rt)
+	if workerID != "" {
+		attrs = append(attrs, "worker_id", workerID)
+	}
+	switch {
+	case len(c.jobIDs) > 0:
+		attrs = append(attrs, "job_ids", jobIDs)
+	case len(jobIDs) == 1:
+		attrs = append(attrs, "job_id", jobIDs[0])
+	}
 	switch {
 	case err != nil && code == StatusClientClosedRequest:
 		s.log.Info("request canceled by its client", append(attrs, "code", errCode, "reason", err.Error())...)
@@ -503,9 +531,39 @@ func (s *Server) observe(rt route, c *call, code int, errCode string, start time
 	default:
 		s.log.Debug("request", attrs...)
 	}
-	if s.cfg.Metrics != nil {
-		s.cfg.Metrics.ObserveRequest(RequestInfo{Method: rt.method, Route: rt.path, Status: code, Code: errCode, Duration: d})
+	if em := s.events(); em != nil && errCode == wire.CodeLeaseLost {
+		em.ObserveLeases(LeaseLost, 1)
 	}
+	if s.cfg.Metrics != nil {
+		ri := RequestInfo{Method: rt.method, Route: rt.path, Status: code, Code: errCode, Duration: d, WorkerID: workerID, JobIDs: jobIDs}
+		if cm, ok := s.cfg.Metrics.(ContextMetrics); ok {
+			cm.ObserveRequestContext(c.r.Context(), ri)
+		} else {
+			s.cfg.Metrics.ObserveRequest(ri)
+		}
+	}
+}
+
+// ids returns the worker and the jobs a request concerns, for its log
+// line and RequestInfo: the worker of a signed request, or the {id} of
+// an operator route on a worker; the job of the path's {id}, or the jobs
+// a lease granted.
+func (c *call) ids(rt route) (workerID string, jobIDs []string) {
+	if rt.signed && c.principal != nil && c.principal.Kind == credential.KindNode {
+		workerID = c.principal.ID
+	}
+	if id := c.r.PathValue("id"); id != "" {
+		switch {
+		case strings.HasPrefix(rt.path, "/workers/jobs/{id}"), strings.HasPrefix(rt.path, "/operator/jobs/{id}"):
+			jobIDs = []string{id}
+		case strings.HasPrefix(rt.path, "/operator/workers/{id}"):
+			workerID = id
+		}
+	}
+	if len(c.jobIDs) > 0 {
+		jobIDs = c.jobIDs
+	}
+	return workerID, jobIDs
 }
 
 // requestID keeps a caller's X-Request-Id when it is short and plain, and

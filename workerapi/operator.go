@@ -90,6 +90,7 @@ func (s *Server) Dispatch(ctx context.Context, nj lease.NewJob) (job *lease.Job,
 		return nil, false, "", err
 	}
 	j := *job
+	s.logJob("dispatched", "", &j)
 	s.hooks.emit([]hookEvent{func(ctx context.Context, h Hooks) { h.JobChanged(ctx, JobEvent{Job: j}) }})
 	leasable, why, err := s.leasability(ctx, job)
 	if err != nil {
@@ -247,6 +248,10 @@ func (s *Server) opCancelJob(ctx context.Context, c *call) (int, any, error) {
 	})
 	if err != nil {
 		return 0, nil, err
+	}
+	if j.Rev != prev.Rev && j.State != prev.State {
+		jc, from := *j, prev.State
+		c.note(func() { s.logJob("canceled", from, &jc) })
 	}
 	if j.Rev != prev.Rev {
 		ev := JobEvent{From: prev.State, Job: *j}

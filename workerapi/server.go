@@ -62,6 +62,16 @@ type Stores struct {
 	// Fingerprints keeps the fingerprints of the secrets every replica
 	// must share (see Server.CheckSecrets).
 	Fingerprints fingerprint.Store
+	// Schema, when set, tells whether the database's schema is this
+	// build's (bunstore.DB is one): CheckReady reports not ready while it
+	// is not. Defaults to nil: not checked.
+	Schema SchemaChecker
+}
+
+// SchemaChecker checks that a database's schema has every migration the
+// build needs. bunstore.DB implements it.
+type SchemaChecker interface {
+	CheckMigrations(ctx context.Context) error
 }
 
 // The defaults of Config, exported so that hosts and their flags say them
@@ -208,7 +218,9 @@ type Config struct {
 	// Logger receives request logs (never a secret). Defaults to a logger
 	// that discards everything.
 	Logger *slog.Logger
-	// Metrics observes requests. Defaults to nil: none.
+	// Metrics observes requests; if it also implements EventMetrics, it
+	// counts leases, sequenced receipts and replay refusals too.
+	// Defaults to nil: none.
 	Metrics Metrics
 	// Hooks lets the host react to job changes and receipts; Start runs
 	// their delivery. Defaults to nil: none.
@@ -272,7 +284,7 @@ func New(st Stores, cfg Config) (*Server, error) {
 		CancelGrace: cfg.CancelGrace, MaxRuntime: cfg.MaxRuntime,
 		HeartbeatInterval: cfg.HeartbeatInterval, OfflineAfter: cfg.OfflineAfter,
 		MaxJobsPerLease: wire.MaxJobsPerLease, MaxLeasesPerWorker: cfg.MaxLeasesPerWorker,
-		Retention: cfg.Retention, HoldSweeps: s.clockHeld, Now: s.clockNow, Rand: cfg.Rand,
+		Retention: cfg.Retention, HoldSweeps: s.clockHeld, Expired: s.expired, Now: s.clockNow, Rand: cfg.Rand,
 	})
 	var err error
 	if s.issuer, err = credential.NewIssuer(st.Credentials, &credential.Config{
@@ -288,7 +300,7 @@ func New(st Stores, cfg Config) (*Server, error) {
 	}
 	rcfg := &receipts.Config{Origin: cfg.Origin, Now: s.clockNow, Rand: cfg.Rand,
 		Interval: cfg.SequenceInterval, BatchSize: cfg.SequenceBatch,
-		OnError: s.seqOutage.fail, OnRecover: s.seqOutage.ok}
+		OnError: s.seqOutage.fail, OnRecover: s.seqOutage.ok, OnSequenced: s.sequenced}
 	s.receipts = receipts.NewLog(st.Receipts, rcfg)
 	signer, err := note.NewSigner(cfg.ReceiptSigner)
 	if err != nil {

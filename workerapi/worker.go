@@ -115,8 +115,16 @@ func isBase62(s string) bool {
 
 // jobChanged queues the JobChanged hook of a committed change of j from
 // state from, with the job's artifacts when it reached a terminal state.
+//
+// It also notes the change's INFO log line (logJob), for when the
+// request commits.
 func (s *Server) jobChanged(ctx context.Context, c *call, from lease.State, j *lease.Job) error {
-	if s.cfg.Hooks == nil || j.State == from {
+	if j.State == from {
+		return nil
+	}
+	jc, event := *j, jobEvent(from, j, c.r.Pattern)
+	c.note(func() { s.logJob(event, from, &jc) })
+	if s.cfg.Hooks == nil {
 		return nil
 	}
 	ev := JobEvent{From: from, Job: *j}
@@ -468,7 +476,7 @@ func (s *Server) lease(ctx context.Context, c *call) (int, any, error) {
 			}
 			tick.Reset(every)
 			var next *wire.LeaseResponse
-			queued := len(c.hooks)
+			queued, noted, granted := len(c.hooks), len(c.notes), len(c.jobIDs)
 			err := s.st.Tx.InTx(ctx, func(ctx context.Context) error {
 				var err error
 				if next, err = s.leaseOnce(ctx, c, lr, req.Accept, false); err != nil {
@@ -477,7 +485,8 @@ func (s *Server) lease(ctx context.Context, c *call) (int, any, error) {
 				return s.rememberLease(ctx, c, k, next)
 			})
 			if err != nil {
-				c.hooks = c.hooks[:queued] // they did not commit
+				// They did not commit.
+				c.hooks, c.notes, c.jobIDs = c.hooks[:queued], c.notes[:noted], c.jobIDs[:granted]
 				return 0, nil, err
 			}
 			out = next
@@ -520,6 +529,14 @@ func (s *Server) leaseOnce(ctx context.Context, c *call, lr lease.LeaseRequest, 
 	grants, err := s.leases.Lease(ctx, lr)
 	if err != nil {
 		return nil, err
+	}
+	if n := len(grants); n > 0 {
+		if em := s.events(); em != nil {
+			c.note(func() { em.ObserveLeases(LeaseGranted, n) })
+		}
+		for _, g := range grants {
+			c.jobIDs = append(c.jobIDs, g.Job.ID)
+		}
 	}
 	out := &wire.LeaseResponse{Leases: []wire.Grant{}}
 	var (

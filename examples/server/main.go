@@ -21,6 +21,11 @@
 // It prints the token once on stdout and records its credential_minted
 // receipt.
 //
+// GET /healthz answers 200 while the process serves; GET /metrics
+// serves Prometheus metrics (workerapi/prommetrics, with the Go runtime's
+// and the process's). -log-level (debug, info, warn, error) and
+// -log-format (text, json) shape the logs on stderr.
+//
 // GET /readyz answers 200 {"ready":true} while the server should get
 // traffic, and 503 {"ready":false,"reason":"..."} while it should not:
 // until its clock has been measured against the database's, and while the
@@ -82,6 +87,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		seqInterval   = fs.Duration("sequence-interval", workerapi.DefaultSequenceInterval, "how often the receipt sequencer looks for receipts when no completion woke it")
 		seqBatch      = fs.Int("sequence-batch", workerapi.DefaultSequenceBatch, "the receipts one sequencing transaction integrates under one signed checkpoint")
 		clockSkew     = fs.Duration("clock-skew", 0, "for fault testing only: offset this server's clock (its Now) by this much, as a host whose clock is wrong would be")
+		logLevel      = fs.String("log-level", "info", "the least level logged: debug (every request), info (job lifecycle, refused requests), warn or error")
+		logFormat     = fs.String("log-format", "text", "the logs' format on stderr: text (logfmt) or json (one object a line)")
 		hl            = httpLimitFlags(fs)
 		prices        receipts.Prices
 	)
@@ -92,7 +99,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err := hl.check(); err != nil {
 		return err
 	}
-	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	log, err := newLogger(stderr, *logLevel, *logFormat)
+	if err != nil {
+		return err
+	}
+	met, err := newMetrics()
+	if err != nil {
+		return err
+	}
 	var now func() time.Time
 	if *clockSkew != 0 {
 		skew := *clockSkew
@@ -116,7 +130,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		Prices: prices, ApproveNodes: *approveNodes, MaxLeasesPerWorker: *maxLeases,
 		CancelGrace: *cancelGrace, MaxRuntime: *maxRuntime, Retention: *retention,
 		HeartbeatInterval: *hbInterval, OfflineAfter: *offlineAfter,
-		SequenceInterval: *seqInterval, SequenceBatch: *seqBatch, Logger: log, Now: now,
+		SequenceInterval: *seqInterval, SequenceBatch: *seqBatch, Logger: log, Metrics: met.m, Now: now,
 	})
 	if err != nil {
 		return err
@@ -162,7 +176,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 
 	// Not a ServeMux: it would redirect paths that are not clean, which
 	// the Handler answers 404 in JSON.
-	ready, api := cp.Server.ReadyHandler(), cp.Server.Handler()
+	ops, api := opsHandlers(cp.Server, met, log), cp.Server.Handler()
 	con, err := console.New(console.Config{API: cp.Server.OperatorHandler(), VerifierKey: cp.Server.ReceiptVerifierKey()})
 	if err != nil {
 		return err
@@ -170,10 +184,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	web := http.StripPrefix("/console", con)
 	srv := &http.Server{
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			switch {
-			case r.URL.Path == "/readyz":
-				ready.ServeHTTP(w, r)
+			if h, ok := ops[r.URL.Path]; ok {
+				h.ServeHTTP(w, r)
 				return
+			}
+			switch {
 			case r.URL.Path == "/console":
 				http.Redirect(w, r, "/console/", http.StatusMovedPermanently)
 				return

@@ -57,6 +57,9 @@ type Options struct {
 	SequenceInterval time.Duration
 	SequenceBatch    int
 	Logger           *slog.Logger
+	// Metrics is workerapi.Config.Metrics (the example server's
+	// Prometheus adapter). Defaults to nil: none.
+	Metrics workerapi.Metrics
 	// Now is the clock, for tests. Defaults to time.Now.
 	Now func() time.Time
 }
@@ -101,6 +104,7 @@ func Open(ctx context.Context, o Options) (*ControlPlane, error) {
 		Receipts:     db.ReceiptsStore(),
 		Fingerprints: db.FingerprintStore(),
 		Clock:        db,
+		Schema:       db,
 	}, workerapi.Config{
 		Peppers:            map[int][]byte{sec.PepperVersion: sec.Pepper},
 		PepperVersion:      sec.PepperVersion,
@@ -120,6 +124,7 @@ func Open(ctx context.Context, o Options) (*ControlPlane, error) {
 		SequenceInterval:   o.SequenceInterval,
 		SequenceBatch:      o.SequenceBatch,
 		Logger:             o.Logger,
+		Metrics:            o.Metrics,
 		Now:                o.Now,
 	})
 	if err != nil {

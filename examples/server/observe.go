@@ -1,0 +1,74 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/nodelane/nodelane/workerapi"
+	"github.com/nodelane/nodelane/workerapi/prommetrics"
+)
+
+// newLogger returns the server's logger: text (logfmt) or JSON lines on
+// w, from level on.
+func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("-log-level %q: want debug, info, warn or error", level)
+	}
+	opts := &slog.HandlerOptions{Level: l}
+	switch strings.ToLower(format) {
+	case "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	}
+	return nil, fmt.Errorf("-log-format %q: want text or json", format)
+}
+
+// metrics is the server's Prometheus registry: the Go runtime's and the
+// process's collectors, and the Server's (prommetrics).
+type metrics struct {
+	reg *prometheus.Registry
+	m   *prommetrics.Metrics
+}
+
+func newMetrics() (*metrics, error) {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m, err := prommetrics.New(reg)
+	if err != nil {
+		return nil, err
+	}
+	return &metrics{reg: reg, m: m}, nil
+}
+
+// opsHandlers returns the handlers the server serves beside the API, by
+// path: /readyz (workerapi.Server.ReadyHandler), /healthz (200 while the
+// process serves) and /metrics (Prometheus, with the queue and worker
+// gauges read from the database on each scrape).
+func opsHandlers(s *workerapi.Server, m *metrics, log *slog.Logger) map[string]http.Handler {
+	m.reg.MustRegister(prommetrics.NewStatsCollector(s, log))
+	return map[string]http.Handler{
+		"/readyz": s.ReadyHandler(),
+		"/healthz": http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.Method != http.MethodGet && r.Method != http.MethodHead {
+				w.Header().Set("Allow", "GET, HEAD")
+				http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
+				return
+			}
+			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+			w.Header().Set("Cache-Control", "no-store")
+			io.WriteString(w, "ok\n")
+		}),
+		"/metrics": promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{
+			ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn), ErrorHandling: promhttp.ContinueOnError,
+		}),
+	}
+}

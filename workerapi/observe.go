@@ -1,0 +1,183 @@
+package workerapi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/nodelane/nodelane/lease"
+	"github.com/nodelane/nodelane/replay"
+)
+
+// EventMetrics is an optional extension of Metrics: when Config.Metrics
+// also implements it, the Server tells it of leases, of the receipts the
+// sequencer integrates and of the signed requests the replay checks
+// refuse, where they happen. Each call is made once the change it
+// counts committed (or, for a refusal, was answered), on the request's or
+// the background work's goroutine: it must only count in memory, never
+// block. A host whose Metrics lacks these methods keeps working as before.
+type EventMetrics interface {
+	// ObserveLeases counts n leases that reached outcome.
+	ObserveLeases(outcome LeaseOutcome, n int)
+	// ObserveSequenced counts n receipts integrated into the log by one
+	// published batch; lag is how long the oldest of them waited, from
+	// its minting to its batch's checkpoint.
+	ObserveSequenced(n int, lag time.Duration)
+	// ObserveNonceRejected counts a signed request refused by the
+	// signature and replay checks; reason is the error code it was
+	// answered with (PROTOCOL.md): replayed_nonce, stale_timestamp,
+	// bad_signature, bad_digest, malformed_signature, missing_signature,
+	// or rate_limited for a node over its nonce quota.
+	ObserveNonceRejected(reason string)
+}
+
+// LeaseOutcome is what became of a lease, for EventMetrics.ObserveLeases.
+type LeaseOutcome string
+
+// The outcomes of a lease that EventMetrics counts.
+const (
+	// LeaseGranted: a lease request granted the lease.
+	LeaseGranted LeaseOutcome = "granted"
+	// LeaseExpired: the lease ran out (its TTL, accept deadline, cancel
+	// grace or max runtime) or its worker went offline, and the job was
+	// requeued or ended.
+	LeaseExpired LeaseOutcome = "expired"
+	// LeaseLost: a worker acted under a lease it no longer holds and was
+	// answered 409 lease_lost.
+	LeaseLost LeaseOutcome = "lost"
+)
+
+// statsTimeout bounds the store reads of one Stats call.
+const statsTimeout = 5 * time.Second
+
+// Stats counts the jobs in states queued, leased and running by state
+// and type, and the workers by liveness, for a metrics collector that
+// reads them when scraped (lease.Manager.Stats: two bounded statements on
+// bunstore). It gives up after 5 seconds. It returns an error wrapping
+// lease.ErrNoStats if the lease store counts nothing.
+func (s *Server) Stats(ctx context.Context) (*lease.Stats, error) {
+	ctx, cancel := context.WithTimeout(ctx, statsTimeout)
+	defer cancel()
+	return s.leases.Stats(ctx)
+}
+
+// events returns the Metrics' EventMetrics, or nil.
+func (s *Server) events() EventMetrics {
+	em, _ := s.cfg.Metrics.(EventMetrics)
+	return em
+}
+
+// note runs f once the request's changes committed: lifecycle logs and
+// event counts, never before the commit they describe.
+func (c *call) note(f func()) { c.notes = append(c.notes, f) }
+
+// callKey carries the request's call in its context, for the lease
+// Manager's Expired callback (a sweep of Lease runs in a request).
+type callKey struct{}
+
+func callFrom(ctx context.Context) *call {
+	c, _ := ctx.Value(callKey{}).(*call)
+	return c
+}
+
+// expired is lease.Config.Expired: it counts and logs a lease that ran
+// out, once the write commits: at once for the maintainer (each expiry
+// commits on its own), with the request's notes for a sweep of Lease.
+func (s *Server) expired(ctx context.Context, j *lease.Job) {
+	jc := *j
+	f := func() {
+		if em := s.events(); em != nil {
+			em.ObserveLeases(LeaseExpired, 1)
+		}
+		s.logJob("expired", "", &jc)
+	}
+	if c := callFrom(ctx); c != nil {
+		c.note(f)
+		return
+	}
+	f()
+}
+
+// sequenced is receipts.Config.OnSequenced.
+func (s *Server) sequenced(n int, oldest time.Time) {
+	if em := s.events(); em != nil {
+		em.ObserveSequenced(n, max(s.clockNow().Sub(oldest), 0))
+	}
+}
+
+// replayErrors are the refusals of the signature and replay checks that
+// EventMetrics.ObserveNonceRejected counts.
+var replayErrors = []error{
+	replay.ErrMissingSignature, replay.ErrMalformedSignature, replay.ErrBadDigest, replay.ErrBadSignature,
+	replay.ErrStaleTimestamp, replay.ErrReplayedNonce, replay.ErrQuota,
+}
+
+// rejected counts err if it is a refusal of the replay checks.
+func (s *Server) rejected(err error) {
+	em := s.events()
+	if em == nil || err == nil {
+		return
+	}
+	for _, e := range replayErrors {
+		if errors.Is(err, e) {
+			em.ObserveNonceRejected(statusOf(err).code)
+			return
+		}
+	}
+}
+
+// jobEvent names the change of a job from from to j's state, for its
+// INFO log line: dispatched, leased, accepted, completed, failed,
+// canceled, released or requeued (expired is logged by expired).
+func jobEvent(from lease.State, j *lease.Job, pattern string) string {
+	switch {
+	case from == "":
+		return "dispatched"
+	case j.State == lease.StateLeased:
+		return "leased"
+	case j.State == lease.StateRunning:
+		return "accepted"
+	case j.State == lease.StateSucceeded:
+		return "completed"
+	case j.State == lease.StateFailed:
+		return "failed"
+	case j.State == lease.StateCanceled:
+		return "canceled"
+	case strings.HasSuffix(pattern, "/fail"):
+		return "failed" // retryable: queued again
+	case strings.HasSuffix(pattern, "/release"):
+		return "released"
+	}
+	return "requeued"
+}
+
+// logJob logs a committed change of a job at INFO ("job leased", ...),
+// with event, job_id, job_type, worker_id (of the lease, when it has one),
+// attempt (the failed or expired one for those events), state, from, and
+// reason (the error code) when the change failed or expired it.
+func (s *Server) logJob(event string, from lease.State, j *lease.Job) {
+	if !s.log.Enabled(context.Background(), slog.LevelInfo) {
+		return
+	}
+	attrs := []any{"event", event, "job_id", j.ID, "job_type", j.Type}
+	if j.Lease != nil {
+		attrs = append(attrs, "worker_id", j.Lease.WorkerID)
+	}
+	// The attempt the event concerns: a failure's or expiry's own, not
+	// the next one a requeue makes.
+	attempt := j.Attempt
+	if (event == "failed" || event == "expired") && j.LastError != nil {
+		attempt = j.LastError.Attempt
+	}
+	attrs = append(attrs, "attempt", attempt, "state", string(j.State))
+	if from != "" {
+		attrs = append(attrs, "from", string(from))
+	}
+	if (event == "failed" || event == "expired") && j.LastError != nil {
+		attrs = append(attrs, "reason", j.LastError.Code)
+	}
+	s.log.Info(fmt.Sprintf("job %s", event), attrs...)
+}

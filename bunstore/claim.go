@@ -468,7 +468,7 @@ func tagsArg(tags []string) string {
 
 // tagsContain is a job list's filter on one tag, with one placeholder
 // for tagsArg of that tag: a job matches when its tags include it. An
-// untagged job ('') is never parsed.
+// untagged job (the empty string) is never parsed.
 func (db *DB) tagsContain() string {
 	if db.postgres() {
 		return "(tags <> '' AND NULLIF(tags, '')::jsonb @> ?::jsonb)"

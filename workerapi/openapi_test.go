@@ -405,6 +405,9 @@ var oasWireSchemas = []struct {
 	{"ReceiptListResponse", wire.ReceiptListResponse{}, true},
 	{"ReceiptResponse", wire.ReceiptResponse{}, true},
 	{"ConsistencyResponse", wire.ConsistencyResponse{}, true},
+	{"CostSum", wire.CostSum{}, true},
+	{"CostGroup", wire.CostGroup{}, true},
+	{"CostReport", wire.CostReport{}, true},
 }
 
 // TestOpenAPIWireTypes: each wire type marshals to JSON whose field names

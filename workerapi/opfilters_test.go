@@ -79,7 +79,7 @@ func TestOperatorUnknownQueryParameters(t *testing.T) {
 		completeJob(t, n, jobID, tok)
 		rid := env.Job(t, jobID).ReceiptID
 		routes := operatorGETs(t, env, map[string]string{"jobs": jobID, "workers": n.WorkerID, "receipts": rid})
-		if len(routes) < 11 {
+		if len(routes) < 12 {
 			t.Fatalf("only %d operator GET routes in the document: %v", len(routes), routes)
 		}
 		before := env.Dump(t)

@@ -45,8 +45,8 @@ type OperatorJobResponse struct {
 // why.
 type DispatchResponse struct {
 	Job      OperatorJob `json:"job"`
-	Leasable bool   `json:"leasable"`
-	Reason   string `json:"reason"`
+	Leasable bool        `json:"leasable"`
+	Reason   string      `json:"reason"`
 }
 
 // JobListResponse answers GET
@@ -58,7 +58,7 @@ type DispatchResponse struct {
 // the last.
 type JobListResponse struct {
 	Jobs []OperatorJob `json:"jobs"`
-	Next *string `json:"next"`
+	Next *string       `json:"next"`
 }
 
 // JobResult is what the worker reported when it completed a job.
@@ -360,6 +360,62 @@ type ReceiptResponse struct {
 	Receipt    receipts.WireReceipt `json:"receipt"`
 	Proof      *receipts.Proof      `json:"proof"`
 	Checkpoint *string              `json:"checkpoint"`
+}
+
+// The group_by values of GET /operator/costs.
+const (
+	// CostGroupBySKU groups charges by the GPU SKU of their receipt ("" for
+	// a job that ran on none).
+	CostGroupBySKU = "sku"
+	// CostGroupByWorker groups charges by worker id.
+	CostGroupByWorker = "worker"
+	// CostGroupByJobType groups charges by the job type of the
+	// job_completed receipt minted with each.
+	CostGroupByJobType = "job_type"
+)
+
+// The limits of GET /operator/costs; a report beyond one is refused with
+// 400 invalid_request.
+const (
+	// MaxCostRangeDays bounds to - from.
+	MaxCostRangeDays = 366
+	// MaxCostGroups bounds the groups of one report.
+	MaxCostGroups = 10000
+	// MaxCostScanReceipts bounds the receipts of the log a report reads
+	// (it reads the whole log, in index order).
+	MaxCostScanReceipts = 1000000
+)
+
+// CostSum is what a set of job_charged receipts adds up to: how many
+// (Jobs), their actual_ms summed (ActualMS), their GPU time in hours
+// (GPUHours: the sum of actual_ms × gpu_count, formatted as hours with
+// six decimals, rounded half up once), and their actual_cost_usd summed,
+// exactly, in micro-USD (CostMicroUSD) and as USD with six decimals
+// (CostUSD).
+type CostSum struct {
+	Jobs         int64  `json:"jobs"`
+	ActualMS     int64  `json:"actual_ms"`
+	GPUHours     string `json:"gpu_hours"`
+	CostMicroUSD int64  `json:"cost_micro_usd"`
+	CostUSD      string `json:"cost_usd"`
+}
+
+// CostGroup is the sum of the charges with one key: a GPU SKU, a worker
+// id or a job type.
+type CostGroup struct {
+	Key string `json:"key"`
+	CostSum
+}
+
+// CostReport answers GET /operator/costs[?from=&to=&group_by=]: the
+// job_charged receipts whose server_time is in [From, To), summed by
+// group (sorted by key, in byte order) and in total.
+type CostReport struct {
+	From    time.Time   `json:"from"`
+	To      time.Time   `json:"to"`
+	GroupBy string      `json:"group_by"`
+	Groups  []CostGroup `json:"groups"`
+	Total   CostSum     `json:"total"`
 }
 
 // ConsistencyResponse answers GET /operator/receipts/consistency.

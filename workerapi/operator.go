@@ -581,6 +581,10 @@ func (s *Server) setBan(ctx context.Context, c *call, ban bool) (int, any, error
 		if w, err = s.leases.Worker(ctx, c.pathID()); err != nil {
 			return err
 		}
+		if w.Status == lease.StatusRetired {
+			// A retired worker stays banned, and is banned already.
+			return fmt.Errorf("%w: worker %s is retired", lease.ErrInvalidTransition, w.ID)
+		}
 		p, err := s.issuer.Principal(ctx, w.ID)
 		if errors.Is(err, credential.ErrNotFound) {
 			return fmt.Errorf("%w: worker %s has no principal to ban", ErrNotFound, w.ID)

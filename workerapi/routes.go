@@ -54,6 +54,7 @@ func (s *Server) operatorRoutes() []route {
 		op(post, "/operator/workers/{id}/ban", credential.ScopeOperatorWorkers, s.opBanWorker),
 		op(post, "/operator/workers/{id}/unban", credential.ScopeOperatorWorkers, s.opUnbanWorker),
 		op(post, "/operator/workers/{id}/approve", credential.ScopeOperatorWorkers, s.opApproveWorker),
+		op(post, "/operator/workers/{id}/retire", credential.ScopeOperatorWorkers, s.opRetireWorker),
 		op(post, "/operator/credentials", credential.ScopeOperatorCredentials, s.opMintCredential),
 		op(post, "/operator/credentials/{id}/revoke", credential.ScopeOperatorCredentials, s.opRevokeCredential),
 		get("/operator/credentials", credential.ScopeOperatorCredentials, s.opListCredentials, "principal", "after", "limit"),

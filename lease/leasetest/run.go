@@ -70,6 +70,7 @@ func Run(t *testing.T, newStore func(t *testing.T) lease.Store) {
 	t.Run("Answers", func(t *testing.T) { runGroup(t, newStore, answerTests) })
 	t.Run("Liveness", func(t *testing.T) { runGroup(t, newStore, livenessTests) })
 	t.Run("Tags", func(t *testing.T) { runGroup(t, newStore, tagTests) })
+	t.Run("Retire", func(t *testing.T) { runGroup(t, newStore, retireTests) })
 }
 
 // test is one test of the suite. It gets a fixture over a fresh store.

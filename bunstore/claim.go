@@ -466,6 +466,16 @@ func tagsArg(tags []string) string {
 	return tagsText(tags)
 }
 
+// tagsContain is a job list's filter on one tag, with one placeholder
+// for tagsArg of that tag: a job matches when its tags include it. An
+// untagged job (the empty string) is never parsed.
+func (db *DB) tagsContain() string {
+	if db.postgres() {
+		return "(tags <> '' AND NULLIF(tags, '')::jsonb @> ?::jsonb)"
+	}
+	return "(tags <> '' AND EXISTS (SELECT 1 FROM json_each(NULLIF(tags, '')) AS t, json_each(?) AS w WHERE t.value = w.value))"
+}
+
 // tagsMatch is the claim's filter on tags, with one placeholder for
 // tagsArg: a job matches when it has no tags or all of its tags are
 // among the worker's (lease.Requirements.TagsMatch). The NULLIF keeps

@@ -286,6 +286,12 @@ func (s *LeaseStore) ListJobs(ctx context.Context, f lease.JobFilter) ([]*lease.
 	if f.WorkerID != "" {
 		q = q.Where("lease_worker_id = ?", f.WorkerID).Where("state IN (?)", liveStates())
 	}
+	if f.LastWorkerID != "" {
+		q = q.Where("lease_worker_id = ?", f.LastWorkerID)
+	}
+	if f.Tag != "" {
+		q = q.Where(s.db.tagsContain(), tagsArg([]string{f.Tag}))
+	}
 	if f.After != "" {
 		q = q.Where("id > ?", f.After)
 	}

@@ -329,7 +329,7 @@ func (m *Manager) Heartbeat(ctx context.Context, workerID, status string, metric
 		}
 		w.Metrics = metrics
 	}
-	if status != "" {
+	if status != "" && w.Status != StatusRetired {
 		w.Status = status
 	}
 	w.LastSeenAt = m.now()
@@ -394,7 +394,7 @@ func (m *Manager) Lease(ctx context.Context, req LeaseRequest) ([]Grant, error) 
 	// plan turns the worker into its claim, with n leases prepared, or
 	// says it may claim nothing.
 	plan := func(w *Worker) (ClaimQuery, bool, error) {
-		if w.Approval.Pending {
+		if w.Approval.Pending || w.Status == StatusRetired {
 			return ClaimQuery{}, false, nil
 		}
 		var allowed []string

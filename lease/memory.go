@@ -83,6 +83,12 @@ func (s *MemoryStore) ListJobs(_ context.Context, f JobFilter) ([]*Job, error) {
 		if f.WorkerID != "" && !(j.State.Live() && j.Lease.WorkerID == f.WorkerID) {
 			continue
 		}
+		if f.LastWorkerID != "" && (j.Lease == nil || j.Lease.WorkerID != f.LastWorkerID) {
+			continue
+		}
+		if f.Tag != "" && !slices.Contains(j.Requirements.Tags, f.Tag) {
+			continue
+		}
 		out = append(out, j)
 	}
 	sort.Slice(out, func(a, b int) bool { return out[a].ID < out[b].ID })

@@ -87,6 +87,13 @@ type JobFilter struct {
 	// worker's. A job whose lease ended (queued again, or finished) is not
 	// selected, although its Lease still names the worker.
 	WorkerID string
+	// LastWorkerID selects jobs whose last lease, live or ended, is this
+	// worker's: the jobs whose Lease names it, in any state (a job queued
+	// again after an expired lease still names the worker of that lease).
+	LastWorkerID string
+	// Tag selects jobs whose Requirements.Tags include this tag, compared
+	// as bytes.
+	Tag string
 	// After is an exclusive lower bound on the job id (the paging cursor),
 	// compared as bytes.
 	After string

@@ -1,7 +1,7 @@
 // Package receipts mints nodelane's verifiable receipts (PROTOCOL.md, sections 8 to 11): every
 // consequential event (a worker registered, an artifact reported, a job
 // completed, charged or failed, the envelope changed, a credential minted
-// or revoked, a worker banned, a node's audit event) leaves a receipt with
+// or revoked, a worker banned or retired, a node's audit event) leaves a receipt with
 // canonical bytes in an append-only RFC 6962 Merkle log, whose signed
 // checkpoints let a third party verify any receipt offline.
 //
@@ -79,6 +79,7 @@
 //	worker_banned         worker_id [node_id actor reason]
 //	worker_unbanned       worker_id [node_id actor reason]
 //	worker_approved       worker_id actor [node_id reason job_types tags]
+//	worker_retired        worker_id actor [node_id reason]
 //	node_audit            worker_id event_type occurred_at payload_sha256 [node_id]
 //
 // Fields must also agree ([ErrInconsistent] otherwise): ended_at is not

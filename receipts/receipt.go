@@ -31,6 +31,7 @@ const (
 	KindWorkerBanned        Kind = "worker_banned"
 	KindWorkerUnbanned      Kind = "worker_unbanned"
 	KindWorkerApproved      Kind = "worker_approved"
+	KindWorkerRetired       Kind = "worker_retired"
 	KindNodeAudit           Kind = "node_audit"
 )
 
@@ -262,6 +263,10 @@ var kindSpecs = map[Kind]kindSpec{
 	KindWorkerUnbanned: {
 		required: []string{"worker_id"},
 		optional: []string{"node_id", "actor", "reason"},
+	},
+	KindWorkerRetired: {
+		required: []string{"worker_id", "actor"},
+		optional: []string{"node_id", "reason"},
 	},
 	KindWorkerApproved: {
 		// job_types and tags are what the approval pins, absent when it

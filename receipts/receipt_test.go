@@ -91,6 +91,10 @@ func golden() map[receipts.Kind]receipts.Receipt {
 	r.JobTypes, r.Tags = "embedding_dry_run status_check", "eu lab"
 	rs[r.Kind] = r
 
+	r = base(receipts.KindWorkerRetired)
+	r.WorkerID, r.NodeID, r.Actor, r.Reason = "wrk_1", "studio-gpu-1", "operator-1", "decommissioned"
+	rs[r.Kind] = r
+
 	r = base(receipts.KindNodeAudit)
 	r.WorkerID, r.NodeID, r.EventType, r.OccurredAt, r.PayloadSHA256 = "wrk_1", "studio-gpu-1", "driver_update", t0.Add(-time.Minute+7*time.Microsecond), hashA
 	rs[r.Kind] = r

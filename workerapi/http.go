@@ -10,7 +10,9 @@ import (
 	"io"
 	"mime"
 	"net/http"
+	"net/url"
 	"path"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -32,6 +34,9 @@ type route struct {
 	signed bool
 	// public routes need no credential (the OpenAPI document).
 	public bool
+	// query names the query parameters a GET route accepts: any other
+	// answers 400 invalid_request (checkQuery). Nil accepts none.
+	query  []string
 	handle func(ctx context.Context, c *call) (int, any, error)
 }
 
@@ -274,6 +279,9 @@ func (s *Server) run(ctx context.Context, c *call, rt route) (int, any, error) {
 	case rt.path == wire.PathRegister:
 		return s.register(ctx, c)
 	case !rt.signed:
+		if err := checkQuery(c.r.URL.RawQuery, rt); err != nil {
+			return 0, nil, err
+		}
 		return rt.handle(ctx, c)
 	}
 	code, out, err := s.signed(ctx, c, p.PublicKey, rt.handle)
@@ -281,6 +289,33 @@ func (s *Server) run(ctx context.Context, c *call, rt route) (int, any, error) {
 		err = sameForEveryProbe(err)
 	}
 	return code, out, err
+}
+
+// checkQuery refuses, on an operator GET route, a query parameter the
+// route does not accept (rt.query), and a query that does not parse: an
+// operator's typo (?sate=queued) must not silently list everything.
+func checkQuery(raw string, rt route) error {
+	if rt.method != http.MethodGet {
+		return nil
+	}
+	q, err := url.ParseQuery(raw)
+	if err != nil {
+		return fmt.Errorf("%w: the query does not parse: %v", ErrInvalidRequest, err)
+	}
+	names := make([]string, 0, len(q))
+	for name := range q {
+		if !slices.Contains(rt.query, name) {
+			names = append(names, name)
+		}
+	}
+	if len(names) == 0 {
+		return nil
+	}
+	slices.Sort(names)
+	if len(rt.query) == 0 {
+		return fmt.Errorf("%w: unknown query parameter %q: %s takes none", ErrInvalidRequest, names[0], rt.path)
+	}
+	return fmt.Errorf("%w: unknown query parameter %q: %s takes %s", ErrInvalidRequest, names[0], rt.path, strings.Join(rt.query, ", "))
 }
 
 // readBody reads the body, up to Config.BodyLimit (413 beyond; the

@@ -264,12 +264,28 @@ func oasCheckOperation(t *testing.T, doc *openapi3.T, rt route, op *openapi3.Ope
 	if !slices.Equal(params, wild) {
 		t.Errorf("path parameters %v, want %v", params, wild)
 	}
+	// Query parameters are exactly those the route accepts (checkQuery
+	// refuses any other).
+	var query []string
+	for _, p := range append(item.Parameters, op.Parameters...) {
+		if p.Value.In == openapi3.ParameterInQuery {
+			query = append(query, p.Value.Name)
+		}
+	}
+	if rt.method == http.MethodGet && !rt.public && !slices.Equal(slices.Sorted(slices.Values(query)), slices.Sorted(slices.Values(rt.query))) {
+		t.Errorf("query parameters %v, want %v", query, rt.query)
+	}
 	// Statuses every non-public route can answer.
 	codes := op.Responses.Map()
 	if !rt.public {
 		want := []string{"401", "403", "413", "503"}
 		if rt.method != http.MethodGet {
-			want = append(want, "400", "415")
+			want = append(want, "415")
+		}
+		if !rt.signed {
+			want = append(want, "400") // an unknown query parameter, on GET
+		} else if rt.method != http.MethodGet {
+			want = append(want, "400")
 		}
 		if rt.signed {
 			want = append(want, "429")
@@ -331,6 +347,8 @@ var oasWireSchemas = []struct {
 	{"RequirementsInput", wire.Requirements{}, false},
 	{"JobError", wire.JobError{}, true},
 	{"Job", wire.Job{}, true},
+	{"OperatorJob", wire.OperatorJob{}, true},
+	{"OperatorJobResponse", wire.OperatorJobResponse{}, true},
 	{"Grant", wire.Grant{}, true},
 	{"LeaseResponse", wire.LeaseResponse{}, true},
 	{"AcceptRequest", wire.TokenRequest{}, false},
@@ -387,6 +405,9 @@ var oasWireSchemas = []struct {
 	{"ReceiptListResponse", wire.ReceiptListResponse{}, true},
 	{"ReceiptResponse", wire.ReceiptResponse{}, true},
 	{"ConsistencyResponse", wire.ConsistencyResponse{}, true},
+	{"CostSum", wire.CostSum{}, true},
+	{"CostGroup", wire.CostGroup{}, true},
+	{"CostReport", wire.CostReport{}, true},
 }
 
 // TestOpenAPIWireTypes: each wire type marshals to JSON whose field names

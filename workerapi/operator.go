@@ -133,7 +133,7 @@ func (s *Server) opDispatch(ctx context.Context, c *call) (int, any, error) {
 	if err != nil {
 		return 0, nil, err
 	}
-	return http.StatusCreated, wire.DispatchResponse{Job: wireJob(j), Leasable: ok, Reason: reason}, nil
+	return http.StatusCreated, wire.DispatchResponse{Job: operatorJob(j), Leasable: ok, Reason: reason}, nil
 }
 
 func (s *Server) opListJobs(ctx context.Context, c *call) (int, any, error) {
@@ -149,6 +149,14 @@ func (s *Server) opListJobs(ctx context.Context, c *call) (int, any, error) {
 	if err != nil {
 		return 0, nil, err
 	}
+	workerID, err := qString(q, "worker_id")
+	if err != nil {
+		return 0, nil, err
+	}
+	tag, err := qString(q, "tag")
+	if err != nil {
+		return 0, nil, err
+	}
 	after, err := qString(q, "after")
 	if err != nil {
 		return 0, nil, err
@@ -157,16 +165,18 @@ func (s *Server) opListJobs(ctx context.Context, c *call) (int, any, error) {
 	if err != nil {
 		return 0, nil, err
 	}
-	jobs, next, err := s.leases.List(ctx, lease.JobFilter{State: lease.State(state), Type: jobType, After: after, Limit: limit})
+	jobs, next, err := s.leases.List(ctx, lease.JobFilter{
+		State: lease.State(state), Type: jobType, LastWorkerID: workerID, Tag: tag, After: after, Limit: limit,
+	})
 	if err != nil {
 		return 0, nil, err
 	}
 	if kept, cut := fitPage(jobs, jobBytes); cut {
 		jobs, next = kept, kept[len(kept)-1].ID
 	}
-	out := wire.JobListResponse{Jobs: make([]wire.Job, len(jobs))}
+	out := wire.JobListResponse{Jobs: make([]wire.OperatorJob, len(jobs))}
 	for i, j := range jobs {
-		out.Jobs[i] = wireJob(j)
+		out.Jobs[i] = operatorJob(j)
 	}
 	if next != "" {
 		out.Next = &next
@@ -199,7 +209,7 @@ func (s *Server) opGetJob(ctx context.Context, c *call) (int, any, error) {
 		return 0, nil, err
 	}
 	out := wire.JobDetailResponse{
-		Job:       wireJob(j),
+		Job:       operatorJob(j),
 		Leasable:  ok,
 		Reason:    why.Message,
 		Events:    make([]wire.JobEventView, len(evs)),
@@ -260,7 +270,7 @@ func (s *Server) opCancelJob(ctx context.Context, c *call) (int, any, error) {
 		}
 		c.after(func(ctx context.Context, h Hooks) { h.JobChanged(ctx, ev) })
 	}
-	return http.StatusOK, wire.JobResponse{Job: wireJob(j)}, nil
+	return http.StatusOK, wire.OperatorJobResponse{Job: operatorJob(j)}, nil
 }
 
 // jobArtifacts returns every artifact of a job, in id order.
@@ -576,6 +586,10 @@ func (s *Server) setBan(ctx context.Context, c *call, ban bool) (int, any, error
 		if w, err = s.leases.Worker(ctx, c.pathID()); err != nil {
 			return err
 		}
+		if w.Status == lease.StatusRetired {
+			// A retired worker stays banned, and is banned already.
+			return fmt.Errorf("%w: worker %s is retired", lease.ErrInvalidTransition, w.ID)
+		}
 		p, err := s.issuer.Principal(ctx, w.ID)
 		if errors.Is(err, credential.ErrNotFound) {
 			return fmt.Errorf("%w: worker %s has no principal to ban", ErrNotFound, w.ID)
@@ -860,6 +874,11 @@ func (s *Server) opDeactivate(ctx context.Context, c *call) (int, any, error) {
 
 // Receipts.
 
+// maxKindScan bounds how many receipts one page of GET
+// /operator/receipts?kind= reads: a page ends early, with next set to the
+// last index read, once it has read this many (wire.MaxReceiptKindScan).
+const maxKindScan = wire.MaxReceiptKindScan
+
 func (s *Server) opListReceipts(ctx context.Context, c *call) (int, any, error) {
 	q := c.r.URL.Query()
 	after, set, err := qInt(q, "after", 0, receipts.MaxInt-1)
@@ -870,6 +889,13 @@ func (s *Server) opListReceipts(ctx context.Context, c *call) (int, any, error) 
 	if err != nil {
 		return 0, nil, err
 	}
+	kind, err := qString(q, "kind")
+	if err != nil {
+		return 0, nil, err
+	}
+	if _, given := q["kind"]; given && !receipts.Kind(kind).Valid() {
+		return 0, nil, fmt.Errorf("%w: kind %q is not a receipt kind", ErrInvalidRequest, kind)
+	}
 	from := int64(0)
 	if set {
 		from = after + 1
@@ -878,17 +904,48 @@ func (s *Server) opListReceipts(ctx context.Context, c *call) (int, any, error) 
 	if page == 0 {
 		page = 100
 	}
-	rs, err := s.receipts.List(ctx, from, page)
-	if err != nil {
-		return 0, nil, err
+	if kind == "" {
+		rs, err := s.receipts.List(ctx, from, page)
+		if err != nil {
+			return 0, nil, err
+		}
+		out := wire.ReceiptListResponse{Receipts: make([]receipts.WireReceipt, len(rs))}
+		for i, r := range rs {
+			out.Receipts[i] = r.Wire()
+		}
+		if len(rs) == page {
+			next := rs[len(rs)-1].Index
+			out.Next = &next
+		}
+		return http.StatusOK, out, nil
 	}
-	out := wire.ReceiptListResponse{Receipts: make([]receipts.WireReceipt, len(rs))}
-	for i, r := range rs {
-		out.Receipts[i] = r.Wire()
+	// The receipts of one kind: read the log in index order and keep
+	// those, until the page is full, the log ends, or maxKindScan
+	// receipts were read (next is then the last index read).
+	out := wire.ReceiptListResponse{Receipts: []receipts.WireReceipt{}}
+	scanned, last, ended := 0, int64(-1), false
+	for !ended && len(out.Receipts) < page && scanned < maxKindScan {
+		want := min(maxPage, maxKindScan-scanned)
+		rs, err := s.receipts.List(ctx, from, want)
+		if err != nil {
+			return 0, nil, err
+		}
+		ended = len(rs) < want
+		for _, r := range rs {
+			scanned++
+			last = r.Index
+			if r.Kind != receipts.Kind(kind) {
+				continue
+			}
+			if out.Receipts = append(out.Receipts, r.Wire()); len(out.Receipts) == page {
+				ended = false // a full page has a next one
+				break
+			}
+		}
+		from = last + 1
 	}
-	if len(rs) == page {
-		next := rs[len(rs)-1].Index
-		out.Next = &next
+	if !ended && last >= 0 {
+		out.Next = &last
 	}
 	return http.StatusOK, out, nil
 }

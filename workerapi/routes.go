@@ -36,29 +36,37 @@ func (s *Server) operatorRoutes() []route {
 	op := func(method, path string, scope credential.Scope, h func(ctx context.Context, c *call) (int, any, error)) route {
 		return route{method: method, path: path, scope: scope, handle: h}
 	}
-	get, post := http.MethodGet, http.MethodPost
+	// get is an operator GET route and the query parameters it accepts:
+	// any other is refused (checkQuery), so a new GET route states its
+	// parameters here or accepts none.
+	get := func(path string, scope credential.Scope, h func(ctx context.Context, c *call) (int, any, error), query ...string) route {
+		return route{method: http.MethodGet, path: path, scope: scope, handle: h, query: query}
+	}
+	post := http.MethodPost
 	return []route{
 		op(post, "/operator/jobs", credential.ScopeOperatorJobs, s.opDispatch),
-		op(get, "/operator/jobs", credential.ScopeOperatorJobs, s.opListJobs),
-		op(get, "/operator/jobs/{id}", credential.ScopeOperatorJobs, s.opGetJob),
+		get("/operator/jobs", credential.ScopeOperatorJobs, s.opListJobs, "state", "job_type", "worker_id", "tag", "after", "limit"),
+		get("/operator/jobs/{id}", credential.ScopeOperatorJobs, s.opGetJob, "events_after"),
 		op(post, "/operator/jobs/{id}/cancel", credential.ScopeOperatorJobs, s.opCancelJob),
-		op(get, "/operator/artifacts", credential.ScopeOperatorJobs, s.opListArtifacts),
-		op(get, "/operator/workers", credential.ScopeOperatorWorkers, s.opListWorkers),
-		op(get, "/operator/workers/{id}", credential.ScopeOperatorWorkers, s.opGetWorker),
+		get("/operator/artifacts", credential.ScopeOperatorJobs, s.opListArtifacts, "job_id", "artifact_type", "after", "limit"),
+		get("/operator/workers", credential.ScopeOperatorWorkers, s.opListWorkers, "after", "limit"),
+		get("/operator/workers/{id}", credential.ScopeOperatorWorkers, s.opGetWorker),
 		op(post, "/operator/workers/{id}/ban", credential.ScopeOperatorWorkers, s.opBanWorker),
 		op(post, "/operator/workers/{id}/unban", credential.ScopeOperatorWorkers, s.opUnbanWorker),
 		op(post, "/operator/workers/{id}/approve", credential.ScopeOperatorWorkers, s.opApproveWorker),
+		op(post, "/operator/workers/{id}/retire", credential.ScopeOperatorWorkers, s.opRetireWorker),
 		op(post, "/operator/credentials", credential.ScopeOperatorCredentials, s.opMintCredential),
 		op(post, "/operator/credentials/{id}/revoke", credential.ScopeOperatorCredentials, s.opRevokeCredential),
-		op(get, "/operator/credentials", credential.ScopeOperatorCredentials, s.opListCredentials),
+		get("/operator/credentials", credential.ScopeOperatorCredentials, s.opListCredentials, "principal", "after", "limit"),
 		op(post, "/operator/principals", credential.ScopeOperatorCredentials, s.opCreatePrincipal),
-		op(get, "/operator/envelope", credential.ScopeOperatorEnvelope, s.opGetEnvelope),
+		get("/operator/envelope", credential.ScopeOperatorEnvelope, s.opGetEnvelope),
 		op(post, "/operator/envelope/activate", credential.ScopeOperatorEnvelope, s.opActivate),
 		op(post, "/operator/envelope/deactivate", credential.ScopeOperatorEnvelope, s.opDeactivate),
-		op(get, "/operator/receipts", credential.ScopeOperatorReceipts, s.opListReceipts),
-		op(get, "/operator/receipts/checkpoint", credential.ScopeOperatorReceipts, s.opCheckpoint),
-		op(get, "/operator/receipts/consistency", credential.ScopeOperatorReceipts, s.opConsistency),
-		op(get, "/operator/receipts/{id}", credential.ScopeOperatorReceipts, s.opGetReceipt),
+		get("/operator/costs", credential.ScopeOperatorReceipts, s.opCosts, "from", "to", "group_by"),
+		get("/operator/receipts", credential.ScopeOperatorReceipts, s.opListReceipts, "kind", "after", "limit"),
+		get("/operator/receipts/checkpoint", credential.ScopeOperatorReceipts, s.opCheckpoint),
+		get("/operator/receipts/consistency", credential.ScopeOperatorReceipts, s.opConsistency, "old", "new"),
+		get("/operator/receipts/{id}", credential.ScopeOperatorReceipts, s.opGetReceipt),
 	}
 }
 

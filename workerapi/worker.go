@@ -1005,14 +1005,7 @@ func (s *Server) completeJob(ctx context.Context, c *call, ref lease.Ref, res le
 // (its gpu_count, or 1 for a job with none that ran on a GPU SKU) at the
 // price snapshotted on its lease.
 func (s *Server) settle(ctx context.Context, c *call, j *lease.Job, id string) (string, *receipts.Receipt, error) {
-	if j.AcceptedAt == nil || j.FinishedAt == nil || j.Lease == nil {
-		return "", nil, fmt.Errorf("workerapi: completed job %s lacks its accept or finish time", j.ID)
-	}
-	gpus := int64(j.Requirements.GPUCount)
-	if gpus == 0 && j.Lease.SKU != "" {
-		gpus = 1
-	}
-	ch, err := receipts.NewCharge(*j.AcceptedAt, *j.FinishedAt, gpus, j.Lease.PriceMicroUSD)
+	ch, err := jobCharge(j)
 	if err != nil {
 		return "", nil, err
 	}

@@ -100,7 +100,7 @@ func (l *load) listJobs(ctx context.Context, ids []string) (map[string]wire.Job,
 		}
 		for _, j := range page.Jobs {
 			if want[j.ID] {
-				out[j.ID] = j
+				out[j.ID] = j.Job
 			}
 		}
 		if page.Next == nil || (len(page.Jobs) > 0 && page.Jobs[len(page.Jobs)-1].ID >= hi) {

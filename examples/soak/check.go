@@ -69,7 +69,7 @@ func listAll(ctx context.Context, op *operator.Client) (map[string]wire.Job, err
 			return nil, err
 		}
 		for _, j := range page.Jobs {
-			out[j.ID] = j
+			out[j.ID] = j.Job
 		}
 		if page.Next == nil {
 			return out, nil

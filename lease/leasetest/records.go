@@ -22,6 +22,7 @@ var recordTests = []test{
 	{"IDs", testIDs},
 	{"Payloads", testPayloads},
 	{"WorkerFilter", testWorkerFilter},
+	{"LastWorkerAndTagFilters", testLastWorkerAndTagFilters},
 	{"Limits", testLimits},
 }
 
@@ -571,6 +572,75 @@ func testLimits(t *testing.T, f *fixture) {
 	for _, c := range calls {
 		if n, err := c.call(1); err != nil || n != 1 {
 			t.Errorf("%s with limit 1 gave %d, %v; want 1 of several", c.name, n, err)
+		}
+	}
+}
+
+// JobFilter.LastWorkerID selects the jobs whose last lease, live or
+// ended, is the worker's, whatever their state; JobFilter.Tag the jobs
+// that carry a tag among their requirements; both combine with the
+// other fields and with paging.
+func testLastWorkerAndTagFilters(t *testing.T, f *fixture) {
+	a := f.taggedWorker("a", "lab-a", "lab-b")
+	b := f.taggedWorker("b", "lab-a", "lab-b")
+	leaseNew := func(w *lease.Worker, opts ...func(*lease.NewJob)) lease.Ref {
+		t.Helper()
+		j := f.enqueue("status_check", opts...)
+		lj, ref := f.leaseOne(w)
+		if lj.ID != j.ID {
+			t.Fatalf("leased %s, want the new job %s", lj.ID, j.ID)
+		}
+		return ref
+	}
+	done := leaseNew(a, withTags("lab-a"))
+	f.accept(done)
+	f.complete(done, lease.Result{})
+	live := leaseNew(a)
+	others := leaseNew(b, withTags("lab-b"))
+	requeued := leaseNew(a, withTags("lab-a", "lab-b"))
+	f.release(requeued, "preempted")
+	f.state(requeued.JobID, lease.StateQueued)
+	never := f.enqueue("status_check", withTags("lab-a"))
+	// A tag that is a prefix, or a JSON fragment, of another matches
+	// nothing it should not.
+	odd := f.enqueue("status_check", withTags(`lab-"x"`))
+
+	sorted := func(ids ...string) []string { return slices.Sorted(slices.Values(ids)) }
+	cases := []struct {
+		name string
+		jf   lease.JobFilter
+		want []string
+	}{
+		{"last worker a", lease.JobFilter{LastWorkerID: a.ID}, sorted(done.JobID, requeued.JobID, live.JobID)},
+		{"last worker a, queued", lease.JobFilter{LastWorkerID: a.ID, State: lease.StateQueued}, []string{requeued.JobID}},
+		{"last worker a, succeeded", lease.JobFilter{LastWorkerID: a.ID, State: lease.StateSucceeded}, []string{done.JobID}},
+		{"last worker a, 1 a page", lease.JobFilter{LastWorkerID: a.ID, Limit: 1}, sorted(done.JobID, requeued.JobID, live.JobID)[:1]},
+		{"last worker b", lease.JobFilter{LastWorkerID: b.ID}, []string{others.JobID}},
+		{"an unknown worker", lease.JobFilter{LastWorkerID: "wrk_nobody"}, nil},
+		{"tag lab-a", lease.JobFilter{Tag: "lab-a"}, sorted(done.JobID, requeued.JobID, never.ID)},
+		{"tag lab-b", lease.JobFilter{Tag: "lab-b"}, sorted(requeued.JobID, others.JobID)},
+		{"tag lab-a, worker a", lease.JobFilter{Tag: "lab-a", LastWorkerID: a.ID}, sorted(done.JobID, requeued.JobID)},
+		{"tag lab-a, queued", lease.JobFilter{Tag: "lab-a", State: lease.StateQueued}, sorted(requeued.JobID, never.ID)},
+		{"tag with quotes", lease.JobFilter{Tag: `lab-"x"`}, []string{odd.ID}},
+		{"tag prefix", lease.JobFilter{Tag: "lab"}, nil},
+		{"tag unknown", lease.JobFilter{Tag: "lab-c"}, nil},
+		{"tag, wrong type", lease.JobFilter{Tag: "lab-a", Type: "other"}, nil},
+	}
+	for _, c := range cases {
+		jf := c.jf
+		if jf.Limit == 0 {
+			jf.Limit = 100
+		}
+		jobs, err := f.store.ListJobs(f.ctx, jf)
+		if err != nil {
+			t.Fatalf("%s: ListJobs: %v", c.name, err)
+		}
+		var got []string
+		for _, j := range jobs {
+			got = append(got, j.ID)
+		}
+		if d := cmp.Diff(c.want, got, cmpopts.EquateEmpty()); d != "" {
+			t.Errorf("%s: ListJobs(%+v) (-want +got):\n%s", c.name, jf, d)
 		}
 	}
 }

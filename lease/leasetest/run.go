@@ -71,6 +71,7 @@ func Run(t *testing.T, newStore func(t *testing.T) lease.Store) {
 	t.Run("Liveness", func(t *testing.T) { runGroup(t, newStore, livenessTests) })
 	t.Run("Tags", func(t *testing.T) { runGroup(t, newStore, tagTests) })
 	t.Run("Stats", func(t *testing.T) { runGroup(t, newStore, statsTests) })
+	t.Run("Retire", func(t *testing.T) { runGroup(t, newStore, retireTests) })
 }
 
 // test is one test of the suite. It gets a fixture over a fresh store.

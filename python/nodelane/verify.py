@@ -364,6 +364,7 @@ KINDS: Dict[str, Tuple[List[str], List[str]]] = {
     "credential_revoked": (["credential_id"], ["principal_id", "actor", "reason"]),
     "principal_created": (["principal_id", "actor"], ["name"]),
     "worker_banned": (["worker_id"], ["node_id", "actor", "reason"]),
+    "worker_retired": (["worker_id", "actor"], ["node_id", "reason"]),
     "worker_unbanned": (["worker_id"], ["node_id", "actor", "reason"]),
     "worker_approved": (["worker_id", "actor"], ["node_id", "reason", "job_types", "tags"]),
     "node_audit": (["worker_id", "event_type", "occurred_at", "payload_sha256"], ["node_id"]),

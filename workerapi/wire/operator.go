@@ -22,22 +22,43 @@ type DispatchRequest struct {
 	MaxAttempts int `json:"max_attempts"`
 }
 
+// OperatorJob is a job as the operator routes show it: the job and what
+// it was charged. The charge fields are null until the job is charged
+// (it succeeded: its job_charged receipt was minted with its
+// completion), and then equal that receipt's actual_ms, actual_hours and
+// actual_cost_usd; ActualCostMicroUSD is actual_cost_usd in micro-USD.
+type OperatorJob struct {
+	Job
+	ActualMS           *int64  `json:"actual_ms"`
+	ActualHours        *string `json:"actual_hours"`
+	ActualCostUSD      *string `json:"actual_cost_usd"`
+	ActualCostMicroUSD *int64  `json:"actual_cost_micro_usd"`
+}
+
+// OperatorJobResponse answers POST /operator/jobs/{id}/cancel.
+type OperatorJobResponse struct {
+	Job OperatorJob `json:"job"`
+}
+
 // DispatchResponse answers POST /operator/jobs: the queued job and
 // whether a registered worker could lease it now; when not, Reason says
 // why.
 type DispatchResponse struct {
-	Job      Job    `json:"job"`
-	Leasable bool   `json:"leasable"`
-	Reason   string `json:"reason"`
+	Job      OperatorJob `json:"job"`
+	Leasable bool        `json:"leasable"`
+	Reason   string      `json:"reason"`
 }
 
-// JobListResponse answers GET /operator/jobs[?state=&job_type=&after=&limit=]:
-// jobs in id order (ids are time-ordered), 100 a page unless limit (1 to
-// 1,000) says otherwise. Next is the after= of the next page, null after
+// JobListResponse answers GET
+// /operator/jobs[?state=&job_type=&worker_id=&tag=&after=&limit=]: jobs in
+// id order (ids are time-ordered), 100 a page unless limit (1 to 1,000)
+// says otherwise. worker_id selects the jobs whose last lease (live or
+// ended) was that worker's, tag those whose requirements.tags include
+// it; filters combine. Next is the after= of the next page, null after
 // the last.
 type JobListResponse struct {
-	Jobs []Job   `json:"jobs"`
-	Next *string `json:"next"`
+	Jobs []OperatorJob `json:"jobs"`
+	Next *string       `json:"next"`
 }
 
 // JobResult is what the worker reported when it completed a job.
@@ -70,7 +91,7 @@ type JobEventView struct {
 // ArtifactsNext, when more follow, is the after= with which GET
 // /operator/artifacts?job_id= pages on, null when none do.
 type JobDetailResponse struct {
-	Job        Job            `json:"job"`
+	Job        OperatorJob    `json:"job"`
 	Leasable   bool           `json:"leasable"`
 	Reason     string         `json:"reason"`
 	Result     *JobResult     `json:"result"`
@@ -315,14 +336,22 @@ type ActivateRequest struct {
 	Until *time.Time `json:"until"`
 }
 
-// ReceiptListResponse answers GET /operator/receipts[?after=&limit=]:
+// ReceiptListResponse answers GET /operator/receipts[?kind=&after=&limit=]:
 // sequenced receipts with an index above after, in index order, 100 a
 // page unless limit (1 to 1,000) says otherwise. Next is the after= of
-// the next page (the last index listed), null after the last.
+// the next page (the last index listed), null after the last. With kind,
+// only receipts of that kind are listed, and a page also ends once
+// MaxReceiptKindScan receipts were read, with Next the last index read:
+// a page may then hold fewer than limit receipts, or none, and still
+// have a next one.
 type ReceiptListResponse struct {
 	Receipts []receipts.WireReceipt `json:"receipts"`
 	Next     *int64                 `json:"next"`
 }
+
+// MaxReceiptKindScan bounds how many receipts of the log one page of GET
+// /operator/receipts?kind= reads.
+const MaxReceiptKindScan = 10000
 
 // ReceiptResponse answers GET /operator/receipts/{id}: the receipt, and,
 // once it is sequenced, its inclusion proof and the signed checkpoint the
@@ -331,6 +360,62 @@ type ReceiptResponse struct {
 	Receipt    receipts.WireReceipt `json:"receipt"`
 	Proof      *receipts.Proof      `json:"proof"`
 	Checkpoint *string              `json:"checkpoint"`
+}
+
+// The group_by values of GET /operator/costs.
+const (
+	// CostGroupBySKU groups charges by the GPU SKU of their receipt ("" for
+	// a job that ran on none).
+	CostGroupBySKU = "sku"
+	// CostGroupByWorker groups charges by worker id.
+	CostGroupByWorker = "worker"
+	// CostGroupByJobType groups charges by the job type of the
+	// job_completed receipt minted with each.
+	CostGroupByJobType = "job_type"
+)
+
+// The limits of GET /operator/costs; a report beyond one is refused with
+// 400 invalid_request.
+const (
+	// MaxCostRangeDays bounds to - from.
+	MaxCostRangeDays = 366
+	// MaxCostGroups bounds the groups of one report.
+	MaxCostGroups = 10000
+	// MaxCostScanReceipts bounds the receipts of the log a report reads
+	// (it reads the whole log, in index order).
+	MaxCostScanReceipts = 1000000
+)
+
+// CostSum is what a set of job_charged receipts adds up to: how many
+// (Jobs), their actual_ms summed (ActualMS), their GPU time in hours
+// (GPUHours: the sum of actual_ms × gpu_count, formatted as hours with
+// six decimals, rounded half up once), and their actual_cost_usd summed,
+// exactly, in micro-USD (CostMicroUSD) and as USD with six decimals
+// (CostUSD).
+type CostSum struct {
+	Jobs         int64  `json:"jobs"`
+	ActualMS     int64  `json:"actual_ms"`
+	GPUHours     string `json:"gpu_hours"`
+	CostMicroUSD int64  `json:"cost_micro_usd"`
+	CostUSD      string `json:"cost_usd"`
+}
+
+// CostGroup is the sum of the charges with one key: a GPU SKU, a worker
+// id or a job type.
+type CostGroup struct {
+	Key string `json:"key"`
+	CostSum
+}
+
+// CostReport answers GET /operator/costs[?from=&to=&group_by=]: the
+// job_charged receipts whose server_time is in [From, To), summed by
+// group (sorted by key, in byte order) and in total.
+type CostReport struct {
+	From    time.Time   `json:"from"`
+	To      time.Time   `json:"to"`
+	GroupBy string      `json:"group_by"`
+	Groups  []CostGroup `json:"groups"`
+	Total   CostSum     `json:"total"`
 }
 
 // ConsistencyResponse answers GET /operator/receipts/consistency.

@@ -1,0 +1,223 @@
+package workerapi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/nodelane/nodelane/receipts"
+	"github.com/nodelane/nodelane/workerapi/wire"
+)
+
+// The limits of GET /operator/costs.
+const (
+	// maxCostRange bounds to - from.
+	maxCostRange = wire.MaxCostRangeDays * 24 * time.Hour
+	// maxCostScan bounds how many receipts of the log one report reads.
+	maxCostScan = wire.MaxCostScanReceipts
+	// maxCostGroups bounds how many groups one report answers.
+	maxCostGroups = wire.MaxCostGroups
+)
+
+// costSum is what a group of job_charged receipts adds up to.
+type costSum struct {
+	jobs, ms, gpuMS, micros int64
+}
+
+// add adds one charge, failing on an overflow of any sum.
+func (c *costSum) add(r *receipts.Receipt) error {
+	if r.GPUCount != 0 && r.ActualMS > math.MaxInt64/r.GPUCount {
+		return fmt.Errorf("%w: a charge's GPU time overflows", ErrInvalidRequest)
+	}
+	gpuMS := r.ActualMS * r.GPUCount
+	if c.ms > math.MaxInt64-r.ActualMS || c.gpuMS > math.MaxInt64-gpuMS || c.micros > math.MaxInt64-r.CostMicros {
+		return fmt.Errorf("%w: the sums overflow an int64", ErrInvalidRequest)
+	}
+	c.jobs++
+	c.ms += r.ActualMS
+	c.gpuMS += gpuMS
+	c.micros += r.CostMicros
+	return nil
+}
+
+func (c costSum) wire() wire.CostSum {
+	return wire.CostSum{
+		Jobs:         c.jobs,
+		ActualMS:     c.ms,
+		GPUHours:     receipts.Hours(c.gpuMS),
+		CostMicroUSD: c.micros,
+		CostUSD:      receipts.FormatMicros(c.micros),
+	}
+}
+
+// costTime parses a from= or to= of GET /operator/costs: RFC 3339, with
+// or without fractional seconds, taken in UTC.
+func costTime(q map[string][]string, name string, def time.Time) (time.Time, error) {
+	if _, given := q[name]; !given {
+		return def, nil
+	}
+	v, err := qString(q, name)
+	if err != nil {
+		return time.Time{}, err
+	}
+	t, err := time.Parse(time.RFC3339Nano, v)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("%w: %s must be an RFC 3339 time, such as 2026-11-01T00:00:00Z", ErrInvalidRequest, name)
+	}
+	return t.UTC(), nil
+}
+
+// opCosts sums the job_charged receipts whose server_time is in [from,
+// to), by GPU SKU, worker or job type. It sequences pending receipts
+// first (bounded by Config.ProofWait), then reads the log in index
+// order: the totals are the sums of the receipts' own integers
+// (actual_ms, and actual_cost_usd in micro-USD), so they equal the sum
+// of the receipts exactly. A job's type is not on its job_charged
+// receipt: it is read from the job_completed receipt minted with it
+// (whose id the charge's id extends), which precedes it in the log.
+func (s *Server) opCosts(ctx context.Context, c *call) (int, any, error) {
+	q := c.r.URL.Query()
+	now := s.now().UTC()
+	monthStart := time.Date(now.Year(), now.Month(), 1, 0, 0, 0, 0, time.UTC)
+	from, err := costTime(q, "from", monthStart)
+	if err != nil {
+		return 0, nil, err
+	}
+	to, err := costTime(q, "to", now)
+	if err != nil {
+		return 0, nil, err
+	}
+	groupBy, err := qString(q, "group_by")
+	if err != nil {
+		return 0, nil, err
+	}
+	if _, given := q["group_by"]; !given {
+		groupBy = wire.CostGroupBySKU
+	}
+	switch {
+	case groupBy != wire.CostGroupBySKU && groupBy != wire.CostGroupByWorker && groupBy != wire.CostGroupByJobType:
+		return 0, nil, fmt.Errorf("%w: group_by must be sku, worker or job_type", ErrInvalidRequest)
+	case !from.Before(to):
+		return 0, nil, fmt.Errorf("%w: from (%s) must be before to (%s)", ErrInvalidRequest, from.Format(time.RFC3339Nano), to.Format(time.RFC3339Nano))
+	case to.Sub(from) > maxCostRange:
+		return 0, nil, fmt.Errorf("%w: from and to are more than %d days apart", ErrInvalidRequest, wire.MaxCostRangeDays)
+	}
+
+	sctx, cancel := context.WithTimeout(ctx, s.cfg.ProofWait)
+	_, serr := s.Sequence(sctx)
+	cancel()
+	if serr != nil {
+		s.log.Warn("sequencing receipts for a cost report", "request_id", c.reqID, "err", serr)
+	}
+
+	groups := map[string]*costSum{}
+	var total costSum
+	// jobTypes maps the id of a job_completed receipt read and not yet
+	// matched by its charge to its job type (group_by=job_type only).
+	jobTypes := map[string]string{}
+	scanned, from0 := 0, int64(0)
+	for {
+		rs, err := s.receipts.List(ctx, from0, maxPage)
+		if err != nil {
+			return 0, nil, err
+		}
+		if scanned += len(rs); scanned > maxCostScan {
+			return 0, nil, fmt.Errorf("%w: the receipt log holds more than %d receipts, which a cost report does not read", ErrInvalidRequest, maxCostScan)
+		}
+		for _, st := range rs {
+			if groupBy == wire.CostGroupByJobType && st.Kind == receipts.KindJobCompleted {
+				r, err := st.Receipt()
+				if err != nil {
+					return 0, nil, err
+				}
+				jobTypes[r.ID] = r.JobType
+				continue
+			}
+			if st.Kind != receipts.KindJobCharged {
+				continue
+			}
+			r, err := st.Receipt()
+			if err != nil {
+				return 0, nil, err
+			}
+			completedID := strings.TrimSuffix(r.ID, chargeSuffix)
+			jobType, seen := jobTypes[completedID]
+			delete(jobTypes, completedID)
+			if r.ServerTime.Before(from) || !r.ServerTime.Before(to) {
+				continue
+			}
+			var key string
+			switch groupBy {
+			case wire.CostGroupBySKU:
+				key = r.GPUSKU
+			case wire.CostGroupByWorker:
+				key = r.WorkerID
+			case wire.CostGroupByJobType:
+				if !seen {
+					// Not read before its charge: minted apart from it
+					// (a charge not minted by a completion of this
+					// server), or out of order.
+					if jobType, err = s.chargedJobType(ctx, completedID); err != nil {
+						return 0, nil, err
+					}
+				}
+				key = jobType
+			}
+			g := groups[key]
+			if g == nil {
+				if len(groups) == maxCostGroups {
+					return 0, nil, fmt.Errorf("%w: the report has more than %d groups; narrow from and to", ErrInvalidRequest, maxCostGroups)
+				}
+				g = &costSum{}
+				groups[key] = g
+			}
+			if err := g.add(r); err != nil {
+				return 0, nil, err
+			}
+			if err := total.add(r); err != nil {
+				return 0, nil, err
+			}
+		}
+		if len(rs) < maxPage {
+			break
+		}
+		from0 = rs[len(rs)-1].Index + 1
+	}
+
+	out := wire.CostReport{
+		From: from, To: to, GroupBy: groupBy,
+		Groups: make([]wire.CostGroup, 0, len(groups)),
+		Total:  total.wire(),
+	}
+	keys := make([]string, 0, len(groups))
+	for k := range groups {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		out.Groups = append(out.Groups, wire.CostGroup{Key: k, CostSum: groups[k].wire()})
+	}
+	return http.StatusOK, out, nil
+}
+
+// chargedJobType returns the job type of the job_completed receipt with
+// id completedID; "" when there is none.
+func (s *Server) chargedJobType(ctx context.Context, completedID string) (string, error) {
+	st, err := s.receipts.Get(ctx, completedID)
+	if err != nil {
+		if errors.Is(err, receipts.ErrNotFound) {
+			return "", nil
+		}
+		return "", err
+	}
+	r, err := st.Receipt()
+	if err != nil {
+		return "", err
+	}
+	return r.JobType, nil
+}

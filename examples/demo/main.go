@@ -2,7 +2,7 @@
 // SQLite database in a temporary directory, and says what it does at each
 // step:
 //
-//	go run ./examples/demo [-dir DIR] [-v]
+//	go run ./examples/demo [-dir DIR] [-serve=false] [-v]
 //
 // It starts the control plane (the same wiring as examples/server) on a
 // loopback port, starts a worker node with the example handlers (the same
@@ -14,10 +14,10 @@
 //
 // The control plane also serves the web console (package console) at
 // /console/, whose URL the demo prints: sign in with the operator token of
-// nodelane-tokens.json in the demo's directory. With -serve the demo keeps
-// the control plane, the worker and the console running after its last
-// step, until it is interrupted, so that the console can be opened on
-// what the demo did.
+// nodelane-tokens.json in the demo's directory. After its last step the
+// demo keeps the control plane, the worker and the console running until
+// it is interrupted, so that the console can be opened on what the demo
+// did; with -serve=false it stops there.
 package main
 
 import (
@@ -73,7 +73,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) (err error) {
 	dir := fs.String("dir", "", "directory for the database, secrets, identity and outputs (default: a temporary directory, removed at the end)")
 	verbose := fs.Bool("v", false, "show the control plane's and the worker's logs on stderr")
 	timeout := fs.Duration("timeout", 50*time.Second, "give up after this long")
-	serveOn := fs.Bool("serve", false, "after the last step, keep serving the web console (and the control plane and the worker) until interrupted")
+	serveOn := fs.Bool("serve", true, "after the last step, keep serving the web console (and the control plane and the worker) until interrupted; false: stop")
 	if err := fs.Parse(args); err != nil {
 		return errUsage{err} // the flag package has said why
 	}
@@ -298,7 +298,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) (err error) {
 		<-outer.Done()
 		return nil
 	}
-	say("Done: the worker drains and the control plane stops. (With -serve the web console, %s/console/, stays open.)", base)
+	say("Done: the worker drains and the control plane stops.")
 	return nil
 }
 

@@ -17,7 +17,7 @@ func TestDemo(t *testing.T) {
 	dir := t.TempDir()
 	var out bytes.Buffer
 	start := time.Now()
-	if err := run(ctx, []string{"-dir", dir, "-timeout", "80s"}, &out); err != nil {
+	if err := run(ctx, []string{"-dir", dir, "-timeout", "80s", "-serve=false"}, &out); err != nil {
 		t.Fatalf("run: %v\noutput:\n%s", err, out.String())
 	}
 	t.Logf("demo took %v:\n%s", time.Since(start), out.String())
@@ -64,7 +64,7 @@ func TestDemoTempDirRemoved(t *testing.T) {
 	}
 	t.Setenv("TMPDIR", t.TempDir())
 	var out bytes.Buffer
-	if err := run(t.Context(), nil, &out); err != nil {
+	if err := run(t.Context(), []string{"-serve=false"}, &out); err != nil {
 		t.Fatalf("run: %v\n%s", err, out.String())
 	}
 	left, _ := filepath.Glob(filepath.Join(os.Getenv("TMPDIR"), "nodelane-demo-*"))

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/http"
 	"strings"
 	"unicode"
 	"unicode/utf8"
@@ -73,15 +72,7 @@ func (s *Server) opApproveWorker(ctx context.Context, c *call) (int, any, error)
 	if err != nil {
 		return 0, nil, err
 	}
-	v, err := s.workerView(ctx, w)
-	if err != nil {
-		return 0, nil, err
-	}
-	out := wire.WorkerResponse{Worker: v}
-	if minted != nil {
-		out.ReceiptID = s.announce(c, minted)
-	}
-	return http.StatusOK, out, nil
+	return s.workerAnswer(ctx, c, w, minted)
 }
 
 // decodeStrict is decodeOptional that refuses unknown fields: the

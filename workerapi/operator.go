@@ -620,6 +620,12 @@ func (s *Server) setBan(ctx context.Context, c *call, ban bool) (int, any, error
 	if err != nil {
 		return 0, nil, err
 	}
+	return s.workerAnswer(ctx, c, w, minted)
+}
+
+// workerAnswer is the answer of an operator action on worker w: its view,
+// and the receipt the action minted (announced to the hooks), if any.
+func (s *Server) workerAnswer(ctx context.Context, c *call, w *lease.Worker, minted *receipts.Stored) (int, any, error) {
 	v, err := s.workerView(ctx, w)
 	if err != nil {
 		return 0, nil, err

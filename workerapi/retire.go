@@ -88,16 +88,12 @@ func (s *Server) opRetireWorker(ctx context.Context, c *call) (int, any, error) 
 	if err != nil {
 		return 0, nil, err
 	}
-	v, err := s.workerView(ctx, w)
-	if err != nil {
-		return 0, nil, err
-	}
-	out := wire.WorkerResponse{Worker: v}
-	if minted != nil {
-		out.ReceiptID = s.announce(c, minted)
-		return http.StatusOK, out, nil
+	code, ans, err := s.workerAnswer(ctx, c, w, minted)
+	if err != nil || minted != nil {
+		return code, ans, err
 	}
 	// Retired before: the first answer's receipt.
+	out := ans.(wire.WorkerResponse)
 	id := retiredReceiptID(w.ID)
 	switch _, err := s.receipts.Get(ctx, id); {
 	case err == nil:

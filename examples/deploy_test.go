@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -69,9 +70,10 @@ func TestDeployUnits(t *testing.T) {
 	server, worker := binaries(t)
 	for _, tc := range []struct {
 		file, bin, credential string
+		maxExposure           float64
 	}{
-		{"nodelane-server.service", server, "secrets.json"},
-		{"nodelane-worker.service", worker, "provisioning-token"},
+		{"nodelane-server.service", server, "secrets.json", 2.0},
+		{"nodelane-worker.service", worker, "provisioning-token", 2.5},
 	} {
 		t.Run(tc.file, func(t *testing.T) {
 			u := readUnit(t, filepath.Join("deploy", tc.file))
@@ -109,7 +111,43 @@ func TestDeployUnits(t *testing.T) {
 			if !usesCredential {
 				t.Errorf("ExecStart does not read the credential as %%d/%s", tc.credential)
 			}
+			analyze(t, tc.file, tc.bin, tc.maxExposure)
 		})
+	}
+}
+
+// analyze has systemd-analyze verify the unit (run as the built binary)
+// and rate its exposure offline: at most maxExposure.
+func analyze(t *testing.T, file, bin string, maxExposure float64) {
+	t.Helper()
+	sa, err := exec.LookPath("systemd-analyze")
+	if err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("CI needs systemd-analyze: %v", err)
+		}
+		t.Logf("no systemd-analyze: the units are not verified")
+		return
+	}
+	text, err := os.ReadFile(filepath.Join("deploy", file))
+	if err != nil {
+		t.Fatal(err)
+	}
+	text = []byte(strings.Replace(string(text), "/usr/local/bin/"+strings.TrimSuffix(file, ".service"), bin, 1))
+	path := filepath.Join(t.TempDir(), file)
+	if err := os.WriteFile(path, text, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(sa, "verify", "--man=no", path).CombinedOutput()
+	if err != nil || len(out) > 0 {
+		t.Errorf("systemd-analyze verify: %v\n%s", err, out)
+	}
+	out, err = exec.Command(sa, "security", "--offline=true", "--no-pager", path).CombinedOutput()
+	m := regexp.MustCompile(`Overall exposure level for \S+: ([0-9.]+)`).FindSubmatch(out)
+	if err != nil || m == nil {
+		t.Fatalf("systemd-analyze security: %v\n%s", err, out)
+	}
+	if got, _ := strconv.ParseFloat(string(m[1]), 64); got > maxExposure {
+		t.Errorf("systemd-analyze rates %s's exposure %.1f, more than %.1f:\n%s", file, got, maxExposure, out)
 	}
 }
 

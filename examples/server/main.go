@@ -45,6 +45,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/signal"
 	"strings"
@@ -91,8 +92,25 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		logFormat     = fs.String("log-format", "text", "the logs' format on stderr: text (logfmt) or json (one object a line)")
 		hl            = httpLimitFlags(fs)
 		prices        receipts.Prices
+		publicURL     string
+		proxies       []netip.Prefix
 	)
 	fs.Var(&prices, "price", "SKU=MICRO_USD_PER_GPU_HOUR (repeatable; default=N sets the price of unlisted SKUs)")
+	fs.Func("public-url", "the URL workers use, when a proxy in front rewrites Host or strips a path prefix (https://cp.example.com/nodelane): signatures are verified against it (docs/PROXY.md)", func(s string) error {
+		if err := controlplane.CheckPublicURL(s); err != nil {
+			return err
+		}
+		publicURL = s
+		return nil
+	})
+	fs.Func("trusted-proxy", "CIDR or IP of a proxy in front whose X-Forwarded-For the request log's client_addr believes (repeatable; logging only)", func(s string) error {
+		p, err := controlplane.ParseTrustedProxy(s)
+		if err != nil {
+			return err
+		}
+		proxies = append(proxies, p)
+		return nil
+	})
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -131,6 +149,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		CancelGrace: *cancelGrace, MaxRuntime: *maxRuntime, Retention: *retention,
 		HeartbeatInterval: *hbInterval, OfflineAfter: *offlineAfter,
 		SequenceInterval: *seqInterval, SequenceBatch: *seqBatch, Logger: log, Metrics: met.m, Now: now,
+		PublicOrigin: publicURL, TrustedProxies: proxies,
 	})
 	if err != nil {
 		return err

@@ -281,11 +281,13 @@ func ParseTrustedProxy(s string) (netip.Prefix, error) {
 // takes it, for a flag to refuse a wrong one before anything starts: an
 // absolute http or https URL with a host, optionally a path, and no
 // userinfo, query or fragment. The workerapi.Server checks it again.
+//
+// Its errors never repeat a password the URL holds.
 func CheckPublicURL(s string) error {
 	u, err := url.Parse(s)
 	switch {
 	case err != nil:
-		return fmt.Errorf("%q does not parse as a URL", s)
+		return errors.New("the value does not parse as a URL")
 	case u.User != nil:
 		return errors.New("the URL has userinfo (user@ or user:password@); workers sign no credentials into the URL")
 	case u.Scheme != "http" && u.Scheme != "https", u.Opaque != "", u.Hostname() == "":

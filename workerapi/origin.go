@@ -232,8 +232,8 @@ func (s *Server) alternatives(r, verified *http.Request, auth, path string) (hos
 		paths = append(paths, p)
 	}
 	https := verified.TLS != nil
-	// The values not verified of the public origin and of the request as
-	// received.
+	// With a public origin verified, the values as received (a worker
+	// that reaches the Server directly, or a public origin set wrong).
 	received, _ := replay.ComponentValue(r, replay.ComponentPath)
 	if s.origin != nil {
 		addHost(r.TLS != nil, r.Host)

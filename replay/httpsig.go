@@ -176,6 +176,15 @@ func signatureBase(r *http.Request, p *SignatureParams) (b []byte, paramsAt int,
 	return b, paramsAt, err
 }
 
+// ComponentValue returns the value that SignatureBase gives the covered
+// component c of request r (a derived component such as "@authority" or
+// "@path", or a lowercase header field name), read as SignatureBase reads
+// it: for a request received by a server, as received. A server that
+// refuses a signature uses it to say which value it verified against.
+func ComponentValue(r *http.Request, c string) (string, error) {
+	return componentValue(r, c)
+}
+
 func componentValue(r *http.Request, c string) (string, error) {
 	switch c {
 	case ComponentMethod:

@@ -3,6 +3,7 @@ package workerapi_test
 import (
 	"crypto/rand"
 	"errors"
+	"net/netip"
 	"strings"
 	"testing"
 	"time"
@@ -58,6 +59,21 @@ func TestNewFailsFast(t *testing.T) {
 			c.HeartbeatInterval, c.OfflineAfter = 2*time.Second, time.Second
 		}, "OfflineAfter"},
 		{"MaxLeasesPerWorker over what a heartbeat names", func(_ *workerapi.Stores, c *workerapi.Config) { c.MaxLeasesPerWorker = wire.MaxCurrentJobs + 1 }, "MaxLeasesPerWorker"},
+		{"TrustedProxies with a zero prefix", func(_ *workerapi.Stores, c *workerapi.Config) {
+			c.TrustedProxies = []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), {}}
+		}, "TrustedProxies[1]"},
+	}
+	for _, origin := range []string{
+		"cp.example.com", "/nodelane", "ftp://cp.example.com", "https://", "https://:443/x",
+		"https://cp.example.com/?a=1", "https://cp.example.com/x?", "https://cp.example.com/#top",
+		"https://cp.example.com#", "https://cp.example.com:/", "https://cp.example.com:x/",
+		"mailto:ops@example.com", "https://cp.example.com/%zz",
+	} {
+		tests = append(tests, struct {
+			name   string
+			change func(*workerapi.Stores, *workerapi.Config)
+			want   string
+		}{"PublicOrigin " + origin, func(_ *workerapi.Stores, c *workerapi.Config) { c.PublicOrigin = origin }, "PublicOrigin"})
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -76,6 +92,25 @@ func TestNewFailsFast(t *testing.T) {
 		st, cfg := sqliteStores(t)
 		if _, err := workerapi.New(st, cfg); err != nil {
 			t.Fatalf("New with a valid configuration: %v", err)
+		}
+	})
+	t.Run("valid proxy settings", func(t *testing.T) {
+		for _, origin := range []string{"https://cp.example.com", "https://CP.example.com:8443/nodelane/", "http://[::1]:8080/a/b"} {
+			st, cfg := sqliteStores(t)
+			cfg.PublicOrigin = origin
+			cfg.TrustedProxies = []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("::1/128")}
+			if _, err := workerapi.New(st, cfg); err != nil {
+				t.Errorf("New with PublicOrigin %q: %v", origin, err)
+			}
+		}
+	})
+	// A password in a PublicOrigin is never repeated in the error.
+	t.Run("PublicOrigin with a password", func(t *testing.T) {
+		st, cfg := sqliteStores(t)
+		cfg.PublicOrigin = "https://ops:hunter2@cp.example.com/"
+		_, err := workerapi.New(st, cfg)
+		if !errors.Is(err, workerapi.ErrConfig) || !strings.Contains(err.Error(), "PublicOrigin") || strings.Contains(err.Error(), "hunter2") {
+			t.Fatalf("New: %v, want ErrConfig naming PublicOrigin without the password", err)
 		}
 	})
 }

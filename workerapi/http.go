@@ -369,8 +369,13 @@ func sameForEveryProbe(err error) error {
 // when the nonce came first: a handler's error gives way to the nonce's
 // when the nonce was used or the node is over its quota.
 func (s *Server) signed(ctx context.Context, c *call, pub ed25519.PublicKey, handle func(context.Context, *call) (int, any, error)) (int, any, error) {
-	v, err := s.verifier.Check(c.r, c.body, pub)
+	r := c.r
+	if s.origin != nil {
+		r = s.origin.request(c.r)
+	}
+	v, err := s.verifier.Check(r, c.body, pub)
 	if err != nil {
+		err = s.diagnose(c.r, r, pub, err)
 		s.rejected(err)
 		return 0, nil, err
 	}
@@ -544,6 +549,9 @@ func (s *Server) writeJSON(w http.ResponseWriter, code int, v any) {
 func (s *Server) observe(rt route, c *call, code int, errCode string, start time.Time, err error) {
 	d := time.Since(start)
 	attrs := []any{"request_id", c.reqID, "method", rt.method, "route", rt.path, "status", code, "duration", d}
+	if addr := clientAddr(c.r, s.trusted); addr != "" {
+		attrs = append(attrs, "client_addr", addr)
+	}
 	if c.principal != nil {
 		attrs = append(attrs, "principal", c.principal.ID, "credential", c.credentialID)
 	}

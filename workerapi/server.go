@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/netip"
 	"sync"
 	"time"
 
@@ -215,6 +216,26 @@ type Config struct {
 	// heartbeat can name.
 	MaxLeasesPerWorker int
 
+	// PublicOrigin is the URL workers reach this Server's Handler (or
+	// WorkerHandler) at, such as "https://cp.example.com/nodelane", when
+	// a proxy in front rewrites Host or strips a path prefix: an absolute
+	// http or https URL, optionally with a path prefix, without userinfo,
+	// query or fragment. Worker signatures are then verified against
+	// @authority = its host (lowercased, without the default port of its
+	// scheme) and @path = its path (without a trailing "/"), then the path
+	// the handler routes (r.URL's, after any http.StripPrefix of the
+	// host), whatever Host and path the proxy forwarded; @query is the
+	// query as received. Defaults to "": signatures are verified against
+	// the request as received, which needs a proxy to forward Host and the
+	// path unchanged.
+	PublicOrigin string
+	// TrustedProxies are the addresses of the proxies in front of the
+	// Server. The request log's client_addr is the peer's IP, or, when the
+	// peer is in one of them, the right-most X-Forwarded-For address that
+	// is not. X-Forwarded-For is read for that log attribute only, never
+	// for anything else. Defaults to none: client_addr is the peer's IP.
+	TrustedProxies []netip.Prefix
+
 	// Logger receives request logs (never a secret). Defaults to a logger
 	// that discards everything.
 	Logger *slog.Logger
@@ -253,6 +274,10 @@ type Server struct {
 	seqOutage, maintOutage *outage
 	// clock is the Server's clock against the database's (clock.go).
 	clock dbClock
+	// origin is Config.PublicOrigin parsed, or nil; trusted is
+	// Config.TrustedProxies (clientaddr.go).
+	origin  *publicOrigin
+	trusted []netip.Prefix
 	// secrets is set once CheckSecrets succeeded.
 	secrets struct {
 		sync.Mutex
@@ -275,7 +300,16 @@ func New(st Stores, cfg Config) (*Server, error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
 	}
+	var err error
 	s := &Server{st: st, cfg: cfg, log: cfg.Logger}
+	if cfg.PublicOrigin != "" {
+		if s.origin, err = parsePublicOrigin(cfg.PublicOrigin); err != nil {
+			return nil, err
+		}
+	}
+	if s.trusted, err = checkTrustedProxies(cfg.TrustedProxies); err != nil {
+		return nil, err
+	}
 	s.seqOutage = newOutage(s.log, "receipt sequencer", cfg.Now)
 	s.maintOutage = newOutage(s.log, "maintainer", cfg.Now)
 	s.clock.failures = newOutage(s.log, "clock check", cfg.Now)
@@ -286,7 +320,6 @@ func New(st Stores, cfg Config) (*Server, error) {
 		MaxJobsPerLease: wire.MaxJobsPerLease, MaxLeasesPerWorker: cfg.MaxLeasesPerWorker,
 		Retention: cfg.Retention, HoldSweeps: s.clockHeld, Expired: s.expired, Now: s.clockNow, Rand: cfg.Rand,
 	})
-	var err error
 	if s.issuer, err = credential.NewIssuer(st.Credentials, &credential.Config{
 		Peppers: cfg.Peppers, PepperVersion: cfg.PepperVersion, Now: s.clockNow, Rand: cfg.Rand,
 	}); err != nil {

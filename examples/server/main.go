@@ -50,6 +50,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/signal"
 	"strings"
@@ -99,13 +100,30 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		logFormat     = fs.String("log-format", "text", "the logs' format on stderr: text (logfmt) or json (one object a line)")
 		hl            = httpLimitFlags(fs)
 		prices        receipts.Prices
+		publicURL     = fs.String("public-url", "", "the URL workers use, when a proxy in front rewrites Host or strips a path prefix (https://cp.example.com/nodelane): signatures are verified against it (docs/PROXY.md)")
+		proxies       []netip.Prefix
 	)
 	fs.Var(&prices, "price", "SKU=MICRO_USD_PER_GPU_HOUR (repeatable; default=N sets the price of unlisted SKUs)")
+	fs.Func("trusted-proxy", "CIDR or IP of a proxy in front whose X-Forwarded-For the request log's client_addr believes (repeatable; logging only)", func(s string) error {
+		p, err := controlplane.ParseTrustedProxy(s)
+		if err != nil {
+			return err
+		}
+		proxies = append(proxies, p)
+		return nil
+	})
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if err := hl.check(); err != nil {
 		return err
+	}
+	if *publicURL != "" {
+		// Checked here, not by the flag package, which would repeat a
+		// password the URL may hold.
+		if err := controlplane.CheckPublicURL(*publicURL); err != nil {
+			return fmt.Errorf("-public-url: %w", err)
+		}
 	}
 	log, err := newLogger(stderr, *logLevel, *logFormat)
 	if err != nil {
@@ -139,6 +157,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		CancelGrace: *cancelGrace, MaxRuntime: *maxRuntime, Retention: *retention,
 		HeartbeatInterval: *hbInterval, OfflineAfter: *offlineAfter,
 		SequenceInterval: *seqInterval, SequenceBatch: *seqBatch, Logger: log, Metrics: met.m, Now: now,
+		PublicOrigin: *publicURL, TrustedProxies: proxies,
 	})
 	if err != nil {
 		return err

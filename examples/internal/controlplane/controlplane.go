@@ -13,8 +13,11 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"net/netip"
+	"net/url"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/nodelane/nodelane/bunstore"
@@ -56,7 +59,12 @@ type Options struct {
 	// SequenceInterval and SequenceBatch are workerapi.Config's.
 	SequenceInterval time.Duration
 	SequenceBatch    int
-	Logger           *slog.Logger
+	// PublicOrigin and TrustedProxies are workerapi.Config's: the URL
+	// workers use when a proxy in front rewrites Host or strips a prefix,
+	// and the proxies whose X-Forwarded-For the request log believes.
+	PublicOrigin   string
+	TrustedProxies []netip.Prefix
+	Logger         *slog.Logger
 	// Metrics is workerapi.Config.Metrics (the example server's
 	// Prometheus adapter). Defaults to nil: none.
 	Metrics workerapi.Metrics
@@ -123,6 +131,8 @@ func Open(ctx context.Context, o Options) (*ControlPlane, error) {
 		OfflineAfter:       o.OfflineAfter,
 		SequenceInterval:   o.SequenceInterval,
 		SequenceBatch:      o.SequenceBatch,
+		PublicOrigin:       o.PublicOrigin,
+		TrustedProxies:     o.TrustedProxies,
 		Logger:             o.Logger,
 		Metrics:            o.Metrics,
 		Now:                o.Now,
@@ -251,4 +261,39 @@ func WriteFileAtomic(path string, v any) error {
 		return err
 	}
 	return os.Rename(tmp, path)
+}
+
+// ParseTrustedProxy parses a trusted proxy given as a CIDR prefix
+// ("10.0.0.0/8", "fd00::/8") or a bare IP address (a prefix of that one
+// address).
+func ParseTrustedProxy(s string) (netip.Prefix, error) {
+	if p, err := netip.ParsePrefix(s); err == nil {
+		return p.Masked(), nil
+	}
+	a, err := netip.ParseAddr(s)
+	if err != nil || a.Zone() != "" {
+		return netip.Prefix{}, fmt.Errorf("%q is neither an IP address nor a CIDR prefix (such as 10.0.0.1 or 10.0.0.0/8)", s)
+	}
+	return netip.PrefixFrom(a, a.BitLen()), nil
+}
+
+// CheckPublicURL checks a public URL as workerapi.Config.PublicOrigin
+// takes it, for a flag to refuse a wrong one before anything starts: an
+// absolute http or https URL with a host, optionally a path, and no
+// userinfo, query or fragment. The workerapi.Server checks it again.
+//
+// Its errors never repeat a password the URL holds.
+func CheckPublicURL(s string) error {
+	u, err := url.Parse(s)
+	switch {
+	case err != nil:
+		return errors.New("the value does not parse as a URL")
+	case u.User != nil:
+		return errors.New("the URL has userinfo (user@ or user:password@); workers sign no credentials into the URL")
+	case u.Scheme != "http" && u.Scheme != "https", u.Opaque != "", u.Hostname() == "":
+		return fmt.Errorf("%q is not an absolute http:// or https:// URL with a host", s)
+	case u.RawQuery != "" || u.ForceQuery || u.Fragment != "" || strings.Contains(s, "#"):
+		return fmt.Errorf("%q has a query or a fragment: give the URL the workers use, a path prefix at most", s)
+	}
+	return nil
 }

@@ -28,6 +28,7 @@ import (
 	"io"
 	"io/fs"
 	"net/http"
+	"net/url"
 	"strings"
 	"time"
 
@@ -79,6 +80,15 @@ type Config struct {
 	// did not arrive over TLS (a console behind a TLS-terminating proxy).
 	// The cookie is Secure on every TLS request in any case.
 	SecureCookie bool
+	// PublicURL is the URL browsers reach the console at, such as
+	// https://cp.example.com/nodelane/console, for a console behind a
+	// proxy that rewrites Host or strips a path prefix: links, redirects
+	// and the cookie's path then start with its path, the cookie is
+	// Secure when it is https, and its origin passes the cross-origin
+	// check of browsers that send no Sec-Fetch-Site. An absolute http(s)
+	// URL without query, fragment or user information. Defaults to "":
+	// the prefix is the one the host's http.StripPrefix removed.
+	PublicURL string
 	// Now is the clock. Defaults to time.Now.
 	Now func() time.Time
 	// Rand is the source of session ids. Defaults to crypto/rand.
@@ -87,10 +97,14 @@ type Config struct {
 
 // Console is the web console. It is an http.Handler.
 type Console struct {
-	cfg      Config
-	sessions *sessions
-	pages    map[string]*template.Template
-	handler  http.Handler
+	cfg Config
+	// basePath is PublicURL's path without its trailing "/", when set.
+	basePath *string
+	// trustedOrigin is PublicURL's scheme://host, when set.
+	trustedOrigin string
+	sessions      *sessions
+	pages         map[string]*template.Template
+	handler       http.Handler
 }
 
 // New returns a Console over cfg.API.
@@ -124,6 +138,17 @@ func New(cfg Config) (*Console, error) {
 		cfg.Now = time.Now
 	}
 	c := &Console{cfg: cfg, sessions: newSessions(cfg.MaxSessions, cfg.SessionTTL, cfg.Now, cfg.Rand)}
+	if cfg.PublicURL != "" {
+		u, err := url.Parse(cfg.PublicURL)
+		if err != nil || u.User != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.Opaque != "" ||
+			u.RawQuery != "" || u.ForceQuery || u.Fragment != "" {
+			// Not repeated: a URL with user information may hold a password.
+			return nil, fmt.Errorf("%w: PublicURL is not an absolute http(s) URL without query, fragment or user information", ErrConfig)
+		}
+		p := strings.TrimRight(u.EscapedPath(), "/")
+		c.basePath, c.trustedOrigin = &p, u.Scheme+"://"+u.Host
+		c.cfg.SecureCookie = c.cfg.SecureCookie || u.Scheme == "https"
+	}
 	pages, err := parsePages()
 	if err != nil {
 		return nil, err
@@ -184,15 +209,23 @@ func (c *Console) routes() http.Handler {
 		c.renderError(w, r, http.StatusNotFound, "There is no page "+r.URL.Path+".")
 	})
 	cop := http.NewCrossOriginProtection()
+	if c.trustedOrigin != "" {
+		// Checked in New: a scheme and a host, nothing else.
+		_ = cop.AddTrustedOrigin(c.trustedOrigin)
+	}
 	cop.SetDenyHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		c.renderError(w, r, http.StatusForbidden, "Refused: a cross-origin request may not change anything.")
 	}))
 	return securityHeaders(cop.Handler(m))
 }
 
-// base is the path prefix the console is mounted under, "" at the root:
-// the part of the request-target the host's http.StripPrefix removed.
-func base(r *http.Request) string {
+// base is the path prefix the console is reached under, "" at the root:
+// PublicURL's path, or else the part of the request-target the host's
+// http.StripPrefix removed.
+func (c *Console) base(r *http.Request) string {
+	if c.basePath != nil {
+		return *c.basePath
+	}
 	target := r.RequestURI
 	if i := strings.IndexByte(target, '?'); i >= 0 {
 		target = target[:i]
@@ -209,7 +242,7 @@ func (c *Console) authed(h func(w http.ResponseWriter, r *http.Request, s *sessi
 		s := c.session(r)
 		if s == nil {
 			if r.Method == http.MethodGet && !strings.HasSuffix(r.URL.Path, "/events") {
-				http.Redirect(w, r, base(r)+"/signin", http.StatusSeeOther)
+				http.Redirect(w, r, c.base(r)+"/signin", http.StatusSeeOther)
 				return
 			}
 			c.renderError(w, r, http.StatusUnauthorized, "You are not signed in (or your session ended). Sign in again.")

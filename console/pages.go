@@ -107,7 +107,7 @@ func parsePages() (map[string]*template.Template, error) {
 
 // render writes page name with pd; s, when set, gives the flashes.
 func (c *Console) render(w http.ResponseWriter, r *http.Request, code int, name string, s *session, pd *pageData) {
-	pd.Base = base(r)
+	pd.Base = c.base(r)
 	pd.Now = c.cfg.Now().UTC()
 	if s != nil {
 		pd.SignedIn = true
@@ -144,7 +144,7 @@ func (c *Console) actTo(w http.ResponseWriter, r *http.Request, s *session, back
 		f = flash{Error: true, Text: explain(err)}
 	}
 	c.sessions.push(s, f)
-	http.Redirect(w, r, base(r)+*back, http.StatusSeeOther)
+	http.Redirect(w, r, c.base(r)+*back, http.StatusSeeOther)
 }
 
 // form parses a bounded form body.

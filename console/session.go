@@ -138,7 +138,7 @@ func (c *Console) cookie(r *http.Request, value string, maxAge int) *http.Cookie
 	return &http.Cookie{
 		Name:     CookieName,
 		Value:    value,
-		Path:     base(r) + "/",
+		Path:     c.base(r) + "/",
 		MaxAge:   maxAge,
 		HttpOnly: true,
 		Secure:   r.TLS != nil || c.cfg.SecureCookie,
@@ -148,7 +148,7 @@ func (c *Console) cookie(r *http.Request, value string, maxAge int) *http.Cookie
 
 func (c *Console) signInPage(w http.ResponseWriter, r *http.Request) {
 	if c.session(r) != nil {
-		http.Redirect(w, r, base(r)+"/", http.StatusSeeOther)
+		http.Redirect(w, r, c.base(r)+"/", http.StatusSeeOther)
 		return
 	}
 	c.render(w, r, http.StatusOK, "signin", nil, &pageData{Title: "Sign in"})
@@ -186,7 +186,7 @@ func (c *Console) signIn(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	http.SetCookie(w, c.cookie(r, v, int(c.cfg.SessionTTL/time.Second)))
-	http.Redirect(w, r, base(r)+"/", http.StatusSeeOther)
+	http.Redirect(w, r, c.base(r)+"/", http.StatusSeeOther)
 }
 
 func (c *Console) signOut(w http.ResponseWriter, r *http.Request) {
@@ -194,5 +194,5 @@ func (c *Console) signOut(w http.ResponseWriter, r *http.Request) {
 		c.sessions.end(s)
 	}
 	http.SetCookie(w, c.cookie(r, "", -1))
-	http.Redirect(w, r, base(r)+"/signin", http.StatusSeeOther)
+	http.Redirect(w, r, c.base(r)+"/signin", http.StatusSeeOther)
 }

@@ -204,7 +204,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	// Not a ServeMux: it would redirect paths that are not clean, which
 	// the Handler answers 404 in JSON.
 	ops, api := opsHandlers(cp.Server, met, log), cp.Server.Handler()
-	con, err := console.New(console.Config{API: cp.Server.OperatorHandler(), VerifierKey: cp.Server.ReceiptVerifierKey()})
+	ccfg := console.Config{API: cp.Server.OperatorHandler(), VerifierKey: cp.Server.ReceiptVerifierKey()}
+	if *publicURL != "" {
+		ccfg.PublicURL = strings.TrimRight(*publicURL, "/") + "/console"
+	}
+	con, err := console.New(ccfg)
 	if err != nil {
 		return err
 	}

@@ -32,6 +32,16 @@
 // an nvidia-smi, each heartbeat's metrics carry every GPU's utilisation,
 // memory and temperature, sampled every 10 s (docs/PROTOCOL.md §5.2).
 //
+// The worker speaks https to a -server that is not this machine: it
+// refuses a plain http:// URL to another host, whose bearer tokens would
+// cross the network in clear, unless -insecure-http is given. -ca-file
+// names the PEM certificate authorities it trusts instead of the
+// system's (a private PKI), -pin-sha256 (repeatable) the public keys one
+// of which the server's certificate chain must hold (the example server
+// logs its own), and -connect HOST:PORT the address it connects to
+// instead of the URL's host, which stays the TLS name and the signed
+// @authority (as curl --connect-to). A redirect is never followed.
+//
 // With -config worker.toml the worker runs commands instead of the example
 // handlers: each [[job]] table maps a job type to a command line
 // (examples/internal/command, docs/COMMANDS.md), and the worker registers
@@ -124,16 +134,25 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		waitSeconds  = fs.Int("wait-seconds", client.DefaultWaitSeconds, "lease long-poll, in seconds (max 60)")
 		verbose      = fs.Bool("v", false, "debug logging")
 		nvidiaSMI    = fs.String("nvidia-smi", "", `nvidia-smi to run for GPU discovery and heartbeat metrics (default: "nvidia-smi" on PATH; "off": neither)`)
+		insecureHTTP = fs.Bool("insecure-http", false, "allow an http:// -server that is not this machine (its tokens cross the network in clear)")
+		caFile       = fs.String("ca-file", "", "PEM file of the certificate authorities to trust for an https -server, instead of the system's (a private PKI)")
+		connect      = fs.String("connect", "", "HOST:PORT to connect to instead of the -server URL's host; TLS and signatures still use the URL's host (as curl --connect-to)")
 		gpus         gpuFlags
 		tags         tagFlags
+		pins         pinFlags
 	)
 	fs.Var(&gpus, "gpu", "GPU as SKU:VRAM_MB (repeatable; default: the GPUs nvidia-smi lists, else rtx-4090:24576)")
 	fs.Var(&tags, "tag", "registration tag (repeatable), beside the -config file's tags")
+	fs.Var(&pins, "pin-sha256", "base64 SHA-256 of a public key the server's certificate chain must hold (repeatable; see client.PublicKeyPin)")
 	if err := fs.Parse(args); err != nil {
 		return errUsage{err} // the flag package has said why
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments: %q", fs.Args())
+	}
+	ccfg := &client.Config{AllowInsecureHTTP: *insecureHTTP, PinnedPublicKeys: pins}
+	if err := transportFlags(ccfg, *caFile, *connect); err != nil {
+		return err
 	}
 	provToken, err := provisioningToken(*provFile)
 	if err != nil {
@@ -223,7 +242,8 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	if *provFile != "" {
 		warnIfShared(log, *provFile)
 	}
-	c, err := client.New(*server, &client.Config{Identity: id, Logger: log})
+	ccfg.Identity, ccfg.Logger = id, log
+	c, err := client.New(*server, ccfg)
 	if err != nil {
 		return err
 	}

@@ -18,6 +18,7 @@ import argparse
 import logging
 import os
 import socket
+import ssl
 import sys
 import tempfile
 
@@ -76,6 +77,10 @@ def main() -> None:
     ap.add_argument("--gpu", type=gpu, action="append", help="GPU as SKU:VRAM_MB (repeatable; default rtx-4090:24576)")
     ap.add_argument("--tag", action="append", default=[],
                     help="registration tag, beside example and python (repeatable): the pools it joins")
+    ap.add_argument("--insecure-http", action="store_true",
+                    help="allow an http:// --server that is not this machine (its tokens cross the network in clear)")
+    ap.add_argument("--ca-file", help="PEM file of the certificate authorities to trust for an https --server, "
+                                      "instead of the system's (a private PKI)")
     ap.add_argument("--workdir", default="nodelane-py-work", help="directory for the jobs' output directories")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
@@ -87,11 +92,14 @@ def main() -> None:
     workdir = os.path.abspath(args.workdir)
     os.makedirs(workdir, mode=0o700, exist_ok=True)
 
+    ctx = ssl.create_default_context(cafile=args.ca_file) if args.ca_file else None
     tags = ["example", "python"] + [t for t in args.tag if t not in ("example", "python")]
     worker = nodelane.Worker(
         args.server,
         identity=args.identity,
         provisioning_token=token.strip() or None,
+        ssl_context=ctx,
+        insecure_http=args.insecure_http,
         registration={"node_id": args.node_id, "tags": tags,
                       "capabilities": {"gpus": args.gpu or [gpu("rtx-4090:24576")]}},
     )

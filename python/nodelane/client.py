@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import email.utils
 import http.client
+import ipaddress
 import json
 import logging
 import os
@@ -112,16 +113,33 @@ class Abort:
                     pass
 
 
+def is_loopback(host: str) -> bool:
+    """Whether a URL's host name is this machine: localhost or a loopback address."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 class Connection:
     """One control plane's address: scheme, host, port and the prefix it is mounted under."""
 
     def __init__(self, base_url: str, timeout: float = DEFAULT_TIMEOUT,
-                 ssl_context: Optional[ssl.SSLContext] = None):
+                 ssl_context: Optional[ssl.SSLContext] = None, insecure_http: bool = False):
         u = urllib.parse.urlsplit(base_url)
         if u.scheme not in ("http", "https") or not u.hostname:
             raise ConfigError("base URL %r is not an absolute http(s) URL" % base_url)
         if u.query or u.fragment:
             raise ConfigError("base URL %r has a query or fragment" % base_url)
+        if u.username is not None or u.password is not None:
+            raise ConfigError("base URL has user information")
+        if u.scheme == "http" and not insecure_http and not is_loopback(u.hostname):
+            raise ConfigError(
+                "base URL %r is plain http to %r, which is not this machine: its bearer tokens would cross "
+                "the network in clear; use https, or pass insecure_http=True on a network you trust"
+                % (base_url, u.hostname))
         self.scheme = u.scheme
         self.host = u.hostname
         self.port = u.port or (443 if u.scheme == "https" else 80)
@@ -228,7 +246,8 @@ class Client:
                  retry_base: float = DEFAULT_RETRY_BASE, retry_max: float = DEFAULT_RETRY_MAX,
                  clock: Callable[[], float] = time.time,
                  logger: Optional[logging.Logger] = None,
-                 ssl_context: Optional[ssl.SSLContext] = None):
+                 ssl_context: Optional[ssl.SSLContext] = None,
+                 insecure_http: bool = False):
         if timeout <= 0 or retry_base < 0 or retry_max < 0:
             raise ConfigError("timeout must be positive and the retry delays not negative")
         if max_attempts < 1:
@@ -238,7 +257,7 @@ class Client:
         elif isinstance(identity, Signer):
             identity = Identity(identity)
         self.identity: Identity = identity
-        self.conn = Connection(base_url, timeout=timeout, ssl_context=ssl_context)
+        self.conn = Connection(base_url, timeout=timeout, ssl_context=ssl_context, insecure_http=insecure_http)
         self.timeout = timeout
         self.max_attempts = max_attempts
         self.retry_base = retry_base

@@ -223,3 +223,16 @@ def _run_catching(w, errors):
         w.run(install_signal_handlers=False)
     except BaseException as e:
         errors.append(e)
+
+
+def test_plain_http_only_to_this_machine():
+    for url in ("http://127.0.0.1:8080", "http://127.0.0.2", "http://[::1]:8080", "http://localhost:8080",
+                "https://cp.example.com"):
+        Client(url, Signer())
+    for url in ("http://cp.example.com", "http://10.0.0.5:8080", "http://[2001:db8::1]/nodelane"):
+        with pytest.raises(ConfigError, match="insecure_http"):
+            Client(url, Signer())
+        Client(url, Signer(), insecure_http=True)  # nothing is sent until a call
+    with pytest.raises(ConfigError, match="user information") as ei:
+        Client("https://user:secret@cp.example.com", Signer())
+    assert "secret" not in str(ei.value)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/x509"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -11,6 +12,7 @@ import (
 	"io"
 	"log/slog"
 	mrand "math/rand/v2"
+	"net"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -66,8 +68,30 @@ type Config struct {
 	// HTTPClient sends the requests. It should have no overall Timeout:
 	// lease long-polls last up to a minute, and every attempt is bounded by
 	// RequestTimeout instead. Defaults to a client on a clone of
-	// http.DefaultTransport.
+	// http.DefaultTransport (the proxy environment variables apply) that
+	// speaks TLS 1.2 at least, trusts RootCAs, checks PinnedPublicKeys,
+	// dials with DialContext and follows no redirect. New refuses RootCAs,
+	// PinnedPublicKeys or DialContext beside an HTTPClient of the caller's.
 	HTTPClient *http.Client
+	// RootCAs are the certificate authorities trusted for an https base
+	// URL, as for a private PKI. Defaults to nil: the system's roots.
+	RootCAs *x509.CertPool
+	// PinnedPublicKeys, when set, are the public keys one of which a
+	// certificate of the server's verified chain must hold (its own, or a
+	// CA's), each as PublicKeyPin prints it: a handshake with a server that
+	// matches none fails with ErrPinMismatch before anything is sent. They are checked on top of
+	// the usual certificate verification, never instead of it; list the
+	// next key beside the current one before a key rotation.
+	PinnedPublicKeys []string
+	// AllowInsecureHTTP lets the base URL be plain http to a host that is
+	// not this machine (loopback). Without it New refuses one: each
+	// request carries a bearer token.
+	AllowInsecureHTTP bool
+	// DialContext, when set, opens the connections to the control plane,
+	// say through a VPN's or an overlay network's dialer, or to another
+	// address than the base URL's host (the TLS name and the signatures
+	// still use the base URL's host). Defaults to net.Dialer's.
+	DialContext func(ctx context.Context, network, addr string) (net.Conn, error)
 	// RequestTimeout bounds one attempt of one request (a lease long-poll
 	// gets its wait_seconds on top). Defaults to DefaultRequestTimeout.
 	RequestTimeout time.Duration
@@ -135,8 +159,14 @@ func New(baseURL string, cfg *Config) (*Client, error) {
 	if u.RawQuery != "" || u.Fragment != "" {
 		return nil, fmt.Errorf("%w: base URL %q has a query or fragment", ErrConfig, baseURL)
 	}
-	if c.HTTPClient == nil {
-		c.HTTPClient = &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}
+	if u.User != nil {
+		return nil, fmt.Errorf("%w: base URL %q has user information", ErrConfig, u.Redacted())
+	}
+	if err := checkScheme(u, &c); err != nil {
+		return nil, err
+	}
+	if c.HTTPClient, err = transport(&c); err != nil {
+		return nil, err
 	}
 	if err := defaults("Config", []setting{
 		{"RequestTimeout", &c.RequestTimeout, DefaultRequestTimeout},
@@ -511,6 +541,9 @@ func (c *Client) once(ctx context.Context, route string, body []byte, out any, t
 		}
 	} else {
 		ae.Message = snippet(b)
+	}
+	if loc := resp.Header.Get("Location"); resp.StatusCode >= 300 && resp.StatusCode < 400 && loc != "" {
+		ae.Message = fmt.Sprintf("redirected to %s: the client follows no redirect (a signed request covers its authority and path); make the base URL the one the server redirects to", loc)
 	}
 	return resp.StatusCode, ae
 }

@@ -33,9 +33,9 @@ func TestConstructorsFailFast(t *testing.T) {
 		{"relative URL", "/workers", &client.Config{Identity: id}, "base URL"},
 		{"ftp URL", "ftp://cp.example", &client.Config{Identity: id}, "base URL"},
 		{"query", "http://cp.example/?a=1", &client.Config{Identity: id}, "base URL"},
-		{"negative timeout", "http://cp.example", &client.Config{Identity: id, RequestTimeout: -1}, "RequestTimeout"},
-		{"negative retry base", "http://cp.example", &client.Config{Identity: id, RetryBase: -time.Second}, "RetryBase"},
-		{"negative attempts", "http://cp.example", &client.Config{Identity: id, MaxAttempts: -1}, "MaxAttempts"},
+		{"negative timeout", "https://cp.example", &client.Config{Identity: id, RequestTimeout: -1}, "RequestTimeout"},
+		{"negative retry base", "https://cp.example", &client.Config{Identity: id, RetryBase: -time.Second}, "RetryBase"},
+		{"negative attempts", "https://cp.example", &client.Config{Identity: id, MaxAttempts: -1}, "MaxAttempts"},
 	}
 	for _, tt := range clientTests {
 		t.Run("New/"+tt.name, func(t *testing.T) {
@@ -45,7 +45,7 @@ func TestConstructorsFailFast(t *testing.T) {
 			}
 		})
 	}
-	c, err := client.New("http://cp.example", &client.Config{Identity: id})
+	c, err := client.New("https://cp.example", &client.Config{Identity: id})
 	if err != nil {
 		t.Fatal(err)
 	}

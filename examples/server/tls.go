@@ -62,7 +62,11 @@ func (t *tlsServer) serve(srv *http.Server, ln, httpLn net.Listener, hl *httpLim
 	redirects := &http.Server{Handler: t.HTTPHandler(port), ErrorLog: serverErrorLog(log)}
 	hl.apply(redirects)
 	go func() { served <- redirects.Serve(limitListener(httpLn, hl.maxConns)) }()
-	log.Info("plain HTTP answers ACME challenges and redirects to https", "http_addr", httpLn.Addr().String())
+	answers := "redirects to https"
+	if t.ACME() {
+		answers = "ACME HTTP-01 challenges; redirects to https"
+	}
+	log.Info("plain HTTP listener", "http_addr", httpLn.Addr().String(), "answers", answers)
 	return redirects
 }
 

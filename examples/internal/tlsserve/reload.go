@@ -1,10 +1,8 @@
 package tlsserve
 
 import (
-	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
-	"encoding/base64"
 	"encoding/pem"
 	"errors"
 	"fmt"
@@ -14,6 +12,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/nodelane/nodelane/workerapi/client"
 )
 
 // DefaultCheckInterval is how often, at most, a Reloader stats its files
@@ -132,7 +132,7 @@ func (r *Reloader) loadLocked(msg string) error {
 	}
 	r.cert = c
 	l := c.Leaf
-	attrs := []any{"cert_file", r.certFile, "names", certNames(l), "not_after", l.NotAfter.UTC(), "pin_sha256", PublicKeyPin(l)}
+	attrs := []any{"cert_file", r.certFile, "names", certNames(l), "not_after", l.NotAfter.UTC(), "pin_sha256", client.PublicKeyPin(l)}
 	r.log.Info("TLS certificate "+msg, attrs...)
 	if now := r.now(); now.After(l.NotAfter) || now.Before(l.NotBefore) {
 		r.log.Warn("the TLS certificate is not valid now", "cert_file", r.certFile, "not_before", l.NotBefore.UTC(), "not_after", l.NotAfter.UTC())
@@ -184,14 +184,6 @@ func hasCertificate(b []byte) bool {
 			return true
 		}
 	}
-}
-
-// PublicKeyPin is the pin of a certificate's public key: the standard
-// base64 of the SHA-256 of its DER SubjectPublicKeyInfo, what the
-// worker's -pin-sha256 takes.
-func PublicKeyPin(c *x509.Certificate) string {
-	h := sha256.Sum256(c.RawSubjectPublicKeyInfo)
-	return base64.StdEncoding.EncodeToString(h[:])
 }
 
 // certNames lists a certificate's DNS names and IP addresses, else its

@@ -5,7 +5,6 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
-	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
@@ -22,6 +21,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/nodelane/nodelane/workerapi/client"
 )
 
 // ca is a test certificate authority.
@@ -216,7 +217,7 @@ func TestReloaderChangeDetection(t *testing.T) {
 	if got := f.served(t); got.Cmp(a.cert.SerialNumber) != 0 {
 		t.Fatalf("serves %v, want %v", got, a.cert.SerialNumber)
 	}
-	if !strings.Contains(f.log.String(), `pin_sha256="`+PublicKeyPin(a.cert)+`"`) {
+	if !strings.Contains(f.log.String(), `pin_sha256="`+client.PublicKeyPin(a.cert)+`"`) {
 		t.Errorf("the load is not logged with the pin:\n%s", f.log)
 	}
 
@@ -230,7 +231,7 @@ func TestReloaderChangeDetection(t *testing.T) {
 	if got := f.served(t); got.Cmp(b.cert.SerialNumber) != 0 {
 		t.Fatalf("after the check interval serves %v, want the new %v", got, b.cert.SerialNumber)
 	}
-	if !strings.Contains(f.log.String(), "TLS certificate reloaded") || !strings.Contains(f.log.String(), `pin_sha256="`+PublicKeyPin(b.cert)+`"`) {
+	if !strings.Contains(f.log.String(), "TLS certificate reloaded") || !strings.Contains(f.log.String(), `pin_sha256="`+client.PublicKeyPin(b.cert)+`"`) {
 		t.Errorf("the reload is not logged with the new pin:\n%s", f.log)
 	}
 	if f.r.Leaf().SerialNumber.Cmp(b.cert.SerialNumber) != 0 {
@@ -453,19 +454,5 @@ func TestNewReloaderErrors(t *testing.T) {
 				t.Errorf("error shows PEM: %v", err)
 			}
 		})
-	}
-}
-
-// The pin is what SPEC Part C and openssl compute: base64 of SHA-256 of
-// the DER SubjectPublicKeyInfo.
-func TestPublicKeyPin(t *testing.T) {
-	l := newCA(t).leaf(t)
-	spki, err := x509.MarshalPKIXPublicKey(l.cert.PublicKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := sha256.Sum256(spki)
-	if got, want := PublicKeyPin(l.cert), base64.StdEncoding.EncodeToString(h[:]); got != want {
-		t.Fatalf("pin %s, want %s", got, want)
 	}
 }

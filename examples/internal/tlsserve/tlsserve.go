@@ -126,6 +126,9 @@ func newManager(f *Flags) (*autocert.Manager, error) {
 	}, nil
 }
 
+// ACME reports whether the certificates come from ACME.
+func (s *Server) ACME() bool { return s.manager != nil }
+
 // TLSConfig is the configuration of the TLS listener (a copy).
 func (s *Server) TLSConfig() *tls.Config { return s.config.Clone() }
 
@@ -162,7 +165,8 @@ func (s *Server) Start(ctx context.Context) {
 				return
 			}
 			if err != nil {
-				s.log.Error("ACME: obtaining the certificate failed; retried on the next handshake for it", "domain", d, "err", err)
+				s.log.Error("ACME: obtaining the certificate failed; retried on the next handshake for it", "domain", d, "err", err,
+					"hint", "the ACME server must reach this name on port 443 (tls-alpn-01) or, with -http-addr, on port 80 (http-01); its own log says which validation failed")
 				return
 			}
 			l := c.Leaf

@@ -182,14 +182,18 @@ func (s *Server) Start(ctx context.Context) {
 }
 
 // URL is the https URL of path on the TLS listener at addr: the host is
-// the first ACME domain, else addr's; the port is addr's unless 443.
+// the first ACME domain, else addr's, or the certificate's first DNS name
+// when addr listens on every address; the port is addr's unless 443.
 func (s *Server) URL(addr net.Addr, path string) string {
 	host, port, err := net.SplitHostPort(addr.String())
 	if err != nil {
 		return "https://" + addr.String() + path
 	}
-	if s.manager != nil {
+	switch ip := net.ParseIP(host); {
+	case s.manager != nil:
 		host = s.flags.ACMEDomains[0]
+	case (host == "" || ip != nil && ip.IsUnspecified()) && len(s.files.Leaf().DNSNames) > 0:
+		host = s.files.Leaf().DNSNames[0]
 	}
 	if port == "443" {
 		if strings.Contains(host, ":") {
@@ -234,8 +238,12 @@ func RedirectHandler(tlsPort string) http.Handler {
 		} else if strings.Contains(host, ":") {
 			host = "[" + host + "]"
 		}
+		uri := r.URL.RequestURI()
+		if !strings.HasPrefix(uri, "/") { // OPTIONS *
+			uri = "/"
+		}
 		w.Header().Set("Cache-Control", "no-store")
-		http.Redirect(w, r, "https://"+host+r.URL.RequestURI(), http.StatusPermanentRedirect)
+		http.Redirect(w, r, "https://"+host+uri, http.StatusPermanentRedirect)
 	})
 }
 

@@ -102,6 +102,7 @@ func TestRedirectHandler(t *testing.T) {
 		{"ipv6", "8443", "GET", "/", "[::1]:8080", "https://[::1]:8443/"},
 		{"ipv6 on 443", "443", "GET", "/", "[::1]", "https://[::1]/"},
 		{"escaped path", "443", "GET", "/a%20b/c%2Fd", "h.example", "https://h.example/a%20b/c%2Fd"},
+		{"options star", "443", "OPTIONS", "*", "h.example", "https://h.example/"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			req := httptest.NewRequest(tc.method, tc.target, strings.NewReader("body"))
@@ -167,6 +168,9 @@ func TestServerFiles(t *testing.T) {
 	_, port, _ := net.SplitHostPort(ln.Addr().String())
 	if got, want := s.URL(ln.Addr(), "/console/"), "https://127.0.0.1:"+port+"/console/"; got != want {
 		t.Errorf("URL %q, want %q", got, want)
+	}
+	if got := s.URL(&net.TCPAddr{IP: net.IPv6zero, Port: 8443}, "/"); got != "https://localhost:8443/" {
+		t.Errorf("URL on every address: %q, want the certificate's first DNS name", got)
 	}
 	if slices.Contains(s.TLSConfig().NextProtos, acme.ALPNProto) {
 		t.Errorf("certificate files offer %s", acme.ALPNProto)

@@ -41,7 +41,8 @@ var (
 	buildErr  error
 )
 
-// binaries builds examples/server and examples/worker once per test run.
+// binaries builds examples/server and examples/worker once per test run,
+// with CGO_ENABLED=0.
 func binaries(t *testing.T) (server, worker string) {
 	t.Helper()
 	if testing.Short() {
@@ -56,8 +57,10 @@ func binaries(t *testing.T) (server, worker string) {
 		if binDir, buildErr = os.MkdirTemp("", "nodelane-e2e-bin-*"); buildErr != nil {
 			return
 		}
-		cmd := exec.Command(goBin, "build", "-o", binDir+string(filepath.Separator),
+		// Built as the README deploys them: static, without cgo.
+		cmd := exec.Command(goBin, "build", "-trimpath", "-o", binDir+string(filepath.Separator),
 			"github.com/nodelane/nodelane/examples/server", "github.com/nodelane/nodelane/examples/worker")
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
 		}

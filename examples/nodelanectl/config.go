@@ -2,15 +2,20 @@ package main
 
 import (
 	"bytes"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
 	"io/fs"
+	"net"
+	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
 	"runtime"
 	"strings"
+	"time"
 
 	"github.com/BurntSushi/toml"
 )
@@ -37,6 +42,8 @@ type fileConfig struct {
 	Token            string `toml:"token"`
 	TokenFile        string `toml:"token_file"`
 	ReceiptPublicKey string `toml:"receipt_public_key"`
+	CAFile           string `toml:"ca_file"`
+	InsecureHTTP     bool   `toml:"insecure_http"`
 }
 
 // settings are what the flags, the environment and the config file say,
@@ -46,6 +53,8 @@ type settings struct {
 	token      string
 	receiptKey string
 	configPath string
+	// caFile names the roots to trust instead of the system's.
+	caFile string
 }
 
 // settings resolves the server, the token and the verifier key: a flag
@@ -84,6 +93,13 @@ func (a *app) settings() (*settings, error) {
 		return nil, &usageError{fmt.Sprintf("server %q is not an http:// or https:// base URL", s.server)}
 	}
 	s.server = strings.TrimRight(s.server, "/")
+	if u.Scheme == "http" && !a.common.insecureHTTP && !fc.InsecureHTTP && !isLoopback(u.Hostname()) {
+		return nil, &usageError{fmt.Sprintf("server %q is plain http to another machine: the operator token would cross the network in clear; use https, or -insecure-http (insecure_http = true in the config file) on a network you trust", s.server)}
+	}
+	s.caFile = firstOf(a.common.caFile, fc.CAFile)
+	if s.caFile != "" && a.common.caFile == "" && !filepath.IsAbs(s.caFile) {
+		s.caFile = filepath.Join(filepath.Dir(path), s.caFile)
+	}
 	switch {
 	case a.common.tokenFile != "":
 		s.token, err = a.readToken("-token-file", a.common.tokenFile)
@@ -141,10 +157,10 @@ func readConfig(path string) (*fileConfig, error) {
 		if errors.As(err, &pe) {
 			return nil, fmt.Errorf("config file %s: line %d is not valid TOML", path, pe.Position.Line)
 		}
-		return nil, fmt.Errorf("config file %s: not a config: want string values for server, token, token_file and receipt_public_key", path)
+		return nil, fmt.Errorf("config file %s: not a config: want string values for server, token, token_file, receipt_public_key and ca_file, and a boolean insecure_http", path)
 	}
 	if und := md.Undecoded(); len(und) > 0 {
-		return nil, fmt.Errorf("config file %s: unknown key %q (known: server, token, token_file, receipt_public_key)", path, und[0].String())
+		return nil, fmt.Errorf("config file %s: unknown key %q (known: server, token, token_file, receipt_public_key, ca_file, insecure_http)", path, und[0].String())
 	}
 	if fc.Token != "" && runtime.GOOS != "windows" {
 		if perm := st.Mode().Perm(); perm&0o077 != 0 {
@@ -179,4 +195,29 @@ func (a *app) readToken(what, path string) (string, error) {
 		return "", fmt.Errorf("%s %s holds more than one word: it should hold one token", what, path)
 	}
 	return tok, nil
+}
+
+// isLoopback reports whether host (a URL's host name) is this machine.
+func isLoopback(host string) bool {
+	ip := net.ParseIP(host)
+	return strings.EqualFold(host, "localhost") || (ip != nil && ip.IsLoopback())
+}
+
+// httpClient is the operator client's HTTP client: TLS 1.2 at least,
+// trusting the settings' CA file when there is one.
+func httpClient(s *settings) (*http.Client, error) {
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.TLSClientConfig = &tls.Config{MinVersion: tls.VersionTLS12}
+	if s.caFile != "" {
+		pem, err := os.ReadFile(s.caFile)
+		if err != nil {
+			return nil, fmt.Errorf("CA file: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("CA file %s holds no PEM certificate", s.caFile)
+		}
+		t.TLSClientConfig.RootCAs = pool
+	}
+	return &http.Client{Timeout: 60 * time.Second, Transport: t}, nil
 }

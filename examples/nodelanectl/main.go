@@ -18,9 +18,14 @@
 // token_file: never a flag's value, which every local user can read in
 // the process list. The config file is -config, else $NODELANE_CONFIG,
 // else $XDG_CONFIG_HOME/nodelane/nodelanectl.toml (~/.config/… when
-// XDG_CONFIG_HOME is unset), TOML with the keys server, token, token_file
-// and receipt_public_key; a file that holds a token must be readable by
-// its owner only.
+// XDG_CONFIG_HOME is unset), TOML with the keys server, token, token_file,
+// receipt_public_key, ca_file and insecure_http; a file that holds a
+// token must be readable by its owner only.
+//
+// An https server's certificate is checked against the system's roots,
+// or those of -ca-file (the config file's ca_file). A plain http:// server
+// that is not this machine is refused, since the token would cross the
+// network in clear, unless -insecure-http (insecure_http = true).
 //
 // Limits: a token file is at most 4 KiB and holds one token; a config
 // file is at most 64 KiB; jobs logs -follow polls every -interval, 100 ms
@@ -39,7 +44,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net/http"
 	"os"
 	"os/signal"
 	"sort"
@@ -77,10 +81,12 @@ func usagef(format string, args ...any) error {
 // common are the flags every command takes, before the group or after
 // the verb.
 type common struct {
-	server    string
-	tokenFile string
-	config    string
-	output    string
+	server       string
+	tokenFile    string
+	config       string
+	output       string
+	caFile       string
+	insecureHTTP bool
 }
 
 // app is one run of the command.
@@ -201,7 +207,7 @@ func (a *app) dispatch(args []string) error {
 
 // usage writes the list of commands.
 func (a *app) usage(w io.Writer) {
-	fmt.Fprint(w, `usage: nodelanectl [-server URL] [-token-file FILE] [-config FILE] [-o table|json] GROUP VERB [flags] [args]
+	fmt.Fprint(w, `usage: nodelanectl [-server URL] [-token-file FILE] [-config FILE] [-ca-file FILE] [-insecure-http] [-o table|json] GROUP VERB [flags] [args]
 
 The server is -server, $NODELANE_SERVER, the config file's server, or http://127.0.0.1:8080.
 The token is read from -token-file, $NODELANE_TOKEN, or the config file's token or token_file.
@@ -234,6 +240,8 @@ func (a *app) bindCommon(fs *flag.FlagSet) {
 	fs.StringVar(&a.common.tokenFile, "token-file", a.common.tokenFile, "the `file` holding the operator token")
 	fs.StringVar(&a.common.config, "config", a.common.config, "the config `file`")
 	fs.StringVar(&a.common.output, "o", a.common.output, "output: table or json")
+	fs.StringVar(&a.common.caFile, "ca-file", a.common.caFile, "PEM `file` of the certificate authorities to trust for an https server, instead of the system's")
+	fs.BoolVar(&a.common.insecureHTTP, "insecure-http", a.common.insecureHTTP, "allow an http:// server that is not this machine (the token crosses the network in clear)")
 }
 
 // flags returns the FlagSet of a command, with the common flags.
@@ -298,7 +306,11 @@ func (a *app) client() (*operator.Client, error) {
 	if s.token == "" {
 		return nil, fmt.Errorf("no operator token: give -token-file, set %s, or set token or token_file in the config file (%s)", envToken, s.configPath)
 	}
-	return operator.New(s.server, s.token, &http.Client{Timeout: 60 * time.Second}), nil
+	hc, err := httpClient(s)
+	if err != nil {
+		return nil, err
+	}
+	return operator.New(s.server, s.token, hc), nil
 }
 
 // call sends a request and returns the raw answer.

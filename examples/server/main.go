@@ -21,6 +21,11 @@
 // It prints the token once on stdout and records its credential_minted
 // receipt.
 //
+// A deployment that hands the secrets file to the server read-only
+// (systemd's LoadCredential, examples/deploy) creates it first:
+//
+//	server init-secrets -secrets-file /etc/nodelane/secrets.json
+//
 // GET /healthz answers 200 while the process serves; GET /metrics
 // serves Prometheus metrics (workerapi/prommetrics, with the Go runtime's
 // and the process's). -log-level (debug, info, warn, error) and
@@ -81,6 +86,9 @@ func main() {
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) > 0 && args[0] == "mint-operator" {
 		return mintOperator(ctx, args[1:], stdout, stderr)
+	}
+	if len(args) > 0 && args[0] == "init-secrets" {
+		return initSecrets(args[1:], stdout, stderr)
 	}
 	fs := flag.NewFlagSet("server", flag.ContinueOnError)
 	fs.SetOutput(stderr)

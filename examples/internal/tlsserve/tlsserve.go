@@ -208,6 +208,8 @@ func (s *Server) URL(addr net.Addr, path string) string {
 // HTTP-01 challenges (autocert's Manager.HTTPHandler) for the configured
 // domains; every other request is redirected (308) to the same host and
 // path over https, on tlsPort. Nothing else is served over plain HTTP.
+// Under ACME, HTTP-01 is tried only once HTTPHandler has been called:
+// call it before Start.
 func (s *Server) HTTPHandler(tlsPort string) http.Handler {
 	redirect := RedirectHandler(tlsPort)
 	if s.manager == nil {

@@ -54,7 +54,7 @@ func RegisterFlags(fs *flag.FlagSet) *Flags {
 	f := &Flags{fs: fs}
 	fs.StringVar(&f.CertFile, "tls-cert", "", "serve TLS with this PEM certificate chain (leaf first), reloaded on SIGHUP and when the file changes; with -tls-key")
 	fs.StringVar(&f.KeyFile, "tls-key", "", "the PEM private key of -tls-cert (never logged)")
-	fs.Func("acme-domain", "serve TLS with a certificate obtained through ACME for this name (repeatable); the ACME server must reach this host on port 443 (TLS-ALPN-01) or, with -http-addr, port 80 (HTTP-01)", func(s string) error {
+	fs.Func("acme-domain", "serve TLS with a certificate obtained through ACME for `NAME` (repeatable); the ACME server must reach NAME on port 443 (TLS-ALPN-01) or, with -http-addr, port 80 (HTTP-01)", func(s string) error {
 		f.ACMEDomains = append(f.ACMEDomains, s)
 		return nil
 	})

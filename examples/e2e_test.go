@@ -171,6 +171,9 @@ type cluster struct {
 	serverGeneration int
 	// serverArgs are more server flags, after (and so over) the usual ones.
 	serverArgs []string
+	// baseURL is where the operator reaches the server, when not
+	// http://addr (over TLS: tls_e2e_test.go).
+	baseURL string
 }
 
 func newCluster(t *testing.T, serverArgs ...string) *cluster {
@@ -203,7 +206,12 @@ func freeAddr(t *testing.T) string {
 	return addr
 }
 
-func (c *cluster) base() string { return "http://" + c.addr }
+func (c *cluster) base() string {
+	if c.baseURL != "" {
+		return c.baseURL
+	}
+	return "http://" + c.addr
+}
 
 // startServer starts the server on the cluster's files and waits until it
 // answers the operator routes.

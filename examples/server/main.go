@@ -39,6 +39,26 @@
 //
 // The web console (package console) is served at /console/: sign in with
 // an operator token.
+//
+// It serves plain HTTP unless told to serve TLS (TLS 1.2 at least;
+// docs/TLS.md). With -tls-cert and -tls-key it serves that certificate,
+// reloaded on SIGHUP and when the files change, and logs its public-key
+// pin (pin_sha256) for the workers' -pin-sha256. With -acme-domain NAME
+// (repeatable) it obtains certificates through ACME (Let's Encrypt unless
+// -acme-directory-url; -acme-ca-file for a private ACME server's roots),
+// cached in -acme-dir:
+//
+//	go run ./examples/server -addr :443 -http-addr :80 -acme-domain cp.example.com -acme-email ops@example.com
+//
+// -http-addr adds a plain HTTP listener that answers ACME HTTP-01
+// challenges and redirects everything else to https.
+//
+// Behind a reverse proxy that rewrites Host or strips a path prefix,
+// -public-url names the URL the workers use (https://cp.example.com/nodelane):
+// signatures are verified against it, and the console's links and cookie
+// follow it. -trusted-proxy CIDR|IP (repeatable) lets the request log's
+// client_addr follow X-Forwarded-For from those proxies only
+// (docs/PROXY.md).
 package main
 
 import (
@@ -59,6 +79,7 @@ import (
 
 	"github.com/nodelane/nodelane/console"
 	"github.com/nodelane/nodelane/examples/internal/controlplane"
+	"github.com/nodelane/nodelane/examples/internal/tlsserve"
 	"github.com/nodelane/nodelane/receipts"
 	"github.com/nodelane/nodelane/workerapi"
 )
@@ -112,6 +133,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		proxies = append(proxies, p)
 		return nil
 	})
+	tlsFlags := tlsserve.RegisterFlags(fs) // -tls-*, -acme-*, -http-addr
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -124,6 +146,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		if err := controlplane.CheckPublicURL(*publicURL); err != nil {
 			return fmt.Errorf("-public-url: %w", err)
 		}
+	}
+	if err := tlsFlags.Check(); err != nil {
+		return err
 	}
 	log, err := newLogger(stderr, *logLevel, *logFormat)
 	if err != nil {
@@ -143,6 +168,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
+	// Before the listeners, so that a bad certificate file stops the
+	// server before it binds or bootstraps.
+	tlsSrv, err := startTLS(ctx, tlsFlags, log)
+	if err != nil {
+		return err
+	}
+
 	// Bound before anything else: a busy port must stop the server before
 	// it bootstraps, or the tokens it mints would be shown to no one.
 	ln, err := net.Listen("tcp", *addr)
@@ -150,6 +182,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer ln.Close()
+	var httpLn net.Listener
+	if tlsFlags.HTTPAddr != "" {
+		if httpLn, err = net.Listen("tcp", tlsFlags.HTTPAddr); err != nil {
+			return fmt.Errorf("-http-addr: %w", err)
+		}
+		defer httpLn.Close()
+	}
 
 	cp, err := controlplane.Open(ctx, controlplane.Options{
 		DB: *dsn, SecretsFile: *secretsFile, LeaseTTL: *leaseTTL, AcceptTimeout: *acceptTimeout,
@@ -232,9 +271,19 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		BaseContext: func(net.Listener) context.Context { return base },
 	}
 	hl.apply(srv)
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(limitListener(ln, hl.maxConns)) }()
-	log.Info("serving", "addr", ln.Addr().String(), "db", dbKind(*dsn), "console", "http://"+ln.Addr().String()+"/console/")
+	served := make(chan error, 2)
+	consoleURL := "http://" + ln.Addr().String() + "/console/"
+	var redirects *http.Server
+	if tlsSrv == nil {
+		go func() { served <- srv.Serve(limitListener(ln, hl.maxConns)) }()
+	} else {
+		redirects = tlsSrv.serve(srv, ln, httpLn, hl, log, served)
+		consoleURL = tlsSrv.URL(ln.Addr(), "/console/")
+	}
+	log.Info("serving", "addr", ln.Addr().String(), "db", dbKind(*dsn), "console", consoleURL)
+	if tlsSrv != nil {
+		tlsSrv.Start(ctx)
+	}
 
 	select {
 	case err := <-served:
@@ -246,6 +295,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	defer grace.Stop()
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
+	if redirects != nil {
+		if err := redirects.Shutdown(sctx); err != nil {
+			log.Warn("shutting down -http-addr", "err", err)
+		}
+	}
 	err = srv.Shutdown(sctx)
 	if errors.Is(err, http.ErrServerClosed) {
 		err = nil

@@ -28,6 +28,7 @@ import (
 	"github.com/letsencrypt/pebble/v2/va"
 	"github.com/letsencrypt/pebble/v2/wfe"
 	"github.com/miekg/dns"
+	"github.com/nodelane/nodelane/internal/testpki"
 )
 
 // acmeDomain is the name the certificates are for: autocert refuses
@@ -63,8 +64,8 @@ func testACME(t *testing.T, challenge string) {
 
 	dir := t.TempDir()
 	acmeCAFile, rootFile := filepath.Join(dir, "acme-ca.pem"), filepath.Join(dir, "pebble-root.pem")
-	writeFile(t, acmeCAFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: p.srv.Certificate().Raw}))
-	writeFile(t, rootFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: p.root.Raw}))
+	testpki.WriteAtomic(t, acmeCAFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: p.srv.Certificate().Raw}))
+	testpki.WriteAtomic(t, rootFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: p.root.Raw}))
 	roots := x509.NewCertPool()
 	roots.AddCert(p.root)
 	acmeDir := filepath.Join(dir, "acme")

@@ -6,15 +6,10 @@ package examples
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/pem"
 	"io"
-	"math/big"
 	"net"
 	"net/http"
 	"os"
@@ -24,92 +19,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nodelane/nodelane/internal/testpki"
 	"github.com/nodelane/nodelane/workerapi/client"
 )
-
-// testCA is a certificate authority made by the test.
-type testCA struct {
-	cert *x509.Certificate
-	key  *ecdsa.PrivateKey
-	pem  []byte
-	n    int64
-}
-
-func newTestCA(t *testing.T) *testCA {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "nodelane e2e CA"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &testCA{cert: cert, key: key, pem: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), n: 1}
-}
-
-func (ca *testCA) pool() *x509.CertPool {
-	p := x509.NewCertPool()
-	p.AddCert(ca.cert)
-	return p
-}
-
-// testLeaf is a server certificate for 127.0.0.1 and localhost with its
-// key, in PEM.
-type testLeaf struct {
-	cert            *x509.Certificate
-	certPEM, keyPEM []byte
-}
-
-func (ca *testCA) leaf(t *testing.T) testLeaf {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ca.n++
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(ca.n), Subject: pkix.Name{CommonName: "localhost"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		DNSNames: []string{"localhost"}, IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)},
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kder, err := x509.MarshalPKCS8PrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return testLeaf{cert: cert, certPEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
-		keyPEM: pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: kder})}
-}
-
-// writeFile writes name through a new file renamed over it (what
-// certbot and most tools do).
-func writeFile(t *testing.T, name string, b []byte) {
-	t.Helper()
-	if err := os.WriteFile(name+".new", b, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Rename(name+".new", name); err != nil {
-		t.Fatal(err)
-	}
-}
 
 // newTLSCluster starts a server bound at addr serving TLS (its flags in
 // serverArgs) that the operator reaches as https://host:port, trusting
@@ -161,23 +73,23 @@ func (c *cluster) waitServed(what string, name string, roots *x509.CertPool, wan
 }
 
 func TestTLSFilesE2E(t *testing.T) {
-	ca := newTestCA(t)
+	ca := testpki.NewCA(t, "nodelane e2e CA")
 	certDir := t.TempDir()
 	caFile, certFile, keyFile := filepath.Join(certDir, "ca.pem"), filepath.Join(certDir, "cert.pem"), filepath.Join(certDir, "key.pem")
-	writeFile(t, caFile, ca.pem)
-	l1 := ca.leaf(t)
+	testpki.WriteAtomic(t, caFile, ca.PEM)
+	l1 := ca.Leaf(t)
 	// Padded (PEM decoding skips blank lines) so that the next pair can
 	// be written over it in place.
 	pad := []byte(strings.Repeat("\n", 64))
-	writeFile(t, certFile, append(l1.certPEM, pad...))
-	writeFile(t, keyFile, append(l1.keyPEM, pad...))
+	testpki.WriteAtomic(t, certFile, append(l1.CertPEM, pad...))
+	testpki.WriteAtomic(t, keyFile, append(l1.KeyPEM, pad...))
 	addr, httpAddr := freeAddr(t), freeAddr(t)
 	_, port, _ := net.SplitHostPort(addr)
-	c := newTLSCluster(t, addr, "127.0.0.1", ca.pool(), "-tls-cert", certFile, "-tls-key", keyFile, "-http-addr", httpAddr)
+	c := newTLSCluster(t, addr, "127.0.0.1", ca.Pool(), "-tls-cert", certFile, "-tls-key", keyFile, "-http-addr", httpAddr)
 
 	// The log gives the pin for -pin-sha256 and the console's https URL.
 	logs := c.server.stderr.String()
-	if !strings.Contains(logs, `pin_sha256="`+client.PublicKeyPin(l1.cert)+`"`) {
+	if !strings.Contains(logs, `pin_sha256="`+client.PublicKeyPin(l1.Cert)+`"`) {
 		t.Errorf("the server does not log the certificate's pin:\n%s", logs)
 	}
 	if !strings.Contains(logs, "console=https://"+addr+"/console/") {
@@ -191,16 +103,16 @@ func TestTLSFilesE2E(t *testing.T) {
 
 	// SIGHUP: the files rewritten in place with the same size and time,
 	// which the change check cannot see, so only the signal loads them.
-	l2 := ca.leaf(t)
+	l2 := ca.Leaf(t)
 	loads := func() int {
 		s := c.server.stderr.String()
 		return strings.Count(s, `msg="TLS certificate reloaded"`) + strings.Count(s, "files changed but do not load")
 	}
 	before := loads()
-	rewriteSameStamp(t, certFile, l2.certPEM)
-	rewriteSameStamp(t, keyFile, l2.keyPEM)
+	rewriteSameStamp(t, certFile, l2.CertPEM)
+	rewriteSameStamp(t, keyFile, l2.KeyPEM)
 	time.Sleep(1100 * time.Millisecond) // past the interval: the next handshake compares the stamps
-	got, err := servedCert(t, addr, "127.0.0.1", ca.pool())
+	got, err := servedCert(t, addr, "127.0.0.1", ca.Pool())
 	switch {
 	case err != nil:
 		t.Fatal(err)
@@ -208,37 +120,41 @@ func TestTLSFilesE2E(t *testing.T) {
 		// A handshake checked the files while they were being rewritten,
 		// between a write and the time put back: the signal proves less.
 		t.Logf("the files were read while being rewritten")
-	case got.SerialNumber.Cmp(l1.cert.SerialNumber) != 0:
+	case got.SerialNumber.Cmp(l1.Cert.SerialNumber) != 0:
 		t.Fatalf("files rewritten with the same stamps were noticed without a SIGHUP: serves %v", got.SerialNumber)
 	}
 	if err := c.server.cmd.Process.Signal(syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
-	c.waitServed("the certificate loaded on SIGHUP", "127.0.0.1", ca.pool(), l2.cert)
-	if !strings.Contains(c.server.stderr.String(), "SIGHUP") {
-		t.Errorf("the SIGHUP is not logged:\n%s", c.server.stderr)
-	}
+	c.waitServed("the certificate loaded on SIGHUP", "127.0.0.1", ca.Pool(), l2.Cert)
+	// When a handshake read the files mid-rewrite, l2 was served before
+	// the signal arrived: wait for the server to say it handled it.
+	c.eventually(startTimeout, "the SIGHUP logged", func() bool {
+		return strings.Contains(c.server.stderr.String(), "SIGHUP: reloading")
+	})
 
 	// The files replaced (renamed over), no signal: a handshake notices.
-	l3 := ca.leaf(t)
-	writeFile(t, keyFile, l3.keyPEM)
-	writeFile(t, certFile, l3.certPEM)
-	c.waitServed("the replaced certificate files noticed", "127.0.0.1", ca.pool(), l3.cert)
-	if !strings.Contains(c.server.stderr.String(), `pin_sha256="`+client.PublicKeyPin(l3.cert)+`"`) {
-		t.Errorf("the reload does not log the new pin:\n%s", c.server.stderr)
-	}
+	l3 := ca.Leaf(t)
+	testpki.WriteAtomic(t, keyFile, l3.KeyPEM)
+	testpki.WriteAtomic(t, certFile, l3.CertPEM)
+	c.waitServed("the replaced certificate files noticed", "127.0.0.1", ca.Pool(), l3.Cert)
+	// The new certificate is served from the moment it is swapped in,
+	// a moment before its log line is written.
+	c.eventually(startTimeout, "the reload logging the new pin", func() bool {
+		return strings.Contains(c.server.stderr.String(), `pin_sha256="`+client.PublicKeyPin(l3.Cert)+`"`)
+	})
 
 	// A pair that does not match, then SIGHUP: logged, the old certificate
 	// stays, the server serves on.
-	l4 := ca.leaf(t)
-	writeFile(t, certFile, l4.certPEM)
+	l4 := ca.Leaf(t)
+	testpki.WriteAtomic(t, certFile, l4.CertPEM)
 	if err := c.server.cmd.Process.Signal(syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
 	c.eventually(startTimeout, "the failed reload logged", func() bool {
 		return strings.Contains(c.server.stderr.String(), "private key does not match public key")
 	})
-	if got, err := servedCert(t, addr, "localhost", ca.pool()); err != nil || got.SerialNumber.Cmp(l3.cert.SerialNumber) != 0 {
+	if got, err := servedCert(t, addr, "localhost", ca.Pool()); err != nil || got.SerialNumber.Cmp(l3.Cert.SerialNumber) != 0 {
 		t.Fatalf("after a bad pair: %v, %v; want the previous certificate", got, err)
 	}
 	// The worker works on, over new connections too.
@@ -270,13 +186,13 @@ func TestTLSFilesE2E(t *testing.T) {
 		t.Fatalf("plain HTTP on the TLS port: %d, want 400", resp.StatusCode)
 	}
 	// TLS 1.1 is refused.
-	if _, err := tls.Dial("tcp", addr, &tls.Config{RootCAs: ca.pool(), MinVersion: tls.VersionTLS10, MaxVersion: tls.VersionTLS11}); err == nil {
+	if _, err := tls.Dial("tcp", addr, &tls.Config{RootCAs: ca.Pool(), MinVersion: tls.VersionTLS10, MaxVersion: tls.VersionTLS11}); err == nil {
 		t.Fatal("a TLS 1.1 handshake succeeded")
 	}
 
 	// The key is never logged.
-	for _, l := range []testLeaf{l1, l2, l3, l4} {
-		p, _ := pem.Decode(l.keyPEM)
+	for _, l := range []testpki.Leaf{l1, l2, l3, l4} {
+		p, _ := pem.Decode(l.KeyPEM)
 		if s := c.server.stderr.String(); strings.Contains(s, "PRIVATE KEY") || strings.Contains(s, string(pem.EncodeToMemory(p))[40:80]) {
 			t.Fatal("the server logged a key")
 		}

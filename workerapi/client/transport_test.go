@@ -2,91 +2,27 @@ package client_test
 
 import (
 	"context"
-	"crypto/ecdsa"
 	"crypto/ed25519"
-	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"errors"
-	"math/big"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/nodelane/nodelane/internal/apitest"
+	"github.com/nodelane/nodelane/internal/testpki"
 	"github.com/nodelane/nodelane/workerapi/client"
 	"github.com/nodelane/nodelane/workerapi/wire"
 )
 
-// testPKI is a CA made in the test and a leaf it signed.
-type testPKI struct {
-	ca, leaf *x509.Certificate
-	pair     tls.Certificate
-}
-
-// newTestPKI makes a CA and a leaf for names (DNS names or IP addresses).
-func newTestPKI(t *testing.T, names ...string) *testPKI {
-	t.Helper()
-	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	now := time.Now()
-	caTmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "nodelane test CA"},
-		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
-	}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ca, err := x509.ParseCertificate(caDER)
-	if err != nil {
-		t.Fatal(err)
-	}
-	leafKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	leafTmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: names[0]},
-		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-	}
-	for _, n := range names {
-		if ip := net.ParseIP(n); ip != nil {
-			leafTmpl.IPAddresses = append(leafTmpl.IPAddresses, ip)
-		} else {
-			leafTmpl.DNSNames = append(leafTmpl.DNSNames, n)
-		}
-	}
-	leafDER, err := x509.CreateCertificate(rand.Reader, leafTmpl, ca, &leafKey.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	leaf, err := x509.ParseCertificate(leafDER)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &testPKI{ca: ca, leaf: leaf, pair: tls.Certificate{Certificate: [][]byte{leafDER}, PrivateKey: leafKey, Leaf: leaf}}
-}
-
-func (p *testPKI) pool() *x509.CertPool {
-	pool := x509.NewCertPool()
-	pool.AddCert(p.ca)
-	return pool
-}
-
-// tlsServer serves env's handler over TLS with pki's leaf, counting the
+// tlsServer serves env's handler over TLS with leaf, counting the
 // requests that reached it.
-func tlsServer(t *testing.T, env *apitest.Env, pki *testPKI) (*httptest.Server, *atomic.Int64) {
+func tlsServer(t *testing.T, env *apitest.Env, leaf testpki.Leaf) (*httptest.Server, *atomic.Int64) {
 	t.Helper()
 	var reached atomic.Int64
 	h := env.Server.Handler()
@@ -94,7 +30,7 @@ func tlsServer(t *testing.T, env *apitest.Env, pki *testPKI) (*httptest.Server, 
 		reached.Add(1)
 		h.ServeHTTP(w, r)
 	}))
-	srv.TLS = &tls.Config{Certificates: []tls.Certificate{pki.pair}}
+	srv.TLS = &tls.Config{Certificates: []tls.Certificate{leaf.Pair}}
 	srv.StartTLS()
 	t.Cleanup(srv.Close)
 	return srv, &reached
@@ -104,8 +40,9 @@ func tlsServer(t *testing.T, env *apitest.Env, pki *testPKI) (*httptest.Server, 
 // dialer of its Config; a handshake it refuses sends nothing.
 func TestClientTLS(t *testing.T) {
 	env := apitest.New(t, "sqlite")
-	pki := newTestPKI(t, "cp.nodelane.test", "127.0.0.1")
-	srv, reached := tlsServer(t, env, pki)
+	ca := testpki.NewCA(t, "nodelane client test CA")
+	leaf := ca.Leaf(t, "cp.nodelane.test", "127.0.0.1")
+	srv, reached := tlsServer(t, env, leaf)
 	addr := srv.Listener.Addr().String()
 	base := "https://" + addr
 	ctx := context.Background()
@@ -120,14 +57,14 @@ func TestClientTLS(t *testing.T) {
 		return err
 	}
 	t.Run("roots", func(t *testing.T) {
-		if err := register(t, base, "tls-roots", func(c *client.Config) { c.RootCAs = pki.pool() }); err != nil {
+		if err := register(t, base, "tls-roots", func(c *client.Config) { c.RootCAs = ca.Pool() }); err != nil {
 			t.Fatal(err)
 		}
 	})
 	t.Run("pin of the leaf", func(t *testing.T) {
-		pin := client.PublicKeyPin(pki.leaf)
+		pin := client.PublicKeyPin(leaf.Cert)
 		if err := register(t, base, "tls-pin-leaf", func(c *client.Config) {
-			c.RootCAs, c.PinnedPublicKeys = pki.pool(), []string{client.PublicKeyPin(pki.ca), pin}
+			c.RootCAs, c.PinnedPublicKeys = ca.Pool(), []string{client.PublicKeyPin(ca.Cert), pin}
 		}); err != nil {
 			t.Fatal(err)
 		}
@@ -136,7 +73,7 @@ func TestClientTLS(t *testing.T) {
 		// The server sends only its leaf: the CA's key is matched in the
 		// chain the leaf was verified through.
 		if err := register(t, base, "tls-pin-ca", func(c *client.Config) {
-			c.RootCAs, c.PinnedPublicKeys = pki.pool(), []string{client.PublicKeyPin(pki.ca)}
+			c.RootCAs, c.PinnedPublicKeys = ca.Pool(), []string{client.PublicKeyPin(ca.Cert)}
 		}); err != nil {
 			t.Fatal(err)
 		}
@@ -148,7 +85,7 @@ func TestClientTLS(t *testing.T) {
 		var dialed atomic.Int64
 		var d net.Dialer
 		if err := register(t, "https://cp.nodelane.test:"+port, "tls-dial", func(c *client.Config) {
-			c.RootCAs = pki.pool()
+			c.RootCAs = ca.Pool()
 			c.DialContext = func(ctx context.Context, network, _ string) (net.Conn, error) {
 				dialed.Add(1)
 				return d.DialContext(ctx, network, addr)
@@ -171,8 +108,8 @@ func TestClientTLS(t *testing.T) {
 			return errors.As(err, &ve)
 		}},
 		{"wrong pin", func(c *client.Config) {
-			other := newTestPKI(t, "127.0.0.1")
-			c.RootCAs, c.PinnedPublicKeys = pki.pool(), []string{client.PublicKeyPin(other.leaf)}
+			other := testpki.NewCA(t, "another CA").Leaf(t)
+			c.RootCAs, c.PinnedPublicKeys = ca.Pool(), []string{client.PublicKeyPin(other.Cert)}
 		}, func(err error) bool { return errors.Is(err, client.ErrPinMismatch) }},
 	}
 	for _, tt := range refused {

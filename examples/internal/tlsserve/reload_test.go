@@ -2,19 +2,14 @@ package tlsserve
 
 import (
 	"bytes"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/base64"
 	"encoding/pem"
 	"errors"
 	"io/fs"
 	"log/slog"
 	"math/big"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -22,92 +17,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nodelane/nodelane/internal/testpki"
 	"github.com/nodelane/nodelane/workerapi/client"
 )
-
-// ca is a test certificate authority.
-type ca struct {
-	cert *x509.Certificate
-	key  *ecdsa.PrivateKey
-}
-
-func newCA(t *testing.T) *ca {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "tlsserve test CA"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &ca{cert: c, key: key}
-}
-
-var serials struct {
-	sync.Mutex
-	n int64
-}
-
-// leaf is a certificate for 127.0.0.1 and localhost, and its key, in PEM.
-type leaf struct {
-	certPEM, keyPEM []byte
-	cert            *x509.Certificate
-}
-
-func (c *ca) leaf(t *testing.T) leaf {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	serials.Lock()
-	serials.n++
-	serial := serials.n + 100
-	serials.Unlock()
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: "localhost"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		DNSNames: []string{"localhost"}, IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)},
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, c.cert, &key.PublicKey, c.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kder, err := x509.MarshalPKCS8PrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, _ := x509.ParseCertificate(der)
-	return leaf{
-		certPEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
-		keyPEM:  pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: kder}),
-		cert:    cert,
-	}
-}
-
-// writeAtomic replaces name with b the way certbot and most tools do: a
-// new file renamed over the old one.
-func writeAtomic(t *testing.T, name string, b []byte) {
-	t.Helper()
-	tmp := name + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Rename(tmp, name); err != nil {
-		t.Fatal(err)
-	}
-}
 
 // clock is a settable test clock.
 type clock struct {
@@ -155,7 +67,7 @@ type fixture struct {
 	keys                   [][]byte // every key written, which the log must never show
 }
 
-func newFixture(t *testing.T, first leaf) *fixture {
+func newFixture(t *testing.T, first testpki.Leaf) *fixture {
 	t.Helper()
 	dir := t.TempDir()
 	f := &fixture{dir: dir, certFile: filepath.Join(dir, "cert.pem"), keyFile: filepath.Join(dir, "key.pem"),
@@ -171,11 +83,11 @@ func newFixture(t *testing.T, first leaf) *fixture {
 	return f
 }
 
-func (f *fixture) write(t *testing.T, l leaf) {
+func (f *fixture) write(t *testing.T, l testpki.Leaf) {
 	t.Helper()
-	writeAtomic(t, f.certFile, l.certPEM)
-	writeAtomic(t, f.keyFile, l.keyPEM)
-	f.keys = append(f.keys, l.keyPEM)
+	testpki.WriteAtomic(t, f.certFile, l.CertPEM)
+	testpki.WriteAtomic(t, f.keyFile, l.KeyPEM)
+	f.keys = append(f.keys, l.KeyPEM)
 }
 
 // served is the serial of the certificate a handshake gets.
@@ -211,30 +123,30 @@ func (f *fixture) checkNoKeyLogged(t *testing.T) {
 }
 
 func TestReloaderChangeDetection(t *testing.T) {
-	ca := newCA(t)
-	a, b := ca.leaf(t), ca.leaf(t)
+	ca := testpki.NewCA(t, "tlsserve test CA")
+	a, b := ca.Leaf(t), ca.Leaf(t)
 	f := newFixture(t, a)
-	if got := f.served(t); got.Cmp(a.cert.SerialNumber) != 0 {
-		t.Fatalf("serves %v, want %v", got, a.cert.SerialNumber)
+	if got := f.served(t); got.Cmp(a.Cert.SerialNumber) != 0 {
+		t.Fatalf("serves %v, want %v", got, a.Cert.SerialNumber)
 	}
-	if !strings.Contains(f.log.String(), `pin_sha256="`+client.PublicKeyPin(a.cert)+`"`) {
+	if !strings.Contains(f.log.String(), `pin_sha256="`+client.PublicKeyPin(a.Cert)+`"`) {
 		t.Errorf("the load is not logged with the pin:\n%s", f.log)
 	}
 
 	f.write(t, b)
 	// The first check after the load is due a second after it.
 	f.clock.Advance(999 * time.Millisecond)
-	if got := f.served(t); got.Cmp(a.cert.SerialNumber) != 0 {
+	if got := f.served(t); got.Cmp(a.Cert.SerialNumber) != 0 {
 		t.Fatalf("within the check interval the new files are already served (%v)", got)
 	}
 	f.clock.Advance(time.Millisecond)
-	if got := f.served(t); got.Cmp(b.cert.SerialNumber) != 0 {
-		t.Fatalf("after the check interval serves %v, want the new %v", got, b.cert.SerialNumber)
+	if got := f.served(t); got.Cmp(b.Cert.SerialNumber) != 0 {
+		t.Fatalf("after the check interval serves %v, want the new %v", got, b.Cert.SerialNumber)
 	}
-	if !strings.Contains(f.log.String(), "TLS certificate reloaded") || !strings.Contains(f.log.String(), `pin_sha256="`+client.PublicKeyPin(b.cert)+`"`) {
+	if !strings.Contains(f.log.String(), "TLS certificate reloaded") || !strings.Contains(f.log.String(), `pin_sha256="`+client.PublicKeyPin(b.Cert)+`"`) {
 		t.Errorf("the reload is not logged with the new pin:\n%s", f.log)
 	}
-	if f.r.Leaf().SerialNumber.Cmp(b.cert.SerialNumber) != 0 {
+	if f.r.Leaf().SerialNumber.Cmp(b.Cert.SerialNumber) != 0 {
 		t.Errorf("Leaf is %v", f.r.Leaf().SerialNumber)
 	}
 
@@ -248,11 +160,11 @@ func TestReloaderChangeDetection(t *testing.T) {
 	}
 
 	// A clock that went back still checks.
-	c := ca.leaf(t)
+	c := ca.Leaf(t)
 	f.write(t, c)
 	f.clock.Advance(-time.Minute)
-	if got := f.served(t); got.Cmp(c.cert.SerialNumber) != 0 {
-		t.Fatalf("after the clock went back serves %v, want %v", got, c.cert.SerialNumber)
+	if got := f.served(t); got.Cmp(c.Cert.SerialNumber) != 0 {
+		t.Fatalf("after the clock went back serves %v, want %v", got, c.Cert.SerialNumber)
 	}
 }
 
@@ -260,8 +172,8 @@ func TestReloaderChangeDetection(t *testing.T) {
 // apart by its inode; a symlink retargeted (certbot's live/ directory) is
 // followed.
 func TestReloaderSameSizeAndTimeAndSymlinks(t *testing.T) {
-	ca := newCA(t)
-	a, b := ca.leaf(t), ca.leaf(t)
+	ca := testpki.NewCA(t, "tlsserve test CA")
+	a, b := ca.Leaf(t), ca.Leaf(t)
 	// Same sizes: pad the shorter PEM with trailing newlines, which PEM
 	// decoding skips.
 	pad := func(x, y []byte) ([]byte, []byte) {
@@ -273,8 +185,8 @@ func TestReloaderSameSizeAndTimeAndSymlinks(t *testing.T) {
 		}
 		return x, y
 	}
-	a.certPEM, b.certPEM = pad(a.certPEM, b.certPEM)
-	a.keyPEM, b.keyPEM = pad(a.keyPEM, b.keyPEM)
+	a.CertPEM, b.CertPEM = pad(a.CertPEM, b.CertPEM)
+	a.KeyPEM, b.KeyPEM = pad(a.KeyPEM, b.KeyPEM)
 	f := newFixture(t, a)
 	mtime := time.Now().Add(-time.Hour).Truncate(time.Second)
 	for _, n := range []string{f.certFile, f.keyFile} {
@@ -292,8 +204,8 @@ func TestReloaderSameSizeAndTimeAndSymlinks(t *testing.T) {
 		}
 	}
 	f.clock.Advance(time.Second)
-	if got := f.served(t); got.Cmp(b.cert.SerialNumber) != 0 {
-		t.Fatalf("a file replaced with the same size and time: serves %v, want %v", got, b.cert.SerialNumber)
+	if got := f.served(t); got.Cmp(b.Cert.SerialNumber) != 0 {
+		t.Fatalf("a file replaced with the same size and time: serves %v, want %v", got, b.Cert.SerialNumber)
 	}
 
 	// certbot: live/cert.pem -> ../archive/certN.pem, retargeted on renewal.
@@ -303,12 +215,12 @@ func TestReloaderSameSizeAndTimeAndSymlinks(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	link := func(n int, l leaf) {
+	link := func(n int, l testpki.Leaf) {
 		t.Helper()
 		for _, x := range []struct {
 			name string
 			b    []byte
-		}{{"cert", l.certPEM}, {"key", l.keyPEM}} {
+		}{{"cert", l.CertPEM}, {"key", l.KeyPEM}} {
 			target := filepath.Join(archive, x.name+string(rune('0'+n))+".pem")
 			if err := os.WriteFile(target, x.b, 0o600); err != nil {
 				t.Fatal(err)
@@ -322,7 +234,7 @@ func TestReloaderSameSizeAndTimeAndSymlinks(t *testing.T) {
 			}
 		}
 	}
-	c, d := ca.leaf(t), ca.leaf(t)
+	c, d := ca.Leaf(t), ca.Leaf(t)
 	link(1, c)
 	r, err := NewReloader(filepath.Join(live, "cert.pem"), filepath.Join(live, "key.pem"), &ReloaderConfig{Now: f.clock.Now})
 	if err != nil {
@@ -331,27 +243,27 @@ func TestReloaderSameSizeAndTimeAndSymlinks(t *testing.T) {
 	link(2, d)
 	f.clock.Advance(time.Second)
 	got, _ := r.GetCertificate(nil)
-	if got.Leaf.SerialNumber.Cmp(d.cert.SerialNumber) != 0 {
-		t.Fatalf("after the symlinks were retargeted serves %v, want %v", got.Leaf.SerialNumber, d.cert.SerialNumber)
+	if got.Leaf.SerialNumber.Cmp(d.Cert.SerialNumber) != 0 {
+		t.Fatalf("after the symlinks were retargeted serves %v, want %v", got.Leaf.SerialNumber, d.Cert.SerialNumber)
 	}
 }
 
 // A pair that does not load keeps the certificate served; the failure is
 // logged once per change of the files, and the next good change is served.
 func TestReloaderBadPairKeepsOld(t *testing.T) {
-	ca := newCA(t)
-	a, b, c := ca.leaf(t), ca.leaf(t), ca.leaf(t)
+	ca := testpki.NewCA(t, "tlsserve test CA")
+	a, b, c := ca.Leaf(t), ca.Leaf(t), ca.Leaf(t)
 	f := newFixture(t, a)
 
 	// b's certificate with c's key: a mismatch, as when a tool has
 	// written one file and not yet the other.
-	writeAtomic(t, f.certFile, b.certPEM)
-	writeAtomic(t, f.keyFile, c.keyPEM)
-	f.keys = append(f.keys, c.keyPEM)
+	testpki.WriteAtomic(t, f.certFile, b.CertPEM)
+	testpki.WriteAtomic(t, f.keyFile, c.KeyPEM)
+	f.keys = append(f.keys, c.KeyPEM)
 	for range 3 {
 		f.clock.Advance(time.Second)
-		if got := f.served(t); got.Cmp(a.cert.SerialNumber) != 0 {
-			t.Fatalf("a mismatched pair: serves %v, want the old %v", got, a.cert.SerialNumber)
+		if got := f.served(t); got.Cmp(a.Cert.SerialNumber) != 0 {
+			t.Fatalf("a mismatched pair: serves %v, want the old %v", got, a.Cert.SerialNumber)
 		}
 	}
 	if n := strings.Count(f.log.String(), "level=ERROR"); n != 1 {
@@ -361,24 +273,24 @@ func TestReloaderBadPairKeepsOld(t *testing.T) {
 		t.Errorf("the error does not say what and where:\n%s", f.log)
 	}
 	// The key written next completes the pair.
-	writeAtomic(t, f.keyFile, b.keyPEM)
-	f.keys = append(f.keys, b.keyPEM)
+	testpki.WriteAtomic(t, f.keyFile, b.KeyPEM)
+	f.keys = append(f.keys, b.KeyPEM)
 	f.clock.Advance(time.Second)
-	if got := f.served(t); got.Cmp(b.cert.SerialNumber) != 0 {
-		t.Fatalf("the completed pair: serves %v, want %v", got, b.cert.SerialNumber)
+	if got := f.served(t); got.Cmp(b.Cert.SerialNumber) != 0 {
+		t.Fatalf("the completed pair: serves %v, want %v", got, b.Cert.SerialNumber)
 	}
 
 	// Garbage in the certificate file, then a file removed: each is one
 	// error, the old certificate stays.
-	writeAtomic(t, f.certFile, []byte("not a certificate\n"))
+	testpki.WriteAtomic(t, f.certFile, []byte("not a certificate\n"))
 	f.clock.Advance(time.Second)
 	f.served(t)
 	if err := os.Remove(f.keyFile); err != nil {
 		t.Fatal(err)
 	}
 	f.clock.Advance(time.Second)
-	if got := f.served(t); got.Cmp(b.cert.SerialNumber) != 0 {
-		t.Fatalf("serves %v, want %v", got, b.cert.SerialNumber)
+	if got := f.served(t); got.Cmp(b.Cert.SerialNumber) != 0 {
+		t.Fatalf("serves %v, want %v", got, b.Cert.SerialNumber)
 	}
 	if n := strings.Count(f.log.String(), "level=ERROR"); n != 3 {
 		t.Fatalf("%d errors logged, want 3:\n%s", n, f.log)
@@ -388,31 +300,31 @@ func TestReloaderBadPairKeepsOld(t *testing.T) {
 // Reload (SIGHUP) reads the files now, whatever the clock; a failed
 // Reload returns the error and keeps the certificate.
 func TestReloaderReload(t *testing.T) {
-	ca := newCA(t)
-	a, b, c := ca.leaf(t), ca.leaf(t), ca.leaf(t)
+	ca := testpki.NewCA(t, "tlsserve test CA")
+	a, b, c := ca.Leaf(t), ca.Leaf(t), ca.Leaf(t)
 	f := newFixture(t, a)
 	f.write(t, b)
 	if err := f.r.Reload(); err != nil {
 		t.Fatal(err)
 	}
-	if got := f.served(t); got.Cmp(b.cert.SerialNumber) != 0 {
-		t.Fatalf("after Reload serves %v, want %v", got, b.cert.SerialNumber)
+	if got := f.served(t); got.Cmp(b.Cert.SerialNumber) != 0 {
+		t.Fatalf("after Reload serves %v, want %v", got, b.Cert.SerialNumber)
 	}
-	writeAtomic(t, f.keyFile, c.keyPEM)
-	f.keys = append(f.keys, c.keyPEM)
+	testpki.WriteAtomic(t, f.keyFile, c.KeyPEM)
+	f.keys = append(f.keys, c.KeyPEM)
 	err := f.r.Reload()
 	if err == nil || !strings.Contains(err.Error(), f.keyFile) {
 		t.Fatalf("Reload of a mismatched pair: %v", err)
 	}
 	f.clock.Advance(time.Hour)
-	if got := f.served(t); got.Cmp(b.cert.SerialNumber) != 0 {
-		t.Fatalf("after a failed Reload serves %v, want %v", got, b.cert.SerialNumber)
+	if got := f.served(t); got.Cmp(b.Cert.SerialNumber) != 0 {
+		t.Fatalf("after a failed Reload serves %v, want %v", got, b.Cert.SerialNumber)
 	}
 }
 
 func TestNewReloaderErrors(t *testing.T) {
-	ca := newCA(t)
-	a, b := ca.leaf(t), ca.leaf(t)
+	ca := testpki.NewCA(t, "tlsserve test CA")
+	a, b := ca.Leaf(t), ca.Leaf(t)
 	dir := t.TempDir()
 	put := func(name string, body []byte) string {
 		p := filepath.Join(dir, name)
@@ -421,8 +333,8 @@ func TestNewReloaderErrors(t *testing.T) {
 		}
 		return p
 	}
-	cert, key := put("cert.pem", a.certPEM), put("key.pem", a.keyPEM)
-	otherKey := put("other-key.pem", b.keyPEM)
+	cert, key := put("cert.pem", a.CertPEM), put("key.pem", a.KeyPEM)
+	otherKey := put("other-key.pem", b.KeyPEM)
 	garbage := put("garbage.pem", []byte("hello\n"))
 	missing := filepath.Join(dir, "missing.pem")
 	for _, tc := range []struct {

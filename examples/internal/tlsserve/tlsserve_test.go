@@ -17,6 +17,8 @@ import (
 	"testing"
 
 	"golang.org/x/crypto/acme"
+
+	"github.com/nodelane/nodelane/internal/testpki"
 )
 
 func parse(t *testing.T, args ...string) (*Flags, error) {
@@ -127,12 +129,12 @@ func TestRedirectHandler(t *testing.T) {
 // least, the certificate verifies against its CA, and the plain HTTP
 // handler only redirects.
 func TestServerFiles(t *testing.T) {
-	ca := newCA(t)
-	l := ca.leaf(t)
+	ca := testpki.NewCA(t, "tlsserve test CA")
+	l := ca.Leaf(t)
 	dir := t.TempDir()
 	certFile, keyFile := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
-	writeAtomic(t, certFile, l.certPEM)
-	writeAtomic(t, keyFile, l.keyPEM)
+	testpki.WriteAtomic(t, certFile, l.CertPEM)
+	testpki.WriteAtomic(t, keyFile, l.KeyPEM)
 	f, err := parse(t, "-tls-cert", certFile, "-tls-key", keyFile, "-http-addr", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -151,7 +153,7 @@ func TestServerFiles(t *testing.T) {
 	defer srv.Close()
 	url := "https://" + ln.Addr().String()
 	roots := x509.NewCertPool()
-	roots.AddCert(ca.cert)
+	roots.AddCert(ca.Cert)
 	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}}}
 	resp, err := hc.Get(url)
 	if err != nil {
@@ -159,7 +161,7 @@ func TestServerFiles(t *testing.T) {
 	}
 	b, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if string(b) != "hello" || resp.TLS.PeerCertificates[0].SerialNumber.Cmp(l.cert.SerialNumber) != 0 {
+	if string(b) != "hello" || resp.TLS.PeerCertificates[0].SerialNumber.Cmp(l.Cert.SerialNumber) != 0 {
 		t.Fatalf("%q from %v", b, resp.TLS.PeerCertificates[0].SerialNumber)
 	}
 	if _, err := tls.Dial("tcp", ln.Addr().String(), &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS10, MaxVersion: tls.VersionTLS11}); err == nil || !strings.Contains(err.Error(), "protocol version") {
@@ -190,7 +192,7 @@ func TestServerFiles(t *testing.T) {
 func TestServerACMESetup(t *testing.T) {
 	dir := t.TempDir()
 	caFile := filepath.Join(dir, "ca.pem")
-	if err := os.WriteFile(caFile, newCA(t).leaf(t).certPEM, 0o600); err != nil {
+	if err := os.WriteFile(caFile, testpki.NewCA(t, "tlsserve test CA").Leaf(t).CertPEM, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	acmeDir := filepath.Join(dir, "acme", "cache")

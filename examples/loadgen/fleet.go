@@ -25,7 +25,7 @@ func runFleet(ctx context.Context, cfg *config, log *slog.Logger, out io.Writer)
 		cfg.nodes, cfg.interval, cfg.longPolls, cfg.wait, cfg.duration, cfg.server)
 	stats := newRouteStats()
 	ct := &countingTransport{}
-	hc := httpClient(cfg.longPolls+cfg.registerN+256, ct)
+	hc := httpClient(cfg, cfg.longPolls+cfg.registerN+256, ct)
 	pg, err := openPG(ctx, cfg.pgDSN, cfg.pgSettle)
 	if err != nil {
 		return err

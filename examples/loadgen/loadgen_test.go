@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"io"
 	"log/slog"
@@ -18,12 +19,18 @@ import (
 
 	"github.com/nodelane/nodelane/examples/internal/controlplane"
 	"github.com/nodelane/nodelane/internal/testdb"
+	"github.com/nodelane/nodelane/internal/testpki"
 )
 
 // startServer starts a control plane on db over loopback, as
 // examples/server does, and returns its base URL and a tokens file as the
 // server's -tokens-file.
 func startServer(t *testing.T, db testdb.DB) (base, tokensFile string) {
+	return startServerTLS(t, db, nil)
+}
+
+// startServerTLS is startServer serving https with leaf, when not nil.
+func startServerTLS(t *testing.T, db testdb.DB, leaf *testpki.Leaf) (base, tokensFile string) {
 	t.Helper()
 	ctx := t.Context()
 	dir := t.TempDir()
@@ -48,6 +55,10 @@ func startServer(t *testing.T, db testdb.DB) (base, tokensFile string) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	scheme := "http"
+	if leaf != nil {
+		ln, scheme = tls.NewListener(ln, &tls.Config{Certificates: []tls.Certificate{leaf.Pair}, MinVersion: tls.VersionTLS12}), "https"
+	}
 	srv := &http.Server{Handler: cp.Server.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
@@ -63,7 +74,7 @@ func startServer(t *testing.T, db testdb.DB) (base, tokensFile string) {
 			t.Errorf("closing the control plane: %v", err)
 		}
 	})
-	return "http://" + ln.Addr().String(), tokensFile
+	return scheme + "://" + ln.Addr().String(), tokensFile
 }
 
 // intAfter returns the integer the output holds after prefix, or fails.
@@ -78,6 +89,32 @@ func intAfter(t *testing.T, out, pattern string) int {
 		t.Fatal(err)
 	}
 	return n
+}
+
+// TestRunTLS runs a small load over https, trusting the server's CA with
+// -ca-file; without it the run fails.
+func TestRunTLS(t *testing.T) {
+	ca := testpki.NewCA(t, "loadgen test CA")
+	leaf := ca.Leaf(t)
+	base, tokens := startServerTLS(t, testdb.SQLite(t), &leaf)
+	caFile := filepath.Join(t.TempDir(), "ca.pem")
+	if err := os.WriteFile(caFile, ca.PEM, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"-server", base, "-tokens-file", tokens, "-nodes", "2", "-jobs", "20", "-max-jobs", "5", "-wait-seconds", "2", "-timeout", "1m"}
+	var out bytes.Buffer
+	if err := run(t.Context(), append(args, "-ca-file", caFile), &out, io.Discard); err != nil {
+		t.Fatalf("run over https: %v\n%s", err, out.String())
+	}
+	if n := intAfter(t, out.String(), `, (\d+) completed, 0 failed`); n != 20 {
+		t.Errorf("%d jobs completed over https, want 20", n)
+	}
+	if err := run(t.Context(), args, io.Discard, io.Discard); err == nil {
+		t.Error("a run over https without the server's CA succeeded")
+	}
+	if err := run(t.Context(), append(args, "-ca-file", tokens), io.Discard, io.Discard); err == nil || !strings.Contains(err.Error(), "no PEM certificate") {
+		t.Errorf("-ca-file of a tokens file: %v", err)
+	}
 }
 
 // TestRun runs a small load on each database and checks its counts and

@@ -64,6 +64,8 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -119,6 +121,7 @@ const (
 // config is the command line.
 type config struct {
 	server     string
+	roots      *x509.CertPool // -ca-file's, or nil: the system's
 	mode       string
 	nodes      int
 	jobs       int
@@ -159,6 +162,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	cfg := &config{}
 	var tokensFile, opFile, provFile, receiptKey string
 	fs.StringVar(&cfg.server, "server", "http://127.0.0.1:8080", "control plane base URL")
+	caFile := fs.String("ca-file", "", "PEM file of the certificate authorities to trust for an https -server, instead of the system's")
 	fs.StringVar(&cfg.mode, "mode", "run", "run (dispatch and run jobs) or fleet (heartbeats and idle long-polls)")
 	fs.IntVar(&cfg.nodes, "nodes", 32, "worker nodes to register, each with its own key")
 	fs.IntVar(&cfg.jobs, "jobs", 3000, "run: jobs to dispatch and run")
@@ -191,6 +195,16 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	}
 	if err := cfg.check(); err != nil {
 		return nil, errUsage{err}
+	}
+	if *caFile != "" {
+		b, err := os.ReadFile(*caFile)
+		if err != nil {
+			return nil, fmt.Errorf("-ca-file: %w", err)
+		}
+		cfg.roots = x509.NewCertPool()
+		if !cfg.roots.AppendCertsFromPEM(b) {
+			return nil, fmt.Errorf("-ca-file %s holds no PEM certificate", *caFile)
+		}
 	}
 	toks, err := loadTokens(tokensFile, opFile, provFile, receiptKey)
 	if err != nil {
@@ -371,8 +385,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 // httpClient returns a client for conns requests in flight to one host,
 // counting its exchanges in ct. It has no overall timeout: the workers'
 // client bounds each attempt, long-polls included.
-func httpClient(conns int, ct *countingTransport) *http.Client {
+func httpClient(cfg *config, conns int, ct *countingTransport) *http.Client {
 	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.TLSClientConfig = &tls.Config{RootCAs: cfg.roots, MinVersion: tls.VersionTLS12}
 	tr.MaxIdleConns = conns
 	tr.MaxIdleConnsPerHost = conns // the default, 2, would open a connection per request
 	ct.next = tr

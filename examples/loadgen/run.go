@@ -172,8 +172,8 @@ func newLoad(cfg *config, log *slog.Logger) *load {
 		jobs: map[string]*jobRecord{}, finished: make(chan struct{})}
 	// Every node may have a long-poll and max-jobs accepts or completes
 	// in flight.
-	l.hc = httpClient(cfg.nodes*(cfg.perNode+2)+cfg.registerN, l.workerHTTP)
-	opc := httpClient(cfg.dispatch+8, l.opHTTP)
+	l.hc = httpClient(cfg, cfg.nodes*(cfg.perNode+2)+cfg.registerN, l.workerHTTP)
+	opc := httpClient(cfg, cfg.dispatch+8, l.opHTTP)
 	opc.Timeout = 2 * time.Minute
 	l.op = operator.New(cfg.server, cfg.tokens.operator, opc)
 	return l

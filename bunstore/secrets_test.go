@@ -1,7 +1,6 @@
 package bunstore_test
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/base64"
@@ -12,9 +11,10 @@ import (
 	"math/big"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/nodelane/nodelane/internal/syncbuf"
 
 	"github.com/uptrace/bun"
 
@@ -43,7 +43,7 @@ func TestNoSecretsInRowsOrLogs(t *testing.T) {
 			tdb := d.New(t)
 			raw := tdb.Bun(t)
 
-			logs := &syncBuffer{}
+			logs := &syncbuf.Buffer{}
 			logger := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 			prev := slog.Default()
 			slog.SetDefault(logger) // also captures the log package
@@ -299,29 +299,6 @@ func (queryLogger) BeforeQuery(ctx context.Context, _ *bun.QueryEvent) context.C
 
 func (h queryLogger) AfterQuery(ctx context.Context, e *bun.QueryEvent) {
 	h.log.DebugContext(ctx, "query", "op", e.Operation(), "query", e.Query, "args", fmt.Sprint(e.QueryArgs), "err", e.Err)
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-func (s *syncBuffer) Len() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Len()
 }
 
 // haystack is text to search, and where it came from.

@@ -23,6 +23,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nodelane/nodelane/internal/syncbuf"
+
 	"github.com/letsencrypt/pebble/v2/ca"
 	"github.com/letsencrypt/pebble/v2/db"
 	"github.com/letsencrypt/pebble/v2/va"
@@ -167,7 +169,7 @@ func port(t *testing.T, addr string) string {
 type pebble struct {
 	srv                *httptest.Server // the ACME API over TLS
 	root, intermediate *x509.Certificate
-	log                *syncBuffer
+	log                *syncbuf.Buffer
 }
 
 // startPebble runs pebble's CA, validation authority and API, validating
@@ -175,7 +177,7 @@ type pebble struct {
 // server at dnsAddr gives.
 func startPebble(t *testing.T, httpPort, tlsPort, dnsAddr string) *pebble {
 	t.Helper()
-	p := &pebble{log: &syncBuffer{}}
+	p := &pebble{log: &syncbuf.Buffer{}}
 	logger := log.New(p.log, "pebble ", log.Lmicroseconds)
 	hp, tp := atoi(t, httpPort), atoi(t, tlsPort)
 	store := db.NewMemoryStore()

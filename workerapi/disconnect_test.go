@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/nodelane/nodelane/internal/syncbuf"
+
 	"github.com/nodelane/nodelane/internal/apitest"
 	"github.com/nodelane/nodelane/workerapi"
 	"github.com/nodelane/nodelane/workerapi/wire"
@@ -24,7 +26,7 @@ func (m notifyingMetrics) ObserveRequest(ri workerapi.RequestInfo) { m <- ri }
 // A client that hangs up on a long-poll is logged at INFO and reported to
 // Metrics as StatusClientClosedRequest, not as a failure answered 503.
 func TestClientDisconnect(t *testing.T) {
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	metrics := make(notifyingMetrics, 16)
 	env := apitest.New(t, "sqlite", apitest.WithConfig(func(c *workerapi.Config) {
 		c.Logger = slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))

@@ -1,7 +1,6 @@
 package workerapi_test
 
 import (
-	"bytes"
 	"encoding/json"
 	"log/slog"
 	"net/http"
@@ -10,29 +9,14 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/nodelane/nodelane/internal/syncbuf"
+
 	"github.com/nodelane/nodelane/credential"
 	"github.com/nodelane/nodelane/internal/apitest"
 	"github.com/nodelane/nodelane/lease"
 	"github.com/nodelane/nodelane/workerapi"
 	"github.com/nodelane/nodelane/workerapi/wire"
 )
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 type recordedMetrics struct {
 	mu   sync.Mutex
@@ -51,7 +35,7 @@ var leaseTokenPattern = regexp.MustCompile(`nll_[0-9A-Za-z]{49}`)
 // their code, and no log line ever holds a credential or lease token;
 // the metrics hook sees every request.
 func TestLoggingAndMetrics(t *testing.T) {
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	metrics := &recordedMetrics{}
 	env := apitest.New(t, "sqlite", apitest.WithConfig(func(c *workerapi.Config) {
 		c.Logger = slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))

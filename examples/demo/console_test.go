@@ -11,31 +11,13 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/nodelane/nodelane/internal/syncbuf"
+
 	"github.com/nodelane/nodelane/examples/internal/controlplane"
 )
-
-// lockedBuffer is the demo's output, written by its goroutine and read by
-// the test.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // TestDemoConsole runs the demo with -serve and opens the console it
 // prints, as an operator would in a browser: it shows the demo's jobs,
@@ -43,7 +25,7 @@ func (l *lockedBuffer) String() string {
 func TestDemoConsole(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	dir := t.TempDir()
-	out := &lockedBuffer{}
+	out := &syncbuf.Buffer{}
 	done := make(chan error, 1)
 	go func() { done <- run(ctx, []string{"-dir", dir, "-timeout", "80s", "-serve"}, out) }()
 	defer func() {

@@ -2,7 +2,6 @@ package main
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -19,6 +18,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nodelane/nodelane/internal/syncbuf"
+
 	"github.com/nodelane/nodelane/examples/internal/controlplane"
 	"github.com/nodelane/nodelane/fingerprint"
 	"github.com/nodelane/nodelane/internal/testdb"
@@ -28,24 +29,6 @@ import (
 
 // startTimeout bounds a server's start (CI runs on two slow cores).
 const startTimeout = time.Minute
-
-// syncBuffer collects output written from several goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // files are one control plane's database and secrets file.
 type files struct{ db, secrets, tokens string }
@@ -64,7 +47,7 @@ func (f files) args(addr string) []string {
 // server is run serving in this process.
 type server struct {
 	addr           string
-	stdout, stderr *syncBuffer
+	stdout, stderr *syncbuf.Buffer
 	stop           func() error
 }
 
@@ -83,7 +66,7 @@ func serve(t *testing.T, args ...string) *server {
 func tryServe(t *testing.T, args ...string) (*server, error) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	s := &server{stdout: &syncBuffer{}, stderr: &syncBuffer{}}
+	s := &server{stdout: &syncbuf.Buffer{}, stderr: &syncbuf.Buffer{}}
 	pr, pw := io.Pipe()
 	done := make(chan error, 1)
 	go func() {
@@ -176,7 +159,7 @@ func TestBusyPortBootstrapsNothing(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer busy.Close()
-			var stdout, stderr syncBuffer
+			var stdout, stderr syncbuf.Buffer
 			err = run(context.Background(), f.args(busy.Addr().String()), &stdout, &stderr)
 			if err == nil || !strings.Contains(err.Error(), "address already in use") {
 				t.Fatalf("on a busy port: %v, want address already in use", err)
@@ -203,7 +186,7 @@ func TestBusyPortBootstrapsNothing(t *testing.T) {
 // runMint runs the mint-operator subcommand.
 func runMint(t *testing.T, args ...string) (stdout, stderr string, err error) {
 	t.Helper()
-	var out, errOut syncBuffer
+	var out, errOut syncbuf.Buffer
 	err = run(context.Background(), append([]string{"mint-operator"}, args...), &out, &errOut)
 	return out.String(), errOut.String(), err
 }

@@ -16,6 +16,8 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/nodelane/nodelane/internal/syncbuf"
+
 	"github.com/nodelane/nodelane/internal/testdb"
 	"github.com/nodelane/nodelane/workerapi/client"
 	"github.com/nodelane/nodelane/workerapi/wire"
@@ -38,7 +40,7 @@ func TestServerProxyFlagsRefused(t *testing.T) {
 		{[]string{"-trusted-proxy", "proxy.internal"}, "-trusted-proxy"},
 		{[]string{"-trusted-proxy", ""}, "-trusted-proxy"},
 	} {
-		var stdout, stderr syncBuffer
+		var stdout, stderr syncbuf.Buffer
 		err := run(context.Background(), append(f.args("127.0.0.1:0"), tc.args...), &stdout, &stderr)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%q: %v, want an error naming %s", tc.args, err, tc.want)
@@ -51,7 +53,7 @@ func TestServerProxyFlagsRefused(t *testing.T) {
 		t.Fatalf("tokens file after refused flags: %v", err)
 	}
 	// A password in -public-url is not repeated.
-	var stdout, stderr syncBuffer
+	var stdout, stderr syncbuf.Buffer
 	err := run(context.Background(), append(f.args("127.0.0.1:0"), "-public-url", "https://ops:hunter2@cp.example.com/"), &stdout, &stderr)
 	if err == nil || strings.Contains(err.Error(), "hunter2") || strings.Contains(stderr.String(), "hunter2") {
 		t.Errorf("-public-url with a password: %v (stderr %q), want a refusal without it", err, stderr.String())

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/nodelane/nodelane/internal/syncbuf"
+
 	"github.com/nodelane/nodelane/examples/internal/tlsserve"
 	"github.com/nodelane/nodelane/internal/testdb"
 )
@@ -38,7 +40,7 @@ func TestTLSFlagErrors(t *testing.T) {
 		{"garbage certificate", []string{"-tls-cert", garbage, "-tls-key", garbage}, garbage, tlsserve.ErrNoCertificate},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			var stdout, stderr syncBuffer
+			var stdout, stderr syncbuf.Buffer
 			err := run(context.Background(), append(f.args("127.0.0.1:0"), tc.flags...), &stdout, &stderr)
 			if err == nil || !strings.Contains(err.Error(), tc.want) || !errors.Is(err, tc.is) {
 				t.Fatalf("error %v, want one saying %q (%v)", err, tc.want, tc.is)

@@ -1,7 +1,6 @@
 package tlsserve
 
 import (
-	"bytes"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/base64"
@@ -13,56 +12,22 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/nodelane/nodelane/internal/syncbuf"
+
+	"github.com/nodelane/nodelane/internal/testclock"
 	"github.com/nodelane/nodelane/internal/testpki"
 	"github.com/nodelane/nodelane/workerapi/client"
 )
-
-// clock is a settable test clock.
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *clock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
-}
-
-// syncBuffer is a log sink.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // fixture is a Reloader over two files in a temporary directory, with a
 // test clock and a captured log.
 type fixture struct {
 	dir, certFile, keyFile string
-	clock                  *clock
-	log                    *syncBuffer
+	clock                  *testclock.Clock
+	log                    *syncbuf.Buffer
 	r                      *Reloader
 	keys                   [][]byte // every key written, which the log must never show
 }
@@ -71,7 +36,7 @@ func newFixture(t *testing.T, first testpki.Leaf) *fixture {
 	t.Helper()
 	dir := t.TempDir()
 	f := &fixture{dir: dir, certFile: filepath.Join(dir, "cert.pem"), keyFile: filepath.Join(dir, "key.pem"),
-		clock: &clock{t: time.Now()}, log: &syncBuffer{}}
+		clock: testclock.New(time.Now()), log: &syncbuf.Buffer{}}
 	f.write(t, first)
 	r, err := NewReloader(f.certFile, f.keyFile, &ReloaderConfig{Now: f.clock.Now,
 		Logger: slog.New(slog.NewTextHandler(f.log, &slog.HandlerOptions{Level: slog.LevelDebug}))})

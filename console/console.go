@@ -100,11 +100,12 @@ type Console struct {
 	cfg Config
 	// basePath is PublicURL's path without its trailing "/", when set.
 	basePath *string
-	// trustedOrigin is PublicURL's scheme://host, when set.
-	trustedOrigin string
-	sessions      *sessions
-	pages         map[string]*template.Template
-	handler       http.Handler
+	// cop checks that a state-changing request is same-origin; it also
+	// trusts PublicURL's origin, when set.
+	cop      *http.CrossOriginProtection
+	sessions *sessions
+	pages    map[string]*template.Template
+	handler  http.Handler
 }
 
 // New returns a Console over cfg.API.
@@ -137,7 +138,7 @@ func New(cfg Config) (*Console, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	c := &Console{cfg: cfg, sessions: newSessions(cfg.MaxSessions, cfg.SessionTTL, cfg.Now, cfg.Rand)}
+	c := &Console{cfg: cfg, sessions: newSessions(cfg.MaxSessions, cfg.SessionTTL, cfg.Now, cfg.Rand), cop: http.NewCrossOriginProtection()}
 	if cfg.PublicURL != "" {
 		u, err := url.Parse(cfg.PublicURL)
 		if err != nil || u.User != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.Opaque != "" ||
@@ -146,7 +147,10 @@ func New(cfg Config) (*Console, error) {
 			return nil, fmt.Errorf("%w: PublicURL is not an absolute http(s) URL without query, fragment or user information", ErrConfig)
 		}
 		p := strings.TrimRight(u.EscapedPath(), "/")
-		c.basePath, c.trustedOrigin = &p, u.Scheme+"://"+u.Host
+		c.basePath = &p
+		if err := c.cop.AddTrustedOrigin(u.Scheme + "://" + u.Host); err != nil {
+			return nil, fmt.Errorf("%w: PublicURL's origin: %w", ErrConfig, err)
+		}
 		c.cfg.SecureCookie = c.cfg.SecureCookie || u.Scheme == "https"
 	}
 	pages, err := parsePages()
@@ -208,15 +212,10 @@ func (c *Console) routes() http.Handler {
 	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		c.renderError(w, r, http.StatusNotFound, "There is no page "+r.URL.Path+".")
 	})
-	cop := http.NewCrossOriginProtection()
-	if c.trustedOrigin != "" {
-		// Checked in New: a scheme and a host, nothing else.
-		_ = cop.AddTrustedOrigin(c.trustedOrigin)
-	}
-	cop.SetDenyHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	c.cop.SetDenyHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		c.renderError(w, r, http.StatusForbidden, "Refused: a cross-origin request may not change anything.")
 	}))
-	return securityHeaders(cop.Handler(m))
+	return securityHeaders(c.cop.Handler(m))
 }
 
 // base is the path prefix the console is reached under, "" at the root:

@@ -363,7 +363,7 @@ func (s *soak) startWorkers() error {
 			args: func() []string {
 				return []string{"-server", server, "-identity", filepath.Join(wdir, "identity.json"),
 					"-provisioning-token-file", prov, "-node-id", fmt.Sprintf("soak-%02d", i),
-					"-workdir", filepath.Join(wdir, "work"), "-max-jobs", fmt.Sprint(c.maxJobs),
+					"-workdir", filepath.Join(wdir, "work"), "-max-jobs", fmt.Sprint(c.maxJobs), "-simulate-gpu",
 					"-wait-seconds", "10"}
 			},
 		}

@@ -73,6 +73,11 @@ import (
 )
 
 func main() {
+	// The worker's executable is also the command shim it starts each
+	// job's command through (examples/internal/command, DESIGN.md §10a).
+	if len(os.Args) > 1 && os.Args[1] == command.ShimArg {
+		os.Exit(command.ShimMain(os.Args[2:]))
+	}
 	err := run(context.Background(), os.Args[1:], os.Stderr)
 	var usage errUsage
 	switch {
@@ -214,9 +219,24 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		if err != nil {
 			return err
 		}
-		if cmds, err = command.NewExecutor(cmdCfg, devs, &command.Options{Workdir: *workdir, Logger: log}); err != nil {
+		shim, err := os.Executable()
+		if err != nil {
+			return fmt.Errorf("the worker's executable, to run the commands through: %w", err)
+		}
+		if cmds, err = command.NewExecutor(cmdCfg, devs, &command.Options{Workdir: *workdir, Logger: log, Shim: shim}); err != nil {
 			return err
 		}
+	}
+	// What a previous run of this worker left behind (it was killed with
+	// its commands' shims) is killed before the worker registers or
+	// leases: those jobs are forfeit, and the control plane requeues them.
+	left, err := command.KillLeftovers(*workdir, command.DefaultLeftoverTimeout)
+	for _, l := range left {
+		log.Warn("killed the processes a previous run of the worker left behind", "job", l.JobID, "attempt", l.Attempt,
+			"pgid", l.PGID, "pids", fmt.Sprint(l.PIDs), "shim_pid", l.ShimPID)
+	}
+	if err != nil {
+		return fmt.Errorf("refusing to start: %w", err)
 	}
 	var metrics func() any
 	if gs.sampler != nil {

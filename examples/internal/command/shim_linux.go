@@ -194,6 +194,12 @@ func (s *shim) end(grace time.Duration) {
 	if !s.killed {
 		sig = syscall.SIGTERM
 		fmt.Fprintf(os.Stderr, "nodelane command shim %d: the worker is gone; SIGTERM to process group %d and its orphans, SIGKILL after %v\n", s.self, s.pgid, grace)
+		// The worker's stderr is let go: whatever waits for its end (a
+		// supervisor, a terminal) need not wait for the shim's.
+		if null, err := os.OpenFile(os.DevNull, os.O_WRONLY, 0); err == nil {
+			_ = syscall.Dup2(int(null.Fd()), 2)
+			null.Close()
+		}
 	}
 	deadline := time.Now().Add(grace)
 	tick := time.NewTicker(20 * time.Millisecond)
@@ -206,8 +212,7 @@ func (s *shim) end(grace time.Duration) {
 		}
 		if time.Now().After(deadline) {
 			if sig == syscall.SIGKILL {
-				fmt.Fprintf(os.Stderr, "nodelane command shim %d: processes of group %d survive SIGKILL after %v\n", s.self, s.pgid, shimKillWait)
-				return
+				return // stuck in the kernel (D state): nothing more to do
 			}
 			sig, deadline = syscall.SIGKILL, time.Now().Add(shimKillWait)
 		}

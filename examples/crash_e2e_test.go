@@ -3,7 +3,7 @@
 package examples
 
 // End-to-end tests of what a worker crash does to its commands (issue
-// 25, docs/COMMANDS.md §8): real examples/server and examples/worker
+// 25, docs/COMMANDS.md §5): real examples/server and examples/worker
 // processes, real commands that ignore SIGTERM and print nothing.
 
 import (

@@ -2,7 +2,10 @@ package examples
 
 import (
 	"encoding/json"
+	"errors"
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"reflect"
 	"strings"
@@ -86,4 +89,29 @@ func TestE2EGPUDiscovery(t *testing.T) {
 		t.Errorf("a job for both discovered GPUs is not leasable: %+v", d.Reason)
 	}
 	c.waitDone(d.Job.ID, "succeeded")
+}
+
+// TestE2ENoGPURefused: the worker binary with no nvidia-smi (an empty
+// PATH, or -nvidia-smi off) and no -gpu exits non-zero, naming -gpu and
+// -simulate-gpu, before it creates its identity.
+func TestE2ENoGPURefused(t *testing.T) {
+	t.Parallel()
+	_, workerBin := binaries(t)
+	dir := t.TempDir()
+	for i, args := range [][]string{nil, {"-nvidia-smi", "off"}} {
+		identity := filepath.Join(dir, fmt.Sprintf("id%d.json", i))
+		cmd := exec.Command(workerBin, append([]string{"-server", "http://127.0.0.1:1", "-identity", identity, "-node-id", "n"}, args...)...)
+		cmd.Env = []string{"PATH=" + t.TempDir(), "NODELANE_PROVISIONING_TOKEN=nlc_x"}
+		out, err := cmd.CombinedOutput()
+		var exit *exec.ExitError
+		if !errors.As(err, &exit) || exit.ExitCode() == 0 {
+			t.Fatalf("worker %q = %v, want a non-zero exit\n%s", args, err, out)
+		}
+		if !strings.Contains(string(out), "-gpu SKU:VRAM_MB") || !strings.Contains(string(out), "-simulate-gpu") {
+			t.Errorf("worker %q says %q, want it to name -gpu and -simulate-gpu", args, out)
+		}
+		if _, err := os.Stat(identity); !os.IsNotExist(err) {
+			t.Errorf("the identity was created: %v", err)
+		}
+	}
 }

@@ -437,8 +437,8 @@ func (s *soak) summary(r *result, took time.Duration) {
 	p("soak summary (seed %d, %v soaking, %v in all)", c.seed, c.duration, took.Round(time.Second))
 	p("  jobs:        %d on the server, of %d asked for: %d answered 201, %d requests not answered or with an unknown outcome (%d of their jobs queued), %d 429/503 answers tried again; %d jobs took more than one attempt",
 		r.jobs, r.requests, r.dispatched, r.unanswered, r.extra, r.errAnswers, r.retried)
-	p("  faults:      %d server SIGKILLs, %d worker SIGKILLs, %d PostgreSQL restarts, %d clock-skew turns%s",
-		s.serverKills.Load(), s.workerKills.Load(), s.pgRestarts.Load(), s.skewTurns.Load(), skipNote(s.features, c))
+	p("  faults:      %d server SIGKILLs, %d worker SIGKILLs, %d worker restarts mid-job (%d found no busy worker), %d PostgreSQL restarts, %d clock-skew turns%s",
+		s.serverKills.Load(), s.workerKills.Load(), s.workerRestarts.Load(), s.busyMisses.Load(), s.pgRestarts.Load(), s.skewTurns.Load(), skipNote(s.features, c))
 	p("  processes:   %d server starts (%d exits on their own), %d worker starts (%d exits on their own)",
 		r.serverStarts, r.serverExits, r.workerStarts, r.workerExits)
 	if r.final != nil {

@@ -112,19 +112,22 @@ type config struct {
 	seed            int64
 	serverKillEvery time.Duration
 	workerKillEvery time.Duration
-	pgRestartEvery  time.Duration
-	skewEvery       time.Duration
-	skew            time.Duration
-	checkpointEvery time.Duration
-	leaseTTL        time.Duration
-	acceptTimeout   time.Duration
-	heartbeat       time.Duration
-	offlineAfter    time.Duration
-	pgBin           string
-	serverBin       string
-	workerBin       string
-	keep            bool
-	allow503Queued  bool
+	// workerRestartEvery: SIGKILL a worker that holds a job and start it
+	// again on the same identity within 2 s (issue 25).
+	workerRestartEvery time.Duration
+	pgRestartEvery     time.Duration
+	skewEvery          time.Duration
+	skew               time.Duration
+	checkpointEvery    time.Duration
+	leaseTTL           time.Duration
+	acceptTimeout      time.Duration
+	heartbeat          time.Duration
+	offlineAfter       time.Duration
+	pgBin              string
+	serverBin          string
+	workerBin          string
+	keep               bool
+	allow503Queued     bool
 }
 
 func parseFlags(args []string, stderr io.Writer) (*config, error) {
@@ -140,6 +143,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.Int64Var(&c.seed, "seed", 0, "seed of the job mix and the fault times (0: from the clock)")
 	fs.DurationVar(&c.serverKillEvery, "server-kill-every", 45*time.Second, "mean interval between server SIGKILLs (0: none)")
 	fs.DurationVar(&c.workerKillEvery, "worker-kill-every", 10*time.Second, "mean interval between worker SIGKILLs (0: none)")
+	fs.DurationVar(&c.workerRestartEvery, "worker-restart-every", 20*time.Second, "mean interval between SIGKILLs of a worker that holds a job, started again on the same identity within 2 s (0: none)")
 	fs.DurationVar(&c.pgRestartEvery, "pg-restart-every", 90*time.Second, "mean interval between PostgreSQL restarts (0: none)")
 	fs.DurationVar(&c.skewEvery, "skew-every", time.Minute, "mean interval between turns of the last replica's clock skew on and off (0: none)")
 	fs.DurationVar(&c.skew, "skew", 5*time.Second, "the clock skew of the skewed replica (server -clock-skew)")
@@ -165,7 +169,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 		return nil, errUsage{errors.New("-workers, -replicas and -max-jobs must be at least 1")}
 	case c.rate <= 0 || c.rate > 1000:
 		return nil, errUsage{errors.New("-rate must be above 0 and at most 1000")}
-	case c.serverKillEvery < 0 || c.workerKillEvery < 0 || c.pgRestartEvery < 0 || c.skewEvery < 0:
+	case c.serverKillEvery < 0 || c.workerKillEvery < 0 || c.workerRestartEvery < 0 || c.pgRestartEvery < 0 || c.skewEvery < 0:
 		return nil, errUsage{errors.New("fault intervals must not be negative")}
 	}
 	if c.seed == 0 {

@@ -143,16 +143,18 @@ func (s *slot) lastLine() string {
 }
 
 // signal sends sig to the running process, which the supervisor then
-// starts again; why is written to the log.
-func (s *slot) signal(sig syscall.Signal, why string) {
+// starts again; why is written to the log. False: the process is
+// stopping or already being restarted, and was not signalled.
+func (s *slot) signal(sig syscall.Signal, why string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.stopping || s.pending != "" {
-		return
+		return false
 	}
 	s.pending = why
 	s.note(why)
 	_ = s.cmd.Process.Signal(sig)
+	return true
 }
 
 // stop ends the process for good (sig, then SIGKILL after grace) and

@@ -51,6 +51,9 @@ type soak struct {
 	problems    []string // found during the run
 
 	serverKills, workerKills, pgRestarts, skewTurns atomic.Int64
+	// workerRestarts counts the busy workers SIGKILLed and started again;
+	// busyMisses the restart faults that found no worker holding a job.
+	workerRestarts, busyMisses atomic.Int64
 }
 
 // features are the server flags the soak uses when the server has them.
@@ -233,6 +236,7 @@ func (s *soak) reportFaults() {
 	}
 	say("SIGKILL a server replica, start it again", c.serverKillEvery, "")
 	say("SIGKILL a worker, start it again", c.workerKillEvery, "")
+	say("SIGKILL a worker that holds a job, start it again on its identity within 2 s", c.workerRestartEvery, "")
 	say("restart PostgreSQL (pg_ctl restart -m immediate)", c.pgRestartEvery, "")
 	switch {
 	case !s.features.clockSkew:
@@ -363,7 +367,7 @@ func (s *soak) startWorkers() error {
 			args: func() []string {
 				return []string{"-server", server, "-identity", filepath.Join(wdir, "identity.json"),
 					"-provisioning-token-file", prov, "-node-id", fmt.Sprintf("soak-%02d", i),
-					"-workdir", filepath.Join(wdir, "work"), "-max-jobs", fmt.Sprint(c.maxJobs),
+					"-workdir", filepath.Join(wdir, "work"), "-max-jobs", fmt.Sprint(c.maxJobs), "-simulate-gpu",
 					"-wait-seconds", "10"}
 			},
 		}
@@ -569,6 +573,7 @@ func (s *soak) faults(ctx context.Context, wg *sync.WaitGroup) {
 		s.workers[i].signal(syscall.SIGKILL, "SIGKILLed by the soak")
 		s.workerKills.Add(1)
 	})
+	every(c.workerRestartEvery, func() { s.restartBusyWorker(ctx) })
 	every(c.pgRestartEvery, func() {
 		t := time.Now()
 		if err := s.pg.restart(ctx); err != nil {
@@ -582,6 +587,47 @@ func (s *soak) faults(ctx context.Context, wg *sync.WaitGroup) {
 	})
 	if s.features.clockSkew && c.replicas > 1 {
 		every(c.skewEvery, func() { s.turnSkew(!s.skewed.Load()) })
+	}
+}
+
+// restartBusyWorker SIGKILLs a worker that holds a job (looked up with
+// the operator API, a few workers tried at random) and lets its slot
+// start it again on the same identity, restartDelay later (well within
+// 2 s): the restart reconciliation's case. Without a busy worker it
+// kills a random one.
+func (s *soak) restartBusyWorker(ctx context.Context) {
+	op := s.ops[s.intn(len(s.ops))]
+	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	var list wire.WorkerListResponse
+	victim, job := -1, ""
+	if b, err := op.Call(rctx, "GET", "/operator/workers?limit=1000", nil); err == nil && json.Unmarshal(b, &list) == nil {
+		ids := map[string]string{}
+		for _, w := range list.Workers {
+			ids[w.NodeID] = w.WorkerID
+		}
+		for range 4 {
+			i := s.intn(len(s.workers))
+			id := ids[fmt.Sprintf("soak-%02d", i)]
+			if id == "" {
+				continue
+			}
+			var d wire.WorkerDetailResponse
+			if b, err := op.Call(rctx, "GET", "/operator/workers/"+id, nil); err == nil && json.Unmarshal(b, &d) == nil && len(d.Leases) > 0 {
+				victim, job = i, d.Leases[0].JobID
+				break
+			}
+		}
+	}
+	if ctx.Err() != nil {
+		return
+	}
+	if victim < 0 {
+		s.busyMisses.Add(1)
+		victim = s.intn(len(s.workers))
+	}
+	if s.workers[victim].signal(syscall.SIGKILL, "SIGKILLed by the soak to be restarted at once (holding job "+job+")") {
+		s.workerRestarts.Add(1)
 	}
 }
 

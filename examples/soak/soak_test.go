@@ -20,7 +20,8 @@ import (
 
 // TestSoak runs the soak for a minute with frequent faults: 8 workers on
 // two replicas, a server SIGKILL every ~10 s, a worker SIGKILL every
-// ~3 s, a PostgreSQL restart every ~20 s and the clock skew turned every
+// ~3 s, a worker holding a job SIGKILLed and started again within 2 s
+// every ~4 s, a PostgreSQL restart every ~20 s and the clock skew turned every
 // ~15 s (when the server has -clock-skew). It starts PostgreSQL, server
 // and worker processes of its own and takes about two minutes, so it runs
 // only when NODELANE_SOAK=1: the soak is a manual tool, not part of CI.
@@ -35,7 +36,7 @@ func TestSoak(t *testing.T) {
 	}
 	cfg, err := parseFlags([]string{
 		"-duration", "60s", "-workers", "8", "-rate", "15", "-seed", "12",
-		"-server-kill-every", "10s", "-worker-kill-every", "3s",
+		"-server-kill-every", "10s", "-worker-kill-every", "3s", "-worker-restart-every", "4s",
 		"-pg-restart-every", "20s", "-skew-every", "15s", "-drain-timeout", "3m",
 		"-allow-503-queued",
 	}, io.Discard)
@@ -65,9 +66,12 @@ func TestSoak(t *testing.T) {
 		t.Errorf("the PostgreSQL directory %s is left (%v)", s.pg.dir, err)
 	}
 	// The faults happened, and jobs flowed through them.
-	if s.serverKills.Load() == 0 || s.workerKills.Load() == 0 || s.pgRestarts.Load() == 0 {
-		t.Errorf("faults: %d server kills, %d worker kills, %d PostgreSQL restarts; want each at least once",
-			s.serverKills.Load(), s.workerKills.Load(), s.pgRestarts.Load())
+	if s.serverKills.Load() == 0 || s.workerKills.Load() == 0 || s.workerRestarts.Load() == 0 || s.pgRestarts.Load() == 0 {
+		t.Errorf("faults: %d server kills, %d worker kills, %d worker restarts, %d PostgreSQL restarts; want each at least once",
+			s.serverKills.Load(), s.workerKills.Load(), s.workerRestarts.Load(), s.pgRestarts.Load())
+	}
+	if s.workerRestarts.Load() <= s.busyMisses.Load() {
+		t.Errorf("%d worker restarts, %d of them found no worker holding a job: the mid-job restart was never tested", s.workerRestarts.Load(), s.busyMisses.Load())
 	}
 	if s.features.clockSkew && s.skewTurns.Load() == 0 {
 		t.Error("the server has -clock-skew, but the clock was never skewed")

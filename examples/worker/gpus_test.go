@@ -24,6 +24,7 @@ func TestSetupGPUs(t *testing.T) {
 		answers map[string]string // a fake nvidia-smi on PATH, or none
 		smi     string            // the -nvidia-smi flag; "FAKE" is the fake's path
 		flagged []wire.GPU
+		sim     bool // -simulate-gpu
 		want    []wire.GPU
 		devices int
 		sampler bool
@@ -32,9 +33,14 @@ func TestSetupGPUs(t *testing.T) {
 		{name: "discovered", answers: gputest.TwoGPUs, want: []wire.GPU{rtx, rtx}, devices: 2, sampler: true},
 		{name: "discovered by path", answers: gputest.TwoGPUs, smi: "FAKE", want: []wire.GPU{rtx, rtx}, devices: 2, sampler: true},
 		{name: "-gpu over discovery", answers: gputest.TwoGPUs, flagged: flagged, want: flagged, sampler: true},
-		{name: "none on PATH", want: []wire.GPU{defaultGPU}},
+		{name: "none on PATH", err: "-simulate-gpu"},
 		{name: "none on PATH, -gpu", flagged: flagged, want: flagged},
-		{name: "off", answers: gputest.TwoGPUs, smi: "off", want: []wire.GPU{defaultGPU}},
+		{name: "none on PATH, -simulate-gpu", sim: true, want: []wire.GPU{simulatedGPU}},
+		{name: "off", answers: gputest.TwoGPUs, smi: "off", err: "-gpu SKU:VRAM_MB"},
+		{name: "off, -simulate-gpu", answers: gputest.TwoGPUs, smi: "off", sim: true, want: []wire.GPU{simulatedGPU}},
+		{name: "-simulate-gpu over discovery", answers: gputest.TwoGPUs, sim: true, want: []wire.GPU{simulatedGPU}},
+		{name: "-simulate-gpu, -gpu", flagged: flagged, sim: true, err: "exclusive"},
+		{name: "-simulate-gpu, -nvidia-smi", answers: gputest.TwoGPUs, smi: "FAKE", sim: true, err: "exclusive"},
 		{name: "off, -gpu", answers: gputest.TwoGPUs, smi: "off", flagged: flagged, want: flagged},
 		{name: "no GPU", answers: map[string]string{gputest.DiscoverQuery: "", gputest.SampleQuery: ""}, want: []wire.GPU{}, sampler: true},
 		{name: "named but absent", smi: "/nonexistent/nvidia-smi", err: "-nvidia-smi /nonexistent/nvidia-smi: no nvidia-smi"},
@@ -54,7 +60,7 @@ func TestSetupGPUs(t *testing.T) {
 				}
 			}
 			var logs bytes.Buffer
-			s, err := setupGPUs(context.Background(), slog.New(slog.NewTextHandler(&logs, nil)), smi, tc.flagged)
+			s, err := setupGPUs(context.Background(), slog.New(slog.NewTextHandler(&logs, nil)), smi, tc.flagged, tc.sim)
 			if tc.err != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.err) {
 					t.Fatalf("setupGPUs = %v, want an error saying %q", err, tc.err)
@@ -74,7 +80,12 @@ func TestSetupGPUs(t *testing.T) {
 	}
 	// Named but absent is ErrNoNvidiaSMI too.
 	t.Setenv("PATH", t.TempDir())
-	if _, err := setupGPUs(context.Background(), slog.New(slog.DiscardHandler), "/nonexistent/nvidia-smi", nil); !errors.Is(err, gpu.ErrNoNvidiaSMI) {
+	if _, err := setupGPUs(context.Background(), slog.New(slog.DiscardHandler), "/nonexistent/nvidia-smi", nil, false); !errors.Is(err, gpu.ErrNoNvidiaSMI) {
 		t.Errorf("setupGPUs = %v, want ErrNoNvidiaSMI", err)
+	}
+	// No GPU at all is errNoGPU, and its message names both ways out.
+	_, err := setupGPUs(context.Background(), slog.New(slog.DiscardHandler), "", nil, false)
+	if !errors.Is(err, errNoGPU) || !strings.Contains(err.Error(), "-gpu") || !strings.Contains(err.Error(), "-simulate-gpu") {
+		t.Errorf("setupGPUs without a GPU = %v, want errNoGPU naming -gpu and -simulate-gpu", err)
 	}
 }

@@ -24,8 +24,10 @@
 // vram_mb, unless -gpu SKU:VRAM_MB names them (repeatable). -nvidia-smi
 // names the program (default: "nvidia-smi" on PATH); "off" turns it off.
 // Without an nvidia-smi (none on PATH, or off) and without -gpu, the
-// worker registers one simulated rtx-4090 of 24576 MiB, so the example
-// jobs run anywhere. An nvidia-smi that -nvidia-smi names but that is
+// worker refuses to start, naming -gpu and -simulate-gpu: a real box is
+// never registered, and billed, as a GPU it does not have. -simulate-gpu
+// registers one simulated rtx-4090 of 24576 MiB (and runs no nvidia-smi),
+// so the example jobs run anywhere; the demo and the tests pass it. An nvidia-smi that -nvidia-smi names but that is
 // absent stops the worker at start, and so, without -gpu, does one that
 // fails or answers what it was not asked; one that lists no GPU makes a
 // CPU-only worker. While there is
@@ -71,6 +73,11 @@ import (
 )
 
 func main() {
+	// The worker's executable is also the command shim it starts each
+	// job's command through (examples/internal/command, DESIGN.md §10a).
+	if len(os.Args) > 1 && os.Args[1] == command.ShimArg {
+		os.Exit(command.ShimMain(os.Args[2:]))
+	}
 	err := run(context.Background(), os.Args[1:], os.Stderr)
 	var usage errUsage
 	switch {
@@ -136,12 +143,13 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		nvidiaSMI    = fs.String("nvidia-smi", "", `nvidia-smi to run for GPU discovery and heartbeat metrics (default: "nvidia-smi" on PATH; "off": neither)`)
 		insecureHTTP = fs.Bool("insecure-http", false, "allow an http:// -server that is not this machine (its tokens cross the network in clear)")
 		caFile       = fs.String("ca-file", "", "PEM file of the certificate authorities to trust for an https -server, instead of the system's (a private PKI)")
+		simulateGPU  = fs.Bool("simulate-gpu", false, "register one simulated rtx-4090:24576 instead of real GPUs (tests and demos; exclusive with -gpu)")
 		connect      = fs.String("connect", "", "HOST:PORT to connect to instead of the -server URL's host; TLS and signatures still use the URL's host (as curl --connect-to)")
 		gpus         gpuFlags
 		tags         tagFlags
 		pins         pinFlags
 	)
-	fs.Var(&gpus, "gpu", "GPU as SKU:VRAM_MB (repeatable; default: the GPUs nvidia-smi lists, else rtx-4090:24576)")
+	fs.Var(&gpus, "gpu", "GPU as SKU:VRAM_MB (repeatable; default: the GPUs nvidia-smi lists; without nvidia-smi, -gpu or -simulate-gpu is required)")
 	fs.Var(&tags, "tag", "registration tag (repeatable), beside the -config file's tags")
 	fs.Var(&pins, "pin-sha256", "base64 SHA-256 of a public key the server's certificate chain must hold (repeatable; see client.PublicKeyPin)")
 	if err := fs.Parse(args); err != nil {
@@ -190,7 +198,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	// gs.devices are the GPUs nvidia-smi listed (none with -gpu or
 	// without nvidia-smi): their indices and UUIDs are what a job's
 	// CUDA_VISIBLE_DEVICES may name.
-	gs, err := setupGPUs(ctx, log, *nvidiaSMI, gpus)
+	gs, err := setupGPUs(ctx, log, *nvidiaSMI, gpus, *simulateGPU)
 	if err != nil {
 		return err
 	}
@@ -211,9 +219,24 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		if err != nil {
 			return err
 		}
-		if cmds, err = command.NewExecutor(cmdCfg, devs, &command.Options{Workdir: *workdir, Logger: log}); err != nil {
+		shim, err := os.Executable()
+		if err != nil {
+			return fmt.Errorf("the worker's executable, to run the commands through: %w", err)
+		}
+		if cmds, err = command.NewExecutor(cmdCfg, devs, &command.Options{Workdir: *workdir, Logger: log, Shim: shim}); err != nil {
 			return err
 		}
+	}
+	// What a previous run of this worker left behind (it was killed with
+	// its commands' shims) is killed before the worker registers or
+	// leases: those jobs are forfeit, and the control plane requeues them.
+	left, err := command.KillLeftovers(*workdir, command.DefaultLeftoverTimeout)
+	for _, l := range left {
+		log.Warn("killed the processes a previous run of the worker left behind", "job", l.JobID, "attempt", l.Attempt,
+			"pgid", l.PGID, "pids", fmt.Sprint(l.PIDs), "shim_pid", l.ShimPID)
+	}
+	if err != nil {
+		return fmt.Errorf("refusing to start: %w", err)
 	}
 	var metrics func() any
 	if gs.sampler != nil {

@@ -83,7 +83,7 @@ func TestNoTokenOnCommandLine(t *testing.T) {
 		t.Errorf("the usage does not name -provisioning-token-file:\n%s", stderr.String())
 	}
 	stderr.Reset()
-	err = run(context.Background(), []string{"-identity", filepath.Join(dir, "id.json"), "-node-id", "n1"}, &stderr)
+	err = run(context.Background(), []string{"-identity", filepath.Join(dir, "id.json"), "-node-id", "n1", "-simulate-gpu"}, &stderr)
 	if err == nil || !strings.Contains(err.Error(), "-provisioning-token-file") || !strings.Contains(err.Error(), provisioningEnv) {
 		t.Errorf("run without a token = %v, want an error naming -provisioning-token-file and %s", err, provisioningEnv)
 	}
@@ -126,5 +126,36 @@ func TestConfigFlag(t *testing.T) {
 	var stderr bytes.Buffer
 	if err := run(context.Background(), []string{"-tag", ""}, &stderr); err == nil || !strings.Contains(stderr.String(), "tag") {
 		t.Errorf("an empty -tag: %v %s", err, stderr.String())
+	}
+}
+
+// TestNoGPURefused: with no nvidia-smi and no -gpu the worker stops
+// before it creates its identity or calls the server, naming -gpu and
+// -simulate-gpu; with -simulate-gpu it goes on (here to the identity).
+func TestNoGPURefused(t *testing.T) {
+	t.Setenv(provisioningEnv, testToken)
+	t.Setenv("PATH", t.TempDir())
+	dir := t.TempDir()
+	for _, args := range [][]string{nil, {"-nvidia-smi", "off"}} {
+		id := filepath.Join(dir, "id.json")
+		err := run(context.Background(), append([]string{"-identity", id, "-server", "http://127.0.0.1:1"}, args...), io.Discard)
+		if !errors.Is(err, errNoGPU) || !strings.Contains(err.Error(), "-gpu SKU:VRAM_MB") || !strings.Contains(err.Error(), "-simulate-gpu") {
+			t.Errorf("run %q = %v, want errNoGPU naming -gpu and -simulate-gpu", args, err)
+		}
+		if _, err := os.Stat(id); !os.IsNotExist(err) {
+			t.Errorf("the identity was created: %v", err)
+		}
+	}
+	// -simulate-gpu passes the GPU check: the run gets as far as the
+	// control plane (which is not there).
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	id := filepath.Join(dir, "sim.json")
+	err := run(ctx, []string{"-identity", id, "-server", "http://127.0.0.1:1", "-simulate-gpu", "-node-id", "n1"}, io.Discard)
+	if errors.Is(err, errNoGPU) {
+		t.Errorf("run -simulate-gpu = %v", err)
+	}
+	if _, err := os.Stat(id); err != nil {
+		t.Errorf("with -simulate-gpu the worker did not get to its identity: %v", err)
 	}
 }

@@ -35,7 +35,7 @@ func TestTransportFlags(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Setenv(provisioningEnv, testToken)
-			err := run(context.Background(), append([]string{"-identity", filepath.Join(dir, "id.json"), "-nvidia-smi", "off"}, tc.args...), io.Discard)
+			err := run(context.Background(), append([]string{"-identity", filepath.Join(dir, "id.json"), "-nvidia-smi", "off", "-simulate-gpu"}, tc.args...), io.Discard)
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("run = %v, want an error naming %s", err, tc.want)
 			}
@@ -43,7 +43,7 @@ func TestTransportFlags(t *testing.T) {
 	}
 	// The pin's error is the client's configuration error.
 	t.Setenv(provisioningEnv, testToken)
-	err := run(context.Background(), []string{"-identity", filepath.Join(dir, "id.json"), "-nvidia-smi", "off", "-server", "https://cp.example.com", "-pin-sha256", "abc"}, io.Discard)
+	err := run(context.Background(), []string{"-identity", filepath.Join(dir, "id.json"), "-nvidia-smi", "off", "-simulate-gpu", "-server", "https://cp.example.com", "-pin-sha256", "abc"}, io.Discard)
 	if !errors.Is(err, client.ErrConfig) {
 		t.Errorf("a bad pin: %v, want client.ErrConfig", err)
 	}

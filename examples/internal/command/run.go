@@ -79,6 +79,14 @@ type Options struct {
 	Now func() time.Time
 	// Logger receives the executor's own events. Defaults to slog.Default().
 	Logger *slog.Logger
+	// Shim is the executable the commands are started through (Linux): the
+	// worker's own, os.Executable(), whose main runs ShimMain when its
+	// first argument is ShimArg. The shim ends a command's processes,
+	// orphans included, when the worker dies, by any signal (DESIGN.md
+	// §10a). Empty: the worker starts the commands itself, and a command
+	// outlives a worker killed by SIGKILL until KillLeftovers at the
+	// worker's next start.
+	Shim string
 }
 
 // Executor runs the configured jobs. It is safe for concurrent use.
@@ -88,6 +96,10 @@ type Executor struct {
 	opts Options
 	jobs map[string]*Job
 	runs sync.WaitGroup
+
+	// stateMu guards running, the runs the state file lists.
+	stateMu sync.Mutex
+	running map[*run]RunRecord
 }
 
 // NewExecutor returns an Executor for cfg's jobs over devs (nil: no GPU).
@@ -99,7 +111,7 @@ func NewExecutor(cfg *Config, devs *Devices, opts *Options) (*Executor, error) {
 	if devs == nil {
 		devs, _ = NewDevices(nil)
 	}
-	e := &Executor{cfg: cfg, devs: devs, jobs: map[string]*Job{}}
+	e := &Executor{cfg: cfg, devs: devs, jobs: map[string]*Job{}, running: map[*run]RunRecord{}}
 	if opts != nil {
 		e.opts = *opts
 	}
@@ -253,10 +265,19 @@ func (r *run) execute(ctx context.Context, env []string, dir string) error {
 		runCtx, cancel = context.WithTimeoutCause(ctx, r.j.Timeout, errTimeout)
 	}
 	defer cancel()
-	g, err := startGroup(r.j.Command, env, dir)
+	g, err := startGroup(r.j.Command, env, dir, r.e.opts.Shim, r.j.KillGrace)
 	if err != nil {
 		return fail("start_failed", false, fmt.Errorf("starting %s: %w", r.j.Command[0], err))
 	}
+	rec := RunRecord{JobID: r.job.ID, Attempt: r.job.Attempt, PGID: g.pgid, LeaderStart: g.leaderStart, Session: g.session}
+	rec.ShimPID, rec.ShimStart = g.shimPID()
+	r.e.track(r, &rec)
+	defer func() {
+		// The shim ends once every process of the command is gone; only
+		// then is the run off the state file.
+		g.close()
+		r.e.track(r, nil)
+	}()
 	var readers sync.WaitGroup
 	for _, s := range []struct {
 		name string
@@ -274,10 +295,10 @@ func (r *run) execute(ctx context.Context, env []string, dir string) error {
 		r.events(ctx)
 	}()
 
-	var state *os.ProcessState
+	var status exitInfo
 	exited := make(chan struct{})
 	go func() {
-		state, _ = g.wait()
+		status, _ = g.wait()
 		close(exited)
 	}()
 	killed := false
@@ -328,7 +349,7 @@ func (r *run) execute(ctx context.Context, env []string, dir string) error {
 	if killed {
 		return fail("timeout", false, fmt.Errorf("the command ran over its timeout of %v", r.j.Timeout))
 	}
-	code, sig := exitStatus(state)
+	code, sig := status.code, status.sig
 	r.mu.Lock()
 	last, notReported := r.lastStderr, r.notReported
 	r.mu.Unlock()
@@ -350,6 +371,28 @@ func (r *run) execute(ctx context.Context, env []string, dir string) error {
 	}
 	r.rep.SetOutput(fileURI(r.outDir), metrics, "exit 0")
 	return nil
+}
+
+// track puts r's record on the state file, or (rec nil) takes it off.
+// A state file that cannot be written is logged: the run goes on (with
+// a shim, the worker's death still ends it).
+func (e *Executor) track(r *run, rec *RunRecord) {
+	e.stateMu.Lock()
+	defer e.stateMu.Unlock()
+	if rec != nil {
+		e.running[r] = *rec
+	} else {
+		delete(e.running, r)
+	}
+	s := &state{Runs: []RunRecord{}}
+	for _, x := range e.running {
+		s.Runs = append(s.Runs, x)
+	}
+	slices.SortFunc(s.Runs, func(a, b RunRecord) int { return a.PGID - b.PGID })
+	if err := writeState(e.opts.Workdir, s); err != nil {
+		e.opts.Logger.Warn("the state file of the running commands could not be written: a restart after a crash may not find them",
+			"file", filepath.Join(e.opts.Workdir, StateFile), "err", err)
+	}
 }
 
 // waitGroup waits until no process of the group runs, or until done.

@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -75,9 +76,30 @@ func (r *recorder) logged(s string) bool {
 	return false
 }
 
+// TestMain makes the test binary the command shim too, as the worker's
+// main does. It exits with syscall.Exit: under -race, os.Exit first
+// sleeps a second (GORACE atexit_sleep_ms), which every run would wait
+// for.
+func TestMain(m *testing.M) {
+	if len(os.Args) > 1 && os.Args[1] == ShimArg {
+		syscall.Exit(ShimMain(os.Args[2:]))
+	}
+	os.Exit(m.Run())
+}
+
+// modes are the two ways the executor starts commands: itself, or
+// through the shim (the test binary).
+var modes = []string{"direct", "shim"}
+
 // executor returns an Executor for one job type "t" running script
 // with /bin/sh; extra is more TOML of the [[job]] table.
 func executor(t *testing.T, script, extra string, devs *Devices) *Executor {
+	t.Helper()
+	return executorIn(t, "direct", script, extra, devs)
+}
+
+// executorIn is executor, starting the commands as mode says.
+func executorIn(t *testing.T, mode, script, extra string, devs *Devices) *Executor {
 	t.Helper()
 	dir := t.TempDir()
 	path := filepath.Join(dir, "job.sh")
@@ -88,7 +110,11 @@ func executor(t *testing.T, script, extra string, devs *Devices) *Executor {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e, err := NewExecutor(cfg, devs, &Options{Workdir: filepath.Join(dir, "work"),
+	shim := ""
+	if mode == "shim" {
+		shim = os.Args[0]
+	}
+	e, err := NewExecutor(cfg, devs, &Options{Workdir: filepath.Join(dir, "work"), Shim: shim,
 		LookupEnv: func(k string) (string, bool) {
 			if k == "SECRET_NOT_PASSED" || k == "PASSED" {
 				return "value-of-" + k, true
@@ -120,8 +146,14 @@ func failure(t *testing.T, err error) *Failure {
 }
 
 func TestRunSucceeds(t *testing.T) {
+	for _, mode := range modes {
+		t.Run(mode, func(t *testing.T) { testRunSucceeds(t, mode) })
+	}
+}
+
+func testRunSucceeds(t *testing.T, mode string) {
 	devs, _ := NewDevices([]string{"GPU-a", "GPU-b"})
-	e := executor(t, `
+	e := executorIn(t, mode, `
 echo "hello from $NODELANE_JOB_TYPE"
 echo "to stderr" >&2
 env | sort > "$NODELANE_OUTPUT_DIR/env.txt"
@@ -200,24 +232,30 @@ func TestRunExitCodes(t *testing.T) {
 		{"big result", `head -c 20000 /dev/zero | tr '\0' ' ' > "$NODELANE_OUTPUT_DIR/result.json"`, "", "bad_result", false},
 	}
 	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			e := executor(t, tc.script, tc.extra, nil)
-			j := testJob()
-			j.Requirements.GPUCount = 0
-			rec := &recorder{}
-			start := time.Now()
-			err := e.Run(context.Background(), j, rec)
-			f := failure(t, err)
-			if f.Code != tc.code || f.Retryable != tc.retryable {
-				t.Errorf("code %s retryable %t, want %s %t (%v)", f.Code, f.Retryable, tc.code, tc.retryable, err)
-			}
-			if tc.code == "exit_3" && !strings.Contains(err.Error(), "last stderr line: oops") {
-				t.Errorf("message %q", err)
-			}
-			if tc.code == "timeout" && time.Since(start) > 5*time.Second {
-				t.Errorf("the timeout took %v", time.Since(start))
-			}
-		})
+		for _, mode := range modes {
+			t.Run(tc.name+"/"+mode, func(t *testing.T) {
+				testRunExitCode(t, mode, tc.script, tc.extra, tc.code, tc.retryable)
+			})
+		}
+	}
+}
+
+func testRunExitCode(t *testing.T, mode, script, extra, code string, retryable bool) {
+	e := executorIn(t, mode, script, extra, nil)
+	j := testJob()
+	j.Requirements.GPUCount = 0
+	rec := &recorder{}
+	start := time.Now()
+	err := e.Run(context.Background(), j, rec)
+	f := failure(t, err)
+	if f.Code != code || f.Retryable != retryable {
+		t.Errorf("code %s retryable %t, want %s %t (%v)", f.Code, f.Retryable, code, retryable, err)
+	}
+	if code == "exit_3" && !strings.Contains(err.Error(), "last stderr line: oops") {
+		t.Errorf("message %q", err)
+	}
+	if code == "timeout" && time.Since(start) > 5*time.Second {
+		t.Errorf("the timeout took %v", time.Since(start))
 	}
 }
 
@@ -302,37 +340,49 @@ func TestRunCancelKillsTheGroup(t *testing.T) {
 		{"ignores SIGTERM", `trap '' TERM; sh -c 'trap "" TERM; sleep 1000' & echo $$ > "$PIDS"; echo $! >> "$PIDS"; while :; do sleep 1; done`, time.Second, time.Second},
 	}
 	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			pidFile := filepath.Join(t.TempDir(), "pids")
-			e := executor(t, "PIDS="+pidFile+"\n"+tc.script, fmt.Sprintf("kill_grace = %q\ngpus = 0", tc.grace), nil)
-			ctx, cancel := context.WithCancelCause(context.Background())
-			done := make(chan error, 1)
-			go func() { done <- e.Run(ctx, testJob(), &recorder{}) }()
-			ps := pids(t, pidFile, 2)
-			time.Sleep(100 * time.Millisecond)
-			start := time.Now()
-			cancel(client.ErrJobCanceled)
-			select {
-			case err := <-done:
-				if !errors.Is(err, client.ErrJobCanceled) {
-					t.Errorf("Run returned %v, want the cause", err)
-				}
-			case <-time.After(tc.grace + time.Second):
-				t.Fatalf("Run did not return within kill_grace + 1s")
-			}
-			if took := time.Since(start); took < tc.atLeast {
-				t.Errorf("the group was killed after %v, before its kill_grace", took)
-			}
-			checkGone(t, ps)
-		})
+		for _, mode := range modes {
+			t.Run(tc.name+"/"+mode, func(t *testing.T) {
+				testRunCancel(t, mode, tc.script, tc.grace, tc.atLeast)
+			})
+		}
 	}
+}
+
+func testRunCancel(t *testing.T, mode, script string, grace, atLeast time.Duration) {
+	pidFile := filepath.Join(t.TempDir(), "pids")
+	e := executorIn(t, mode, "PIDS="+pidFile+"\n"+script, fmt.Sprintf("kill_grace = %q\ngpus = 0", grace), nil)
+	ctx, cancel := context.WithCancelCause(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- e.Run(ctx, testJob(), &recorder{}) }()
+	ps := pids(t, pidFile, 2)
+	time.Sleep(100 * time.Millisecond)
+	start := time.Now()
+	cancel(client.ErrJobCanceled)
+	select {
+	case err := <-done:
+		if !errors.Is(err, client.ErrJobCanceled) {
+			t.Errorf("Run returned %v, want the cause", err)
+		}
+	case <-time.After(grace + time.Second):
+		t.Fatalf("Run did not return within kill_grace + 1s")
+	}
+	if took := time.Since(start); took < atLeast {
+		t.Errorf("the group was killed after %v, before its kill_grace", took)
+	}
+	checkGone(t, ps)
 }
 
 // A process left in the background, holding the pipes, is killed when
 // the command exits: it neither survives nor hangs the run.
 func TestRunSweepsTheGroupOnExit(t *testing.T) {
+	for _, mode := range modes {
+		t.Run(mode, func(t *testing.T) { testRunSweeps(t, mode) })
+	}
+}
+
+func testRunSweeps(t *testing.T, mode string) {
 	pidFile := filepath.Join(t.TempDir(), "pids")
-	e := executor(t, `sleep 1000 & echo $! > `+pidFile+`; echo done`, "gpus = 0", nil)
+	e := executorIn(t, mode, `sleep 1000 & echo $! > `+pidFile+`; echo done`, "gpus = 0", nil)
 	start := time.Now()
 	if err := e.Run(context.Background(), testJob(), &recorder{}); err != nil {
 		t.Fatal(err)

@@ -543,8 +543,12 @@ func (w *Runner) startUp(ctx context.Context, types []string) error {
 		return nil
 	}
 	w.sawLeases(out.ServerTime)
+	receipt := "" // the worker_updated receipt's id, not its pointer
+	if out.ReceiptID != nil {
+		receipt = *out.ReceiptID
+	}
 	w.log.Info("started", "worker_id", out.WorkerID, "status", out.Status, "changed", out.Changed,
-		"receipt_id", out.ReceiptID, "ended_jobs", out.EndedJobs)
+		"receipt_id", receipt, "ended_jobs", out.EndedJobs)
 	if len(out.EndedJobs) > 0 {
 		w.log.Warn("the server ended the leases of jobs this worker held before it restarted", "jobs", out.EndedJobs)
 	}

@@ -108,14 +108,11 @@ func (m *Manager) expireOffline(ctx context.Context, limit int) (ended, found in
 		if !off {
 			continue
 		}
-		done := false
-		written, err := m.update(ctx, d.ID, func(j *Job, now time.Time) (*Job, error) {
-			done = false
+		written, err := m.EndLease(ctx, d.ID, func(j *Job, now time.Time) (*Job, error) {
 			if !j.State.Live() || j.Lease == nil || j.Lease.Epoch != d.Lease.Epoch || j.Lease.WorkerID != wid ||
 				!seenBefore(j, now.Add(-m.cfg.OfflineAfter)) {
 				return nil, nil
 			}
-			done = true
 			j.LastError = &JobError{Code: CodeWorkerOffline, Attempt: j.Attempt, At: now,
 				Message: fmt.Sprintf("worker %s went offline (no heartbeat for %v)", wid, m.cfg.OfflineAfter)}
 			if j.CancelRequested {
@@ -131,11 +128,8 @@ func (m *Manager) expireOffline(ctx context.Context, limit int) (ended, found in
 		if err != nil && !errors.Is(err, ErrNotFound) {
 			return ended, len(due), err
 		}
-		if done {
+		if written != nil {
 			ended++
-			if m.cfg.Expired != nil && written != nil {
-				m.cfg.Expired(ctx, written)
-			}
 		}
 	}
 	return ended, len(due), nil

@@ -56,7 +56,7 @@ func (m *Manager) Retire(ctx context.Context, workerID, reason string) (w *Worke
 		}
 		for _, d := range live {
 			var from State
-			j, err := m.update(ctx, d.ID, func(j *Job, now time.Time) (*Job, error) {
+			j, err := m.EndLease(ctx, d.ID, func(j *Job, now time.Time) (*Job, error) {
 				from = j.State
 				if !j.State.Live() || j.Lease == nil || j.Lease.WorkerID != workerID {
 					return nil, nil
@@ -78,7 +78,7 @@ func (m *Manager) Retire(ctx context.Context, workerID, reason string) (w *Worke
 			if err != nil {
 				return nil, false, nil, err
 			}
-			if !j.State.Live() {
+			if j != nil {
 				ended = append(ended, EndedLease{From: from, Job: j})
 			}
 		}

@@ -66,7 +66,8 @@ func (m *Manager) OfflineAfter() time.Duration { return m.cfg.OfflineAfter }
 // re-checks every job as it writes it (still live under the same lease,
 // and its worker still offline as last read), so a worker that came back,
 // or a job that moved on, keeps what it has; several replicas may run it
-// at once. It returns how many leases it ended.
+// at once. Each end goes through EndLease (Config.LeaseEnded). It returns
+// how many leases it ended.
 func (m *Manager) ExpireOffline(ctx context.Context) (int, error) {
 	total := 0
 	for {

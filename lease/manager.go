@@ -977,7 +977,9 @@ func (m *Manager) SetReceipt(ctx context.Context, jobID, receiptID string) (*Job
 // ends canceled. A running lease that reached the job's max runtime ends
 // the job failed (CodeMaxRuntimeExceeded), with no retry. Each expiry
 // re-checks its predicate on the job it writes, so a lease extended
-// meanwhile survives. It returns how many expired.
+// meanwhile survives. Each expiry goes through EndLease (one transaction
+// of Config.InTx with its Config.LeaseEnded call). It returns how many
+// expired.
 func (m *Manager) Expire(ctx context.Context) (int, error) {
 	total := 0
 	for {

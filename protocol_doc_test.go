@@ -532,6 +532,7 @@ func exampleReceipts(t *testing.T) []receipts.Receipt {
 			ID: completedID, Kind: receipts.KindJobCompleted, PolicyVersion: 3, ServerTime: exampleFinished,
 			JobID: jobID, WorkerID: workerID, JobType: "embedding_dry_run", LeaseEpoch: 1, LeaseID: leaseID, Attempt: 1,
 			StartedAt: exampleAccepted, EndedAt: exampleFinished, OutputURI: "s3://bucket/embeddings/run-7/", MetricsSHA256: metrics,
+			ActualMS: charge.ActualMS, GPUCount: charge.GPUCount, Charged: receipts.ChargedYes,
 		},
 		charged,
 	}
@@ -676,6 +677,39 @@ func receiptExamples(t *testing.T) []docExample {
 	}
 	reencode(t, ub)
 	ex = append(ex, docExample{"receipt-worker-updated", string(ub) + "\n"})
+	// The ends of leases that the control plane makes: a lease that ran
+	// past its TTL after accept (600 s and 1.5 ms of GPU time on one GPU,
+	// uncharged), and one never accepted (no started_at, no actual_ms).
+	workerID := rs[0].WorkerID
+	expiredAt := exampleFinished.Add(time.Hour)
+	accepted := expiredAt.Add(-600*time.Second - 1500*time.Microsecond)
+	expired := receipts.Receipt{
+		ID: exampleID("rcp_", expiredAt, "5b2e9c0d7a4f1e3b6c80"), Kind: receipts.KindJobFailed, PolicyVersion: 3, ServerTime: expiredAt,
+		JobID: exampleID("job_", accepted.Add(-time.Minute), "1f4e7a2b9c3d5e6f7081"), WorkerID: workerID, JobType: "embedding_dry_run",
+		LeaseEpoch: 1, LeaseID: exampleID("lse_", accepted.Add(-time.Second), "2a3b4c5d6e7f80910a1b"), Attempt: 1,
+		ErrorCode: "lease_expired", Outcome: receipts.OutcomeRequeued, StartedAt: accepted, EndedAt: expiredAt,
+		GPUCount: 1, Charged: receipts.ChargedNo,
+	}
+	if expired.ActualMS, err = receipts.DurationMS(accepted, expiredAt); err != nil || expired.ActualMS != 600_002 {
+		t.Fatalf("DurationMS = %d, %v; want 600002 (rounded up)", expired.ActualMS, err)
+	}
+	timedOut := expired
+	timedOut.ID, timedOut.ErrorCode, timedOut.StartedAt, timedOut.ActualMS = exampleID("rcp_", expiredAt, "6c3f0d1e8b5a2f4c7d91"), "accept_timeout", time.Time{}, 0
+	timedOut.LeaseEpoch, timedOut.LeaseID = 2, exampleID("lse_", expiredAt.Add(-time.Minute), "3b4c5d6e7f8091a2b3c4")
+	for _, e := range []struct {
+		name string
+		r    receipts.Receipt
+	}{{"receipt-job-failed-expired", expired}, {"receipt-job-failed-accept-timeout", timedOut}} {
+		b, err := e.r.Encode()
+		if err != nil {
+			t.Fatal(err)
+		}
+		reencode(t, b)
+		if _, err := receipts.Decode(b); err != nil {
+			t.Fatal(err)
+		}
+		ex = append(ex, docExample{e.name, string(b) + "\n"})
+	}
 
 	// The leaf hash of the job_charged receipt.
 	leaf := tlog.RecordHash(bodies[2])

@@ -259,6 +259,21 @@ type costsResponse struct {
 	GroupBy string      `json:"group_by"`
 	Groups  []costGroup `json:"groups"`
 	Total   costGroup   `json:"total"`
+	// Unbilled is the GPU time of the window's attempts that no one was
+	// charged for, by reason.
+	Unbilled struct {
+		Groups []unbilledGroup `json:"groups"`
+		Total  unbilledGroup   `json:"total"`
+	} `json:"unbilled"`
+}
+
+// unbilledGroup is one reason's uncharged GPU time, or their total.
+type unbilledGroup struct {
+	Reason   string `json:"reason"`
+	Attempts int64  `json:"attempts"`
+	ActualMS int64  `json:"actual_ms"`
+	GPUMS    int64  `json:"gpu_ms"`
+	GPUHours string `json:"gpu_hours"`
 }
 
 type costGroup struct {

@@ -155,3 +155,31 @@ func TestSpecFilters(t *testing.T) {
 		}
 	}
 }
+
+// The overview shows, beside the spend, the GPU time no one was charged
+// for, by reason, from GET /operator/costs.
+func TestSpecUnbilledOverview(t *testing.T) {
+	f := newFixture(t, nil)
+	b := f.browser(t)
+	b.signIn(t, f.env.OperatorToken)
+	n := registerNode(t, f, "gpu-1", "lab-a")
+	id := dispatch(t, b, url.Values{"job_type": {"status_check"}, "gpu_sku": {"rtx-4090"}, "gpu_count": {"1"}})
+	poll := wire.LeaseRequest{SupportedJobTypes: []string{"status_check"}, SupportedGPUSKUs: []string{"rtx-4090"}, MaxJobs: 1}
+	l := nodeCall[wire.LeaseResponse](t, n, "/workers/jobs/lease", poll, http.StatusOK)
+	if l.Job == nil || l.Job.ID != id {
+		t.Fatalf("lease = %+v, want job %s", l, id)
+	}
+	p := "/workers/jobs/" + id
+	nodeCall[wire.AcceptResponse](t, n, p+"/accept", wire.TokenRequest{LeaseToken: *l.LeaseToken}, http.StatusOK)
+	nodeCall[wire.FailResponse](t, n, p+"/fail", wire.FailRequest{LeaseToken: *l.LeaseToken, ErrorCode: "cuda_oom"}, http.StatusOK)
+	rep := apiGet[wire.CostReport](t, f, "/operator/costs") // the failure committed before its answer
+	if len(rep.Unbilled.Groups) != 1 || rep.Unbilled.Groups[0].Reason != "cuda_oom" {
+		t.Fatalf("unbilled: %+v", rep.Unbilled)
+	}
+	g := rep.Unbilled.Groups[0]
+	page := b.get(t, "/")
+	row := fmt.Sprintf(`<tr><td>this month</td><td>cuda_oom</td><td class="num">1</td><td class="num">%d</td><td class="num">%s</td></tr>`, g.GPUMS, g.GPUHours)
+	if !strings.Contains(page.body, row) {
+		t.Errorf("the overview does not show the unbilled GPU time of cuda_oom (%s):\n%s", row, page.body)
+	}
+}

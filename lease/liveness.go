@@ -66,7 +66,8 @@ func (m *Manager) OfflineAfter() time.Duration { return m.cfg.OfflineAfter }
 // re-checks every job as it writes it (still live under the same lease,
 // and its worker still offline as last read), so a worker that came back,
 // or a job that moved on, keeps what it has; several replicas may run it
-// at once. It returns how many leases it ended.
+// at once. Each end goes through EndLease (Config.LeaseEnded). It returns
+// how many leases it ended.
 func (m *Manager) ExpireOffline(ctx context.Context) (int, error) {
 	total := 0
 	for {
@@ -108,14 +109,11 @@ func (m *Manager) expireOffline(ctx context.Context, limit int) (ended, found in
 		if !off {
 			continue
 		}
-		done := false
-		written, err := m.update(ctx, d.ID, func(j *Job, now time.Time) (*Job, error) {
-			done = false
+		written, err := m.EndLease(ctx, d.ID, func(j *Job, now time.Time) (*Job, error) {
 			if !j.State.Live() || j.Lease == nil || j.Lease.Epoch != d.Lease.Epoch || j.Lease.WorkerID != wid ||
 				!seenBefore(j, now.Add(-m.cfg.OfflineAfter)) {
 				return nil, nil
 			}
-			done = true
 			j.LastError = &JobError{Code: CodeWorkerOffline, Attempt: j.Attempt, At: now,
 				Message: fmt.Sprintf("worker %s went offline (no heartbeat for %v)", wid, m.cfg.OfflineAfter)}
 			if j.CancelRequested {
@@ -131,11 +129,8 @@ func (m *Manager) expireOffline(ctx context.Context, limit int) (ended, found in
 		if err != nil && !errors.Is(err, ErrNotFound) {
 			return ended, len(due), err
 		}
-		if done {
+		if written != nil {
 			ended++
-			if m.cfg.Expired != nil && written != nil {
-				m.cfg.Expired(ctx, written)
-			}
 		}
 	}
 	return ended, len(due), nil

@@ -61,13 +61,28 @@ type Config struct {
 	// a replica whose clock runs fast does not expire live leases; Expire
 	// is not affected. Defaults to nil: Lease sweeps.
 	HoldSweeps func() bool
-	// Expired, when set, is called after each job whose lease Expire,
-	// ExpireOffline or Lease's expiry sweep ended was written, with the
-	// caller's context (which carries its transaction, if any: the write
-	// may still roll back) and the job as written (its LastError says
-	// why). It must be quick: workerapi counts and logs there. Defaults
-	// to nil.
-	Expired func(ctx context.Context, j *Job)
+	// LeaseEnded, when set, is the one hook that every end of a lease the
+	// Manager makes without its worker's request goes through: Expire and
+	// Lease's expiry sweep (a TTL, accept deadline, cancel grace or max
+	// runtime run out), ExpireOffline, and Retire. It is called once for
+	// each lease so ended, right after the job's write (see EndLease),
+	// with the job as written (its LastError says why; its Lease is the
+	// lease that ended; AcceptedAt, when set, is when that lease was
+	// accepted) and a context that carries the write's transaction: the
+	// one InTx began, or the caller's. It may write in that transaction
+	// (workerapi mints the attempt's job_failed receipt there), and an
+	// error it returns rolls the write back (with InTx; without it the
+	// write stands) and is returned by the call that ended the lease. A
+	// writer that lost the race for the job (another replica ended the
+	// lease first) writes nothing and calls nothing. Defaults to nil.
+	LeaseEnded func(ctx context.Context, j *Job) error
+	// InTx, when set, runs fn in one transaction carried in fn's context,
+	// committing only if fn returns nil, and joins the transaction ctx
+	// carries, if any (workerapi passes its Transactor's InTx). Every
+	// server-side end of a lease runs its write and LeaseEnded in one call
+	// of it, so that both commit or neither does. Defaults to nil: each
+	// write commits on its own.
+	InTx func(ctx context.Context, fn func(ctx context.Context) error) error
 	// Retention, when positive, is how long an ended job (succeeded,
 	// failed or canceled) is kept after it finished: Prune deletes the
 	// jobs that ended longer ago, with their events and artifacts.
@@ -962,7 +977,9 @@ func (m *Manager) SetReceipt(ctx context.Context, jobID, receiptID string) (*Job
 // ends canceled. A running lease that reached the job's max runtime ends
 // the job failed (CodeMaxRuntimeExceeded), with no retry. Each expiry
 // re-checks its predicate on the job it writes, so a lease extended
-// meanwhile survives. It returns how many expired.
+// meanwhile survives. Each expiry goes through EndLease (one transaction
+// of Config.InTx with its Config.LeaseEnded call). It returns how many
+// expired.
 func (m *Manager) Expire(ctx context.Context) (int, error) {
 	total := 0
 	for {
@@ -981,9 +998,7 @@ func (m *Manager) expire(ctx context.Context, limit int) (int, error) {
 	}
 	n := 0
 	for _, d := range due {
-		expired := false
-		written, err := m.update(ctx, d.ID, func(j *Job, now time.Time) (*Job, error) {
-			expired = false
+		written, err := m.EndLease(ctx, d.ID, func(j *Job, now time.Time) (*Job, error) {
 			if !j.State.Live() || j.Lease.Epoch != d.Lease.Epoch {
 				return nil, nil
 			}
@@ -993,7 +1008,6 @@ func (m *Manager) expire(ctx context.Context, limit int) (int, error) {
 			if !ttl && !acc && !over {
 				return nil, nil
 			}
-			expired = true
 			used := j.State == StateRunning
 			j.LastError = &JobError{Code: "lease_expired", Message: "the lease expired", Attempt: j.Attempt, At: now}
 			switch {
@@ -1021,14 +1035,54 @@ func (m *Manager) expire(ctx context.Context, limit int) (int, error) {
 		if err != nil && !errors.Is(err, ErrNotFound) {
 			return n, err
 		}
-		if expired {
+		if written != nil {
 			n++
-			if m.cfg.Expired != nil && written != nil {
-				m.cfg.Expired(ctx, written)
-			}
 		}
 	}
 	return n, nil
+}
+
+// EndLease is the one path of a server-side end of a lease (expiry,
+// offline, retire, and any other end the Manager makes without the
+// worker's request): it reads job id, lets decide end its lease (decide
+// returns the job to write, with its LastError saying why, or nil to
+// write nothing, as for a lease that moved on meanwhile), writes it
+// conditionally on the revision read, retrying as every write does, and
+// then calls Config.LeaseEnded with the job as written, the write and
+// the hook in one transaction of Config.InTx when it is set. It returns
+// the job as written, or nil when decide wrote nothing; an error means
+// nothing was written (with InTx). decide may be called more than once.
+func (m *Manager) EndLease(ctx context.Context, id string, decide func(j *Job, now time.Time) (*Job, error)) (*Job, error) {
+	var written *Job
+	run := func(ctx context.Context) error {
+		written = nil
+		wrote := false
+		j, err := m.update(ctx, id, func(j *Job, now time.Time) (*Job, error) {
+			next, err := decide(j, now)
+			wrote = next != nil && err == nil
+			return next, err
+		})
+		if err != nil || !wrote {
+			return err
+		}
+		if m.cfg.LeaseEnded != nil {
+			if err := m.cfg.LeaseEnded(ctx, j); err != nil {
+				return err
+			}
+		}
+		written = j
+		return nil
+	}
+	var err error
+	if m.cfg.InTx != nil {
+		err = m.cfg.InTx(ctx, run)
+	} else {
+		err = run(ctx)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return written, nil
 }
 
 // PruneBatch is how many jobs one Store.DeleteEnded of Prune deletes at

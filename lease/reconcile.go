@@ -43,8 +43,8 @@ type Reconciliation struct {
 // only if it had been accepted (with a backoff, and ending failed when
 // none is left), and a job whose cancel was requested ends canceled. The
 // old token is lost from then on. Each job is re-checked as it is
-// written (still live, under the same lease of the same worker), and
-// Config.Expired is called after each write. It returns the jobs whose
+// written (still live, under the same lease of the same worker), through
+// EndLease, so Config.LeaseEnded runs with each write. It returns the jobs whose
 // leases it ended, as written, in id order. Run it in a transaction to
 // make it atomic. ErrInvalidArgument for an empty worker id or code.
 func (m *Manager) Reconcile(ctx context.Context, r Reconciliation) ([]*Job, error) {
@@ -79,21 +79,18 @@ func (m *Manager) Reconcile(ctx context.Context, r Reconciliation) ([]*Job, erro
 }
 
 // endUnheld ends the lease of d, as listed, if it still is the worker's
-// live lease and granted at or before through (when set), through the
-// same revision-guarded write as ExpireOffline's, and calls
-// Config.Expired after it. It returns the job as written, or nil when it
-// ended nothing.
+// live lease and granted at or before through (when set), through
+// EndLease, the one path of every server-side end of a lease (so
+// Config.LeaseEnded runs with the write). It returns the job as written,
+// or nil when it ended nothing.
 func (m *Manager) endUnheld(ctx context.Context, d *Job, r Reconciliation, through time.Time) (*Job, error) {
-	done := false
-	written, err := m.update(ctx, d.ID, func(j *Job, now time.Time) (*Job, error) {
-		done = false
+	written, err := m.EndLease(ctx, d.ID, func(j *Job, now time.Time) (*Job, error) {
 		if !j.State.Live() || j.Lease == nil || j.Lease.Epoch != d.Lease.Epoch || j.Lease.WorkerID != r.WorkerID {
 			return nil, nil
 		}
 		if !through.IsZero() && (j.LeasedAt == nil || j.LeasedAt.After(through)) {
 			return nil, nil // granted after the worker last heard: spared
 		}
-		done = true
 		msg := fmt.Sprintf("worker %s restarted without the job", r.WorkerID)
 		if r.Code == CodeNotHeld {
 			msg = fmt.Sprintf("worker %s no longer holds the job", r.WorkerID)
@@ -109,17 +106,8 @@ func (m *Manager) endUnheld(ctx context.Context, d *Job, r Reconciliation, throu
 		}
 		return j, nil
 	})
-	if err != nil {
-		if errors.Is(err, ErrNotFound) {
-			return nil, nil
-		}
-		return nil, err
-	}
-	if !done || written == nil {
+	if errors.Is(err, ErrNotFound) {
 		return nil, nil
 	}
-	if m.cfg.Expired != nil {
-		m.cfg.Expired(ctx, written)
-	}
-	return written, nil
+	return written, err
 }

@@ -29,8 +29,9 @@ type EndedLease struct {
 // retired it) with LastError CodeWorkerRetired, or ending canceled when
 // its cancel was requested. It returns the worker, whether it changed
 // anything (false when the worker was retired already), and the jobs
-// whose leases it ended, as they are now. Run it in a transaction to make
-// it atomic; without one, a lease granted while it runs may survive it.
+// whose leases it ended, as they are now. Each lease's end goes through
+// EndLease (Config.LeaseEnded). Run it in a transaction to make it
+// atomic; without one, a lease granted while it runs may survive it.
 func (m *Manager) Retire(ctx context.Context, workerID, reason string) (w *Worker, changed bool, ended []EndedLease, err error) {
 	w, err = m.store.GetWorker(ctx, workerID)
 	if err != nil {
@@ -56,7 +57,7 @@ func (m *Manager) Retire(ctx context.Context, workerID, reason string) (w *Worke
 		}
 		for _, d := range live {
 			var from State
-			j, err := m.update(ctx, d.ID, func(j *Job, now time.Time) (*Job, error) {
+			j, err := m.EndLease(ctx, d.ID, func(j *Job, now time.Time) (*Job, error) {
 				from = j.State
 				if !j.State.Live() || j.Lease == nil || j.Lease.WorkerID != workerID {
 					return nil, nil
@@ -78,7 +79,7 @@ func (m *Manager) Retire(ctx context.Context, workerID, reason string) (w *Worke
 			if err != nil {
 				return nil, false, nil, err
 			}
-			if !j.State.Live() {
+			if j != nil {
 				ended = append(ended, EndedLease{From: from, Job: j})
 			}
 		}

@@ -66,11 +66,11 @@
 //	artifact_reported     job_id worker_id lease_epoch artifact_id
 //	                      [checksum_sha256 size_bytes lease_id artifact_type name uri metadata_sha256]
 //	job_completed         job_id worker_id job_type lease_epoch attempt started_at ended_at
-//	                      [lease_id output_uri metrics_sha256]
+//	                      [lease_id output_uri metrics_sha256 actual_ms gpu_count charged]
 //	job_charged           job_id worker_id gpu_count rate_usd_per_gpu_hour started_at ended_at
 //	                      actual_ms actual_hours actual_cost_usd [lease_id gpu_sku]
 //	job_failed            job_id worker_id job_type lease_epoch attempt error_code outcome
-//	                      [lease_id started_at ended_at payload_sha256]
+//	                      [lease_id started_at ended_at payload_sha256 actual_ms gpu_count charged]
 //	envelope_activated    actor reason [until]
 //	envelope_deactivated  actor reason
 //	credential_minted     credential_id principal_id scopes [actor expires_at]
@@ -88,7 +88,12 @@
 // before started_at; in job_charged, actual_ms is [DurationMS] of
 // started_at and ended_at, actual_hours is [Hours] of actual_ms, and
 // actual_cost_usd is [Cost] of actual_ms, gpu_count and the rate; a
-// job_failed outcome is requeued, failed or canceled.
+// job_failed outcome is requeued, failed or canceled; in job_completed and
+// job_failed, charged is "yes" or "no" ([ChargedYes], [ChargedNo]), and
+// actual_ms, when present, is [DurationMS] of started_at and ended_at (both
+// then required). actual_ms is absent, meaning 0, when the attempt was
+// never accepted or ran under a millisecond; receipts minted before these
+// three fields existed carry none of them and still verify.
 //
 // # Money
 //

@@ -65,6 +65,17 @@ const (
 	OutcomeCanceled = "canceled"
 )
 
+// The values of the "charged" field of job_completed and job_failed
+// receipts: whether the attempt's GPU time was billed (by a job_charged
+// receipt). Canonical bodies have no booleans, so it is a string.
+const (
+	// ChargedYes: the attempt was billed; a completion's job_charged
+	// receipt is the charge.
+	ChargedYes = "yes"
+	// ChargedNo: the attempt's GPU time was billed to no one.
+	ChargedNo = "no"
+)
+
 // Receipt is one consequential event, in the fields its canonical bytes
 // carry. Which fields a kind requires and allows is listed in the package
 // documentation; a field a kind does not allow must be left zero, and an
@@ -110,6 +121,9 @@ type Receipt struct {
 	OutputURI     string // "output_uri"
 	MetricsSHA256 string // "metrics_sha256": PayloadSHA256 of the metrics
 	PayloadSHA256 string // "payload_sha256": PayloadSHA256 of a failure's or an audit event's payload
+	// Charged says whether the attempt a job_completed or job_failed
+	// receipt ends was billed: ChargedYes or ChargedNo.
+	Charged string // "charged"
 
 	// Money (job_charged). actual_hours is not a field: the bytes carry
 	// Hours(ActualMS).
@@ -194,6 +208,7 @@ var fieldDefs = map[string]fieldDef{
 	"ended_at":              timeField(func(r *Receipt) *time.Time { return &r.EndedAt }),
 	"outcome":               strField(func(r *Receipt) *string { return &r.Outcome }),
 	"error_code":            strField(func(r *Receipt) *string { return &r.ErrorCode }),
+	"charged":               strField(func(r *Receipt) *string { return &r.Charged }),
 	"output_uri":            strField(func(r *Receipt) *string { return &r.OutputURI }),
 	"metrics_sha256":        hashField(func(r *Receipt) *string { return &r.MetricsSHA256 }),
 	"payload_sha256":        hashField(func(r *Receipt) *string { return &r.PayloadSHA256 }),
@@ -252,7 +267,9 @@ var kindSpecs = map[Kind]kindSpec{
 	},
 	KindJobCompleted: {
 		required: []string{"job_id", "worker_id", "job_type", "lease_epoch", "attempt", "started_at", "ended_at"},
-		optional: []string{"lease_id", "output_uri", "metrics_sha256"},
+		// actual_ms, gpu_count and charged: the attempt's GPU time,
+		// absent from receipts minted before they existed.
+		optional: []string{"lease_id", "output_uri", "metrics_sha256", "actual_ms", "gpu_count", "charged"},
 	},
 	KindJobCharged: {
 		required: []string{"job_id", "worker_id", "gpu_count", "rate_usd_per_gpu_hour", "started_at", "ended_at", "actual_ms", "actual_hours", "actual_cost_usd"},
@@ -260,7 +277,10 @@ var kindSpecs = map[Kind]kindSpec{
 	},
 	KindJobFailed: {
 		required: []string{"job_id", "worker_id", "job_type", "lease_epoch", "attempt", "error_code", "outcome"},
-		optional: []string{"lease_id", "started_at", "ended_at", "payload_sha256"},
+		// actual_ms (absent when the lease was never accepted or ran
+		// under a millisecond), gpu_count and charged: the attempt's GPU
+		// time, absent from receipts minted before they existed.
+		optional: []string{"lease_id", "started_at", "ended_at", "payload_sha256", "actual_ms", "gpu_count", "charged"},
 	},
 	KindEnvelopeActivated: {
 		required: []string{"actor", "reason"},
@@ -499,6 +519,24 @@ func (r *Receipt) consistent() error {
 		case OutcomeRequeued, OutcomeFailed, OutcomeCanceled:
 		default:
 			return bad("outcome %q is not requeued, failed or canceled", r.Outcome)
+		}
+	}
+	if r.Kind == KindJobCompleted || r.Kind == KindJobFailed {
+		if r.Charged != "" && r.Charged != ChargedYes && r.Charged != ChargedNo {
+			return bad("charged %q is not yes or no", r.Charged)
+		}
+		if r.ActualMS != 0 {
+			// The attempt's GPU time runs from accept to its end.
+			if r.StartedAt.IsZero() || r.EndedAt.IsZero() {
+				return bad("actual_ms needs started_at and ended_at")
+			}
+			ms, err := DurationMS(r.StartedAt, r.EndedAt)
+			if err != nil {
+				return bad("%v", err)
+			}
+			if ms != r.ActualMS {
+				return bad("actual_ms %d is not the %d ms from started_at to ended_at", r.ActualMS, ms)
+			}
 		}
 	}
 	return nil

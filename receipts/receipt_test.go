@@ -267,7 +267,7 @@ func TestEncodeRejects(t *testing.T) {
 		{"negative policy version", func(r *receipts.Receipt) { r.PolicyVersion = -1 }, receipts.ErrInvalidArgument},
 		{"missing required string", func(r *receipts.Receipt) { r.JobType = "" }, receipts.ErrInvalidArgument},
 		{"missing required time", func(r *receipts.Receipt) { r.StartedAt = time.Time{} }, receipts.ErrInvalidArgument},
-		{"field of another kind", func(r *receipts.Receipt) { r.GPUCount = 1 }, receipts.ErrInvalidArgument},
+		{"field of another kind", func(r *receipts.Receipt) { r.RateMicros = 1 }, receipts.ErrInvalidArgument},
 		{"negative integer", func(r *receipts.Receipt) { r.Attempt = -1 }, receipts.ErrInvalidArgument},
 		{"integer above 2^53-1", func(r *receipts.Receipt) { r.LeaseEpoch = receipts.MaxInt + 1 }, receipts.ErrInvalidArgument},
 		{"invalid UTF-8", func(r *receipts.Receipt) { r.OutputURI = "s3://\xff" }, receipts.ErrInvalidArgument},

@@ -130,11 +130,20 @@ func TestCancelEnforced(t *testing.T) {
 				}
 				failed := kindCount(t, env, receipts.KindJobFailed)
 				if sw.sweep != nil {
-					// The revocation mints nothing, as an expiry does.
+					// The revocation's end is a job_failed receipt, as
+					// every lease's end is: outcome canceled, error_code
+					// lease_expired, the attempt's GPU time uncharged.
 					sw.sweep(t, env, n)
-					if j := env.Job(t, id); j.State != lease.StateCanceled || j.ReceiptID != "" {
-						t.Fatalf("swept by the %s: %s, receipt %q; want canceled without a receipt", sw.name, j.State, j.ReceiptID)
+					j := env.Job(t, id)
+					if j.State != lease.StateCanceled || j.ReceiptID == "" {
+						t.Fatalf("swept by the %s: %s, receipt %q; want canceled with a receipt", sw.name, j.State, j.ReceiptID)
 					}
+					if r := receiptOf(t, env, j.ReceiptID); r.Kind != receipts.KindJobFailed || r.Outcome != receipts.OutcomeCanceled ||
+						r.ErrorCode != "lease_expired" || r.JobID != id || r.LeaseID != j.Lease.ID || r.Charged != receipts.ChargedNo ||
+						r.ActualMS == 0 || r.StartedAt.IsZero() {
+						t.Fatalf("receipt of the revocation: %+v", r)
+					}
+					failed++
 					refusedUnchanged(t, env, n, "complete after the revocation", path(wire.ActionComplete),
 						wire.CompleteRequest{LeaseToken: tok, FinalMessage: ptr("done")}, http.StatusConflict, wire.CodeJobCanceled)
 				} else {

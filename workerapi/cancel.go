@@ -4,7 +4,6 @@ import (
 	"context"
 
 	"github.com/nodelane/nodelane/lease"
-	"github.com/nodelane/nodelane/receipts"
 )
 
 // completedAfterCancel is the error_code of the job_failed receipt of a
@@ -24,16 +23,15 @@ const completedAfterCancel = "completed"
 // free, and any later complete with the token gets job_canceled again.
 func (s *Server) completeCanceled(ctx context.Context, c *call, j *lease.Job, err error) (int, any, error) {
 	from := lease.StateLeased
-	r := receipts.Receipt{
-		Kind: receipts.KindJobFailed, JobID: j.ID, WorkerID: c.principal.ID, JobType: j.Type,
-		LeaseEpoch: j.Lease.Epoch, LeaseID: j.Lease.ID, Attempt: int64(j.Attempt),
-		ErrorCode: completedAfterCancel, Outcome: receipts.OutcomeCanceled, EndedAt: *j.FinishedAt,
-	}
 	if j.AcceptedAt != nil {
 		// A lease grant clears AcceptedAt: this lease's worker accepted it.
-		from, r.StartedAt = lease.StateRunning, *j.AcceptedAt
+		from = lease.StateRunning
 	}
-	_, j, serr := s.settleFailure(ctx, c, j, r)
+	r, serr := attemptFailed(j, completedAfterCancel, j.Attempt, *j.FinishedAt)
+	if serr != nil {
+		return 0, nil, serr
+	}
+	_, j, serr = s.settleFailure(ctx, c, j, r)
 	if serr != nil {
 		return 0, nil, serr
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"net/http"
 	"slices"
@@ -45,6 +46,43 @@ func (c *costSum) add(r *receipts.Receipt) error {
 	return nil
 }
 
+// unbilledSum is what a group of uncharged attempts adds up to.
+type unbilledSum struct {
+	attempts, ms, gpuMS int64
+}
+
+// add adds one uncharged attempt, failing on an overflow of any sum.
+func (u *unbilledSum) add(r *receipts.Receipt) error {
+	if r.GPUCount != 0 && r.ActualMS > math.MaxInt64/r.GPUCount {
+		return fmt.Errorf("%w: an attempt's GPU time overflows", ErrInvalidRequest)
+	}
+	gpuMS := r.ActualMS * r.GPUCount
+	if u.ms > math.MaxInt64-r.ActualMS || u.gpuMS > math.MaxInt64-gpuMS {
+		return fmt.Errorf("%w: the sums overflow an int64", ErrInvalidRequest)
+	}
+	u.attempts++
+	u.ms += r.ActualMS
+	u.gpuMS += gpuMS
+	return nil
+}
+
+func (u unbilledSum) wire() wire.UnbilledSum {
+	return wire.UnbilledSum{Attempts: u.attempts, ActualMS: u.ms, GPUMS: u.gpuMS, GPUHours: receipts.Hours(u.gpuMS)}
+}
+
+// unbilledReason is the reason an attempt's receipt counts as unbilled
+// under, and whether it does: every job_failed receipt, by error_code,
+// and a job_completed receipt that says it was not charged.
+func unbilledReason(r *receipts.Receipt) (string, bool) {
+	switch {
+	case r.Kind == receipts.KindJobFailed:
+		return r.ErrorCode, true
+	case r.Kind == receipts.KindJobCompleted && r.Charged == receipts.ChargedNo:
+		return wire.UnbilledCompleted, true
+	}
+	return "", false
+}
+
 func (c costSum) wire() wire.CostSum {
 	return wire.CostSum{
 		Jobs:         c.jobs,
@@ -80,6 +118,10 @@ func costTime(q map[string][]string, name string, def time.Time) (time.Time, err
 // of the receipts exactly. A job's type is not on its job_charged
 // receipt: it is read from the job_completed receipt minted with it
 // (whose id the charge's id extends), which precedes it in the log.
+// Beside the charges it sums the GPU time no one was charged for
+// (wire.Unbilled): the actual_ms × gpu_count of every job_failed receipt
+// of the window, and of every job_completed one that says charged "no",
+// by reason (unbilledReason).
 func (s *Server) opCosts(ctx context.Context, c *call) (int, any, error) {
 	q := c.r.URL.Query()
 	now := s.now().UTC()
@@ -117,6 +159,8 @@ func (s *Server) opCosts(ctx context.Context, c *call) (int, any, error) {
 
 	groups := map[string]*costSum{}
 	var total costSum
+	unbilled := map[string]*unbilledSum{}
+	var unbilledTotal unbilledSum
 	// jobTypes maps the id of a job_completed receipt read and not yet
 	// matched by its charge to its job type (group_by=job_type only).
 	jobTypes := map[string]string{}
@@ -130,12 +174,30 @@ func (s *Server) opCosts(ctx context.Context, c *call) (int, any, error) {
 			return 0, nil, fmt.Errorf("%w: the receipt log holds more than %d receipts, which a cost report does not read", ErrInvalidRequest, maxCostScan)
 		}
 		for _, st := range rs {
-			if groupBy == wire.CostGroupByJobType && st.Kind == receipts.KindJobCompleted {
+			if st.Kind == receipts.KindJobFailed || st.Kind == receipts.KindJobCompleted {
 				r, err := st.Receipt()
 				if err != nil {
 					return 0, nil, err
 				}
-				jobTypes[r.ID] = r.JobType
+				if reason, ok := unbilledReason(r); ok && !r.ServerTime.Before(from) && r.ServerTime.Before(to) {
+					u := unbilled[reason]
+					if u == nil {
+						if len(unbilled) == maxCostGroups {
+							return 0, nil, fmt.Errorf("%w: the report has more than %d reasons of unbilled time; narrow from and to", ErrInvalidRequest, maxCostGroups)
+						}
+						u = &unbilledSum{}
+						unbilled[reason] = u
+					}
+					if err := u.add(r); err != nil {
+						return 0, nil, err
+					}
+					if err := unbilledTotal.add(r); err != nil {
+						return 0, nil, err
+					}
+				}
+				if groupBy == wire.CostGroupByJobType && st.Kind == receipts.KindJobCompleted {
+					jobTypes[r.ID] = r.JobType
+				}
 				continue
 			}
 			if st.Kind != receipts.KindJobCharged {
@@ -201,6 +263,10 @@ func (s *Server) opCosts(ctx context.Context, c *call) (int, any, error) {
 	slices.Sort(keys)
 	for _, k := range keys {
 		out.Groups = append(out.Groups, wire.CostGroup{Key: k, CostSum: groups[k].wire()})
+	}
+	out.Unbilled = wire.Unbilled{Groups: make([]wire.UnbilledGroup, 0, len(unbilled)), Total: unbilledTotal.wire()}
+	for _, k := range slices.Sorted(maps.Keys(unbilled)) {
+		out.Unbilled.Groups = append(out.Unbilled.Groups, wire.UnbilledGroup{Reason: k, UnbilledSum: unbilled[k].wire()})
 	}
 	return http.StatusOK, out, nil
 }

@@ -1,6 +1,7 @@
 package workerapi_test
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -106,10 +107,16 @@ func wantCosts(rs []charged, from, to time.Time, groupBy string) (groups []wire.
 func getCosts(t *testing.T, env *apitest.Env, query string) wire.CostReport {
 	t.Helper()
 	m := mustOp(t, env, http.StatusOK, "GET", "/operator/costs"+query, nil)
-	exactKeys(t, "cost report", m, "from", "to", "group_by", "groups", "total")
+	exactKeys(t, "cost report", m, "from", "to", "group_by", "groups", "total", "unbilled")
 	exactKeys(t, "cost total", m["total"].(obj), "jobs", "actual_ms", "gpu_hours", "cost_micro_usd", "cost_usd")
 	for _, g := range m["groups"].([]any) {
 		exactKeys(t, "cost group", g.(obj), "key", "jobs", "actual_ms", "gpu_hours", "cost_micro_usd", "cost_usd")
+	}
+	u := m["unbilled"].(obj)
+	exactKeys(t, "unbilled", u, "groups", "total")
+	exactKeys(t, "unbilled total", u["total"].(obj), "attempts", "actual_ms", "gpu_ms", "gpu_hours")
+	for _, g := range u["groups"].([]any) {
+		exactKeys(t, "unbilled group", g.(obj), "reason", "attempts", "actual_ms", "gpu_ms", "gpu_hours")
 	}
 	var rep wire.CostReport
 	remarshalJSON(t, m, &rep)
@@ -217,7 +224,9 @@ func TestOperatorCosts(t *testing.T) {
 			if len(groups) < 2 {
 				t.Fatalf("group_by %s: %d groups, want several", groupBy, len(groups))
 			}
-			want := wire.CostReport{From: from, To: to, GroupBy: groupBy, Groups: groups, Total: total}
+			// Nothing failed in the window: nothing is unbilled.
+			want := wire.CostReport{From: from, To: to, GroupBy: groupBy, Groups: groups, Total: total,
+				Unbilled: wire.Unbilled{Groups: []wire.UnbilledGroup{}, Total: wire.UnbilledSum{GPUHours: "0.000000"}}}
 			if d := cmp.Diff(want, rep); d != "" {
 				t.Errorf("group_by %s (-want +got):\n%s", groupBy, d)
 			}
@@ -268,5 +277,63 @@ func TestOperatorCosts(t *testing.T) {
 		// 366 days is the longest range.
 		getCosts(t, env, "?from=2025-01-01T00:00:00Z&to=2026-01-02T00:00:00Z")
 		stateUnchanged(t, env, "bad cost reports", before)
+	})
+}
+
+// GET /operator/costs shows, beside the charges, the GPU time no one was
+// charged for, by reason: the actual_ms × gpu_count of every job_failed
+// receipt of the window, exactly, and in hours.
+func TestOperatorCostsUnbilled(t *testing.T) {
+	onDialects(t, func(t *testing.T, d string) {
+		t.Parallel()
+		env, n := boundsEnv(t, d)
+		env.Clock.Set(time.Now().UTC().Truncate(time.Millisecond))
+		from := env.Clock.Now().UTC()
+		runFor := func(t *testing.T, dur time.Duration) (string, string) {
+			t.Helper()
+			beat(t, n)
+			want := gpuJob(t, env, nil)
+			id, tok := runOne(t, n, "status_check")
+			if id != want {
+				t.Fatalf("ran %s, want %s", id, want)
+			}
+			env.Clock.Advance(dur)
+			return id, tok
+		}
+		// Two failures with the worker's own code, 2 s and 3.5 s.
+		for _, dur := range []time.Duration{2 * time.Second, 3500 * time.Millisecond} {
+			id, tok := runFor(t, dur)
+			signedCall(t, n, http.StatusOK, "/workers/jobs/"+id+"/fail", obj{"lease_token": tok, "error_code": "oom"})
+		}
+		// A TTL expiry after accept: the whole lease.
+		id, _ := runFor(t, workerapi.DefaultLeaseTTL)
+		if err := env.Server.MaintainOnce(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		mustOp(t, env, http.StatusOK, "POST", "/operator/jobs/"+id+"/cancel", nil)
+		// A completion is charged, not unbilled.
+		id, tok := runFor(t, time.Second)
+		completeJob(t, n, id, tok)
+
+		rep := getCosts(t, env, "?from="+url.QueryEscape(from.Format(time.RFC3339Nano))+"&to="+url.QueryEscape(env.Clock.Now().Add(time.Second).Format(time.RFC3339Nano)))
+		ttl := workerapi.DefaultLeaseTTL.Milliseconds()
+		want := wire.Unbilled{
+			Groups: []wire.UnbilledGroup{
+				{Reason: "lease_expired", UnbilledSum: wire.UnbilledSum{Attempts: 1, ActualMS: ttl, GPUMS: ttl, GPUHours: receipts.Hours(ttl)}},
+				{Reason: "oom", UnbilledSum: wire.UnbilledSum{Attempts: 2, ActualMS: 5500, GPUMS: 5500, GPUHours: "0.001528"}},
+			},
+			Total: wire.UnbilledSum{Attempts: 3, ActualMS: ttl + 5500, GPUMS: ttl + 5500, GPUHours: receipts.Hours(ttl + 5500)},
+		}
+		if d := cmp.Diff(want, rep.Unbilled); d != "" {
+			t.Fatalf("unbilled (-want +got):\n%s", d)
+		}
+		if rep.Total.Jobs != 1 || rep.Total.ActualMS != 1000 {
+			t.Fatalf("charges: %+v", rep.Total)
+		}
+		// An empty window has nothing unbilled.
+		rep = getCosts(t, env, "?from=2020-01-01T00:00:00Z&to=2020-02-01T00:00:00Z")
+		if d := cmp.Diff(wire.Unbilled{Groups: []wire.UnbilledGroup{}, Total: wire.UnbilledSum{GPUHours: "0.000000"}}, rep.Unbilled); d != "" {
+			t.Fatalf("an empty window's unbilled (-want +got):\n%s", d)
+		}
 	})
 }

@@ -75,30 +75,12 @@ func (s *Server) events() EventMetrics {
 func (c *call) note(f func()) { c.notes = append(c.notes, f) }
 
 // callKey carries the request's call in its context, for the lease
-// Manager's Expired callback (a sweep of Lease runs in a request).
+// Manager's LeaseEnded hook (a sweep of Lease runs in a request).
 type callKey struct{}
 
 func callFrom(ctx context.Context) *call {
 	c, _ := ctx.Value(callKey{}).(*call)
 	return c
-}
-
-// expired is lease.Config.Expired: it counts and logs a lease that ran
-// out, once the write commits: at once for the maintainer (each expiry
-// commits on its own), with the request's notes for a sweep of Lease.
-func (s *Server) expired(ctx context.Context, j *lease.Job) {
-	jc := *j
-	f := func() {
-		if em := s.events(); em != nil {
-			em.ObserveLeases(LeaseExpired, 1)
-		}
-		s.logJob("expired", "", &jc)
-	}
-	if c := callFrom(ctx); c != nil {
-		c.note(f)
-		return
-	}
-	f()
 }
 
 // sequenced is receipts.Config.OnSequenced.
@@ -131,7 +113,7 @@ func (s *Server) rejected(err error) {
 
 // jobEvent names the change of a job from from to j's state, for its
 // INFO log line: dispatched, leased, accepted, completed, failed,
-// canceled, released or requeued (expired is logged by expired).
+// canceled, released or requeued (expired is logged by leaseEnded).
 func jobEvent(from lease.State, j *lease.Job, pattern string) string {
 	switch {
 	case from == "":

@@ -409,6 +409,9 @@ var oasWireSchemas = []struct {
 	{"ConsistencyResponse", wire.ConsistencyResponse{}, true},
 	{"CostSum", wire.CostSum{}, true},
 	{"CostGroup", wire.CostGroup{}, true},
+	{"UnbilledSum", wire.UnbilledSum{}, true},
+	{"UnbilledGroup", wire.UnbilledGroup{}, true},
+	{"Unbilled", wire.Unbilled{}, true},
 	{"CostReport", wire.CostReport{}, true},
 }
 

@@ -318,7 +318,7 @@ func New(st Stores, cfg Config) (*Server, error) {
 		CancelGrace: cfg.CancelGrace, MaxRuntime: cfg.MaxRuntime,
 		HeartbeatInterval: cfg.HeartbeatInterval, OfflineAfter: cfg.OfflineAfter,
 		MaxJobsPerLease: wire.MaxJobsPerLease, MaxLeasesPerWorker: cfg.MaxLeasesPerWorker,
-		Retention: cfg.Retention, HoldSweeps: s.clockHeld, Expired: s.expired, Now: s.clockNow, Rand: cfg.Rand,
+		Retention: cfg.Retention, HoldSweeps: s.clockHeld, LeaseEnded: s.leaseEnded, InTx: s.endTx, Now: s.clockNow, Rand: cfg.Rand,
 	})
 	if s.issuer, err = credential.NewIssuer(st.Credentials, &credential.Config{
 		Peppers: cfg.Peppers, PepperVersion: cfg.PepperVersion, Now: s.clockNow, Rand: cfg.Rand,

@@ -1049,6 +1049,7 @@ func (s *Server) settle(ctx context.Context, c *call, j *lease.Job, id string) (
 		ID: id, Kind: receipts.KindJobCompleted,
 		JobID: j.ID, WorkerID: j.Lease.WorkerID, JobType: j.Type, LeaseEpoch: j.Lease.Epoch, LeaseID: j.Lease.ID,
 		Attempt: int64(j.Attempt), StartedAt: *j.AcceptedAt, EndedAt: *j.FinishedAt,
+		ActualMS: ch.ActualMS, GPUCount: ch.GPUCount, Charged: receipts.ChargedYes,
 	}
 	if r := j.Result; r != nil {
 		done.OutputURI = r.OutputURI
@@ -1137,21 +1138,11 @@ func (s *Server) failJob(ctx context.Context, c *call) (int, any, error) {
 	if err != nil {
 		return 0, nil, err
 	}
-	outcome := receipts.OutcomeFailed
-	switch j.State {
-	case lease.StateQueued:
-		outcome = receipts.OutcomeRequeued
-	case lease.StateCanceled:
-		outcome = receipts.OutcomeCanceled
+	r, err := attemptFailed(j, req.ErrorCode, j.LastError.Attempt, j.LastError.At)
+	if err != nil {
+		return 0, nil, err
 	}
-	r := receipts.Receipt{
-		Kind: receipts.KindJobFailed, JobID: j.ID, WorkerID: c.principal.ID, JobType: j.Type,
-		LeaseEpoch: before.Lease.Epoch, LeaseID: before.Lease.ID, Attempt: int64(j.LastError.Attempt),
-		ErrorCode: req.ErrorCode, Outcome: outcome, EndedAt: j.LastError.At,
-	}
-	if before.AcceptedAt != nil {
-		r.StartedAt = *before.AcceptedAt
-	}
+	outcome := r.Outcome
 	if r.PayloadSHA256, err = payloadHash(payload); err != nil {
 		return 0, nil, err
 	}
@@ -1187,10 +1178,14 @@ func (s *Server) settleFailure(ctx context.Context, c *call, j *lease.Job, r rec
 	return st.ID, j, err
 }
 
+// codeReleased is the error_code of the job_failed receipt of a release.
+const codeReleased = "released"
+
 // release: POST /workers/jobs/{id}/release. The job goes back to the
 // queue at once, without using an attempt, and long-polls wake; a job
-// whose cancel was requested ends canceled instead, with a job_failed
-// receipt (outcome canceled, error_code "released").
+// whose cancel was requested ends canceled instead. Either way the lease's
+// end mints a job_failed receipt (error_code "released", outcome requeued
+// or canceled).
 func (s *Server) release(ctx context.Context, c *call) (int, any, error) {
 	var req wire.ReleaseRequest
 	ref, err := c.decodeLeased(&req, &req.LeaseToken)
@@ -1213,22 +1208,19 @@ func (s *Server) release(ctx context.Context, c *call) (int, any, error) {
 	if err != nil {
 		return 0, nil, err
 	}
-	if j.State == lease.StateQueued {
-		if err := s.st.Notifier.Notify(ctx); err != nil {
-			return 0, nil, err
-		}
-	} else {
-		r := receipts.Receipt{
-			Kind: receipts.KindJobFailed, JobID: j.ID, WorkerID: c.principal.ID, JobType: j.Type,
-			LeaseEpoch: before.Lease.Epoch, LeaseID: before.Lease.ID, Attempt: int64(j.Attempt),
-			ErrorCode: "released", Outcome: receipts.OutcomeCanceled, EndedAt: *j.FinishedAt,
-		}
-		if before.AcceptedAt != nil {
-			r.StartedAt = *before.AcceptedAt
-		}
-		if _, j, err = s.settleFailure(ctx, c, j, r); err != nil {
-			return 0, nil, err
-		}
+	// Every lease's end is a receipt, a release's too (before accept as
+	// after): job_failed, error_code "released", outcome requeued, or
+	// canceled when the job's cancel was requested.
+	ended := j.ScheduledAt
+	if j.FinishedAt != nil {
+		ended = *j.FinishedAt
+	}
+	r, err := attemptFailed(j, codeReleased, j.Attempt, ended)
+	if err != nil {
+		return 0, nil, err
+	}
+	if _, j, err = s.settleFailure(ctx, c, j, r); err != nil {
+		return 0, nil, err
 	}
 	if err := s.jobChanged(ctx, c, before.State, j); err != nil {
 		return 0, nil, err

@@ -18,9 +18,10 @@ import (
 )
 
 // chargedServer answers GET /operator/costs with a total of costMicros
-// and GET /operator/receipts with recs. No real server can be made to
+// and unbilled GPU-ms unbilledGPUMS, and GET /operator/receipts with
+// recs. No real server can be made to
 // report a wrong total: this one checks that cost report catches one.
-func chargedServer(t *testing.T, costMicros int64, recs []receipts.WireReceipt) *httptest.Server {
+func chargedServer(t *testing.T, costMicros, unbilledGPUMS int64, recs []receipts.WireReceipt) *httptest.Server {
 	t.Helper()
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get("Authorization") != "Bearer nlc_test" {
@@ -31,13 +32,22 @@ func chargedServer(t *testing.T, costMicros int64, recs []receipts.WireReceipt) 
 		switch r.URL.Path {
 		case "/operator/costs":
 			tot := map[string]any{"jobs": 2, "actual_ms": 120_000, "gpu_hours": "0.033333", "cost_micro_usd": costMicros, "cost_usd": receipts.FormatMicros(costMicros)}
+			unbilled := map[string]any{"groups": []any{map[string]any{"reason": "oom", "attempts": 1, "actual_ms": 30_000, "gpu_ms": 60_000, "gpu_hours": "0.016667"}},
+				"total": map[string]any{"attempts": 1, "actual_ms": 30_000, "gpu_ms": unbilledGPUMS, "gpu_hours": receipts.Hours(unbilledGPUMS)}}
 			json.NewEncoder(w).Encode(map[string]any{"from": "2026-12-01T00:00:00Z", "to": "2026-12-02T00:00:00Z", "group_by": r.URL.Query().Get("group_by"),
-				"groups": []any{}, "total": tot})
+				"groups": []any{}, "total": tot, "unbilled": unbilled})
 		case "/operator/receipts":
-			if got := r.URL.Query().Get("kind"); got != "job_charged" {
-				t.Errorf("receipts listed with kind=%q", got)
+			kind := receipts.Kind(r.URL.Query().Get("kind"))
+			if kind != receipts.KindJobCharged && kind != receipts.KindJobFailed && kind != receipts.KindJobCompleted {
+				t.Errorf("receipts listed with kind=%q", kind)
 			}
-			json.NewEncoder(w).Encode(wire.ReceiptListResponse{Receipts: recs})
+			var page []receipts.WireReceipt
+			for _, w := range recs {
+				if w.Kind == kind {
+					page = append(page, w)
+				}
+			}
+			json.NewEncoder(w).Encode(wire.ReceiptListResponse{Receipts: page})
 		default:
 			http.NotFound(w, r)
 		}
@@ -74,6 +84,10 @@ func charged(t *testing.T) []receipts.WireReceipt {
 		add(r)
 	}
 	add(receipts.Receipt{Kind: receipts.KindWorkerBanned, WorkerID: "wrk_1", ServerTime: day})
+	// An attempt that failed after 30 s on two GPUs: 60,000 GPU-ms unbilled.
+	add(receipts.Receipt{Kind: receipts.KindJobFailed, JobID: "job_9", WorkerID: "wrk_1", JobType: "lora_train", LeaseEpoch: 1, Attempt: 1,
+		ErrorCode: "oom", Outcome: receipts.OutcomeFailed, StartedAt: day.Add(-30 * time.Second), EndedAt: day, ServerTime: day,
+		ActualMS: 30_000, GPUCount: 2, Charged: receipts.ChargedNo})
 	return out
 }
 
@@ -92,7 +106,7 @@ func TestCostReportCheck(t *testing.T) {
 	recs := charged(t)
 	home := t.TempDir()
 
-	srv := chargedServer(t, 60_000, recs)
+	srv := chargedServer(t, 60_000, 60_000, recs)
 	out, errOut, code := runCtl(t, home, "-server", srv.URL, "cost", "report", "-by", "worker")
 	if code != exitOK || !strings.Contains(out, "TOTAL") || !strings.Contains(out, "0.060000") {
 		t.Errorf("a right total: exit %d\n%s\n%s", code, out, errOut)
@@ -101,7 +115,15 @@ func TestCostReportCheck(t *testing.T) {
 		t.Errorf("the check's line: %q", errOut)
 	}
 
-	srv = chargedServer(t, 60_001, recs)
+	if !strings.Contains(errOut, "the 1 receipts of uncharged attempts of the window sum to 60000 GPU-ms, as the report") || !strings.Contains(out, "oom") {
+		t.Errorf("the unbilled check: %q\n%s", errOut, out)
+	}
+	srv = chargedServer(t, 60_000, 59_999, recs)
+	if _, errOut, code = runCtl(t, home, "-server", srv.URL, "cost", "report"); code != exitFail || !strings.Contains(errOut, "sum to 1 of 60000 GPU-ms") {
+		t.Errorf("a wrong unbilled total: exit %d, stderr %q", code, errOut)
+	}
+
+	srv = chargedServer(t, 60_001, 60_000, recs)
 	_, errOut, code = runCtl(t, home, "-server", srv.URL, "cost", "report", "-o", "json")
 	if code != exitFail || !strings.Contains(errOut, "60001 micro-USD") || !strings.Contains(errOut, "sum to 0.060000 USD (60000 micro-USD)") {
 		t.Errorf("a wrong total: exit %d, stderr %q", code, errOut)

@@ -175,13 +175,55 @@ type costGroup struct {
 	costTotals
 }
 
-// costAnswer is GET /operator/costs's answer.
+// unbilledTotals are the sums of a group of uncharged attempts, as GET
+// /operator/costs answers them under unbilled.
+type unbilledTotals struct {
+	Reason   string `json:"reason,omitempty"`
+	Attempts int64  `json:"attempts"`
+	ActualMS int64  `json:"actual_ms"`
+	GPUMS    int64  `json:"gpu_ms"`
+	GPUHours string `json:"gpu_hours"`
+}
+
+// costAnswer is GET /operator/costs's answer. Unbilled is nil from a
+// server older than the unbilled report.
 type costAnswer struct {
-	From    time.Time   `json:"from"`
-	To      time.Time   `json:"to"`
-	GroupBy string      `json:"group_by"`
-	Groups  []costGroup `json:"groups"`
-	Total   costTotals  `json:"total"`
+	From     time.Time   `json:"from"`
+	To       time.Time   `json:"to"`
+	GroupBy  string      `json:"group_by"`
+	Groups   []costGroup `json:"groups"`
+	Total    costTotals  `json:"total"`
+	Unbilled *struct {
+		Groups []unbilledTotals `json:"groups"`
+		Total  unbilledTotals   `json:"total"`
+	} `json:"unbilled"`
+}
+
+// sumUnbilled sums the GPU time (actual_ms × gpu_count) of the sequenced
+// receipts of uncharged attempts minted in [from, to): every job_failed,
+// and every job_completed whose charged is "no".
+func (a *app) sumUnbilled(from, to time.Time) (attempts, gpuMS int64, err error) {
+	for _, kind := range []receipts.Kind{receipts.KindJobFailed, receipts.KindJobCompleted} {
+		recs, err := a.listReceipts(url.Values{"kind": {string(kind)}}, -1)
+		if err != nil {
+			return 0, 0, err
+		}
+		for _, w := range recs {
+			if w.Kind != kind {
+				continue // a server that ignores kind= lists them all
+			}
+			r, err := receipts.Decode(w.Body)
+			if err != nil {
+				return 0, 0, fmt.Errorf("receipt %s: %w", w.ID, err)
+			}
+			if r.ServerTime.Before(from) || !r.ServerTime.Before(to) || (kind == receipts.KindJobCompleted && r.Charged != receipts.ChargedNo) {
+				continue
+			}
+			attempts++
+			gpuMS += r.ActualMS * r.GPUCount
+		}
+	}
+	return attempts, gpuMS, nil
 }
 
 // receiptSum is what the job_charged receipts of a window sum to,
@@ -256,7 +298,10 @@ func costReport(a *app, args []string) error {
 	if err := json.Unmarshal(b, &rep); err != nil {
 		return fmt.Errorf("undecodable answer: %w", err)
 	}
-	var sum *receiptSum
+	var (
+		sum                      *receiptSum
+		unbilledN, unbilledGPUMS int64
+	)
 	if !*noCheck {
 		// The receipts of the window may still be sequencing: look again
 		// a few times before calling a difference a failure.
@@ -264,7 +309,14 @@ func costReport(a *app, args []string) error {
 			if sum, err = a.sumCharged(rep.From, rep.To); err != nil {
 				return err
 			}
-			if sum.CostMicroUSD == rep.Total.CostMicroUSD && sum.ActualMS == rep.Total.ActualMS || attempt == 4 {
+			same := sum.CostMicroUSD == rep.Total.CostMicroUSD && sum.ActualMS == rep.Total.ActualMS
+			if rep.Unbilled != nil {
+				if unbilledN, unbilledGPUMS, err = a.sumUnbilled(rep.From, rep.To); err != nil {
+					return err
+				}
+				same = same && unbilledN == rep.Unbilled.Total.Attempts && unbilledGPUMS == rep.Unbilled.Total.GPUMS
+			}
+			if same || attempt == 4 {
 				break
 			}
 			select {
@@ -287,6 +339,16 @@ func costReport(a *app, args []string) error {
 		}
 		t.row("TOTAL", strconv.FormatInt(rep.Total.Jobs, 10), strconv.FormatInt(rep.Total.ActualMS, 10), rep.Total.GPUHours, rep.Total.CostUSD)
 		t.flush()
+		if u := rep.Unbilled; u != nil {
+			fmt.Fprintf(a.stdout, "\nunbilled GPU time by reason (attempts that ended uncharged)\n")
+			t := newTable(a.stdout)
+			t.row("REASON", "ATTEMPTS", "GPU_MS", "GPU_HOURS")
+			for _, g := range u.Groups {
+				t.row(orDash(g.Reason), strconv.FormatInt(g.Attempts, 10), strconv.FormatInt(g.GPUMS, 10), g.GPUHours)
+			}
+			t.row("TOTAL", strconv.FormatInt(u.Total.Attempts, 10), strconv.FormatInt(u.Total.GPUMS, 10), u.Total.GPUHours)
+			t.flush()
+		}
 	}
 	if sum == nil {
 		return nil
@@ -296,8 +358,15 @@ func costReport(a *app, args []string) error {
 			errInvalid, receipts.FormatMicros(rep.Total.CostMicroUSD), rep.Total.CostMicroUSD, rep.Total.ActualMS,
 			receipts.FormatMicros(sum.CostMicroUSD), sum.CostMicroUSD, sum.ActualMS, sum.Receipts)
 	}
+	if u := rep.Unbilled; u != nil && (unbilledN != u.Total.Attempts || unbilledGPUMS != u.Total.GPUMS) {
+		return fmt.Errorf("%w: the report's unbilled total is %d attempts of %d GPU-ms, the receipts of uncharged attempts of the window sum to %d of %d GPU-ms",
+			errInvalid, u.Total.Attempts, u.Total.GPUMS, unbilledN, unbilledGPUMS)
+	}
 	// The check goes to standard error, so that -o json stays the API's.
 	fmt.Fprintf(a.stderr, "check: the %d job_charged receipts of the window sum to %s USD (%d micro-USD), as the report\n",
 		sum.Receipts, receipts.FormatMicros(sum.CostMicroUSD), sum.CostMicroUSD)
+	if rep.Unbilled != nil {
+		fmt.Fprintf(a.stderr, "check: the %d receipts of uncharged attempts of the window sum to %d GPU-ms, as the report\n", unbilledN, unbilledGPUMS)
+	}
 	return nil
 }

@@ -65,7 +65,7 @@ def test_doc_receipts_and_checkpoint():
     assert v.checkpoint.size == 3
     assert v.charged["actual_cost_usd"] == "0.000618"
     cp = vf.verify_checkpoint(doc_example("checkpoint"), vf.parse_verifier_key(vectors.DOC_VKEY, ORIGIN))
-    assert cp.root == base64.b64decode("49++Tai6NErvxYRR+dXl/7BC3TA8eec8P7q3m8OiZIQ=")
+    assert cp.root == base64.b64decode("+/7FqpellwXW/XNCluxYU+Z1q1QHxDDBroOnJe/aG+c=")
     bodies = [doc_example(n).rstrip("\n").encode()
               for n in ("receipt-worker-registered", "receipt-job-completed", "receipt-job-charged")]
     for b in bodies:
@@ -82,6 +82,12 @@ def test_doc_receipts_and_checkpoint():
                 good + b"\n"):
         with pytest.raises(vf.VerificationError):
             vf.decode_canonical(bad)
+    # The ends of leases the control plane makes (§8.4): job_failed with the attempt's GPU time.
+    for name in ("receipt-job-failed-expired", "receipt-job-failed-accept-timeout"):
+        r = vf.decode_canonical(doc_example(name).rstrip("\n").encode())
+        vf.check_fields(r)
+        assert r["kind"] == "job_failed" and r["charged"] == "no" and r["gpu_count"] == 1
+    assert vf.decode_canonical(bodies[1])["charged"] == "yes"
     esc = doc_example("receipt-escapes").rstrip("\n").encode()
     r = vf.decode_canonical(esc)
     vf.check_fields(r)

@@ -26,16 +26,17 @@ var reconcileTests = []test{
 	{"StoreKeepsExactApproval", testStoreKeepsExactApproval},
 }
 
-// expiredLog records the jobs Config.Expired was called with.
+// expiredLog records the jobs Config.LeaseEnded was called with.
 type expiredLog struct {
 	mu   sync.Mutex
 	jobs []*lease.Job
 }
 
-func (l *expiredLog) add(_ context.Context, j *lease.Job) {
+func (l *expiredLog) add(_ context.Context, j *lease.Job) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.jobs = append(l.jobs, j)
+	return nil
 }
 
 func (l *expiredLog) ids() []string {
@@ -65,10 +66,10 @@ func (f *fixture) reconcile(r lease.Reconciliation) []string {
 // A worker that restarted holding one of its three jobs: the running
 // job it lost goes back to the queue using an attempt (with a backoff),
 // the leased one without; the held one and another worker's stay; the
-// old tokens are lost; Config.Expired hears of each job ended.
+// old tokens are lost; Config.LeaseEnded hears of each job ended.
 func testReconcileRestarted(t *testing.T, f *fixture) {
 	var log expiredLog
-	f = f.withConfig(t, func(c *lease.Config) { c.Expired = log.add })
+	f = f.withConfig(t, func(c *lease.Config) { c.LeaseEnded = log.add })
 	w := f.defaultWorker("w")
 	other := f.defaultWorker("other")
 	run, leased, kept, theirs := f.enqueue("status_check"), f.enqueue("status_check"), f.enqueue("status_check"), f.enqueue("status_check")

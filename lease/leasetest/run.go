@@ -76,6 +76,7 @@ func Run(t *testing.T, newStore func(t *testing.T) lease.Store) {
 	t.Run("Stats", func(t *testing.T) { runGroup(t, newStore, statsTests) })
 	t.Run("Retire", func(t *testing.T) { runGroup(t, newStore, retireTests) })
 	t.Run("Reconcile", func(t *testing.T) { runGroup(t, newStore, reconcileTests) })
+	t.Run("LeaseEnded", func(t *testing.T) { runGroup(t, newStore, endedTests) })
 }
 
 // test is one test of the suite. It gets a fixture over a fresh store.

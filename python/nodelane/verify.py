@@ -353,11 +353,13 @@ KINDS: Dict[str, Tuple[List[str], List[str]]] = {
                           ["checksum_sha256", "size_bytes", "lease_id", "artifact_type", "name", "uri",
                            "metadata_sha256"]),
     "job_completed": (["job_id", "worker_id", "job_type", "lease_epoch", "attempt", "started_at",
-                       "ended_at"], ["lease_id", "output_uri", "metrics_sha256"]),
+                       "ended_at"], ["lease_id", "output_uri", "metrics_sha256", "actual_ms", "gpu_count",
+                                     "charged"]),
     "job_charged": (["job_id", "worker_id", "gpu_count", "rate_usd_per_gpu_hour", "started_at",
                      "ended_at", "actual_ms", "actual_hours", "actual_cost_usd"], ["lease_id", "gpu_sku"]),
     "job_failed": (["job_id", "worker_id", "job_type", "lease_epoch", "attempt", "error_code",
-                    "outcome"], ["lease_id", "started_at", "ended_at", "payload_sha256"]),
+                    "outcome"], ["lease_id", "started_at", "ended_at", "payload_sha256", "actual_ms",
+                                 "gpu_count", "charged"]),
     "envelope_activated": (["actor", "reason"], ["until"]),
     "envelope_deactivated": (["actor", "reason"], []),
     "credential_minted": (["credential_id", "principal_id", "scopes"], ["actor", "expires_at"]),
@@ -423,9 +425,23 @@ def check_fields(r: Dict[str, Any]) -> None:
             _micro(v)
         elif k.endswith("_sha256") and not SHA_RE.fullmatch(v):
             raise VerificationError("%r is not 64 lowercase hex" % k)
+    for k in opt:
+        if k in INT_FIELDS and r.get(k) == 0:
+            raise VerificationError("optional %r is 0 (a zero optional field is left out)" % k)
     if "started_at" in r and "ended_at" in r:
         if parse_receipt_time(r["ended_at"]) < parse_receipt_time(r["started_at"]):
             raise VerificationError("ended_at before started_at")
+    if kind in ("job_completed", "job_failed"):
+        if r.get("charged", "no") not in ("yes", "no"):
+            raise VerificationError("charged %r is not yes or no" % r["charged"])
+        if "actual_ms" in r:
+            if "started_at" not in r or "ended_at" not in r:
+                raise VerificationError("actual_ms needs started_at and ended_at")
+            us = parse_receipt_time(r["ended_at"]) - parse_receipt_time(r["started_at"])
+            if r["actual_ms"] != -(-us // 1000):
+                raise VerificationError("actual_ms %d, expected %d" % (r["actual_ms"], -(-us // 1000)))
+    if kind == "job_failed" and r["outcome"] not in ("requeued", "failed", "canceled"):
+        raise VerificationError("outcome %r is not requeued, failed or canceled" % r["outcome"])
     if kind == "job_charged":
         us = parse_receipt_time(r["ended_at"]) - parse_receipt_time(r["started_at"])
         ms = -(-us // 1000)

@@ -154,3 +154,30 @@ def test_golden_receipts_of_every_kind_check():
         r = dict(upd, **bad)
         with pytest.raises(VerificationError):
             check_fields(r)
+# The job_failed receipt of a lease that expired after accept, as Go's receipts package encodes it
+# (receipts/attempt_test.go): the optional actual_ms, gpu_count and charged of every attempt's end.
+ATTEMPT_FAILED = (b'{"actual_ms":600002,"attempt":1,"charged":"no","ended_at":"2026-11-30T09:10:00.001500Z",'
+                  b'"error_code":"lease_expired","gpu_count":2,"id":"rcp_expired","job_id":"job_3",'
+                  b'"job_type":"lora_train","kind":"job_failed","lease_epoch":2,"lease_id":"lse_3",'
+                  b'"outcome":"requeued","policy_version":3,"server_time":"2026-11-30T09:11:00.000000Z",'
+                  b'"started_at":"2026-11-30T09:00:00.000000Z","v":1,"worker_id":"wrk_1"}')
+
+
+def test_attempt_fields():
+    from nodelane.verify import check_fields, decode_canonical
+    r = decode_canonical(ATTEMPT_FAILED)
+    check_fields(r)
+    old = dict(r)
+    for k in ("actual_ms", "gpu_count", "charged"):
+        del old[k]
+    check_fields(old)  # a receipt minted before the fields existed
+    done = dict(old, kind="job_completed", charged="yes", actual_ms=600002, gpu_count=2)
+    del done["outcome"], done["error_code"]
+    check_fields(done)
+    never = dict(r, error_code="accept_timeout")
+    del never["started_at"], never["actual_ms"]
+    check_fields(never)
+    for bad in (dict(r, actual_ms=600003), dict(r, charged="maybe"), dict(r, charged=True), dict(r, charged=0),
+                dict(r, actual_ms=0), dict(r, gpu_count=0), dict(r, outcome="lost"), dict(never, actual_ms=5)):
+        with pytest.raises(VerificationError):
+            check_fields(bad)

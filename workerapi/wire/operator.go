@@ -415,13 +415,50 @@ type CostGroup struct {
 
 // CostReport answers GET /operator/costs[?from=&to=&group_by=]: the
 // job_charged receipts whose server_time is in [From, To), summed by
-// group (sorted by key, in byte order) and in total.
+// group (sorted by key, in byte order) and in total, and beside them the
+// GPU time no one was charged for (Unbilled).
 type CostReport struct {
 	From    time.Time   `json:"from"`
 	To      time.Time   `json:"to"`
 	GroupBy string      `json:"group_by"`
 	Groups  []CostGroup `json:"groups"`
 	Total   CostSum     `json:"total"`
+	// Unbilled sums the attempts of the window that ended uncharged: every
+	// job_failed receipt, and every job_completed receipt whose charged
+	// is "no", by reason.
+	Unbilled Unbilled `json:"unbilled"`
+}
+
+// UnbilledCompleted is the Reason of the unbilled group of completions
+// that were not charged (job_completed receipts with charged "no").
+const UnbilledCompleted = "completed_uncharged"
+
+// UnbilledSum is what a set of uncharged attempts adds up to: how many
+// (Attempts), their actual_ms summed (ActualMS), their GPU time in
+// GPU-milliseconds exactly (GPUMS: the sum of actual_ms × gpu_count) and
+// in GPU-hours (GPUHours: GPUMS / 3,600,000 with six decimals, rounded
+// half up once). A receipt minted before receipts carried actual_ms
+// counts as an attempt of 0 ms.
+type UnbilledSum struct {
+	Attempts int64  `json:"attempts"`
+	ActualMS int64  `json:"actual_ms"`
+	GPUMS    int64  `json:"gpu_ms"`
+	GPUHours string `json:"gpu_hours"`
+}
+
+// UnbilledGroup is the uncharged attempts of one reason: a job_failed
+// receipt's error_code (lease_expired, worker_offline, a worker's own
+// code, ...), or UnbilledCompleted.
+type UnbilledGroup struct {
+	Reason string `json:"reason"`
+	UnbilledSum
+}
+
+// Unbilled is the uncharged GPU time of a cost report's window, by reason
+// (sorted in byte order) and in total.
+type Unbilled struct {
+	Groups []UnbilledGroup `json:"groups"`
+	Total  UnbilledSum     `json:"total"`
 }
 
 // ConsistencyResponse answers GET /operator/receipts/consistency.

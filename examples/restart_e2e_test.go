@@ -115,6 +115,18 @@ func TestE2EWorkerRestartRunsJobOnce(t *testing.T) {
 			if n := len(c.receiptsOf(receipts.KindJobCompleted, disp.Job.ID)); n != 1 {
 				t.Errorf("%d job_completed receipts, want exactly 1", n)
 			}
+			// The first attempt's end is a receipt too: exactly one, naming
+			// the restart, its GPU time and that it was not charged.
+			failed := c.receiptsOf(receipts.KindJobFailed, disp.Job.ID)
+			if len(failed) != 1 {
+				t.Fatalf("%d job_failed receipts, want exactly 1 (the first attempt's end)", len(failed))
+			}
+			if f := failed[0]; f.ErrorCode != "worker_restarted" || f.Attempt != 1 || f.Outcome != receipts.OutcomeRequeued ||
+				f.Charged != receipts.ChargedNo || f.ActualMS <= 0 {
+				t.Errorf("the first attempt's receipt: error_code %q attempt %d outcome %q charged %q actual_ms %d; want worker_restarted, 1, requeued, no, > 0",
+					f.ErrorCode, f.Attempt, f.Outcome, f.Charged, f.ActualMS)
+			}
+			c.verifyReceipt(failed[0].ID)
 			c.checkNoTokensLogged()
 		})
 	}

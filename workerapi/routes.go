@@ -17,6 +17,7 @@ func (s *Server) workerRoutes() []route {
 		post(wire.PathRegister, credential.ScopeNodeRegister, nil), // s.register runs it: its key is in the body
 		post(wire.PathHeartbeat, credential.ScopeNodeHeartbeat, s.heartbeat),
 		post(wire.PathToken, credential.ScopeNodeHeartbeat, s.renewToken),
+		post(wire.PathSignals, credential.ScopeNodeHeartbeat, s.signals),
 		post(wire.PathLease, credential.ScopeNodePoll, s.lease),
 		post("/workers/jobs/{id}/accept", credential.ScopeNodePoll, s.accept),
 		post("/workers/jobs/{id}/status", credential.ScopeNodeHeartbeat, s.status),
@@ -55,6 +56,8 @@ func (s *Server) operatorRoutes() []route {
 		op(post, "/operator/workers/{id}/unban", credential.ScopeOperatorWorkers, s.opUnbanWorker),
 		op(post, "/operator/workers/{id}/approve", credential.ScopeOperatorWorkers, s.opApproveWorker),
 		op(post, "/operator/workers/{id}/retire", credential.ScopeOperatorWorkers, s.opRetireWorker),
+		op(post, "/operator/workers/{id}/drain", credential.ScopeOperatorWorkers, s.opDrainWorker),
+		op(post, "/operator/workers/{id}/resume", credential.ScopeOperatorWorkers, s.opResumeWorker),
 		op(post, "/operator/credentials", credential.ScopeOperatorCredentials, s.opMintCredential),
 		op(post, "/operator/credentials/{id}/revoke", credential.ScopeOperatorCredentials, s.opRevokeCredential),
 		get("/operator/credentials", credential.ScopeOperatorCredentials, s.opListCredentials, "principal", "after", "limit"),

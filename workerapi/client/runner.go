@@ -799,6 +799,7 @@ func (w *Runner) signalsLoop(ctx context.Context) {
 			}
 		}()
 		used := w.c.id.Token()
+		w.log.Debug("signals long-poll", "jobs", len(ids), "wait_seconds", wait)
 		resp, err := w.c.Signals(pctx, wire.SignalsRequest{
 			WaitSeconds: &wait, CurrentJobs: ids, KnownCancels: known, Draining: w.isDrainingRequested(),
 		})
@@ -936,6 +937,7 @@ func (w *Runner) leaseLoop(ctx context.Context, types []string) {
 			continue
 		}
 		start, used := time.Now(), w.c.id.Token()
+		w.log.Debug("lease long-poll", "wait_seconds", w.cfg.WaitSeconds)
 		resp, err := w.c.Lease(ctx, wire.LeaseRequest{
 			SupportedJobTypes: types, SupportedGPUSKUs: w.cfg.SupportedGPUSKUs,
 			MaxJobs: min(free, wire.MaxJobsPerLease), WaitSeconds: w.cfg.WaitSeconds, Accept: true,

@@ -109,7 +109,9 @@ func (c *NotifierConfig) withDefaults() (NotifierConfig, error) {
 }
 
 // Notifier wakes long-polls, on every replica, when jobs may have become
-// leasable. It implements workerapi.Notifier. Make one per DB with
+// leasable, and a worker's long-polls when a signal is due to it
+// (NotifyWorker). It implements workerapi.Notifier and
+// workerapi.SignalNotifier. Make one per DB with
 // DB.Notifier and Close it before the DB.
 //
 // On PostgreSQL a Notifier also keeps its DB's read cache (Config.CacheTTL)

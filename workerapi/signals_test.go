@@ -193,7 +193,9 @@ func TestSignals(t *testing.T) {
 		if hb := signedCall(t, n, http.StatusOK, wire.PathHeartbeat, obj{"status": "busy"}); hb["drain"] != true {
 			t.Errorf("heartbeat while draining: %v", hb)
 		}
-		dispatchJob(t, env, obj{"job_type": "status_check"})
+		if d := dispatchJob(t, env, obj{"job_type": "status_check"}); d["leasable"] != false || !strings.Contains(d["reason"].(string), "draining") {
+			t.Errorf("dispatch while the one worker drains: %v", d)
+		}
 		if msg := emptyLease(t, env, n, obj{"supported_job_types": []string{"status_check"}}); !strings.Contains(msg, "drain") {
 			t.Errorf("lease while draining: %q", msg)
 		}

@@ -762,6 +762,11 @@ func (w *Runner) drainRequested() {
 	w.Drain()
 }
 
+// signalsRestartDelay is how long after its jobs change the signals
+// long-poll asks again with the new list: well within the 2 s a signal may
+// take, and it folds a busy worker's changes into one request.
+const signalsRestartDelay = 250 * time.Millisecond
+
 // signalsLoop keeps the control long-poll (POST /workers/signals) open
 // until ctx ends, so that a cancel, a lost job, a drain request, a ban or
 // a retirement reaches the worker within seconds, whatever the heartbeat
@@ -793,8 +798,17 @@ func (w *Runner) signalsLoop(ctx context.Context) {
 		pctx, cancel := context.WithCancel(ctx)
 		go func() {
 			select {
-			case <-changed: // the jobs changed: ask again with the new list
-				cancel()
+			case <-changed:
+				// The jobs changed: ask again with the new list, once the
+				// changes of the next moment have folded into it (a busy
+				// worker's jobs change often; one request covers them).
+				t := time.NewTimer(signalsRestartDelay)
+				defer t.Stop()
+				select {
+				case <-t.C:
+					cancel()
+				case <-pctx.Done():
+				}
 			case <-pctx.Done():
 			}
 		}()
@@ -808,6 +822,15 @@ func (w *Runner) signalsLoop(ctx context.Context) {
 		switch {
 		case err == nil:
 			failures = 0
+			// Only the tasks still held: a job that ended while the
+			// request waited is no longer the server's either.
+			w.mu.Lock()
+			for id, t := range listed {
+				if w.jobs[id] != t {
+					delete(listed, id)
+				}
+			}
+			w.mu.Unlock()
 			w.signaled(listed, resp.LostJobs, resp.CancelJobs)
 			if resp.Drain {
 				w.setDrainRequested()

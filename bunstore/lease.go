@@ -768,10 +768,14 @@ type workerRow struct {
 	ApprovedTags     *string `bun:"approved_tags"`
 	// ApprovalExact is lease.Approval.Exact (migration 0017).
 	ApprovalExact bool `bun:"approval_exact"`
+	// The operator's drain request (migration 0018): NULL when none.
+	DrainRequestedAt *int64 `bun:"drain_requested_at"`
+	DrainRequestedBy string `bun:"drain_requested_by"`
 }
 
 // workerColumns are the columns PutWorker replaces in a stored worker:
-// all but id and the approval's, which only SetApproval writes.
+// all but id, the approval's, which only SetApproval writes, and the drain
+// request's, which only SetDrain writes.
 var workerColumns = []string{
 	"node_id", "name", "hostname", "endpoint_url", "role", "tags", "version", "heartbeat_interval",
 	"capabilities", "max_jobs", "max_vram_mb", "policy_version", "status", "metrics", "registered_at", "last_seen_at",
@@ -787,6 +791,15 @@ func (r *workerRow) setApproval(a lease.Approval) error {
 	}
 	r.ApprovedTags, err = jsonList(a.Tags)
 	return err
+}
+
+// setDrain writes d into the drain columns of r.
+func (r *workerRow) setDrain(d *lease.DrainRequest) {
+	r.DrainRequestedAt, r.DrainRequestedBy = nil, ""
+	if d != nil {
+		at := micros(d.At)
+		r.DrainRequestedAt, r.DrainRequestedBy = &at, d.By
+	}
 }
 
 // jsonList is vs as a JSON array, nil when vs is empty.
@@ -825,6 +838,9 @@ func (r *workerRow) worker() (*lease.Worker, error) {
 	if err := json.Unmarshal([]byte(r.Capabilities), &w.Capabilities); err != nil {
 		return nil, fmt.Errorf("bunstore: worker %s: capabilities: %w", r.ID, err)
 	}
+	if r.DrainRequestedAt != nil {
+		w.Drain = &lease.DrainRequest{At: fromMicros(*r.DrainRequestedAt), By: r.DrainRequestedBy}
+	}
 	w.Approval = lease.Approval{Pending: r.ApprovalPending, At: fromMicrosPtr(r.ApprovedAt), By: r.ApprovedBy, Reason: r.ApprovalReason, Exact: r.ApprovalExact}
 	for _, l := range []struct {
 		col string
@@ -841,8 +857,9 @@ func (r *workerRow) worker() (*lease.Worker, error) {
 	return w, nil
 }
 
-// PutWorker inserts or replaces the worker w.ID, keeping the approval of
-// a stored one (only SetApproval writes it). It returns
+// PutWorker inserts or replaces the worker w.ID, keeping the approval and
+// the drain request of a stored one (only SetApproval and SetDrain write
+// them). It returns
 // lease.ErrConflict if another worker has w.NodeID.
 func (s *LeaseStore) PutWorker(ctx context.Context, w *lease.Worker) error {
 	tags, err := json.Marshal(w.Tags)
@@ -875,6 +892,7 @@ func (s *LeaseStore) PutWorker(ctx context.Context, w *lease.Worker) error {
 	if err := r.setApproval(w.Approval); err != nil {
 		return fmt.Errorf("bunstore: put worker %s: %w", w.ID, err)
 	}
+	r.setDrain(w.Drain)
 	// A stored worker gets every column from EXCLUDED but its approval's,
 	// in the one statement, so that a concurrent SetApproval is never
 	// undone. A clash on node_id with another worker is a unique violation.
@@ -891,6 +909,28 @@ func (s *LeaseStore) PutWorker(ctx context.Context, w *lease.Worker) error {
 	}
 	if err != nil {
 		return fmt.Errorf("bunstore: put worker %s: %w", w.ID, err)
+	}
+	return nil
+}
+
+// SetDrain implements lease.DrainStore: it replaces the drain request of
+// the worker id (nil clears it). lease.ErrNotFound if there is no such
+// worker.
+func (s *LeaseStore) SetDrain(ctx context.Context, id string, d *lease.DrainRequest) error {
+	r := &workerRow{ID: id}
+	r.setDrain(d)
+	err := s.write(ctx, func(ctx context.Context, idb bun.IDB) error {
+		res, err := idb.NewUpdate().Model(r).Column("drain_requested_at", "drain_requested_by").WherePK().Exec(ctx)
+		if err != nil {
+			return err
+		}
+		if n, err := res.RowsAffected(); err != nil || n == 1 {
+			return err
+		}
+		return lease.ErrNotFound
+	})
+	if err != nil {
+		return fmt.Errorf("bunstore: set drain of worker %s: %w", id, markAborted(err, lease.ErrAborted))
 	}
 	return nil
 }

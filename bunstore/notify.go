@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"time"
 
@@ -108,7 +109,9 @@ func (c *NotifierConfig) withDefaults() (NotifierConfig, error) {
 }
 
 // Notifier wakes long-polls, on every replica, when jobs may have become
-// leasable. It implements workerapi.Notifier. Make one per DB with
+// leasable, and a worker's long-polls when a signal is due to it
+// (NotifyWorker). It implements workerapi.Notifier and
+// workerapi.SignalNotifier. Make one per DB with
 // DB.Notifier and Close it before the DB.
 //
 // On PostgreSQL a Notifier also keeps its DB's read cache (Config.CacheTTL)
@@ -158,6 +161,7 @@ type Notifier struct {
 
 	mu     sync.Mutex
 	subs   map[chan struct{}]struct{}
+	wsubs  map[string]map[chan struct{}]struct{} // by worker id: SubscribeWorker's
 	closed bool
 
 	closeOnce sync.Once
@@ -200,6 +204,20 @@ func (h *notifyHub) publish() {
 	h.mu.Unlock()
 	for _, n := range ns {
 		n.wake()
+	}
+}
+
+// publishWorker wakes the subscribers of worker id's signals of every
+// Notifier in h.
+func (h *notifyHub) publishWorker(id string) {
+	h.mu.Lock()
+	ns := make([]*Notifier, 0, len(h.ns))
+	for n := range h.ns {
+		ns = append(ns, n)
+	}
+	h.mu.Unlock()
+	for _, n := range ns {
+		n.wakeWorker(id)
 	}
 }
 
@@ -303,6 +321,101 @@ func (n *Notifier) Subscribe() (<-chan struct{}, func()) {
 	}
 }
 
+// signalPayload prefixes the worker id in the payload of a notification
+// of NotifyWorker. A replica older than it hears such a notification as
+// one of jobs, and its long-polls look again and find nothing new.
+const signalPayload = "nodelane-signal:"
+
+// NotifyWorker implements workerapi.SignalNotifier: it announces a signal
+// for worker workerID (a cancel of a job it holds, its ban, retirement or
+// drain request), delivered as Notify delivers, on the same channel (its
+// payload names the worker), to that worker's subscribers only
+// (SubscribeWorker): a job's Notify wakes none of them, and this wakes no
+// Subscribe channel.
+func (n *Notifier) NotifyWorker(ctx context.Context, workerID string) error {
+	if n.db.postgres() {
+		if _, err := n.db.idb(ctx).ExecContext(ctx, "SELECT pg_notify(?, ?)", n.channel, signalPayload+workerID); err != nil {
+			return fmt.Errorf("bunstore: notify worker %s: %w", workerID, err)
+		}
+		return nil
+	}
+	if _, ok := txFrom(ctx); ok {
+		// As Notify: once the DB's own writes are done.
+		go func() {
+			n.db.writeSlot <- struct{}{}
+			<-n.db.writeSlot
+			n.db.hub.publishWorker(workerID)
+		}()
+		return nil
+	}
+	n.db.hub.publishWorker(workerID)
+	return nil
+}
+
+// SubscribeWorker implements workerapi.SignalNotifier: the channel
+// receives after every NotifyWorker of workerID that reaches n, and when
+// n's listener reconnected (a signal may have been missed), until cancel
+// is called or n is closed. The channel is never closed.
+func (n *Notifier) SubscribeWorker(workerID string) (<-chan struct{}, func()) {
+	ch := make(chan struct{}, 1)
+	n.mu.Lock()
+	if n.wsubs == nil {
+		n.wsubs = map[string]map[chan struct{}]struct{}{}
+	}
+	m := n.wsubs[workerID]
+	if m == nil {
+		m = map[chan struct{}]struct{}{}
+		n.wsubs[workerID] = m
+	}
+	m[ch] = struct{}{}
+	n.mu.Unlock()
+	return ch, func() {
+		n.mu.Lock()
+		defer n.mu.Unlock()
+		if m := n.wsubs[workerID]; m != nil {
+			delete(m, ch)
+			if len(m) == 0 {
+				delete(n.wsubs, workerID)
+			}
+		}
+	}
+}
+
+// wakeWorker gives every subscriber of worker id's signals a wake-up,
+// unless one is pending.
+func (n *Notifier) wakeWorker(id string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.closed {
+		return
+	}
+	for ch := range n.wsubs[id] {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// wakeAll wakes every subscriber, of jobs and of every worker's signals:
+// after a reconnection, when any notification may have been missed.
+func (n *Notifier) wakeAll() {
+	n.wake()
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.closed {
+		return
+	}
+	for _, m := range n.wsubs {
+		for ch := range m {
+			select {
+			case ch <- struct{}{}:
+			default:
+			}
+		}
+	}
+}
+
 // Close stops delivering to n's subscribers and, on PostgreSQL, closes the
 // listener's connection and waits for the listener's goroutine to return.
 // It leaves the subscribers' channels open. Notify still works after
@@ -313,6 +426,7 @@ func (n *Notifier) Close() error {
 		n.mu.Lock()
 		n.closed = true
 		clear(n.subs)
+		clear(n.wsubs)
 		n.mu.Unlock()
 		if n.stop != nil {
 			n.stop()
@@ -433,7 +547,7 @@ func (n *Notifier) listen(ctx context.Context, pc *pgx.ConnConfig, conn *pgx.Con
 		// jobs they announced, and the changes to the DB's cache (which
 		// listening empties).
 		n.db.listening(true)
-		n.wake()
+		n.wakeAll()
 	}
 }
 
@@ -447,6 +561,10 @@ func (n *Notifier) receive(ctx context.Context, conn *pgx.Conn) error {
 		cancel()
 		switch {
 		case err == nil:
+			if id, ok := strings.CutPrefix(nt.Payload, signalPayload); ok {
+				n.wakeWorker(id)
+				continue
+			}
 			if n.db.heard(nt.Payload) {
 				n.wake()
 			}

@@ -515,3 +515,104 @@ func listeners(t *testing.T, db *bunstore.DB, channel string) []int {
 	}
 	return pids
 }
+
+// The interface workerapi.SignalNotifier adds.
+var _ interface {
+	NotifyWorker(ctx context.Context, workerID string) error
+	SubscribeWorker(workerID string) (<-chan struct{}, func())
+} = (*bunstore.Notifier)(nil)
+
+// NotifyWorker wakes the subscribers of that worker's signals, on the same
+// DB and, on PostgreSQL, on every replica, and no one else: not another
+// worker's, not a Subscribe channel; and Notify wakes no worker's. In a
+// DB.InTx transaction it is delivered once the transaction ends, and on
+// PostgreSQL never if it rolls back.
+func TestNotifierWorkerSignals(t *testing.T) {
+	for _, d := range testdb.Dialects() {
+		t.Run(d.Name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			tdb := d.New(t)
+			dbA := open(t, tdb)
+			a, a2 := notifier(t, dbA, nil), notifier(t, dbA, nil)
+			sigA, cancel := a2.SubscribeWorker("wrk_1")
+			defer cancel()
+			otherA, cancel := a2.SubscribeWorker("wrk_2")
+			defer cancel()
+			jobsA, cancel := a2.Subscribe()
+			defer cancel()
+
+			if err := a.NotifyWorker(ctx, "wrk_1"); err != nil {
+				t.Fatal(err)
+			}
+			if !receives(sigA, delivered) {
+				t.Fatal("a subscriber of wrk_1 missed NotifyWorker(wrk_1)")
+			}
+			if receives(otherA, quiet) || receives(jobsA, 0) {
+				t.Fatal("NotifyWorker(wrk_1) woke another worker's subscriber or a Subscribe channel")
+			}
+			mustNotify(t, ctx, a)
+			if !receives(jobsA, delivered) {
+				t.Fatal("Notify missed its subscriber")
+			}
+			if receives(sigA, quiet) || receives(otherA, 0) {
+				t.Fatal("Notify woke a worker's signals subscriber")
+			}
+
+			// In a transaction: delivered once it ends.
+			release := make(chan struct{})
+			inTx := make(chan struct{})
+			done := make(chan error, 1)
+			go func() {
+				done <- dbA.InTx(ctx, func(ctx context.Context) error {
+					if err := a.NotifyWorker(ctx, "wrk_1"); err != nil {
+						return err
+					}
+					close(inTx)
+					<-release
+					return nil
+				})
+			}()
+			<-inTx
+			if receives(sigA, quiet) {
+				t.Fatal("NotifyWorker in a transaction was delivered before it ended")
+			}
+			close(release)
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+			if !receives(sigA, delivered) {
+				t.Fatal("NotifyWorker in a transaction was not delivered once it committed")
+			}
+
+			if d.Name != "postgres" {
+				return
+			}
+			b := notifier(t, open(t, tdb), nil)
+			sigB, cancel := b.SubscribeWorker("wrk_1")
+			defer cancel()
+			if err := a.NotifyWorker(ctx, "wrk_1"); err != nil {
+				t.Fatal(err)
+			}
+			if !receives(sigB, delivered) {
+				t.Fatal("a subscriber of wrk_1 on replica B missed NotifyWorker on replica A")
+			}
+			if !receives(sigA, delivered) {
+				t.Fatal("a subscriber of wrk_1 on replica A missed NotifyWorker on replica A")
+			}
+			// Rolled back: never delivered.
+			errRollback := context.Canceled
+			if err := dbA.InTx(ctx, func(ctx context.Context) error {
+				if err := a.NotifyWorker(ctx, "wrk_1"); err != nil {
+					return err
+				}
+				return errRollback
+			}); err != errRollback {
+				t.Fatalf("InTx = %v", err)
+			}
+			if receives(sigB, quiet) || receives(sigA, 0) {
+				t.Fatal("NotifyWorker in a rolled-back transaction was delivered")
+			}
+		})
+	}
+}

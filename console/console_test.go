@@ -496,6 +496,18 @@ func TestActions(t *testing.T) {
 			t.Fatalf("approval: %s %+v", diff, w.Worker)
 		}
 	})
+	t.Run("drain and resume", func(t *testing.T) {
+		p := b.post(t, wp+"/drain", nil)
+		mustContain(t, "drain", p, "drain done.", "requested by", "granted no job until resumed", `/resume"`)
+		if w := apiGet[wire.WorkerDetailResponse](t, f, "/operator/workers/"+n.WorkerID); !w.Worker.Drain {
+			t.Fatal("the worker is not draining")
+		}
+		p = b.post(t, wp+"/resume", nil)
+		mustContain(t, "resume", p, "resume done.", "not requested", `/drain"`)
+		if w := apiGet[wire.WorkerDetailResponse](t, f, "/operator/workers/"+n.WorkerID); w.Worker.Drain {
+			t.Fatal("the worker still drains")
+		}
+	})
 	t.Run("bad worker action", func(t *testing.T) {
 		p := b.post(t, wp+"/explode", nil)
 		mustContain(t, "explode", p, "there is no worker action")

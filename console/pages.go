@@ -459,6 +459,8 @@ func (c *Console) workerAction(w http.ResponseWriter, r *http.Request, s *sessio
 		switch action {
 		case "ban", "unban", "retire":
 			body = wire.ReasonRequest{Reason: reason}
+		case "drain", "resume":
+			body = struct{}{}
 		case "approve":
 			a := wire.ApproveRequest{Reason: reason}
 			if t := fields(r.PostForm.Get("job_types")); len(t) > 0 {
@@ -476,9 +478,12 @@ func (c *Console) workerAction(w http.ResponseWriter, r *http.Request, s *sessio
 			return flash{}, err
 		}
 		msg := fmt.Sprintf("Worker %s: %s done.", id, action)
-		if out.ReceiptID != nil {
+		switch {
+		case action == "drain" || action == "resume":
+			// A drain request mints no receipt.
+		case out.ReceiptID != nil:
 			msg += " Receipt " + *out.ReceiptID + "."
-		} else {
+		default:
 			msg += " (Nothing changed.)"
 		}
 		return flash{Text: msg}, nil

@@ -338,6 +338,15 @@ func TestNodelanectlCommands(t *testing.T) {
 		}
 		out = x.run("workers", "approve", wid, "-job-type", "lora_train,status_check", "-tag", "lab-a", "-reason", "vetted")
 		mustContain(t, "approve again", out, wid, "approved")
+		x.runJSON(&wr, "workers", "drain", wid)
+		if !wr.Worker.Drain || wr.Worker.DrainRequestedAt == nil || wr.ReceiptID != nil {
+			t.Errorf("drain: %+v", wr)
+		}
+		mustContain(t, "workers show while draining", x.run("workers", "show", wid), "drain", "true")
+		out = x.run("workers", "resume", wid)
+		mustContain(t, "resume", out, wid, "DRAIN", "false")
+		r0 := x.fail(1, nil, "-server", c.base(), "-token-file", x.tokFile, "workers", "drain", "wrk_nosuchworker")
+		mustContain(t, "drain of no worker", r0.stderr, "404 not_found")
 		r := x.fail(1, nil, "-server", c.base(), "-token-file", x.tokFile, "workers", "ban", "wrk_nosuchworker")
 		mustContain(t, "ban of no worker", r.stderr, "404 not_found")
 	})

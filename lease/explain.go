@@ -197,6 +197,9 @@ type WorkerVerdict struct {
 	// Pending reports that the worker awaits an operator's approval (set
 	// only when Checked); its ban and slot are not checked then.
 	Pending bool `json:"pending"`
+	// Draining reports that an operator asked the worker to drain
+	// (Worker.Drain): it is granted nothing while the request stands.
+	Draining bool `json:"draining"`
 	// Offline reports that the worker is offline (set only when Checked
 	// and not Pending); its ban and slot are not checked then.
 	Offline bool `json:"offline"`
@@ -226,8 +229,8 @@ type WorkerVerdict struct {
 	// Reasons are why this worker cannot take the job: the first matching
 	// step it fails (ReasonJobType, ReasonTypeNotApproved, ReasonGPUSKU,
 	// ReasonGPUCount, ReasonVRAM, ReasonMaxVRAM, ReasonTagsMismatch), else
-	// ReasonPendingApproval, ReasonWorkerOffline, ReasonBanned or
-	// ReasonMaxJobs. Empty for an available worker and for one not checked. Job-side
+	// ReasonPendingApproval, ReasonDraining, ReasonWorkerOffline,
+	// ReasonBanned or ReasonMaxJobs. Empty for an available worker and for one not checked. Job-side
 	// reasons (ReasonScheduled) are not repeated here.
 	Reasons []Reason `json:"reasons"`
 }
@@ -306,7 +309,7 @@ func (m *Manager) Explain(ctx context.Context, jobID string, opts *ExplainOption
 			return nil, err
 		}
 	}
-	available, banned, pending, offline := false, 0, 0, 0
+	available, banned, pending, offline, draining := false, 0, 0, 0, 0
 	for _, i := range matching {
 		if available && !o.AllWorkers {
 			break
@@ -317,6 +320,12 @@ func (m *Manager) Explain(ctx context.Context, jobID string, opts *ExplainOption
 			v.Pending = true
 			v.Reasons = append(v.Reasons, Reason{Code: ReasonPendingApproval, Message: "the worker awaits an operator's approval"})
 			pending++
+			continue
+		}
+		if ws[i].Drain != nil {
+			v.Draining = true
+			v.Reasons = append(v.Reasons, Reason{Code: ReasonDraining, Message: "an operator asked the worker to drain"})
+			draining++
 			continue
 		}
 		if m.livenessAt(ws[i], now) == LivenessOffline {
@@ -374,16 +383,22 @@ func (m *Manager) Explain(ctx context.Context, jobID string, opts *ExplainOption
 		case banned+pending == len(matching):
 			ex.Reasons = append(ex.Reasons, Reason{Code: ReasonPendingApproval,
 				Message: fmt.Sprintf("every worker that can run it awaits an operator's approval (%d pending, %d banned)", pending, banned) + among})
-		case banned+pending+offline == len(matching):
+		case banned+pending+draining == len(matching):
+			ex.Reasons = append(ex.Reasons, Reason{Code: ReasonDraining,
+				Message: fmt.Sprintf("every worker that can run it is draining at an operator's request (%d draining, %d pending, %d banned)", draining, pending, banned) + among})
+		case banned+pending+draining+offline == len(matching):
 			ex.Reasons = append(ex.Reasons, Reason{Code: ReasonWorkerOffline,
 				Message: fmt.Sprintf("no online worker matches: every worker that can run it is offline (%d offline, %d banned, %d pending)", offline, banned, pending) + among})
 		default:
 			if offline > 0 {
 				awaiting += fmt.Sprintf(", %d offline", offline)
 			}
+			if draining > 0 {
+				awaiting += fmt.Sprintf(", %d draining", draining)
+			}
 			ex.Reasons = append(ex.Reasons, Reason{Code: ReasonMaxJobs,
 				Message: fmt.Sprintf("every worker that can run it is at its governor max_jobs (%d busy, %d banned%s): it waits for a free slot",
-					len(matching)-banned-pending-offline, banned, awaiting) + among})
+					len(matching)-banned-pending-offline-draining, banned, awaiting) + among})
 		}
 	}
 	ex.Leasable = len(ex.Reasons) == 0
@@ -668,6 +683,10 @@ type LeaseExplanation struct {
 	Types []TypeVerdict `json:"types"`
 	// Pending reports that the worker awaits an operator's approval.
 	Pending bool `json:"pending"`
+	// Draining reports that an operator asked the worker to drain
+	// (Worker.Drain): the one reason is then ReasonDraining, and nothing
+	// else is examined.
+	Draining bool `json:"draining"`
 	// Banned, LiveLeases, ExpiredLeases, MaxJobs and Slot are as in
 	// WorkerVerdict, checked unless Pending.
 	Banned        bool `json:"banned"`
@@ -769,6 +788,11 @@ func (m *Manager) ExplainLease(ctx context.Context, req LeaseRequest, opts *Expl
 	if w.Approval.Pending {
 		ex.Pending = true
 		ex.Reasons = append(ex.Reasons, Reason{Code: ReasonPendingApproval, Message: "the worker awaits an operator's approval"})
+		return ex, nil
+	}
+	if w.Drain != nil {
+		ex.Draining = true
+		ex.Reasons = append(ex.Reasons, Reason{Code: ReasonDraining, Message: "an operator asked the worker to drain: it is granted no job until the drain is withdrawn (resume)"})
 		return ex, nil
 	}
 	asked := req.JobTypes

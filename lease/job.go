@@ -261,6 +261,20 @@ type Worker struct {
 	// awaits one, and the job types it pins. Only Manager.Approve (through
 	// Store.SetApproval) changes it once the worker is stored.
 	Approval Approval `json:"approval"`
+	// Drain is the operator's standing request that the worker drain
+	// (Manager.SetDrain), nil when there is none: while it stands the
+	// worker is granted no job. Only Manager.SetDrain (through
+	// DrainStore.SetDrain) changes it once the worker is stored.
+	Drain *DrainRequest `json:"drain,omitempty"`
+}
+
+// DrainRequest is an operator's request that a worker drain: finish what
+// it runs and take nothing new.
+type DrainRequest struct {
+	// At is when the request was made.
+	At time.Time `json:"at"`
+	// By names who made it (the operator's principal id).
+	By string `json:"by,omitempty"`
 }
 
 // EffectiveTags returns the tags a job's Requirements.Tags are matched

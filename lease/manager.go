@@ -409,7 +409,7 @@ func (m *Manager) Lease(ctx context.Context, req LeaseRequest) ([]Grant, error) 
 	// plan turns the worker into its claim, with n leases prepared, or
 	// says it may claim nothing.
 	plan := func(w *Worker) (ClaimQuery, bool, error) {
-		if w.Approval.Pending || w.Status == StatusRetired {
+		if w.Approval.Pending || w.Status == StatusRetired || w.Drain != nil {
 			return ClaimQuery{}, false, nil
 		}
 		var allowed []string

@@ -357,8 +357,28 @@ func (s *MemoryStore) PutWorker(ctx context.Context, w *Worker) error {
 	c := cloneWorker(w)
 	if old, ok := s.workers[w.ID]; ok {
 		c.Approval = cloneApproval(old.Approval)
+		c.Drain = old.Drain
 	}
 	s.workers[w.ID] = c
+	return nil
+}
+
+// SetDrain implements DrainStore.
+func (s *MemoryStore) SetDrain(ctx context.Context, id string, d *DrainRequest) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	w, ok := s.workers[id]
+	if !ok {
+		return ErrNotFound
+	}
+	w.Drain = nil
+	if d != nil {
+		c := *d
+		w.Drain = &c
+	}
 	return nil
 }
 
@@ -467,6 +487,10 @@ func cloneWorker(w *Worker) *Worker {
 	c.Capabilities.JobTypes = slices.Clone(w.Capabilities.JobTypes)
 	c.Metrics = slices.Clone(w.Metrics)
 	c.Approval = cloneApproval(w.Approval)
+	if w.Drain != nil {
+		d := *w.Drain
+		c.Drain = &d
+	}
 	return &c
 }
 

@@ -108,8 +108,9 @@ func (s *Server) endTx(ctx context.Context, fn func(ctx context.Context) error) 
 // worker_restarted, not_held, ...), records it as the job's receipt_id
 // when the job ended, and, once the write commits, counts and logs the
 // end (EventMetrics.ObserveLeases LeaseExpired and "job expired", except
-// for a retirement, which the retire route logs) and queues its
-// ReceiptMinted hook.
+// for a retirement, which the retire route logs), queues its
+// ReceiptMinted hook and, for the maintainer's ends, wakes the worker's
+// signals long-poll.
 func (s *Server) leaseEnded(ctx context.Context, j *lease.Job) error {
 	if j.Lease == nil || j.LastError == nil {
 		return fmt.Errorf("workerapi: job %s ended a lease without a lease or a reason", j.ID)
@@ -135,6 +136,20 @@ func (s *Server) leaseEnded(ctx context.Context, j *lease.Job) error {
 		c.after(hook)
 	} else {
 		afterCommit(ctx, func() { s.hooks.emit([]hookEvent{hook}) })
+	}
+	if callFrom(ctx) == nil {
+		// The maintainer's end (expiry, offline): the worker's signals
+		// long-poll, if it holds one open, hears of the lost job now
+		// rather than at its next heartbeat. A request's ends are the
+		// caller's own (reconcile) or signalled by their route (retire).
+		wid := jc.Lease.WorkerID
+		afterCommit(ctx, func() {
+			if sn, ok := s.st.Notifier.(SignalNotifier); ok {
+				if err := sn.NotifyWorker(context.WithoutCancel(ctx), wid); err != nil {
+					s.log.Warn("waking a worker's signals long-poll", "worker", wid, "err", err)
+				}
+			}
+		})
 	}
 	afterCommit(ctx, func() {
 		switch jc.LastError.Code {

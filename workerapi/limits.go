@@ -29,6 +29,11 @@ func checkLimits(v any) error {
 		return checkHeartbeat(r)
 	case *wire.StartRequest:
 		return checkStart(r)
+	case *wire.SignalsRequest:
+		return firstError(
+			checkList("current_jobs", r.CurrentJobs, wire.MaxCurrentJobs, wire.MaxNameBytes),
+			checkList("known_cancels", r.KnownCancels, wire.MaxCurrentJobs, wire.MaxNameBytes),
+		)
 	case *leaseBody:
 		return firstError(
 			checkList("supported_job_types", r.SupportedJobTypes, wire.MaxJobTypes, wire.MaxJobTypeBytes),

@@ -128,12 +128,16 @@ func (s *Server) expireActivation(ctx context.Context) error {
 	return err
 }
 
-// LocalNotifier is a Notifier for one process: Notify wakes every
-// subscriber of this LocalNotifier at once. Use it with stores that live
+// LocalNotifier is a Notifier and a SignalNotifier for one process: Notify
+// wakes every subscriber of this LocalNotifier at once, NotifyWorker every
+// subscriber of that worker's signals. Use it with stores that live
 // in one process (MemoryStores, a SQLite file).
 type LocalNotifier struct {
 	mu   sync.Mutex
 	subs map[chan struct{}]struct{}
+	// workers are the subscribers of each worker's signals
+	// (SignalNotifier).
+	workers workerSubs
 }
 
 // NewLocalNotifier returns a LocalNotifier.

@@ -343,6 +343,8 @@ var oasWireSchemas = []struct {
 	{"RenewTokenResponse", wire.RenewTokenResponse{}, true},
 	{"HeartbeatRequest", wire.HeartbeatRequest{}, false},
 	{"HeartbeatResponse", wire.HeartbeatResponse{}, true},
+	{"SignalsRequest", wire.SignalsRequest{}, false},
+	{"SignalsResponse", wire.SignalsResponse{}, true},
 	{"LeaseExpiry", wire.LeaseExpiry{}, true},
 	{"LeaseRequest", wire.LeaseRequest{}, false},
 	{"Requirements", wire.Requirements{}, true},
@@ -1017,7 +1019,7 @@ func oasTruncate(b []byte) string {
 func TestOpenAPICheckerCatches(t *testing.T) {
 	c := getOpenAPIChecker(t)
 	const (
-		hb      = `{"ok":true,"worker_id":"w","server_time":"2026-11-30T09:00:00Z","next_heartbeat_seconds":30,"heartbeat_deadline":"2026-11-30T09:01:30Z","policy_version":1,"leases":[],"lost_jobs":[],"cancel_jobs":[],"ended_jobs":[]}`
+		hb      = `{"ok":true,"worker_id":"w","server_time":"2026-11-30T09:00:00Z","next_heartbeat_seconds":30,"heartbeat_deadline":"2026-11-30T09:01:30Z","policy_version":1,"leases":[],"lost_jobs":[],"cancel_jobs":[],"ended_jobs":[],"drain":false}`
 		errBody = `{"error":{"code":%q,"message":"m","server_time":"2026-11-30T09:00:00Z"}}`
 	)
 	jsonCT := http.Header{"Content-Type": {"application/json"}}

@@ -259,6 +259,11 @@ func (s *Server) opCancelJob(ctx context.Context, c *call) (int, any, error) {
 	if err != nil {
 		return 0, nil, err
 	}
+	if l := prev.Lease; j.Rev != prev.Rev && prev.State.Live() && l != nil {
+		// The worker that holds the job learns of the cancel in seconds
+		// through its signals long-poll.
+		s.signalWorkers(c, l.WorkerID)
+	}
 	if j.Rev != prev.Rev && j.State != prev.State {
 		jc, from := *j, prev.State
 		c.note(func() { s.logJob("canceled", from, &jc) })
@@ -541,6 +546,10 @@ func (s *Server) workerView(ctx context.Context, w *lease.Worker) (wire.WorkerVi
 		v.Capabilities.GPUs = append(v.Capabilities.GPUs, wire.GPU{SKU: g.SKU, VRAMMB: g.VRAMMB})
 	}
 	s.approvalView(&v, w)
+	if d := w.Drain; d != nil {
+		at, by := d.At, d.By
+		v.Drain, v.DrainRequestedAt, v.DrainRequestedBy = true, &at, &by
+	}
 	p, err := s.issuer.Principal(ctx, w.ID)
 	switch {
 	case errors.Is(err, credential.ErrNotFound):
@@ -564,6 +573,55 @@ func (s *Server) opUnbanWorker(ctx context.Context, c *call) (int, any, error) {
 	return s.setBan(ctx, c, false)
 }
 
+func (s *Server) opDrainWorker(ctx context.Context, c *call) (int, any, error) {
+	return s.setDrain(ctx, c, true)
+}
+
+func (s *Server) opResumeWorker(ctx context.Context, c *call) (int, any, error) {
+	return s.setDrain(ctx, c, false)
+}
+
+// setDrain sets (drain) or withdraws the operator's request that a worker
+// drain: while it stands the worker is granted no job, keeps the jobs it
+// holds, and its heartbeat and signals answers carry drain: true; the
+// change wakes its signals long-poll. It mints no receipt: it changes no
+// job, charge or credential, and the worker's view records who asked and
+// when (drain_requested_by, drain_requested_at). A retired worker cannot
+// be drained (409); asking again changes nothing.
+func (s *Server) setDrain(ctx context.Context, c *call, drain bool) (int, any, error) {
+	if err := c.decodeOptional(&struct{}{}); err != nil {
+		return 0, nil, err
+	}
+	var (
+		w       *lease.Worker
+		changed bool
+	)
+	err := s.st.Tx.InTx(ctx, func(ctx context.Context) error {
+		var err error
+		if w, err = s.leases.Worker(ctx, c.pathID()); err != nil {
+			return err
+		}
+		if w.Status == lease.StatusRetired {
+			return fmt.Errorf("%w: worker %s is retired", lease.ErrInvalidTransition, w.ID)
+		}
+		w, changed, err = s.leases.SetDrain(ctx, w.ID, drain, c.principal.ID)
+		return err
+	})
+	if err != nil {
+		return 0, nil, err
+	}
+	if changed {
+		s.signalWorkers(c, w.ID)
+		what := "resumed"
+		if drain {
+			what = "drained"
+		}
+		id, by := w.ID, c.principal.ID
+		c.note(func() { s.log.Info("worker "+what, "worker", id, "by", by) })
+	}
+	return s.workerAnswer(ctx, c, w, nil)
+}
+
 // setBan bans or unbans a worker's principal and mints the receipt of the
 // change, in one transaction. A ban follows the node's key: every other
 // worker principal registered with the same key is banned (or unbanned)
@@ -578,8 +636,9 @@ func (s *Server) setBan(ctx context.Context, c *call, ban bool) (int, any, error
 		return 0, nil, err
 	}
 	var (
-		w      *lease.Worker
-		minted *receipts.Stored
+		w        *lease.Worker
+		minted   *receipts.Stored
+		signaled []string // the principals banned or unbanned: their long-polls look again
 	)
 	err := s.st.Tx.InTx(ctx, func(ctx context.Context) error {
 		var err error
@@ -604,6 +663,7 @@ func (s *Server) setBan(ctx context.Context, c *call, ban bool) (int, any, error
 		if minted, err = s.setPrincipalBan(ctx, c, p, w.NodeID, ban, req.Reason); err != nil {
 			return err
 		}
+		signaled = append(signaled[:0], p.ID)
 		for _, q := range sharers {
 			nodeID := ""
 			if qw, err := s.leases.Worker(ctx, q.ID); err == nil {
@@ -614,11 +674,17 @@ func (s *Server) setBan(ctx context.Context, c *call, ban bool) (int, any, error
 			if _, err := s.setPrincipalBan(ctx, c, q, nodeID, ban, req.Reason); err != nil {
 				return err
 			}
+			signaled = append(signaled, q.ID)
 		}
 		return nil
 	})
 	if err != nil {
 		return 0, nil, err
+	}
+	if ban {
+		// A ban ends the worker's open long-polls at once (403
+		// worker_banned).
+		s.signalWorkers(c, signaled...)
 	}
 	return s.workerAnswer(ctx, c, w, minted)
 }

@@ -88,6 +88,11 @@ func (s *Server) opRetireWorker(ctx context.Context, c *call) (int, any, error) 
 	if err != nil {
 		return 0, nil, err
 	}
+	if minted != nil {
+		// The retired worker's open long-polls end at once (403
+		// worker_banned).
+		s.signalWorkers(c, w.ID)
+	}
 	code, ans, err := s.workerAnswer(ctx, c, w, minted)
 	if err != nil || minted != nil {
 		return code, ans, err

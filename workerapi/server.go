@@ -32,7 +32,10 @@ type Transactor interface {
 
 // Notifier wakes long-polls, on every replica, when jobs may have become
 // leasable. bunstore implements it with LISTEN/NOTIFY on PostgreSQL and
-// in process on SQLite.
+// in process on SQLite. A Notifier that also implements SignalNotifier
+// wakes one worker's signals and lease long-polls when an operator's
+// cancel, ban, retirement or drain concerns it; one that does not still
+// works, each such signal then waking every long-poll (SignalNotifier).
 type Notifier interface {
 	// Notify announces new work. Called with a context that carries a
 	// transaction, it may deliver only once that transaction commits.

@@ -403,6 +403,7 @@ func (s *Server) heartbeat(ctx context.Context, c *call) (int, any, error) {
 		LostJobs:             append([]string{}, t.Lost...),
 		CancelJobs:           append([]string{}, t.Cancel...),
 		EndedJobs:            ended,
+		Drain:                w.Drain != nil,
 	}
 	for _, j := range t.Leases {
 		out.Leases = append(out.Leases, wire.LeaseExpiry{JobID: j.ID, ExpiresAt: j.Lease.ExpiresAt})
@@ -458,14 +459,21 @@ func (s *Server) lease(ctx context.Context, c *call) (int, any, error) {
 	}
 	d := min(time.Duration(wait)*time.Second, wire.MaxWaitSeconds*time.Second, s.cfg.MaxWait)
 	var (
-		wake   <-chan struct{}
-		cancel func()
+		wake, sig <-chan struct{}
+		cancel    func()
 	)
 	if d > 0 {
 		// Subscribe before the first attempt, so that a job dispatched
-		// while it runs still wakes the wait.
+		// while it runs still wakes the wait. A ban or a retirement of the
+		// worker wakes it too (its signals), and the next attempt refuses
+		// it (checkGranted): with a Notifier that is not a SignalNotifier,
+		// the ban's Notify wakes it through wake.
 		wake, cancel = s.st.Notifier.Subscribe()
 		c.cleanup(cancel)
+		if sn, ok := s.st.Notifier.(SignalNotifier); ok {
+			sig, cancel = sn.SubscribeWorker(lr.WorkerID)
+			c.cleanup(cancel)
+		}
 	}
 	// Why no job came is said only in an answer without one: not after
 	// each attempt of a long-poll, which may wake for every job
@@ -501,6 +509,8 @@ func (s *Server) lease(ctx context.Context, c *call) (int, any, error) {
 				}
 				return http.StatusOK, out, nil
 			case <-wake:
+				tick.Stop()
+			case <-sig:
 				tick.Stop()
 			case <-tick.C:
 				every = min(2*every, maxPollTick)
@@ -546,9 +556,15 @@ func (s *Server) rememberLease(ctx context.Context, c *call, k *keyed, out *wire
 }
 
 // leaseOnce makes one attempt to lease jobs under a fresh envelope
-// snapshot and, with explain, says why none was granted. With accept, it
+// snapshot, for a worker that is not banned (checkGranted), and, with explain, says why none was granted. With accept, it
 // accepts each job granted (acceptGranted).
 func (s *Server) leaseOnce(ctx context.Context, c *call, lr lease.LeaseRequest, accept, explain bool) (*wire.LeaseResponse, error) {
+	// A ban or a retirement committed since the request's credential
+	// was verified (during a long-poll's wait) is seen here, in the
+	// claim's transaction: no job is granted to a banned worker.
+	if err := s.checkGranted(ctx, lr.WorkerID); err != nil {
+		return nil, err
+	}
 	snap, err := s.gate.Snapshot(ctx)
 	if err != nil {
 		return nil, err
@@ -669,7 +685,7 @@ func (s *Server) whyNoJob(ctx context.Context, snap *envelope.Snapshot, lr lease
 	for _, r := range ex.Reasons {
 		var be *envelope.BlockedError
 		switch {
-		case r.Code == lease.ReasonNoJobTypes, r.Code == lease.ReasonPendingApproval:
+		case r.Code == lease.ReasonNoJobTypes, r.Code == lease.ReasonPendingApproval, r.Code == lease.ReasonDraining:
 			return "no eligible job: " + r.Message, nil
 		case r.Code == lease.ReasonTypeNotRegistered, r.Code == lease.ReasonTypeNotApproved:
 			if _, ok := at[r.Code]; !ok {

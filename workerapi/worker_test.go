@@ -360,7 +360,7 @@ func TestHeartbeat(t *testing.T) {
 		t.Fatalf("heartbeat: %d %s", st, b)
 	}
 	m := asMap(t, b)
-	wantKeys(t, "heartbeat", m, "ok", "worker_id", "server_time", "next_heartbeat_seconds", "heartbeat_deadline", "policy_version", "leases", "lost_jobs", "cancel_jobs", "ended_jobs")
+	wantKeys(t, "heartbeat", m, "ok", "worker_id", "server_time", "next_heartbeat_seconds", "heartbeat_deadline", "policy_version", "leases", "lost_jobs", "cancel_jobs", "ended_jobs", "drain")
 	if m["ok"] != true || m["worker_id"] != f.node.WorkerID || m["next_heartbeat_seconds"] != 30.0 || m["policy_version"] != 1.0 {
 		t.Errorf("heartbeat answer %s", b)
 	}

@@ -109,6 +109,11 @@ func printWorker(a *app, w workerView) {
 		t.row("approved_pins", "job_types="+orDash(strings.Join(w.ApprovedJobTypes, ","))+" tags="+orDash(strings.Join(w.ApprovedTags, ",")))
 	}
 	t.row("banned", strconv.FormatBool(w.Banned)+" "+strp(w.BanReason))
+	drain := strconv.FormatBool(w.Drain)
+	if w.DrainRequestedAt != nil {
+		drain += " (by " + strp(w.DrainRequestedBy) + " at " + tstr(*w.DrainRequestedAt) + ")"
+	}
+	t.row("drain", drain)
 	t.row("gpus", gpus(w))
 	t.row("tags", orDash(strings.Join(w.Tags, ",")))
 	t.row("max_leases", strconv.Itoa(w.MaxLeases))
@@ -134,6 +139,22 @@ func workerAction(verb string) func(a *app, args []string) error {
 	}
 }
 
+// workerDrain is drain or resume: POST /operator/workers/{id}/VERB with
+// no body. A drained worker is granted no job until it is resumed.
+func workerDrain(verb string) func(a *app, args []string) error {
+	return func(a *app, args []string) error {
+		fs := a.flags("workers "+verb, "WORKER_ID")
+		if err := a.parse(fs, args, 1, 1); err != nil {
+			return err
+		}
+		b, err := a.call(http.MethodPost, "/operator/workers/"+url.PathEscape(a.arg(0))+"/"+verb, struct{}{})
+		if err != nil {
+			return err
+		}
+		return a.printWorkerResponse(b)
+	}
+}
+
 func (a *app) printWorkerResponse(b []byte) error {
 	if a.json() {
 		return a.printJSON(b)
@@ -143,8 +164,9 @@ func (a *app) printWorkerResponse(b []byte) error {
 		return fmt.Errorf("undecodable answer: %w", err)
 	}
 	t := newTable(a.stdout)
-	t.row("ID", "NODE", "STATUS", "APPROVAL", "BANNED", "RECEIPT")
-	t.row(out.Worker.WorkerID, out.Worker.NodeID, out.Worker.Status, out.Worker.Approval, strconv.FormatBool(out.Worker.Banned), strp(out.ReceiptID))
+	t.row("ID", "NODE", "STATUS", "APPROVAL", "BANNED", "DRAIN", "RECEIPT")
+	t.row(out.Worker.WorkerID, out.Worker.NodeID, out.Worker.Status, out.Worker.Approval, strconv.FormatBool(out.Worker.Banned),
+		strconv.FormatBool(out.Worker.Drain), strp(out.ReceiptID))
 	t.flush()
 	return nil
 }

@@ -7,7 +7,7 @@
 //	nodelanectl [-server URL] [-token-file FILE] [-config FILE] [-o table|json] GROUP VERB [flags] [args]
 //
 // The groups and verbs are jobs (submit, list, show, cancel, logs),
-// workers (list, show, ban, unban, approve, retire), envelope (status,
+// workers (list, show, ban, unban, approve, retire, drain, resume), envelope (status,
 // activate, deactivate), credentials (mint, list, revoke), receipts
 // (export, verify) and cost (report); `nodelanectl help` lists them. The
 // common flags may also follow the verb.
@@ -126,6 +126,8 @@ var groups = map[string]map[string]command{
 		"unban":   {"lift a worker's ban", workerAction("unban")},
 		"approve": {"approve a pending worker, optionally pinning job types and tags", workersApprove},
 		"retire":  {"retire a worker for good", workerAction("retire")},
+		"drain":   {"ask a worker to drain: it is granted no job until resumed", workerDrain("drain")},
+		"resume":  {"withdraw a drain request", workerDrain("resume")},
 	},
 	"envelope": {
 		"status":     {"show the envelope", envelopeStatus},

@@ -139,6 +139,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		configPath   = fs.String("config", "", "TOML file mapping job types to commands (docs/COMMANDS.md); the worker then runs only those")
 		drainTimeout = fs.Duration("drain-timeout", client.DefaultDrainTimeout, "on SIGTERM/SIGINT, how long running jobs may take to finish before they are released")
 		waitSeconds  = fs.Int("wait-seconds", client.DefaultWaitSeconds, "lease long-poll, in seconds (max 60)")
+		hbInterval   = fs.Duration("heartbeat-interval", 0, "heartbeat interval (default: the server's next_heartbeat_seconds); cancels, drains, bans and retirements arrive within seconds through the signals long-poll whatever it is")
 		verbose      = fs.Bool("v", false, "debug logging")
 		nvidiaSMI    = fs.String("nvidia-smi", "", `nvidia-smi to run for GPU discovery and heartbeat metrics (default: "nvidia-smi" on PATH; "off": neither)`)
 		insecureHTTP = fs.Bool("insecure-http", false, "allow an http:// -server that is not this machine (its tokens cross the network in clear)")
@@ -168,6 +169,9 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	if *maxJobs < 1 {
 		return errors.New("-max-jobs must be at least 1")
+	}
+	if *hbInterval < 0 {
+		return errors.New("-heartbeat-interval must not be negative")
 	}
 	level := slog.LevelInfo
 	if *verbose {
@@ -280,6 +284,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		ProvisioningToken: provToken,
 		Registration:      reg,
 		WaitSeconds:       *waitSeconds,
+		HeartbeatInterval: *hbInterval,
 		DrainTimeout:      *drainTimeout,
 		Metrics:           metrics,
 		Logger:            log,

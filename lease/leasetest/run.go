@@ -30,7 +30,9 @@
 // and exact approvals (a widening waits for an operator); tags.go
 // checks pools (a job's tags restrict it to the workers that have them,
 // an approval's pinned tags narrow a worker's, also with many workers
-// claiming at once, and Explain names the missing tags). claim.go also runs a claim that the store retries
+// claiming at once, and Explain names the missing tags); drain.go checks,
+// on a store that is a lease.DrainStore, that a drain request is kept
+// (PutWorker too keeps it) and grants the worker nothing. claim.go also runs a claim that the store retries
 // after a rolled-back attempt called grant.
 //
 // The suite's own test, wrong_test.go, runs it on stores that are wrong in
@@ -77,6 +79,7 @@ func Run(t *testing.T, newStore func(t *testing.T) lease.Store) {
 	t.Run("Retire", func(t *testing.T) { runGroup(t, newStore, retireTests) })
 	t.Run("Reconcile", func(t *testing.T) { runGroup(t, newStore, reconcileTests) })
 	t.Run("LeaseEnded", func(t *testing.T) { runGroup(t, newStore, endedTests) })
+	t.Run("Drain", func(t *testing.T) { runGroup(t, newStore, drainTests) })
 }
 
 // test is one test of the suite. It gets a fixture over a fresh store.

@@ -689,6 +689,30 @@ func (c *Client) Heartbeat(ctx context.Context, req wire.HeartbeatRequest) (*wir
 	return &out, nil
 }
 
+// Signals opens the control long-poll (POST /workers/signals): the server
+// answers at once when a job of req.CurrentJobs has its cancel requested
+// and is not in req.KnownCancels, when one is no longer held, or when the
+// operator's drain request differs from req.Draining, and otherwise at
+// the end of req.WaitSeconds. A ban or a retirement ends it with 403
+// worker_banned. A server older than the route answers 404 not_found.
+func (c *Client) Signals(ctx context.Context, req wire.SignalsRequest) (*wire.SignalsResponse, error) {
+	if req.CurrentJobs == nil {
+		req.CurrentJobs = []string{}
+	}
+	if req.KnownCancels == nil {
+		req.KnownCancels = []string{}
+	}
+	var wait time.Duration
+	if req.WaitSeconds != nil {
+		wait = time.Duration(max(*req.WaitSeconds, 0)) * time.Second
+	}
+	var out wire.SignalsResponse
+	if _, err := c.do(ctx, wire.PathSignals, req, &out, callOpts{wait: wait}); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
 // Lease asks for jobs (POST /workers/jobs/lease), waiting up to
 // req.WaitSeconds for one. With none, the answer's Leases is empty. A
 // call that gives up (its retries spent, or ctx done) may still have

@@ -16,6 +16,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -701,8 +702,10 @@ func TestClientCancelReachesHandler(t *testing.T) {
 	if lines := clLogLines(t, p, j.ID); len(lines) != 2 {
 		t.Errorf("%d log lines, want both", len(lines))
 	}
-	if len(p.requests("/heartbeat")) == 0 {
-		t.Error("no heartbeat carried the cancel")
+	// A cancel made in Go wakes no signals long-poll: a heartbeat carries
+	// it, or the signals long-poll's first look after the jobs changed.
+	if len(p.requests("/heartbeat"))+len(p.requests("/workers/signals")) == 0 {
+		t.Error("no heartbeat or signals answer carried the cancel")
 	}
 }
 
@@ -806,6 +809,15 @@ func TestClientOfflineStopsJob(t *testing.T) {
 	})
 	j := p.env.Enqueue(t, lease.NewJob{Type: "status_check"})
 	clWait(t, running, "the handler")
+	// The deadline is known once a heartbeat got through: the signals
+	// long-poll's first request may have delayed the first one.
+	deadline := time.Now().Add(15 * time.Second)
+	for !slices.ContainsFunc(p.requests("/heartbeat"), func(s clSeen) bool { return s.status == http.StatusOK }) {
+		if time.Now().After(deadline) {
+			t.Fatal("no heartbeat got through")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 	p.inject(clFault{suffix: "/heartbeat", n: 1000, status: http.StatusServiceUnavailable})
 	cause := clWait(t, causes, "the offline watchdog")
 	stoppedAt := time.Now()

@@ -129,16 +129,19 @@ type JobEnd struct {
 
 // The defaults of RunnerConfig.
 const (
-	DefaultWaitSeconds      = 20
-	DefaultIdlePoll         = 5 * time.Second
-	DefaultLeaseMargin      = 30 * time.Second
-	DefaultDrainTimeout     = 25 * time.Second
-	DefaultDrainGrace       = 3 * time.Second
-	DefaultReportPatience   = 10 * time.Minute
-	DefaultLogFlushInterval = 2 * time.Second
-	DefaultLogBatchSize     = 200
-	DefaultMaxBufferedLogs  = 20000
-	DefaultTokenRenewBefore = 72 * time.Hour
+	DefaultWaitSeconds = 20
+	DefaultIdlePoll    = 5 * time.Second
+	DefaultLeaseMargin = 30 * time.Second
+	// DefaultSignalsWaitSeconds is the default of
+	// RunnerConfig.SignalsWaitSeconds.
+	DefaultSignalsWaitSeconds = 25
+	DefaultDrainTimeout       = 25 * time.Second
+	DefaultDrainGrace         = 3 * time.Second
+	DefaultReportPatience     = 10 * time.Minute
+	DefaultLogFlushInterval   = 2 * time.Second
+	DefaultLogBatchSize       = 200
+	DefaultMaxBufferedLogs    = 20000
+	DefaultTokenRenewBefore   = 72 * time.Hour
 )
 
 // RunnerConfig holds a Runner's settings. A nil *RunnerConfig means all
@@ -182,6 +185,12 @@ type RunnerConfig struct {
 	// capped at a fifth of the time the deadline gave. Defaults to
 	// DefaultLeaseMargin.
 	LeaseMargin time.Duration
+	// SignalsWaitSeconds is the wait_seconds of the control long-poll
+	// (POST /workers/signals) the Runner keeps open, so that a cancel, a
+	// lost job, an operator's drain request, a ban or a retirement reaches
+	// it within seconds, whatever HeartbeatInterval is. Defaults to
+	// DefaultSignalsWaitSeconds; at most wire.MaxSignalsWaitSeconds.
+	SignalsWaitSeconds int
 	// DrainTimeout is how long running jobs may take to finish once the
 	// worker drains, before they are cancelled (ErrDrained) and released.
 	// Defaults to DefaultDrainTimeout (a spot reclaim or a Kubernetes grace
@@ -233,11 +242,14 @@ type Runner struct {
 	cfg RunnerConfig
 	log *slog.Logger
 
-	mu         sync.Mutex
-	handlers   map[string]HandlerFunc
-	jobs       map[string]*task
-	started    bool
-	draining   bool
+	mu       sync.Mutex
+	handlers map[string]HandlerFunc
+	jobs     map[string]*task
+	started  bool
+	draining bool
+	// drainAsked is set once the server said an operator asked this
+	// worker to drain.
+	drainAsked bool
 	hbInterval time.Duration
 	// leasesThrough is the server_time of the newest lease (or register
 	// or start) answer whose grants are in jobs: what a heartbeat sends as
@@ -301,6 +313,7 @@ func NewRunner(c *Client, cfg *RunnerConfig) (*Runner, error) {
 	}{
 		{"WaitSeconds", &wc.WaitSeconds, DefaultWaitSeconds, wire.MaxWaitSeconds},
 		{"LogBatchSize", &wc.LogBatchSize, DefaultLogBatchSize, wire.MaxLogEntries},
+		{"SignalsWaitSeconds", &wc.SignalsWaitSeconds, DefaultSignalsWaitSeconds, wire.MaxSignalsWaitSeconds},
 		{"MaxBufferedLogs", &wc.MaxBufferedLogs, DefaultMaxBufferedLogs, 0},
 		{"MaxConcurrent", &wc.MaxConcurrent, 0, 0},
 	} {
@@ -439,6 +452,11 @@ func (w *Runner) Run(ctx context.Context) error {
 		defer close(hbDone)
 		w.heartbeatLoop(hbCtx)
 	}()
+	sigDone := make(chan struct{})
+	go func() {
+		defer close(sigDone)
+		w.signalsLoop(hbCtx)
+	}()
 	leaseCtx, stopLeasing := context.WithCancel(w.baseCtx)
 	leaseDone := make(chan struct{})
 	go func() {
@@ -478,6 +496,7 @@ func (w *Runner) Run(ctx context.Context) error {
 	w.Drain()
 	stopHB()
 	<-hbDone
+	<-sigDone
 	if fatal == nil {
 		fctx, cancel := context.WithTimeout(w.baseCtx, w.finalTimeout())
 		_, err := w.c.Heartbeat(fctx, wire.HeartbeatRequest{Status: "draining", CurrentJobs: w.Jobs(), Metrics: w.metrics()})
@@ -798,15 +817,160 @@ func (w *Runner) heartbeatOnce(ctx context.Context) error {
 			t.lose()
 		}
 	}
-	for _, id := range resp.CancelJobs {
-		if t := listed[id]; t != nil {
-			t.stop(ErrJobCanceled)
-		}
+	w.signaled(listed, resp.LostJobs, resp.CancelJobs)
+	if resp.Drain {
+		w.drainRequested()
 	}
 	for _, t := range listed {
 		t.rearm() // the clock offset may have moved
 	}
 	return nil
+}
+
+// signaled stops, of the tasks listed, those the server says are lost and
+// those whose cancel it says was requested: a heartbeat's answer and a
+// signals answer alike.
+func (w *Runner) signaled(listed map[string]*task, lost, cancel []string) {
+	for _, id := range lost {
+		if t := listed[id]; t != nil {
+			t.lose()
+		}
+	}
+	for _, id := range cancel {
+		if t := listed[id]; t != nil {
+			t.stop(ErrJobCanceled)
+		}
+	}
+}
+
+// drainRequested drains the worker at an operator's request (POST
+// /operator/workers/{id}/drain), as Drain does.
+func (w *Runner) drainRequested() {
+	select {
+	case <-w.drainCh:
+		return
+	default:
+	}
+	w.log.Info("an operator asked this worker to drain: draining")
+	w.Drain()
+}
+
+// signalsRestartDelay is how long after its jobs change the signals
+// long-poll asks again with the new list: well within the 2 s a signal may
+// take, and it folds a busy worker's changes into one request.
+const signalsRestartDelay = 250 * time.Millisecond
+
+// signalsLoop keeps the control long-poll (POST /workers/signals) open
+// until ctx ends, so that a cancel, a lost job, a drain request, a ban or
+// a retirement reaches the worker within seconds, whatever the heartbeat
+// interval: it names the jobs it holds and the cancels they already know
+// of, and asks again at once whenever its jobs change. It acts on an
+// answer as on a heartbeat's (signaled), drains on a drain request, stops
+// the Runner on a credential refused for good (a ban), and backs off on
+// other errors. It ends quietly against a server without the route.
+func (w *Runner) signalsLoop(ctx context.Context) {
+	failures := 0
+	wait := w.cfg.SignalsWaitSeconds
+	for ctx.Err() == nil {
+		w.mu.Lock()
+		listed := make(map[string]*task, len(w.jobs))
+		ids := make([]string, 0, len(w.jobs))
+		known := []string{}
+		for id, t := range w.jobs {
+			listed[id] = t
+			ids = append(ids, id)
+			if t.ctx.Err() != nil {
+				// Stopped already: a cancel is no news.
+				known = append(known, id)
+			}
+		}
+		changed := w.changed
+		w.mu.Unlock()
+		sort.Strings(ids)
+		sort.Strings(known)
+		pctx, cancel := context.WithCancel(ctx)
+		go func() {
+			select {
+			case <-changed:
+				// The jobs changed: ask again with the new list, once the
+				// changes of the next moment have folded into it (a busy
+				// worker's jobs change often; one request covers them).
+				t := time.NewTimer(signalsRestartDelay)
+				defer t.Stop()
+				select {
+				case <-t.C:
+					cancel()
+				case <-pctx.Done():
+				}
+			case <-pctx.Done():
+			}
+		}()
+		used := w.c.id.Token()
+		w.log.Debug("signals long-poll", "jobs", len(ids), "wait_seconds", wait)
+		resp, err := w.c.Signals(pctx, wire.SignalsRequest{
+			WaitSeconds: &wait, CurrentJobs: ids, KnownCancels: known, Draining: w.isDrainingRequested(),
+		})
+		restarted := pctx.Err() != nil && ctx.Err() == nil
+		cancel()
+		switch {
+		case err == nil:
+			failures = 0
+			// Only the tasks still held: a job that ended while the
+			// request waited is no longer the server's either.
+			w.mu.Lock()
+			for id, t := range listed {
+				if w.jobs[id] != t {
+					delete(listed, id)
+				}
+			}
+			w.mu.Unlock()
+			w.signaled(listed, resp.LostJobs, resp.CancelJobs)
+			if resp.Drain {
+				w.setDrainRequested()
+				w.drainRequested()
+			}
+			continue
+		case ctx.Err() != nil:
+			return
+		case restarted:
+			continue
+		case IsCode(err, wire.CodeNotFound) || IsCode(err, wire.CodeMethodNotAllowed):
+			w.log.Warn("the server has no signals route: cancels and drains arrive with heartbeats only", "err", err)
+			return
+		case IsCode(err, wire.CodeTokenExpired):
+			if rerr := w.renew(ctx, used); rerr != nil {
+				w.setFatal(fmt.Errorf("%w; renewing: %w", err, rerr))
+				return
+			}
+			continue
+		case isAuthFatal(err):
+			w.setFatal(err)
+			return
+		}
+		failures++
+		w.log.Warn("signals long-poll failed", "err", err, "failures", failures)
+		t := time.NewTimer(backoffDelay(time.Second, 15*time.Second, failures))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// isDrainingRequested reports whether the server said an operator asked
+// this worker to drain.
+func (w *Runner) isDrainingRequested() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.drainAsked
+}
+
+func (w *Runner) setDrainRequested() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.drainAsked = true
 }
 
 // watchOffline (re)arms the watchdog that stops every job at (local
@@ -889,6 +1053,7 @@ func (w *Runner) leaseLoop(ctx context.Context, types []string) {
 			continue
 		}
 		start, used := time.Now(), w.c.id.Token()
+		w.log.Debug("lease long-poll", "wait_seconds", w.cfg.WaitSeconds)
 		resp, err := w.c.Lease(ctx, wire.LeaseRequest{
 			SupportedJobTypes: types, SupportedGPUSKUs: w.cfg.SupportedGPUSKUs,
 			MaxJobs: min(free, wire.MaxJobsPerLease), WaitSeconds: w.cfg.WaitSeconds, Accept: true,

@@ -192,6 +192,13 @@ type WorkerView struct {
 	// MaxLeases is how many live leases the worker may hold: its
 	// governor's max_jobs (0 meaning 1), capped by the control plane.
 	MaxLeases int `json:"max_leases"`
+	// Drain reports an operator's standing request that the worker drain
+	// (POST /operator/workers/{id}/drain, withdrawn by .../resume): it is
+	// granted no job while it stands. DrainRequestedAt and
+	// DrainRequestedBy say when and by whom, null without one.
+	Drain            bool       `json:"drain"`
+	DrainRequestedAt *time.Time `json:"drain_requested_at"`
+	DrainRequestedBy *string    `json:"drain_requested_by"`
 }
 
 // WorkerListResponse answers GET /operator/workers[?after=&limit=]:

@@ -12,7 +12,11 @@ const (
 	// PathCompleteBatch completes several jobs in one request.
 	PathCompleteBatch = "/workers/jobs/complete"
 	PathAudit         = "/workers/audit"
-	PathOpenAPI       = "/workers/openapi.json"
+	// PathSignals is the control long-poll a worker keeps open so that a
+	// cancel, a lost job, a drain, a ban or a retirement reaches it in
+	// seconds (SignalsRequest).
+	PathSignals = "/workers/signals"
+	PathOpenAPI = "/workers/openapi.json"
 )
 
 // The actions on one leased job, for JobPath.
@@ -42,4 +46,7 @@ const (
 	MaxMetricsBytes = 16 << 10
 	// MaxAuditEvents bounds the events of one audit request.
 	MaxAuditEvents = 100
+	// MaxSignalsWaitSeconds is the longest wait_seconds of a signals
+	// request.
+	MaxSignalsWaitSeconds = 60
 )

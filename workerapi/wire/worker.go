@@ -164,6 +164,42 @@ type HeartbeatResponse struct {
 	// EndedJobs are the jobs whose leases leases_through ended; [] when
 	// none.
 	EndedJobs []string `json:"ended_jobs"`
+	// Drain reports that an operator asked the worker to drain (POST
+	// /operator/workers/{id}/drain): it is granted no job until the
+	// request is withdrawn (resume), and should finish what it runs and
+	// lease nothing. False from a server older than the field.
+	Drain bool `json:"drain"`
+}
+
+// SignalsRequest is the body of POST /workers/signals, the control
+// long-poll a worker keeps open so that signals reach it in seconds.
+type SignalsRequest struct {
+	// WaitSeconds is how long to wait for a signal, 0 to
+	// MaxSignalsWaitSeconds; omitted means 0 (answer at once).
+	WaitSeconds *int `json:"wait_seconds"`
+	// CurrentJobs are the jobs the worker holds (at most MaxCurrentJobs
+	// ids): the ones whose cancel or loss it is told of.
+	CurrentJobs []string `json:"current_jobs"`
+	// KnownCancels are the jobs whose cancel the worker already knows of
+	// (at most MaxCurrentJobs ids): their cancel does not end the wait.
+	KnownCancels []string `json:"known_cancels"`
+	// Draining is whether the worker already knows of the operator's
+	// drain request: a request that differs ends the wait.
+	Draining bool `json:"draining"`
+}
+
+// SignalsResponse answers a signals request: at once when a signal is
+// due, as soon as one arrives during the wait, or at its end.
+type SignalsResponse struct {
+	// CancelJobs are the jobs of current_jobs whose cancel was requested
+	// (known_cancels included): stop them, and report their end.
+	CancelJobs []string `json:"cancel_jobs"`
+	// LostJobs are the jobs of current_jobs the worker no longer holds:
+	// stop them, and report nothing of them.
+	LostJobs []string `json:"lost_jobs"`
+	// Drain reports whether an operator asked the worker to drain.
+	Drain      bool      `json:"drain"`
+	ServerTime time.Time `json:"server_time"`
 }
 
 // LeaseRequest is the body of POST /workers/jobs/lease.

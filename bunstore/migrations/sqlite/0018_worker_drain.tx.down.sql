@@ -1,0 +1,3 @@
+ALTER TABLE nodelane_workers DROP COLUMN drain_requested_by;
+--bun:split
+ALTER TABLE nodelane_workers DROP COLUMN drain_requested_at;

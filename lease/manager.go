@@ -863,8 +863,7 @@ func (m *Manager) Complete(ctx context.Context, ref Ref, res Result) (job *Job, 
 		if j.State != StateRunning {
 			return nil, &TransitionError{JobID: j.ID, From: j.State, To: StateSucceeded}
 		}
-		j.State = StateSucceeded
-		j.FinishedAt = &now
+		m.finish(j, StateSucceeded, now)
 		if res.ReceiptID != "" {
 			j.ReceiptID = res.ReceiptID
 		}
@@ -1135,6 +1134,12 @@ func (m *Manager) requeue(j *Job, now time.Time, used bool) {
 }
 
 func (m *Manager) finish(j *Job, s State, now time.Time) {
+	if j.AcceptedAt != nil && now.Before(*j.AcceptedAt) {
+		// A clock moved back (a replica that came into step with the
+		// database's) never makes a job end before it started: its
+		// receipts' ended_at may not precede started_at.
+		now = *j.AcceptedAt
+	}
 	j.State = s
 	j.FinishedAt = &now
 }

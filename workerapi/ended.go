@@ -50,6 +50,12 @@ func attemptFailed(j *lease.Job, code string, attempt int, ended time.Time) (rec
 	}
 	if j.AcceptedAt != nil {
 		r.StartedAt = *j.AcceptedAt
+		// A replica's clock that moved back to the database's since the
+		// accept must not make an end that no receipt can record (and
+		// so an expiry that never commits): the attempt then lasted 0.
+		if ended.Before(r.StartedAt) {
+			ended, r.EndedAt = r.StartedAt, r.StartedAt
+		}
 		ms, err := receipts.DurationMS(r.StartedAt, ended)
 		if err != nil {
 			return receipts.Receipt{}, fmt.Errorf("workerapi: job %s: %w", j.ID, err)

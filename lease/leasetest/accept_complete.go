@@ -17,6 +17,7 @@ var acceptCompleteTests = []test{
 	{"CompleteRepeated", testCompleteRepeated},
 	{"CompleteWithReceipt", testCompleteWithReceipt},
 	{"Release", testRelease},
+	{"ClockMovedBack", testClockMovedBack},
 }
 
 func testHappyPath(t *testing.T, f *fixture) {
@@ -157,4 +158,32 @@ func testRelease(t *testing.T, f *fixture) {
 		wantErr(t, "release twice", err, lease.ErrLeaseLost)
 	}
 	f.state(j.ID, lease.StateQueued)
+}
+
+// A clock that moved back between accept and the end (a replica that
+// came into step with the database's clock) never makes a job end before
+// it started: FinishedAt is then its AcceptedAt, and the attempt lasted 0.
+func testClockMovedBack(t *testing.T, f *fixture) {
+	w := f.defaultWorker("w")
+	for _, end := range []string{"complete", "fail"} {
+		f.enqueue("status_check", func(nj *lease.NewJob) { nj.MaxAttempts = 1 })
+		_, ref := f.leaseOne(w)
+		acc := f.accept(ref)
+		f.clock.Advance(-time.Millisecond)
+		var j *lease.Job
+		var err error
+		if end == "complete" {
+			j, _, err = f.m.Complete(f.ctx, ref, lease.Result{})
+		} else {
+			j, err = f.m.Fail(f.ctx, ref, lease.Failure{Code: "oom", Message: "out of memory"})
+		}
+		if err != nil {
+			t.Fatalf("%s after the clock moved back: %v", end, err)
+		}
+		if j.FinishedAt == nil || !j.FinishedAt.Equal(*acc.AcceptedAt) {
+			t.Errorf("%s: finished at %v, accepted at %v: want the accept's time", end, j.FinishedAt, acc.AcceptedAt)
+		}
+		f.same(j)
+		f.clock.Advance(time.Second)
+	}
 }

@@ -218,6 +218,33 @@ func TestSignals(t *testing.T) {
 	})
 }
 
+// A lease the maintainer ends (here its TTL ran out) wakes the worker's
+// waiting signals long-poll, which answers the job lost at once rather
+// than at the end of its wait or at the next heartbeat.
+func TestSignalsMaintainerEnd(t *testing.T) {
+	t.Parallel()
+	onDialects(t, func(t *testing.T, d string) {
+		t.Parallel()
+		cn := newCountingNotifier(workerapi.NewLocalNotifier(), false)
+		env := newOpEnv(t, d, apitest.WithNotifier(func(testing.TB, *bunstore.DB) workerapi.Notifier { return cn }))
+		n := opGPUNode(t, env, "gpu-expired", 1)
+		a := dispatchJob(t, env, obj{"job_type": "status_check"})["job"].(obj)["id"].(string)
+		if got, _ := runOne(t, n, "status_check"); got != a {
+			t.Fatalf("ran %s, want %s", got, a)
+		}
+		poll := send(n.Request(t, http.MethodPost, wire.PathSignals, obj{"wait_seconds": 60, "current_jobs": []string{a}}))
+		cn.waitSubscribed(t, n.WorkerID, 1)
+		env.Clock.Advance(workerapi.DefaultLeaseTTL + time.Second)
+		if err := env.Server.MaintainOnce(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		got := await(t, "signals after the maintainer ended the lease", poll, 10*time.Second)
+		if got.status != http.StatusOK || strings.Join(strs(got.body["lost_jobs"]), ",") != a {
+			t.Errorf("signals after the lease expired: %d %v, want lost_jobs [%s]", got.status, got.body, a)
+		}
+	})
+}
+
 // A worker banned while its lease long-poll waits gets 403 and no job,
 // and a job enqueued right after the ban stays queued: the claim checks
 // the ban in its own transaction, even when the ban's wake-up is lost and

@@ -662,6 +662,21 @@ func receiptExamples(t *testing.T) []docExample {
 	reencode(t, eb)
 	ex = append(ex, docExample{"receipt-escapes", string(eb) + "\n"})
 
+	// A worker that restarted with a new job type, a second GPU and
+	// max_jobs 2 (worker_updated).
+	upd := receipts.Receipt{
+		ID: exampleID("rcp_", exampleFinished.Add(2*time.Hour), "3c5e7a9b1d2f4e6a8c0b"), Kind: receipts.KindWorkerUpdated, PolicyVersion: 3,
+		ServerTime: exampleFinished.Add(2 * time.Hour), WorkerID: "wrk_01a22badcd1a3c1f0a9e5d7b2c48e610", NodeID: "studio-gpu-1",
+		OldJobTypes: "embedding_dry_run", JobTypes: "embedding_dry_run lora_train", OldTags: "lab", Tags: "lab",
+		OldGPUs: "rtx-4090:24576", GPUs: "rtx-4090:24576 rtx-4090:24576", OldMaxJobs: 1, MaxJobs: 2,
+	}
+	ub, err := upd.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	reencode(t, ub)
+	ex = append(ex, docExample{"receipt-worker-updated", string(ub) + "\n"})
+
 	// The leaf hash of the job_charged receipt.
 	leaf := tlog.RecordHash(bodies[2])
 	if h := sha256.Sum256(append([]byte{0}, bodies[2]...)); h != leaf {

@@ -766,6 +766,8 @@ type workerRow struct {
 	ApprovalReason   string  `bun:"approval_reason"`
 	ApprovedJobTypes *string `bun:"approved_job_types"`
 	ApprovedTags     *string `bun:"approved_tags"`
+	// ApprovalExact is lease.Approval.Exact (migration 0017).
+	ApprovalExact bool `bun:"approval_exact"`
 }
 
 // workerColumns are the columns PutWorker replaces in a stored worker:
@@ -778,6 +780,7 @@ var workerColumns = []string{
 // setApproval writes a into the approval columns of r.
 func (r *workerRow) setApproval(a lease.Approval) error {
 	r.ApprovalPending, r.ApprovedAt, r.ApprovedBy, r.ApprovalReason = a.Pending, microsPtr(a.At), a.By, a.Reason
+	r.ApprovalExact = a.Exact
 	var err error
 	if r.ApprovedJobTypes, err = jsonList(a.JobTypes); err != nil {
 		return err
@@ -822,7 +825,7 @@ func (r *workerRow) worker() (*lease.Worker, error) {
 	if err := json.Unmarshal([]byte(r.Capabilities), &w.Capabilities); err != nil {
 		return nil, fmt.Errorf("bunstore: worker %s: capabilities: %w", r.ID, err)
 	}
-	w.Approval = lease.Approval{Pending: r.ApprovalPending, At: fromMicrosPtr(r.ApprovedAt), By: r.ApprovedBy, Reason: r.ApprovalReason}
+	w.Approval = lease.Approval{Pending: r.ApprovalPending, At: fromMicrosPtr(r.ApprovedAt), By: r.ApprovedBy, Reason: r.ApprovalReason, Exact: r.ApprovalExact}
 	for _, l := range []struct {
 		col string
 		src *string
@@ -902,7 +905,7 @@ func (s *LeaseStore) SetApproval(ctx context.Context, id string, prevAt *time.Ti
 	}
 	err := s.write(ctx, func(ctx context.Context, idb bun.IDB) error {
 		q := idb.NewUpdate().Model(r).
-			Column("approval_pending", "approved_at", "approved_by", "approval_reason", "approved_job_types", "approved_tags").
+			Column("approval_pending", "approved_at", "approved_by", "approval_reason", "approved_job_types", "approved_tags", "approval_exact").
 			WherePK()
 		if prevAt == nil {
 			q = q.Where("approved_at IS NULL")

@@ -53,6 +53,17 @@ type Approval struct {
 	// without duplicates: only those of the worker's registered tags count
 	// in matching (Worker.EffectiveTags). Empty pins no tag.
 	Tags []string `json:"tags"`
+	// Exact makes JobTypes and Tags the whole of what the operator
+	// approved: a type or tag not among them is not granted, even when
+	// the list is empty. Approve fills an empty list of an exact approval
+	// with what the worker registered at that time, so that an approval
+	// that pins nothing covers the types and tags the worker had when it
+	// was approved, and a later widening (a type or tag the worker
+	// registers afterwards) waits for another approval
+	// (Worker.PendingApproval) while what was approved keeps working.
+	// Approvals stored before the field are not exact: their empty lists
+	// pin nothing.
+	Exact bool `json:"exact"`
 }
 
 // Approved reports whether an operator approved the worker and it is not
@@ -62,7 +73,39 @@ func (a Approval) Approved() bool { return a.At != nil && !a.Pending }
 // allows reports whether the approval lets the worker be granted jobs of
 // type t: it pins no type, or pins t.
 func (a Approval) allows(t string) bool {
-	return len(a.JobTypes) == 0 || slices.Contains(a.JobTypes, t)
+	return !a.Exact && len(a.JobTypes) == 0 || slices.Contains(a.JobTypes, t)
+}
+
+// allowsTag reports whether the approval lets the worker's tag t count
+// in matching: it pins no tag, or pins t.
+func (a Approval) allowsTag(t string) bool {
+	return !a.Exact && len(a.Tags) == 0 || slices.Contains(a.Tags, t)
+}
+
+// PendingApproval returns the job types and tags w registered that its
+// approval does not cover, sorted and without duplicates, nil when none:
+// all of them while its approval is pending, and afterwards those an
+// operator must approve before w is granted jobs of those types or
+// tags (a widening since the approval). A worker never approved, and
+// not pending, has none.
+func (w *Worker) PendingApproval() (types, tags []string) {
+	a := w.Approval
+	if !a.Pending && a.At == nil {
+		return nil, nil
+	}
+	for _, t := range w.Capabilities.JobTypes {
+		if a.Pending || !a.allows(t) {
+			types = append(types, t)
+		}
+	}
+	for _, t := range w.Tags {
+		if a.Pending || !a.allowsTag(t) {
+			tags = append(tags, t)
+		}
+	}
+	slices.Sort(types)
+	slices.Sort(tags)
+	return slices.Compact(types), slices.Compact(tags)
 }
 
 // leaseTypes returns the job types a lease request of w considers: those
@@ -87,7 +130,9 @@ func (w *Worker) leaseTypes(asked []string) []string {
 // longer pending, and a.JobTypes and a.Tags (each at most MaxPins values
 // of 1 to MaxPinLen bytes of UTF-8 without spaces or control characters,
 // stored sorted and deduplicated; empty pins nothing) replace what an
-// earlier approval pinned. a.By and a.Reason (at most MaxApprovalReason
+// earlier approval pinned. With a.Exact, an empty a.JobTypes or a.Tags
+// is filled with the worker's registered job types or tags at that time
+// (see Approval.Exact). a.By and a.Reason (at most MaxApprovalReason
 // bytes) are recorded with the time;
 // a.Pending and a.At are ignored. Approving a worker already approved with
 // the same job types and tags changes nothing and returns changed =
@@ -113,11 +158,19 @@ func (m *Manager) Approve(ctx context.Context, workerID string, a Approval) (w *
 		if w, err = m.store.GetWorker(ctx, workerID); err != nil {
 			return nil, false, err
 		}
-		if w.Approval.Approved() && slices.Equal(w.Approval.JobTypes, types) && slices.Equal(w.Approval.Tags, tags) {
+		types, tags := types, tags
+		if a.Exact && len(types) == 0 {
+			types = sortedSet(w.Capabilities.JobTypes)
+		}
+		if a.Exact && len(tags) == 0 {
+			tags = sortedSet(w.Tags)
+		}
+		if w.Approval.Approved() && w.Approval.Exact == a.Exact &&
+			slices.Equal(w.Approval.JobTypes, types) && slices.Equal(w.Approval.Tags, tags) {
 			return w, false, nil
 		}
 		now := m.now()
-		next := Approval{At: &now, By: a.By, Reason: a.Reason, JobTypes: types, Tags: tags}
+		next := Approval{At: &now, By: a.By, Reason: a.Reason, JobTypes: types, Tags: tags, Exact: a.Exact}
 		err = m.store.SetApproval(ctx, w.ID, w.Approval.At, next)
 		if errors.Is(err, ErrConflict) {
 			continue
@@ -157,4 +210,14 @@ func pins(field string, vs []string) ([]string, error) {
 		}
 	}
 	return out, nil
+}
+
+// sortedSet returns vs sorted and without duplicates, nil when empty.
+func sortedSet(vs []string) []string {
+	if len(vs) == 0 {
+		return nil
+	}
+	out := slices.Clone(vs)
+	slices.Sort(out)
+	return slices.Compact(out)
 }

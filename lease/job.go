@@ -271,7 +271,7 @@ type Worker struct {
 func (w *Worker) EffectiveTags() []string {
 	var out []string
 	for _, t := range w.Tags {
-		if len(w.Approval.Tags) == 0 || slices.Contains(w.Approval.Tags, t) {
+		if w.Approval.allowsTag(t) {
 			out = append(out, t)
 		}
 	}

@@ -33,6 +33,10 @@ const (
 	KindWorkerApproved      Kind = "worker_approved"
 	KindWorkerRetired       Kind = "worker_retired"
 	KindNodeAudit           Kind = "node_audit"
+	// KindWorkerUpdated: a worker that started (or registered) again
+	// brought other capabilities than it had: job types, tags, GPUs or
+	// governor limits, old and new.
+	KindWorkerUpdated Kind = "worker_updated"
 )
 
 // Kinds returns every receipt kind, in byte order.
@@ -134,6 +138,19 @@ type Receipt struct {
 	// JobTypes and Tags are what an approval pins: sorted, space-separated.
 	JobTypes string // "job_types"
 	Tags     string // "tags"
+
+	// A worker's capabilities before and after a worker_updated: job types
+	// and tags sorted and space-separated, GPUs as sorted space-separated
+	// "sku:vram_mb" entries (one per GPU); the new job types and tags are
+	// JobTypes and Tags. An empty list, or a zero limit, is absent.
+	OldJobTypes  string // "old_job_types"
+	OldTags      string // "old_tags"
+	GPUs         string // "gpus"
+	OldGPUs      string // "old_gpus"
+	MaxJobs      int64  // "max_jobs"
+	OldMaxJobs   int64  // "old_max_jobs"
+	MaxVRAMMB    int64  // "max_vram_mb"
+	OldMaxVRAMMB int64  // "old_max_vram_mb"
 }
 
 type fieldType uint8
@@ -204,6 +221,16 @@ var fieldDefs = map[string]fieldDef{
 
 	// The credential a registration was authorised by.
 	"provisioning_credential_id": strField(func(r *Receipt) *string { return &r.ProvisioningCredentialID }),
+
+	// A worker's capabilities before and after (worker_updated).
+	"old_job_types":   strField(func(r *Receipt) *string { return &r.OldJobTypes }),
+	"old_tags":        strField(func(r *Receipt) *string { return &r.OldTags }),
+	"gpus":            strField(func(r *Receipt) *string { return &r.GPUs }),
+	"old_gpus":        strField(func(r *Receipt) *string { return &r.OldGPUs }),
+	"max_jobs":        intField(func(r *Receipt) *int64 { return &r.MaxJobs }),
+	"old_max_jobs":    intField(func(r *Receipt) *int64 { return &r.OldMaxJobs }),
+	"max_vram_mb":     intField(func(r *Receipt) *int64 { return &r.MaxVRAMMB }),
+	"old_max_vram_mb": intField(func(r *Receipt) *int64 { return &r.OldMaxVRAMMB }),
 }
 
 // kindSpec lists the fields a kind requires and those it allows.
@@ -277,6 +304,12 @@ var kindSpecs = map[Kind]kindSpec{
 	KindNodeAudit: {
 		required: []string{"worker_id", "event_type", "occurred_at", "payload_sha256"},
 		optional: []string{"node_id"},
+	},
+	KindWorkerUpdated: {
+		// Each list or limit, old and new, is absent when empty or zero.
+		required: []string{"worker_id"},
+		optional: []string{"node_id", "old_job_types", "job_types", "old_tags", "tags", "old_gpus", "gpus",
+			"old_max_jobs", "max_jobs", "old_max_vram_mb", "max_vram_mb"},
 	},
 }
 

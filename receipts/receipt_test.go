@@ -95,6 +95,14 @@ func golden() map[receipts.Kind]receipts.Receipt {
 	r.WorkerID, r.NodeID, r.Actor, r.Reason = "wrk_1", "studio-gpu-1", "operator-1", "decommissioned"
 	rs[r.Kind] = r
 
+	r = base(receipts.KindWorkerUpdated)
+	r.WorkerID, r.NodeID = "wrk_1", "studio-gpu-1"
+	r.OldJobTypes, r.JobTypes = "status_check", "lora_train status_check"
+	r.Tags = "eu"
+	r.OldGPUs, r.GPUs = "rtx-4090:24576", "rtx-4090:24576 rtx-4090:24576"
+	r.OldMaxJobs, r.MaxJobs, r.MaxVRAMMB = 1, 2, 20000
+	rs[r.Kind] = r
+
 	r = base(receipts.KindNodeAudit)
 	r.WorkerID, r.NodeID, r.EventType, r.OccurredAt, r.PayloadSHA256 = "wrk_1", "studio-gpu-1", "driver_update", t0.Add(-time.Minute+7*time.Microsecond), hashA
 	rs[r.Kind] = r

@@ -235,12 +235,15 @@ func TestApproveNodes(t *testing.T) {
 		exactKeys(t, "approve", m, "worker", "receipt_id")
 		w = m["worker"].(obj)
 		if w["approval"] != wire.ApprovalApproved || w["approved_by"] != apitest.OperatorID || w["approved_at"] == nil ||
-			len(w["approved_job_types"].([]any)) != 0 || len(w["approved_tags"].([]any)) != 0 {
+			fmt.Sprint(w["approved_job_types"]) != "[status_check telemetry_sync]" || len(w["approved_tags"].([]any)) != 0 ||
+			len(w["pending_job_types"].([]any)) != 0 {
+			// Pinning nothing covers what the node registered (so that a
+			// widening it registers later is pending).
 			t.Errorf("approved worker = %v", w)
 		}
 		r := logReceipt(t, env, m["receipt_id"].(string))
 		if r.Kind != receipts.KindWorkerApproved || r.WorkerID != n.WorkerID || r.NodeID != "new-node" || r.Actor != apitest.OperatorID ||
-			r.JobTypes != "" || r.Tags != "" || r.Reason != "" {
+			r.JobTypes != "status_check telemetry_sync" || r.Tags != "" || r.Reason != "" {
 			t.Errorf("approval receipt = %+v", r)
 		}
 		if got := env.Receipts(t); got != count+1 {

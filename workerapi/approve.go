@@ -38,7 +38,10 @@ func (s *Server) opApproveWorker(ctx context.Context, c *call) (int, any, error)
 	if len(req.Reason) > wire.MaxApprovalReasonBytes {
 		return 0, nil, invalid("reason is %d bytes, over the limit of %d", len(req.Reason), wire.MaxApprovalReasonBytes)
 	}
-	a := lease.Approval{By: c.principal.ID, Reason: req.Reason}
+	// Under ApproveNodes an approval covers what the worker has now
+	// (lease.Approval.Exact): a widening it registers later waits for
+	// another approval.
+	a := lease.Approval{By: c.principal.ID, Reason: req.Reason, Exact: s.cfg.ApproveNodes}
 	var err error
 	if a.JobTypes, err = approvalPins("job_types", req.JobTypes); err != nil {
 		return 0, nil, err
@@ -136,5 +139,7 @@ func (s *Server) approvalView(v *wire.WorkerView, w *lease.Worker) {
 		v.ApprovedAt, v.ApprovedBy = &at, &by
 	}
 	v.ApprovedJobTypes, v.ApprovedTags = orEmpty(a.JobTypes), orEmpty(a.Tags)
+	types, tags := w.PendingApproval()
+	v.PendingJobTypes, v.PendingTags = orEmpty(types), orEmpty(tags)
 	v.MaxLeases = s.leases.MaxLeases(w)
 }

@@ -27,6 +27,8 @@ func checkLimits(v any) error {
 		return checkRegister(r)
 	case *wire.HeartbeatRequest:
 		return checkHeartbeat(r)
+	case *wire.StartRequest:
+		return checkStart(r)
 	case *leaseBody:
 		return firstError(
 			checkList("supported_job_types", r.SupportedJobTypes, wire.MaxJobTypes, wire.MaxJobTypeBytes),
@@ -101,10 +103,34 @@ func checkRegister(r *wire.RegisterRequest) error {
 		checkText("version", r.Version, wire.MaxNameBytes),
 		checkOptional("endpoint_url", r.EndpointURL, wire.MaxURIBytes),
 		checkList("tags", r.Tags, wire.MaxTags, wire.MaxTagBytes),
+		checkHeld(r.CurrentJobs),
 	); err != nil {
 		return err
 	}
 	return checkCapabilities("capabilities", &r.Capabilities)
+}
+
+// checkStart bounds a start as a registration is bounded.
+func checkStart(r *wire.StartRequest) error {
+	if err := firstError(
+		checkText("name", r.Name, wire.MaxNameBytes),
+		checkText("hostname", r.Hostname, wire.MaxNameBytes),
+		checkText("role", r.Role, wire.MaxNameBytes),
+		checkText("version", r.Version, wire.MaxNameBytes),
+		checkList("tags", r.Tags, wire.MaxTags, wire.MaxTagBytes),
+		checkHeld(r.CurrentJobs),
+	); err != nil {
+		return err
+	}
+	return checkCapabilities("capabilities", &r.Capabilities)
+}
+
+// checkHeld bounds an optional current_jobs as a heartbeat's.
+func checkHeld(jobs *[]string) error {
+	if jobs == nil {
+		return nil
+	}
+	return checkList("current_jobs", *jobs, wire.MaxCurrentJobs, wire.MaxNameBytes)
 }
 
 func checkHeartbeat(r *wire.HeartbeatRequest) error {

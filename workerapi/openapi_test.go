@@ -337,6 +337,8 @@ var oasWireSchemas = []struct {
 	{"GovernorLimitsInput", wire.GovernorLimits{}, false},
 	{"RegisterRequest", wire.RegisterRequest{}, false},
 	{"RegisterResponse", wire.RegisterResponse{}, true},
+	{"StartRequest", wire.StartRequest{}, false},
+	{"StartResponse", wire.StartResponse{}, true},
 	{"RenewTokenRequest", wire.RenewTokenRequest{}, false},
 	{"RenewTokenResponse", wire.RenewTokenResponse{}, true},
 	{"HeartbeatRequest", wire.HeartbeatRequest{}, false},
@@ -1012,7 +1014,7 @@ func oasTruncate(b []byte) string {
 func TestOpenAPICheckerCatches(t *testing.T) {
 	c := getOpenAPIChecker(t)
 	const (
-		hb      = `{"ok":true,"worker_id":"w","server_time":"2026-11-30T09:00:00Z","next_heartbeat_seconds":30,"heartbeat_deadline":"2026-11-30T09:01:30Z","policy_version":1,"leases":[],"lost_jobs":[],"cancel_jobs":[]}`
+		hb      = `{"ok":true,"worker_id":"w","server_time":"2026-11-30T09:00:00Z","next_heartbeat_seconds":30,"heartbeat_deadline":"2026-11-30T09:01:30Z","policy_version":1,"leases":[],"lost_jobs":[],"cancel_jobs":[],"ended_jobs":[]}`
 		errBody = `{"error":{"code":%q,"message":"m","server_time":"2026-11-30T09:00:00Z"}}`
 	)
 	jsonCT := http.Header{"Content-Type": {"application/json"}}

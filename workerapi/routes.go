@@ -16,6 +16,7 @@ func (s *Server) workerRoutes() []route {
 	return []route{
 		post(wire.PathRegister, credential.ScopeNodeRegister, nil), // s.register runs it: its key is in the body
 		post(wire.PathHeartbeat, credential.ScopeNodeHeartbeat, s.heartbeat),
+		post(wire.PathStart, credential.ScopeNodeHeartbeat, s.start),
 		post(wire.PathToken, credential.ScopeNodeHeartbeat, s.renewToken),
 		post(wire.PathLease, credential.ScopeNodePoll, s.lease),
 		post("/workers/jobs/{id}/accept", credential.ScopeNodePoll, s.accept),

@@ -233,6 +233,8 @@ func (s *Server) registerSigned(ctx context.Context, c *call, req *wire.Register
 		w.EndpointURL = *req.EndpointURL
 	}
 	code := http.StatusCreated
+	var receiptID *string
+	ended := []string{}
 	old, err := s.leases.WorkerByNode(ctx, req.NodeID)
 	switch {
 	case errors.Is(err, lease.ErrNotFound):
@@ -254,7 +256,7 @@ func (s *Server) registerSigned(ctx context.Context, c *call, req *wire.Register
 			return 0, nil, err
 		}
 		if !bytes.Equal(np.PublicKey, pub) {
-			return 0, nil, fmt.Errorf("%w: node %q", ErrNodeExists, req.NodeID)
+			return 0, nil, nodeExists(req.NodeID)
 		}
 		if np.Banned {
 			return 0, nil, fmt.Errorf("%w: node %q", credential.ErrBanned, req.NodeID)
@@ -262,6 +264,15 @@ func (s *Server) registerSigned(ctx context.Context, c *call, req *wire.Register
 		w.ID, w.Status, w.Metrics = old.ID, old.Status, old.Metrics
 		if w, err = s.leases.RegisterWorker(ctx, w); err != nil {
 			return 0, nil, err
+		}
+		// The capabilities follow the box (start.go).
+		if receiptID, err = s.recordUpdate(ctx, c, snap, old, w); err != nil {
+			return 0, nil, err
+		}
+		if req.CurrentJobs != nil {
+			if ended, err = s.reconcileHeld(ctx, c, w.ID, *req.CurrentJobs, time.Time{}, lease.CodeWorkerRestarted); err != nil {
+				return 0, nil, err
+			}
 		}
 		creds, err := s.issuer.Credentials(ctx, w.ID)
 		if err != nil {
@@ -292,6 +303,14 @@ func (s *Server) registerSigned(ctx context.Context, c *call, req *wire.Register
 	if w.Approval.Pending {
 		status = wire.RegisterStatusPending
 	}
+	types, tags := w.PendingApproval()
+	if receiptID != nil || len(ended) > 0 {
+		wid := w.ID
+		c.note(func() {
+			s.log.Info("worker registered again", "request_id", c.reqID, "worker_id", wid,
+				"changed", receiptID != nil, "pending_job_types", types, "pending_tags", tags, "ended_jobs", ended)
+		})
+	}
 	return code, wire.RegisterResponse{
 		WorkerID:             w.ID,
 		WorkerToken:          tok,
@@ -301,6 +320,9 @@ func (s *Server) registerSigned(ctx context.Context, c *call, req *wire.Register
 		NextHeartbeatSeconds: int(s.cfg.HeartbeatInterval / time.Second),
 		ServerTime:           s.now(),
 		TokenExpiresAt:       cred.ExpiresAt,
+		EndedJobs:            ended,
+		PendingJobTypes:      orEmpty(types),
+		PendingTags:          orEmpty(tags),
 	}, nil
 }
 
@@ -362,6 +384,14 @@ func (s *Server) heartbeat(ctx context.Context, c *call) (int, any, error) {
 	if err != nil {
 		return 0, nil, err
 	}
+	ended := []string{}
+	if req.LeasesThrough != nil {
+		// A lease granted after the newest lease answer the worker
+		// processed is spared: it may not have heard of it yet.
+		if ended, err = s.reconcileHeld(ctx, c, id, req.CurrentJobs, *req.LeasesThrough, lease.CodeNotHeld); err != nil {
+			return 0, nil, err
+		}
+	}
 	out := wire.HeartbeatResponse{
 		OK:                   true,
 		WorkerID:             id,
@@ -372,6 +402,7 @@ func (s *Server) heartbeat(ctx context.Context, c *call) (int, any, error) {
 		Leases:               []wire.LeaseExpiry{},
 		LostJobs:             append([]string{}, t.Lost...),
 		CancelJobs:           append([]string{}, t.Cancel...),
+		EndedJobs:            ended,
 	}
 	for _, j := range t.Leases {
 		out.Leases = append(out.Leases, wire.LeaseExpiry{JobID: j.ID, ExpiresAt: j.Lease.ExpiresAt})
@@ -538,7 +569,8 @@ func (s *Server) leaseOnce(ctx context.Context, c *call, lr lease.LeaseRequest, 
 			c.jobIDs = append(c.jobIDs, g.Job.ID)
 		}
 	}
-	out := &wire.LeaseResponse{Leases: []wire.Grant{}}
+	// Read after the claim: at or after every grant's time (leases_through).
+	out := &wire.LeaseResponse{Leases: []wire.Grant{}, ServerTime: s.now()}
 	var (
 		asked    *envelope.Snapshot // the envelope at accept
 		accepted int

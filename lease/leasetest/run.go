@@ -24,7 +24,10 @@
 // that keeps the approval); retention.go checks DeleteEnded and
 // Manager.Prune (ended jobs go with their events and artifacts, nothing
 // else does, concurrent deleters delete each job once); liveness.go
-// checks online, stale and offline workers and ExpireOffline; tags.go
+// checks online, stale and offline workers and ExpireOffline; reconcile.go
+// checks Reconcile (a restarted or heartbeating worker ends the leases it
+// no longer holds, sparing those granted after its newest lease answer)
+// and exact approvals (a widening waits for an operator); tags.go
 // checks pools (a job's tags restrict it to the workers that have them,
 // an approval's pinned tags narrow a worker's, also with many workers
 // claiming at once, and Explain names the missing tags). claim.go also runs a claim that the store retries
@@ -72,6 +75,7 @@ func Run(t *testing.T, newStore func(t *testing.T) lease.Store) {
 	t.Run("Tags", func(t *testing.T) { runGroup(t, newStore, tagTests) })
 	t.Run("Stats", func(t *testing.T) { runGroup(t, newStore, statsTests) })
 	t.Run("Retire", func(t *testing.T) { runGroup(t, newStore, retireTests) })
+	t.Run("Reconcile", func(t *testing.T) { runGroup(t, newStore, reconcileTests) })
 }
 
 // test is one test of the suite. It gets a fixture over a fresh store.

@@ -368,8 +368,11 @@ KINDS: Dict[str, Tuple[List[str], List[str]]] = {
     "worker_unbanned": (["worker_id"], ["node_id", "actor", "reason"]),
     "worker_approved": (["worker_id", "actor"], ["node_id", "reason", "job_types", "tags"]),
     "node_audit": (["worker_id", "event_type", "occurred_at", "payload_sha256"], ["node_id"]),
+    "worker_updated": (["worker_id"], ["node_id", "old_job_types", "job_types", "old_tags", "tags", "old_gpus",
+                                       "gpus", "old_max_jobs", "max_jobs", "old_max_vram_mb", "max_vram_mb"]),
 }
-INT_FIELDS = {"v", "policy_version", "lease_epoch", "attempt", "gpu_count", "actual_ms", "size_bytes"}
+INT_FIELDS = {"v", "policy_version", "lease_epoch", "attempt", "gpu_count", "actual_ms", "size_bytes",
+              "old_max_jobs", "max_jobs", "old_max_vram_mb", "max_vram_mb"}
 TIME_FIELDS = {"server_time", "started_at", "ended_at", "until", "expires_at", "occurred_at"}
 MONEY_FIELDS = {"rate_usd_per_gpu_hour", "actual_cost_usd", "actual_hours"}
 

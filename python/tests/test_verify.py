@@ -134,3 +134,23 @@ def test_verifier_key_and_note_bad_input():
             verify_checkpoint(bad, vk)
     with pytest.raises(VerificationError, match="no proof"):
         verify_receipt_response({"receipt": {}, "proof": None, "checkpoint": None}, DOC_VKEY)
+
+
+def test_golden_receipts_of_every_kind_check():
+    """Every kind's golden body (receipts/testdata) decodes and checks; a kind or field unknown is refused."""
+    import os
+    from nodelane.verify import KINDS, check_fields, decode_canonical
+    root = os.path.join(os.path.dirname(__file__), "..", "..", "receipts", "testdata")
+    names = sorted(n for n in os.listdir(root) if n.endswith(".json"))
+    assert sorted(n[:-5] for n in names) == sorted(KINDS)
+    for n in names:
+        with open(os.path.join(root, n), "rb") as f:
+            body = f.read()
+        r = decode_canonical(body)
+        check_fields(r)
+    with open(os.path.join(root, "worker_updated.json"), "rb") as f:
+        upd = decode_canonical(f.read())
+    for bad in ({"old_max_jobs": "1"}, {"gpus": ""}, {"actor": "op"}):
+        r = dict(upd, **bad)
+        with pytest.raises(VerificationError):
+            check_fields(r)

@@ -54,7 +54,8 @@ const (
 	// looked at. Each completion is bounded as a complete's body is, and
 	// its job_id by MaxNameBytes.
 	MaxBatchComplete = 100
-	// MaxCurrentJobs bounds current_jobs of a heartbeat: above the live
+	// MaxCurrentJobs bounds current_jobs of a heartbeat, a registration
+	// and a start (POST /workers/start): above the live
 	// leases a worker may hold (16 unless the host configures more), so a
 	// node names every job it holds in one heartbeat.
 	MaxCurrentJobs = 256

@@ -183,6 +183,12 @@ type WorkerView struct {
 	ApprovedBy       *string    `json:"approved_by"`
 	ApprovedJobTypes []string   `json:"approved_job_types"`
 	ApprovedTags     []string   `json:"approved_tags"`
+	// PendingJobTypes and PendingTags are the registered job types and
+	// tags that await an operator's approval: all of them while Approval
+	// is pending, afterwards those the approval does not cover (a widening
+	// since); [] when none.
+	PendingJobTypes []string `json:"pending_job_types"`
+	PendingTags     []string `json:"pending_tags"`
 	// MaxLeases is how many live leases the worker may hold: its
 	// governor's max_jobs (0 meaning 1), capped by the control plane.
 	MaxLeases int `json:"max_leases"`

@@ -6,7 +6,9 @@ import "net/url"
 const (
 	PathRegister  = "/workers/register"
 	PathHeartbeat = "/workers/heartbeat"
-	PathLease     = "/workers/jobs/lease"
+	// PathStart is what a worker with a token calls each time it starts.
+	PathStart = "/workers/start"
+	PathLease = "/workers/jobs/lease"
 	// PathCompleteBatch completes several jobs in one request.
 	PathCompleteBatch = "/workers/jobs/complete"
 	PathAudit         = "/workers/audit"

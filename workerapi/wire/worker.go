@@ -42,6 +42,12 @@ type RegisterRequest struct {
 	// PublicKey is the node's Ed25519 public key, the 32 raw bytes in
 	// unpadded base64url. The request is signed with its private key.
 	PublicKey string `json:"public_key"`
+	// CurrentJobs, when present (even []), are the jobs the node holds:
+	// every live lease the server thinks it holds on a job not listed is
+	// ended at once (the job requeued, last_error.code
+	// CodeWorkerRestarted) and named in the answer's ended_jobs. Absent
+	// (nil) reconciles nothing. At most MaxCurrentJobs ids.
+	CurrentJobs *[]string `json:"current_jobs,omitempty"`
 }
 
 // RegisterResponse answers a registration.
@@ -56,6 +62,64 @@ type RegisterResponse struct {
 	NextHeartbeatSeconds int       `json:"next_heartbeat_seconds"`
 	ServerTime           time.Time `json:"server_time"`
 	TokenExpiresAt       time.Time `json:"token_expires_at"`
+	// EndedJobs are the jobs whose leases current_jobs ended; [] when
+	// none (or current_jobs was absent).
+	EndedJobs []string `json:"ended_jobs"`
+	// PendingJobTypes and PendingTags are the registered job types and
+	// tags that await an operator's approval (all of them while Status is
+	// pending; afterwards a widening since the approval), [] when none.
+	PendingJobTypes []string `json:"pending_job_types"`
+	PendingTags     []string `json:"pending_tags"`
+}
+
+// The last_error codes of a job whose lease reconciliation ended.
+const (
+	// CodeWorkerRestarted: the worker started or registered again without
+	// the job in current_jobs.
+	CodeWorkerRestarted = "worker_restarted"
+	// CodeNotHeld: a heartbeat's current_jobs did not list the job,
+	// although it was granted at or before the heartbeat's leases_through.
+	CodeNotHeld = "not_held"
+)
+
+// StartRequest is the body of POST /workers/start: what a worker that
+// already has a token sends each time it starts. Its fields are those of
+// RegisterRequest (under the same limits) and replace what the server
+// recorded; CurrentJobs is required (a process that just started holds
+// nothing: []), and reconciles as a registration's does.
+type StartRequest struct {
+	Name           string         `json:"name"`
+	Hostname       string         `json:"hostname"`
+	Role           string         `json:"role"`
+	Version        string         `json:"version"`
+	Capabilities   Capabilities   `json:"capabilities"`
+	GovernorLimits GovernorLimits `json:"governor_limits"`
+	Tags           []string       `json:"tags"`
+	CurrentJobs    *[]string      `json:"current_jobs"`
+}
+
+// StartResponse answers POST /workers/start.
+type StartResponse struct {
+	WorkerID string `json:"worker_id"`
+	// Status is "registered", or RegisterStatusPending while the node
+	// awaits an operator's approval.
+	Status string `json:"status"`
+	// Changed reports that the job types, tags, GPUs or governor limits
+	// differ from what the server had; ReceiptID is then the
+	// worker_updated receipt that records them, old and new (null when
+	// nothing changed).
+	Changed   bool    `json:"changed"`
+	ReceiptID *string `json:"receipt_id"`
+	// PendingJobTypes and PendingTags await an operator's approval, as in
+	// RegisterResponse; [] when none.
+	PendingJobTypes []string `json:"pending_job_types"`
+	PendingTags     []string `json:"pending_tags"`
+	// EndedJobs are the jobs whose leases current_jobs ended; [] when none.
+	EndedJobs            []string  `json:"ended_jobs"`
+	PolicyVersion        int64     `json:"policy_version"`
+	ServerTime           time.Time `json:"server_time"`
+	NextHeartbeatSeconds int       `json:"next_heartbeat_seconds"`
+	HeartbeatDeadline    time.Time `json:"heartbeat_deadline"`
 }
 
 // HeartbeatRequest is the body of POST /workers/heartbeat.
@@ -65,6 +129,13 @@ type HeartbeatRequest struct {
 	Capabilities *Capabilities   `json:"capabilities"`
 	CurrentJobs  []string        `json:"current_jobs"`
 	Metrics      json.RawMessage `json:"metrics"`
+	// LeasesThrough, when present, is the server_time of the newest lease
+	// answer (or register or start answer) the worker processed: every
+	// live lease of the worker on a job not in CurrentJobs that was
+	// granted at or before it is ended (last_error.code CodeNotHeld) and
+	// named in the answer's ended_jobs. A lease granted later is kept: the
+	// worker may not have heard of it yet. Absent reconciles nothing.
+	LeasesThrough *time.Time `json:"leases_through,omitempty"`
 }
 
 // LeaseExpiry is a live lease's deadline.
@@ -90,6 +161,9 @@ type HeartbeatResponse struct {
 	Leases            []LeaseExpiry `json:"leases"`
 	LostJobs          []string      `json:"lost_jobs"`
 	CancelJobs        []string      `json:"cancel_jobs"`
+	// EndedJobs are the jobs whose leases leases_through ended; [] when
+	// none.
+	EndedJobs []string `json:"ended_jobs"`
 }
 
 // LeaseRequest is the body of POST /workers/jobs/lease.
@@ -207,6 +281,10 @@ type LeaseResponse struct {
 	AcceptBy   *time.Time `json:"accept_by"`
 	Message    string     `json:"message"`
 	Leases     []Grant    `json:"leases"`
+	// ServerTime is the server's clock when it answered, at or after the
+	// grant of every lease in Leases: what a heartbeat's leases_through
+	// echoes. Zero from a server older than the field.
+	ServerTime time.Time `json:"server_time"`
 }
 
 // TokenRequest is the body of accept.

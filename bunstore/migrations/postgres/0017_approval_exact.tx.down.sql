@@ -1,0 +1,1 @@
+ALTER TABLE nodelane_workers DROP COLUMN IF EXISTS approval_exact;

@@ -1,0 +1,125 @@
+package lease
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+)
+
+// The LastError codes of a job whose lease Reconcile ended.
+const (
+	// CodeWorkerRestarted: the worker started (or registered) again and
+	// did not list the job among those it holds.
+	CodeWorkerRestarted = "worker_restarted"
+	// CodeNotHeld: a heartbeat of the worker did not list the job,
+	// although the lease was granted before the newest lease answer the
+	// worker had processed.
+	CodeNotHeld = "not_held"
+)
+
+// Reconciliation is what a worker says it holds, for Reconcile.
+type Reconciliation struct {
+	// WorkerID is the worker whose leases are reconciled.
+	WorkerID string
+	// Held are the jobs the worker holds: every live lease of the worker
+	// on a job not listed here is ended (unless GrantedThrough spares it).
+	Held []string
+	// GrantedThrough, when not zero, spares every lease granted after it
+	// (Job.LeasedAt later than GrantedThrough, in the Manager's clock):
+	// the worker may not have heard of those yet. Zero ends every lease
+	// not held, whenever it was granted.
+	GrantedThrough time.Time
+	// Code is the LastError code of each job whose lease ends:
+	// CodeWorkerRestarted or CodeNotHeld (1 to 128 bytes).
+	Code string
+}
+
+// Reconcile ends every live lease of worker r.WorkerID on a job that is
+// not in r.Held (and, when r.GrantedThrough is set, that was granted at
+// or before it), as ExpireOffline ends an offline worker's leases: the
+// job goes back to the queue with LastError r.Code, using an attempt
+// only if it had been accepted (with a backoff, and ending failed when
+// none is left), and a job whose cancel was requested ends canceled. The
+// old token is lost from then on. Each job is re-checked as it is
+// written (still live, under the same lease of the same worker), and
+// Config.Expired is called after each write. It returns the jobs whose
+// leases it ended, as written, in id order. Run it in a transaction to
+// make it atomic. ErrInvalidArgument for an empty worker id or code.
+func (m *Manager) Reconcile(ctx context.Context, r Reconciliation) ([]*Job, error) {
+	if r.WorkerID == "" || r.Code == "" || len(r.Code) > maxTypeLen {
+		return nil, fmt.Errorf("%w: a reconciliation needs a worker id and a code of 1 to %d bytes", ErrInvalidArgument, maxTypeLen)
+	}
+	through := r.GrantedThrough.UTC()
+	var ended []*Job
+	after := ""
+	for {
+		live, err := m.store.ListJobs(ctx, JobFilter{WorkerID: r.WorkerID, After: after, Limit: maxListPage})
+		if err != nil {
+			return nil, err
+		}
+		for _, d := range live {
+			if slices.Contains(r.Held, d.ID) || d.Lease == nil {
+				continue
+			}
+			j, err := m.endUnheld(ctx, d, r, through)
+			if err != nil {
+				return nil, err
+			}
+			if j != nil {
+				ended = append(ended, j)
+			}
+		}
+		if len(live) < maxListPage {
+			return ended, nil
+		}
+		after = live[len(live)-1].ID
+	}
+}
+
+// endUnheld ends the lease of d, as listed, if it still is the worker's
+// live lease and granted at or before through (when set), through the
+// same revision-guarded write as ExpireOffline's, and calls
+// Config.Expired after it. It returns the job as written, or nil when it
+// ended nothing.
+func (m *Manager) endUnheld(ctx context.Context, d *Job, r Reconciliation, through time.Time) (*Job, error) {
+	done := false
+	written, err := m.update(ctx, d.ID, func(j *Job, now time.Time) (*Job, error) {
+		done = false
+		if !j.State.Live() || j.Lease == nil || j.Lease.Epoch != d.Lease.Epoch || j.Lease.WorkerID != r.WorkerID {
+			return nil, nil
+		}
+		if !through.IsZero() && (j.LeasedAt == nil || j.LeasedAt.After(through)) {
+			return nil, nil // granted after the worker last heard: spared
+		}
+		done = true
+		msg := fmt.Sprintf("worker %s restarted without the job", r.WorkerID)
+		if r.Code == CodeNotHeld {
+			msg = fmt.Sprintf("worker %s no longer holds the job", r.WorkerID)
+		}
+		j.LastError = &JobError{Code: r.Code, Attempt: j.Attempt, At: now, Message: msg}
+		if j.CancelRequested {
+			m.finish(j, StateCanceled, now)
+		} else {
+			m.requeue(j, now, j.State == StateRunning)
+		}
+		if j.State.Terminal() && now.Before(j.Lease.ExpiresAt) {
+			j.Lease.ExpiresAt = now // the lease ends with the job (see expire)
+		}
+		return j, nil
+	})
+	if err != nil {
+		if errors.Is(err, ErrNotFound) {
+			return nil, nil
+		}
+		return nil, err
+	}
+	if !done || written == nil {
+		return nil, nil
+	}
+	if m.cfg.Expired != nil {
+		m.cfg.Expired(ctx, written)
+	}
+	return written, nil
+}

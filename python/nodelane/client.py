@@ -607,7 +607,7 @@ class Client:
             body["accept"] = True
         headers: Dict[str, str] = {}
         ans = self.call("/workers/jobs/lease", body, wait=wait_seconds, abort=abort, headers_out=headers)[1]
-        if not ans.get("server_time"):
+        if not ans.get("server_time") or str(ans["server_time"]).startswith("0001-"):
             ans["server_time"] = _date_time(headers.get("date"))
         if ans.get("leases") is None and ans.get("lease_token") and ans.get("job"):
             ans["leases"] = [{k: ans.get(k) for k in ("lease_id", "lease_token", "job", "expires_at", "accept_by")}]

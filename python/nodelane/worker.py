@@ -552,6 +552,8 @@ class Worker:
         self._hb_capabilities: Optional[Dict[str, Any]] = None  # for a control plane without start
         self._drain_requested = False  # the operator's drain request, as last signalled
         self._signals_abort: Optional[Abort] = None
+        self._signals_jobs: "set[str]" = set()  # the jobs the open long-poll watches
+        self._signals_restart = False
         #: The answer of the last start (or register) of run(), for a caller to look at.
         self.start_answer: Optional[Dict[str, Any]] = None
 
@@ -951,6 +953,8 @@ class Worker:
                 known = sorted(j for j, c in listed.items() if c._cancel_seen)
                 draining = self._drain_requested
                 self._signals_abort = abort
+                self._signals_jobs = set(listed)
+                self._signals_restart = False
             if self._hb_stop.is_set():
                 return
             used = self.identity.token
@@ -962,6 +966,8 @@ class Worker:
             except APIError as e:
                 if self._hb_stop.is_set():
                     return
+                if self._signals_restarted(abort):
+                    continue
                 if e.code == "token_expired":
                     try:
                         self._renew(used)
@@ -983,6 +989,8 @@ class Worker:
             except (TransportError, ValueError, TypeError, KeyError, AttributeError) as e:
                 if self._hb_stop.is_set():
                     return
+                if self._signals_restarted(abort):
+                    continue
                 failures += 1
                 self.log.warning("signals failed (%d): %r", failures, e)
                 self._hb_stop.wait(min(2 ** failures, 30) * (0.5 + random.random() / 2))
@@ -992,8 +1000,22 @@ class Worker:
                     if self._signals_abort is abort:
                         self._signals_abort = None
             self._apply_signals(ans, listed)
-            if time.monotonic() - t0 < 0.5:
+            if time.monotonic() - t0 < 0.5 and not self._signals_restarted(abort):
                 self._hb_stop.wait(0.25)  # an answer at once: never a busy loop
+
+    def _signals_restarted(self, abort: Abort) -> bool:
+        """Whether the long-poll of abort was cut to watch new jobs (not a failure)."""
+        with self._mu:
+            return abort.aborted and self._signals_restart
+
+    def _watch_new_jobs(self) -> None:
+        """Cut the open long-poll if it does not watch every job held, so that the next one does."""
+        with self._mu:
+            abort = self._signals_abort
+            if abort is None or set(self._jobs) <= self._signals_jobs:
+                return
+            self._signals_restart = True
+        abort.abort()
 
     def _watchdog_loop(self) -> None:
         """Check the watchdogs four times a second, apart from heartbeats that may be slow, until stopped."""
@@ -1104,6 +1126,8 @@ class Worker:
             self._ended(JobEnd(job, "released"))
         for ctx, h, grant in run:
             self._launch(ctx, h, grant)
+        if run:
+            self._watch_new_jobs()
 
     def _launch(self, ctx: JobContext, h: Handler, grant: Dict[str, Any]) -> None:
         job = ctx.job

@@ -392,3 +392,43 @@ def test_client_checks_the_new_fields(fake):
     before = time.time()
     st = c.lease()["server_time"]
     assert st.endswith("Z") and int(before) - 1 <= nodelane.client.unix_seconds(st) <= time.time()
+
+
+def test_a_new_job_restarts_the_long_poll_to_watch_it(fake):
+    """The long-poll open before a job was leased does not watch it: it is cut and opened again."""
+    base_routes(fake)
+    granted = threading.Event()
+    never = threading.Event()
+
+    def lease(body):
+        if granted.is_set():
+            return idle_lease(body)
+        time.sleep(0.5)  # the first long-poll of signals is open by now, watching nothing
+        granted.set()
+        return 200, {"leases": [grant("job_n", "t")], "server_time": now_rfc3339()}
+    fake.routes["/workers/jobs/lease"] = lease
+
+    def signals(body):
+        if "job_n" in body["current_jobs"]:
+            return 200, {"cancel_jobs": ["job_n"], "lost_jobs": [], "drain": False, "server_time": now_rfc3339()}
+        never.wait(body["wait_seconds"])  # a server that answers only at the end of the wait
+        return idle_signals(body)
+    fake.routes["/workers/signals"] = signals
+    stopped = threading.Event()
+
+    def handler(ctx):
+        if ctx.cancel_event.wait(10):
+            stopped.set()
+        ctx.check()
+    w = new(fake)
+    w.job("t")(handler)
+    t, errors = run_in_thread(w)
+    try:
+        assert stopped.wait(10)
+        first = fake.sent("/workers/signals")[0]
+        assert first["current_jobs"] == []
+    finally:
+        w.drain()
+        t.join(20)
+        never.set()
+    assert not errors

@@ -34,7 +34,7 @@ var (
 	workerKeys = []string{"worker_id", "node_id", "name", "hostname", "endpoint_url", "role", "tags", "version",
 		"heartbeat_interval_seconds", "capabilities", "governor_limits", "policy_version", "status",
 		"liveness", "registered_at", "last_seen_at", "banned", "ban_reason", "banned_at",
-		"approval", "approved_at", "approved_by", "approved_job_types", "approved_tags", "max_leases"}
+		"approval", "approved_at", "approved_by", "approved_job_types", "approved_tags", "pending_job_types", "pending_tags", "max_leases"}
 	envelopeKeys = []string{"active", "policy_version", "by", "reason", "until", "changed_at", "safe_types", "blocked_types"}
 	receiptKeys  = []string{"id", "kind", "index", "body"}
 )

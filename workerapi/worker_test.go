@@ -217,7 +217,7 @@ func TestRegister(t *testing.T) {
 	}
 	m := asMap(t, b)
 	wantKeys(t, "register", m, "worker_id", "worker_token", "status", "policy_version", "poll_interval_seconds",
-		"next_heartbeat_seconds", "server_time", "token_expires_at")
+		"next_heartbeat_seconds", "server_time", "token_expires_at", "ended_jobs", "pending_job_types", "pending_tags")
 	if m["status"] != "registered" || m["policy_version"] != 1.0 || m["poll_interval_seconds"] != 300.0 || m["next_heartbeat_seconds"] != 30.0 {
 		t.Errorf("register answer %s", b)
 	}
@@ -360,7 +360,7 @@ func TestHeartbeat(t *testing.T) {
 		t.Fatalf("heartbeat: %d %s", st, b)
 	}
 	m := asMap(t, b)
-	wantKeys(t, "heartbeat", m, "ok", "worker_id", "server_time", "next_heartbeat_seconds", "heartbeat_deadline", "policy_version", "leases", "lost_jobs", "cancel_jobs")
+	wantKeys(t, "heartbeat", m, "ok", "worker_id", "server_time", "next_heartbeat_seconds", "heartbeat_deadline", "policy_version", "leases", "lost_jobs", "cancel_jobs", "ended_jobs")
 	if m["ok"] != true || m["worker_id"] != f.node.WorkerID || m["next_heartbeat_seconds"] != 30.0 || m["policy_version"] != 1.0 {
 		t.Errorf("heartbeat answer %s", b)
 	}
@@ -600,7 +600,7 @@ func TestLease(t *testing.T) {
 		t.Fatalf("lease: %d %s", st, b)
 	}
 	m := asMap(t, b)
-	wantKeys(t, "lease", m, "lease_id", "lease_token", "job", "expires_at", "accept_by", "message", "leases")
+	wantKeys(t, "lease", m, "lease_id", "lease_token", "job", "expires_at", "accept_by", "message", "leases", "server_time")
 	job := m["job"].(map[string]any)
 	hasKeys(t, "job", job, "id", "job_type", "payload", "requirements", "state", "attempt", "max_attempts", "priority",
 		"created_at", "receipt_id", "cancel_requested")
@@ -634,7 +634,7 @@ func TestLease(t *testing.T) {
 			t.Fatalf("%d %s", st, b)
 		}
 		m := asMap(t, b)
-		wantKeys(t, "empty lease", m, "lease_id", "lease_token", "job", "expires_at", "accept_by", "message", "leases")
+		wantKeys(t, "empty lease", m, "lease_id", "lease_token", "job", "expires_at", "accept_by", "message", "leases", "server_time")
 		for _, k := range []string{"lease_id", "lease_token", "job", "expires_at", "accept_by"} {
 			if m[k] != nil {
 				t.Errorf("%s = %v, want null", k, m[k])

@@ -656,6 +656,24 @@ func (c *Client) Register(ctx context.Context, provisioningToken string, req wir
 	return &out, nil
 }
 
+// Start tells the server that the worker started (POST /workers/start):
+// what it runs now, which replaces what the server recorded (a
+// worker_updated receipt when it changed), and the jobs it holds
+// (req.CurrentJobs; nil sends [], what a process that just started
+// holds): the server ends at once every lease it thinks the worker holds
+// on another job. The answer names the jobs ended and what awaits an
+// operator's approval.
+func (c *Client) Start(ctx context.Context, req wire.StartRequest) (*wire.StartResponse, error) {
+	if req.CurrentJobs == nil {
+		req.CurrentJobs = &[]string{}
+	}
+	var out wire.StartResponse
+	if _, err := c.do(ctx, wire.PathStart, req, &out, callOpts{}); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
 // Heartbeat reports liveness (POST /workers/heartbeat). Listed jobs whose
 // lease the worker holds are extended; the answer names the jobs lost and
 // the jobs whose cancel was requested.

@@ -58,7 +58,7 @@ func tokenDead(err error) bool {
 // or the one held can no longer be renewed.
 func (w *Runner) refreshLocked(ctx context.Context) error {
 	if w.c.id.Token() == "" {
-		return w.registerLocked(ctx)
+		return w.registerLocked(ctx, nil)
 	}
 	w.lastTry = w.c.ServerNow()
 	out, err := w.c.RenewToken(ctx)
@@ -74,7 +74,7 @@ func (w *Runner) refreshLocked(ctx context.Context) error {
 		return err
 	}
 	w.log.Warn("the worker token cannot be renewed: registering again", "err", err)
-	return w.registerLocked(ctx)
+	return w.registerLocked(ctx, nil)
 }
 
 // scheduleRenewal sets when the token that expires at exp (server time)

@@ -239,7 +239,12 @@ type Runner struct {
 	started    bool
 	draining   bool
 	hbInterval time.Duration
-	changed    chan struct{} // closed and replaced when jobs changes
+	// leasesThrough is the server_time of the newest lease (or register
+	// or start) answer whose grants are in jobs: what a heartbeat sends as
+	// leases_through, so that the server ends only leases the worker has
+	// heard of and does not hold.
+	leasesThrough time.Time
+	changed       chan struct{} // closed and replaced when jobs changes
 	// offlineAt is when (local clock) the jobs stop unless a heartbeat
 	// gets through first; offlineTimer fires then (offlineFired), until
 	// offlineDone.
@@ -408,8 +413,17 @@ func (w *Runner) Run(ctx context.Context) error {
 		w.completes = newCompleter(hardCtx, w.c, w.cfg.CompleteWindow)
 	}
 
-	if err := w.ensureRegistered(ctx); err != nil {
+	fresh, err := w.ensureRegistered(ctx)
+	if err != nil {
 		return err
+	}
+	if !fresh {
+		// A process that just started holds nothing: the server ends
+		// every lease it thinks this worker holds, and records what it
+		// runs now.
+		if err := w.startUp(ctx, types); err != nil {
+			return err
+		}
 	}
 	go func() {
 		select {
@@ -475,9 +489,10 @@ func (w *Runner) Run(ctx context.Context) error {
 	return fatal
 }
 
-// ensureRegistered registers the node when it has no token, or renews a
-// token close to its expiry.
-func (w *Runner) ensureRegistered(ctx context.Context) error {
+// ensureRegistered registers the node when it has no token (fresh is
+// then true: the registration carried current_jobs []), or renews a token
+// close to its expiry.
+func (w *Runner) ensureRegistered(ctx context.Context) (fresh bool, err error) {
 	tok, exp := w.c.id.Token(), w.c.id.TokenExpiresAt()
 	if !exp.IsZero() {
 		w.renewMu.Lock()
@@ -486,21 +501,68 @@ func (w *Runner) ensureRegistered(ctx context.Context) error {
 	}
 	switch {
 	case tok == "" && w.cfg.ProvisioningToken == "":
-		return errors.New("client: the identity has no worker token and RunnerConfig.ProvisioningToken is empty")
+		return false, errors.New("client: the identity has no worker token and RunnerConfig.ProvisioningToken is empty")
 	case tok == "":
-		return w.register(ctx)
+		return true, w.register(ctx)
 	case !exp.IsZero() && w.c.until(exp) < w.cfg.TokenRenewBefore:
 		w.renewMu.Lock()
 		err := w.refreshLocked(ctx)
 		w.renewMu.Unlock()
 		if err != nil {
 			if w.c.until(exp) <= 0 {
-				return err
+				return false, err
 			}
 			w.log.Warn("renewing the worker token", "err", err)
 		}
 	}
+	return false, nil
+}
+
+// startUp calls start (POST /workers/start) with what the worker runs now
+// (RunnerConfig.Registration's fields, job types from its handlers) and
+// current_jobs [], and logs what the answer says. A server without the
+// route is logged and otherwise ignored; a refusal of the credential is
+// returned.
+func (w *Runner) startUp(ctx context.Context, types []string) error {
+	req := wire.StartRequest{
+		Capabilities:   wire.Capabilities{JobTypes: types},
+		GovernorLimits: wire.GovernorLimits{MaxJobs: w.cfg.MaxConcurrent},
+		CurrentJobs:    &[]string{},
+	}
+	if r := w.cfg.Registration; r != nil {
+		req.Name, req.Hostname, req.Role, req.Version = r.Name, r.Hostname, r.Role, r.Version
+		req.Capabilities, req.GovernorLimits, req.Tags = r.Capabilities, r.GovernorLimits, r.Tags
+	}
+	out, err := w.c.Start(ctx, req)
+	switch {
+	case err == nil:
+	case isAuthFatal(err):
+		return err
+	default:
+		w.log.Warn("start: the server did not take this worker's capabilities and current jobs", "err", err)
+		return nil
+	}
+	w.sawLeases(out.ServerTime)
+	w.log.Info("started", "worker_id", out.WorkerID, "status", out.Status, "changed", out.Changed,
+		"receipt_id", out.ReceiptID, "ended_jobs", out.EndedJobs)
+	if len(out.EndedJobs) > 0 {
+		w.log.Warn("the server ended the leases of jobs this worker held before it restarted", "jobs", out.EndedJobs)
+	}
+	if len(out.PendingJobTypes)+len(out.PendingTags) > 0 {
+		w.log.Warn("job types or tags await an operator's approval; they are not granted until then",
+			"pending_job_types", out.PendingJobTypes, "pending_tags", out.PendingTags)
+	}
 	return nil
+}
+
+// sawLeases notes the server_time of an answer whose grants (if any) are
+// in w.jobs already.
+func (w *Runner) sawLeases(at time.Time) {
+	w.mu.Lock()
+	if at.After(w.leasesThrough) {
+		w.leasesThrough = at
+	}
+	w.mu.Unlock()
 }
 
 // maybeRenew renews the token when it is due, at most once a minute
@@ -517,20 +579,37 @@ func (w *Runner) maybeRenew(ctx context.Context) {
 	}
 }
 
+// register registers the node as Run starts: it holds nothing, and says
+// so (current_jobs []).
 func (w *Runner) register(ctx context.Context) error {
 	w.renewMu.Lock()
 	defer w.renewMu.Unlock()
-	return w.registerLocked(ctx)
+	return w.registerLocked(ctx, &[]string{})
 }
 
-func (w *Runner) registerLocked(ctx context.Context) error {
+// registerLocked registers the node, with current_jobs held (nil: none
+// sent, for a registration again while jobs run, whose grants in flight
+// the worker may not have taken in).
+func (w *Runner) registerLocked(ctx context.Context, held *[]string) error {
 	if w.cfg.ProvisioningToken == "" || w.cfg.Registration == nil {
 		return errors.New("client: cannot register: no RunnerConfig.ProvisioningToken")
 	}
 	w.lastTry = w.c.ServerNow()
-	out, err := w.c.Register(ctx, w.cfg.ProvisioningToken, *w.cfg.Registration)
+	req := *w.cfg.Registration
+	req.CurrentJobs = held
+	out, err := w.c.Register(ctx, w.cfg.ProvisioningToken, req)
 	if out == nil {
 		return err
+	}
+	if held != nil {
+		w.sawLeases(out.ServerTime)
+		if len(out.EndedJobs) > 0 {
+			w.log.Warn("the server ended the leases of jobs this worker held before it restarted", "jobs", out.EndedJobs)
+		}
+		if len(out.PendingJobTypes)+len(out.PendingTags) > 0 && out.Status != wire.RegisterStatusPending {
+			w.log.Warn("job types or tags await an operator's approval; they are not granted until then",
+				"pending_job_types", out.PendingJobTypes, "pending_tags", out.PendingTags)
+		}
 	}
 	w.scheduleRenewal(out.TokenExpiresAt, out.ServerTime)
 	w.log.Info("registered", "worker_id", out.WorkerID, "status", out.Status, "token_expires_at", out.TokenExpiresAt)
@@ -552,7 +631,7 @@ func (w *Runner) renew(ctx context.Context, used string) error {
 	if w.c.id.Token() != used {
 		return nil
 	}
-	return w.registerLocked(ctx)
+	return w.registerLocked(ctx, nil)
 }
 
 func (w *Runner) setFatal(err error) {
@@ -676,12 +755,22 @@ func (w *Runner) heartbeatOnce(ctx context.Context) error {
 	case len(ids) > 0:
 		status = "busy"
 	}
+	// Read with the task set: every job granted at or before it that the
+	// worker still holds is in ids.
+	through := w.leasesThrough
 	w.mu.Unlock()
 	sort.Strings(ids)
 	sent := time.Now()
-	resp, err := w.c.Heartbeat(ctx, wire.HeartbeatRequest{Status: status, CurrentJobs: ids, Metrics: w.metrics()})
+	req := wire.HeartbeatRequest{Status: status, CurrentJobs: ids, Metrics: w.metrics()}
+	if !through.IsZero() {
+		req.LeasesThrough = &through
+	}
+	resp, err := w.c.Heartbeat(ctx, req)
 	if err != nil {
 		return err
+	}
+	if len(resp.EndedJobs) > 0 {
+		w.log.Warn("the server ended leases this worker does not hold", "jobs", resp.EndedJobs)
 	}
 	// The deadline on this clock, from when the heartbeat was sent: no
 	// clock skew, and no time the request spent in flight, moves it later.
@@ -823,6 +912,8 @@ func (w *Runner) leaseLoop(ctx context.Context, types []string) {
 		for _, g := range resp.Leases {
 			w.start(g)
 		}
+		// Every grant of the answer is in w.jobs now (or being released).
+		w.sawLeases(resp.ServerTime)
 		if len(resp.Leases) == 0 && time.Since(start) < time.Duration(w.cfg.WaitSeconds)*time.Second/2 {
 			sleep(ctx, w.cfg.IdlePoll)
 		}

@@ -13,7 +13,7 @@ import datetime
 import http.server
 import json
 import threading
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Tuple
 
 #: A route handler: (the request's JSON body) -> (HTTP status, answer object).
 Route = Callable[[Dict[str, Any]], Tuple[int, Any]]

@@ -554,8 +554,10 @@ class Worker:
         self._signals_abort: Optional[Abort] = None
         self._signals_jobs: "set[str]" = set()  # the jobs the open long-poll watches
         self._signals_restart = False
-        #: The answer of the last start (or register) of run(), for a caller to look at.
+        #: The answer of run()'s start (or register), for a caller to look at.
         self.start_answer: Optional[Dict[str, Any]] = None
+        #: Set once run() registered or started, and leases.
+        self.ready = threading.Event()
 
     # -- handlers -----------------------------------------------------------
 
@@ -640,6 +642,7 @@ class Worker:
             threading.Thread(target=self._watchdog_loop, name="nodelane-watchdog", daemon=True).start()
             lease = threading.Thread(target=self._lease_loop, args=(types,), name="nodelane-lease", daemon=True)
             lease.start()
+            self.ready.set()
             while not self._drain_event.wait(0.2):
                 pass
             with self._mu:

@@ -44,8 +44,7 @@ def main() -> int:
         w.handle(t, work)
 
     def announce() -> None:
-        while w.start_answer is None:
-            threading.Event().wait(0.05)
+        w.ready.wait()
         say(event="started", answer=w.start_answer)
     threading.Thread(target=announce, daemon=True).start()
     w.run()

@@ -200,7 +200,7 @@ def test_an_operator_drain_drains_the_worker(server, operator):
     errors: List[BaseException] = []
     t = threading.Thread(target=lambda: _run(w, errors), daemon=True)
     t.start()
-    wait_for(lambda: w.identity.worker_id, 30, "registration")
+    assert w.ready.wait(30)
     # the long-poll is open now; the drain request wakes it
     wait_for(lambda: w._signals_abort is not None, 10, "the signals long-poll")
     t0 = time.monotonic()
@@ -219,7 +219,7 @@ def test_a_ban_stops_the_worker_within_two_seconds(server, operator):
     done = threading.Event()
     t = threading.Thread(target=lambda: (_run(w, errors), done.set()), daemon=True)
     t.start()
-    wait_for(lambda: w.identity.worker_id, 30, "registration")
+    assert w.ready.wait(30)
     wait_for(lambda: w._signals_abort is not None, 10, "the signals long-poll")
     p = "/operator/workers/%s/ban" % w.identity.worker_id
     t0 = time.monotonic()
@@ -238,3 +238,32 @@ def _run(w: nodelane.Worker, errors: List[BaseException]) -> None:
         w.run(install_signal_handlers=False)
     except BaseException as e:
         errors.append(e)
+
+
+def test_under_approval_a_new_job_type_waits_while_the_approved_ones_work(start_server, tmp_path):
+    s = start_server("-approve-nodes")
+    op = nodelane.Operator(s.url, s.operator_token)
+    nodelane.client.expect(op.post("/operator/envelope/activate", {"reason": "approval"}), "activate", 200)
+    old_t, new_t = unique("appr_old"), unique("appr_new")
+    ident, node = str(tmp_path / "identity.json"), unique("py-appr")
+    w1 = new_worker(s, identity=ident, registration={"node_id": node, "capabilities": GPUS})
+    w1.job(old_t)(lambda ctx: None)
+    with running(w1):
+        assert w1.start_answer["status"] == "pending"
+        p = "/operator/workers/%s/approve" % w1.identity.worker_id
+        nodelane.client.expect(op.post(p, {}), p, 200)
+    w2 = new_worker(s, identity=ident, registration={"node_id": node, "capabilities": GPUS})
+    w2.job(old_t)(lambda ctx: None)
+    w2.job(new_t)(lambda ctx: None)
+    with running(w2) as ends:
+        ans = w2.start_answer
+        assert ans["status"] == "registered" and ans["pending_job_types"] == [new_t], ans
+        waiting = op.dispatch(new_t, {})["job"]["id"]
+        done = op.dispatch(old_t, {})["job"]["id"]
+        wait_for(lambda: ends, 20, "the approved type to run")
+        assert ends[0].job["id"] == done and ends[0].outcome == "succeeded"
+        assert job_state(op, waiting) == "queued"  # the widening awaits approval
+        p = "/operator/workers/%s/approve" % w2.identity.worker_id
+        nodelane.client.expect(op.post(p, {}), p, 200)
+        wait_for(lambda: len(ends) == 2, 20, "the new type to run once approved")
+    assert ends[1].job["id"] == waiting and ends[1].outcome == "succeeded"

@@ -477,8 +477,12 @@ class Client:
         """Register the node (§5.1) with a node:register token; keep the worker id and token.
 
         fields are the register body's other fields (name, hostname, role,
-        capabilities, governor_limits, tags, version, ...); public_key is the
-        identity's. Returns the answer; registered_new says whether it was 201.
+        capabilities, governor_limits, tags, version, current_jobs, ...);
+        public_key is the identity's. current_jobs, when given (even []), are
+        the jobs the node still holds: the control plane ends at once every
+        other live lease of this node (`last_error.code` worker_restarted) and
+        names them in the answer's ended_jobs. Returns the answer;
+        registered_new says whether it was 201.
         """
         if not provisioning_token:
             raise ConfigError("register needs a provisioning token")

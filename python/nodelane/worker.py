@@ -755,6 +755,7 @@ class Worker:
         renewed = False
         while True:
             used = self.identity.token
+            sent = time.monotonic()
             try:
                 ans = self.client.start([], **fields)
                 break
@@ -775,7 +776,6 @@ class Worker:
                     return
                 raise
         self.start_answer = ans
-        sent = time.monotonic()
         self._sighted(sent, ans)
         with self._mu:
             self._note_server_time(ans.get("server_time"))

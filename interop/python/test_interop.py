@@ -178,6 +178,16 @@ def test_full_flow(server):
     cl.parse_api_time(reg["server_time"])
     hb = w.heartbeat("idle")
     assert hb["ok"] is True and hb["worker_id"] == w.worker_id and hb["lost_jobs"] == []
+    # a start with what it registered (§5.17): nothing changed, nothing held, nothing ended
+    st = w.start([], name="py-interop-1", hostname="localhost", role="local_gpu_compute", tags=["interop"],
+                 version="nodelane-python/0.1", capabilities={"gpus": [{"sku": "rtx-4090", "vram_mb": 24576}],
+                                                              "job_types": ["status_check"]},
+                 governor_limits={"max_jobs": 2, "max_vram_mb": 24576})
+    assert st["worker_id"] == w.worker_id and st["status"] == "registered"
+    assert (st["changed"], st["receipt_id"], st["ended_jobs"]) == (False, None, [])
+    # the control long-poll (§5.18) with nothing held answers at the end of its wait, with nothing
+    sig = w.signals(wait_seconds=1)
+    assert (sig["cancel_jobs"], sig["lost_jobs"], sig["drain"]) == ([], [], False)
 
     # 2. lease: nothing queued -> the null answer; then a long poll woken by a dispatch (§5.3)
     empty = w.lease(wait_seconds=1)
@@ -223,8 +233,8 @@ def test_full_flow(server):
     assert (lg["ok"], lg["accepted"], lg["duplicates"]) == (True, 1, 0)
     lg = w.log(jid, tok, 1, "hello from python", {})  # a retry, newly signed
     assert (lg["accepted"], lg["duplicates"]) == (0, 1)
-    hb = w.heartbeat("busy", [jid], {"gpu_util": 0.5})
-    assert [x["job_id"] for x in hb["leases"]] == [jid] and hb["lost_jobs"] == []
+    hb = w.heartbeat("busy", [jid], {"gpu_util": 0.5}, leases_through=lease["server_time"])
+    assert [x["job_id"] for x in hb["leases"]] == [jid] and hb["lost_jobs"] == [] and hb["ended_jobs"] == []
 
     # 5. request-signing negatives (§4.3, §4.6, §3)
     target, body, headers = w.prepare("/workers/heartbeat", {"status": "busy", "current_jobs": [jid]})

@@ -11,6 +11,7 @@ operator routes (§13) a test or a verifier needs.
 
 from __future__ import annotations
 
+import datetime
 import email.utils
 import http.client
 import ipaddress
@@ -222,6 +223,33 @@ def expect(resp: Response, route: str, *ok: int) -> Any:
         raise APIError(resp.status, "", "undecodable answer: %s" % e, route=route, body=resp.raw)
 
 
+#: The most job ids a heartbeat's, start's or signals' current_jobs (and known_cancels) holds (§5.14).
+MAX_CURRENT_JOBS = 256
+
+
+def _job_ids(field: str, ids: Sequence[str]) -> List[str]:
+    out = list(ids)
+    if len(out) > MAX_CURRENT_JOBS:
+        raise ConfigError("%s lists %d jobs, over the limit of %d" % (field, len(out), MAX_CURRENT_JOBS))
+    for j in out:
+        if not isinstance(j, str) or not j or len(j.encode("utf-8")) > 255:
+            raise ConfigError("each id of %s is a string of 1 to 255 bytes, not %r" % (field, j))
+    return out
+
+
+def _date_time(date: Optional[str]) -> Optional[str]:
+    """An HTTP Date header as an RFC 3339 UTC time (whole seconds), or None."""
+    if not date:
+        return None
+    try:
+        d = email.utils.parsedate_to_datetime(date)
+    except (TypeError, ValueError):
+        return None
+    if d.tzinfo is None:
+        return None
+    return d.astimezone(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def _job(job_id: str, verb: str) -> str:
     if not isinstance(job_id, str) or not job_id:
         raise ConfigError("a job id is a non-empty string")
@@ -393,13 +421,15 @@ class Client:
         return random.uniform(0, min(w, self.retry_max))
 
     def call(self, path: str, obj: Any, ok: Sequence[int] = (200,), bearer: Optional[str] = None,
-             wait: float = 0.0, abort: Optional[Abort] = None) -> Tuple[int, Any]:
+             wait: float = 0.0, abort: Optional[Abort] = None,
+             headers_out: Optional[Dict[str, str]] = None) -> Tuple[int, Any]:
         """POST obj to a worker route with retries; return (status, decoded answer) of a status in ok.
 
         Raise APIError (LeaseLost for 409 lease_lost) for an error answer that is
         final or whose retries are spent, TransportError when no attempt got an
         answer. Every attempt is signed afresh; the body, and so any key it
-        carries, is the same on every attempt.
+        carries, is the same on every attempt. headers_out, when given, is
+        filled with the headers (names lowercased) of the answer returned.
         """
         stale_retried = token_retried = unanswered = False
         attempt = 0
@@ -410,6 +440,8 @@ class Client:
             try:
                 resp = self.post(path, obj, bearer=tok, timeout=self.timeout + wait, abort=abort)
                 if resp.status in ok:
+                    if headers_out is not None:
+                        headers_out.update(resp.headers)
                     return resp.status, expect(resp, path, *ok)
                 err = api_error(resp, path, self.clock())
             except TransportError as e:
@@ -445,8 +477,12 @@ class Client:
         """Register the node (§5.1) with a node:register token; keep the worker id and token.
 
         fields are the register body's other fields (name, hostname, role,
-        capabilities, governor_limits, tags, version, ...); public_key is the
-        identity's. Returns the answer; registered_new says whether it was 201.
+        capabilities, governor_limits, tags, version, current_jobs, ...);
+        public_key is the identity's. current_jobs, when given (even []), are
+        the jobs the node still holds: the control plane ends at once every
+        other live lease of this node (`last_error.code` worker_restarted) and
+        names them in the answer's ended_jobs. Returns the answer;
+        registered_new says whether it was 201.
         """
         if not provisioning_token:
             raise ConfigError("register needs a provisioning token")
@@ -475,16 +511,79 @@ class Client:
                                        ans["worker_token"], ans.get("token_expires_at"))
         return ans
 
+    def start(self, current_jobs: Optional[List[str]] = None, **fields: Any) -> Dict[str, Any]:
+        """Tell the control plane this node (re)started (POST /workers/start), with its worker token.
+
+        What a node that has a token sends on every start, instead of
+        registering again. fields are register's name, hostname, role,
+        version, capabilities, governor_limits and tags: what the node is
+        now, which the control plane records (a worker_updated receipt when
+        something changed; a widening may wait for an operator's approval,
+        pending_job_types / pending_tags). current_jobs (default []: a
+        process that just started holds nothing) are the jobs the node still
+        holds: every live lease of this worker on another job is ended at
+        once (requeued, `last_error.code` worker_restarted) and named in the
+        answer's ended_jobs. It counts as a heartbeat. The answer: worker_id,
+        status, changed, receipt_id, pending_job_types, pending_tags,
+        ended_jobs, policy_version, server_time, next_heartbeat_seconds,
+        heartbeat_deadline.
+        """
+        if not self.identity.token:
+            raise ConfigError("start needs a worker token: register first")
+        body: Dict[str, Any] = {k: v for k, v in fields.items() if v is not None}
+        body.pop("node_id", None)
+        body.pop("public_key", None)
+        body["current_jobs"] = _job_ids("current_jobs", current_jobs or [])
+        return self.call("/workers/start", body)[1]
+
     def heartbeat(self, status: str = "idle", current_jobs: Optional[List[str]] = None,
                   metrics: Optional[Dict[str, Any]] = None,
-                  capabilities: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
-        """Report liveness (§5.2); the answer's leases, lost_jobs and cancel_jobs say what to do."""
+                  capabilities: Optional[Dict[str, Any]] = None,
+                  leases_through: Optional[str] = None) -> Dict[str, Any]:
+        """Report liveness (§5.2); the answer's leases, lost_jobs and cancel_jobs say what to do.
+
+        leases_through, when given, is the server_time (RFC 3339) of the newest
+        lease (or register/start) answer the node has processed: every live
+        lease of this worker granted at or before it on a job not in
+        current_jobs is ended (`last_error.code` not_held) and named in the
+        answer's ended_jobs. List a job in current_jobs until its complete,
+        fail or release was answered.
+        """
         if status not in ("idle", "busy", "draining"):
             raise ConfigError("heartbeat status is idle, busy or draining")
-        body: Dict[str, Any] = {"status": status, "current_jobs": list(current_jobs or []), "metrics": metrics}
+        body: Dict[str, Any] = {"status": status, "current_jobs": _job_ids("current_jobs", current_jobs or []),
+                                "metrics": metrics}
         if capabilities is not None:
             body["capabilities"] = capabilities
+        if leases_through is not None:
+            if unix_seconds(leases_through) is None:
+                raise ConfigError("leases_through is an RFC 3339 UTC time, not %r" % (leases_through,))
+            body["leases_through"] = leases_through
         return self.call("/workers/heartbeat", body)[1]
+
+    def signals(self, wait_seconds: int = 25, current_jobs: Optional[List[str]] = None,
+                known_cancels: Optional[List[str]] = None, draining: bool = False,
+                abort: Optional[Abort] = None) -> Dict[str, Any]:
+        """Wait up to wait_seconds (0 to 60) for a signal (POST /workers/signals), the control long-poll.
+
+        It answers at once, or as soon as it happens during the wait, when a
+        job of current_jobs has its cancel requested and is not in
+        known_cancels (cancel_jobs), when a job of current_jobs is no longer
+        held by this worker (lost_jobs), or when the operator's drain request
+        differs from draining (drain); else at the end of the wait, with
+        nothing. A ban or retire ends it at once with 403 worker_banned.
+        The answer: cancel_jobs, lost_jobs, drain, server_time.
+        """
+        if not 0 <= wait_seconds <= 60:
+            raise ConfigError("wait_seconds is 0 to 60")
+        body = {"wait_seconds": wait_seconds, "current_jobs": _job_ids("current_jobs", current_jobs or []),
+                "known_cancels": _job_ids("known_cancels", known_cancels or []), "draining": bool(draining)}
+        ans = self.call("/workers/signals", body, wait=wait_seconds, abort=abort)[1]
+        for k in ("cancel_jobs", "lost_jobs"):
+            if ans.get(k) is None:
+                ans[k] = []
+        ans["drain"] = bool(ans.get("drain"))
+        return ans
 
     def lease(self, wait_seconds: int = 0, max_jobs: int = 1, supported_job_types: Optional[List[str]] = None,
               supported_gpu_skus: Optional[List[str]] = None, accept: bool = False,
@@ -494,7 +593,9 @@ class Client:
         A random request_id is sent when none is given, so that a retry after a
         lost answer gets the same grants rather than leasing more (§5.16). The
         answer's `leases` lists every grant (filled from the top-level fields of
-        a v0.2-style answer).
+        a v0.2-style answer), and its `server_time` is the control plane's
+        (from its Date header, rounded down to the second, when the answer
+        has none; None when neither): a heartbeat's leases_through.
         """
         if not 0 <= wait_seconds <= 60:
             raise ConfigError("wait_seconds is 0 to 60")
@@ -508,7 +609,10 @@ class Client:
             body["supported_gpu_skus"] = list(supported_gpu_skus)
         if accept:
             body["accept"] = True
-        ans = self.call("/workers/jobs/lease", body, wait=wait_seconds, abort=abort)[1]
+        headers: Dict[str, str] = {}
+        ans = self.call("/workers/jobs/lease", body, wait=wait_seconds, abort=abort, headers_out=headers)[1]
+        if not ans.get("server_time") or str(ans["server_time"]).startswith("0001-"):
+            ans["server_time"] = _date_time(headers.get("date"))
         if ans.get("leases") is None and ans.get("lease_token") and ans.get("job"):
             ans["leases"] = [{k: ans.get(k) for k in ("lease_id", "lease_token", "job", "expires_at", "accept_by")}]
         ans.setdefault("leases", [])

@@ -14,17 +14,25 @@
     worker.run()                              # until SIGTERM: then drains
 
 The worker registers (once: the token is kept in the identity file and renewed
-before it expires), heartbeats in a thread, long-polls for jobs while it has
-free slots (up to max_jobs), accepts them, and runs each handler in its own
-thread with a JobContext. A handler's return completes the job; an exception
-fails it (retryable unless it is a JobError with retryable=False). The job's
-context is cancelled when an operator cancels the job (the heartbeat's
-cancel_jobs, a status answer's cancel_requested), when its lease is lost (409
-lease_lost, the heartbeat's lost_jobs), when the lease could not be extended
-before it expires, when no heartbeat got through before the control plane's
-deadline, and when the worker drains. On SIGTERM (or drain()) the worker stops
-leasing, lets running jobs finish for drain_timeout seconds, then cancels them
-and releases those whose handlers did not return, and run() returns.
+before it expires); on every later run it calls POST /workers/start instead,
+with what it is now (its handlers' job types, GPUs, tags, governor limits):
+the control plane records the change, and, since a process that just started
+holds no job, at once ends the leases a previous run of it still held (they
+are queued again) instead of waiting for their expiry. It heartbeats in a
+thread (listing the jobs it holds until their final report was answered, with
+leases_through, the time of the newest lease answer it processed), keeps a
+control long-poll (POST /workers/signals) open in another, long-polls for jobs
+while it has free slots (up to max_jobs), accepts them, and runs each handler
+in its own thread with a JobContext. A handler's return completes the job; an
+exception fails it (retryable unless it is a JobError with retryable=False).
+The job's context is cancelled when an operator cancels the job (the signals'
+or the heartbeat's cancel_jobs, a status answer's cancel_requested), when its
+lease is lost (409 lease_lost, lost_jobs), when the lease could not be
+extended before it expires, when no heartbeat got through before the control
+plane's deadline, and when the worker drains. On SIGTERM, drain(), or an
+operator's drain request, the worker stops leasing, lets running jobs finish
+for drain_timeout seconds, then cancels them and releases those whose handlers
+did not return, and run() returns. A ban ends it as a refused credential does.
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import random
 import signal
 import socket
 import threading
@@ -54,6 +63,8 @@ DEFAULT_LOG_FLUSH_INTERVAL = 2.0
 DEFAULT_LOG_BATCH_SIZE = 200
 DEFAULT_MAX_BUFFERED_LOGS = 20000
 DEFAULT_TOKEN_RENEW_BEFORE = 72 * 3600.0
+#: How long the control long-poll (POST /workers/signals) waits, in seconds.
+DEFAULT_SIGNALS_WAIT = 25
 
 #: The server's limits (PROTOCOL.md §5.14) that a JobContext keeps to.
 MAX_MESSAGE_BYTES = 16 << 10
@@ -163,6 +174,7 @@ class JobContext:
         self.reason: Optional[str] = None
         self._mu = threading.Lock()
         self._lost = False
+        self._cancel_seen = False  # the control plane said its cancel was requested
         self._claimed = False
         self._expires_at: Optional[float] = None  # server clock
         self._ttl = 0.0
@@ -221,6 +233,12 @@ class JobContext:
             if self.reason is None:
                 self.reason = reason
         self.cancel_event.set()
+
+    def _cancel(self) -> None:
+        """The control plane says the job's cancel was requested: stop it, and remember it was said."""
+        with self._mu:
+            self._cancel_seen = True
+        self._stop(CANCELED)
 
     def _lose(self) -> None:
         with self._mu:
@@ -283,7 +301,7 @@ class JobContext:
             raise
         self._extend(ans.get("expires_at"))
         if ans.get("cancel_requested"):
-            self._stop(CANCELED)
+            self._cancel()
         return ans
 
     def status(self, event_type: str, message: str = "", payload: Any = None) -> Dict[str, Any]:
@@ -445,8 +463,13 @@ class Worker:
     identity file (created 0600 when missing), or None for an in-memory one.
     provisioning_token (node:register) is needed only when the identity has no
     worker token yet, or its token can no longer be renewed. registration holds
-    the register body's fields (node_id, name, capabilities with gpus, ...);
-    capabilities.job_types defaults to the handlers' types. Times are seconds.
+    the register body's fields (node_id, name, capabilities with gpus, tags,
+    governor_limits, ...); capabilities.job_types defaults to the handlers'
+    types, governor_limits.max_jobs to max_jobs. They are sent on every run
+    (register, or start for a node with a token), so a new handler, tag or
+    limit takes effect at the next run. signals_wait is how long the control
+    long-poll waits (1 to 60 s; None: no long-poll, signals come with
+    heartbeats only). Times are seconds.
     """
 
     def __init__(self, url: str, identity: "Identity | str | None" = None, *,
@@ -458,6 +481,7 @@ class Worker:
                  log_flush_interval: float = DEFAULT_LOG_FLUSH_INTERVAL,
                  log_batch_size: int = DEFAULT_LOG_BATCH_SIZE, max_buffered_logs: int = DEFAULT_MAX_BUFFERED_LOGS,
                  token_renew_before: float = DEFAULT_TOKEN_RENEW_BEFORE,
+                 signals_wait: Optional[int] = DEFAULT_SIGNALS_WAIT,
                  supported_gpu_skus: Optional[List[str]] = None,
                  metrics: Optional[Callable[[], Dict[str, Any]]] = None,
                  on_job_end: Optional[Callable[[JobEnd], None]] = None,
@@ -479,6 +503,8 @@ class Worker:
                 raise ConfigError("%s is negative" % name)
         if heartbeat_interval is not None and heartbeat_interval <= 0:
             raise ConfigError("heartbeat_interval must be positive")
+        if signals_wait is not None and (isinstance(signals_wait, bool) or not 1 <= signals_wait <= 60):
+            raise ConfigError("signals_wait is 1 to 60 seconds, or None for no control long-poll")
         if isinstance(identity, str):
             identity = Identity.load_or_create(identity)
         self.client = client or Client(url, identity, **client_options)
@@ -497,6 +523,7 @@ class Worker:
         self.log_batch_size = log_batch_size
         self.max_buffered_logs = max_buffered_logs
         self.token_renew_before = token_renew_before
+        self.signals_wait = signals_wait
         self.supported_gpu_skus = supported_gpu_skus
         self.metrics = metrics
         self.on_job_end = on_job_end
@@ -518,6 +545,19 @@ class Worker:
         self._fatal: Optional[BaseException] = None
         self._lease_abort: Optional[Abort] = None
         self._renew_mu = threading.Lock()
+        # Under _mu with _jobs: the server_time of the newest lease (or register/start) answer
+        # processed, and the grants refused (released) whose release was not answered yet.
+        self._leases_through: Optional[str] = None
+        self._releasing: Dict[str, Dict[str, Any]] = {}
+        self._hb_capabilities: Optional[Dict[str, Any]] = None  # for a control plane without start
+        self._drain_requested = False  # the operator's drain request, as last signalled
+        self._signals_abort: Optional[Abort] = None
+        self._signals_jobs: "set[str]" = set()  # the jobs the open long-poll watches
+        self._signals_restart = False
+        #: The answer of run()'s start (or register), for a caller to look at.
+        self.start_answer: Optional[Dict[str, Any]] = None
+        #: Set once run() registered or started, and leases.
+        self.ready = threading.Event()
 
     # -- handlers -----------------------------------------------------------
 
@@ -595,9 +635,14 @@ class Worker:
         try:
             hb = threading.Thread(target=self._heartbeat_loop, name="nodelane-heartbeat", daemon=True)
             hb.start()
+            sig: Optional[threading.Thread] = None
+            if self.signals_wait:
+                sig = threading.Thread(target=self._signals_loop, name="nodelane-signals", daemon=True)
+                sig.start()
             threading.Thread(target=self._watchdog_loop, name="nodelane-watchdog", daemon=True).start()
             lease = threading.Thread(target=self._lease_loop, args=(types,), name="nodelane-lease", daemon=True)
             lease.start()
+            self.ready.set()
             while not self._drain_event.wait(0.2):
                 pass
             with self._mu:
@@ -623,10 +668,19 @@ class Worker:
             self._wait_idle(self.drain_grace)
             self._hb_stop.set()
             self._hb_kick.set()
+            with self._mu:
+                sabort = self._signals_abort
+            if sabort is not None:
+                sabort.abort()
             hb.join(self.client.timeout * self.client.max_attempts)
+            if sig is not None:
+                sig.join(self.client.timeout)
             if fatal is None:
+                with self._mu:
+                    held = sorted(set(self._jobs) | set(self._releasing))
+                    through = self._leases_through
                 try:
-                    self.client.heartbeat("draining", self.jobs(), self._metrics())
+                    self.client.heartbeat("draining", held, self._metrics(), leases_through=through)
                 except NodelaneError as e:
                     self.log.warning("final heartbeat: %s", e)
         finally:
@@ -644,14 +698,20 @@ class Worker:
     # -- registration and the token ----------------------------------------
 
     def _ensure_registered(self) -> None:
+        """Register (a node without a token) or start (one with a token), saying it holds no job.
+
+        A process that just started holds nothing: the control plane ends at
+        once every lease it thinks this worker still holds (a previous run's),
+        and records what the worker is now (its job types, GPUs, tags, limits).
+        """
         if not self.identity.token:
-            self._register()
+            self._register(initial=True)
             return
         self._maybe_renew()
+        self._start_call()
 
-    def _register(self) -> None:
-        if not self.provisioning_token:
-            raise ConfigError("the identity has no worker token: give a provisioning_token to register")
+    def _fields(self) -> "tuple[str, Dict[str, Any]]":
+        """The node id, and the register (and start) body's other fields: what this worker is now."""
         reg = dict(self.registration)
         node_id = reg.pop("node_id", None) or self.identity.node_id or socket.gethostname()
         reg.setdefault("name", node_id)
@@ -662,8 +722,92 @@ class Worker:
         limits.setdefault("max_jobs", self.max_jobs)
         reg["governor_limits"] = limits
         reg.pop("public_key", None)
+        reg.pop("current_jobs", None)
+        return node_id, reg
+
+    def _register(self, initial: bool = False) -> None:
+        """Register; initial (at run's start) says it holds no job, so the server ends a previous run's.
+
+        A registration later on (a token that could not be renewed) lists
+        nothing: the jobs held go on under their lease tokens.
+        """
+        if not self.provisioning_token:
+            raise ConfigError("the identity has no worker token: give a provisioning_token to register")
+        node_id, reg = self._fields()
+        if initial:
+            reg["current_jobs"] = []
         ans = self.client.register(self.provisioning_token, node_id, **reg)
         self.log.info("registered %s as %s", node_id, ans["worker_id"])
+        if initial:
+            self.start_answer = ans
+            self._log_ended(ans.get("ended_jobs"), "a previous run of this worker held")
+            with self._mu:
+                self._note_server_time(ans.get("server_time"))
+
+    def _start_call(self) -> None:
+        """POST /workers/start with what this worker is now and current_jobs [] (it holds nothing yet).
+
+        A token the server no longer takes is renewed, or the node registers
+        again. A control plane older than the route (404) gets the capabilities
+        with the first heartbeat instead.
+        """
+        _, fields = self._fields()
+        renewed = False
+        while True:
+            used = self.identity.token
+            sent = time.monotonic()
+            try:
+                ans = self.client.start([], **fields)
+                break
+            except APIError as e:
+                if e.code == "token_expired" and not renewed:
+                    renewed = True
+                    self._renew(used)
+                    continue
+                if e.code in _TOKEN_DEAD and e.code != "not_found" and self.provisioning_token:
+                    self.log.warning("the worker token is refused (%s): registering again", e.code)
+                    self._register(initial=True)
+                    return
+                if e.status == 404 and e.code == "not_found":
+                    self.log.warning("the control plane has no POST /workers/start (older than this SDK): "
+                                     "the capabilities go with the first heartbeat, and the jobs a previous "
+                                     "run held end only at their lease's expiry")
+                    self._hb_capabilities = fields.get("capabilities")
+                    return
+                raise
+        self.start_answer = ans
+        self._sighted(sent, ans)
+        with self._mu:
+            self._note_server_time(ans.get("server_time"))
+        what = "updated (receipt %s)" % ans.get("receipt_id") if ans.get("changed") else "unchanged"
+        self.log.info("started as %s: registration %s", ans.get("worker_id") or self.identity.worker_id, what)
+        if ans.get("status") == "pending" or ans.get("pending_job_types") or ans.get("pending_tags"):
+            self.log.warning("awaiting an operator's approval: status %s, job types %s, tags %s",
+                             ans.get("status"), ans.get("pending_job_types") or [], ans.get("pending_tags") or [])
+        self._log_ended(ans.get("ended_jobs"), "a previous run of this worker held")
+
+    def _log_ended(self, ended: Any, what: str) -> None:
+        if ended:
+            self.log.warning("the control plane ended %d jobs %s: %s", len(ended), what, ", ".join(map(str, ended)))
+
+    def _note_server_time(self, st: Any) -> None:
+        """Keep st as leases_through if it is the newest answer's time seen. Call with _mu held."""
+        t = unix_seconds(st) if isinstance(st, str) else None
+        if t is None:
+            return
+        cur = unix_seconds(self._leases_through) if self._leases_through else None
+        if cur is None or t >= cur:
+            self._leases_through = st
+
+    def _sighted(self, sent: float, ans: Dict[str, Any]) -> None:
+        """Take the heartbeat deadline and interval of an answer that counts as a heartbeat, sent at sent."""
+        st, dl = unix_seconds(ans.get("server_time") or ""), unix_seconds(ans.get("heartbeat_deadline") or "")
+        if st is not None and dl is not None and dl > st:
+            window = dl - st
+            with self._mu:
+                self._offline_at = sent + window - min(self.lease_margin, window / 5)
+        if ans.get("next_heartbeat_seconds"):
+            self._hb_interval = float(ans["next_heartbeat_seconds"])
 
     def _maybe_renew(self) -> None:
         exp = self.identity.token_expires_at
@@ -759,27 +903,122 @@ class Worker:
 
     def _heartbeat_once(self) -> None:
         with self._mu:
+            # one snapshot of the jobs held and of the newest lease answer processed: a job granted
+            # after leases_through is never ended for being missing from current_jobs
             listed = dict(self._jobs)
+            held = sorted(set(listed) | set(self._releasing))
+            through = self._leases_through
+            caps = self._hb_capabilities
             status = "draining" if self._draining else ("busy" if listed else "idle")
         sent = time.monotonic()
-        ans = self.client.heartbeat(status, sorted(listed), self._metrics())
-        st, dl = unix_seconds(ans.get("server_time") or ""), unix_seconds(ans.get("heartbeat_deadline") or "")
-        if st is not None and dl is not None and dl > st:
-            window = dl - st
-            with self._mu:
-                self._offline_at = sent + window - min(self.lease_margin, window / 5)
-        if ans.get("next_heartbeat_seconds"):
-            self._hb_interval = float(ans["next_heartbeat_seconds"])
+        ans = self.client.heartbeat(status, held, self._metrics(), capabilities=caps, leases_through=through)
+        if caps is not None:
+            self._hb_capabilities = None
+        self._sighted(sent, ans)
         for lease in ans.get("leases") or []:
             ctx = listed.get(lease.get("job_id"))
             if ctx is not None:
                 ctx._extend(lease.get("expires_at"))
+        self._apply_signals(ans, listed)
+        ended = ans.get("ended_jobs") or []
+        self._log_ended(ended, "this worker did not list")
+        for jid in ended:
+            if jid in listed:
+                listed[jid]._lose()
+
+    def _apply_signals(self, ans: Dict[str, Any], listed: Dict[str, JobContext]) -> None:
+        """Act on the lost_jobs, cancel_jobs and drain of a heartbeat's or a signals answer."""
         for jid in ans.get("lost_jobs") or []:
             if jid in listed:
                 listed[jid]._lose()
         for jid in ans.get("cancel_jobs") or []:
             if jid in listed:
-                listed[jid]._stop(CANCELED)
+                listed[jid]._cancel()
+        drain = ans.get("drain")
+        if isinstance(drain, bool):
+            with self._mu:
+                was, self._drain_requested = self._drain_requested, drain
+            if drain and not was:
+                self.log.warning("the operator asked this worker to drain")
+                self.drain()
+            elif was and not drain:
+                self.log.info("the operator's drain request was withdrawn (this run drains on)")
+
+    # -- signals: the control long-poll --------------------------------------
+
+    def _signals_loop(self) -> None:
+        """Keep POST /workers/signals open until the worker stops, so cancels, losses and drains arrive in seconds."""
+        failures = 0
+        while not self._hb_stop.is_set():
+            abort = Abort()
+            with self._mu:
+                listed = {j: c for j, c in self._jobs.items() if not c.lost}
+                known = sorted(j for j, c in listed.items() if c._cancel_seen)
+                draining = self._drain_requested
+                self._signals_abort = abort
+                self._signals_jobs = set(listed)
+                self._signals_restart = False
+            if self._hb_stop.is_set():
+                return
+            used = self.identity.token
+            t0 = time.monotonic()
+            try:
+                ans = self.client.signals(int(self.signals_wait or DEFAULT_SIGNALS_WAIT), sorted(listed), known,
+                                          draining, abort=abort)
+                failures = 0
+            except APIError as e:
+                if self._hb_stop.is_set():
+                    return
+                if self._signals_restarted(abort):
+                    continue
+                if e.code == "token_expired":
+                    try:
+                        self._renew(used)
+                        continue
+                    except NodelaneError as e2:
+                        self._set_fatal(e2)
+                        return
+                if e.code in _AUTH_FATAL:
+                    self._set_fatal(e)
+                    return
+                if e.status == 404 and e.code == "not_found":
+                    self.log.warning("the control plane has no POST /workers/signals: cancels and drains "
+                                     "arrive with heartbeats")
+                    return
+                failures += 1
+                self.log.warning("signals failed (%d): %s", failures, e)
+                self._hb_stop.wait(min(2 ** failures, 30) * (0.5 + random.random() / 2))
+                continue
+            except (TransportError, ValueError, TypeError, KeyError, AttributeError) as e:
+                if self._hb_stop.is_set():
+                    return
+                if self._signals_restarted(abort):
+                    continue
+                failures += 1
+                self.log.warning("signals failed (%d): %r", failures, e)
+                self._hb_stop.wait(min(2 ** failures, 30) * (0.5 + random.random() / 2))
+                continue
+            finally:
+                with self._mu:
+                    if self._signals_abort is abort:
+                        self._signals_abort = None
+            self._apply_signals(ans, listed)
+            if time.monotonic() - t0 < 0.5 and not self._signals_restarted(abort):
+                self._hb_stop.wait(0.25)  # an answer at once: never a busy loop
+
+    def _signals_restarted(self, abort: Abort) -> bool:
+        """Whether the long-poll of abort was cut to watch new jobs (not a failure)."""
+        with self._mu:
+            return abort.aborted and self._signals_restart
+
+    def _watch_new_jobs(self) -> None:
+        """Cut the open long-poll if it does not watch every job held, so that the next one does."""
+        with self._mu:
+            abort = self._signals_abort
+            if abort is None or set(self._jobs) <= self._signals_jobs:
+                return
+            self._signals_restart = True
+        abort.abort()
 
     def _watchdog_loop(self) -> None:
         """Check the watchdogs four times a second, apart from heartbeats that may be slow, until stopped."""
@@ -846,34 +1085,55 @@ class Worker:
             finally:
                 with self._mu:
                     self._lease_abort = None
-            for g in ans.get("leases") or []:
-                self._start(g)
+            self._start(ans.get("leases") or [], ans.get("server_time"))
             if not ans.get("leases") and time.monotonic() - start < self.wait_seconds / 2:
                 self._drain_event.wait(self.idle_poll)
 
-    def _start(self, grant: Dict[str, Any]) -> None:
-        job = grant.get("job") or {}
+    def _start(self, grants: List[Dict[str, Any]], server_time: Optional[str]) -> None:
+        """Take in one lease answer: its grants join the jobs held, and its server_time becomes
+        leases_through, in one step under the lock (a heartbeat sees both or neither)."""
+        run: List["tuple[JobContext, Handler, Dict[str, Any]]"] = []
+        refuse: List["tuple[Dict[str, Any], str]"] = []
         with self._mu:
-            h = self._handlers.get(job.get("job_type"))
-            reason = ""
-            if self._draining:
-                reason = "drain"
-            elif h is None:
-                reason = "no handler for job type %s" % job.get("job_type")
-            elif job.get("id") in self._jobs:
-                self.log.error("the server leased job %s that this worker holds already", job.get("id"))
-                return
-            if not reason:
-                ctx = JobContext(self, grant)
-                self._jobs[ctx.job_id] = ctx
-                self._changed.notify_all()
-        if reason:
+            for grant in grants:
+                job = grant.get("job") or {}
+                jid = job.get("id")
+                if not isinstance(jid, str) or not jid or not grant.get("lease_token"):
+                    self.log.error("a grant without a job id or lease token: ignored")
+                    continue
+                if jid in self._jobs or jid in self._releasing:
+                    self.log.error("the server leased job %s that this worker holds already", jid)
+                    continue
+                h = self._handlers.get(job.get("job_type"))
+                if self._draining:
+                    refuse.append((grant, "drain"))
+                elif h is None:
+                    refuse.append((grant, "no handler for job type %s" % job.get("job_type")))
+                else:
+                    ctx = JobContext(self, grant)
+                    self._jobs[jid] = ctx
+                    run.append((ctx, h, grant))
+                    continue
+                self._releasing[jid] = grant  # held until its release is answered
+            self._note_server_time(server_time)
+            self._changed.notify_all()
+        for grant, reason in refuse:
+            job = grant["job"]
             try:
                 self.client.release(job["id"], grant["lease_token"], reason)
             except NodelaneError as e:
                 self.log.warning("releasing job %s not run (%s): %s", job.get("id"), reason, e)
+            with self._mu:
+                self._releasing.pop(job["id"], None)
+                self._changed.notify_all()
             self._ended(JobEnd(job, "released"))
-            return
+        for ctx, h, grant in run:
+            self._launch(ctx, h, grant)
+        if run:
+            self._watch_new_jobs()
+
+    def _launch(self, ctx: JobContext, h: Handler, grant: Dict[str, Any]) -> None:
+        job = ctx.job
         deadline = grant.get("expires_at")
         if job.get("state") != "running" and grant.get("accept_by"):
             exp, by = unix_seconds(deadline or ""), unix_seconds(grant["accept_by"])
@@ -1009,7 +1269,7 @@ class Worker:
                 end.job = ctx.job
             ctx._extend(acc.get("expires_at"))
         if ctx.job.get("cancel_requested"):
-            ctx._stop(CANCELED)
+            ctx._cancel()
         with self._mu:
             draining = self._draining
         if draining:

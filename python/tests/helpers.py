@@ -60,7 +60,7 @@ def running(worker: nodelane.Worker) -> Iterator[List[nodelane.JobEnd]]:
     t = threading.Thread(target=run, daemon=True)
     t.start()
     try:
-        wait_for(lambda: worker.identity.token or errors, 30, "registration")
+        wait_for(lambda: worker.ready.is_set() or errors, 30, "registration")
         if errors:
             raise errors[0]
         yield ends

@@ -577,6 +577,17 @@ func (s *Server) leaseOnce(ctx context.Context, c *call, lr lease.LeaseRequest, 
 	if err != nil {
 		return nil, err
 	}
+	if len(grants) > 0 {
+		// And again after the claim, in its transaction: a ban that
+		// committed while this attempt ran (after the check above, before
+		// the claim saw a job dispatched after the ban) rolls the grants
+		// back. The claim read every job it grants after those jobs were
+		// dispatched, so this read comes after any ban that preceded
+		// their dispatch.
+		if err := s.checkGranted(ctx, lr.WorkerID); err != nil {
+			return nil, err
+		}
+	}
 	if n := len(grants); n > 0 {
 		if em := s.events(); em != nil {
 			c.note(func() { em.ObserveLeases(LeaseGranted, n) })

@@ -115,6 +115,14 @@ func (db *DB) least() string {
 	return "min"
 }
 
+// greatest is the dialect's two-argument maximum.
+func (db *DB) greatest() string {
+	if db.postgres() {
+		return "GREATEST"
+	}
+	return "max"
+}
+
 // maxRuntime is the job's max runtime in microseconds, b.maxrt for a job
 // without one; maxRuntimeArg the same with a parameter for b.maxrt.
 const (
@@ -183,13 +191,15 @@ func (db *DB) completeRunning(ctx context.Context, idb bun.IDB, ws []lease.Compl
 			now := micros(w.Now)
 			return []any{now, w.Result.OutputURI, text(w.Result.Metrics), w.Result.FinalMessage, w.Result.ReceiptID,
 				w.JobID, w.WorkerID, w.TokenHash, now, w.MaxRuntime.Microseconds(), now}
-		}, "UPDATE nodelane_jobs AS j SET state = 'succeeded', finished_at = ?, "+
+		}, "UPDATE nodelane_jobs AS j SET state = 'succeeded', finished_at = "+db.greatest()+"(?, j.accepted_at), "+
 			"result_output_uri = ?, result_metrics = ?, result_final_message = ?, "+
 			"receipt_id = COALESCE(NULLIF(?, ''), j.receipt_id), rev = j.rev + 1 "+
 			"WHERE j.id = ? AND j.state = 'running' AND j.lease_worker_id = ? AND j.lease_token_hash = ? "+
 			"AND j.lease_expires_at > ? AND j.accepted_at + "+maxRuntimeArg+" > ? AND NOT j.cancel_requested RETURNING *")
 	}
-	q := "UPDATE nodelane_jobs AS j SET state = 'succeeded', finished_at = b.now, " +
+	// A job never ends before it started (lease.Manager's finish): a
+	// clock that moved back since the accept finishes it at its accept.
+	q := "UPDATE nodelane_jobs AS j SET state = 'succeeded', finished_at = GREATEST(b.now, j.accepted_at), " +
 		"result_output_uri = b.uri, result_metrics = b.metrics, result_final_message = b.msg, " +
 		"receipt_id = COALESCE(NULLIF(b.rcpt, ''), j.receipt_id), rev = j.rev + 1 " +
 		"FROM unnest(?::text[], ?::text[], ?::bytea[], ?::bigint[], ?::bigint[], ?::text[], ?::text[], ?::text[], ?::text[]) " +

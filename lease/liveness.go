@@ -116,14 +116,7 @@ func (m *Manager) expireOffline(ctx context.Context, limit int) (ended, found in
 			}
 			j.LastError = &JobError{Code: CodeWorkerOffline, Attempt: j.Attempt, At: now,
 				Message: fmt.Sprintf("worker %s went offline (no heartbeat for %v)", wid, m.cfg.OfflineAfter)}
-			if j.CancelRequested {
-				m.finish(j, StateCanceled, now)
-			} else {
-				m.requeue(j, now, j.State == StateRunning)
-			}
-			if j.State.Terminal() && now.Before(j.Lease.ExpiresAt) {
-				j.Lease.ExpiresAt = now // the lease ends with the job (see expire)
-			}
+			m.dropLease(j, now)
 			return j, nil
 		})
 		if err != nil && !errors.Is(err, ErrNotFound) {

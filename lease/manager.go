@@ -1133,6 +1133,22 @@ func (m *Manager) requeue(j *Job, now time.Time, used bool) {
 	j.Attempt++
 }
 
+// dropLease ends j's lease at now on the control plane's initiative
+// (its worker went offline, or no longer holds it): a job whose cancel
+// was requested ends canceled; any other goes back to the queue, using an
+// attempt only if it had been accepted. A lease that ends with its job
+// ends now, so its token is lost at once (see expire).
+func (m *Manager) dropLease(j *Job, now time.Time) {
+	if j.CancelRequested {
+		m.finish(j, StateCanceled, now)
+	} else {
+		m.requeue(j, now, j.State == StateRunning)
+	}
+	if j.State.Terminal() && now.Before(j.Lease.ExpiresAt) {
+		j.Lease.ExpiresAt = now
+	}
+}
+
 func (m *Manager) finish(j *Job, s State, now time.Time) {
 	if j.AcceptedAt != nil && now.Before(*j.AcceptedAt) {
 		// A clock moved back (a replica that came into step with the

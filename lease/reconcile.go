@@ -96,14 +96,7 @@ func (m *Manager) endUnheld(ctx context.Context, d *Job, r Reconciliation, throu
 			msg = fmt.Sprintf("worker %s no longer holds the job", r.WorkerID)
 		}
 		j.LastError = &JobError{Code: r.Code, Attempt: j.Attempt, At: now, Message: msg}
-		if j.CancelRequested {
-			m.finish(j, StateCanceled, now)
-		} else {
-			m.requeue(j, now, j.State == StateRunning)
-		}
-		if j.State.Terminal() && now.Before(j.Lease.ExpiresAt) {
-			j.Lease.ExpiresAt = now // the lease ends with the job (see expire)
-		}
+		m.dropLease(j, now)
 		return j, nil
 	})
 	if errors.Is(err, ErrNotFound) {

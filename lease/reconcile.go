@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"time"
 )
 
@@ -52,6 +51,10 @@ func (m *Manager) Reconcile(ctx context.Context, r Reconciliation) ([]*Job, erro
 		return nil, fmt.Errorf("%w: a reconciliation needs a worker id and a code of 1 to %d bytes", ErrInvalidArgument, maxTypeLen)
 	}
 	through := r.GrantedThrough.UTC()
+	held := make(map[string]bool, len(r.Held))
+	for _, id := range r.Held {
+		held[id] = true
+	}
 	var ended []*Job
 	after := ""
 	for {
@@ -60,7 +63,7 @@ func (m *Manager) Reconcile(ctx context.Context, r Reconciliation) ([]*Job, erro
 			return nil, err
 		}
 		for _, d := range live {
-			if slices.Contains(r.Held, d.ID) || d.Lease == nil {
+			if held[d.ID] || d.Lease == nil {
 				continue
 			}
 			j, err := m.endUnheld(ctx, d, r, through)

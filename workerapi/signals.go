@@ -182,6 +182,10 @@ func (s *Server) signalsOnce(ctx context.Context, id string, req *wire.SignalsRe
 	for _, j := range live {
 		held[j.ID] = j
 	}
+	known := make(map[string]bool, len(req.KnownCancels))
+	for _, jid := range req.KnownCancels {
+		known[jid] = true
+	}
 	seen := make(map[string]bool, len(req.CurrentJobs))
 	for _, jid := range req.CurrentJobs {
 		if seen[jid] {
@@ -195,7 +199,7 @@ func (s *Server) signalsOnce(ctx context.Context, id string, req *wire.SignalsRe
 			due = true
 		case j.CancelRequested:
 			out.CancelJobs = append(out.CancelJobs, jid)
-			if !slices.Contains(req.KnownCancels, jid) {
+			if !known[jid] {
 				due = true
 			}
 		}

@@ -29,7 +29,7 @@ const ReasonDraining ReasonCode = "draining"
 func (m *Manager) SetDrain(ctx context.Context, workerID string, drain bool, by string) (*Worker, bool, error) {
 	ds, ok := m.store.(DrainStore)
 	if !ok {
-		return nil, false, fmt.Errorf("%w: the lease store keeps no drain requests (lease.DrainStore)", ErrInvalidArgument)
+		return nil, false, fmt.Errorf("%w: this control plane's storage keeps no drain requests", ErrInvalidArgument)
 	}
 	w, err := m.store.GetWorker(ctx, workerID)
 	if err != nil {

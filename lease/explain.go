@@ -285,7 +285,7 @@ func (m *Manager) Explain(ctx context.Context, jobID string, opts *ExplainOption
 			continue
 		}
 		if !w.Approval.allows(j.Type) {
-			v.Reasons = append(v.Reasons, Reason{Code: ReasonTypeNotApproved, Message: fmt.Sprintf("the worker's approval does not include job type %q", j.Type)})
+			v.Reasons = append(v.Reasons, Reason{Code: ReasonTypeNotApproved, Message: fmt.Sprintf("the worker's approval does not include job type %q (pending until an operator approves the worker again)", j.Type)})
 			continue
 		}
 		f := judge(w, j.Requirements, nil)
@@ -527,7 +527,7 @@ func shortfall(j *Job, vs []WorkerVerdict) Reason {
 		return Reason{Code: ReasonNoWorker, Message: "no worker is registered"}
 	case 1:
 		if slices.ContainsFunc(vs, func(v WorkerVerdict) bool { return v.Reasons[0].Code == ReasonTypeNotApproved }) {
-			return Reason{Code: ReasonTypeNotApproved, Message: fmt.Sprintf("no registered worker that supports job type %q is approved for it", j.Type)}
+			return Reason{Code: ReasonTypeNotApproved, Message: fmt.Sprintf("no registered worker that supports job type %q is approved for it: an operator approves the worker again to allow it", j.Type)}
 		}
 		return Reason{Code: ReasonJobType, Message: fmt.Sprintf("no registered worker supports job type %q", j.Type)}
 	case 2:

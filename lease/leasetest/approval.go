@@ -292,9 +292,9 @@ func testPinnedTypes(t *testing.T, f *fixture) {
 	}
 	exj := f.explain(tel.ID, nil)
 	wantExplained(t, "not approved", exj, lease.Reason{Code: lease.ReasonTypeNotApproved,
-		Message: `no registered worker that supports job type "telemetry_sync" is approved for it`})
+		Message: `no registered worker that supports job type "telemetry_sync" is approved for it: an operator approves the worker again to allow it`})
 	wantVerdictReasons(t, verdict(t, exj, w), lease.Reason{Code: lease.ReasonTypeNotApproved,
-		Message: `the worker's approval does not include job type "telemetry_sync"`})
+		Message: `the worker's approval does not include job type "telemetry_sync" (pending until an operator approves the worker again)`})
 
 	// Re-pinning to telemetry_sync lets it lease that and nothing else.
 	if _, changed := f.approve(w, lease.Approval{JobTypes: []string{"telemetry_sync"}}); !changed {

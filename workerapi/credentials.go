@@ -5,14 +5,16 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
+	"time"
 
 	"github.com/nodelane/nodelane/credential"
 	"github.com/nodelane/nodelane/receipts"
 	"github.com/nodelane/nodelane/workerapi/wire"
 )
 
-// Principals and the listing of credentials (PROTOCOL.md §13). Minting
-// and revoking are in operator.go.
+// Principals and credentials (PROTOCOL.md §13): the listing, the minting
+// and the revoking of credentials.
 
 // defaultCredentialPage is the page of GET /operator/credentials without
 // limit=.
@@ -101,6 +103,133 @@ func (s *Server) opListCredentials(ctx context.Context, c *call) (int, any, erro
 	}
 	if next != "" {
 		out.Next = &next
+	}
+	return http.StatusOK, out, nil
+}
+
+// Minting and revoking.
+
+// maxCredentialTTL bounds ttl_seconds: ten years.
+const maxCredentialTTL = 10 * 366 * 24 * 3600
+
+// opMintCredential mints a credential for an existing principal (404 for
+// an unknown one: a typo must not create an identity; principals are
+// created by registration, Bootstrap, POST /operator/principals, or in Go
+// with Server.Issuer), with scopes the caller's credential holds itself
+// (403 otherwise). A node principal may not be given operator scopes: a
+// worker machine's token must never open the operator routes.
+func (s *Server) opMintCredential(ctx context.Context, c *call) (int, any, error) {
+	var req wire.MintCredentialRequest
+	if err := c.decode(&req); err != nil {
+		return 0, nil, err
+	}
+	switch {
+	case req.Principal == "":
+		return 0, nil, fmt.Errorf("%w: principal is required", ErrInvalidRequest)
+	case len(req.Scopes) == 0:
+		return 0, nil, fmt.Errorf("%w: scopes must name at least one scope", ErrInvalidRequest)
+	case req.TTLSeconds < 0 || req.TTLSeconds > maxCredentialTTL:
+		return 0, nil, fmt.Errorf("%w: ttl_seconds must be 0 (30 days) to %d", ErrInvalidRequest, maxCredentialTTL)
+	}
+	scopes := make([]credential.Scope, len(req.Scopes))
+	operatorScope := false
+	for i, sc := range req.Scopes {
+		p, err := credential.ParseScope(sc)
+		if err != nil {
+			return 0, nil, err
+		}
+		scopes[i] = p
+		operatorScope = operatorScope || strings.HasPrefix(sc, "operator:")
+	}
+	maxUses, err := maxRegistrations(req.MaxRegistrations, scopes)
+	if err != nil {
+		return 0, nil, err
+	}
+	var (
+		token  string
+		cred   *credential.Credential
+		minted *receipts.Stored
+	)
+	err = s.st.Tx.InTx(ctx, func(ctx context.Context) error {
+		p, err := s.issuer.Principal(ctx, req.Principal)
+		if err != nil {
+			return err
+		}
+		if p.Kind == credential.KindNode && operatorScope {
+			return fmt.Errorf("%w: a node principal may not hold operator scopes", ErrInvalidRequest)
+		}
+		// MintAs refuses scopes the caller's own credential lacks (403):
+		// no credential mints one more powerful than itself.
+		opt := credential.MintOptions{TTL: time.Duration(req.TTLSeconds) * time.Second, MaxUses: maxUses}
+		if token, cred, err = s.issuer.MintAs(ctx, c.credentialID, p.ID, scopes, opt); err != nil {
+			return err
+		}
+		minted, err = s.mint(ctx, mintedReceipt(cred, c.principal.ID))
+		return err
+	})
+	if err != nil {
+		return 0, nil, err
+	}
+	out := wire.MintCredentialResponse{
+		CredentialID: cred.ID,
+		Token:        token,
+		Principal:    cred.PrincipalID,
+		Scopes:       scopeStrings(cred.Scopes),
+		ExpiresAt:    cred.ExpiresAt,
+		ReceiptID:    *s.announce(c, minted),
+	}
+	out.MaxRegistrations = registrationLimit(cred)
+	return http.StatusCreated, out, nil
+}
+
+func mintedReceipt(cred *credential.Credential, actor string) receipts.Receipt {
+	return receipts.Receipt{
+		Kind:         receipts.KindCredentialMinted,
+		CredentialID: cred.ID,
+		PrincipalID:  cred.PrincipalID,
+		Scopes:       strings.Join(scopeStrings(cred.Scopes), " "),
+		Actor:        actor,
+		ExpiresAt:    cred.ExpiresAt,
+	}
+}
+
+func scopeStrings(sc []credential.Scope) []string {
+	out := make([]string, len(sc))
+	for i, s := range sc {
+		out[i] = string(s)
+	}
+	return out
+}
+
+func (s *Server) opRevokeCredential(ctx context.Context, c *call) (int, any, error) {
+	var req wire.ReasonRequest
+	if err := c.decodeOptional(&req); err != nil {
+		return 0, nil, err
+	}
+	var (
+		cred   *credential.Credential
+		minted *receipts.Stored
+	)
+	err := s.st.Tx.InTx(ctx, func(ctx context.Context) error {
+		before, err := s.issuer.Credential(ctx, c.pathID())
+		if err != nil {
+			return err
+		}
+		if cred, err = s.issuer.Revoke(ctx, before.ID); err != nil || cred.Rev == before.Rev {
+			return err
+		}
+		minted, err = s.mint(ctx, receipts.Receipt{
+			Kind: receipts.KindCredentialRevoked, CredentialID: cred.ID, PrincipalID: cred.PrincipalID,
+			Actor: c.principal.ID, Reason: req.Reason,
+		})
+		return err
+	})
+	if err != nil {
+		return 0, nil, err
+	}
+	out := wire.RevokeCredentialResponse{CredentialID: cred.ID, Principal: cred.PrincipalID, RevokedAt: *cred.RevokedAt}
+	if minted != nil {
+		out.ReceiptID = s.announce(c, minted)
 	}
 	return http.StatusOK, out, nil
 }

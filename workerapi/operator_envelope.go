@@ -1,0 +1,101 @@
+package workerapi
+
+import (
+	"context"
+	"net/http"
+
+	"github.com/nodelane/nodelane/envelope"
+	"github.com/nodelane/nodelane/receipts"
+	"github.com/nodelane/nodelane/workerapi/wire"
+)
+
+// Envelope.
+
+func (s *Server) opGetEnvelope(ctx context.Context, c *call) (int, any, error) {
+	snap, err := s.gate.Snapshot(ctx)
+	if err != nil {
+		return 0, nil, err
+	}
+	return http.StatusOK, s.envelopeView(snap.State(), snap.Active()), nil
+}
+
+func (s *Server) envelopeView(st envelope.State, active bool) wire.EnvelopeResponse {
+	p := s.gate.Policy()
+	v := wire.EnvelopeResponse{
+		Active:        active,
+		PolicyVersion: st.Version,
+		By:            st.By,
+		Reason:        st.Reason,
+		Until:         st.Until,
+		SafeTypes:     p.SafeTypes(),
+		BlockedTypes:  p.BlockedTypes(),
+	}
+	if !st.ChangedAt.IsZero() {
+		t := st.ChangedAt
+		v.ChangedAt = &t
+	}
+	return v
+}
+
+// opActivate activates the runtime, mints envelope_activated under the new
+// policy version, and wakes long-polls (queued blocked jobs may be
+// leasable now), in one transaction.
+func (s *Server) opActivate(ctx context.Context, c *call) (int, any, error) {
+	var req wire.ActivateRequest
+	if err := c.decode(&req); err != nil {
+		return 0, nil, err
+	}
+	var (
+		st     envelope.State
+		minted *receipts.Stored
+	)
+	err := s.st.Tx.InTx(ctx, func(ctx context.Context) error {
+		var err error
+		if st, err = s.gate.Activate(ctx, c.principal.ID, req.Reason, req.Until); err != nil {
+			return err
+		}
+		r := receipts.Receipt{Kind: receipts.KindEnvelopeActivated, PolicyVersion: st.Version, Actor: c.principal.ID, Reason: req.Reason}
+		if st.Until != nil {
+			r.Until = *st.Until
+		}
+		if minted, err = s.receipts.Mint(ctx, r); err != nil {
+			return err
+		}
+		return s.st.Notifier.Notify(ctx)
+	})
+	if err != nil {
+		return 0, nil, err
+	}
+	v := s.envelopeView(st, st.Active && (st.Until == nil || s.now().Before(*st.Until)))
+	v.ReceiptID = *s.announce(c, minted)
+	return http.StatusOK, v, nil
+}
+
+// opDeactivate deactivates the runtime and mints envelope_deactivated
+// under the new policy version, in one transaction. reason is required.
+func (s *Server) opDeactivate(ctx context.Context, c *call) (int, any, error) {
+	var req wire.ReasonRequest
+	if err := c.decode(&req); err != nil {
+		return 0, nil, err
+	}
+	var (
+		st     envelope.State
+		minted *receipts.Stored
+	)
+	err := s.st.Tx.InTx(ctx, func(ctx context.Context) error {
+		var err error
+		if st, err = s.gate.Deactivate(ctx, c.principal.ID, req.Reason); err != nil {
+			return err
+		}
+		minted, err = s.receipts.Mint(ctx, receipts.Receipt{
+			Kind: receipts.KindEnvelopeDeactivated, PolicyVersion: st.Version, Actor: c.principal.ID, Reason: req.Reason,
+		})
+		return err
+	})
+	if err != nil {
+		return 0, nil, err
+	}
+	v := s.envelopeView(st, false)
+	v.ReceiptID = *s.announce(c, minted)
+	return http.StatusOK, v, nil
+}

@@ -1,0 +1,423 @@
+package workerapi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+
+	"github.com/nodelane/nodelane/envelope"
+	"github.com/nodelane/nodelane/lease"
+	"github.com/nodelane/nodelane/workerapi/wire"
+)
+
+// Jobs.
+
+// settleDispatch finds out the outcome of a dispatch whose COMMIT failed
+// (commitErr; a connection lost during COMMIT leaves it unknown): the job
+// it enqueued is there or not. Found, the dispatch committed and it
+// returns nil; not found, it did not, and commitErr stands; when the
+// store cannot tell either, ErrOutcomeUnknown.
+func (s *Server) settleDispatch(ctx context.Context, jobID string, commitErr error) error {
+	_, err := s.leases.Get(context.WithoutCancel(ctx), jobID)
+	switch {
+	case err == nil:
+		s.log.Warn("the outcome of a dispatch's commit was unknown: it committed", "job_id", jobID, "err", commitErr)
+		return nil
+	case errors.Is(err, lease.ErrNotFound):
+		return commitErr
+	default:
+		s.log.Error("the outcome of a dispatch's commit is unknown", "job_id", jobID, "err", commitErr, "get_err", err)
+		return fmt.Errorf("%w: %w", ErrOutcomeUnknown, commitErr)
+	}
+}
+
+// Dispatch enqueues a job and wakes long-polls, in one transaction, and
+// then says whether a registered worker could lease it now; when not,
+// reason says why (see lease.Manager.Explain, and the operator route POST
+// /operator/jobs; a job a worker already leased is leasable). The Hooks
+// hear of the new job once it committed. If ctx carries a transaction,
+// the job joins it and the hook may run before that transaction commits.
+//
+// It returns an error only when the job was not enqueued. A store that
+// fails while leasability is checked is logged and leaves leasable false
+// with a reason that says so.
+func (s *Server) Dispatch(ctx context.Context, nj lease.NewJob) (job *lease.Job, leasable bool, reason string, err error) {
+	handled := false // only the commit was left
+	err = s.st.Tx.InTx(ctx, func(ctx context.Context) error {
+		handled = false
+		var err error
+		if job, err = s.leases.Enqueue(ctx, nj); err != nil {
+			return err
+		}
+		if err := s.st.Notifier.Notify(ctx); err != nil {
+			return err
+		}
+		handled = true
+		return nil
+	})
+	if err != nil && handled {
+		err = s.settleDispatch(ctx, job.ID, err)
+	}
+	if err != nil {
+		return nil, false, "", err
+	}
+	j := *job
+	s.logJob("dispatched", "", &j)
+	s.hooks.emit([]hookEvent{func(ctx context.Context, h Hooks) { h.JobChanged(ctx, JobEvent{Job: j}) }})
+	leasable, why, err := s.leasability(ctx, job)
+	if err != nil {
+		s.log.Error("checking whether a job is leasable", "job_id", job.ID, "err", err)
+		return job, false, "unknown: a store did not answer while leasability was checked", nil
+	}
+	if !leasable {
+		// A worker waiting in a long-poll may have leased the job since
+		// the commit, even while Explain read it, and now counts it
+		// against its max_jobs.
+		if cur, err := s.leases.Get(ctx, job.ID); err == nil && cur.Lease != nil {
+			return job, true, "", nil
+		}
+	}
+	return job, leasable, why.Message, nil
+}
+
+func (s *Server) opDispatch(ctx context.Context, c *call) (int, any, error) {
+	var req wire.DispatchRequest
+	if err := c.decode(&req); err != nil {
+		return 0, nil, err
+	}
+	if req.JobType == "" {
+		return 0, nil, fmt.Errorf("%w: job_type is required", ErrInvalidRequest)
+	}
+	payload := req.Payload
+	switch p := strings.TrimSpace(string(payload)); {
+	case p == "" || p == "null":
+		payload = nil
+	case !strings.HasPrefix(p, "{"):
+		return 0, nil, fmt.Errorf("%w: payload must be a JSON object", ErrInvalidRequest)
+	}
+	j, ok, reason, err := s.Dispatch(ctx, lease.NewJob{
+		Type:         req.JobType,
+		Payload:      payload,
+		Requirements: lease.Requirements(req.Requirements),
+		Priority:     req.Priority,
+		MaxAttempts:  req.MaxAttempts,
+	})
+	if err != nil {
+		return 0, nil, err
+	}
+	return http.StatusCreated, wire.DispatchResponse{Job: operatorJob(j), Leasable: ok, Reason: reason}, nil
+}
+
+func (s *Server) opListJobs(ctx context.Context, c *call) (int, any, error) {
+	q := c.r.URL.Query()
+	state, err := qString(q, "state")
+	if err != nil {
+		return 0, nil, err
+	}
+	if state != "" && !lease.State(state).Valid() {
+		return 0, nil, fmt.Errorf("%w: state must be queued, leased, running, succeeded, failed or canceled", ErrInvalidRequest)
+	}
+	jobType, err := qString(q, "job_type")
+	if err != nil {
+		return 0, nil, err
+	}
+	workerID, err := qString(q, "worker_id")
+	if err != nil {
+		return 0, nil, err
+	}
+	tag, err := qString(q, "tag")
+	if err != nil {
+		return 0, nil, err
+	}
+	after, err := qString(q, "after")
+	if err != nil {
+		return 0, nil, err
+	}
+	limit, err := qLimit(q)
+	if err != nil {
+		return 0, nil, err
+	}
+	jobs, next, err := s.leases.List(ctx, lease.JobFilter{
+		State: lease.State(state), Type: jobType, LastWorkerID: workerID, Tag: tag, After: after, Limit: limit,
+	})
+	if err != nil {
+		return 0, nil, err
+	}
+	if kept, cut := fitPage(jobs, jobBytes); cut {
+		jobs, next = kept, kept[len(kept)-1].ID
+	}
+	out := wire.JobListResponse{Jobs: make([]wire.OperatorJob, len(jobs))}
+	for i, j := range jobs {
+		out.Jobs[i] = operatorJob(j)
+	}
+	if next != "" {
+		out.Next = &next
+	}
+	return http.StatusOK, out, nil
+}
+
+func (s *Server) opGetJob(ctx context.Context, c *call) (int, any, error) {
+	q := c.r.URL.Query()
+	after, _, err := qInt(q, "events_after", 0, 1<<62)
+	if err != nil {
+		return 0, nil, err
+	}
+	j, err := s.leases.Get(ctx, c.pathID())
+	if err != nil {
+		return 0, nil, err
+	}
+	evs, err := s.leases.Events(ctx, j.ID, after, maxPage)
+	if err != nil {
+		return 0, nil, err
+	}
+	evs, evsCut := fitPage(evs, eventBytes)
+	arts, err := s.leases.Artifacts(ctx, lease.ArtifactFilter{JobID: j.ID, Limit: wire.MaxJobArtifacts})
+	if err != nil {
+		return 0, nil, err
+	}
+	arts, artsCut := fitPage(arts, artifactBytes)
+	ok, why, err := s.leasability(ctx, j)
+	if err != nil {
+		return 0, nil, err
+	}
+	out := wire.JobDetailResponse{
+		Job:       operatorJob(j),
+		Leasable:  ok,
+		Reason:    why.Message,
+		Events:    make([]wire.JobEventView, len(evs)),
+		Artifacts: make([]wire.ArtifactView, len(arts)),
+	}
+	if r := j.Result; r != nil {
+		out.Result = &wire.JobResult{OutputURI: nonEmpty(r.OutputURI), Metrics: orNull(r.Metrics), FinalMessage: nonEmpty(r.FinalMessage)}
+	}
+	for i, e := range evs {
+		out.Events[i] = wireEvent(e)
+	}
+	if len(evs) == maxPage || evsCut {
+		next := evs[len(evs)-1].ID
+		out.EventsNext = &next
+	}
+	for i, a := range arts {
+		out.Artifacts[i] = wireArtifact(a, j)
+	}
+	if len(arts) == wire.MaxJobArtifacts || artsCut {
+		next := arts[len(arts)-1].ID
+		out.ArtifactsNext = &next
+	}
+	return http.StatusOK, out, nil
+}
+
+func (s *Server) opCancelJob(ctx context.Context, c *call) (int, any, error) {
+	if err := c.decodeOptional(&struct{}{}); err != nil {
+		return 0, nil, err
+	}
+	var (
+		prev, j *lease.Job
+		arts    []*lease.Artifact
+	)
+	err := s.st.Tx.InTx(ctx, func(ctx context.Context) error {
+		var err error
+		if prev, err = s.leases.Get(ctx, c.pathID()); err != nil {
+			return err
+		}
+		if j, err = s.leases.Cancel(ctx, prev.ID); err != nil {
+			return err
+		}
+		if j.Rev != prev.Rev && j.State.Terminal() {
+			arts, err = s.jobArtifacts(ctx, j.ID)
+		}
+		return err
+	})
+	if err != nil {
+		return 0, nil, err
+	}
+	if l := prev.Lease; j.Rev != prev.Rev && prev.State.Live() && l != nil {
+		// The worker that holds the job learns of the cancel in seconds
+		// through its signals long-poll.
+		s.signalWorkers(c, l.WorkerID)
+	}
+	if j.Rev != prev.Rev && j.State != prev.State {
+		jc, from := *j, prev.State
+		c.note(func() { s.logJob("canceled", from, &jc) })
+	}
+	if j.Rev != prev.Rev {
+		ev := JobEvent{From: prev.State, Job: *j}
+		for _, a := range arts {
+			ev.Artifacts = append(ev.Artifacts, *a)
+		}
+		c.after(func(ctx context.Context, h Hooks) { h.JobChanged(ctx, ev) })
+	}
+	return http.StatusOK, wire.OperatorJobResponse{Job: operatorJob(j)}, nil
+}
+
+// jobArtifacts returns every artifact of a job, in id order.
+func (s *Server) jobArtifacts(ctx context.Context, jobID string) ([]*lease.Artifact, error) {
+	var out []*lease.Artifact
+	after := ""
+	for {
+		page, err := s.leases.Artifacts(ctx, lease.ArtifactFilter{JobID: jobID, After: after, Limit: maxPage})
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, page...)
+		if len(page) < maxPage {
+			return out, nil
+		}
+		after = page[len(page)-1].ID
+	}
+}
+
+func (s *Server) opListArtifacts(ctx context.Context, c *call) (int, any, error) {
+	q := c.r.URL.Query()
+	jobID, err := qString(q, "job_id")
+	if err != nil {
+		return 0, nil, err
+	}
+	typ, err := qString(q, "artifact_type")
+	if err != nil {
+		return 0, nil, err
+	}
+	after, err := qString(q, "after")
+	if err != nil {
+		return 0, nil, err
+	}
+	limit, err := qLimit(q)
+	if err != nil {
+		return 0, nil, err
+	}
+	if limit == 0 {
+		limit = maxPage
+	}
+	if jobID != "" {
+		// An unknown job is a 404, not an empty list.
+		if _, err := s.leases.Get(ctx, jobID); err != nil {
+			return 0, nil, err
+		}
+	}
+	arts, err := s.leases.Artifacts(ctx, lease.ArtifactFilter{JobID: jobID, Type: typ, After: after, Limit: limit})
+	if err != nil {
+		return 0, nil, err
+	}
+	arts, cut := fitPage(arts, artifactBytes)
+	jobs := map[string]*lease.Job{}
+	out := wire.ArtifactListResponse{Artifacts: make([]wire.ArtifactView, 0, len(arts))}
+	for _, a := range arts {
+		j, ok := jobs[a.JobID]
+		if !ok {
+			j, err = s.leases.Get(ctx, a.JobID)
+			if errors.Is(err, lease.ErrNotFound) {
+				// Retention deleted the job, and its artifacts with
+				// it, since they were read: they are gone.
+				jobs[a.JobID] = nil
+				continue
+			}
+			if err != nil {
+				return 0, nil, err
+			}
+			jobs[a.JobID] = j
+		}
+		if j == nil {
+			continue
+		}
+		out.Artifacts = append(out.Artifacts, wireArtifact(a, j))
+	}
+	if len(arts) == limit || cut {
+		next := arts[len(arts)-1].ID
+		out.Next = &next
+	}
+	return http.StatusOK, out, nil
+}
+
+// artifactStatus is what an artifact is worth given its job's state: see
+// the Artifact* constants.
+func artifactStatus(a *lease.Artifact, j *lease.Job) string {
+	switch j.State {
+	case lease.StateSucceeded:
+		if j.Lease != nil && a.Epoch != j.Lease.Epoch {
+			return wire.ArtifactSuperseded
+		}
+		if j.Type == "lora_train" && a.Type == "adapter" {
+			return wire.ArtifactTrained
+		}
+		return wire.ArtifactSucceeded
+	case lease.StateFailed:
+		return wire.ArtifactFailed
+	case lease.StateCanceled:
+		return wire.ArtifactCanceled
+	}
+	return wire.ArtifactPending
+}
+
+func wireArtifact(a *lease.Artifact, j *lease.Job) wire.ArtifactView {
+	return wire.ArtifactView{
+		ArtifactID:     a.ID,
+		ArtifactType:   a.Type,
+		Name:           a.Name,
+		URI:            a.URI,
+		ChecksumSHA256: nonEmpty(a.SHA256),
+		SizeBytes:      a.SizeBytes,
+		Metadata:       orEmptyObject(a.Metadata),
+		ReceiptID:      nonEmpty(a.ReceiptID),
+		CreatedAt:      a.CreatedAt,
+		WorkerID:       a.WorkerID,
+		LeaseEpoch:     a.Epoch,
+		JobID:          j.ID,
+		JobType:        j.Type,
+		JobState:       string(j.State),
+		Status:         artifactStatus(a, j),
+	}
+}
+
+func wireEvent(e *lease.Event) wire.JobEventView {
+	v := wire.JobEventView{
+		ID:         e.ID,
+		Kind:       string(e.Kind),
+		EventType:  nonEmpty(e.Type),
+		Message:    e.Message,
+		Payload:    orNull(e.Payload),
+		LeaseEpoch: e.Epoch,
+		CreatedAt:  e.CreatedAt,
+	}
+	if e.Kind == lease.EventLog {
+		seq := e.Seq
+		v.Seq = &seq
+	}
+	return v
+}
+
+// Leasability.
+
+// leasability says whether a registered worker could lease the queued job
+// j now and, if not, why: the envelope first (a blocked type gives the
+// envelope's reason), then lease.Manager.Explain, which matches as Lease
+// does (type, SKU, GPU count, VRAM within the governor's max_vram_mb,
+// backoff, bans, governor max_jobs) and gives the most decisive reason
+// first. For a job in any other state it reports false and no reason; the
+// reason's code tells a caller that the job was leased since j was read.
+func (s *Server) leasability(ctx context.Context, j *lease.Job) (bool, lease.Reason, error) {
+	if j.State != lease.StateQueued {
+		return false, lease.Reason{}, nil
+	}
+	snap, err := s.gate.Snapshot(ctx)
+	if err != nil {
+		return false, lease.Reason{}, err
+	}
+	if err := snap.Allow(j.Type); err != nil {
+		var be *envelope.BlockedError
+		if errors.As(err, &be) {
+			return false, lease.Reason{Code: lease.ReasonTypeNotAllowed, Message: be.Reason, JobType: j.Type}, nil
+		}
+		return false, lease.Reason{}, err
+	}
+	ex, err := s.leases.Explain(ctx, j.ID, &lease.ExplainOptions{Banned: s.banned, Job: j})
+	if err != nil || ex.Leasable || len(ex.Reasons) == 0 {
+		return err == nil && ex.Leasable, lease.Reason{}, err
+	}
+	r := ex.Reasons[0]
+	if r.Code == lease.ReasonJobLeased || r.Code == lease.ReasonJobFinished {
+		r.Message = ""
+	}
+	return false, r, nil
+}

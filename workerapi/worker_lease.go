@@ -1,0 +1,375 @@
+package workerapi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/nodelane/nodelane/envelope"
+	"github.com/nodelane/nodelane/lease"
+	"github.com/nodelane/nodelane/workerapi/wire"
+)
+
+// Limits of the worker routes.
+const (
+	// A long-poll looks again without a notification, since a job whose
+	// retry backoff ends becomes eligible without one: first pollTick
+	// after its last look, then twice as long each time, up to
+	// maxPollTick, so that a thousand idle long-polls do not cost a
+	// thousand claim transactions a second (on SQLite, each takes the one
+	// writer). A notification makes it look at once.
+	pollTick    = time.Second
+	maxPollTick = 5 * time.Second
+)
+
+// leaseBody is LeaseRequest with presence: max_jobs 0 is refused, while
+// an absent max_jobs means 1.
+type leaseBody struct {
+	SupportedJobTypes []string `json:"supported_job_types"`
+	SupportedGPUSKUs  []string `json:"supported_gpu_skus"`
+	MaxJobs           *int     `json:"max_jobs"`
+	WaitSeconds       *int     `json:"wait_seconds"`
+	Accept            bool     `json:"accept"`
+	RequestID         string   `json:"request_id"`
+}
+
+// lease: POST /workers/jobs/lease. The first attempt runs in the
+// request's transaction. If it grants nothing and the worker asked to
+// wait, the wait runs after the commit and holds no transaction: each
+// notification (or a tick, or the deadline) makes one more attempt in a
+// transaction of its own. With accept, each attempt accepts what it
+// grants in its own transaction (acceptGranted).
+func (s *Server) lease(ctx context.Context, c *call) (int, any, error) {
+	var req leaseBody
+	if err := c.decode(&req); err != nil {
+		return 0, nil, err
+	}
+	n, wait := 1, 0
+	if req.MaxJobs != nil {
+		if n = *req.MaxJobs; n < 1 || n > wire.MaxJobsPerLease {
+			return 0, nil, invalid("max_jobs must be 1 to %d", wire.MaxJobsPerLease)
+		}
+	}
+	if req.WaitSeconds != nil {
+		if wait = *req.WaitSeconds; wait < 0 {
+			return 0, nil, invalid("wait_seconds must not be negative")
+		}
+	}
+	k, err := keyFor(c, "lease", "", req.RequestID, req)
+	if err != nil {
+		return 0, nil, err
+	}
+	if code, out, ok, err := s.recall(ctx, k); err != nil || ok {
+		return code, out, err
+	}
+	lr := lease.LeaseRequest{
+		WorkerID: c.principal.ID,
+		JobTypes: req.SupportedJobTypes,
+		GPUSKUs:  req.SupportedGPUSKUs,
+		MaxJobs:  n,
+	}
+	d := min(time.Duration(wait)*time.Second, wire.MaxWaitSeconds*time.Second, s.cfg.MaxWait)
+	var (
+		wake, sig <-chan struct{}
+		cancel    func()
+	)
+	if d > 0 {
+		// Subscribe before the first attempt, so that a job dispatched
+		// while it runs still wakes the wait. A ban or a retirement of the
+		// worker wakes it too (its signals), and the next attempt refuses
+		// it (checkGranted): with a Notifier that is not a SignalNotifier,
+		// the ban's Notify wakes it through wake.
+		wake, cancel = s.st.Notifier.Subscribe()
+		c.cleanup(cancel)
+		if sn, ok := s.st.Notifier.(SignalNotifier); ok {
+			sig, cancel = sn.SubscribeWorker(lr.WorkerID)
+			c.cleanup(cancel)
+		}
+	}
+	// Why no job came is said only in an answer without one: not after
+	// each attempt of a long-poll, which may wake for every job
+	// dispatched anywhere.
+	out, err := s.leaseOnce(ctx, c, lr, req.Accept, d <= 0)
+	if err != nil {
+		return 0, nil, err
+	}
+	if err := s.rememberLease(ctx, c, k, out); err != nil {
+		return 0, nil, err
+	}
+	if len(out.Leases) > 0 || d <= 0 {
+		return http.StatusOK, out, nil
+	}
+	deadline := time.Now().Add(d)
+	c.then = func(ctx context.Context) (int, any, error) {
+		timer := time.NewTimer(time.Until(deadline))
+		defer timer.Stop()
+		every := pollTick
+		tick := time.NewTimer(every)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return 0, nil, context.Cause(ctx)
+			case <-timer.C:
+				snap, err := s.gate.Snapshot(ctx)
+				if err != nil {
+					return 0, nil, err
+				}
+				if out.Message, err = s.whyNoJob(ctx, snap, lr); err != nil {
+					return 0, nil, err
+				}
+				return http.StatusOK, out, nil
+			case <-wake:
+				tick.Stop()
+			case <-sig:
+				tick.Stop()
+			case <-tick.C:
+				every = min(2*every, maxPollTick)
+			}
+			tick.Reset(every)
+			var next *wire.LeaseResponse
+			queued, noted, granted := len(c.hooks), len(c.notes), len(c.jobIDs)
+			err := s.st.Tx.InTx(ctx, func(ctx context.Context) error {
+				var err error
+				if next, err = s.leaseOnce(ctx, c, lr, req.Accept, false); err != nil {
+					return err
+				}
+				return s.rememberLease(ctx, c, k, next)
+			})
+			if err != nil {
+				// They did not commit.
+				c.hooks, c.notes, c.jobIDs = c.hooks[:queued], c.notes[:noted], c.jobIDs[:granted]
+				return 0, nil, err
+			}
+			out = next
+			if len(out.Leases) > 0 {
+				return http.StatusOK, out, nil
+			}
+		}
+	}
+	return http.StatusOK, out, nil
+}
+
+// rememberLease remembers out, the answer to the lease request k, if it
+// granted a job: until the last accept_by of its grants, after which a
+// repeat leases anew.
+func (s *Server) rememberLease(ctx context.Context, c *call, k *keyed, out *wire.LeaseResponse) error {
+	if k == nil || len(out.Leases) == 0 {
+		return nil
+	}
+	var until time.Time
+	for _, g := range out.Leases {
+		if g.AcceptBy.After(until) {
+			until = g.AcceptBy
+		}
+	}
+	return s.remember(ctx, c, k, http.StatusOK, out, until)
+}
+
+// leaseOnce makes one attempt to lease jobs under a fresh envelope
+// snapshot, for a worker that is not banned (checkGranted), and, with explain, says why none was granted. With accept, it
+// accepts each job granted (acceptGranted).
+func (s *Server) leaseOnce(ctx context.Context, c *call, lr lease.LeaseRequest, accept, explain bool) (*wire.LeaseResponse, error) {
+	// A ban or a retirement committed since the request's credential
+	// was verified (during a long-poll's wait) is seen here, in the
+	// claim's transaction: no job is granted to a banned worker.
+	if err := s.checkGranted(ctx, lr.WorkerID); err != nil {
+		return nil, err
+	}
+	snap, err := s.gate.Snapshot(ctx)
+	if err != nil {
+		return nil, err
+	}
+	prices := s.cfg.Prices
+	lr.Allow = func(t string) bool { return snap.Allow(t) == nil }
+	lr.PolicyVersion = snap.Version()
+	lr.Price = prices.Rate
+	grants, err := s.leases.Lease(ctx, lr)
+	if err != nil {
+		return nil, err
+	}
+	if len(grants) > 0 {
+		// And again after the claim, in its transaction: a ban that
+		// committed while this attempt ran (after the check above, before
+		// the claim saw a job dispatched after the ban) rolls the grants
+		// back. The claim read every job it grants after those jobs were
+		// dispatched, so this read comes after any ban that preceded
+		// their dispatch.
+		if err := s.checkGranted(ctx, lr.WorkerID); err != nil {
+			return nil, err
+		}
+	}
+	if n := len(grants); n > 0 {
+		if em := s.events(); em != nil {
+			c.note(func() { em.ObserveLeases(LeaseGranted, n) })
+		}
+		for _, g := range grants {
+			c.jobIDs = append(c.jobIDs, g.Job.ID)
+		}
+	}
+	// Read after the claim: at or after every grant's time (leases_through).
+	out := &wire.LeaseResponse{Leases: []wire.Grant{}, ServerTime: s.now()}
+	var (
+		asked    *envelope.Snapshot // the envelope at accept
+		accepted int
+		refused  []string // why grants were not accepted
+	)
+	if accept && len(grants) > 0 {
+		if asked, err = s.gate.Snapshot(ctx); err != nil {
+			return nil, err
+		}
+	}
+	for _, g := range grants {
+		if err := s.jobChanged(ctx, c, lease.StateQueued, g.Job); err != nil {
+			return nil, err
+		}
+		j := g.Job
+		if accept {
+			var why error
+			if j, why, err = s.acceptGranted(ctx, c, asked, g); err != nil {
+				return nil, err
+			}
+			if why != nil {
+				refused = append(refused, fmt.Sprintf("job %s: %s", j.ID, publicMessage(why.Error())))
+			} else {
+				accepted++
+			}
+		}
+		out.Leases = append(out.Leases, wire.Grant{
+			LeaseID: j.Lease.ID, LeaseToken: g.Token, Job: wireJob(j),
+			ExpiresAt: j.Lease.ExpiresAt, AcceptBy: j.Lease.AcceptBy,
+		})
+	}
+	if len(grants) > 0 {
+		f := out.Leases[0]
+		out.LeaseID, out.LeaseToken, out.Job, out.ExpiresAt, out.AcceptBy = &f.LeaseID, &f.LeaseToken, &f.Job, &f.ExpiresAt, &f.AcceptBy
+		out.Message = "leased " + jobCount(len(grants))
+		switch {
+		case accept && len(refused) == 0:
+			out.Message = "leased and accepted " + jobCount(len(grants))
+		case accept:
+			out.Message += fmt.Sprintf(", accepted %d; not accepted (accept them, or they lapse at accept_by): %s",
+				accepted, strings.Join(refused, "; "))
+		}
+		return out, nil
+	}
+	if explain {
+		out.Message, err = s.whyNoJob(ctx, snap, lr)
+	}
+	return out, err
+}
+
+// jobCount is "1 job" or "n jobs".
+func jobCount(n int) string {
+	if n == 1 {
+		return "1 job"
+	}
+	return fmt.Sprintf("%d jobs", n)
+}
+
+// acceptGranted accepts a job the caller was just granted, in the
+// lease's transaction, as accept would: the envelope as it is at accept
+// (snap) must allow the job's type. A type it refuses is not accepted:
+// the job is returned leased, with why, and the grant answers it so (its
+// job.state leased), so the worker learns it as it would from accept,
+// and nothing is lost: the job's lease lapses at accept_by, without
+// using an attempt, as a lease never accepted does. Any other error fails
+// the attempt, and its transaction takes the grants back.
+func (s *Server) acceptGranted(ctx context.Context, c *call, snap *envelope.Snapshot, g lease.Grant) (j *lease.Job, why, err error) {
+	if why := snap.Allow(g.Job.Type); why != nil {
+		return g.Job, why, nil
+	}
+	j, err = s.leases.Accept(ctx, lease.Ref{JobID: g.Job.ID, WorkerID: c.principal.ID, Token: g.Token})
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := s.jobChanged(ctx, c, lease.StateLeased, j); err != nil {
+		return nil, nil, err
+	}
+	return j, nil, nil
+}
+
+// whyNoJob explains an empty lease with lease.Manager.ExplainLease: a
+// worker awaiting approval, the types asked for that it did not register
+// or its approval leaves out (ignored), the types the envelope blocks (in
+// the envelope's words), the types with no queued, fitting or due job,
+// and a worker already at its live-lease limit.
+func (s *Server) whyNoJob(ctx context.Context, snap *envelope.Snapshot, lr lease.LeaseRequest) (string, error) {
+	ex, err := s.leases.ExplainLease(ctx, lr, nil)
+	if err != nil {
+		return "", err
+	}
+	why := []string{"no eligible job"}
+	// The types the request asked for beyond what the worker may serve
+	// are named in one phrase per reason, where the first of them was.
+	ignored := map[lease.ReasonCode][]string{}
+	at := map[lease.ReasonCode]int{}
+	for _, r := range ex.Reasons {
+		var be *envelope.BlockedError
+		switch {
+		case r.Code == lease.ReasonNoJobTypes, r.Code == lease.ReasonPendingApproval, r.Code == lease.ReasonDraining:
+			return "no eligible job: " + r.Message, nil
+		case r.Code == lease.ReasonTypeNotRegistered, r.Code == lease.ReasonTypeNotApproved:
+			if _, ok := at[r.Code]; !ok {
+				at[r.Code] = len(why)
+				why = append(why, "")
+			}
+			ignored[r.Code] = append(ignored[r.Code], fmt.Sprintf("%q", r.JobType))
+		case r.Code == lease.ReasonTypeNotAllowed && errors.As(snap.Allow(r.JobType), &be):
+			why = append(why, be.Reason)
+		default:
+			why = append(why, r.Message)
+		}
+	}
+	if i, ok := at[lease.ReasonTypeNotRegistered]; ok {
+		why[i] = "ignored job types the worker did not register: " + strings.Join(ignored[lease.ReasonTypeNotRegistered], ", ")
+	}
+	if i, ok := at[lease.ReasonTypeNotApproved]; ok {
+		why[i] = "ignored job types the worker's approval does not include: " + strings.Join(ignored[lease.ReasonTypeNotApproved], ", ")
+	}
+	return strings.Join(why, "; "), nil
+}
+
+// accept: POST /workers/jobs/{id}/accept. The lease is checked first,
+// then the envelope is asked again: a type blocked since the lease was
+// granted is not accepted (403), and its lease runs out at the accept
+// deadline.
+func (s *Server) accept(ctx context.Context, c *call) (int, any, error) {
+	var req wire.TokenRequest
+	ref, err := c.decodeLeased(&req, &req.LeaseToken)
+	if err != nil {
+		return 0, nil, err
+	}
+	// Only a JobChanged hook needs the state before (an accept repeated
+	// under the same lease changes nothing): a read no accept pays for
+	// otherwise.
+	from := lease.StateLeased
+	if s.cfg.Hooks != nil {
+		before, err := s.leases.Get(ctx, ref.JobID)
+		if err != nil {
+			return 0, nil, err
+		}
+		from = before.State
+	}
+	// The lease first: a caller without it learns nothing of the job,
+	// not even its type's verdict. A blocked type then fails the
+	// request, and its transaction takes the accept back.
+	j, err := s.leases.Accept(ctx, ref)
+	if err != nil {
+		return 0, nil, err
+	}
+	snap, err := s.gate.Snapshot(ctx)
+	if err != nil {
+		return 0, nil, err
+	}
+	if err := snap.Allow(j.Type); err != nil {
+		return 0, nil, err
+	}
+	if err := s.jobChanged(ctx, c, from, j); err != nil {
+		return 0, nil, err
+	}
+	return http.StatusOK, wire.AcceptResponse{Job: wireJob(j), ExpiresAt: j.Lease.ExpiresAt}, nil
+}

@@ -11,7 +11,7 @@ import (
 )
 
 func TestMemoryStore(t *testing.T) {
-	replaytest.Run(t, func(t *testing.T) replay.NonceStore {
+	replaytest.Run(t, func(t *testing.T) replay.Store {
 		return replay.NewMemoryStore(&replay.MemoryConfig{PerNode: replaytest.Quota})
 	})
 }

@@ -680,7 +680,7 @@ func TestVerifyExport(t *testing.T) {
 		t.Fatal(err)
 	}
 	var export bytes.Buffer
-	cp, err := receipts.NewLog(f.env.DB.ReceiptsStore(), &receipts.Config{Origin: f.env.Config.Origin}).Export(context.Background(), &export)
+	cp, err := receipts.NewLog(f.env.DB.ReceiptStore(), &receipts.Config{Origin: f.env.Config.Origin}).Export(context.Background(), &export)
 	if err != nil {
 		t.Fatal(err)
 	}

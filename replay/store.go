@@ -10,34 +10,34 @@ import (
 // Each matches one error code of PROTOCOL.md; the errors returned wrap
 // them with detail, so callers test them with errors.Is.
 var (
-	// ErrMissingSignature: the request lacks Signature, Signature-Input or
+	// ErrMissingSignature means the request lacks Signature, Signature-Input or
 	// Content-Digest (missing_signature).
 	ErrMissingSignature = errors.New("replay: missing signature")
-	// ErrMalformedSignature: a signature field or Content-Digest does not
+	// ErrMalformedSignature means a signature field or Content-Digest does not
 	// parse, has a duplicate member or parameter, or does not follow the
 	// profile: label, components, parameters, tag or nonce
 	// (malformed_signature).
 	ErrMalformedSignature = errors.New("replay: malformed signature")
-	// ErrBadDigest: Content-Digest is not the body's digest, or uses an
+	// ErrBadDigest means Content-Digest is not the body's digest, or uses an
 	// algorithm other than sha-256 and sha-512 (bad_digest).
 	ErrBadDigest = errors.New("replay: bad content digest")
-	// ErrBadSignature: the signature does not verify, or its keyid is not
+	// ErrBadSignature means the signature does not verify, or its keyid is not
 	// the caller's key (bad_signature).
 	ErrBadSignature = errors.New("replay: bad signature")
-	// ErrStaleTimestamp: created or expires is outside the window
+	// ErrStaleTimestamp means created or expires is outside the window
 	// (stale_timestamp).
 	ErrStaleTimestamp = errors.New("replay: stale timestamp")
-	// ErrReplayedNonce: the node used the nonce before, within its window
+	// ErrReplayedNonce means the node used the nonce before, within its window
 	// (replayed_nonce).
 	ErrReplayedNonce = errors.New("replay: replayed nonce")
-	// ErrQuota: the node holds too many live nonces, or the store is full
+	// ErrQuota means the node holds too many live nonces, or the store is full
 	// (rate_limited, 429).
 	ErrQuota = errors.New("replay: nonce quota exceeded")
-	// ErrUnavailable: the nonce store could not answer, so the request
+	// ErrUnavailable means the nonce store could not answer, so the request
 	// cannot be admitted (unavailable, 503). The Verifier wraps every
 	// other store error in it.
 	ErrUnavailable = errors.New("replay: nonce store unavailable")
-	// ErrAborted: the database aborted the transaction the context
+	// ErrAborted means the database aborted the transaction the context
 	// carries (a deadlock, a serialization failure), or kept aborting the
 	// store's own; nothing of it is kept, and the whole transaction must
 	// be run again, from its beginning. A Store returns it; the

@@ -168,7 +168,7 @@ func TestReceiptsTransactions(t *testing.T) {
 	}
 }
 
-// TestReceiptsAcceptance: 16 goroutines mint 500 receipts each through
+// TestReceiptsAcceptance has 16 goroutines mint 500 receipts each through
 // two replicas (two handles on one PostgreSQL schema), while a Sequencer
 // on each replica runs. Every receipt gets one index, 0 to 7999 with no
 // gap, each minter's receipts in its mint order, and every inclusion

@@ -1057,7 +1057,7 @@ func TestProtocolMerkleProofs(t *testing.T) {
 	}
 }
 
-// TestProtocolIDsAndKeyName: the example key is named after the origin,
+// TestProtocolIDsAndKeyName checks that the example key is named after the origin,
 // and ids have the layout the page describes.
 func TestProtocolIDsAndKeyName(t *testing.T) {
 	_, vkey := exampleLogKey(t)

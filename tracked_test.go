@@ -12,7 +12,7 @@ import (
 // and data sets belong in .gitignore, not in every clone.
 const maxTrackedBytes = 1 << 20
 
-// TestNoBinariesTracked: no file git tracks is over 1 MiB or an
+// TestNoBinariesTracked checks that no file git tracks is over 1 MiB or an
 // executable of a known format (ELF, Mach-O, PE), such as a program built
 // at the root by `go build` and committed by mistake.
 func TestNoBinariesTracked(t *testing.T) {

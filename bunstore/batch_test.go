@@ -9,7 +9,7 @@ import (
 	"time"
 )
 
-// TestBatcher: every caller gets its own item's result, batches never
+// TestBatcher checks that every caller gets its own item's result, batches never
 // exceed max, at most parallel run at once, concurrent callers share
 // batches, a failed batch fails its callers only, and a batch runs even if
 // the caller leading it went away.

@@ -87,7 +87,7 @@ func TestDurableTxSQLite(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := hooked.ReceiptsStore().Sequence(ctx, 10, func(receipts.Tree, []*receipts.Stored, tlog.HashReader) (*receipts.Batch, error) {
+	if err := hooked.ReceiptStore().Sequence(ctx, 10, func(receipts.Tree, []*receipts.Stored, tlog.HashReader) (*receipts.Batch, error) {
 		return nil, errors.New("nothing is pending: never called")
 	}); err != nil {
 		t.Fatal(err)

@@ -21,7 +21,7 @@ func fileMode(t *testing.T, path string) fs.FileMode {
 	return fi.Mode().Perm()
 }
 
-// TestSQLiteFileMode: Open creates a new SQLite database, and SQLite its
+// TestSQLiteFileMode checks that Open creates a new SQLite database, and SQLite its
 // -wal and -shm files, readable by their owner only, whatever the
 // process's umask would give; an existing file keeps its mode.
 func TestSQLiteFileMode(t *testing.T) {

@@ -35,7 +35,7 @@ func leasedJobs(t *testing.T, ctx context.Context, m *lease.Manager, n int) []le
 	return refs
 }
 
-// TestGatheredTransitions: concurrent Accepts and Completes, gathered into
+// TestGatheredTransitions checks that concurrent Accepts and Completes, gathered into
 // shared statements, each get their own answer: a wrong token or a
 // second completion in the same gathering costs the others nothing.
 func TestGatheredTransitions(t *testing.T) {
@@ -121,7 +121,7 @@ func TestGatheredTransitions(t *testing.T) {
 	}
 }
 
-// TestGuardedWrites: one call of AcceptLeased and CompleteRunning with
+// TestGuardedWrites checks that one call of AcceptLeased and CompleteRunning with
 // several writes applies exactly those whose guard holds, the first of
 // two for one job, and answers in the order of the writes.
 func TestGuardedWrites(t *testing.T) {

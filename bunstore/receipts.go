@@ -12,7 +12,7 @@ import (
 	"github.com/nodelane/nodelane/receipts"
 )
 
-// ReceiptsStore is the receipts.Store of a DB. Every method joins the
+// ReceiptStore is the receipts.Store of a DB. Every method joins the
 // transaction its context carries (see DB.InTx and WithTx), so a receipt
 // minted in a request's transaction commits or rolls back with it.
 //
@@ -27,14 +27,24 @@ import (
 // deadlock), a method returns an error that matches receipts.ErrAborted; a
 // write whose context carries no transaction (Sequence included, which
 // then calls integrate again) first runs again, up to three times in all.
-type ReceiptsStore struct {
+type ReceiptStore struct {
 	db *DB
 }
 
-var _ receipts.Store = (*ReceiptsStore)(nil)
+var _ receipts.Store = (*ReceiptStore)(nil)
 
-// ReceiptsStore returns the receipts.Store kept in db.
-func (db *DB) ReceiptsStore() *ReceiptsStore { return &ReceiptsStore{db: db} }
+// ReceiptStore returns the receipts.Store kept in db.
+func (db *DB) ReceiptStore() *ReceiptStore { return &ReceiptStore{db: db} }
+
+// ReceiptsStore is the former name of [ReceiptStore].
+//
+// Deprecated: use ReceiptStore.
+type ReceiptsStore = ReceiptStore
+
+// ReceiptsStore is the former name of [DB.ReceiptStore].
+//
+// Deprecated: use DB.ReceiptStore.
+func (db *DB) ReceiptsStore() *ReceiptStore { return db.ReceiptStore() }
 
 // receiptRow is a receipt as stored; Idx is NULL until it is sequenced.
 // Seq, assigned by the database, is the mint order.
@@ -94,7 +104,7 @@ func toHash(b []byte) (tlog.Hash, error) {
 
 // AddReceipt stores a minted receipt, not yet sequenced. It returns
 // receipts.ErrConflict if the id is taken.
-func (s *ReceiptsStore) AddReceipt(ctx context.Context, st *receipts.Stored) error {
+func (s *ReceiptStore) AddReceipt(ctx context.Context, st *receipts.Stored) error {
 	if st.Sequenced {
 		return fmt.Errorf("bunstore: add receipt %s: %w: it has an index already", st.ID, receipts.ErrInvalidArgument)
 	}
@@ -119,13 +129,13 @@ func (s *ReceiptsStore) AddReceipt(ctx context.Context, st *receipts.Stored) err
 	return nil
 }
 
-var _ receipts.BatchAdder = (*ReceiptsStore)(nil)
+var _ receipts.BatchAdder = (*ReceiptStore)(nil)
 
 // AddReceipts implements receipts.BatchAdder in one multi-row INSERT,
 // whose rows take their seq in the order given. If any id is taken it
 // deletes the rows it inserted, in the same transaction, and returns
 // receipts.ErrConflict.
-func (s *ReceiptsStore) AddReceipts(ctx context.Context, ss []*receipts.Stored) error {
+func (s *ReceiptStore) AddReceipts(ctx context.Context, ss []*receipts.Stored) error {
 	rows := make([]receiptRow, len(ss))
 	seen := make(map[string]bool, len(ss))
 	for i, st := range ss {
@@ -178,7 +188,7 @@ func firstErr(errs ...error) error {
 
 // GetReceipt returns a receipt by id. It returns receipts.ErrNotFound if
 // there is none.
-func (s *ReceiptsStore) GetReceipt(ctx context.Context, id string) (*receipts.Stored, error) {
+func (s *ReceiptStore) GetReceipt(ctx context.Context, id string) (*receipts.Stored, error) {
 	var r receiptRow
 	err := s.db.idb(ctx).NewSelect().Model(&r).Where("id = ?", id).Scan(ctx)
 	if isNoRows(err) {
@@ -193,7 +203,7 @@ func (s *ReceiptsStore) GetReceipt(ctx context.Context, id string) (*receipts.St
 // ListReceipts returns sequenced receipts with index >= from in index
 // order, at most limit. It returns receipts.ErrInvalidArgument if limit is
 // not positive.
-func (s *ReceiptsStore) ListReceipts(ctx context.Context, from int64, limit int) ([]*receipts.Stored, error) {
+func (s *ReceiptStore) ListReceipts(ctx context.Context, from int64, limit int) ([]*receipts.Stored, error) {
 	if limit <= 0 {
 		return nil, fmt.Errorf("bunstore: list receipts: %w: limit %d is not positive", receipts.ErrInvalidArgument, limit)
 	}
@@ -210,9 +220,9 @@ func (s *ReceiptsStore) ListReceipts(ctx context.Context, from int64, limit int)
 }
 
 // Sequence integrates one batch as receipts.Store documents, in one
-// transaction that holds the sequencing lock (see ReceiptsStore). It
+// transaction that holds the sequencing lock (see ReceiptStore). It
 // returns receipts.ErrInvalidArgument if limit is not positive.
-func (s *ReceiptsStore) Sequence(ctx context.Context, limit int, integrate receipts.IntegrateFunc) error {
+func (s *ReceiptStore) Sequence(ctx context.Context, limit int, integrate receipts.IntegrateFunc) error {
 	if limit <= 0 {
 		return fmt.Errorf("bunstore: sequence receipts: %w: limit %d is not positive", receipts.ErrInvalidArgument, limit)
 	}
@@ -223,7 +233,7 @@ func (s *ReceiptsStore) Sequence(ctx context.Context, limit int, integrate recei
 	return nil
 }
 
-func (s *ReceiptsStore) sequence(ctx context.Context, limit int, integrate receipts.IntegrateFunc) error {
+func (s *ReceiptStore) sequence(ctx context.Context, limit int, integrate receipts.IntegrateFunc) error {
 	// Durable: the Sequencer signs a checkpoint of this tree once it
 	// committed.
 	return s.db.durableTx(ctx, func(ctx context.Context, tx bun.IDB) error {
@@ -299,7 +309,7 @@ func (s *ReceiptsStore) sequence(ctx context.Context, limit int, integrate recei
 }
 
 // Tree returns the last committed tree.
-func (s *ReceiptsStore) Tree(ctx context.Context) (receipts.Tree, error) {
+func (s *ReceiptStore) Tree(ctx context.Context) (receipts.Tree, error) {
 	t, err := s.tree(ctx, s.db.idb(ctx))
 	if err != nil {
 		return receipts.Tree{}, fmt.Errorf("bunstore: receipt tree: %w", markAborted(err, receipts.ErrAborted))
@@ -307,7 +317,7 @@ func (s *ReceiptsStore) Tree(ctx context.Context) (receipts.Tree, error) {
 	return t, nil
 }
 
-func (s *ReceiptsStore) tree(ctx context.Context, idb bun.IDB) (receipts.Tree, error) {
+func (s *ReceiptStore) tree(ctx context.Context, idb bun.IDB) (receipts.Tree, error) {
 	r := receiptTreeRow{ID: treeRowID}
 	if err := idb.NewSelect().Model(&r).WherePK().Scan(ctx); err != nil {
 		return receipts.Tree{}, err
@@ -321,7 +331,7 @@ func (s *ReceiptsStore) tree(ctx context.Context, idb bun.IDB) (receipts.Tree, e
 
 // ReadHashes returns the stored hashes at the given stored-hash indexes,
 // in the order asked. It returns receipts.ErrNotFound if one is missing.
-func (s *ReceiptsStore) ReadHashes(ctx context.Context, indexes []int64) ([]tlog.Hash, error) {
+func (s *ReceiptStore) ReadHashes(ctx context.Context, indexes []int64) ([]tlog.Hash, error) {
 	hs, err := readHashes(ctx, s.db.idb(ctx), indexes)
 	if err != nil {
 		return nil, fmt.Errorf("bunstore: read receipt hashes: %w", markAborted(err, receipts.ErrAborted))
@@ -360,7 +370,7 @@ func readHashes(ctx context.Context, idb bun.IDB, indexes []int64) ([]tlog.Hash,
 
 // AddCheckpoint stores a signed checkpoint. It returns
 // receipts.ErrConflict if one of that size is stored already.
-func (s *ReceiptsStore) AddCheckpoint(ctx context.Context, c *receipts.Checkpoint) error {
+func (s *ReceiptStore) AddCheckpoint(ctx context.Context, c *receipts.Checkpoint) error {
 	r := &receiptCheckpointRow{TreeSize: c.Size, RootHash: c.Root[:], Origin: c.Origin, Note: string(c.Note)}
 	err := s.db.retryOwnTx(ctx, func() error {
 		return s.db.write(ctx, func(ctx context.Context, idb bun.IDB) error {
@@ -382,7 +392,7 @@ func (s *ReceiptsStore) AddCheckpoint(ctx context.Context, c *receipts.Checkpoin
 
 // LatestCheckpoint returns the checkpoint of the largest tree. It
 // returns receipts.ErrNotFound if none is stored.
-func (s *ReceiptsStore) LatestCheckpoint(ctx context.Context) (*receipts.Checkpoint, error) {
+func (s *ReceiptStore) LatestCheckpoint(ctx context.Context) (*receipts.Checkpoint, error) {
 	var r receiptCheckpointRow
 	err := s.db.idb(ctx).NewSelect().Model(&r).OrderExpr("tree_size DESC").Limit(1).Scan(ctx)
 	if isNoRows(err) {

@@ -21,11 +21,11 @@ import (
 
 const receiptsOrigin = "bunstore.test/receipts"
 
-func TestReceiptsStore(t *testing.T) {
+func TestReceiptStore(t *testing.T) {
 	for _, d := range testdb.Dialects() {
 		t.Run(d.Name, func(t *testing.T) {
 			receiptstest.Run(t, func(t *testing.T) receipts.Store {
-				return open(t, d.New(t)).ReceiptsStore()
+				return open(t, d.New(t)).ReceiptStore()
 			})
 		})
 	}
@@ -46,21 +46,21 @@ func receiptSigner(t testing.TB) (note.Signer, string) {
 
 var errCommit = errors.New("commit fails")
 
-// commitFails is a ReceiptsStore whose Sequence writes its batch inside
+// commitFails is a ReceiptStore whose Sequence writes its batch inside
 // an enclosing transaction that then rolls back, as a failed commit
 // would. It checks that the batch was written before the rollback.
 type commitFails struct {
-	*bunstore.ReceiptsStore
+	*bunstore.ReceiptStore
 	db    *bunstore.DB
 	wrote int64 // the tree size the rolled-back batch reached
 }
 
 func (s *commitFails) Sequence(ctx context.Context, limit int, integrate receipts.IntegrateFunc) error {
 	return s.db.InTx(ctx, func(ctx context.Context) error {
-		if err := s.ReceiptsStore.Sequence(ctx, limit, integrate); err != nil {
+		if err := s.ReceiptStore.Sequence(ctx, limit, integrate); err != nil {
 			return err
 		}
-		tr, err := s.ReceiptsStore.Tree(ctx)
+		tr, err := s.ReceiptStore.Tree(ctx)
 		if err != nil {
 			return err
 		}
@@ -77,7 +77,7 @@ func TestReceiptsTransactions(t *testing.T) {
 	for _, d := range testdb.Dialects() {
 		t.Run(d.Name, func(t *testing.T) {
 			db := open(t, d.New(t))
-			store := db.ReceiptsStore()
+			store := db.ReceiptStore()
 			signer, vkey := receiptSigner(t)
 			cfg := &receipts.Config{Origin: receiptsOrigin}
 			log := receipts.NewLog(store, cfg)
@@ -120,7 +120,7 @@ func TestReceiptsTransactions(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			failing := &commitFails{ReceiptsStore: store, db: db}
+			failing := &commitFails{ReceiptStore: store, db: db}
 			bad, err := receipts.NewSequencer(failing, signer, cfg)
 			if err != nil {
 				t.Fatal(err)
@@ -168,7 +168,7 @@ func TestReceiptsTransactions(t *testing.T) {
 	}
 }
 
-// TestReceiptsAcceptance: 16 goroutines mint 500 receipts each through
+// TestReceiptsAcceptance has 16 goroutines mint 500 receipts each through
 // two replicas (two handles on one PostgreSQL schema), while a Sequencer
 // on each replica runs. Every receipt gets one index, 0 to 7999 with no
 // gap, each minter's receipts in its mint order, and every inclusion
@@ -192,7 +192,7 @@ func TestReceiptsAcceptance(t *testing.T) {
 	runCtx, stopRuns = context.WithCancel(ctx)
 	defer stopRuns()
 	for i := range 2 {
-		store := &countingStore{ReceiptsStore: open(t, tdb).ReceiptsStore(), batches: &batches[i]}
+		store := &countingStore{ReceiptStore: open(t, tdb).ReceiptStore(), batches: &batches[i]}
 		cfg := &receipts.Config{
 			Origin: receiptsOrigin, BatchSize: 128, Interval: 2 * time.Millisecond,
 			OnError: func(err error) {
@@ -330,12 +330,12 @@ func TestReceiptsAcceptance(t *testing.T) {
 
 // countingStore counts the batches its Sequence integrates.
 type countingStore struct {
-	*bunstore.ReceiptsStore
+	*bunstore.ReceiptStore
 	batches *atomic.Int64
 }
 
 func (s *countingStore) Sequence(ctx context.Context, limit int, integrate receipts.IntegrateFunc) error {
-	return s.ReceiptsStore.Sequence(ctx, limit, func(t receipts.Tree, p []*receipts.Stored, r tlog.HashReader) (*receipts.Batch, error) {
+	return s.ReceiptStore.Sequence(ctx, limit, func(t receipts.Tree, p []*receipts.Stored, r tlog.HashReader) (*receipts.Batch, error) {
 		s.batches.Add(1)
 		return integrate(t, p, r)
 	})
@@ -359,7 +359,7 @@ func BenchmarkReceiptsMintSequence(b *testing.B) {
 
 func benchmarkMintSequence(b *testing.B, tdb testdb.DB, minters int) {
 	ctx := context.Background()
-	store := open(b, tdb).ReceiptsStore()
+	store := open(b, tdb).ReceiptStore()
 	signer, _ := receiptSigner(b)
 	cfg := &receipts.Config{Origin: receiptsOrigin, Interval: time.Millisecond}
 	log := receipts.NewLog(store, cfg)

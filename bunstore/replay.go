@@ -20,7 +20,7 @@ type NonceConfig struct {
 	PerNode int
 }
 
-// NonceStore is the replay.NonceStore of a DB: table nodelane_nonces, one
+// NonceStore is the replay.Store of a DB: table nodelane_nonces, one
 // row per (node, nonce) until the signature expires, shared by every
 // replica on the database. Insert joins the transaction its context
 // carries (see DB.InTx and WithTx), so a request's nonce is consumed only
@@ -45,9 +45,9 @@ type NonceStore struct {
 	perNode int
 }
 
-var _ replay.NonceStore = (*NonceStore)(nil)
+var _ replay.Store = (*NonceStore)(nil)
 
-// NonceStore returns the replay.NonceStore kept in db. cfg may be nil.
+// NonceStore returns the replay.Store kept in db. cfg may be nil.
 func (db *DB) NonceStore(cfg *NonceConfig) *NonceStore {
 	s := &NonceStore{db: db, perNode: 10000}
 	if cfg != nil && cfg.PerNode > 0 {
@@ -93,7 +93,7 @@ const lockNonceNode = `INSERT INTO nodelane_nonce_nodes (node_id) VALUES (?0)
 ON CONFLICT (node_id) DO UPDATE SET node_id = EXCLUDED.node_id;
 `
 
-// Insert implements replay.NonceStore. It records nonce for nodeID until
+// Insert implements replay.Store. It records nonce for nodeID until
 // expires, and returns replay.ErrReplayedNonce if the pair is recorded and
 // expires after now, or else replay.ErrQuota if nodeID already holds
 // PerNode nonces that expire after now.
@@ -179,7 +179,7 @@ SELECT ctid FROM nodelane_nonces WHERE expires_at <= ?0 LIMIT ?1 FOR UPDATE SKIP
 const collectSQLite = `DELETE FROM nodelane_nonces WHERE (node_id, nonce) IN (
 SELECT node_id, nonce FROM nodelane_nonces WHERE expires_at <= ?0 LIMIT ?1)`
 
-// Collect implements replay.NonceStore: it deletes the nonces that expire
+// Collect implements replay.Store: it deletes the nonces that expire
 // at or before now, in batches, and returns how many it deleted. Several
 // replicas may collect at once.
 func (s *NonceStore) Collect(ctx context.Context, now time.Time) (int, error) {

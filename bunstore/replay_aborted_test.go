@@ -185,7 +185,7 @@ func TestReplayStoresAbortedTx(t *testing.T) {
 	})
 
 	t.Run("receipts", func(t *testing.T) {
-		s := db.ReceiptsStore()
+		s := db.ReceiptStore()
 		signer, _ := receiptSigner(t)
 		log := receipts.NewLog(s, &receipts.Config{Origin: receiptsOrigin})
 		mint := func(id string) func(ctx context.Context) error {
@@ -207,7 +207,7 @@ func TestReplayStoresAbortedTx(t *testing.T) {
 			return s.AddCheckpoint(ctx, c)
 		}
 		err = lostUpdate(t, db, read, cp, cp)
-		wantAborted(t, "ReceiptsStore.AddCheckpoint", err, receipts.ErrAborted, receipts.ErrConflict)
+		wantAborted(t, "ReceiptStore.AddCheckpoint", err, receipts.ErrAborted, receipts.ErrConflict)
 	})
 }
 

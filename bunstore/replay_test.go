@@ -27,7 +27,7 @@ import (
 func TestNonceStore(t *testing.T) {
 	for _, d := range testdb.Dialects() {
 		t.Run(d.Name, func(t *testing.T) {
-			replaytest.Run(t, func(t *testing.T) replay.NonceStore {
+			replaytest.Run(t, func(t *testing.T) replay.Store {
 				return open(t, d.New(t)).NonceStore(&bunstore.NonceConfig{PerNode: replaytest.Quota})
 			})
 		})

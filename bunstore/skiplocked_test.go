@@ -13,7 +13,7 @@ import (
 	"github.com/nodelane/nodelane/lease"
 )
 
-// TestClaimSkipsLockedRows: on PostgreSQL, a claim passes over a candidate
+// TestClaimSkipsLockedRows checks that, on PostgreSQL, a claim passes over a candidate
 // row that another replica's claim holds locked and takes the next one at
 // once, rather than waiting for the lock (FOR UPDATE SKIP LOCKED, DESIGN
 // §8).

@@ -21,7 +21,7 @@ func TestTransactor(t *testing.T) {
 					Credentials: db.CredentialStore(),
 					Nonces:      db.NonceStore(nil),
 					Envelope:    db.EnvelopeStore(),
-					Receipts:    db.ReceiptsStore(),
+					Receipts:    db.ReceiptStore(),
 				}
 			})
 		})

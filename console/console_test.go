@@ -593,7 +593,7 @@ func TestActions(t *testing.T) {
 	})
 }
 
-// TestCSRF: a cross-origin POST changes nothing, whatever the cookie.
+// TestCSRF checks that a cross-origin POST changes nothing, whatever the cookie.
 func TestCSRF(t *testing.T) {
 	f := newFixture(t, nil)
 	b := f.browser(t)
@@ -631,7 +631,7 @@ func TestCSRF(t *testing.T) {
 	}
 }
 
-// TestScopeRefusal: an operator whose token lacks a scope sees the API's
+// TestScopeRefusal checks that an operator whose token lacks a scope sees the API's
 // refusal, and nothing changes.
 func TestScopeRefusal(t *testing.T) {
 	f := newFixture(t, nil)
@@ -680,7 +680,7 @@ func TestVerifyExport(t *testing.T) {
 		t.Fatal(err)
 	}
 	var export bytes.Buffer
-	cp, err := receipts.NewLog(f.env.DB.ReceiptsStore(), &receipts.Config{Origin: f.env.Config.Origin}).Export(context.Background(), &export)
+	cp, err := receipts.NewLog(f.env.DB.ReceiptStore(), &receipts.Config{Origin: f.env.Config.Origin}).Export(context.Background(), &export)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -738,7 +738,7 @@ func mustURL(t *testing.T, s string) *url.URL {
 	return u
 }
 
-// TestLimits: a form over 64 KiB and an export over MaxExportBytes are
+// TestLimits checks that a form over 64 KiB and an export over MaxExportBytes are
 // refused with a message, and change nothing.
 func TestLimits(t *testing.T) {
 	f := newFixture(t, nil)

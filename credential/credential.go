@@ -12,37 +12,37 @@ import (
 // Errors returned by the Issuer and by stores. Callers test them with
 // errors.Is; workerapi maps them to the status codes of PROTOCOL.md.
 var (
-	// ErrNotFound: no principal or credential with that id.
+	// ErrNotFound means there is no principal or credential with that id.
 	ErrNotFound = errors.New("credential: not found")
-	// ErrConflict: an id is already taken, or a store write lost a race
+	// ErrConflict means an id is already taken, or a store write lost a race
 	// (the record changed since it was read). The Issuer retries races;
 	// its callers see ErrConflict only for taken ids or constant contention.
 	ErrConflict = errors.New("credential: conflict")
-	// ErrInvalidArgument: an argument is missing, malformed or out of range.
+	// ErrInvalidArgument means an argument is missing, malformed or out of range.
 	ErrInvalidArgument = errors.New("credential: invalid argument")
-	// ErrAborted: the database aborted the transaction the context
+	// ErrAborted means the database aborted the transaction the context
 	// carries (a deadlock, a serialization failure), or kept aborting the
 	// store's own; nothing of it is kept, and the whole transaction must
 	// be run again, from its beginning. Stores return it; the Issuer never
 	// retries it (it retries only ErrConflict, a lost race of one write)
 	// and returns it wrapped.
 	ErrAborted = errors.New("credential: transaction aborted")
-	// ErrMissingCredential: no bearer token was presented (401 missing_credential).
+	// ErrMissingCredential means no bearer token was presented (401 missing_credential).
 	ErrMissingCredential = errors.New("credential: missing credential")
-	// ErrInvalidToken: the token is malformed, names no credential, or
+	// ErrInvalidToken means the token is malformed, names no credential, or
 	// carries the wrong secret (401 invalid_token).
 	ErrInvalidToken = errors.New("credential: invalid token")
-	// ErrExpired: the credential's lifetime, or its grace after a
+	// ErrExpired means the credential's lifetime, or its grace after a
 	// rotation, has passed (401 token_expired).
 	ErrExpired = errors.New("credential: token expired")
-	// ErrRevoked: the credential was revoked (401 token_revoked).
+	// ErrRevoked means the credential was revoked (401 token_revoked).
 	ErrRevoked = errors.New("credential: token revoked")
-	// ErrExhausted: the credential is limited in uses (MaxUses) and has
+	// ErrExhausted means the credential is limited in uses (MaxUses) and has
 	// been used that many times (401 token_exhausted).
 	ErrExhausted = errors.New("credential: token exhausted")
-	// ErrBanned: the credential's principal is banned (403 worker_banned).
+	// ErrBanned means the credential's principal is banned (403 worker_banned).
 	ErrBanned = errors.New("credential: principal banned")
-	// ErrInsufficientScope: the credential lacks the scope asked for
+	// ErrInsufficientScope means the credential lacks the scope asked for
 	// (403 insufficient_scope).
 	ErrInsufficientScope = errors.New("credential: insufficient scope")
 )

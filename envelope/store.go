@@ -12,14 +12,14 @@ var (
 	// ErrBlocked matches every *BlockedError: the envelope does not allow
 	// the job type now.
 	ErrBlocked = errors.New("envelope: blocked")
-	// ErrConflict: a store write lost a race (the state changed since it
+	// ErrConflict means a store write lost a race (the state changed since it
 	// was read). The Gate reads again and retries; its callers see it only
 	// when every retry lost.
 	ErrConflict = errors.New("envelope: conflict")
-	// ErrInvalidArgument: an argument or a Config field is out of range or
+	// ErrInvalidArgument means an argument or a Config field is out of range or
 	// missing.
 	ErrInvalidArgument = errors.New("envelope: invalid argument")
-	// ErrAborted: the database aborted the transaction the context
+	// ErrAborted means the database aborted the transaction the context
 	// carries (a deadlock, a serialization failure), or kept aborting the
 	// store's own; nothing of it is kept, and the whole transaction must
 	// be run again, from its beginning. Stores return it; the Gate never

@@ -111,7 +111,7 @@ func (c *cluster) capsReceipts(kind receipts.Kind, id string) []*receipts.Receip
 	return out
 }
 
-// TestE2ECapabilities: issue 25 item 4 with real processes, on SQLite and
+// TestE2ECapabilities checks issue 25 item 4 with real processes, on SQLite and
 // PostgreSQL. A worker restarted with the same identity brings its new job
 // types, tags and -max-jobs: they are recorded at once with a
 // worker_updated receipt (old and new), leasable within a heartbeat;

@@ -126,7 +126,7 @@ func running(pid int) bool {
 	return i < 0 || i+2 >= len(b) || (b[i+2] != 'Z' && b[i+2] != 'X')
 }
 
-// TestE2ECommandJobs: a worker that runs job types as commands: output
+// TestE2ECommandJobs runs a worker that runs job types as commands: output
 // lines become logs, progress events and an artifact with the right
 // sha256; exit codes fail jobs; a cancel kills the whole process group.
 func TestE2ECommandJobs(t *testing.T) {
@@ -322,7 +322,7 @@ kill_grace = "6s"
 	c.checkNoTokensLogged()
 }
 
-// TestE2ECommandGPUs: a worker with the two GPUs a fake nvidia-smi lists
+// TestE2ECommandGPUs checks that a worker with the two GPUs a fake nvidia-smi lists
 // runs two 1-GPU jobs at once, each with its own CUDA_VISIBLE_DEVICES.
 func TestE2ECommandGPUs(t *testing.T) {
 	c := newCluster(t)
@@ -365,7 +365,7 @@ while [ "$(ls `+seen+` | wc -l)" -lt 2 ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i
 	}
 }
 
-// TestE2ECommandTrainPy: the documented example as a reader runs it, the
+// TestE2ECommandTrainPy runs the documented example as a reader runs it, the
 // worker given the repository's examples/commands/worker.toml, which runs
 // train.py with python3: two progress events, the adapter as an artifact
 // whose sha256 is the file's in the run's output directory, the metrics of

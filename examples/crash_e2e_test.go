@@ -96,7 +96,7 @@ func waitAllGone(t *testing.T, pids []int, within time.Duration) time.Duration {
 	}
 }
 
-// TestE2EWorkerCrashLeavesNoOrphans: a worker SIGKILLed mid-job, not
+// TestE2EWorkerCrashLeavesNoOrphans covers a worker SIGKILLed mid-job, not
 // restarted: every process of the job (a command and a grandchild that
 // ignore SIGTERM and print nothing, and a process that left the group)
 // is gone within kill_grace + 2 s. And a worker SIGKILLed together with

@@ -91,7 +91,7 @@ func TestE2EGPUDiscovery(t *testing.T) {
 	c.waitDone(d.Job.ID, "succeeded")
 }
 
-// TestE2ENoGPURefused: the worker binary with no nvidia-smi (an empty
+// TestE2ENoGPURefused checks that the worker binary with no nvidia-smi (an empty
 // PATH, or -nvidia-smi off) and no -gpu exits non-zero, naming -gpu and
 // -simulate-gpu, before it creates its identity.
 func TestE2ENoGPURefused(t *testing.T) {

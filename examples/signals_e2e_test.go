@@ -67,7 +67,7 @@ func startSilentWorker(c *cluster, node string) (w *proc, wid, jobID, marker str
 	return w, wid, d.Job.ID, marker
 }
 
-// TestE2ESignals: with heartbeats every 30 s, an operator's cancel sends
+// TestE2ESignals checks that, with heartbeats every 30 s, an operator's cancel sends
 // SIGTERM to a silent command within 2 s; a ban and a retirement stop the
 // worker and its command within 2 s; a worker banned while its lease
 // long-poll waits is granted nothing.

@@ -52,7 +52,7 @@ var (
 	// ErrMismatch matches every *MismatchError: a secret differs from the
 	// one whose fingerprint the database holds.
 	ErrMismatch = errors.New("fingerprint: secrets differ from the database's")
-	// ErrInvalidArgument: a fingerprint is malformed (see
+	// ErrInvalidArgument means a fingerprint is malformed (see
 	// Fingerprint.Validate). Nothing was stored.
 	ErrInvalidArgument = errors.New("fingerprint: invalid argument")
 )

@@ -39,7 +39,7 @@ const (
 // registration or heartbeat that read the worker before an approval
 // cannot undo it.
 type Approval struct {
-	// Pending: the worker awaits an operator's approval and is granted no job.
+	// Pending means the worker awaits an operator's approval and is granted no job.
 	Pending bool `json:"pending"`
 	// At is when an operator last approved the worker, nil if none ever
 	// did; By is that operator (a principal id) and Reason what they gave.

@@ -21,7 +21,7 @@ const MaxRuntimeLimit = 30 * 24 * time.Hour
 // into its max runtime: it ends failed, whatever attempts it has left.
 const CodeMaxRuntimeExceeded = "max_runtime_exceeded"
 
-// ErrCanceled: Complete on a job whose cancel was requested, or that
+// ErrCanceled is returned by Complete on a job whose cancel was requested, or that
 // ended canceled. The job does not succeed: a job with a live cancel
 // request ends canceled (see Complete).
 var ErrCanceled = errors.New("lease: job canceled")

@@ -15,7 +15,7 @@ type DrainStore interface {
 	SetDrain(ctx context.Context, id string, d *DrainRequest) error
 }
 
-// ReasonDraining: an operator asked the worker to drain (Worker.Drain),
+// ReasonDraining means an operator asked the worker to drain (Worker.Drain),
 // so it is granted nothing until the request is withdrawn.
 const ReasonDraining ReasonCode = "draining"
 

@@ -32,14 +32,14 @@ type ReasonCode string
 
 // Reasons about the job itself (Explain).
 const (
-	// ReasonJobLeased: the job is leased or running under a worker's lease.
+	// ReasonJobLeased means the job is leased or running under a worker's lease.
 	ReasonJobLeased ReasonCode = "job_leased"
-	// ReasonJobFinished: the job ended succeeded, failed or canceled.
+	// ReasonJobFinished means the job ended succeeded, failed or canceled.
 	ReasonJobFinished ReasonCode = "job_finished"
-	// ReasonCancelRequested: the job is live and its cancel was requested,
+	// ReasonCancelRequested means the job is live and its cancel was requested,
 	// so it ends canceled and is never leased again.
 	ReasonCancelRequested ReasonCode = "cancel_requested"
-	// ReasonScheduled: the job (or, in ExplainLease, every fitting job of a
+	// ReasonScheduled means the job (or, in ExplainLease, every fitting job of a
 	// type) is scheduled later, after a retry's backoff or because it was
 	// enqueued with a later ScheduledAt.
 	ReasonScheduled ReasonCode = "job_scheduled"
@@ -48,60 +48,60 @@ const (
 // Reasons about one worker against one job's requirements, in matching
 // order: a worker is judged by the first it fails.
 const (
-	// ReasonNoWorker: no worker is registered (Explain only).
+	// ReasonNoWorker means no worker is registered (Explain only).
 	ReasonNoWorker ReasonCode = "no_worker"
-	// ReasonJobType: the worker does not support the job type.
+	// ReasonJobType means the worker does not support the job type.
 	ReasonJobType ReasonCode = "job_type"
-	// ReasonGPUSKU: the worker has no GPU of the job's SKU.
+	// ReasonGPUSKU means the worker has no GPU of the job's SKU.
 	ReasonGPUSKU ReasonCode = "gpu_sku"
-	// ReasonSKUNotOffered: the worker has GPUs of the job's SKU but did not
+	// ReasonSKUNotOffered means the worker has GPUs of the job's SKU but did not
 	// offer that SKU in its lease request (ExplainLease only).
 	ReasonSKUNotOffered ReasonCode = "gpu_sku_not_offered"
-	// ReasonGPUCount: the worker has fewer GPUs (of the job's SKU, among
+	// ReasonGPUCount means the worker has fewer GPUs (of the job's SKU, among
 	// those offered) than the job needs.
 	ReasonGPUCount ReasonCode = "gpu_count"
-	// ReasonVRAM: the worker's GPUs have too little VRAM for the job.
+	// ReasonVRAM means the worker's GPUs have too little VRAM for the job.
 	ReasonVRAM ReasonCode = "vram"
-	// ReasonMaxVRAM: the GPUs have the VRAM, but the worker's governor
+	// ReasonMaxVRAM means the GPUs have the VRAM, but the worker's governor
 	// max_vram_mb caps it below what the job needs.
 	ReasonMaxVRAM ReasonCode = "max_vram"
-	// ReasonTagsMismatch: the worker's GPUs fit the job, but it lacks one
+	// ReasonTagsMismatch means the worker's GPUs fit the job, but it lacks one
 	// of the job's Requirements.Tags among its effective tags (those it
 	// registered, narrowed by what its approval pins: Worker.EffectiveTags).
 	ReasonTagsMismatch ReasonCode = "tags_mismatch"
-	// ReasonBanned: the worker is banned (as ExplainOptions.Banned says).
+	// ReasonBanned means the worker is banned (as ExplainOptions.Banned says).
 	ReasonBanned ReasonCode = "banned"
-	// ReasonMaxJobs: the worker holds as many live leases as its governor
+	// ReasonMaxJobs means the worker holds as many live leases as its governor
 	// max_jobs allows, or as Config.MaxLeasesPerWorker allows any worker.
 	ReasonMaxJobs ReasonCode = "max_jobs"
-	// ReasonTypeNotApproved: the worker registered the job type, but the
+	// ReasonTypeNotApproved means the worker registered the job type, but the
 	// operator's approval pins other types (see Approval). In Explain it
 	// ranks with ReasonJobType as a matching step.
 	ReasonTypeNotApproved ReasonCode = "type_not_approved"
-	// ReasonPendingApproval: the worker awaits an operator's approval
+	// ReasonPendingApproval means the worker awaits an operator's approval
 	// (see Approval), so it is granted nothing.
 	ReasonPendingApproval ReasonCode = "pending_approval"
-	// ReasonWorkerOffline: the worker is offline (Manager.Liveness): it
+	// ReasonWorkerOffline means the worker is offline (Manager.Liveness): it
 	// stopped heartbeating, and no job is counted on it.
 	ReasonWorkerOffline ReasonCode = "worker_offline"
 )
 
 // Reasons about a worker's lease request (ExplainLease).
 const (
-	// ReasonNoJobTypes: the request names no job type and the worker
+	// ReasonNoJobTypes means the request names no job type and the worker
 	// registered none.
 	ReasonNoJobTypes ReasonCode = "no_job_types"
-	// ReasonTypeNotRegistered: the request names a job type the worker did
+	// ReasonTypeNotRegistered means the request names a job type the worker did
 	// not register; it is ignored, since a request narrows the worker's
 	// registered types and never widens them.
 	ReasonTypeNotRegistered ReasonCode = "type_not_registered"
-	// ReasonTypeNotAllowed: LeaseRequest.Allow refuses the type (in
+	// ReasonTypeNotAllowed means LeaseRequest.Allow refuses the type (in
 	// nodelane, the envelope blocks it; the caller knows the policy's
 	// wording and may render its own).
 	ReasonTypeNotAllowed ReasonCode = "type_not_allowed"
-	// ReasonNoQueuedJob: no job of the type is queued.
+	// ReasonNoQueuedJob means no job of the type is queued.
 	ReasonNoQueuedJob ReasonCode = "no_queued_job"
-	// ReasonNoFittingJob: jobs of the type are queued, but none of those
+	// ReasonNoFittingJob means jobs of the type are queued, but none of those
 	// examined fits the worker's GPUs (as offered) and tags.
 	ReasonNoFittingJob ReasonCode = "no_fitting_job"
 )

@@ -325,7 +325,7 @@ func (s *countingStore) ListWorkers(ctx context.Context, after string, limit int
 	return s.MemoryStore.ListWorkers(ctx, after, limit)
 }
 
-// TestExplainReusesWorkers: Explain reads the workers once per
+// TestExplainReusesWorkers checks that Explain reads the workers once per
 // ExplainWorkersTTL; a worker registered or approved through the Manager
 // is seen at once, one written elsewhere (another replica's Manager) once
 // the list is older than the TTL; a negative TTL reads every time.

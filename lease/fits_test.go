@@ -143,7 +143,7 @@ func manyGPUs(n int) *lease.Worker {
 	return w
 }
 
-// TestFitsIsNotQuadratic: 100,000 GPUs (once a node could declare that
+// TestFitsIsNotQuadratic checks that 100,000 GPUs (once a node could declare that
 // many) take well under a second; the quadratic count took minutes.
 func TestFitsIsNotQuadratic(t *testing.T) {
 	w := manyGPUs(100_000)

@@ -22,12 +22,12 @@ type Liveness string
 // The liveness of a worker last seen (registered or heartbeating) d ago,
 // with the heartbeat interval h and Config.OfflineAfter o.
 const (
-	// LivenessOnline: d is at most h + h/2 (and below o): its heartbeats
+	// LivenessOnline means d is at most h + h/2 (and below o): its heartbeats
 	// arrive.
 	LivenessOnline Liveness = "online"
-	// LivenessStale: d is over h + h/2, below o: it missed a heartbeat.
+	// LivenessStale means d is over h + h/2, below o: it missed a heartbeat.
 	LivenessStale Liveness = "stale"
-	// LivenessOffline: d is o or more: ExpireOffline ends its leases, and
+	// LivenessOffline means d is o or more: ExpireOffline ends its leases, and
 	// Explain counts it out.
 	LivenessOffline Liveness = "offline"
 )

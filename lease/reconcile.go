@@ -9,10 +9,10 @@ import (
 
 // The LastError codes of a job whose lease Reconcile ended.
 const (
-	// CodeWorkerRestarted: the worker started (or registered) again and
+	// CodeWorkerRestarted means the worker started (or registered) again and
 	// did not list the job among those it holds.
 	CodeWorkerRestarted = "worker_restarted"
-	// CodeNotHeld: a heartbeat of the worker did not list the job,
+	// CodeNotHeld means a heartbeat of the worker did not list the job,
 	// although the lease was granted before the newest lease answer the
 	// worker had processed.
 	CodeNotHeld = "not_held"

@@ -9,23 +9,23 @@ import (
 
 // Errors returned by the Manager and by stores. Callers test them with errors.Is.
 var (
-	// ErrNotFound: no job, worker or artifact with that id.
+	// ErrNotFound means there is no job, worker or artifact with that id.
 	ErrNotFound = errors.New("lease: not found")
-	// ErrConflict: a store write lost a race (the record changed since it
+	// ErrConflict means a store write lost a race (the record changed since it
 	// was read) or an id is already taken. The Manager retries or
 	// translates it; callers of the Manager rarely see it.
 	ErrConflict = errors.New("lease: conflict")
-	// ErrLeaseLost: the lease token is not the job's live lease (another
+	// ErrLeaseLost means the lease token is not the job's live lease (another
 	// epoch, expired, released, another worker's, or the job moved on).
 	ErrLeaseLost = errors.New("lease: lease lost")
-	// ErrMalformedToken: the lease token does not have the nll_ shape or
+	// ErrMalformedToken means the lease token does not have the nll_ shape or
 	// its checksum is wrong. No store was consulted.
 	ErrMalformedToken = errors.New("lease: malformed lease token")
-	// ErrInvalidArgument: an argument is out of range or missing.
+	// ErrInvalidArgument means an argument is out of range or missing.
 	ErrInvalidArgument = errors.New("lease: invalid argument")
 	// ErrInvalidTransition matches every *TransitionError.
 	ErrInvalidTransition = errors.New("lease: invalid transition")
-	// ErrAborted: the database aborted the transaction the context
+	// ErrAborted means the database aborted the transaction the context
 	// carries (a deadlock, a serialization failure); nothing of it is
 	// kept, and the whole transaction must be retried, by whoever began
 	// it. Without a transaction in the context, it means the store's own
@@ -75,7 +75,7 @@ type ClaimQuery struct {
 	MaxActive int
 	// Limit caps how many jobs this claim takes; at least 1 (see Store).
 	Limit int
-	// Now: only jobs scheduled at or before Now are eligible.
+	// Now makes only jobs scheduled at or before it eligible.
 	Now time.Time
 }
 

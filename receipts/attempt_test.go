@@ -21,7 +21,7 @@ func attemptFailed() receipts.Receipt {
 	}
 }
 
-// TestAttemptFields: the optional actual_ms, gpu_count and charged of
+// TestAttemptFields checks that the optional actual_ms, gpu_count and charged of
 // job_failed and job_completed round-trip, and receipts without them (the
 // golden files, minted before they existed) still decode.
 func TestAttemptFields(t *testing.T) {

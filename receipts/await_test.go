@@ -265,7 +265,7 @@ func receive(t *testing.T, c <-chan awaitResult) awaitResult {
 	}
 }
 
-// TestAwaitInMemory: a waiter whose receipts one batch of the running
+// TestAwaitInMemory checks that a waiter whose receipts one batch of the running
 // Sequencer integrates gets the proofs ProveAll gives, against the one
 // checkpoint, without reading a receipt or a stored hash from the store.
 // A waiter for receipts sequenced before it came gets them from the
@@ -306,7 +306,7 @@ func TestAwaitInMemory(t *testing.T) {
 	}
 }
 
-// TestAwaitSplitBatches: a waiter whose receipts take several batches
+// TestAwaitSplitBatches checks that a waiter whose receipts take several batches
 // (BatchSize 2, five receipts) gets them in memory with the last batch.
 func TestAwaitSplitBatches(t *testing.T) {
 	f := newAwaitFixture(t)
@@ -337,7 +337,7 @@ func TestAwaitSplitBatches(t *testing.T) {
 	f.sameAsProveAll(t, ids, r.ss, r.ps, r.cp)
 }
 
-// TestAwaitAfterItsBatch: a waiter that comes after the batch that holds
+// TestAwaitAfterItsBatch checks that a waiter that comes after the batch that holds
 // its receipts was published (it raced the caller) gets them from that
 // batch, the Sequencer's last, at once; one whose receipts that batch
 // and the next share gets them with the next, reading no receipt and
@@ -378,7 +378,7 @@ func TestAwaitAfterItsBatch(t *testing.T) {
 	f.sameAsProveAll(t, ids, r.ss, r.ps, r.cp)
 }
 
-// TestAwaitConcurrent: many waiters, some with more receipts than a
+// TestAwaitConcurrent checks that many waiters, some with more receipts than a
 // batch holds, over many batches of one Sequencer, or of two on one
 // store (two replicas, the waiters on one), all get proofs that verify,
 // and none stays registered.
@@ -426,7 +426,7 @@ func TestAwaitConcurrent(t *testing.T) {
 	}
 }
 
-// TestAwaitContextEnds: when ctx ends first, Await's error matches
+// TestAwaitContextEnds checks that, when ctx ends first, Await's error matches
 // ErrNotSequenced and the cause, and the waiter is gone.
 func TestAwaitContextEnds(t *testing.T) {
 	f := newAwaitFixture(t)
@@ -474,7 +474,7 @@ func TestAwaitContextEnds(t *testing.T) {
 	}
 }
 
-// TestAwaitUnknown: an id no receipt has is ErrNotFound, from the store,
+// TestAwaitUnknown checks that an id no receipt has is ErrNotFound, from the store,
 // once the Sequencer found it in no batch.
 func TestAwaitUnknown(t *testing.T) {
 	f := newAwaitFixture(t)
@@ -489,7 +489,7 @@ func TestAwaitUnknown(t *testing.T) {
 	}
 }
 
-// TestAwaitOtherSequencer: receipts another Sequencer on the same store
+// TestAwaitOtherSequencer checks that receipts another Sequencer on the same store
 // sequenced (another replica's) reach the waiter from the store: when
 // its own Sequencer's next batch does not have them, or at AwaitPoll.
 func TestAwaitOtherSequencer(t *testing.T) {
@@ -548,7 +548,7 @@ func TestAwaitOtherSequencer(t *testing.T) {
 	})
 }
 
-// TestAwaitLargerCheckpoint: a batch published under a larger checkpoint
+// TestAwaitLargerCheckpoint checks that a batch published under a larger checkpoint
 // (another Sequencer integrated and published between this one's batch
 // and its publication) is proven from the store, against that
 // checkpoint.
@@ -581,7 +581,7 @@ func TestAwaitLargerCheckpoint(t *testing.T) {
 	f.sameAsProveAll(t, ids[:1], r.ss, r.ps, r.cp)
 }
 
-// TestProveAllReads: ProveAll reads each receipt, the checkpoint once,
+// TestProveAllReads checks that ProveAll reads each receipt, the checkpoint once,
 // no tree, and every hash of its proofs in one call; its proofs are
 // InclusionProof's.
 func TestProveAllReads(t *testing.T) {

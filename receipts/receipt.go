@@ -33,7 +33,7 @@ const (
 	KindWorkerApproved      Kind = "worker_approved"
 	KindWorkerRetired       Kind = "worker_retired"
 	KindNodeAudit           Kind = "node_audit"
-	// KindWorkerUpdated: a worker that started (or registered) again
+	// KindWorkerUpdated records that a worker that started (or registered) again
 	// brought other capabilities than it had: job types, tags, GPUs or
 	// governor limits, old and new.
 	KindWorkerUpdated Kind = "worker_updated"
@@ -57,11 +57,11 @@ func (k Kind) Valid() bool {
 
 // The outcomes of a job_failed receipt.
 const (
-	// OutcomeRequeued: the job went back to the queue for another attempt.
+	// OutcomeRequeued means the job went back to the queue for another attempt.
 	OutcomeRequeued = "requeued"
-	// OutcomeFailed: the job failed for good (not retryable, or out of attempts).
+	// OutcomeFailed means the job failed for good (not retryable, or out of attempts).
 	OutcomeFailed = "failed"
-	// OutcomeCanceled: the job had a cancel request and ended canceled.
+	// OutcomeCanceled means the job had a cancel request and ended canceled.
 	OutcomeCanceled = "canceled"
 )
 
@@ -69,10 +69,10 @@ const (
 // receipts: whether the attempt's GPU time was billed (by a job_charged
 // receipt). Canonical bodies have no booleans, so it is a string.
 const (
-	// ChargedYes: the attempt was billed; a completion's job_charged
+	// ChargedYes means the attempt was billed; a completion's job_charged
 	// receipt is the charge.
 	ChargedYes = "yes"
-	// ChargedNo: the attempt's GPU time was billed to no one.
+	// ChargedNo means the attempt's GPU time was billed to no one.
 	ChargedNo = "no"
 )
 

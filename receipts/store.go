@@ -10,47 +10,47 @@ import (
 // Errors returned by this package and by stores. Callers test them with
 // errors.Is.
 var (
-	// ErrNotFound: no receipt, stored hash or checkpoint with that key.
+	// ErrNotFound means there is no receipt, stored hash or checkpoint with that key.
 	ErrNotFound = errors.New("receipts: not found")
-	// ErrConflict: a receipt id, or a checkpoint's tree size, is taken, or
+	// ErrConflict means a receipt id, or a checkpoint's tree size, is taken, or
 	// the tree moved while a batch was being written.
 	ErrConflict = errors.New("receipts: conflict")
-	// ErrInvalidArgument: an argument is out of range, missing, or does not
+	// ErrInvalidArgument means an argument is out of range, missing, or does not
 	// belong to the receipt's kind.
 	ErrInvalidArgument = errors.New("receipts: invalid argument")
-	// ErrAborted: the database aborted the transaction the context
+	// ErrAborted means the database aborted the transaction the context
 	// carries (a deadlock, a serialization failure), or kept aborting the
 	// store's own; nothing of it is kept, and the whole transaction must
 	// be run again, from its beginning. Stores return it; the Log and the
 	// Sequencer never retry it (Sequencer.Run, as after any failed batch,
 	// tries the next batch at its next interval).
 	ErrAborted = errors.New("receipts: transaction aborted")
-	// ErrOverflow: an amount of money does not fit in an int64 of micro-USD.
+	// ErrOverflow means an amount of money does not fit in an int64 of micro-USD.
 	ErrOverflow = errors.New("receipts: overflow")
-	// ErrNotCanonical: receipt bytes are not the canonical bytes of a
+	// ErrNotCanonical means receipt bytes are not the canonical bytes of a
 	// receipt (see the package documentation): malformed, reordered,
 	// unknown kind or field, missing field, or a value of the wrong form.
 	ErrNotCanonical = errors.New("receipts: not canonical")
-	// ErrInconsistent: a receipt's fields disagree with each other, such
+	// ErrInconsistent means a receipt's fields disagree with each other, such
 	// as a cost that is not Cost of the duration, GPUs and rate it states.
 	ErrInconsistent = errors.New("receipts: inconsistent fields")
-	// ErrNotSequenced: the receipt has no log index yet, or no signed
+	// ErrNotSequenced means the receipt has no log index yet, or no signed
 	// checkpoint covers it yet.
 	ErrNotSequenced = errors.New("receipts: not sequenced yet")
-	// ErrBadCheckpoint: a checkpoint body is malformed, has lines other
+	// ErrBadCheckpoint means a checkpoint body is malformed, has lines other
 	// than origin, size and root, or names another origin.
 	ErrBadCheckpoint = errors.New("receipts: bad checkpoint")
-	// ErrUnknownKey: no signature on the checkpoint is by the verifier key.
+	// ErrUnknownKey means no signature on the checkpoint is by the verifier key.
 	ErrUnknownKey = errors.New("receipts: checkpoint not signed by the known key")
-	// ErrBadSignature: the verifier key's signature on the checkpoint does
+	// ErrBadSignature means the verifier key's signature on the checkpoint does
 	// not verify.
 	ErrBadSignature = errors.New("receipts: bad checkpoint signature")
-	// ErrBadProof: an inclusion or consistency proof does not hold, or
+	// ErrBadProof means an inclusion or consistency proof does not hold, or
 	// names another tree size or an index outside the tree.
 	ErrBadProof = errors.New("receipts: bad proof")
-	// ErrRollback: a checkpoint is smaller than one already verified.
+	// ErrRollback means a checkpoint is smaller than one already verified.
 	ErrRollback = errors.New("receipts: checkpoint rollback")
-	// ErrFork: a checkpoint has the size of one already verified but
+	// ErrFork means a checkpoint has the size of one already verified but
 	// another root: the log showed two different histories.
 	ErrFork = errors.New("receipts: checkpoint fork")
 )

@@ -11,7 +11,7 @@ import (
 	"github.com/nodelane/nodelane/receipts"
 )
 
-// TestWake: a Run that would wait an hour sequences at once when woken,
+// TestWake checks that a Run that would wait an hour sequences at once when woken,
 // and announces the checkpoint on Published.
 func TestWake(t *testing.T) {
 	skey, _, err := receipts.GenerateKey(rand.Reader, origin)

@@ -24,7 +24,7 @@
 // http.StripPrefix, still verifies. A [Signer] signs requests for a
 // worker; a [Verifier] checks them on the server in a fixed order
 // (presence, syntax and profile, digest, key id, signature, time window)
-// and then consumes the nonce in a [NonceStore], so that no request runs
+// and then consumes the nonce in a [Store], so that no request runs
 // twice. Each failure is one of the package's sentinel errors, which
 // match the error codes of PROTOCOL.md one to one.
 //
@@ -33,8 +33,8 @@
 // name, duplicates are first looked for in the raw field, and a request
 // that has any is malformed.
 //
-// A NonceStore keeps each (node, nonce) until the signature expires;
+// A Store keeps each (node, nonce) until the signature expires;
 // [MemoryStore] keeps them in memory, a SQL adapter (bunstore) in the
 // database the replicas share, and package replaytest is the conformance
-// suite every NonceStore passes.
+// suite every Store passes.
 package replay

@@ -19,7 +19,7 @@ type MemoryConfig struct {
 	Total int
 }
 
-// MemoryStore is a NonceStore in memory, for tests and single-process use.
+// MemoryStore is a Store in memory, for tests and single-process use.
 // It is bounded by its per-node and total caps, and deletes expired nonces
 // as it goes (on every Insert), so Collect is optional.
 type MemoryStore struct {
@@ -36,7 +36,7 @@ type MemoryStore struct {
 	horizon time.Time
 }
 
-var _ NonceStore = (*MemoryStore)(nil)
+var _ Store = (*MemoryStore)(nil)
 
 // NewMemoryStore returns an empty MemoryStore. cfg may be nil.
 func NewMemoryStore(cfg *MemoryConfig) *MemoryStore {
@@ -53,7 +53,7 @@ func NewMemoryStore(cfg *MemoryConfig) *MemoryStore {
 	return &MemoryStore{perNode: c.PerNode, total: c.Total, nodes: make(map[string]map[string]time.Time)}
 }
 
-// Insert implements NonceStore.
+// Insert implements Store.
 func (s *MemoryStore) Insert(_ context.Context, nodeID, nonce string, expires, now time.Time) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -81,7 +81,7 @@ func (s *MemoryStore) Insert(_ context.Context, nodeID, nonce string, expires, n
 	return nil
 }
 
-// Collect implements NonceStore.
+// Collect implements Store.
 func (s *MemoryStore) Collect(_ context.Context, now time.Time) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -11,7 +11,7 @@ import (
 )
 
 func TestMemoryStore(t *testing.T) {
-	replaytest.Run(t, func(t *testing.T) replay.NonceStore {
+	replaytest.Run(t, func(t *testing.T) replay.Store {
 		return replay.NewMemoryStore(&replay.MemoryConfig{PerNode: replaytest.Quota})
 	})
 }
@@ -41,7 +41,7 @@ func TestMemoryStoreTotal(t *testing.T) {
 	}
 }
 
-// TestMemoryStoreHorizon: a nonce that expires before a time the store
+// TestMemoryStoreHorizon checks that a nonce that expires before a time the store
 // already collected up to may have been seen and deleted, so it is
 // refused, even when the caller's clock is behind.
 func TestMemoryStoreHorizon(t *testing.T) {

@@ -77,7 +77,7 @@ func signatureHolds(t *testing.T, r *http.Request, pub ed25519.PublicKey) {
 	}
 }
 
-// TestProfileRequiresEveryComponent: a signature that covers every profile
+// TestProfileRequiresEveryComponent checks that a signature that covers every profile
 // component but one is malformed, whichever one it leaves out. (Mutation
 // caught: the profile check lets any one component go uncovered.)
 func TestProfileRequiresEveryComponent(t *testing.T) {
@@ -121,7 +121,7 @@ func TestProfileRequiresEveryComponent(t *testing.T) {
 	}
 }
 
-// TestBodySwapUnderUncoveredDigest: a body and its Content-Digest replaced
+// TestBodySwapUnderUncoveredDigest checks that a body and its Content-Digest replaced
 // together, under a signature that does not cover content-digest, are
 // refused, though the new digest is right and the signature still holds.
 // (Mutation caught: the profile lets content-digest go uncovered.)

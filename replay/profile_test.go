@@ -446,7 +446,7 @@ func TestVerifyStoreErrors(t *testing.T) {
 
 // recordingStore records the Inserts it gets and the context they carry.
 type recordingStore struct {
-	replay.NonceStore
+	replay.Store
 	ctxValues []any
 	inserts   []string
 }
@@ -456,13 +456,13 @@ type ctxKey struct{}
 func (s *recordingStore) Insert(ctx context.Context, node, nonce string, expires, now time.Time) error {
 	s.ctxValues = append(s.ctxValues, ctx.Value(ctxKey{}))
 	s.inserts = append(s.inserts, fmt.Sprintf("%s %s %s %s", node, nonce, expires.Format(time.RFC3339Nano), now.Format(time.RFC3339Nano)))
-	return s.NonceStore.Insert(ctx, node, nonce, expires, now)
+	return s.Store.Insert(ctx, node, nonce, expires, now)
 }
 
 func TestCheckThenConsume(t *testing.T) {
 	priv, pub := testKeys(t)
 	body := []byte(`{}`)
-	store := &recordingStore{NonceStore: replay.NewMemoryStore(nil)}
+	store := &recordingStore{Store: replay.NewMemoryStore(nil)}
 	clock := now.Add(1234567 * time.Nanosecond)
 	v := replay.NewVerifier(store, &replay.VerifierConfig{Now: func() time.Time { return clock }})
 	r := signedRequest(t, priv, body, signCase{})

@@ -81,7 +81,7 @@ func TestDuplicatesAmongMany(t *testing.T) {
 	}
 }
 
-// TestDuplicateScanIsLinear: the scan of a dictionary of 100,000 members
+// TestDuplicateScanIsLinear checks that the scan of a dictionary of 100,000 members
 // (1.1 MB) takes a fraction of a second. Comparing each key with every one
 // before it, as the scanner once did, is 5·10⁹ comparisons: half a minute
 // or more.

@@ -6,53 +6,53 @@ import (
 	"time"
 )
 
-// Errors returned by the Verifier, and by a NonceStore for the last four.
+// Errors returned by the Verifier, and by a Store for the last four.
 // Each matches one error code of PROTOCOL.md; the errors returned wrap
 // them with detail, so callers test them with errors.Is.
 var (
-	// ErrMissingSignature: the request lacks Signature, Signature-Input or
+	// ErrMissingSignature means the request lacks Signature, Signature-Input or
 	// Content-Digest (missing_signature).
 	ErrMissingSignature = errors.New("replay: missing signature")
-	// ErrMalformedSignature: a signature field or Content-Digest does not
+	// ErrMalformedSignature means a signature field or Content-Digest does not
 	// parse, has a duplicate member or parameter, or does not follow the
 	// profile: label, components, parameters, tag or nonce
 	// (malformed_signature).
 	ErrMalformedSignature = errors.New("replay: malformed signature")
-	// ErrBadDigest: Content-Digest is not the body's digest, or uses an
+	// ErrBadDigest means Content-Digest is not the body's digest, or uses an
 	// algorithm other than sha-256 and sha-512 (bad_digest).
 	ErrBadDigest = errors.New("replay: bad content digest")
-	// ErrBadSignature: the signature does not verify, or its keyid is not
+	// ErrBadSignature means the signature does not verify, or its keyid is not
 	// the caller's key (bad_signature).
 	ErrBadSignature = errors.New("replay: bad signature")
-	// ErrStaleTimestamp: created or expires is outside the window
+	// ErrStaleTimestamp means created or expires is outside the window
 	// (stale_timestamp).
 	ErrStaleTimestamp = errors.New("replay: stale timestamp")
-	// ErrReplayedNonce: the node used the nonce before, within its window
+	// ErrReplayedNonce means the node used the nonce before, within its window
 	// (replayed_nonce).
 	ErrReplayedNonce = errors.New("replay: replayed nonce")
-	// ErrQuota: the node holds too many live nonces, or the store is full
+	// ErrQuota means the node holds too many live nonces, or the store is full
 	// (rate_limited, 429).
 	ErrQuota = errors.New("replay: nonce quota exceeded")
-	// ErrUnavailable: the nonce store could not answer, so the request
+	// ErrUnavailable means the nonce store could not answer, so the request
 	// cannot be admitted (unavailable, 503). The Verifier wraps every
 	// other store error in it.
 	ErrUnavailable = errors.New("replay: nonce store unavailable")
-	// ErrAborted: the database aborted the transaction the context
+	// ErrAborted means the database aborted the transaction the context
 	// carries (a deadlock, a serialization failure), or kept aborting the
 	// store's own; nothing of it is kept, and the whole transaction must
-	// be run again, from its beginning. A NonceStore returns it; the
+	// be run again, from its beginning. A Store returns it; the
 	// Verifier never retries it, and returns it wrapped in ErrUnavailable,
 	// so that a caller that does not retry refuses the request
 	// (unavailable, 503).
 	ErrAborted = errors.New("replay: transaction aborted")
 )
 
-// NonceStore remembers the nonces of verified signatures until they
+// Store remembers the nonces of verified signatures until they
 // expire, so that each is used once per node. One store is shared by every
 // replica of the control plane. It makes no decisions: the Verifier
 // chooses the expiry and the clock.
 //
-// The contract below holds for every NonceStore; the conformance suite
+// The contract below holds for every Store; the conformance suite
 // replaytest checks it, races included.
 //
 // Isolation and transactions. Each method is atomic: it applies all of its
@@ -75,7 +75,7 @@ var (
 // credential principal ids and base64url nonces, and a store may fail on
 // others with an error of its own.
 //
-// Times handed to a NonceStore are UTC and truncated to microseconds; a
+// Times handed to a Store are UTC and truncated to microseconds; a
 // store must compare them exactly.
 //
 // Errors. Each method returns the sentinels its documentation names, or
@@ -84,7 +84,7 @@ var (
 // retry internally, a bounded number of times, only when the context
 // carries no transaction: a transaction the context carries is the
 // caller's to run again, and the Verifier never does.
-type NonceStore interface {
+type Store interface {
 	// Insert records nonce for nodeID until expires, atomically: of any
 	// number of concurrent Inserts of one (nodeID, nonce), at most one
 	// succeeds, whether the pair is new or its record has expired; of
@@ -103,3 +103,8 @@ type NonceStore interface {
 	// how many it deleted.
 	Collect(ctx context.Context, now time.Time) (int, error)
 }
+
+// NonceStore is the former name of [Store].
+//
+// Deprecated: use Store.
+type NonceStore = Store

@@ -22,14 +22,14 @@ type VerifierConfig struct {
 
 // Verifier checks signed worker requests against the nodelane profile and
 // consumes their nonces. It is safe for concurrent use, and several
-// Verifiers (on several replicas) may share one NonceStore.
+// Verifiers (on several replicas) may share one Store.
 type Verifier struct {
-	nonces NonceStore
+	nonces Store
 	cfg    VerifierConfig
 }
 
 // NewVerifier returns a Verifier whose nonces live in nonces. cfg may be nil.
-func NewVerifier(nonces NonceStore, cfg *VerifierConfig) *Verifier {
+func NewVerifier(nonces Store, cfg *VerifierConfig) *Verifier {
 	var c VerifierConfig
 	if cfg != nil {
 		c = *cfg
@@ -60,7 +60,7 @@ type Verified struct {
 
 // Verify checks the signature of r, received by a server with body body,
 // for the node nodeID whose registered key is pub, then consumes its nonce
-// in the NonceStore with ctx (so within the transaction ctx carries, if
+// in the Store with ctx (so within the transaction ctx carries, if
 // the store joins it). It is Check then Consume.
 func (v *Verifier) Verify(ctx context.Context, r *http.Request, body []byte, nodeID string, pub ed25519.PublicKey) (*Verified, error) {
 	vd, err := v.Check(r, body, pub)
@@ -136,7 +136,7 @@ func (v *Verifier) Check(r *http.Request, body []byte, pub ed25519.PublicKey) (*
 	return &Verified{KeyID: ps.keyID, Nonce: ps.nonce, Created: created, Expires: expires}, nil
 }
 
-// Consume records nonce as used by nodeID until expires, in the NonceStore
+// Consume records nonce as used by nodeID until expires, in the Store
 // with ctx. It returns an error wrapping ErrReplayedNonce or ErrQuota as
 // the store reports them, and ErrUnavailable wrapping any other store
 // error: a store that cannot answer never lets a request pass. When the

@@ -53,7 +53,7 @@ type Stores struct {
 	Notifier    Notifier
 	Leases      lease.Store
 	Credentials credential.Store
-	Nonces      replay.NonceStore
+	Nonces      replay.Store
 	Envelope    envelope.Store
 	Receipts    receipts.Store
 	// Clock, when set, is the database's clock (bunstore.DB is one):

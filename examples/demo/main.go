@@ -276,7 +276,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) (err error) {
 		return fmt.Errorf("sequencing: %w", err)
 	}
 	var export bytes.Buffer
-	ckpt, err := receipts.NewLog(cp.DB.ReceiptsStore(), nil).Export(ctx, &export)
+	ckpt, err := receipts.NewLog(cp.DB.ReceiptStore(), nil).Export(ctx, &export)
 	if err != nil {
 		return fmt.Errorf("export: %w", err)
 	}

@@ -234,7 +234,7 @@ func TestFleet(t *testing.T) {
 	}
 }
 
-// TestUsage: bad flags and missing tokens are usage errors that say
+// TestUsage checks that bad flags and missing tokens are usage errors that say
 // what is wrong, before anything is sent.
 func TestUsage(t *testing.T) {
 	dir := t.TempDir()

@@ -53,7 +53,7 @@ func TestSlowBodiesAreRefused(t *testing.T) {
 	}
 }
 
-// TestSlowHeadersAreClosed: a header block trickled past the server's
+// TestSlowHeadersAreClosed checks that a header block trickled past the server's
 // ReadHeaderTimeout is closed unanswered.
 func TestSlowHeadersAreClosed(t *testing.T) {
 	env := apitest.New(t, "sqlite")

@@ -69,7 +69,7 @@ func TestProvisioningToken(t *testing.T) {
 	})
 }
 
-// TestNoTokenOnCommandLine: the flag that put the token on the command
+// TestNoTokenOnCommandLine checks that the flag that put the token on the command
 // line is gone, and without a token a new worker says where to give one.
 func TestNoTokenOnCommandLine(t *testing.T) {
 	t.Setenv(provisioningEnv, "")
@@ -89,7 +89,7 @@ func TestNoTokenOnCommandLine(t *testing.T) {
 	}
 }
 
-// TestConfigFlag: a -config file that is not valid, or that asks for more
+// TestConfigFlag checks that a -config file that is not valid, or that asks for more
 // GPUs than the -gpu flags give, stops the worker before it creates its
 // identity or calls the server; so does a bad -tag.
 func TestConfigFlag(t *testing.T) {
@@ -129,7 +129,7 @@ func TestConfigFlag(t *testing.T) {
 	}
 }
 
-// TestNoGPURefused: with no nvidia-smi and no -gpu the worker stops
+// TestNoGPURefused checks that with no nvidia-smi and no -gpu the worker stops
 // before it creates its identity or calls the server, naming -gpu and
 // -simulate-gpu; with -simulate-gpu it goes on (here to the identity).
 func TestNoGPURefused(t *testing.T) {

@@ -28,8 +28,8 @@ import (
 	"github.com/nodelane/nodelane/fingerprint"
 )
 
-// Run runs the suite on stores made by open; each case opens its own.
-func Run(t *testing.T, open func(t *testing.T) fingerprint.Store) {
+// Run runs the suite on stores made by newStore; each case makes its own.
+func Run(t *testing.T, newStore func(t *testing.T) fingerprint.Store) {
 	for _, c := range []struct {
 		name string
 		fn   func(t *testing.T, st fingerprint.Store)
@@ -39,7 +39,7 @@ func Run(t *testing.T, open func(t *testing.T) fingerprint.Store) {
 		{"Invalid", testInvalid},
 		{"Concurrent", testConcurrent},
 	} {
-		t.Run(c.name, func(t *testing.T) { c.fn(t, open(t)) })
+		t.Run(c.name, func(t *testing.T) { c.fn(t, newStore(t)) })
 	}
 }
 

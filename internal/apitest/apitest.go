@@ -191,7 +191,7 @@ func start(t testing.TB, dialect, dsn string, cfg workerapi.Config, clock *testc
 		Credentials:  db.CredentialStore(),
 		Nonces:       db.NonceStore(nil),
 		Envelope:     db.EnvelopeStore(),
-		Receipts:     db.ReceiptsStore(),
+		Receipts:     db.ReceiptStore(),
 		Fingerprints: db.FingerprintStore(),
 	}
 	if o.stores != nil {

@@ -2,7 +2,7 @@
 // must pass. An adapter's test calls Run with a function that returns a
 // new, empty store:
 //
-//	func TestReceiptsStore(t *testing.T) {
+//	func TestReceiptStore(t *testing.T) {
 //		receiptstest.Run(t, func(t *testing.T) receipts.Store { return newEmptyStore(t) })
 //	}
 //

@@ -1,9 +1,9 @@
-// Package replaytest is the conformance suite that every replay.NonceStore
+// Package replaytest is the conformance suite that every replay.Store
 // must pass. An adapter's test calls Run with a function that returns a
 // new, empty store whose per-node quota is Quota:
 //
-//	func TestNonceStore(t *testing.T) {
-//		replaytest.Run(t, func(t *testing.T) replay.NonceStore { return newEmptyStore(t, replaytest.Quota) })
+//	func TestStore(t *testing.T) {
+//		replaytest.Run(t, func(t *testing.T) replay.Store { return newEmptyStore(t, replaytest.Quota) })
 //	}
 //
 // The suite checks single use per (node, nonce), expiry to the
@@ -42,10 +42,10 @@ var epoch = time.Date(2026, 11, 30, 9, 0, 0, 123456000, time.UTC)
 const window = 300 * time.Second
 
 // Run runs the suite, each test on a new store from newStore.
-func Run(t *testing.T, newStore func(t *testing.T) replay.NonceStore) {
+func Run(t *testing.T, newStore func(t *testing.T) replay.Store) {
 	tests := []struct {
 		name string
-		fn   func(t *testing.T, s replay.NonceStore)
+		fn   func(t *testing.T, s replay.Store)
 	}{
 		{"InsertReplay", testInsertReplay},
 		{"Scope", testScope},
@@ -68,7 +68,7 @@ func Run(t *testing.T, newStore func(t *testing.T) replay.NonceStore) {
 // characters).
 func nonce(i int) string { return fmt.Sprintf("n%021d", i) }
 
-func insert(t *testing.T, s replay.NonceStore, node, n string, expires, now time.Time, want error) {
+func insert(t *testing.T, s replay.Store, node, n string, expires, now time.Time, want error) {
 	t.Helper()
 	err := s.Insert(context.Background(), node, n, expires, now)
 	if want == nil {
@@ -82,7 +82,7 @@ func insert(t *testing.T, s replay.NonceStore, node, n string, expires, now time
 	}
 }
 
-func collect(t *testing.T, s replay.NonceStore, now time.Time, want int) {
+func collect(t *testing.T, s replay.Store, now time.Time, want int) {
 	t.Helper()
 	n, err := s.Collect(context.Background(), now)
 	if err != nil {
@@ -93,7 +93,7 @@ func collect(t *testing.T, s replay.NonceStore, now time.Time, want int) {
 	}
 }
 
-func testInsertReplay(t *testing.T, s replay.NonceStore) {
+func testInsertReplay(t *testing.T, s replay.Store) {
 	exp := epoch.Add(window)
 	insert(t, s, "node-a", nonce(1), exp, epoch, nil)
 	insert(t, s, "node-a", nonce(1), exp, epoch, replay.ErrReplayedNonce)
@@ -104,7 +104,7 @@ func testInsertReplay(t *testing.T, s replay.NonceStore) {
 	insert(t, s, "node-a", nonce(2), exp, epoch, replay.ErrReplayedNonce)
 }
 
-func testScope(t *testing.T, s replay.NonceStore) {
+func testScope(t *testing.T, s replay.Store) {
 	exp := epoch.Add(window)
 	// Nonces are per node: the same nonce is fresh for another node.
 	insert(t, s, "node-a", nonce(1), exp, epoch, nil)
@@ -123,7 +123,7 @@ func testScope(t *testing.T, s replay.NonceStore) {
 	insert(t, s, "node-a", big, exp, epoch, nil)
 }
 
-func testExpiry(t *testing.T, s replay.NonceStore) {
+func testExpiry(t *testing.T, s replay.Store) {
 	exp := epoch.Add(window)
 	insert(t, s, "node-a", nonce(1), exp, epoch, nil)
 	insert(t, s, "node-a", nonce(1), exp, exp.Add(-time.Microsecond), replay.ErrReplayedNonce)
@@ -136,10 +136,10 @@ func testExpiry(t *testing.T, s replay.NonceStore) {
 	insert(t, s, "node-a", nonce(1), exp2.Add(window), exp2.Add(time.Minute), nil)
 }
 
-func testTimestamps(t *testing.T, s replay.NonceStore) {
+func testTimestamps(t *testing.T, s replay.Store) {
 	// Far from the epoch in both directions; times only go forward here,
 	// as a store may refuse a nonce that expires before a time it was
-	// given (see replay.NonceStore).
+	// given (see replay.Store).
 	old := time.Date(1971, 1, 1, 0, 0, 0, 1000, time.UTC)
 	insert(t, s, "node-c", nonce(1), old.Add(window), old, nil)
 	insert(t, s, "node-c", nonce(1), old.Add(window), old, replay.ErrReplayedNonce)
@@ -159,7 +159,7 @@ func testTimestamps(t *testing.T, s replay.NonceStore) {
 	insert(t, s, "node-b", nonce(1), far.Add(window), far, nil)
 }
 
-func testCollect(t *testing.T, s replay.NonceStore) {
+func testCollect(t *testing.T, s replay.Store) {
 	collect(t, s, epoch, 0)
 	// Expiries at epoch + 1 s, ..., + 5 s on two nodes.
 	for i := 1; i <= 5; i++ {
@@ -181,7 +181,7 @@ func testCollect(t *testing.T, s replay.NonceStore) {
 	collect(t, s, now.Add(window), 1)
 }
 
-func testQuota(t *testing.T, s replay.NonceStore) {
+func testQuota(t *testing.T, s replay.Store) {
 	exp := epoch.Add(window)
 	for i := range Quota {
 		insert(t, s, "node-a", nonce(i), exp, epoch, nil)
@@ -204,7 +204,7 @@ func testQuota(t *testing.T, s replay.NonceStore) {
 	insert(t, s, "node-a", nonce(Quota), exp.Add(window), exp, nil)
 }
 
-func testQuotaFreedByExpiry(t *testing.T, s replay.NonceStore) {
+func testQuotaFreedByExpiry(t *testing.T, s replay.Store) {
 	// The quota counts live nonces only: expired ones free it without a
 	// Collect.
 	for i := range Quota {
@@ -221,7 +221,7 @@ func testQuotaFreedByExpiry(t *testing.T, s replay.NonceStore) {
 	insert(t, s, "node-a", nonce(Quota+3), now.Add(window), now, replay.ErrQuota)
 }
 
-func testConcurrent(t *testing.T, s replay.NonceStore) {
+func testConcurrent(t *testing.T, s replay.Store) {
 	const goroutines, rounds = 16, 20
 	exp := epoch.Add(window)
 	for round := range rounds {
@@ -261,7 +261,7 @@ func testConcurrent(t *testing.T, s replay.NonceStore) {
 // testIDsAreBytes: node ids and nonces are compared as bytes, so ids that
 // a case-insensitive or Unicode-normalising collation would take for one
 // are distinct.
-func testIDsAreBytes(t *testing.T, s replay.NonceStore) {
+func testIDsAreBytes(t *testing.T, s replay.Store) {
 	exp := epoch.Add(window)
 	nodes := []string{"Node-A", "node-a", "NODE-A", "nœud-é", "nœud-e\u0301", "NŒUD-É", "узел-1", "节点-1", "node-a "}
 	for _, node := range nodes {
@@ -322,7 +322,7 @@ next:
 // has expired, exactly one replaces the record; the others see the new
 // one and are replays. A store that reads the dead record and then
 // overwrites it, without a lock between the two, admits several.
-func testConcurrentReuse(t *testing.T, s replay.NonceStore) {
+func testConcurrentReuse(t *testing.T, s replay.Store) {
 	const goroutines, rounds = 16, 10
 	for round := range rounds {
 		node := fmt.Sprintf("node-%d", round%3)
@@ -349,7 +349,7 @@ func testConcurrentReuse(t *testing.T, s replay.NonceStore) {
 // node's nonces of the round before have expired but are not collected);
 // the others get ErrQuota and record nothing. A store that counts and
 // then inserts, without a lock on the node between the two, admits more.
-func testConcurrentQuota(t *testing.T, s replay.NonceStore) {
+func testConcurrentQuota(t *testing.T, s replay.Store) {
 	const goroutines, rounds = 3 * Quota, 5
 	for round := range rounds {
 		node := fmt.Sprintf("node-%d", round%2)

@@ -27,36 +27,36 @@ const raceWindow = 2 * time.Millisecond
 
 var wrongStores = []struct {
 	name string
-	new  func() replay.NonceStore
+	new  func() replay.Store
 	// fails is the one subtest of Run that must fail.
 	fails string
 }{
 	// A store without per-node serialisation: it counts the node's live
 	// nonces, then inserts, so concurrent inserts all see room.
-	{"UnlockedQuota", func() replay.NonceStore { return newMirrored(true, false) }, "ConcurrentQuota"},
+	{"UnlockedQuota", func() replay.Store { return newMirrored(true, false) }, "ConcurrentQuota"},
 	// A store that reads a dead record, then overwrites it, so concurrent
 	// re-uses of an expired nonce all replace it.
-	{"RacyReplace", func() replay.NonceStore { return newMirrored(false, true) }, "ConcurrentReuse"},
+	{"RacyReplace", func() replay.Store { return newMirrored(false, true) }, "ConcurrentReuse"},
 	// Node ids under a case-insensitive collation (MySQL's
 	// utf8mb4_general_ci, SQLite's NOCASE): "Node-A" and "node-a" share
 	// their nonces and their quota.
-	{"FoldedIDs", func() replay.NonceStore {
+	{"FoldedIDs", func() replay.Store {
 		return folded{replay.NewMemoryStore(&replay.MemoryConfig{PerNode: replaytest.Quota})}
 	}, "IDsAreBytes"},
 }
 
 func TestWrongStores(t *testing.T) {
 	fails := map[string]string{}
-	stores := map[string]func() replay.NonceStore{}
+	stores := map[string]func() replay.Store{}
 	for _, w := range wrongStores {
 		fails[w.name], stores[w.name] = w.fails, w.new
 	}
 	wrongstore.Check(t, wrongEnv, fails, func(t *testing.T, name string) {
-		replaytest.Run(t, func(*testing.T) replay.NonceStore { return stores[name]() })
+		replaytest.Run(t, func(*testing.T) replay.Store { return stores[name]() })
 	})
 }
 
-// mirrored is a NonceStore over a MemoryStore that decides some outcomes
+// mirrored is a Store over a MemoryStore that decides some outcomes
 // itself, from a mirror of the live records read under a lock that it
 // releases before it writes: a check-then-act race, as in an adapter that
 // SELECTs and then INSERTs without a lock across both. Called one at a

@@ -23,7 +23,7 @@ const StateFile = "running.json"
 // processes it killed to be gone.
 const DefaultLeftoverTimeout = 10 * time.Second
 
-// ErrLeftovers: processes of a previous run survived SIGKILL for the
+// ErrLeftovers means processes of a previous run survived SIGKILL for the
 // whole timeout of KillLeftovers.
 var ErrLeftovers = errors.New("command: processes of a previous run of the worker are still running")
 

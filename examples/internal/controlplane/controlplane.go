@@ -109,7 +109,7 @@ func Open(ctx context.Context, o Options) (*ControlPlane, error) {
 		Credentials:  db.CredentialStore(),
 		Nonces:       db.NonceStore(nil),
 		Envelope:     db.EnvelopeStore(),
-		Receipts:     db.ReceiptsStore(),
+		Receipts:     db.ReceiptStore(),
 		Fingerprints: db.FingerprintStore(),
 		Clock:        db,
 		Schema:       db,

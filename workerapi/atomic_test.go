@@ -151,7 +151,7 @@ func (s faultyReceipts) AddReceipt(ctx context.Context, r *receipts.Stored) erro
 }
 
 type faultyNonces struct {
-	replay.NonceStore
+	replay.Store
 	f *faults
 }
 
@@ -159,7 +159,7 @@ func (s faultyNonces) Insert(ctx context.Context, node, nonce string, expires, n
 	if err := s.f.write(); err != nil {
 		return err
 	}
-	return s.NonceStore.Insert(ctx, node, nonce, expires, now)
+	return s.Store.Insert(ctx, node, nonce, expires, now)
 }
 
 // TestAtomicity fails each store write of register, artifacts, complete

@@ -35,7 +35,7 @@ func attemptEnds(t *testing.T, env *apitest.Env, id string) []*receipts.Receipt 
 	var out []*receipts.Receipt
 	epochs := map[int64]string{}
 	for from := int64(0); ; {
-		ss, err := env.DB.ReceiptsStore().ListReceipts(ctx, from, 1000)
+		ss, err := env.DB.ReceiptStore().ListReceipts(ctx, from, 1000)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -65,7 +65,7 @@ func embed(ctx context.Context, path string) error {
 		Credentials: db.CredentialStore(),
 		Nonces:      db.NonceStore(nil),
 		Envelope:    db.EnvelopeStore(),
-		Receipts:    db.ReceiptsStore(),
+		Receipts:    db.ReceiptStore(),
 		// Replicas refuse to start on secrets other than the database's.
 		Fingerprints: db.FingerprintStore(),
 	}, workerapi.Config{

@@ -42,7 +42,7 @@ func sqliteStores(t *testing.T) (workerapi.Stores, workerapi.Config) {
 	}
 	return workerapi.Stores{
 			Tx: db, Notifier: workerapi.NewLocalNotifier(), Leases: db.LeaseStore(), Credentials: db.CredentialStore(),
-			Nonces: db.NonceStore(nil), Envelope: db.EnvelopeStore(), Receipts: db.ReceiptsStore(),
+			Nonces: db.NonceStore(nil), Envelope: db.EnvelopeStore(), Receipts: db.ReceiptStore(),
 			Fingerprints: db.FingerprintStore(),
 		}, workerapi.Config{
 			Peppers: map[int][]byte{1: pepper}, PepperVersion: 1, ReceiptSigner: signer,

@@ -27,7 +27,7 @@ var errCommitLost = errors.New("injected: connection reset during COMMIT")
 // the outcome cannot be learned.
 type commitFaults struct {
 	workerapi.Transactor
-	replay.NonceStore
+	replay.Store
 
 	mu                  sync.Mutex
 	lose, fail, noNonce bool
@@ -56,7 +56,7 @@ func (f *commitFaults) InTx(ctx context.Context, fn func(ctx context.Context) er
 			// From now on, outside this transaction, the nonce store
 			// cannot answer.
 			f.noNonce = false
-			f.NonceStore = brokenNonces{f.NonceStore}
+			f.Store = brokenNonces{f.Store}
 		}
 		return nil
 	})
@@ -67,7 +67,7 @@ func (f *commitFaults) InTx(ctx context.Context, fn func(ctx context.Context) er
 }
 
 // brokenNonces is a nonce store that cannot answer.
-type brokenNonces struct{ replay.NonceStore }
+type brokenNonces struct{ replay.Store }
 
 func (brokenNonces) Insert(context.Context, string, string, time.Time, time.Time) error {
 	return errors.New("injected: the nonce store cannot answer")
@@ -75,7 +75,7 @@ func (brokenNonces) Insert(context.Context, string, string, time.Time, time.Time
 
 func (f *commitFaults) Insert(ctx context.Context, node, nonce string, expires, now time.Time) error {
 	f.mu.Lock()
-	ns := f.NonceStore
+	ns := f.Store
 	f.mu.Unlock()
 	return ns.Insert(ctx, node, nonce, expires, now)
 }
@@ -88,7 +88,7 @@ func (f *commitFaults) arm(lose, fail, noNonce bool) {
 
 func withCommitFaults(f *commitFaults) apitest.Option {
 	return apitest.WithStores(func(st workerapi.Stores) workerapi.Stores {
-		f.Transactor, f.NonceStore = st.Tx, st.Nonces
+		f.Transactor, f.Store = st.Tx, st.Nonces
 		st.Tx, st.Nonces = f, f
 		return st
 	})
@@ -154,7 +154,7 @@ func TestUnknownCommit(t *testing.T) {
 		t.Run("not learnable", func(t *testing.T) {
 			defer func() {
 				faults.mu.Lock()
-				faults.NonceStore = faults.NonceStore.(brokenNonces).NonceStore
+				faults.Store = faults.Store.(brokenNonces).Store
 				faults.mu.Unlock()
 			}()
 			n, rs := artifactCount(t, f.env, id), f.env.Receipts(t)
@@ -177,7 +177,7 @@ func TestUnknownCommit(t *testing.T) {
 			// store cannot.
 			defer func() {
 				faults.mu.Lock()
-				faults.NonceStore = faults.NonceStore.(brokenNonces).NonceStore
+				faults.Store = faults.Store.(brokenNonces).Store
 				faults.mu.Unlock()
 			}()
 			n, rs := artifactCount(t, f.env, id), f.env.Receipts(t)

@@ -63,7 +63,7 @@ func replica(t *testing.T, dsn string, sec secrets, log *bytes.Buffer) *workerap
 	}
 	srv, err := workerapi.New(workerapi.Stores{
 		Tx: db, Notifier: workerapi.NewLocalNotifier(), Leases: db.LeaseStore(), Credentials: db.CredentialStore(),
-		Nonces: db.NonceStore(nil), Envelope: db.EnvelopeStore(), Receipts: db.ReceiptsStore(),
+		Nonces: db.NonceStore(nil), Envelope: db.EnvelopeStore(), Receipts: db.ReceiptStore(),
 		Fingerprints: db.FingerprintStore(),
 	}, cfg)
 	if err != nil {

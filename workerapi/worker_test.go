@@ -978,7 +978,7 @@ func TestArtifacts(t *testing.T) {
 // receiptOf decodes a stored receipt.
 func receiptOf(t *testing.T, env *apitest.Env, id string) *receipts.Receipt {
 	t.Helper()
-	st, err := env.DB.ReceiptsStore().GetReceipt(context.Background(), id)
+	st, err := env.DB.ReceiptStore().GetReceipt(context.Background(), id)
 	if err != nil {
 		t.Fatalf("receipt %s: %v", id, err)
 	}

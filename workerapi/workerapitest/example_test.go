@@ -28,7 +28,7 @@ func ExampleRun() {
 				Credentials: db.CredentialStore(),
 				Nonces:      db.NonceStore(nil),
 				Envelope:    db.EnvelopeStore(),
-				Receipts:    db.ReceiptsStore(),
+				Receipts:    db.ReceiptStore(),
 			}
 		})
 	}

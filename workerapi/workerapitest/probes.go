@@ -429,13 +429,13 @@ func probeUpdateCredential(ctx context.Context, st workerapi.Stores, i int) (*pr
 	}, nil
 }
 
-// ---- replay.NonceStore
+// ---- replay.Store
 
 // A NonceStore has no read method: Insert of a pair it holds is the read.
 
 // insertAgain checks for a live nonce by inserting it again: a store that
 // holds it answers replay.ErrReplayedNonce.
-func insertAgain(s replay.NonceStore, node, nonce string, expires, now time.Time) check {
+func insertAgain(s replay.Store, node, nonce string, expires, now time.Time) check {
 	return check{"Insert of the same nonce", func(ctx context.Context) (bool, error) {
 		err := s.Insert(ctx, node, nonce, expires, now)
 		if errors.Is(err, replay.ErrReplayedNonce) {

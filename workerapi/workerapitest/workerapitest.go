@@ -16,7 +16,7 @@
 //				Credentials: db.CredentialStore(),
 //				Nonces:      db.NonceStore(),
 //				Envelope:    db.EnvelopeStore(),
-//				Receipts:    db.ReceiptsStore(),
+//				Receipts:    db.ReceiptStore(),
 //			}
 //		})
 //	}
@@ -25,7 +25,7 @@
 // UpdateJob, ClaimJobs, AddEvents, AddArtifact, PutWorker, SetApproval
 // and DeleteEnded;
 // credential.Store's CreatePrincipal, UpdatePrincipal, CreateCredential
-// and UpdateCredential; replay.NonceStore's Insert and Collect;
+// and UpdateCredential; replay.Store's Insert and Collect;
 // envelope.Store's Apply; receipts.Store's AddReceipt, Sequence and
 // AddCheckpoint) the suite checks, each on a fresh database, that:
 //
@@ -74,13 +74,13 @@ const caseTimeout = time.Minute
 // errRollback is what the suite's transactions return to roll back.
 var errRollback = errors.New("workerapitest: the function given to InTx failed, so InTx must roll back")
 
-// Run runs the suite on stores made by open. Every case calls open once
+// Run runs the suite on stores made by newStores. Every case calls newStores once
 // and uses Stores.Tx and the five stores, which must share one new, empty
 // database (Stores.Notifier is not used and may be nil). Cases run in
-// parallel, so open must be safe to call from several goroutines.
+// parallel, so newStores must be safe to call from several goroutines.
 //
 //	workerapitest.Run(t, func(t *testing.T) workerapi.Stores { return newStores(t) })
-func Run(t *testing.T, open func(t *testing.T) workerapi.Stores) {
+func Run(t *testing.T, newStores func(t *testing.T) workerapi.Stores) {
 	for _, g := range groups {
 		t.Run(g.store, func(t *testing.T) {
 			t.Parallel()
@@ -90,9 +90,9 @@ func Run(t *testing.T, open func(t *testing.T) workerapi.Stores) {
 					for _, c := range cases {
 						t.Run(c.name, func(t *testing.T) {
 							t.Parallel()
-							st := open(t)
+							st := newStores(t)
 							if missing := missingStore(st); missing != "" {
-								t.Fatalf("open returned Stores without %s", missing)
+								t.Fatalf("newStores returned Stores without %s", missing)
 							}
 							ctx, cancel := context.WithTimeout(t.Context(), caseTimeout)
 							defer cancel()

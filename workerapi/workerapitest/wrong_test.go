@@ -50,7 +50,7 @@ func bunstoreStores(db *bunstore.DB) workerapi.Stores {
 		Credentials: db.CredentialStore(),
 		Nonces:      db.NonceStore(nil),
 		Envelope:    db.EnvelopeStore(),
-		Receipts:    db.ReceiptsStore(),
+		Receipts:    db.ReceiptStore(),
 	}
 }
 
@@ -393,16 +393,16 @@ func (s credentials) ListCredentials(ctx context.Context, f credential.Credentia
 }
 
 type nonces struct {
-	replay.NonceStore
+	replay.Store
 	d dropper
 }
 
 func (s nonces) Insert(ctx context.Context, nodeID, nonce string, expires, now time.Time) error {
-	return s.NonceStore.Insert(s.d.w(ctx), nodeID, nonce, expires, now)
+	return s.Store.Insert(s.d.w(ctx), nodeID, nonce, expires, now)
 }
 
 func (s nonces) Collect(ctx context.Context, now time.Time) (int, error) {
-	return s.NonceStore.Collect(s.d.w(ctx), now)
+	return s.Store.Collect(s.d.w(ctx), now)
 }
 
 type envelopes struct {

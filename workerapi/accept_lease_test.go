@@ -240,7 +240,7 @@ func (e *flipEnvelope) disarm() {
 	e.armed = false
 }
 
-// TestLeaseAcceptEnvelope: a job the envelope refuses at accept is never
+// TestLeaseAcceptEnvelope checks that a job the envelope refuses at accept is never
 // accepted. Blocked when the lease looks, it is not granted; blocked only
 // by the time of the accept, it is granted leased, as without accept: the
 // worker learns it from the grant, its own accept answers 403, and the

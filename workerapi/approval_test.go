@@ -332,7 +332,7 @@ func TestApprovalLimitsAgree(t *testing.T) {
 	}
 }
 
-// TestConcurrentApprovals: approvals of one worker at once are ordered.
+// TestConcurrentApprovals checks that approvals of one worker at once are ordered.
 // Of identical ones, one changes the approval and mints a receipt, the
 // others see it and change nothing; of ones with different pins, the
 // approval that stands is the one the last receipt records.

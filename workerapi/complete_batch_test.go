@@ -351,7 +351,7 @@ func TestCompleteBatch(t *testing.T) {
 	}
 }
 
-// TestLeaseAcceptAnswerSchema: a lease answer with accepted grants is
+// TestLeaseAcceptAnswerSchema checks that a lease answer with accepted grants is
 // one the OpenAPI document describes.
 func TestLeaseAcceptAnswerSchema(t *testing.T) {
 	f := setup(t, "sqlite")

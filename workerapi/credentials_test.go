@@ -54,8 +54,8 @@ func lacks(t *testing.T, m obj) []string {
 	return strings.Split(list, ", ")
 }
 
-// TestCredentialEscalation: the attack of the issue, a credential holding
-// only operator:credentials minting itself every operator scope, is
+// TestCredentialEscalation checks that the attack of the issue, a credential
+// holding only operator:credentials minting itself every operator scope, is
 // refused with 403 and leaves no credential and no receipt; what a
 // credential holds, it may give.
 func TestCredentialEscalation(t *testing.T) {
@@ -143,9 +143,7 @@ func TestCredentialEscalation(t *testing.T) {
 	})
 }
 
-// TestOperatorPrincipals: POST /operator/principals creates named operator
-// principals, minting principal_created; a taken id, a bad id or name, or
-// TestMintNoLongerThanMinter: a credential cannot mint one that outlives
+// TestMintNoLongerThanMinter checks that a credential cannot mint one that outlives
 // it, whatever ttl_seconds asks.
 func TestMintNoLongerThanMinter(t *testing.T) {
 	onDialects(t, func(t *testing.T, dialect string) {
@@ -168,7 +166,9 @@ func TestMintNoLongerThanMinter(t *testing.T) {
 	})
 }
 
-// a caller without operator:credentials changes nothing.
+// TestOperatorPrincipals checks that POST /operator/principals creates named
+// operator principals, minting principal_created, and that a taken id, a bad
+// id or name, or a caller without operator:credentials changes nothing.
 func TestOperatorPrincipals(t *testing.T) {
 	onDialects(t, func(t *testing.T, dialect string) {
 		env := newOpEnv(t, dialect)
@@ -259,7 +259,7 @@ func TestOperatorPrincipals(t *testing.T) {
 	})
 }
 
-// TestOperatorListCredentials: GET /operator/credentials pages every
+// TestOperatorListCredentials checks that GET /operator/credentials pages every
 // credential in byte order of its id, or one principal's, answers no
 // secret, and refuses bad parameters as the other list routes do.
 func TestOperatorListCredentials(t *testing.T) {

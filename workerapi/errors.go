@@ -14,25 +14,25 @@ import (
 
 // Errors of workerapi's own.
 var (
-	// ErrInvalidRequest: the body is malformed, of the wrong type, or misses
+	// ErrInvalidRequest means the body is malformed, of the wrong type, or misses
 	// a required field.
 	ErrInvalidRequest = errors.New("invalid request")
-	// ErrNodeExists: the node id is registered with another key.
+	// ErrNodeExists means the node id is registered with another key.
 	ErrNodeExists = errors.New("node registered with another key")
-	// ErrPrincipalExists: a principal with that id exists already.
+	// ErrPrincipalExists means a principal with that id exists already.
 	ErrPrincipalExists = errors.New("principal exists")
-	// ErrNotFound: no such route, job, worker or receipt.
+	// ErrNotFound means there is no such route, job, worker or receipt.
 	ErrNotFound = errors.New("not found")
-	// ErrMethodNotAllowed: the route exists, but not for this method.
+	// ErrMethodNotAllowed means the route exists, but not for this method.
 	ErrMethodNotAllowed = errors.New("method not allowed")
-	// ErrPayloadTooLarge: the body is over Config.BodyLimit.
+	// ErrPayloadTooLarge means the body is over Config.BodyLimit.
 	ErrPayloadTooLarge = errors.New("payload too large")
-	// ErrUnsupportedMediaType: the body is not application/json.
+	// ErrUnsupportedMediaType means the body is not application/json.
 	ErrUnsupportedMediaType = errors.New("content type must be application/json")
-	// ErrIdempotencyMismatch: a request_id, idempotency_key or lease
+	// ErrIdempotencyMismatch means a request_id, idempotency_key or lease
 	// token names a request answered before, with another body.
 	ErrIdempotencyMismatch = errors.New("the key was used before with another body")
-	// ErrOutcomeUnknown: the request's transaction was sent to commit
+	// ErrOutcomeUnknown means the request's transaction was sent to commit
 	// and no store can tell whether it did: repeating the request tells.
 	ErrOutcomeUnknown = errors.New("a store cannot answer; the request may have been accepted: repeat it to learn its outcome")
 )

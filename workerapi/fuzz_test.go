@@ -464,7 +464,7 @@ func fuzzErrorCode(body []byte) string {
 	return e.Error.Code
 }
 
-// TestFuzzRig: the rig's setup works, and each selector does what it says.
+// TestFuzzRig checks that the rig's setup works, and each selector does what it says.
 func TestFuzzRig(t *testing.T) {
 	rig := newFuzzRig(t)
 	for _, c := range []struct {

@@ -463,7 +463,7 @@ func TestRequestLimits(t *testing.T) {
 	}
 }
 
-// TestFitsBoundsExplain: a node at the GPU limit does not slow a
+// TestFitsBoundsExplain checks that a node at the GPU limit does not slow a
 // dispatch down (explaining leasability matches every worker's Fits).
 func TestFitsBoundsExplain(t *testing.T) {
 	f := setup(t, "sqlite")
@@ -529,7 +529,7 @@ func TestProbingRevealsNothing(t *testing.T) {
 	}
 }
 
-// TestAcceptChecksTheLeaseFirst: the holder of a lease on a job whose
+// TestAcceptChecksTheLeaseFirst checks that the holder of a lease on a job whose
 // type the envelope blocked since is refused 403, and nothing changes.
 func TestAcceptChecksTheLeaseFirst(t *testing.T) {
 	for _, d := range testdb.Dialects() {
@@ -549,7 +549,7 @@ func TestAcceptChecksTheLeaseFirst(t *testing.T) {
 	}
 }
 
-// TestNoInternalsInMessages: no 4xx answer names an internal package.
+// TestNoInternalsInMessages checks that no 4xx answer names an internal package.
 func TestNoInternalsInMessages(t *testing.T) {
 	for _, d := range testdb.Dialects() {
 		t.Run(d.Name, func(t *testing.T) {
@@ -726,7 +726,7 @@ func mustGet(t *testing.T, env *apitest.Env, path string) []byte {
 	return b
 }
 
-// TestLongPollOutlivesReadTimeout: a host's http.Server.ReadTimeout
+// TestLongPollOutlivesReadTimeout checks that a host's http.Server.ReadTimeout
 // (examples/server sets one) bounds reading a request, not a long-poll
 // that waits after it.
 func TestLongPollOutlivesReadTimeout(t *testing.T) {

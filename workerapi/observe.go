@@ -39,13 +39,13 @@ type LeaseOutcome string
 
 // The outcomes of a lease that EventMetrics counts.
 const (
-	// LeaseGranted: a lease request granted the lease.
+	// LeaseGranted means a lease request granted the lease.
 	LeaseGranted LeaseOutcome = "granted"
-	// LeaseExpired: the lease ran out (its TTL, accept deadline, cancel
+	// LeaseExpired means the lease ran out (its TTL, accept deadline, cancel
 	// grace or max runtime) or its worker went offline, and the job was
 	// requeued or ended.
 	LeaseExpired LeaseOutcome = "expired"
-	// LeaseLost: a worker acted under a lease it no longer holds and was
+	// LeaseLost means a worker acted under a lease it no longer holds and was
 	// answered 409 lease_lost.
 	LeaseLost LeaseOutcome = "lost"
 )

@@ -180,7 +180,7 @@ func oasErrorStatuses() map[string]int {
 	return m
 }
 
-// TestOpenAPIRoutes: every route the handlers serve is an operation of the
+// TestOpenAPIRoutes checks that every route the handlers serve is an operation of the
 // document, with its scope and its signature headers, and every operation
 // is a route.
 func TestOpenAPIRoutes(t *testing.T) {
@@ -417,7 +417,7 @@ var oasWireSchemas = []struct {
 	{"CostReport", wire.CostReport{}, true},
 }
 
-// TestOpenAPIWireTypes: each wire type marshals to JSON whose field names
+// TestOpenAPIWireTypes checks that each wire type marshals to JSON whose field names
 // are exactly its schema's properties, with compatible types, and for
 // response types the fields always present are exactly the required ones.
 func TestOpenAPIWireTypes(t *testing.T) {
@@ -653,7 +653,7 @@ func oasFilled(t reflect.Type, depth int) reflect.Value {
 	return v
 }
 
-// TestOpenAPIServed: GET /workers/openapi.json answers the document,
+// TestOpenAPIServed checks that GET /workers/openapi.json answers the document,
 // without a credential, on both handlers that mount it.
 func TestOpenAPIServed(t *testing.T) {
 	s := newFuzzServer(t, time.Date(2026, 11, 30, 9, 0, 0, 0, time.UTC))
@@ -1014,7 +1014,7 @@ func oasTruncate(b []byte) string {
 	return string(b)
 }
 
-// TestOpenAPICheckerCatches: the checker that FuzzHandler relies on
+// TestOpenAPICheckerCatches checks that the checker that FuzzHandler relies on
 // refuses answers that drift from the document.
 func TestOpenAPICheckerCatches(t *testing.T) {
 	c := getOpenAPIChecker(t)

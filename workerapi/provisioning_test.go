@@ -202,7 +202,7 @@ func TestMaxRegistrations(t *testing.T) {
 	})
 }
 
-// TestMaxRegistrationsRefused: a bad max_registrations is refused, and
+// TestMaxRegistrationsRefused checks that a bad max_registrations is refused, and
 // nothing is minted.
 func TestMaxRegistrationsRefused(t *testing.T) {
 	onDialects(t, func(t *testing.T, d string) {
@@ -226,7 +226,7 @@ func TestMaxRegistrationsRefused(t *testing.T) {
 	})
 }
 
-// TestMaxRegistrationsConcurrent: registrations racing on one limited
+// TestMaxRegistrationsConcurrent checks that registrations racing on one limited
 // token never exceed its limit.
 func TestMaxRegistrationsConcurrent(t *testing.T) {
 	onDialects(t, func(t *testing.T, d string) {
@@ -332,7 +332,7 @@ func TestRenewToken(t *testing.T) {
 	})
 }
 
-// TestRenewTokenRefused: renewals that are not a registered node's own,
+// TestRenewTokenRefused checks that renewals that are not a registered node's own,
 // signed, fresh request change nothing.
 func TestRenewTokenRefused(t *testing.T) {
 	onDialects(t, func(t *testing.T, d string) {
@@ -390,7 +390,7 @@ func TestRenewTokenRefused(t *testing.T) {
 	})
 }
 
-// TestRenewTokenAnswerLost: a node whose renewal answer was lost renews
+// TestRenewTokenAnswerLost checks that a node whose renewal answer was lost renews
 // again with its old token within the grace, and gets the first answer:
 // the same new token, and no second credential or receipt.
 func TestRenewTokenAnswerLost(t *testing.T) {

@@ -103,7 +103,7 @@ func artifactCount(t *testing.T, env *apitest.Env, jobID string) int {
 	return len(arts)
 }
 
-// TestUnknownCommit: a COMMIT whose outcome the control plane does not
+// TestUnknownCommit checks that a COMMIT whose outcome the control plane does not
 // know is settled by the nonce: committed, the answer is the request's
 // (never 503 "nothing was accepted"); rolled back, 503 and nothing kept;
 // not learnable, 503 that says so, and a repeat with the key learns it.
@@ -196,7 +196,7 @@ func TestUnknownCommit(t *testing.T) {
 	})
 }
 
-// TestRetryKeys: the keys' bounds, a key reused with another body, and
+// TestRetryKeys checks the keys' bounds, a key reused with another body, and
 // their scope (route, job, worker).
 func TestRetryKeys(t *testing.T) {
 	onDialects(t, func(t *testing.T, d string) {
@@ -336,7 +336,7 @@ func TestRetryKeys(t *testing.T) {
 	})
 }
 
-// TestAnswerTTL: an answer is forgotten after Config.AnswerTTL, and the
+// TestAnswerTTL checks that an answer is forgotten after Config.AnswerTTL, and the
 // maintainer deletes it; a repeat then records again.
 func TestAnswerTTL(t *testing.T) {
 	onDialects(t, func(t *testing.T, d string) {
@@ -379,7 +379,7 @@ func TestAnswerTTL(t *testing.T) {
 	})
 }
 
-// TestDispatchUnknownCommit: a dispatch whose COMMIT's outcome is unknown
+// TestDispatchUnknownCommit checks that a dispatch whose COMMIT's outcome is unknown
 // is settled by looking for its job: committed, the answer is 201 with
 // that job (never 503 "nothing was accepted" for a queued job); rolled
 // back, 503 "nothing was accepted" and no job.

@@ -14,7 +14,7 @@ import (
 	"github.com/nodelane/nodelane/workerapi/wire"
 )
 
-// TestClientRenewsWithoutProvisioningToken: a node registered once, whose
+// TestClientRenewsWithoutProvisioningToken checks that a node registered once, whose
 // provisioning token was then revoked and is not given to its Runner,
 // renews its worker token itself (POST /workers/token) and works past the
 // first token's expiry.
@@ -113,8 +113,8 @@ func TestClientRenewsWithoutProvisioningToken(t *testing.T) {
 	t.Errorf("the job did not succeed after the renewal: %s", p.env.Job(t, j.ID).State)
 }
 
-// TestClientRenewTokenAnswerLost: the answer to a renewal is lost after
-// the server renewed; the client's retry, with the old token, gets the
+// TestClientRenewTokenAnswerLost checks that, when the answer to a renewal is
+// lost after the server renewed, the client's retry, with the old token, gets the
 // first answer: the token the server minted then, and no other.
 func TestClientRenewTokenAnswerLost(t *testing.T) {
 	p := newClProxy(t)

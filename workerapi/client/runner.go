@@ -24,24 +24,24 @@ type HandlerFunc func(ctx context.Context, job *wire.Job, r *Reporter) error
 
 // Why a job's context is cancelled (context.Cause).
 var (
-	// ErrJobCanceled: an operator cancelled the job (announced in a
+	// ErrJobCanceled means an operator cancelled the job (announced in a
 	// heartbeat, status or accept answer). If the handler then returns an
 	// error, the job is failed with error_code "canceled" and ends canceled.
 	ErrJobCanceled = errors.New("client: the job was canceled")
-	// ErrLeaseLost: the server says this worker no longer holds the job's
+	// ErrLeaseLost means the server says this worker no longer holds the job's
 	// lease (it expired, or it was released). Nothing more is reported.
 	ErrLeaseLost = errors.New("client: the job's lease was lost")
-	// ErrLeaseExpiring: the lease could not be extended and is about to
+	// ErrLeaseExpiring means the lease could not be extended and is about to
 	// expire (RunnerConfig.LeaseMargin before expires_at), so the worker
 	// stops the job before the server may hand it to another worker.
 	ErrLeaseExpiring = errors.New("client: the job's lease could not be renewed before it expires")
-	// ErrOffline: no heartbeat got through before the heartbeat_deadline
+	// ErrOffline means no heartbeat got through before the heartbeat_deadline
 	// of the last one answered (less a margin: RunnerConfig.LeaseMargin, at
 	// most a fifth of the time the deadline gave), so the control plane
 	// may deem the worker offline and give its jobs to another worker: the
 	// worker stops every job it runs.
 	ErrOffline = errors.New("client: no heartbeat got through before the control plane's heartbeat deadline")
-	// ErrDrained: the worker is draining and the job did not finish within
+	// ErrDrained means the worker is draining and the job did not finish within
 	// RunnerConfig.DrainTimeout (or had not started when the drain began).
 	// The job is released (no attempt used).
 	ErrDrained = errors.New("client: the worker drained before the job finished")
@@ -92,19 +92,19 @@ type JobOutcome string
 
 // Outcomes of JobEnd.
 const (
-	// JobSucceeded: completed.
+	// JobSucceeded means the job completed.
 	JobSucceeded JobOutcome = "succeeded"
-	// JobFailed: failed (FailResponse.Requeued says if it will be retried).
+	// JobFailed means the job failed (FailResponse.Requeued says if it will be retried).
 	JobFailed JobOutcome = "failed"
-	// JobCanceled: failed with error_code "canceled" after a cancel, or
+	// JobCanceled means the job failed with error_code "canceled" after a cancel, or
 	// completed after one, which the server answers 409 job_canceled
 	// (JobEnd.Err) as it ends the job canceled.
 	JobCanceled JobOutcome = "canceled"
-	// JobReleased: handed back to the queue (drain, or not runnable here).
+	// JobReleased means the job was handed back to the queue (drain, or not runnable here).
 	JobReleased JobOutcome = "released"
-	// JobLost: the lease was lost or about to expire; nothing reported.
+	// JobLost means the lease was lost or about to expire; nothing reported.
 	JobLost JobOutcome = "lost"
-	// JobAbandoned: the result could not be reported (the server was out
+	// JobAbandoned means the result could not be reported (the server was out
 	// of reach until the lease ran out, or refused it); the lease expires
 	// on the server.
 	JobAbandoned JobOutcome = "abandoned"
@@ -216,10 +216,10 @@ type RunnerConfig struct {
 	LogFlushInterval time.Duration
 	LogBatchSize     int
 	MaxBufferedLogs  int
-	// TokenRenewBefore: the worker token is renewed (Client.RenewToken,
-	// signed by the node's key; no provisioning token needed) this long
-	// before it expires, or a third of its lifetime before, if that is
-	// sooner. Defaults to DefaultTokenRenewBefore.
+	// TokenRenewBefore is how long before it expires the worker token is
+	// renewed (Client.RenewToken, signed by the node's key; no provisioning
+	// token needed), or a third of its lifetime before, if that is sooner.
+	// Defaults to DefaultTokenRenewBefore.
 	TokenRenewBefore time.Duration
 	// Metrics, if set, gives each heartbeat's metrics: a value that
 	// marshals to a JSON object.

@@ -12,13 +12,13 @@ const RegisterStatusPending = "pending"
 
 // The approval states of a worker (WorkerView.Approval).
 const (
-	// ApprovalNotRequired: the node registered where no approval was
+	// ApprovalNotRequired means the node registered where no approval was
 	// required, and no operator approved it since.
 	ApprovalNotRequired = "not_required"
-	// ApprovalPending: the node awaits an operator's approval and is
+	// ApprovalPending means the node awaits an operator's approval and is
 	// granted no job.
 	ApprovalPending = "pending"
-	// ApprovalApproved: an operator approved the node.
+	// ApprovalApproved means an operator approved the node.
 	ApprovalApproved = "approved"
 )
 

@@ -104,16 +104,16 @@ type JobDetailResponse struct {
 
 // The statuses of an artifact, from its job's outcome.
 const (
-	// ArtifactTrained: an adapter of a lora_train job that succeeded.
+	// ArtifactTrained means an adapter of a lora_train job that succeeded.
 	ArtifactTrained = "trained"
-	// ArtifactSucceeded: any other artifact of the attempt that succeeded.
+	// ArtifactSucceeded means any other artifact of the attempt that succeeded.
 	ArtifactSucceeded = "succeeded"
-	// ArtifactFailed and ArtifactCanceled: the job ended so.
+	// ArtifactFailed and ArtifactCanceled mean the job ended so.
 	ArtifactFailed   = "failed"
 	ArtifactCanceled = "canceled"
-	// ArtifactPending: the job has not ended.
+	// ArtifactPending means the job has not ended.
 	ArtifactPending = "pending"
-	// ArtifactSuperseded: the job succeeded, but under a later lease than
+	// ArtifactSuperseded means the job succeeded, but under a later lease than
 	// the one that reported the artifact: the artifact is from an
 	// abandoned attempt (an expired or released lease), not the result.
 	ArtifactSuperseded = "superseded"
@@ -476,13 +476,13 @@ type ConsistencyResponse struct {
 // The liveness of a worker (WorkerView.Liveness), from its last_seen_at
 // and the control plane's heartbeat interval h and offline_after.
 const (
-	// LivenessOnline: last seen within 1.5 × h.
+	// LivenessOnline means the worker was last seen within 1.5 × h.
 	LivenessOnline = "online"
-	// LivenessStale: it missed a heartbeat (last seen over 1.5 × h ago),
+	// LivenessStale means it missed a heartbeat (last seen over 1.5 × h ago),
 	// and is not yet offline. It keeps its leases and still counts for
 	// leasability.
 	LivenessStale = "stale"
-	// LivenessOffline: last seen offline_after ago or more. Its live leases
+	// LivenessOffline means it was last seen offline_after ago or more. Its live leases
 	// end (their jobs go back to the queue with last_error worker_offline)
 	// and it does not count for leasability.
 	LivenessOffline = "offline"

@@ -74,10 +74,10 @@ type RegisterResponse struct {
 
 // The last_error codes of a job whose lease reconciliation ended.
 const (
-	// CodeWorkerRestarted: the worker started or registered again without
+	// CodeWorkerRestarted means the worker started or registered again without
 	// the job in current_jobs.
 	CodeWorkerRestarted = "worker_restarted"
-	// CodeNotHeld: a heartbeat's current_jobs did not list the job,
+	// CodeNotHeld means a heartbeat's current_jobs did not list the job,
 	// although it was granted at or before the heartbeat's leases_through.
 	CodeNotHeld = "not_held"
 )

@@ -95,20 +95,7 @@ func (c *cluster) capsView(id string) wire.WorkerView {
 // capsReceipts decodes the sequenced receipts of kind about worker id.
 func (c *cluster) capsReceipts(kind receipts.Kind, id string) []*receipts.Receipt {
 	c.t.Helper()
-	var out []*receipts.Receipt
-	for _, w := range c.allReceipts() {
-		if w.Kind != kind {
-			continue
-		}
-		r, err := receipts.Decode(w.Body)
-		if err != nil {
-			c.t.Fatalf("receipt %s: %v", w.ID, err)
-		}
-		if r.WorkerID == id {
-			out = append(out, r)
-		}
-	}
-	return out
+	return c.receiptsWhere(kind, func(r *receipts.Receipt) bool { return r.WorkerID == id })
 }
 
 // TestE2ECapabilities checks issue 25 item 4 with real processes, on SQLite and

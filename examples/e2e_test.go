@@ -431,6 +431,12 @@ func (c *cluster) allReceipts() []receipts.WireReceipt {
 // receiptsOf decodes the sequenced receipts of kind about job.
 func (c *cluster) receiptsOf(kind receipts.Kind, jobID string) []*receipts.Receipt {
 	c.t.Helper()
+	return c.receiptsWhere(kind, func(r *receipts.Receipt) bool { return r.JobID == jobID })
+}
+
+// receiptsWhere decodes the sequenced receipts of kind that keep accepts.
+func (c *cluster) receiptsWhere(kind receipts.Kind, keep func(*receipts.Receipt) bool) []*receipts.Receipt {
+	c.t.Helper()
 	var out []*receipts.Receipt
 	for _, w := range c.allReceipts() {
 		if w.Kind != kind {
@@ -440,7 +446,7 @@ func (c *cluster) receiptsOf(kind receipts.Kind, jobID string) []*receipts.Recei
 		if err != nil {
 			c.t.Fatalf("receipt %s: %v", w.ID, err)
 		}
-		if r.JobID == jobID {
+		if keep(r) {
 			out = append(out, r)
 		}
 	}

@@ -757,12 +757,7 @@ func TestClientLeaseExpiringStopsJob(t *testing.T) {
 		c.MaxConcurrent = 1
 		c.DrainTimeout = 200 * time.Millisecond
 	}, map[string]client.HandlerFunc{
-		"status_check": func(ctx context.Context, job *wire.Job, r *client.Reporter) error {
-			clSignal(running, job.ID)
-			<-ctx.Done()
-			clSignal(causes, context.Cause(ctx))
-			return ctx.Err()
-		},
+		"status_check": untilStopped(running, causes),
 	})
 	j := p.env.Enqueue(t, lease.NewJob{Type: "status_check"})
 	clWait(t, running, "the handler")
@@ -800,12 +795,7 @@ func TestClientOfflineStopsJob(t *testing.T) {
 		c.MaxConcurrent = 1
 		c.HeartbeatInterval = 0 // the server's, 1 s
 	}, map[string]client.HandlerFunc{
-		"status_check": func(ctx context.Context, job *wire.Job, r *client.Reporter) error {
-			clSignal(running, job.ID)
-			<-ctx.Done()
-			clSignal(causes, context.Cause(ctx))
-			return ctx.Err()
-		},
+		"status_check": untilStopped(running, causes),
 	})
 	j := p.env.Enqueue(t, lease.NewJob{Type: "status_check"})
 	clWait(t, running, "the handler")
@@ -1092,5 +1082,16 @@ func ExampleRunner() {
 	defer stop()
 	if err := w.Run(ctx); err != nil {
 		log.Fatal(err)
+	}
+}
+
+// untilStopped is a handler that says on running which job it runs, waits
+// until the Runner stops it, and says on causes why.
+func untilStopped(running chan string, causes chan error) client.HandlerFunc {
+	return func(ctx context.Context, job *wire.Job, r *client.Reporter) error {
+		clSignal(running, job.ID)
+		<-ctx.Done()
+		clSignal(causes, context.Cause(ctx))
+		return ctx.Err()
 	}
 }

@@ -97,12 +97,7 @@ func TestRunnerSignalsCancel(t *testing.T) {
 	running := make(chan string, 1)
 	causes := make(chan error, 1)
 	cw := startClWorker(t, p, "node-signals-cancel", slowHeartbeats, map[string]client.HandlerFunc{
-		"status_check": func(ctx context.Context, job *wire.Job, r *client.Reporter) error {
-			clSignal(running, job.ID)
-			<-ctx.Done()
-			clSignal(causes, context.Cause(ctx))
-			return ctx.Err()
-		},
+		"status_check": untilStopped(running, causes),
 	})
 	j := p.env.Enqueue(t, lease.NewJob{Type: "status_check"})
 	clWait(t, running, "the handler")
@@ -165,12 +160,7 @@ func TestRunnerSignalsRetire(t *testing.T) {
 	running := make(chan string, 1)
 	causes := make(chan error, 1)
 	cw := startClWorker(t, p, "node-signals-retire", slowHeartbeats, map[string]client.HandlerFunc{
-		"status_check": func(ctx context.Context, job *wire.Job, r *client.Reporter) error {
-			clSignal(running, job.ID)
-			<-ctx.Done()
-			clSignal(causes, context.Cause(ctx))
-			return ctx.Err()
-		},
+		"status_check": untilStopped(running, causes),
 	})
 	j := p.env.Enqueue(t, lease.NewJob{Type: "status_check"})
 	clWait(t, running, "the handler")

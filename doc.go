@@ -29,7 +29,7 @@
 //
 // [github.com/nodelane/nodelane/workerapi] mounts it all as http.Handlers
 // (the worker routes of the protocol and the operator routes) and gives
-// workers a Go Client; examples/ has a runnable server, worker and demo.
+// workers a Go Client; cmd/ has a runnable server, worker and demo.
 //
 // # Guarantees
 //

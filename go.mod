@@ -13,16 +13,12 @@ require (
 )
 
 require (
-	github.com/BurntSushi/toml v1.6.0
 	github.com/chromedp/cdproto v0.159.0
 	github.com/chromedp/chromedp v0.23.0
-	github.com/letsencrypt/pebble/v2 v2.10.3
-	github.com/miekg/dns v1.1.62
 	github.com/prometheus/client_golang v1.25.0
 	go.opentelemetry.io/otel v1.47.0
 	go.opentelemetry.io/otel/sdk v1.47.0
 	go.opentelemetry.io/otel/trace v1.47.0
-	golang.org/x/crypto v0.59.0
 )
 
 require (
@@ -41,13 +37,7 @@ require (
 	google.golang.org/protobuf v1.36.12 // indirect
 )
 
-require (
-	github.com/go-jose/go-jose/v4 v4.1.8 // indirect
-	github.com/go-json-experiment/json v0.0.0-20260213210345-44df1a37e875 // indirect
-	github.com/letsencrypt/challtestsrv v1.4.2 // indirect
-	golang.org/x/net v0.62.0 // indirect
-	golang.org/x/tools v0.52.0 // indirect
-)
+require github.com/go-json-experiment/json v0.0.0-20260213210345-44df1a37e875 // indirect
 
 require (
 	github.com/getkin/kin-openapi v0.153.0
@@ -74,7 +64,7 @@ require (
 	github.com/vmihailenco/tagparser/v2 v2.0.0 // indirect
 	golang.org/x/mod v0.43.0
 	golang.org/x/sync v0.25.0 // indirect
-	golang.org/x/sys v0.50.0
+	golang.org/x/sys v0.50.0 // indirect
 	golang.org/x/text v0.44.0 // indirect
 	modernc.org/libc v1.80.1 // indirect
 	modernc.org/mathutil v1.7.1 // indirect

@@ -37,12 +37,12 @@ var allowedThirdParty = map[string][]string{
 // all of nodelane they may link besides each other: no lease,
 // credential, envelope, bunstore or bun.
 var (
-	workerSide  = []string{"workerapi/client", "examples/worker", "examples/internal/jobs", "examples/internal/command", "examples/internal/gpu"}
+	workerSide  = []string{"workerapi/client", "cmd/worker", "cmd/internal/jobs", "cmd/internal/command", "cmd/internal/gpu"}
 	workerLinks = []string{"workerapi/wire", "replay", "receipts"}
 )
 
 // adapters are the packages that export a workerapi.Server's metrics and
-// traces to a third-party library: only they (and examples, hosts) import
+// traces to a third-party library: only they (and the programs of cmd/, hosts) import
 // one, so that workerapi and the cores stay free of them. Of nodelane they
 // import workerapi, workerapi/wire and the cores; never bunstore or bun.
 var adapters = []string{"workerapi/prommetrics", "workerapi/oteltrace"}
@@ -146,9 +146,12 @@ func violations(pkg string, deps []string, std map[string]bool) []string {
 	return out
 }
 
-func goList(t *testing.T, args ...string) []string {
+// goList runs go list in dir: "." for the library module, "cmd" for the
+// programs' module.
+func goList(t *testing.T, dir string, args ...string) []string {
 	t.Helper()
 	cmd := exec.Command("go", append([]string{"list"}, args...)...)
+	cmd.Dir = dir
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
@@ -158,28 +161,35 @@ func goList(t *testing.T, args ...string) []string {
 	return strings.Split(strings.TrimSpace(string(out)), "\n")
 }
 
-// TestImportRules enforces docs/DESIGN.md section 1 on every package of the module, with
-// the dependencies that go list -deps reports.
+// TestImportRules enforces docs/DESIGN.md section 1 on every package of
+// both modules (the library, and the programs of cmd/), with the
+// dependencies that go list -deps reports.
 func TestImportRules(t *testing.T) {
 	std := map[string]bool{}
-	for _, line := range goList(t, "-deps", "-f", "{{.ImportPath}} {{.Standard}}", "./...") {
-		path, isStd, _ := strings.Cut(line, " ")
-		std[path] = isStd == "true"
+	var pkgs []string
+	for _, dir := range []string{".", "cmd"} {
+		for _, line := range goList(t, dir, "-deps", "-f", "{{.ImportPath}} {{.Standard}}", "./...") {
+			path, isStd, _ := strings.Cut(line, " ")
+			std[path] = isStd == "true"
+		}
+		pkgs = append(pkgs, goList(t, dir, "-f", "{{.ImportPath}}|{{join .Deps \" \"}}", "./...")...)
 	}
-	pkgs := goList(t, "-f", "{{.ImportPath}}|{{join .Deps \" \"}}", "./...")
-	seen := 0
+	seen, programs := 0, 0
 	for _, line := range pkgs {
 		path, deps, _ := strings.Cut(line, "|")
 		rel := strings.TrimPrefix(strings.TrimPrefix(path, module), "/")
 		if slices.Contains(cores, rel) {
 			seen++
 		}
+		if slices.Contains(workerSide, rel) {
+			programs++
+		}
 		for _, v := range violations(rel, strings.Fields(deps), std) {
 			t.Error(v)
 		}
 	}
-	if seen == 0 {
-		t.Fatal("go list found no core package: the test checked nothing")
+	if seen == 0 || programs == 0 {
+		t.Fatalf("go list found %d core packages and %d worker-side packages of cmd/: the test checked too little", seen, programs)
 	}
 }
 
@@ -212,7 +222,7 @@ func TestViolations(t *testing.T) {
 		{"bunstore", []string{module + "/lease/leasetest"}, 1},
 		{"workerapi", []string{module + "/lease", module + "/receipts"}, 0},
 		{"workerapi", []string{module + "/bunstore", "github.com/uptrace/bun"}, 2},
-		{"examples/server", []string{module + "/bunstore", module + "/workerapi"}, 0},
+		{"cmd/server", []string{module + "/bunstore", module + "/workerapi"}, 0},
 		{"workerapi/wire", []string{module + "/receipts", "golang.org/x/mod/sumdb/tlog"}, 0},
 		{"workerapi/wire", []string{module + "/lease"}, 1},
 		{"workerapi/wire", []string{"github.com/google/uuid"}, 1},
@@ -220,8 +230,8 @@ func TestViolations(t *testing.T) {
 		{"workerapi/client", []string{module + "/lease", module + "/credential", module + "/envelope"}, 3},
 		{"workerapi/client", []string{module + "/workerapi", module + "/bunstore"}, 2},
 		{"workerapi/client", []string{"github.com/uptrace/bun", "modernc.org/sqlite", "github.com/jackc/pgx/v5"}, 3},
-		{"examples/worker", []string{module + "/workerapi/client", module + "/examples/internal/jobs"}, 0},
-		{"examples/worker", []string{module + "/lease"}, 1},
+		{"cmd/worker", []string{module + "/workerapi/client", module + "/cmd/internal/jobs"}, 0},
+		{"cmd/worker", []string{module + "/lease"}, 1},
 		{workerapitest, []string{"fmt", module + "/workerapi", module + "/workerapi/wire", module + "/lease", module + "/credential",
 			module + "/replay", module + "/envelope", module + "/receipts", "golang.org/x/mod/sumdb/tlog", "github.com/dunglas/httpsfv",
 			"github.com/google/go-cmp/cmp"}, 0},
@@ -230,7 +240,7 @@ func TestViolations(t *testing.T) {
 		{workerapitest, []string{module + "/internal/testdb", module + "/internal/apitest", module + "/internal/testclock"}, 3},
 		{workerapitest, []string{module + "/workerapi/client", module + "/lease/leasetest"}, 2},
 		{workerapitest, []string{"github.com/google/uuid"}, 1},
-		{"examples/server", []string{module + "/" + workerapitest}, 1},
+		{"cmd/server", []string{module + "/" + workerapitest}, 1},
 		{"console", []string{module + "/workerapi/wire", module + "/receipts", "golang.org/x/mod/sumdb/tlog"}, 0},
 		{"console", []string{module + "/workerapi", module + "/lease", module + "/credential", module + "/bunstore"}, 4},
 		{"console", []string{"github.com/uptrace/bun"}, 1},

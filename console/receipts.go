@@ -109,7 +109,7 @@ type exportResult struct {
 }
 
 // verifyExport checks an export of the log (receipts.Log.Export's lines
-// and signed checkpoint, as examples/verify-receipts reads them) with the
+// and signed checkpoint, as cmd/verify-receipts reads them) with the
 // configured verifier key: the checkpoint's signature, each receipt's
 // canonical form and index, each inclusion proof the export carries, and
 // that the receipts hash to the checkpoint's root.

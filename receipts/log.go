@@ -432,7 +432,7 @@ type ExportLine struct {
 // Export writes the log as of its latest signed checkpoint to w, one JSON
 // ExportLine per receipt in index order, and returns the checkpoint,
 // whose Note is the other half of the export. ErrNotFound if no
-// checkpoint is signed yet. examples/verify-receipts checks an export
+// checkpoint is signed yet. cmd/verify-receipts checks an export
 // offline.
 func (l *Log) Export(ctx context.Context, w io.Writer) (*Checkpoint, error) {
 	cp, err := l.store.LatestCheckpoint(ctx)

@@ -727,7 +727,7 @@ func mustGet(t *testing.T, env *apitest.Env, path string) []byte {
 }
 
 // TestLongPollOutlivesReadTimeout checks that a host's http.Server.ReadTimeout
-// (examples/server sets one) bounds reading a request, not a long-poll
+// (cmd/server sets one) bounds reading a request, not a long-poll
 // that waits after it.
 func TestLongPollOutlivesReadTimeout(t *testing.T) {
 	f := setup(t, "sqlite")

@@ -3,7 +3,7 @@
 Run from the module root:  python3 -m pytest -q interop/python
 The SDK was first written from docs/PROTOCOL.md alone, as a worker in any language would be; these
 tests drive the real server only through the wire protocol of that page (conftest.py builds
-./examples/server with `go build` and runs it on 127.0.0.1 with a fresh SQLite file). The SDK's own
+./cmd/server with `go build` and runs it on 127.0.0.1 with a fresh SQLite file). The SDK's own
 tests are in python/tests.
 """
 

@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""The job of examples/commands/train.py, as a worker of the Python SDK.
+"""The job of cmd/commands/train.py, as a worker of the Python SDK.
 
     PYTHONPATH=python python3 python/examples/lora_worker.py \\
         --server http://127.0.0.1:8080 --provisioning-token-file provisioning-token
 
 It registers its GPUs (--gpu SKU:VRAM_MB, repeatable; one rtx-4090:24576 by
 default) and the job type lora_train, and runs each lora_train job as train.py does under
-`examples/worker -config examples/commands/worker.toml`: the same payload
+`cmd/worker -config cmd/commands/worker.toml`: the same payload
 ({"epochs": 2, "step_seconds": 0.2, "rank": 8}), a progress event per epoch,
 an adapter file in a fresh output directory per job, reported as an artifact
 (its SHA-256 and size read from the file), and the metrics {"loss", "epochs"}.

@@ -21,7 +21,7 @@ import nodelane  # noqa: E402
 
 @pytest.fixture(scope="session")
 def server_binary() -> Iterator[str]:
-    """./examples/server, built with go build into a temporary directory."""
+    """./cmd/server, built with go build into a temporary directory."""
     tmp = tempfile.mkdtemp(prefix="nodelane-build-")
     try:
         yield build_server(tmp)

@@ -1,4 +1,4 @@
-"""Build and run the real example server (./examples/server) for the tests, on SQLite.
+"""Build and run the real example server (./cmd/server) for the tests, on SQLite.
 
 Used by python/tests/conftest.py and interop/python/conftest.py.
 """
@@ -23,12 +23,12 @@ RATE_MICRO_USD = 1_802_000
 
 
 def build_server(tmp: str) -> str:
-    """go build ./examples/server into tmp; return the binary's path."""
+    """go build ./cmd/server into tmp; return the binary's path."""
     go = shutil.which("go") or "/usr/local/go/bin/go"
     if not os.path.exists(go):
-        raise RuntimeError("the go toolchain is needed to build ./examples/server")
+        raise RuntimeError("the go toolchain is needed to build ./cmd/server")
     binary = os.path.join(tmp, "server")
-    subprocess.run([go, "build", "-o", binary, "./examples/server"], cwd=ROOT, check=True, timeout=600)
+    subprocess.run([go, "build", "-o", binary, "./cmd/server"], cwd=ROOT, check=True, timeout=600)
     return binary
 
 

@@ -18,7 +18,7 @@ from helpers import unique, wait_for
 from serverproc import PYTHON_DIR, ROOT
 
 EXAMPLE = os.path.join(PYTHON_DIR, "examples", "lora_worker.py")
-TRAIN_PY = os.path.join(ROOT, "examples", "commands", "train.py")
+TRAIN_PY = os.path.join(ROOT, "cmd", "commands", "train.py")
 GPU = {"gpu_sku": "rtx-4090", "gpu_count": 1, "min_vram_mb": 16000}
 
 
@@ -95,7 +95,7 @@ def wait_ended(operator, job_id: str, worker: ExampleWorker) -> Dict[str, Any]:
 
 
 def train_py(tmp_path: Any, payload: Dict[str, Any]) -> Dict[str, Any]:
-    """Run examples/commands/train.py as the command worker does; return what it reported."""
+    """Run cmd/commands/train.py as the command worker does; return what it reported."""
     out = tmp_path / "train-py-output"
     out.mkdir()
     (tmp_path / "payload.json").write_text(json.dumps(payload))

@@ -1,0 +1,337 @@
+// Command nodelanectl is an operator's command line for a nodelane control
+// plane: it calls the operator routes (docs/PROTOCOL.md §13) with an
+// operator token.
+//
+// Usage:
+//
+//	nodelanectl [-server URL] [-token-file FILE] [-config FILE] [-o table|json] GROUP VERB [flags] [args]
+//
+// The groups and verbs are jobs (submit, list, show, cancel, logs),
+// workers (list, show, ban, unban, approve, retire, drain, resume), envelope (status,
+// activate, deactivate), credentials (mint, list, revoke), receipts
+// (export, verify) and cost (report); `nodelanectl help` lists them. The
+// common flags may also follow the verb.
+//
+// The server URL is -server, else $NODELANE_SERVER, else the config
+// file's server, else http://127.0.0.1:8080. The token is the content of
+// -token-file, else $NODELANE_TOKEN, else the config file's token or
+// token_file: never a flag's value, which every local user can read in
+// the process list. The config file is -config, else $NODELANE_CONFIG,
+// else $XDG_CONFIG_HOME/nodelane/nodelanectl.toml (~/.config/… when
+// XDG_CONFIG_HOME is unset), TOML with the keys server, token, token_file,
+// receipt_public_key, ca_file and insecure_http; a file that holds a
+// token must be readable by its owner only.
+//
+// An https server's certificate is checked against the system's roots,
+// or those of -ca-file (the config file's ca_file). A plain http:// server
+// that is not this machine is refused, since the token would cross the
+// network in clear, unless -insecure-http (insecure_http = true).
+//
+// Limits: a token file is at most 4 KiB and holds one token; a config
+// file is at most 64 KiB; jobs logs -follow polls every -interval, 100 ms
+// to 1 minute (1 s by default); every request times out after 60 s.
+//
+// Output is aligned tables, or with -o json the API's JSON answer as it
+// came (jobs logs writes one JSON event a line). The exit status is 0 on
+// success, 1 when the server refuses or cannot be reached, an export does
+// not verify or a cost check fails, 2 for a usage error, and 130 when
+// interrupted.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"sort"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/nodelane/nodelane/cmd/internal/operator"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr, os.Getenv)
+	stop()
+	os.Exit(code)
+}
+
+// Exit statuses.
+const (
+	exitOK          = 0
+	exitFail        = 1
+	exitUsage       = 2
+	exitInterrupted = 130
+)
+
+// usageError is a command line that cannot be run: exit status 2.
+type usageError struct{ msg string }
+
+func (e *usageError) Error() string { return e.msg }
+
+func usagef(format string, args ...any) error {
+	return &usageError{fmt.Sprintf(format, args...)}
+}
+
+// common are the flags every command takes, before the group or after
+// the verb.
+type common struct {
+	server       string
+	tokenFile    string
+	config       string
+	output       string
+	caFile       string
+	insecureHTTP bool
+}
+
+// app is one run of the command.
+type app struct {
+	ctx    context.Context
+	stdout io.Writer
+	stderr io.Writer
+	getenv func(string) string
+	common common
+	// now is the clock; tests of the package may set it.
+	now func() time.Time
+	// settings once resolved.
+	cfg *settings
+	// args are the command's arguments, after parse.
+	args []string
+}
+
+// command is a verb of a group.
+type command struct {
+	summary string
+	run     func(a *app, args []string) error
+}
+
+// groups are the commands by group and verb.
+var groups = map[string]map[string]command{
+	"jobs": {
+		"submit": {"queue a job", jobsSubmit},
+		"list":   {"list jobs", jobsList},
+		"show":   {"show a job, its result, events and artifacts", jobsShow},
+		"cancel": {"cancel a job", jobsCancel},
+		"logs":   {"print a job's events; -follow until it ends", jobsLogs},
+	},
+	"workers": {
+		"list":    {"list workers", workersList},
+		"show":    {"show a worker and its leases", workersShow},
+		"ban":     {"ban a worker (and its node key)", workerAction("ban")},
+		"unban":   {"lift a worker's ban", workerAction("unban")},
+		"approve": {"approve a pending worker, optionally pinning job types and tags", workersApprove},
+		"retire":  {"retire a worker for good", workerAction("retire")},
+		"drain":   {"ask a worker to drain: it is granted no job until resumed", workerDrain("drain")},
+		"resume":  {"withdraw a drain request", workerDrain("resume")},
+	},
+	"envelope": {
+		"status":     {"show the envelope", envelopeStatus},
+		"activate":   {"activate the runtime: blocked job types may run", envelopeActivate},
+		"deactivate": {"deactivate the runtime", envelopeDeactivate},
+	},
+	"credentials": {
+		"mint":   {"mint a credential; its token goes to -token-out", credentialsMint},
+		"list":   {"list credentials (never their tokens)", credentialsList},
+		"revoke": {"revoke a credential", credentialsRevoke},
+	},
+	"receipts": {
+		"export": {"export the receipt log and its signed checkpoint", receiptsExport},
+		"verify": {"verify an export offline with the verifier key", receiptsVerify},
+	},
+	"cost": {
+		"report": {"sum job_charged costs by sku, worker or job_type; checked against the receipts", costReport},
+	},
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) int {
+	a := &app{ctx: ctx, stdout: stdout, stderr: stderr, getenv: getenv, now: time.Now, common: common{output: "table"}}
+	err := a.dispatch(args)
+	var ue *usageError
+	var oe *operator.Error
+	switch {
+	case err == nil:
+		return exitOK
+	case errors.Is(err, flag.ErrHelp):
+		return exitOK
+	case errors.As(err, &ue):
+		fmt.Fprintln(stderr, "nodelanectl:", err)
+		fmt.Fprintln(stderr, "run 'nodelanectl help' for usage")
+		return exitUsage
+	case ctx.Err() != nil && errors.Is(err, context.Canceled):
+		fmt.Fprintln(stderr, "nodelanectl: interrupted")
+		return exitInterrupted
+	case errors.As(err, &oe):
+		fmt.Fprintf(stderr, "nodelanectl: the server answered %d %s: %s\n  (%s)\n", oe.Status, oe.Code, oe.Message, oe.Route)
+		return exitFail
+	default:
+		fmt.Fprintln(stderr, "nodelanectl:", err)
+		return exitFail
+	}
+}
+
+func (a *app) dispatch(args []string) error {
+	fs := flag.NewFlagSet("nodelanectl", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	a.bindCommon(fs)
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			a.usage(a.stdout)
+			return err
+		}
+		return usagef("%v", err)
+	}
+	rest := fs.Args()
+	if len(rest) == 0 {
+		return usagef("no command")
+	}
+	if rest[0] == "help" {
+		a.usage(a.stdout)
+		return nil
+	}
+	verbs, ok := groups[rest[0]]
+	if !ok {
+		return usagef("unknown command %q", rest[0])
+	}
+	if len(rest) < 2 {
+		return usagef("%s needs a verb: %s", rest[0], strings.Join(sortedKeys(verbs), ", "))
+	}
+	cmd, ok := verbs[rest[1]]
+	if !ok {
+		return usagef("unknown verb %q of %s: %s", rest[1], rest[0], strings.Join(sortedKeys(verbs), ", "))
+	}
+	return cmd.run(a, rest[2:])
+}
+
+// usage writes the list of commands.
+func (a *app) usage(w io.Writer) {
+	fmt.Fprint(w, `usage: nodelanectl [-server URL] [-token-file FILE] [-config FILE] [-ca-file FILE] [-insecure-http] [-o table|json] GROUP VERB [flags] [args]
+
+The server is -server, $NODELANE_SERVER, the config file's server, or http://127.0.0.1:8080.
+The token is read from -token-file, $NODELANE_TOKEN, or the config file's token or token_file.
+The config file is -config, $NODELANE_CONFIG, or $XDG_CONFIG_HOME/nodelane/nodelanectl.toml.
+'nodelanectl GROUP VERB -h' shows a command's flags.
+
+Commands:
+`)
+	tw := newTable(w)
+	for _, g := range sortedKeys(groups) {
+		for _, v := range sortedKeys(groups[g]) {
+			tw.row("  "+g+" "+v, groups[g][v].summary)
+		}
+	}
+	tw.flush()
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+// bindCommon defines the common flags on fs, over what earlier flags set.
+func (a *app) bindCommon(fs *flag.FlagSet) {
+	fs.StringVar(&a.common.server, "server", a.common.server, "the control plane's base `URL`")
+	fs.StringVar(&a.common.tokenFile, "token-file", a.common.tokenFile, "the `file` holding the operator token")
+	fs.StringVar(&a.common.config, "config", a.common.config, "the config `file`")
+	fs.StringVar(&a.common.output, "o", a.common.output, "output: table or json")
+	fs.StringVar(&a.common.caFile, "ca-file", a.common.caFile, "PEM `file` of the certificate authorities to trust for an https server, instead of the system's")
+	fs.BoolVar(&a.common.insecureHTTP, "insecure-http", a.common.insecureHTTP, "allow an http:// server that is not this machine (the token crosses the network in clear)")
+}
+
+// flags returns the FlagSet of a command, with the common flags.
+func (a *app) flags(name, args string) *flag.FlagSet {
+	fs := flag.NewFlagSet("nodelanectl "+name, flag.ContinueOnError)
+	fs.SetOutput(a.stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(a.stderr, "usage: nodelanectl %s [flags] %s\n", name, args)
+		fs.PrintDefaults()
+	}
+	a.bindCommon(fs)
+	return fs
+}
+
+// parse parses a command's flags, which may come before, between and
+// after its arguments (all after "--" are arguments), and checks the
+// number of arguments; a.arg reads them.
+func (a *app) parse(fs *flag.FlagSet, args []string, minArgs, maxArgs int) error {
+	a.args = nil
+	for {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return err
+			}
+			return usagef("%s: %v", fs.Name(), err)
+		}
+		rest := fs.Args()
+		if len(rest) == 0 {
+			break
+		}
+		if n := len(args) - len(rest); n > 0 && args[n-1] == "--" {
+			a.args = append(a.args, rest...)
+			break
+		}
+		a.args = append(a.args, rest[0])
+		args = rest[1:]
+	}
+	if n := len(a.args); n < minArgs || n > maxArgs {
+		fs.Usage()
+		if minArgs == maxArgs {
+			return usagef("%s takes %d argument(s), got %d", fs.Name(), minArgs, n)
+		}
+		return usagef("%s takes %d to %d arguments, got %d", fs.Name(), minArgs, maxArgs, n)
+	}
+	if a.common.output != "table" && a.common.output != "json" {
+		return usagef("-o %q: want table or json", a.common.output)
+	}
+	return nil
+}
+
+// arg is the command's i-th argument, after parse.
+func (a *app) arg(i int) string { return a.args[i] }
+
+func (a *app) json() bool { return a.common.output == "json" }
+
+// client resolves the settings and returns the operator client.
+func (a *app) client() (*operator.Client, error) {
+	s, err := a.settings()
+	if err != nil {
+		return nil, err
+	}
+	if s.token == "" {
+		return nil, fmt.Errorf("no operator token: give -token-file, set %s, or set token or token_file in the config file (%s)", envToken, s.configPath)
+	}
+	hc, err := httpClient(s)
+	if err != nil {
+		return nil, err
+	}
+	return operator.New(s.server, s.token, hc), nil
+}
+
+// call sends a request and returns the raw answer.
+func (a *app) call(method, route string, in any) ([]byte, error) {
+	c, err := a.client()
+	if err != nil {
+		return nil, err
+	}
+	return c.Call(a.ctx, method, route, in)
+}
+
+// printJSON writes an answer as it came, with a final newline.
+func (a *app) printJSON(b []byte) error {
+	if _, err := a.stdout.Write(b); err != nil {
+		return err
+	}
+	if len(b) == 0 || b[len(b)-1] != '\n' {
+		_, err := io.WriteString(a.stdout, "\n")
+		return err
+	}
+	return nil
+}

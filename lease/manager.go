@@ -2,7 +2,6 @@ package lease
 
 import (
 	"context"
-	"crypto/rand"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -13,99 +12,6 @@ import (
 	"sync/atomic"
 	"time"
 )
-
-// Config holds the Manager's optional settings. A nil *Config means all defaults.
-type Config struct {
-	// LeaseTTL is how long a lease lives without an extension.
-	// Defaults to 600 s.
-	LeaseTTL time.Duration
-	// AcceptTimeout is how long a worker has to accept a leased job before
-	// the job goes back to the queue. Defaults to 60 s.
-	AcceptTimeout time.Duration
-	// CancelGrace is how long a leased or running job's lease lives, at
-	// most, once its cancel is requested: no extension renews it, and when
-	// it runs out the job ends canceled. Defaults to 60 s.
-	CancelGrace time.Duration
-	// MaxRuntime is how long a job without Requirements.MaxRuntimeSeconds
-	// may run under one lease, from accept: no extension carries a lease
-	// past it, and a lease that reaches it ends the job failed
-	// (CodeMaxRuntimeExceeded). Defaults to 24 h; at most MaxRuntimeLimit.
-	MaxRuntime time.Duration
-	// RetryBase is the backoff before the second attempt; each further
-	// attempt doubles it, and jitter takes off up to half. Defaults to 10 s.
-	RetryBase time.Duration
-	// RetryMax caps the backoff. Defaults to 1 h.
-	RetryMax time.Duration
-	// DefaultMaxAttempts applies to jobs enqueued without MaxAttempts.
-	// Defaults to 3.
-	DefaultMaxAttempts int
-	// MaxJobsPerLease caps LeaseRequest.MaxJobs. Defaults to 32.
-	MaxJobsPerLease int
-	// MaxLeasesPerWorker caps the live leases of any one worker, whatever
-	// its own governor max_jobs says: a worker's governor may lower the
-	// cap, never raise it. Defaults to DefaultMaxLeasesPerWorker.
-	MaxLeasesPerWorker int
-	// ListLimit is the page size of List when the filter gives none, and
-	// the largest page it returns. Defaults to 100 and 1000.
-	ListLimit int
-	// ExplainWorkersTTL is how long Explain may reuse the list of workers
-	// it read (dispatch explains every job it enqueues, and would
-	// otherwise read every worker each time). Workers registered or
-	// approved through this Manager are seen at once; other changes (on
-	// another replica, or rolled back) within the TTL. Leasing never uses
-	// the list. Defaults to 1 s; a negative value turns reuse off.
-	ExplainWorkersTTL time.Duration
-	// HoldSweeps, when set, is asked before each sweep of due expiries
-	// that Lease would run (see Lease), and true skips the sweep. workerapi
-	// holds them while the replica's clock is off the database's, so that
-	// a replica whose clock runs fast does not expire live leases; Expire
-	// is not affected. Defaults to nil: Lease sweeps.
-	HoldSweeps func() bool
-	// LeaseEnded, when set, is the one hook that every end of a lease the
-	// Manager makes without its worker's request goes through: Expire and
-	// Lease's expiry sweep (a TTL, accept deadline, cancel grace or max
-	// runtime run out), ExpireOffline, and Retire. It is called once for
-	// each lease so ended, right after the job's write (see EndLease),
-	// with the job as written (its LastError says why; its Lease is the
-	// lease that ended; AcceptedAt, when set, is when that lease was
-	// accepted) and a context that carries the write's transaction: the
-	// one InTx began, or the caller's. It may write in that transaction
-	// (workerapi mints the attempt's job_failed receipt there), and an
-	// error it returns rolls the write back (with InTx; without it the
-	// write stands) and is returned by the call that ended the lease. A
-	// writer that lost the race for the job (another replica ended the
-	// lease first) writes nothing and calls nothing. Defaults to nil.
-	LeaseEnded func(ctx context.Context, j *Job) error
-	// InTx, when set, runs fn in one transaction carried in fn's context,
-	// committing only if fn returns nil, and joins the transaction ctx
-	// carries, if any (workerapi passes its Transactor's InTx). Every
-	// server-side end of a lease runs its write and LeaseEnded in one call
-	// of it, so that both commit or neither does. Defaults to nil: each
-	// write commits on its own.
-	InTx func(ctx context.Context, fn func(ctx context.Context) error) error
-	// Retention, when positive, is how long an ended job (succeeded,
-	// failed or canceled) is kept after it finished: Prune deletes the
-	// jobs that ended longer ago, with their events and artifacts.
-	// Defaults to 0, which keeps every job; a negative value is read as 0.
-	Retention time.Duration
-	// HeartbeatInterval is how often workers are asked to heartbeat: a
-	// worker last seen within it and half of it again is online, and one
-	// seen longer ago is stale (it missed a heartbeat). Defaults to
-	// DefaultHeartbeatInterval.
-	HeartbeatInterval time.Duration
-	// OfflineAfter is how long after it was last seen a worker is offline:
-	// ExpireOffline ends its leases, and Explain does not count it. It
-	// defaults to 3 × HeartbeatInterval, and is raised to HeartbeatInterval
-	// when set below it.
-	OfflineAfter time.Duration
-	// Now is the clock. Defaults to time.Now.
-	Now func() time.Time
-	// Rand is the source of tokens, ids and jitter. Defaults to crypto/rand.Reader.
-	Rand io.Reader
-}
-
-// DefaultMaxLeasesPerWorker is the default of Config.MaxLeasesPerWorker.
-const DefaultMaxLeasesPerWorker = 16
 
 // Manager runs the lease state machine over a Store. It is
 // safe for concurrent use, and several Managers (on several replicas) may
@@ -130,58 +36,18 @@ const (
 	maxListPage = 1000
 )
 
-// NewManager returns a Manager over s. cfg may be nil.
+// NewManager returns a Manager over s with cfg's settings, each zero one
+// replaced by its default (Config.WithDefaults). cfg may be nil. It
+// panics if cfg is invalid: a host checks its configuration with
+// WithDefaults first (workerapi.New reports the same errors as values).
 func NewManager(s Store, cfg *Config) *Manager {
 	var c Config
 	if cfg != nil {
 		c = *cfg
 	}
-	if c.LeaseTTL <= 0 {
-		c.LeaseTTL = 600 * time.Second
-	}
-	if c.AcceptTimeout <= 0 {
-		c.AcceptTimeout = 60 * time.Second
-	}
-	if c.ExplainWorkersTTL == 0 {
-		c.ExplainWorkersTTL = time.Second
-	}
-	if c.CancelGrace <= 0 {
-		c.CancelGrace = 60 * time.Second
-	}
-	if c.MaxRuntime <= 0 {
-		c.MaxRuntime = 24 * time.Hour
-	}
-	c.MaxRuntime = min(c.MaxRuntime, MaxRuntimeLimit)
-	if c.RetryBase <= 0 {
-		c.RetryBase = 10 * time.Second
-	}
-	if c.RetryMax <= 0 {
-		c.RetryMax = time.Hour
-	}
-	if c.DefaultMaxAttempts <= 0 {
-		c.DefaultMaxAttempts = 3
-	}
-	if c.MaxJobsPerLease <= 0 {
-		c.MaxJobsPerLease = 32
-	}
-	if c.MaxLeasesPerWorker <= 0 {
-		c.MaxLeasesPerWorker = DefaultMaxLeasesPerWorker
-	}
-	if c.ListLimit <= 0 {
-		c.ListLimit = 100
-	}
-	if c.HeartbeatInterval <= 0 {
-		c.HeartbeatInterval = DefaultHeartbeatInterval
-	}
-	if c.OfflineAfter <= 0 {
-		c.OfflineAfter = 3 * c.HeartbeatInterval
-	}
-	c.OfflineAfter = max(c.OfflineAfter, c.HeartbeatInterval)
-	if c.Now == nil {
-		c.Now = time.Now
-	}
-	if c.Rand == nil {
-		c.Rand = rand.Reader
+	c, err := c.WithDefaults()
+	if err != nil {
+		panic(err)
 	}
 	return &Manager{store: s, cfg: c}
 }

@@ -48,7 +48,7 @@ func TestLeaseAccept(t *testing.T) {
 				c.Hooks = rec
 				// The node never heartbeats while the clock runs past
 				// accept_by: it must not go offline meanwhile.
-				c.OfflineAfter = time.Hour
+				c.Lease.OfflineAfter = time.Hour
 			}), apitest.Started())
 			now := time.Now().UTC().Truncate(time.Millisecond)
 			f.env.Clock.Set(now)

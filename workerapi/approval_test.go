@@ -132,7 +132,7 @@ func testDefaultLeaseCap(t *testing.T, dialect string) {
 
 // The host's cap, and a governor below it.
 func testHostLeaseCap(t *testing.T, dialect string) {
-	env := newOpEnv(t, dialect, apitest.WithConfig(func(c *workerapi.Config) { c.MaxLeasesPerWorker = 3 }))
+	env := newOpEnv(t, dialect, apitest.WithConfig(func(c *workerapi.Config) { c.Lease.MaxLeasesPerWorker = 3 }))
 	big, _ := typedNode(t, env, "big", 100, "status_check")
 	small, _ := typedNode(t, env, "small", 2, "status_check")
 	for range 10 {

@@ -321,9 +321,9 @@ func TestMaxRuntimeEnforced(t *testing.T) {
 	})
 }
 
-// A job without max_runtime_seconds runs for Config.MaxRuntime at most.
+// A job without max_runtime_seconds runs for Config.Lease.MaxRuntime at most.
 func TestMaxRuntimeDefault(t *testing.T) {
-	env := newOpEnv(t, "sqlite", apitest.WithConfig(func(c *workerapi.Config) { c.MaxRuntime = 20 * time.Minute }))
+	env := newOpEnv(t, "sqlite", apitest.WithConfig(func(c *workerapi.Config) { c.Lease.MaxRuntime = 20 * time.Minute }))
 	n := opGPUNode(t, env, "studio-gpu-1", 4)
 	id := gpuJob(t, env, nil)
 	_, tok := runOne(t, n, "status_check")

@@ -1,6 +1,7 @@
 package workerapi_test
 
 import (
+	"context"
 	"crypto/rand"
 	"errors"
 	"net/netip"
@@ -8,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nodelane/nodelane/lease"
 	"github.com/nodelane/nodelane/receipts"
 	"github.com/nodelane/nodelane/workerapi"
 	"github.com/nodelane/nodelane/workerapi/wire"
@@ -39,26 +41,33 @@ func TestNewFailsFast(t *testing.T) {
 		{"no signer", func(_ *workerapi.Stores, c *workerapi.Config) { c.ReceiptSigner = "" }, "ReceiptSigner"},
 		{"bad signer", func(_ *workerapi.Stores, c *workerapi.Config) { c.ReceiptSigner = "PRIVATE+KEY+x+1+abc" }, "ReceiptSigner"},
 		{"signer name is not the origin", func(_ *workerapi.Stores, c *workerapi.Config) { c.ReceiptSigner = otherName }, "Origin"},
-		{"negative LeaseTTL", func(_ *workerapi.Stores, c *workerapi.Config) { c.LeaseTTL = -time.Second }, "LeaseTTL"},
-		{"negative AcceptTimeout", func(_ *workerapi.Stores, c *workerapi.Config) { c.AcceptTimeout = -time.Second }, "AcceptTimeout"},
-		{"negative CancelGrace", func(_ *workerapi.Stores, c *workerapi.Config) { c.CancelGrace = -time.Second }, "CancelGrace"},
-		{"negative MaxRuntime", func(_ *workerapi.Stores, c *workerapi.Config) { c.MaxRuntime = -time.Second }, "MaxRuntime"},
-		{"MaxRuntime over the protocol", func(_ *workerapi.Stores, c *workerapi.Config) { c.MaxRuntime = 31 * 24 * time.Hour }, "MaxRuntime"},
+		{"negative LeaseTTL", func(_ *workerapi.Stores, c *workerapi.Config) { c.Lease.LeaseTTL = -time.Second }, "LeaseTTL"},
+		{"negative AcceptTimeout", func(_ *workerapi.Stores, c *workerapi.Config) { c.Lease.AcceptTimeout = -time.Second }, "AcceptTimeout"},
+		{"negative CancelGrace", func(_ *workerapi.Stores, c *workerapi.Config) { c.Lease.CancelGrace = -time.Second }, "CancelGrace"},
+		{"negative MaxRuntime", func(_ *workerapi.Stores, c *workerapi.Config) { c.Lease.MaxRuntime = -time.Second }, "MaxRuntime"},
+		{"MaxRuntime over the protocol", func(_ *workerapi.Stores, c *workerapi.Config) { c.Lease.MaxRuntime = 31 * 24 * time.Hour }, "MaxRuntime"},
 		{"negative MaintainInterval", func(_ *workerapi.Stores, c *workerapi.Config) { c.MaintainInterval = -1 }, "MaintainInterval"},
 		{"negative AnswerTTL", func(_ *workerapi.Stores, c *workerapi.Config) { c.AnswerTTL = -1 }, "AnswerTTL"},
 		{"negative ProofWait", func(_ *workerapi.Stores, c *workerapi.Config) { c.ProofWait = -1 }, "ProofWait"},
 		{"MaxWait over the protocol", func(_ *workerapi.Stores, c *workerapi.Config) { c.MaxWait = 2 * time.Minute }, "MaxWait"},
-		{"RetryMax below RetryBase", func(_ *workerapi.Stores, c *workerapi.Config) { c.RetryBase, c.RetryMax = time.Hour, time.Minute }, "RetryMax"},
+		{"RetryMax below RetryBase", func(_ *workerapi.Stores, c *workerapi.Config) {
+			c.Lease.RetryBase, c.Lease.RetryMax = time.Hour, time.Minute
+		}, "RetryMax"},
 		{"negative SequenceInterval", func(_ *workerapi.Stores, c *workerapi.Config) { c.SequenceInterval = -1 }, "SequenceInterval"},
 		{"negative SequenceBatch", func(_ *workerapi.Stores, c *workerapi.Config) { c.SequenceBatch = -1 }, "SequenceBatch"},
-		{"negative Retention", func(_ *workerapi.Stores, c *workerapi.Config) { c.Retention = -time.Hour }, "Retention"},
+		{"negative Retention", func(_ *workerapi.Stores, c *workerapi.Config) { c.Lease.Retention = -time.Hour }, "Retention"},
 		{"negative BodyLimit", func(_ *workerapi.Stores, c *workerapi.Config) { c.BodyLimit = -1 }, "BodyLimit"},
-		{"negative MaxLeasesPerWorker", func(_ *workerapi.Stores, c *workerapi.Config) { c.MaxLeasesPerWorker = -1 }, "MaxLeasesPerWorker"},
-		{"negative OfflineAfter", func(_ *workerapi.Stores, c *workerapi.Config) { c.OfflineAfter = -time.Second }, "OfflineAfter"},
+		{"negative MaxLeasesPerWorker", func(_ *workerapi.Stores, c *workerapi.Config) { c.Lease.MaxLeasesPerWorker = -1 }, "MaxLeasesPerWorker"},
+		{"negative OfflineAfter", func(_ *workerapi.Stores, c *workerapi.Config) { c.Lease.OfflineAfter = -time.Second }, "OfflineAfter"},
 		{"OfflineAfter below HeartbeatInterval", func(_ *workerapi.Stores, c *workerapi.Config) {
-			c.HeartbeatInterval, c.OfflineAfter = 2*time.Second, time.Second
+			c.Lease.HeartbeatInterval, c.Lease.OfflineAfter = 2*time.Second, time.Second
 		}, "OfflineAfter"},
-		{"MaxLeasesPerWorker over what a heartbeat names", func(_ *workerapi.Stores, c *workerapi.Config) { c.MaxLeasesPerWorker = wire.MaxCurrentJobs + 1 }, "MaxLeasesPerWorker"},
+		{"MaxLeasesPerWorker over what a heartbeat names", func(_ *workerapi.Stores, c *workerapi.Config) { c.Lease.MaxLeasesPerWorker = wire.MaxCurrentJobs + 1 }, "MaxLeasesPerWorker"},
+		{"Lease.MaxJobsPerLease over the protocol", func(_ *workerapi.Stores, c *workerapi.Config) { c.Lease.MaxJobsPerLease = wire.MaxJobsPerLease + 1 }, "MaxJobsPerLease"},
+		{"Lease.Now set", func(_ *workerapi.Stores, c *workerapi.Config) { c.Lease.Now = time.Now }, "Lease.HoldSweeps, LeaseEnded, InTx, Now and Rand"},
+		{"Lease.LeaseEnded set", func(_ *workerapi.Stores, c *workerapi.Config) {
+			c.Lease.LeaseEnded = func(context.Context, *lease.Job) error { return nil }
+		}, "Lease.HoldSweeps, LeaseEnded, InTx, Now and Rand"},
 		{"TrustedProxies with a zero prefix", func(_ *workerapi.Stores, c *workerapi.Config) {
 			c.TrustedProxies = []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), {}}
 		}, "TrustedProxies[1]"},

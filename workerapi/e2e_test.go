@@ -202,9 +202,9 @@ func TestSeedStory(t *testing.T) {
 func TestLeaseLossE2E(t *testing.T) {
 	forDialects(t, func(t *testing.T, dialect string) {
 		env := apitest.New(t, dialect, apitest.WithConfig(func(c *workerapi.Config) {
-			c.LeaseTTL = time.Second
-			c.RetryBase = time.Millisecond
-			c.RetryMax = time.Millisecond
+			c.Lease.LeaseTTL = time.Second
+			c.Lease.RetryBase = time.Millisecond
+			c.Lease.RetryMax = time.Millisecond
 		}))
 		a, b := env.NewNode(t, "node-a"), env.NewNode(t, "node-b")
 		a.Register(t, studioGPU())

@@ -32,7 +32,7 @@ func TestJobLifecycleLogs(t *testing.T) {
 	rec := logtest.New()
 	env := apitest.New(t, "sqlite", apitest.WithConfig(func(c *workerapi.Config) {
 		c.Logger = slog.New(rec)
-		c.HeartbeatInterval = 10 * time.Minute
+		c.Lease.HeartbeatInterval = 10 * time.Minute
 	}))
 	n := env.NewNode(t, "node-1")
 	n.Now = env.Clock.Now

@@ -750,7 +750,7 @@ func TestLongPollOutlivesReadTimeout(t *testing.T) {
 func BenchmarkLogs(b *testing.B) {
 	for _, n := range []int{100, 1000} {
 		b.Run(fmt.Sprintf("entries=%d", n), func(b *testing.B) {
-			env := apitest.New(b, "sqlite", apitest.WithConfig(func(c *workerapi.Config) { c.LeaseTTL = time.Hour }))
+			env := apitest.New(b, "sqlite", apitest.WithConfig(func(c *workerapi.Config) { c.Lease.LeaseTTL = time.Hour }))
 			node := env.NewNode(b, "bench")
 			node.Register(b, wire.RegisterRequest{Capabilities: wire.Capabilities{JobTypes: []string{"status_check"}}})
 			j := env.Enqueue(b, lease.NewJob{Type: "status_check"})

@@ -34,7 +34,7 @@ func (s *Server) MaintainOnce(ctx context.Context) error {
 	errs = append(errs, s.expireActivation(ctx))
 	_, err = s.verifier.Collect(ctx)
 	errs = append(errs, err)
-	// Without Config.Retention, Prune deletes nothing and reads nothing.
+	// Without Config.Lease.Retention, Prune deletes nothing and reads nothing.
 	_, err = s.leases.Prune(ctx)
 	errs = append(errs, err)
 	_, err = s.leases.ForgetAnswers(ctx)

@@ -58,7 +58,7 @@ func endedJob(t *testing.T, env *apitest.Env, n *apitest.Node) (id, token string
 	return id, token, []string{art["receipt_id"].(string), job["job"].(obj)["receipt_id"].(string)}
 }
 
-// With Config.Retention, the maintainer deletes the jobs that ended
+// With Config.Lease.Retention, the maintainer deletes the jobs that ended
 // longer ago with their events and artifacts: the operator routes answer
 // 404 for them as for unknown jobs, and a worker's old lease token 409
 // lease_lost. Younger, queued and live jobs stay, and every receipt stays
@@ -68,10 +68,10 @@ func TestRetention(t *testing.T) {
 	onDialects(t, func(t *testing.T, dialect string) {
 		ctx := context.Background()
 		env := newOpEnv(t, dialect, apitest.WithConfig(func(c *workerapi.Config) {
-			c.Retention = retention
+			c.Lease.Retention = retention
 			// The clock jumps hours with no heartbeat: the node's live
 			// job must not end because the node went offline.
-			c.OfflineAfter = 24 * time.Hour
+			c.Lease.OfflineAfter = 24 * time.Hour
 		}))
 		n := opGPUNode(t, env, "gpu-1", 4)
 		old, oldToken, oldReceipts := endedJob(t, env, n)

@@ -79,30 +79,30 @@ type SchemaChecker interface {
 }
 
 // The defaults of Config, exported so that hosts and their flags say them
-// once.
+// once. Those of Config.Lease are lease's, repeated here for hosts that
+// name them through workerapi.
 const (
-	DefaultLeaseTTL          = 600 * time.Second
-	DefaultAcceptTimeout     = 60 * time.Second
-	DefaultCancelGrace       = 60 * time.Second
-	DefaultMaxRuntime        = 24 * time.Hour
-	DefaultRetryBase         = 10 * time.Second
-	DefaultRetryMax          = time.Hour
-	DefaultWorkerTokenTTL    = 30 * 24 * time.Hour
-	DefaultHeartbeatInterval = lease.DefaultHeartbeatInterval
-	DefaultPollInterval      = 300 * time.Second
-	DefaultMaxWait           = wire.MaxWaitSeconds * time.Second
-	DefaultProofWait         = 10 * time.Second
-	DefaultSequenceInterval  = 100 * time.Millisecond
-	DefaultSequenceBatch     = 512
-	DefaultBodyLimit         = 1 << 20
-	DefaultMaintainInterval  = time.Second
+	DefaultLeaseTTL           = lease.DefaultLeaseTTL
+	DefaultAcceptTimeout      = lease.DefaultAcceptTimeout
+	DefaultCancelGrace        = lease.DefaultCancelGrace
+	DefaultMaxRuntime         = lease.DefaultMaxRuntime
+	DefaultRetryBase          = lease.DefaultRetryBase
+	DefaultRetryMax           = lease.DefaultRetryMax
+	DefaultHeartbeatInterval  = lease.DefaultHeartbeatInterval
+	DefaultMaxLeasesPerWorker = lease.DefaultMaxLeasesPerWorker
+
+	DefaultWorkerTokenTTL   = 30 * 24 * time.Hour
+	DefaultPollInterval     = 300 * time.Second
+	DefaultMaxWait          = wire.MaxWaitSeconds * time.Second
+	DefaultProofWait        = 10 * time.Second
+	DefaultSequenceInterval = 100 * time.Millisecond
+	DefaultSequenceBatch    = 512
+	DefaultBodyLimit        = 1 << 20
+	DefaultMaintainInterval = time.Second
 	// DefaultMaxClockSkew and DefaultClockCheckInterval are the
 	// defaults of Config.MaxClockSkew and Config.ClockCheckInterval.
 	DefaultMaxClockSkew       = 2 * time.Second
 	DefaultClockCheckInterval = time.Minute
-	// DefaultMaxLeasesPerWorker is the default of
-	// Config.MaxLeasesPerWorker.
-	DefaultMaxLeasesPerWorker = lease.DefaultMaxLeasesPerWorker
 )
 
 // Config holds a Server's settings. A zero duration or limit means its
@@ -124,40 +124,26 @@ type Config struct {
 	// Prices per GPU-hour in micro-USD, by SKU, snapshotted on each lease.
 	Prices receipts.Prices
 
-	// LeaseTTL is how long a lease lives without an extension. Defaults to
-	// DefaultLeaseTTL.
-	LeaseTTL time.Duration
-	// AcceptTimeout is how long a worker has to accept a lease. Defaults
-	// to DefaultAcceptTimeout.
-	AcceptTimeout time.Duration
-	// CancelGrace is how long a leased or running job's lease lives, at
-	// most, after an operator's cancel: it is not extended, and when it
-	// runs out the job ends canceled and its token is lost (see
-	// lease.Config). Defaults to DefaultCancelGrace.
-	CancelGrace time.Duration
-	// MaxRuntime is how long a job dispatched without
-	// requirements.max_runtime_seconds may run under one lease, from
-	// accept: a lease that reaches it is revoked and the job ends failed
-	// (max_runtime_exceeded). Defaults to DefaultMaxRuntime; at most
-	// lease.MaxRuntimeLimit.
-	MaxRuntime time.Duration
-	// RetryBase and RetryMax shape the backoff before a retried job is
-	// eligible again (see lease.Config). Default to DefaultRetryBase and
-	// DefaultRetryMax.
-	RetryBase, RetryMax time.Duration
+	// Lease configures the lease state machine: lease TTL, accept
+	// timeout, cancel grace, max runtime, retry backoff, heartbeat
+	// interval (the next_heartbeat_seconds answered; lease.Liveness),
+	// offline threshold (the maintainer then ends a worker's live leases,
+	// and each heartbeat answer's heartbeat_deadline is that moment),
+	// retention of ended jobs (receipts are never deleted: a deleted
+	// job's receipts still verify), the live leases per worker (a node's
+	// governor_limits.max_jobs may lower it, never raise it) and the
+	// rest. Each setting's default and check is lease.Config's
+	// (lease.Config.WithDefaults); New adds the protocol's bounds:
+	// MaxLeasesPerWorker at most wire.MaxCurrentJobs (the jobs one
+	// heartbeat can name), MaxJobsPerLease at most wire.MaxJobsPerLease
+	// (its default). The Server sets HoldSweeps, LeaseEnded, InTx, Now
+	// and Rand itself, from its own clock and Rand; setting them here is
+	// an error.
+	Lease lease.Config
+
 	// WorkerTokenTTL is the lifetime of a worker token. Defaults to
 	// DefaultWorkerTokenTTL.
 	WorkerTokenTTL time.Duration
-	// HeartbeatInterval is the next_heartbeat_seconds answered. Defaults
-	// to DefaultHeartbeatInterval. A worker last seen within it and half of
-	// it again reads online, one seen longer ago stale (lease.Liveness).
-	HeartbeatInterval time.Duration
-	// OfflineAfter is how long after its last heartbeat (or registration)
-	// a worker reads offline: the maintainer then ends its live leases
-	// (lease.Manager.ExpireOffline), and each heartbeat answer's
-	// heartbeat_deadline is that moment. Defaults to 3 × HeartbeatInterval;
-	// at least HeartbeatInterval.
-	OfflineAfter time.Duration
 	// PollInterval is the poll_interval_seconds answered at registration.
 	// Defaults to DefaultPollInterval.
 	PollInterval time.Duration
@@ -190,13 +176,6 @@ type Config struct {
 	// the clock against the database's. Defaults to
 	// DefaultClockCheckInterval.
 	ClockCheckInterval time.Duration
-	// Retention, when positive, is how long an ended job (succeeded,
-	// failed or canceled) is kept after it finished: the maintainer
-	// deletes the jobs that ended longer ago, with their events (status
-	// and logs) and artifact records, in batches (lease.Manager.Prune),
-	// on every replica safely. Receipts are never deleted: the receipts of
-	// a deleted job still verify. Defaults to 0: every job is kept.
-	Retention time.Duration
 	// AnswerTTL is how long the first answer to a fail, a release, or an
 	// artifact or audit report sent with an idempotency_key is
 	// remembered, for a repeat to get it (PROTOCOL.md "Retries"); a
@@ -213,12 +192,6 @@ type Config struct {
 	// Defaults to false: a node with a provisioning credential is trusted
 	// at once.
 	ApproveNodes bool
-	// MaxLeasesPerWorker caps the live leases of any one worker: a node's
-	// governor_limits.max_jobs may lower it, never raise it. Defaults to
-	// DefaultMaxLeasesPerWorker; at most wire.MaxCurrentJobs, the jobs one
-	// heartbeat can name.
-	MaxLeasesPerWorker int
-
 	// PublicOrigin is the URL workers reach this Server's Handler (or
 	// WorkerHandler) at, such as "https://cp.example.com/nodelane", when
 	// a proxy in front rewrites Host or strips a path prefix: an absolute
@@ -316,13 +289,9 @@ func New(st Stores, cfg Config) (*Server, error) {
 	s.seqOutage = newOutage(s.log, "receipt sequencer", cfg.Now)
 	s.maintOutage = newOutage(s.log, "maintainer", cfg.Now)
 	s.clock.failures = newOutage(s.log, "clock check", cfg.Now)
-	s.leases = lease.NewManager(st.Leases, &lease.Config{
-		LeaseTTL: cfg.LeaseTTL, AcceptTimeout: cfg.AcceptTimeout, RetryBase: cfg.RetryBase, RetryMax: cfg.RetryMax,
-		CancelGrace: cfg.CancelGrace, MaxRuntime: cfg.MaxRuntime,
-		HeartbeatInterval: cfg.HeartbeatInterval, OfflineAfter: cfg.OfflineAfter,
-		MaxJobsPerLease: wire.MaxJobsPerLease, MaxLeasesPerWorker: cfg.MaxLeasesPerWorker,
-		Retention: cfg.Retention, HoldSweeps: s.clockHeld, LeaseEnded: s.leaseEnded, InTx: s.endTx, Now: s.clockNow, Rand: cfg.Rand,
-	})
+	lc := cfg.Lease
+	lc.HoldSweeps, lc.LeaseEnded, lc.InTx, lc.Now, lc.Rand = s.clockHeld, s.leaseEnded, s.endTx, s.clockNow, cfg.Rand
+	s.leases = lease.NewManager(st.Leases, &lc)
 	if s.issuer, err = credential.NewIssuer(st.Credentials, &credential.Config{
 		Peppers: cfg.Peppers, PepperVersion: cfg.PepperVersion, Now: s.clockNow, Rand: cfg.Rand,
 	}); err != nil {
@@ -388,14 +357,7 @@ func (c *Config) setDefaults() error {
 		v    *time.Duration
 		def  time.Duration
 	}{
-		{"LeaseTTL", &c.LeaseTTL, DefaultLeaseTTL},
-		{"AcceptTimeout", &c.AcceptTimeout, DefaultAcceptTimeout},
-		{"CancelGrace", &c.CancelGrace, DefaultCancelGrace},
-		{"MaxRuntime", &c.MaxRuntime, DefaultMaxRuntime},
-		{"RetryBase", &c.RetryBase, DefaultRetryBase},
-		{"RetryMax", &c.RetryMax, DefaultRetryMax},
 		{"WorkerTokenTTL", &c.WorkerTokenTTL, DefaultWorkerTokenTTL},
-		{"HeartbeatInterval", &c.HeartbeatInterval, DefaultHeartbeatInterval},
 		{"PollInterval", &c.PollInterval, DefaultPollInterval},
 		{"MaxWait", &c.MaxWait, DefaultMaxWait},
 		{"ProofWait", &c.ProofWait, DefaultProofWait},
@@ -414,22 +376,8 @@ func (c *Config) setDefaults() error {
 		}
 	}
 	switch {
-	case c.OfflineAfter < 0:
-		return fmt.Errorf("%w: OfflineAfter is negative (%v)", ErrConfig, c.OfflineAfter)
-	case c.OfflineAfter == 0:
-		c.OfflineAfter = 3 * c.HeartbeatInterval
-	case c.OfflineAfter < c.HeartbeatInterval:
-		return fmt.Errorf("%w: OfflineAfter %v is below HeartbeatInterval %v: every worker would go offline between two heartbeats", ErrConfig, c.OfflineAfter, c.HeartbeatInterval)
-	}
-	switch {
 	case c.MaxWait > DefaultMaxWait:
 		return fmt.Errorf("%w: MaxWait %v is over the protocol's %v", ErrConfig, c.MaxWait, DefaultMaxWait)
-	case c.MaxRuntime > lease.MaxRuntimeLimit:
-		return fmt.Errorf("%w: MaxRuntime %v is over the protocol's %v", ErrConfig, c.MaxRuntime, lease.MaxRuntimeLimit)
-	case c.RetryMax < c.RetryBase:
-		return fmt.Errorf("%w: RetryMax %v is below RetryBase %v", ErrConfig, c.RetryMax, c.RetryBase)
-	case c.Retention < 0:
-		return fmt.Errorf("%w: Retention is negative (%v); 0 keeps every job", ErrConfig, c.Retention)
 	case c.BodyLimit < 0:
 		return fmt.Errorf("%w: BodyLimit is negative (%d)", ErrConfig, c.BodyLimit)
 	case c.BodyLimit == 0:
@@ -441,14 +389,20 @@ func (c *Config) setDefaults() error {
 	case c.SequenceBatch == 0:
 		c.SequenceBatch = DefaultSequenceBatch
 	}
-	switch {
-	case c.MaxLeasesPerWorker < 0:
-		return fmt.Errorf("%w: MaxLeasesPerWorker is negative (%d)", ErrConfig, c.MaxLeasesPerWorker)
-	case c.MaxLeasesPerWorker == 0:
-		c.MaxLeasesPerWorker = DefaultMaxLeasesPerWorker
-	case c.MaxLeasesPerWorker > wire.MaxCurrentJobs:
+	switch l := &c.Lease; {
+	case l.HoldSweeps != nil || l.LeaseEnded != nil || l.InTx != nil || l.Now != nil || l.Rand != nil:
+		return fmt.Errorf("%w: Lease.HoldSweeps, LeaseEnded, InTx, Now and Rand are the Server's own: set Config.Now and Config.Rand instead", ErrConfig)
+	case l.MaxJobsPerLease > wire.MaxJobsPerLease:
+		return fmt.Errorf("%w: Lease.MaxJobsPerLease %d is over the protocol's %d", ErrConfig, l.MaxJobsPerLease, wire.MaxJobsPerLease)
+	case l.MaxLeasesPerWorker > wire.MaxCurrentJobs:
 		// A heartbeat names every job its node holds in current_jobs.
-		return fmt.Errorf("%w: MaxLeasesPerWorker %d is over the %d jobs a heartbeat can name", ErrConfig, c.MaxLeasesPerWorker, wire.MaxCurrentJobs)
+		return fmt.Errorf("%w: Lease.MaxLeasesPerWorker %d is over the %d jobs a heartbeat can name", ErrConfig, l.MaxLeasesPerWorker, wire.MaxCurrentJobs)
+	case l.MaxJobsPerLease == 0:
+		l.MaxJobsPerLease = wire.MaxJobsPerLease
+	}
+	var err error
+	if c.Lease, err = c.Lease.WithDefaults(); err != nil {
+		return fmt.Errorf("%w: Lease: %w", ErrConfig, err)
 	}
 	if c.Origin == "" {
 		c.Origin = receipts.DefaultOrigin

@@ -86,7 +86,7 @@ func (s *Server) start(ctx context.Context, c *call) (int, any, error) {
 		EndedJobs:            ended,
 		PolicyVersion:        snap.Version(),
 		ServerTime:           s.now(),
-		NextHeartbeatSeconds: int(s.cfg.HeartbeatInterval / time.Second),
+		NextHeartbeatSeconds: int(s.cfg.Lease.HeartbeatInterval / time.Second),
 		HeartbeatDeadline:    s.leases.OfflineAt(w),
 	}
 	c.note(func() {

@@ -348,9 +348,9 @@ func testMaxRuntimeDefault(t *testing.T, f *fixture) {
 		t.Fatalf("default max runtime: %+v", fj.LastError)
 	}
 	f.state(longer.ID, lease.StateRunning)
-	// A default over MaxRuntimeLimit is the limit.
+	// A default of MaxRuntimeLimit (the most Config.WithDefaults allows) holds.
 	f.m = lease.NewManager(f.store, &lease.Config{
-		LeaseTTL: 40 * 24 * time.Hour, MaxRuntime: 100 * 24 * time.Hour, Now: f.clock.Now,
+		LeaseTTL: 40 * 24 * time.Hour, MaxRuntime: lease.MaxRuntimeLimit, Now: f.clock.Now,
 	})
 	j := f.enqueue("status_check")
 	f.fail(refs[slices.IndexFunc(refs, func(r lease.Ref) bool { return r.JobID == longer.ID })], lease.Failure{Code: "done"})
@@ -359,7 +359,7 @@ func testMaxRuntimeDefault(t *testing.T, f *fixture) {
 		t.Fatalf("leased %s, want %s", ref.JobID, j.ID)
 	}
 	if aj := f.accept(ref); !aj.Lease.ExpiresAt.Equal(aj.AcceptedAt.Add(lease.MaxRuntimeLimit)) {
-		t.Fatalf("with a default over the limit the lease expires at %v, want %v", aj.Lease.ExpiresAt, aj.AcceptedAt.Add(lease.MaxRuntimeLimit))
+		t.Fatalf("with a default of the limit the lease expires at %v, want %v", aj.Lease.ExpiresAt, aj.AcceptedAt.Add(lease.MaxRuntimeLimit))
 	}
 }
 

@@ -750,7 +750,7 @@ func TestClientLeaseExpiringStopsJob(t *testing.T) {
 	// Heartbeats fail: the worker cannot extend the lease and stops the
 	// job before it expires, instead of running on while another worker
 	// may take it.
-	p := newClProxy(t, apitest.WithConfig(func(c *workerapi.Config) { c.LeaseTTL = 3 * time.Second }))
+	p := newClProxy(t, apitest.WithConfig(func(c *workerapi.Config) { c.Lease.LeaseTTL = 3 * time.Second }))
 	running := make(chan string, 1)
 	causes := make(chan error, 1)
 	cw := startClWorker(t, p, "node-expiring", func(c *client.RunnerConfig) {
@@ -787,7 +787,7 @@ func TestClientOfflineStopsJob(t *testing.T) {
 	// job to another), the worker stops the job, although its lease (600 s)
 	// is far from expiring.
 	p := newClProxy(t, apitest.WithConfig(func(c *workerapi.Config) {
-		c.HeartbeatInterval, c.OfflineAfter = time.Second, 3*time.Second
+		c.Lease.HeartbeatInterval, c.Lease.OfflineAfter = time.Second, 3*time.Second
 	}))
 	running := make(chan string, 1)
 	causes := make(chan error, 1)

@@ -49,7 +49,7 @@ func TestMetricsFromARealServer(t *testing.T) {
 	env := apitest.New(t, "sqlite", apitest.WithConfig(func(c *workerapi.Config) {
 		c.Metrics = m
 		// Every worker stays online while the test moves the clock.
-		c.HeartbeatInterval = 10 * time.Minute
+		c.Lease.HeartbeatInterval = 10 * time.Minute
 	}))
 	reg.MustRegister(prommetrics.NewStatsCollector(env.Server, nil))
 	ctx := context.Background()

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/nodelane/nodelane/bunstore"
+	"github.com/nodelane/nodelane/lease"
 	"github.com/nodelane/nodelane/receipts"
 	"github.com/nodelane/nodelane/workerapi"
 )
@@ -51,7 +52,7 @@ type Options struct {
 	MaxLeasesPerWorker int
 	CancelGrace        time.Duration
 	MaxRuntime         time.Duration
-	// Retention is workerapi.Config.Retention: 0 keeps every job.
+	// Retention is workerapi.Config.Lease.Retention: 0 keeps every job.
 	Retention time.Duration
 	// HeartbeatInterval and OfflineAfter are workerapi.Config's.
 	HeartbeatInterval time.Duration
@@ -114,28 +115,25 @@ func Open(ctx context.Context, o Options) (*ControlPlane, error) {
 		Clock:        db,
 		Schema:       db,
 	}, workerapi.Config{
-		Peppers:            map[int][]byte{sec.PepperVersion: sec.Pepper},
-		PepperVersion:      sec.PepperVersion,
-		ReceiptSigner:      sec.ReceiptSigner,
-		Origin:             o.Origin,
-		Prices:             o.Prices,
-		LeaseTTL:           o.LeaseTTL,
-		AcceptTimeout:      o.AcceptTimeout,
-		MaintainInterval:   o.MaintainInterval,
-		ApproveNodes:       o.ApproveNodes,
-		MaxLeasesPerWorker: o.MaxLeasesPerWorker,
-		CancelGrace:        o.CancelGrace,
-		MaxRuntime:         o.MaxRuntime,
-		Retention:          o.Retention,
-		HeartbeatInterval:  o.HeartbeatInterval,
-		OfflineAfter:       o.OfflineAfter,
-		SequenceInterval:   o.SequenceInterval,
-		SequenceBatch:      o.SequenceBatch,
-		PublicOrigin:       o.PublicOrigin,
-		TrustedProxies:     o.TrustedProxies,
-		Logger:             o.Logger,
-		Metrics:            o.Metrics,
-		Now:                o.Now,
+		Peppers:       map[int][]byte{sec.PepperVersion: sec.Pepper},
+		PepperVersion: sec.PepperVersion,
+		ReceiptSigner: sec.ReceiptSigner,
+		Origin:        o.Origin,
+		Prices:        o.Prices,
+		Lease: lease.Config{
+			LeaseTTL: o.LeaseTTL, AcceptTimeout: o.AcceptTimeout, CancelGrace: o.CancelGrace, MaxRuntime: o.MaxRuntime,
+			HeartbeatInterval: o.HeartbeatInterval, OfflineAfter: o.OfflineAfter,
+			MaxLeasesPerWorker: o.MaxLeasesPerWorker, Retention: o.Retention,
+		},
+		MaintainInterval: o.MaintainInterval,
+		ApproveNodes:     o.ApproveNodes,
+		SequenceInterval: o.SequenceInterval,
+		SequenceBatch:    o.SequenceBatch,
+		PublicOrigin:     o.PublicOrigin,
+		TrustedProxies:   o.TrustedProxies,
+		Logger:           o.Logger,
+		Metrics:          o.Metrics,
+		Now:              o.Now,
 	})
 	if err != nil {
 		n.Close()

@@ -39,6 +39,12 @@ var ErrConfig = errors.New("operator: invalid configuration")
 // The server may have acted on the request all the same.
 var ErrMalformedAnswer = errors.New("malformed answer")
 
+// ErrBadToken is wrapped by the error of New, and of each call of a
+// Client made WithToken, given a token that cannot be a bearer token: one
+// that holds a space, a control character or a non-ASCII byte. The error
+// does not show the token, and nothing is sent.
+var ErrBadToken = errors.New("the token holds a character a bearer token cannot (a space, a control character or a non-ASCII byte)")
+
 // Config holds a Client's optional settings; a nil *Config means every
 // default.
 type Config struct {
@@ -123,8 +129,8 @@ func New(baseURL, token string, cfg *Config) (*Client, error) {
 // WithToken returns a copy of c that sends token instead of c's: a
 // cheap copy (it shares c's HTTP client), made for one call or kept. An
 // empty token sends none. A token that could not be an Authorization
-// header's fails each call of the copy, with an error that does not
-// show it.
+// header's fails each call of the copy with an error wrapping
+// ErrBadToken, which does not show it.
 func (c *Client) WithToken(token string) *Client {
 	cp := *c
 	cp.token = token
@@ -146,7 +152,7 @@ func isLoopback(host string) bool {
 func checkToken(token string) error {
 	for i := 0; i < len(token); i++ {
 		if token[i] <= ' ' || token[i] > '~' {
-			return errors.New("the operator token holds a character a bearer token cannot (a space, a control character or a non-ASCII byte)")
+			return ErrBadToken
 		}
 	}
 	return nil

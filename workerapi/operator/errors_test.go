@@ -261,6 +261,11 @@ func TestNew(t *testing.T) {
 			if !errors.Is(err, operator.ErrConfig) {
 				t.Fatalf("New(%q) = %v, want ErrConfig", tc.base, err)
 			}
+			if strings.Contains(tc.token, " ") || strings.Contains(tc.token, "\n") {
+				if !errors.Is(err, operator.ErrBadToken) {
+					t.Errorf("New with a bad token = %v, want ErrBadToken", err)
+				}
+			}
 			if strings.Contains(err.Error(), "hunter2") || strings.Contains(err.Error(), "secret") {
 				t.Errorf("New's error shows a secret: %v", err)
 			}
@@ -280,7 +285,7 @@ func TestWithTokenRefusesABadToken(t *testing.T) {
 		fmt.Fprint(w, `{"active":false}`)
 	})
 	_, err := c.WithToken("nlc_secret\nX-Evil: 1").Envelope(context.Background())
-	if err == nil || strings.Contains(err.Error(), "secret") || sent.Load() != 0 {
+	if !errors.Is(err, operator.ErrBadToken) || strings.Contains(err.Error(), "secret") || sent.Load() != 0 {
 		t.Errorf("a call with a bad token = %v after %d requests; want an error that does not show it, and nothing sent", err, sent.Load())
 	}
 	if _, err := c.Envelope(context.Background()); err != nil || sent.Load() != 1 {

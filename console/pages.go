@@ -281,7 +281,7 @@ func (c *Console) eachJob(ctx context.Context, token string, q operator.JobQuery
 // eachWorker calls f for each worker, at most max (1 or more).
 func (c *Console) eachWorker(ctx context.Context, token string, max int, f func(wire.WorkerView)) error {
 	n := 0
-	for v, err := range c.op(token).Workers(ctx, operator.PageQuery{Limit: 1000}) {
+	for v, err := range c.op(token).Workers(ctx, operator.WorkerQuery{Limit: 1000}) {
 		if err != nil {
 			return err
 		}
@@ -337,7 +337,7 @@ func (c *Console) recent(ctx context.Context, token string, n int) ([]receipts.W
 // --- workers
 
 func (c *Console) workers(w http.ResponseWriter, r *http.Request, s *session) {
-	page, err := c.op(s.token).ListWorkers(r.Context(), operator.PageQuery{After: r.URL.Query().Get("after"), Limit: PageSize})
+	page, err := c.op(s.token).ListWorkers(r.Context(), operator.WorkerQuery{After: r.URL.Query().Get("after"), Limit: PageSize})
 	if err != nil {
 		c.render(w, r, status(err), "workers", s, &pageData{Title: "Workers", Flashes: []flash{{Error: true, Text: explain(err)}}})
 		return

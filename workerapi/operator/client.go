@@ -189,7 +189,6 @@ func (c *Client) call(ctx context.Context, method, path string, q url.Values, in
 	if in != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
-	req.Header.Set("Accept", "application/json")
 	req.Header.Set("User-Agent", c.ua)
 	resp, err := c.hc.Do(req)
 	if err != nil {

@@ -190,7 +190,7 @@ func TestPages(t *testing.T) {
 		}
 		slices.Sort(want)
 		var got []string
-		for _, w := range collect(t, "Workers", f.api.Workers(ctx, operator.PageQuery{Limit: 1})) {
+		for _, w := range collect(t, "Workers", f.api.Workers(ctx, operator.WorkerQuery{Limit: 1})) {
 			got = append(got, w.WorkerID)
 		}
 		if !slices.Equal(got, want) {
@@ -314,11 +314,11 @@ func TestCredentials(t *testing.T) {
 	if _, err := bot.ListJobs(ctx, operator.JobQuery{}); err != nil {
 		t.Errorf("ListJobs with the minted token: %v", err)
 	}
-	if _, err := bot.ListWorkers(ctx, operator.PageQuery{}); !wire.IsCode(err, wire.CodeInsufficientScope) {
+	if _, err := bot.ListWorkers(ctx, operator.WorkerQuery{}); !wire.IsCode(err, wire.CodeInsufficientScope) {
 		t.Errorf("ListWorkers with an operator:jobs token = %v, want 403 insufficient_scope", err)
 	}
 	// The copy changed nothing of the Client it was made from.
-	if _, err := f.api.ListWorkers(ctx, operator.PageQuery{}); err != nil {
+	if _, err := f.api.ListWorkers(ctx, operator.WorkerQuery{}); err != nil {
 		t.Errorf("ListWorkers with the operator token after WithToken: %v", err)
 	}
 	cs, err := f.api.ListCredentials(ctx, operator.CredentialQuery{Principal: "ci-bot"})

@@ -56,7 +56,7 @@ func TestErrorAnswers(t *testing.T) {
 			return err
 		}, http.StatusBadRequest, wire.CodeInvalidRequest, "GET /operator/jobs"},
 		{"an iterator yields the error", func(c *operator.Client) error {
-			for _, err := range c.WithToken(wrong).Workers(ctx, operator.PageQuery{}) {
+			for _, err := range c.WithToken(wrong).Workers(ctx, operator.WorkerQuery{}) {
 				return err
 			}
 			return errors.New("Workers yielded nothing")
@@ -204,7 +204,7 @@ func TestTransportErrors(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = c.ListWorkers(ctx, operator.PageQuery{})
+	_, err = c.ListWorkers(ctx, operator.WorkerQuery{})
 	var oe *net.OpError
 	var we *wire.Error
 	if !errors.As(err, &oe) || errors.As(err, &we) || !strings.HasPrefix(err.Error(), "operator: GET /operator/workers: ") {

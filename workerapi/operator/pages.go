@@ -78,7 +78,7 @@ func (c *Client) JobEvents(ctx context.Context, id string, after int64) iter.Seq
 
 // Artifacts yields the artifacts q selects, in id order, from q.After on
 // (with q.JobID, all of one job's, where its view shows the first
-// MaxJobArtifacts). An error ends the sequence, yielded once.
+// wire.MaxJobArtifacts). An error ends the sequence, yielded once.
 func (c *Client) Artifacts(ctx context.Context, q ArtifactQuery) iter.Seq2[wire.ArtifactView, error] {
 	return pages("GET /operator/artifacts", q.After, func(after string) ([]wire.ArtifactView, *string, error) {
 		q.After = after
@@ -92,7 +92,7 @@ func (c *Client) Artifacts(ctx context.Context, q ArtifactQuery) iter.Seq2[wire.
 
 // Workers yields the registered workers in id order, from q.After on. An
 // error ends the sequence, yielded once.
-func (c *Client) Workers(ctx context.Context, q PageQuery) iter.Seq2[wire.WorkerView, error] {
+func (c *Client) Workers(ctx context.Context, q WorkerQuery) iter.Seq2[wire.WorkerView, error] {
 	return pages("GET /operator/workers", q.After, func(after string) ([]wire.WorkerView, *string, error) {
 		q.After = after
 		p, err := c.ListWorkers(ctx, q)

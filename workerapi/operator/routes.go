@@ -133,15 +133,15 @@ func (c *Client) ListArtifacts(ctx context.Context, q ArtifactQuery) (*wire.Arti
 
 // --- workers
 
-// PageQuery is the cursor and size of a page of a list with no filter
-// (GET /operator/workers): After is the cursor (ids above it), Limit the
-// page's size (1 to 1,000; 0 means the server's default).
-type PageQuery struct {
+// WorkerQuery selects the workers of GET /operator/workers, which takes
+// no filter: After is the cursor (worker ids above it), Limit the page's
+// size (1 to 1,000; 0 means 1,000).
+type WorkerQuery struct {
 	After string
 	Limit int
 }
 
-func (q PageQuery) values() url.Values {
+func (q WorkerQuery) values() url.Values {
 	v := url.Values{}
 	set(v, "after", q.After)
 	setInt(v, "limit", int64(q.Limit))
@@ -150,7 +150,7 @@ func (q PageQuery) values() url.Values {
 
 // ListWorkers reads one page of workers in id order (GET
 // /operator/workers). Workers follows the pages.
-func (c *Client) ListWorkers(ctx context.Context, q PageQuery) (*wire.WorkerListResponse, error) {
+func (c *Client) ListWorkers(ctx context.Context, q WorkerQuery) (*wire.WorkerListResponse, error) {
 	return get[wire.WorkerListResponse](ctx, c, "/operator/workers", q.values())
 }
 

@@ -15,7 +15,9 @@ import (
 // no connection, no TLS. Give it to a Client (Config.HTTPClient's
 // Transport) to call an operator handler, such as workerapi's
 // Server.OperatorHandler, that the program serves itself; the base URL's
-// host is then only the request's Host.
+// host is then only the request's Host, and its path, if any, starts
+// every path the handler sees (a base URL without one suits a handler that
+// serves /operator/... itself).
 //
 // The handler runs on the caller's goroutine and sees the request's
 // context; its answer is buffered, at most MaxAnswerBytes (a larger one

@@ -41,6 +41,11 @@ var (
 	workerLinks = []string{"workerapi/wire", "replay", "receipts"}
 )
 
+// operatorClient is the Go client of the operator routes: like a worker,
+// an operator tool links no server code, so of nodelane it imports
+// workerapi/wire and receipts only, and no storage driver.
+const operatorClient = "workerapi/operator"
+
 // adapters are the packages that export a workerapi.Server's metrics and
 // traces to a third-party library: only they (and the programs of cmd/, hosts) import
 // one, so that workerapi and the cores stay free of them. Of nodelane they
@@ -136,8 +141,11 @@ func violations(pkg string, deps []string, std map[string]bool) []string {
 		if pkg == "workerapi/wire" && ((own && r != "receipts") || (!own && !strings.HasPrefix(d, "golang.org/x/"))) {
 			out = append(out, pkg+" imports "+d+": the wire package imports only receipts, the standard library and golang.org/x")
 		}
-		if pkg == "console" && ((own && r != "workerapi/wire" && r != "receipts") || (!own && !strings.HasPrefix(d, "golang.org/x/"))) {
-			out = append(out, pkg+" imports "+d+": the console imports only workerapi/wire, receipts, the standard library and golang.org/x")
+		if pkg == operatorClient && ((own && r != "workerapi/wire" && r != "receipts") || (!own && !strings.HasPrefix(d, "golang.org/x/"))) {
+			out = append(out, pkg+" imports "+d+": the operator client imports only workerapi/wire, receipts, the standard library and golang.org/x")
+		}
+		if pkg == "console" && ((own && r != "workerapi/wire" && r != "receipts" && r != operatorClient) || (!own && !strings.HasPrefix(d, "golang.org/x/"))) {
+			out = append(out, pkg+" imports "+d+": the console imports only "+operatorClient+", workerapi/wire, receipts, the standard library and golang.org/x")
 		}
 		if slices.Contains(workerSide, pkg) && ((own && !slices.Contains(workerLinks, r) && !slices.Contains(workerSide, r)) || storageDriver(d)) {
 			out = append(out, pkg+" imports "+d+": a worker links only "+strings.Join(workerLinks, ", ")+" of nodelane, and no storage driver")
@@ -241,7 +249,14 @@ func TestViolations(t *testing.T) {
 		{workerapitest, []string{module + "/workerapi/client", module + "/lease/leasetest"}, 2},
 		{workerapitest, []string{"github.com/google/uuid"}, 1},
 		{"cmd/server", []string{module + "/" + workerapitest}, 1},
+		{operatorClient, []string{module + "/workerapi/wire", module + "/receipts", "golang.org/x/mod/sumdb/tlog", "fmt"}, 0},
+		{operatorClient, []string{module + "/workerapi", module + "/lease", module + "/credential", module + "/bunstore"}, 4},
+		{operatorClient, []string{module + "/replay", module + "/workerapi/client", module + "/internal/apitest"}, 3},
+		{operatorClient, []string{"github.com/uptrace/bun", "modernc.org/sqlite", "github.com/jackc/pgx/v5"}, 3},
+		{operatorClient, []string{"github.com/google/uuid"}, 1},
 		{"console", []string{module + "/workerapi/wire", module + "/receipts", "golang.org/x/mod/sumdb/tlog"}, 0},
+		{"console", []string{module + "/" + operatorClient, module + "/workerapi/wire", module + "/receipts"}, 0},
+		{"console", []string{module + "/workerapi/client"}, 1},
 		{"console", []string{module + "/workerapi", module + "/lease", module + "/credential", module + "/bunstore"}, 4},
 		{"console", []string{"github.com/uptrace/bun"}, 1},
 		{"workerapi", []string{module + "/" + workerapitest}, 1},

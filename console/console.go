@@ -4,11 +4,12 @@
 //
 // The console holds no logic of its own. Every page and every action is
 // one or more in-process requests to the operator API handler the host
-// passes in (Config.API, workerapi's Server.OperatorHandler), carrying the
-// signed-in operator's bearer token, so each is authenticated,
-// scope-checked, validated and receipted exactly as the API is; a refusal
-// is shown as the API's message. It imports the standard library,
-// workerapi/wire and receipts only.
+// passes in (Config.API, workerapi's Server.OperatorHandler), made with
+// the operator client (workerapi/operator, over its HandlerTransport) and
+// carrying the signed-in operator's bearer token, so each is
+// authenticated, scope-checked, validated and receipted exactly as the
+// API is; a refusal is shown as the API's message. It imports the
+// standard library, workerapi/operator, workerapi/wire and receipts only.
 //
 // Pages are server-rendered with html/template and readable without
 // JavaScript; one small embedded script makes a job's logs follow live.
@@ -18,10 +19,7 @@
 package console
 
 import (
-	"bytes"
-	"context"
 	"embed"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"html/template"
@@ -32,6 +30,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nodelane/nodelane/workerapi/operator"
 	"github.com/nodelane/nodelane/workerapi/wire"
 )
 
@@ -106,6 +105,9 @@ type Console struct {
 	sessions *sessions
 	pages    map[string]*template.Template
 	handler  http.Handler
+	// api calls cfg.API in process, with no token: each page calls it
+	// through a copy with its operator's (op).
+	api *operator.Client
 }
 
 // New returns a Console over cfg.API.
@@ -153,6 +155,14 @@ func New(cfg Config) (*Console, error) {
 		}
 		c.cfg.SecureCookie = c.cfg.SecureCookie || u.Scheme == "https"
 	}
+	api, err := operator.New("http://console", "", &operator.Config{HTTPClient: &http.Client{
+		Transport:     &operator.HandlerTransport{Handler: cfg.API, RemoteAddr: "console"},
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}})
+	if err != nil {
+		return nil, fmt.Errorf("console: the operator client: %w", err)
+	}
+	c.api = api
 	pages, err := parsePages()
 	if err != nil {
 		return nil, err
@@ -252,119 +262,48 @@ func (c *Console) authed(h func(w http.ResponseWriter, r *http.Request, s *sessi
 	})
 }
 
-// apiError is an error answer of the operator API.
-type apiError struct {
-	Status  int
-	Code    string
-	Message string
-}
+// op returns the operator client acting with token, the signed-in
+// operator's: a refusal of the API is a *wire.Error.
+func (c *Console) op(token string) *operator.Client { return c.api.WithToken(token) }
 
-func (e *apiError) Error() string {
-	return fmt.Sprintf("%d %s: %s", e.Status, e.Code, e.Message)
-}
+// requestError is a page request the console refuses before it calls
+// the API: it answers 400 with the message.
+type requestError struct{ msg string }
 
-// recorder is the ResponseWriter of an in-process API request.
-type recorder struct {
-	header http.Header
-	status int
-	body   bytes.Buffer
-}
-
-func (r *recorder) Header() http.Header { return r.header }
-
-func (r *recorder) WriteHeader(code int) {
-	if r.status == 0 {
-		r.status = code
-	}
-}
-
-// maxAnswer bounds an API answer the console reads: operator pages end
-// at about 1 MiB.
-const maxAnswer = 8 << 20
-
-func (r *recorder) Write(b []byte) (int, error) {
-	if r.status == 0 {
-		r.status = http.StatusOK
-	}
-	if r.body.Len()+len(b) > maxAnswer {
-		return 0, errors.New("console: the API's answer is too large")
-	}
-	return r.body.Write(b)
-}
-
-// call sends one request to the operator API as the session's operator:
-// in is sent as JSON (nil: no body); a 2xx answer is decoded into out
-// (a *string takes it as text); any other is an *apiError.
-func (c *Console) call(ctx context.Context, token, method, path string, in, out any) error {
-	var body io.Reader = http.NoBody // as a server's request has
-	if in != nil {
-		b, err := json.Marshal(in)
-		if err != nil {
-			return err
-		}
-		body = bytes.NewReader(b)
-	}
-	req, err := http.NewRequestWithContext(ctx, method, path, body)
-	if err != nil {
-		return err
-	}
-	req.RequestURI = path
-	req.RemoteAddr = "console"
-	req.Header.Set("Authorization", "Bearer "+token)
-	if in != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	rec := &recorder{header: http.Header{}}
-	c.cfg.API.ServeHTTP(rec, req)
-	if rec.status == 0 {
-		rec.status = http.StatusOK
-	}
-	if rec.status/100 != 2 {
-		var eb wire.ErrorBody
-		e := &apiError{Status: rec.status}
-		if json.Unmarshal(rec.body.Bytes(), &eb) == nil && eb.Error.Code != "" {
-			e.Code, e.Message = eb.Error.Code, eb.Error.Message
-		} else {
-			e.Message = http.StatusText(rec.status)
-		}
-		return e
-	}
-	switch o := out.(type) {
-	case nil:
-		return nil
-	case *string:
-		*o = rec.body.String()
-		return nil
-	}
-	if err := json.Unmarshal(rec.body.Bytes(), out); err != nil {
-		return fmt.Errorf("console: reading the answer to %s %s: %w", method, path, err)
-	}
-	return nil
-}
+func (e *requestError) Error() string { return e.msg }
 
 // explain turns an error of the API into what the operator reads.
 func explain(err error) string {
-	var ae *apiError
+	var re *requestError
+	if errors.As(err, &re) {
+		return "Bad request: " + re.msg + "."
+	}
+	var ae *wire.Error
 	if errors.As(err, &ae) {
-		if !strings.HasSuffix(ae.Message, ".") {
-			ae.Message += "."
+		msg := ae.Message
+		if !strings.HasSuffix(msg, ".") {
+			msg += "."
 		}
 		switch ae.Status {
 		case http.StatusForbidden:
-			return "Refused (403 " + ae.Code + "): " + ae.Message + " Your token does not allow this."
+			return "Refused (403 " + ae.Code + "): " + msg + " Your token does not allow this."
 		case http.StatusUnauthorized:
-			return "Refused (401 " + ae.Code + "): " + ae.Message
+			return "Refused (401 " + ae.Code + "): " + msg
 		}
-		return fmt.Sprintf("The control plane answered %d %s: %s", ae.Status, ae.Code, ae.Message)
+		return fmt.Sprintf("The control plane answered %d %s: %s", ae.Status, ae.Code, msg)
 	}
 	return "Error: " + err.Error()
 }
 
 // status is the HTTP status a page answers for err.
 func status(err error) int {
-	var ae *apiError
+	var ae *wire.Error
 	if errors.As(err, &ae) && ae.Status >= 400 && ae.Status < 600 {
 		return ae.Status
+	}
+	var re *requestError
+	if errors.As(err, &re) {
+		return http.StatusBadRequest
 	}
 	return http.StatusBadGateway
 }

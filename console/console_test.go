@@ -184,7 +184,7 @@ func TestSignIn(t *testing.T) {
 	}
 	mustContain(t, "sign-in page", p, `action="/console/signin"`, `href="/console/static/console.css"`)
 
-	for _, bad := range []string{"", "nlc_notatoken", f.env.ProvisioningToken[:len(f.env.ProvisioningToken)-2] + "xx"} {
+	for _, bad := range []string{"", "nlc_notatoken", "nlc_not a token", "nlc_\u00e9t\u00e9", f.env.ProvisioningToken[:len(f.env.ProvisioningToken)-2] + "xx"} {
 		p := b.post(t, "/signin", url.Values{"token": {bad}})
 		if p.code != http.StatusUnauthorized || !strings.Contains(p.body, `class="flash error"`) {
 			t.Errorf("sign-in with %q: %d\n%s", bad, p.code, p.body)
@@ -428,6 +428,13 @@ func TestPages(t *testing.T) {
 	}
 	if p := b.get(t, "/jobs/"+id+"/events?after=x"); p.code != http.StatusBadRequest {
 		t.Errorf("events?after=x: %d", p.code)
+	}
+	// A cursor that is not one, on the pages that pass it on, is refused
+	// as the API would.
+	for _, path := range []string{"/jobs/" + id + "?events_after=x", "/receipts?after=x", "/receipts?after=-2"} {
+		if p := b.get(t, path); p.code != http.StatusBadRequest || !strings.Contains(p.body, `class="flash error"`) {
+			t.Errorf("%s: %d, want 400 with an error", path, p.code)
+		}
 	}
 
 	// Static assets and unknown pages carry the headers too.

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/nodelane/nodelane/receipts"
+	"github.com/nodelane/nodelane/workerapi/operator"
 	"github.com/nodelane/nodelane/workerapi/wire"
 )
 
@@ -175,8 +176,8 @@ type overviewData struct {
 	WorkersErr  string
 	Rate        string
 	RateErr     string
-	SpendToday  *costsResponse
-	SpendMonth  *costsResponse
+	SpendToday  *wire.CostReport
+	SpendMonth  *wire.CostReport
 	SpendErr    string
 	Envelope    *wire.EnvelopeResponse
 	EnvelopeErr string
@@ -190,7 +191,7 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request, s *session) {
 	byType := map[string][]int{}
 	for i, st := range jobStates {
 		n := 0
-		err := c.eachJob(ctx, s.token, url.Values{"state": {st}}, MaxCounted, func(j jobView) {
+		err := c.eachJob(ctx, s.token, operator.JobQuery{State: st}, MaxCounted, func(j wire.OperatorJob) {
 			if byType[j.JobType] == nil {
 				byType[j.JobType] = make([]int, len(jobStates))
 			}
@@ -235,54 +236,20 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request, s *session) {
 	}
 	now := c.cfg.Now().UTC()
 	day := time.Date(now.Year(), now.Month(), now.Day(), 0, 0, 0, 0, time.UTC)
-	var today, month costsResponse
-	if err := c.call(ctx, s.token, http.MethodGet, "/operator/costs?from="+url.QueryEscape(day.Format(time.RFC3339))+"&to="+url.QueryEscape(now.Add(time.Second).Format(time.RFC3339)), nil, &today); err != nil {
+	api := c.op(s.token)
+	if today, err := api.Costs(ctx, operator.CostQuery{From: day, To: now.Add(time.Second)}); err != nil {
 		d.SpendErr = explain(err)
-	} else if err := c.call(ctx, s.token, http.MethodGet, "/operator/costs", nil, &month); err != nil {
+	} else if month, err := api.Costs(ctx, operator.CostQuery{}); err != nil {
 		d.SpendErr = explain(err)
 	} else {
-		d.SpendToday, d.SpendMonth = &today, &month
+		d.SpendToday, d.SpendMonth = today, month
 	}
-	var env wire.EnvelopeResponse
-	if err := c.call(ctx, s.token, http.MethodGet, "/operator/envelope", nil, &env); err != nil {
+	if env, err := api.Envelope(ctx); err != nil {
 		d.EnvelopeErr = explain(err)
 	} else {
-		d.Envelope = &env
+		d.Envelope = env
 	}
 	c.render(w, r, http.StatusOK, "overview", s, &pageData{Title: "Overview", Data: d})
-}
-
-// costsResponse answers GET /operator/costs.
-type costsResponse struct {
-	From    string      `json:"from"`
-	To      string      `json:"to"`
-	GroupBy string      `json:"group_by"`
-	Groups  []costGroup `json:"groups"`
-	Total   costGroup   `json:"total"`
-	// Unbilled is the GPU time of the window's attempts that no one was
-	// charged for, by reason.
-	Unbilled struct {
-		Groups []unbilledGroup `json:"groups"`
-		Total  unbilledGroup   `json:"total"`
-	} `json:"unbilled"`
-}
-
-// unbilledGroup is one reason's uncharged GPU time, or their total.
-type unbilledGroup struct {
-	Reason   string `json:"reason"`
-	Attempts int64  `json:"attempts"`
-	ActualMS int64  `json:"actual_ms"`
-	GPUMS    int64  `json:"gpu_ms"`
-	GPUHours string `json:"gpu_hours"`
-}
-
-type costGroup struct {
-	Key          string `json:"key"`
-	Jobs         int64  `json:"jobs"`
-	ActualMS     int64  `json:"actual_ms"`
-	GPUHours     string `json:"gpu_hours"`
-	CostMicroUSD int64  `json:"cost_micro_usd"`
-	CostUSD      string `json:"cost_usd"`
 }
 
 func sortedKeys[V any](m map[string]V) []string {
@@ -294,72 +261,45 @@ func sortedKeys[V any](m map[string]V) []string {
 	return ks
 }
 
-// jobView is a job as the operator routes answer it, with its cost.
-type jobView struct {
-	wire.Job
-	ActualMS           *int64  `json:"actual_ms"`
-	ActualHours        *string `json:"actual_hours"`
-	ActualCostUSD      *string `json:"actual_cost_usd"`
-	ActualCostMicroUSD *int64  `json:"actual_cost_micro_usd"`
-}
-
-type jobList struct {
-	Jobs []jobView `json:"jobs"`
-	Next *string   `json:"next"`
-}
-
-// eachJob calls f for each job the query lists, at most max.
-func (c *Console) eachJob(ctx context.Context, token string, q url.Values, max int, f func(jobView)) error {
-	q.Set("limit", "1000")
+// eachJob calls f for each job q lists, at most max (1 or more), and
+// reads no page beyond the one that holds the last.
+func (c *Console) eachJob(ctx context.Context, token string, q operator.JobQuery, max int, f func(wire.OperatorJob)) error {
+	q.Limit = 1000
 	n := 0
-	for {
-		var page jobList
-		if err := c.call(ctx, token, http.MethodGet, "/operator/jobs?"+q.Encode(), nil, &page); err != nil {
+	for j, err := range c.op(token).Jobs(ctx, q) {
+		if err != nil {
 			return err
 		}
-		for _, j := range page.Jobs {
-			if n == max {
-				return nil
-			}
-			f(j)
-			n++
+		f(j)
+		if n++; n == max {
+			break
 		}
-		if page.Next == nil || n == max {
-			return nil
-		}
-		q.Set("after", *page.Next)
 	}
+	return nil
 }
 
+// eachWorker calls f for each worker, at most max (1 or more).
 func (c *Console) eachWorker(ctx context.Context, token string, max int, f func(wire.WorkerView)) error {
-	q := url.Values{"limit": {"1000"}}
 	n := 0
-	for {
-		var page wire.WorkerListResponse
-		if err := c.call(ctx, token, http.MethodGet, "/operator/workers?"+q.Encode(), nil, &page); err != nil {
+	for v, err := range c.op(token).Workers(ctx, operator.WorkerQuery{Limit: 1000}) {
+		if err != nil {
 			return err
 		}
-		for _, v := range page.Workers {
-			if n == max {
-				return nil
-			}
-			f(v)
-			n++
+		f(v)
+		if n++; n == max {
+			break
 		}
-		if page.Next == nil || n == max {
-			return nil
-		}
-		q.Set("after", *page.Next)
 	}
+	return nil
 }
 
 // checkpoint reads the current signed checkpoint and verifies it.
 func (c *Console) checkpoint(ctx context.Context, token string) (*receipts.Checkpoint, error) {
-	var note string
-	if err := c.call(ctx, token, http.MethodGet, "/operator/receipts/checkpoint", nil, &note); err != nil {
+	note, err := c.op(token).Checkpoint(ctx)
+	if err != nil {
 		return nil, err
 	}
-	cp, err := receipts.OpenCheckpoint([]byte(note), c.cfg.VerifierKey, c.cfg.Origin)
+	cp, err := receipts.OpenCheckpoint(note, c.cfg.VerifierKey, c.cfg.Origin)
 	if err != nil {
 		return nil, fmt.Errorf("the control plane's checkpoint does not verify with the configured key: %w", err)
 	}
@@ -376,24 +316,20 @@ func (c *Console) recent(ctx context.Context, token string, n int) ([]receipts.W
 	n = min(n, RecentReceipts)
 	from := max(cp.Size-int64(n), 0)
 	var out []receipts.WireReceipt
-	for from < cp.Size {
-		path := "/operator/receipts?limit=1000"
-		if from > 0 {
-			path += "&after=" + strconv.FormatInt(from-1, 10)
-		}
-		var page wire.ReceiptListResponse
-		if err := c.call(ctx, token, http.MethodGet, path, nil, &page); err != nil {
+	if from >= cp.Size {
+		return out, cp, nil
+	}
+	for w, err := range c.op(token).Receipts(ctx, operator.ReceiptQuery{From: from, Limit: 1000}) {
+		if err != nil {
 			return nil, nil, err
 		}
-		for _, w := range page.Receipts {
-			if w.Index != nil && *w.Index < cp.Size {
-				out = append(out, w)
-			}
+		if w.Index == nil {
+			continue
 		}
-		if page.Next == nil || len(page.Receipts) == 0 {
-			break
+		if *w.Index >= cp.Size {
+			break // sequenced after the checkpoint
 		}
-		from = *page.Next + 1
+		out = append(out, w)
 	}
 	return out, cp, nil
 }
@@ -401,12 +337,8 @@ func (c *Console) recent(ctx context.Context, token string, n int) ([]receipts.W
 // --- workers
 
 func (c *Console) workers(w http.ResponseWriter, r *http.Request, s *session) {
-	q := url.Values{"limit": {strconv.Itoa(PageSize)}}
-	if a := r.URL.Query().Get("after"); a != "" {
-		q.Set("after", a)
-	}
-	var page wire.WorkerListResponse
-	if err := c.call(r.Context(), s.token, http.MethodGet, "/operator/workers?"+q.Encode(), nil, &page); err != nil {
+	page, err := c.op(s.token).ListWorkers(r.Context(), operator.WorkerQuery{After: r.URL.Query().Get("after"), Limit: PageSize})
+	if err != nil {
 		c.render(w, r, status(err), "workers", s, &pageData{Title: "Workers", Flashes: []flash{{Error: true, Text: explain(err)}}})
 		return
 	}
@@ -417,21 +349,23 @@ type workerData struct {
 	wire.WorkerDetailResponse
 	// Retired is the spec's "status":"retired".
 	Retired    bool
-	History    []jobView
+	History    []wire.OperatorJob
 	HistoryErr string
 }
 
 func (c *Console) worker(w http.ResponseWriter, r *http.Request, s *session) {
 	id := r.PathValue("id")
-	var d workerData
-	if err := c.call(r.Context(), s.token, http.MethodGet, "/operator/workers/"+url.PathEscape(id), nil, &d.WorkerDetailResponse); err != nil {
+	api := c.op(s.token)
+	wd, err := api.Worker(r.Context(), id)
+	if err != nil {
 		c.render(w, r, status(err), "worker", s, &pageData{Title: "Worker " + id, Nav: "workers", Flashes: []flash{{Error: true, Text: explain(err)}}})
 		return
 	}
-	d.Retired = d.Worker.Status == "retired"
-	var page jobList
-	if err := c.call(r.Context(), s.token, http.MethodGet, "/operator/jobs?"+url.Values{"worker_id": {id}, "limit": {strconv.Itoa(PageSize)}}.Encode(), nil, &page); err != nil {
+	d := workerData{WorkerDetailResponse: *wd, Retired: wd.Worker.Status == "retired"}
+	page, err := api.ListJobs(r.Context(), operator.JobQuery{WorkerID: id, Limit: PageSize})
+	if err != nil {
 		d.HistoryErr = explain(err)
+		page = &wire.JobListResponse{}
 	}
 	for _, j := range page.Jobs {
 		// Kept only when the API filtered as asked.
@@ -455,12 +389,22 @@ func (c *Console) workerAction(w http.ResponseWriter, r *http.Request, s *sessio
 			return flash{}, err
 		}
 		reason := r.PostForm.Get("reason")
-		var body any
+		api := c.op(s.token)
+		var (
+			out *wire.WorkerResponse
+			err error
+		)
 		switch action {
-		case "ban", "unban", "retire":
-			body = wire.ReasonRequest{Reason: reason}
-		case "drain", "resume":
-			body = struct{}{}
+		case "ban":
+			out, err = api.BanWorker(ctx, id, reason)
+		case "unban":
+			out, err = api.UnbanWorker(ctx, id, reason)
+		case "retire":
+			out, err = api.RetireWorker(ctx, id, reason)
+		case "drain":
+			out, err = api.DrainWorker(ctx, id)
+		case "resume":
+			out, err = api.ResumeWorker(ctx, id)
 		case "approve":
 			a := wire.ApproveRequest{Reason: reason}
 			if t := fields(r.PostForm.Get("job_types")); len(t) > 0 {
@@ -469,12 +413,11 @@ func (c *Console) workerAction(w http.ResponseWriter, r *http.Request, s *sessio
 			if t := fields(r.PostForm.Get("tags")); len(t) > 0 {
 				a.Tags = &t
 			}
-			body = a
+			out, err = api.ApproveWorker(ctx, id, a)
 		default:
 			return flash{}, fmt.Errorf("there is no worker action %q", action)
 		}
-		var out wire.WorkerResponse
-		if err := c.call(ctx, s.token, http.MethodPost, "/operator/workers/"+url.PathEscape(id)+"/"+action, body, &out); err != nil {
+		if err != nil {
 			return flash{}, err
 		}
 		msg := fmt.Sprintf("Worker %s: %s done.", id, action)
@@ -494,7 +437,7 @@ func (c *Console) workerAction(w http.ResponseWriter, r *http.Request, s *sessio
 
 type jobsData struct {
 	State, Type, Worker, Tag string
-	Jobs                     []jobView
+	Jobs                     []wire.OperatorJob
 	Next                     string
 	NextQuery                string
 	SafeTypes, BlockedTypes  []string
@@ -503,14 +446,9 @@ type jobsData struct {
 func (c *Console) jobs(w http.ResponseWriter, r *http.Request, s *session) {
 	in := r.URL.Query()
 	d := jobsData{State: in.Get("state"), Type: in.Get("job_type"), Worker: in.Get("worker_id"), Tag: in.Get("tag")}
-	q := url.Values{"limit": {strconv.Itoa(PageSize)}}
-	for k, v := range map[string]string{"state": d.State, "job_type": d.Type, "worker_id": d.Worker, "tag": d.Tag, "after": in.Get("after")} {
-		if v != "" {
-			q.Set(k, v)
-		}
-	}
-	var page jobList
-	if err := c.call(r.Context(), s.token, http.MethodGet, "/operator/jobs?"+q.Encode(), nil, &page); err != nil {
+	api := c.op(s.token)
+	page, err := api.ListJobs(r.Context(), operator.JobQuery{State: d.State, JobType: d.Type, WorkerID: d.Worker, Tag: d.Tag, After: in.Get("after"), Limit: PageSize})
+	if err != nil {
 		c.render(w, r, status(err), "jobs", s, &pageData{Title: "Jobs", Data: d, Flashes: []flash{{Error: true, Text: explain(err)}}})
 		return
 	}
@@ -525,12 +463,15 @@ func (c *Console) jobs(w http.ResponseWriter, r *http.Request, s *session) {
 		d.Jobs = append(d.Jobs, j)
 	}
 	if page.Next != nil {
-		q.Set("after", *page.Next)
-		q.Del("limit")
+		q := url.Values{"after": {*page.Next}}
+		for k, v := range map[string]string{"state": d.State, "job_type": d.Type, "worker_id": d.Worker, "tag": d.Tag} {
+			if v != "" {
+				q.Set(k, v)
+			}
+		}
 		d.NextQuery = q.Encode()
 	}
-	var env wire.EnvelopeResponse
-	if c.call(r.Context(), s.token, http.MethodGet, "/operator/envelope", nil, &env) == nil {
+	if env, err := api.Envelope(r.Context()); err == nil {
 		d.SafeTypes, d.BlockedTypes = env.SafeTypes, env.BlockedTypes
 	}
 	c.render(w, r, http.StatusOK, "jobs", s, &pageData{Title: "Jobs", Data: d})
@@ -559,8 +500,8 @@ func (c *Console) dispatch(w http.ResponseWriter, r *http.Request, s *session) {
 				*dst = n
 			}
 		}
-		var out wire.DispatchResponse
-		if err := c.call(ctx, s.token, http.MethodPost, "/operator/jobs", req, &out); err != nil {
+		out, err := c.op(s.token).Dispatch(ctx, req)
+		if err != nil {
 			return flash{}, err
 		}
 		back = "/jobs/" + url.PathEscape(out.Job.ID)
@@ -570,12 +511,6 @@ func (c *Console) dispatch(w http.ResponseWriter, r *http.Request, s *session) {
 		}
 		return flash{Text: msg}, nil
 	})
-}
-
-// jobDetail is GET /operator/jobs/{id}'s answer, with the job's cost.
-type jobDetail struct {
-	wire.JobDetailResponse
-	Job jobView `json:"job"`
 }
 
 // receiptRow is one receipt as a page shows it, with the outcome of its
@@ -598,7 +533,7 @@ type cost struct {
 }
 
 type jobData struct {
-	jobDetail
+	wire.JobDetailResponse
 	Cost        *cost
 	Receipts    []receiptRow
 	ReceiptsErr string
@@ -606,16 +541,17 @@ type jobData struct {
 	LastEvent   int64
 }
 
-func (c *Console) jobDetail(ctx context.Context, token, id, after string) (*jobDetail, error) {
-	path := "/operator/jobs/" + url.PathEscape(id)
+// jobDetail reads job id with its events after the event id after ("":
+// from the first).
+func (c *Console) jobDetail(ctx context.Context, token, id, after string) (*wire.JobDetailResponse, error) {
+	var n int64
 	if after != "" {
-		path += "?events_after=" + url.QueryEscape(after)
+		var err error
+		if n, err = strconv.ParseInt(after, 10, 64); err != nil || n < 0 {
+			return nil, &requestError{fmt.Sprintf("the event id %q is not a whole number", after)}
+		}
 	}
-	var d jobDetail
-	if err := c.call(ctx, token, http.MethodGet, path, nil, &d); err != nil {
-		return nil, err
-	}
-	return &d, nil
+	return c.op(token).Job(ctx, id, n)
 }
 
 func (c *Console) job(w http.ResponseWriter, r *http.Request, s *session) {
@@ -626,7 +562,7 @@ func (c *Console) job(w http.ResponseWriter, r *http.Request, s *session) {
 		c.render(w, r, status(err), "job", s, &pageData{Title: "Job " + id, Nav: "jobs", Flashes: []flash{{Error: true, Text: explain(err)}}})
 		return
 	}
-	d := jobData{jobDetail: *jd}
+	d := jobData{JobDetailResponse: *jd}
 	if n := len(jd.Events); n > 0 {
 		d.LastEvent = jd.Events[n-1].ID
 	}
@@ -669,7 +605,7 @@ func derefS(p *string) string {
 // jobReceipts finds the receipts of a job (those its view and its
 // artifacts name, and those among the latest RecentReceipts that name
 // it) and verifies each against the current checkpoint.
-func (c *Console) jobReceipts(ctx context.Context, token string, jd *jobDetail) ([]receiptRow, *receipts.Checkpoint, error) {
+func (c *Console) jobReceipts(ctx context.Context, token string, jd *wire.JobDetailResponse) ([]receiptRow, *receipts.Checkpoint, error) {
 	var ids []string
 	add := func(id string) {
 		if id != "" && !slices.Contains(ids, id) {
@@ -711,8 +647,8 @@ func (c *Console) jobReceipts(ctx context.Context, token string, jd *jobDetail) 
 // than cp (the current one).
 func (c *Console) verifyReceipt(ctx context.Context, token, id string, cp *receipts.Checkpoint) receiptRow {
 	row := receiptRow{ID: id}
-	var rr wire.ReceiptResponse
-	if err := c.call(ctx, token, http.MethodGet, "/operator/receipts/"+url.PathEscape(id), nil, &rr); err != nil {
+	rr, err := c.op(token).Receipt(ctx, id)
+	if err != nil {
 		row.Note = explain(err)
 		return row
 	}
@@ -777,8 +713,8 @@ func (c *Console) jobEvents(w http.ResponseWriter, r *http.Request, s *session) 
 func (c *Console) cancel(w http.ResponseWriter, r *http.Request, s *session) {
 	id := r.PathValue("id")
 	c.act(w, r, s, "/jobs/"+url.PathEscape(id), func(ctx context.Context) (flash, error) {
-		var out wire.JobResponse
-		if err := c.call(ctx, s.token, http.MethodPost, "/operator/jobs/"+url.PathEscape(id)+"/cancel", nil, &out); err != nil {
+		out, err := c.op(s.token).CancelJob(ctx, id)
+		if err != nil {
 			return flash{}, err
 		}
 		return flash{Text: "Job " + id + " is " + out.Job.State + map[bool]string{true: " (cancel requested)", false: ""}[out.Job.CancelRequested] + "."}, nil
@@ -795,12 +731,12 @@ type envelopeData struct {
 
 func (c *Console) envelope(w http.ResponseWriter, r *http.Request, s *session) {
 	var d envelopeData
-	var env wire.EnvelopeResponse
-	if err := c.call(r.Context(), s.token, http.MethodGet, "/operator/envelope", nil, &env); err != nil {
+	env, err := c.op(s.token).Envelope(r.Context())
+	if err != nil {
 		c.render(w, r, status(err), "envelope", s, &pageData{Title: "Envelope", Data: d, Flashes: []flash{{Error: true, Text: explain(err)}}})
 		return
 	}
-	d.Envelope = &env
+	d.Envelope = env
 	if rs, _, err := c.recent(r.Context(), s.token, RecentReceipts); err != nil {
 		d.HistoryErr = explain(err)
 	} else {
@@ -821,8 +757,11 @@ func (c *Console) envelopeAction(w http.ResponseWriter, r *http.Request, s *sess
 		if err := form(w, r); err != nil {
 			return flash{}, err
 		}
-		var body any
 		reason := strings.TrimSpace(r.PostForm.Get("reason"))
+		var (
+			out *wire.EnvelopeResponse
+			err error
+		)
 		switch action {
 		case "activate":
 			a := wire.ActivateRequest{Reason: reason}
@@ -833,14 +772,13 @@ func (c *Console) envelopeAction(w http.ResponseWriter, r *http.Request, s *sess
 				}
 				a.Until = &t
 			}
-			body = a
+			out, err = c.op(s.token).ActivateEnvelope(ctx, a)
 		case "deactivate":
-			body = wire.ReasonRequest{Reason: reason}
+			out, err = c.op(s.token).DeactivateEnvelope(ctx, reason)
 		default:
 			return flash{}, fmt.Errorf("there is no envelope action %q", action)
 		}
-		var out wire.EnvelopeResponse
-		if err := c.call(ctx, s.token, http.MethodPost, "/operator/envelope/"+action, body, &out); err != nil {
+		if err != nil {
 			return flash{}, err
 		}
 		return flash{Text: fmt.Sprintf("Envelope %sd: runtime active=%t, policy version %d, receipt %s.", action, out.Active, out.PolicyVersion, out.ReceiptID)}, nil
@@ -874,22 +812,18 @@ var operatorScopes = []string{"operator:jobs", "operator:workers", "operator:cre
 
 func (c *Console) credentials(w http.ResponseWriter, r *http.Request, s *session) {
 	in := r.URL.Query()
-	q := url.Values{"limit": {strconv.Itoa(PageSize)}}
-	for _, k := range []string{"principal", "after"} {
-		if v := in.Get(k); v != "" {
-			q.Set(k, v)
-		}
-	}
 	d := credentialsData{Scopes: operatorScopes}
-	var page wire.CredentialListResponse
-	if err := c.call(r.Context(), s.token, http.MethodGet, "/operator/credentials?"+q.Encode(), nil, &page); err != nil {
+	page, err := c.op(s.token).ListCredentials(r.Context(), operator.CredentialQuery{Principal: in.Get("principal"), After: in.Get("after"), Limit: PageSize})
+	if err != nil {
 		c.render(w, r, status(err), "credentials", s, &pageData{Title: "Credentials", Data: d, Flashes: []flash{{Error: true, Text: explain(err)}}})
 		return
 	}
 	d.Credentials = page.Credentials
 	if page.Next != nil {
-		q.Set("after", *page.Next)
-		q.Del("limit")
+		q := url.Values{"after": {*page.Next}}
+		if p := in.Get("principal"); p != "" {
+			q.Set("principal", p)
+		}
 		d.NextQuery = q.Encode()
 	}
 	c.render(w, r, http.StatusOK, "credentials", s, &pageData{Title: "Credentials", Data: d})
@@ -916,8 +850,8 @@ func (c *Console) mint(w http.ResponseWriter, r *http.Request, s *session) {
 			}
 			req.MaxRegistrations = &n
 		}
-		var out wire.MintCredentialResponse
-		if err := c.call(ctx, s.token, http.MethodPost, "/operator/credentials", req, &out); err != nil {
+		out, err := c.op(s.token).MintCredential(ctx, req)
+		if err != nil {
 			return flash{}, err
 		}
 		return flash{Text: fmt.Sprintf("Minted credential %s for %s (%s), expiring %s. Copy its token now: it is shown this once.",
@@ -931,8 +865,8 @@ func (c *Console) revoke(w http.ResponseWriter, r *http.Request, s *session) {
 		if err := form(w, r); err != nil {
 			return flash{}, err
 		}
-		var out wire.RevokeCredentialResponse
-		if err := c.call(ctx, s.token, http.MethodPost, "/operator/credentials/"+url.PathEscape(id)+"/revoke", wire.ReasonRequest{Reason: r.PostForm.Get("reason")}, &out); err != nil {
+		out, err := c.op(s.token).RevokeCredential(ctx, id, r.PostForm.Get("reason"))
+		if err != nil {
 			return flash{}, err
 		}
 		if out.ReceiptID == nil {

@@ -13,7 +13,7 @@ import (
 	"golang.org/x/mod/sumdb/tlog"
 
 	"github.com/nodelane/nodelane/receipts"
-	"github.com/nodelane/nodelane/workerapi/wire"
+	"github.com/nodelane/nodelane/workerapi/operator"
 )
 
 type receiptsData struct {
@@ -33,28 +33,37 @@ func (c *Console) receiptsPage(w http.ResponseWriter, r *http.Request, s *sessio
 func (c *Console) renderReceipts(w http.ResponseWriter, r *http.Request, s *session, export *exportResult) {
 	ctx := r.Context()
 	d := receiptsData{Export: export}
-	var note string
-	if err := c.call(ctx, s.token, http.MethodGet, "/operator/receipts/checkpoint", nil, &note); err != nil {
+	fail := func(err error) {
 		c.render(w, r, status(err), "receipts", s, &pageData{Title: "Receipts", Data: d, Flashes: []flash{{Error: true, Text: explain(err)}}})
+	}
+	api := c.op(s.token)
+	note, err := api.Checkpoint(ctx)
+	if err != nil {
+		fail(err)
 		return
 	}
-	d.Note = note
-	cp, err := receipts.OpenCheckpoint([]byte(note), c.cfg.VerifierKey, c.cfg.Origin)
+	d.Note = string(note)
+	cp, err := receipts.OpenCheckpoint(note, c.cfg.VerifierKey, c.cfg.Origin)
 	if err != nil {
 		d.CheckpointErr = "The checkpoint does not verify with the configured key: " + err.Error()
 	} else {
 		d.Checkpoint = cp
 	}
-	q := url.Values{"limit": {strconv.Itoa(PageSize)}}
+	q := operator.ReceiptQuery{Limit: PageSize}
 	if a := r.URL.Query().Get("after"); a != "" {
-		q.Set("after", a)
+		after, err := strconv.ParseInt(a, 10, 64)
+		if err != nil || after < 0 {
+			fail(&requestError{fmt.Sprintf("the receipt index %q is not a whole number", a)})
+			return
+		}
+		q.From = after + 1
 	} else if cp != nil && cp.Size > PageSize {
 		// The latest page by default.
-		q.Set("after", strconv.FormatInt(cp.Size-PageSize-1, 10))
+		q.From = cp.Size - PageSize
 	}
-	var page wire.ReceiptListResponse
-	if err := c.call(ctx, s.token, http.MethodGet, "/operator/receipts?"+q.Encode(), nil, &page); err != nil {
-		c.render(w, r, status(err), "receipts", s, &pageData{Title: "Receipts", Data: d, Flashes: []flash{{Error: true, Text: explain(err)}}})
+	page, err := api.ListReceipts(ctx, q)
+	if err != nil {
+		fail(err)
 		return
 	}
 	for _, wr := range page.Receipts {
@@ -63,9 +72,7 @@ func (c *Console) renderReceipts(w http.ResponseWriter, r *http.Request, s *sess
 		d.Receipts = append(d.Receipts, row)
 	}
 	if page.Next != nil {
-		q.Set("after", strconv.FormatInt(*page.Next, 10))
-		q.Del("limit")
-		d.NextQuery = q.Encode()
+		d.NextQuery = url.Values{"after": {strconv.FormatInt(*page.Next, 10)}}.Encode()
 	}
 	c.render(w, r, http.StatusOK, "receipts", s, &pageData{Title: "Receipts", Data: d})
 }

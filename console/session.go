@@ -10,6 +10,9 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/nodelane/nodelane/workerapi/operator"
+	"github.com/nodelane/nodelane/workerapi/wire"
 )
 
 // A session is one sign-in. The operator's token lives only here, in the
@@ -170,8 +173,12 @@ func (c *Console) signIn(w http.ResponseWriter, r *http.Request) {
 	}
 	// Any operator route checks the token: 401 refuses it; 403 (a scope
 	// it lacks) means the token is good.
-	err := c.call(r.Context(), token, http.MethodGet, "/operator/jobs?limit=1", nil, nil)
-	var ae *apiError
+	_, err := c.op(token).ListJobs(r.Context(), operator.JobQuery{Limit: 1})
+	if errors.Is(err, operator.ErrBadToken) {
+		refuse("That token was refused: it holds a space, a control character or a character outside ASCII, which no token does.")
+		return
+	}
+	var ae *wire.Error
 	if errors.As(err, &ae) && ae.Status == http.StatusUnauthorized {
 		refuse("That token was refused: " + ae.Message)
 		return

@@ -1,6 +1,12 @@
 package wire
 
-import "time"
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+)
 
 // ErrorBody is every error answer.
 type ErrorBody struct {
@@ -47,3 +53,48 @@ const (
 	// request already answered, which this one is not a repeat of.
 	CodeIdempotencyMismatch = "idempotency_mismatch"
 )
+
+// Error is an error answer of a route as a Go error: what a client of
+// the routes returns for an answer that is not a success, so that its
+// caller reads it with errors.As. Status is the HTTP status; Code,
+// Message and ServerTime are the ErrorBody's, Code "" when the body was
+// not one (say, a proxy's page, when Message says so).
+type Error struct {
+	Status     int
+	Code       string
+	Message    string
+	ServerTime time.Time
+	// Route is the request's method and path, such as
+	// "GET /operator/jobs/job_1".
+	Route string
+	// RequestID is the X-Request-Id the server answered with, "" when
+	// none.
+	RequestID string
+	// RetryAfter is the server's Retry-After (sent with 429 and 503), or 0.
+	RetryAfter time.Duration
+}
+
+// Error says the route, the status, the code and the message.
+func (e *Error) Error() string {
+	code := e.Code
+	if code == "" {
+		code = strings.ToLower(http.StatusText(e.Status))
+	}
+	msg := fmt.Sprintf("%s: %d %s", e.Route, e.Status, code)
+	if e.Message != "" {
+		msg += ": " + e.Message
+	}
+	return msg
+}
+
+// Temporary reports whether the same request may succeed later: a 5xx or
+// 429 answer.
+func (e *Error) Temporary() bool {
+	return e.Status >= 500 || e.Status == http.StatusTooManyRequests
+}
+
+// IsCode reports whether err is, or wraps, an *Error with code.
+func IsCode(err error, code string) bool {
+	var e *Error
+	return errors.As(err, &e) && e.Code == code
+}

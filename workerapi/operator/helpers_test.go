@@ -1,0 +1,130 @@
+package operator_test
+
+import (
+	"encoding/json"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nodelane/nodelane/internal/apitest"
+	"github.com/nodelane/nodelane/receipts"
+	"github.com/nodelane/nodelane/workerapi"
+	"github.com/nodelane/nodelane/workerapi/operator"
+	"github.com/nodelane/nodelane/workerapi/wire"
+)
+
+// The Client against a real control plane: internal/apitest's Server on
+// SQLite, served over loopback HTTP, and, for answers no real server
+// gives, small handlers of the tests' own.
+
+// recorder is an http.RoundTripper that sends through
+// http.DefaultTransport and notes each request's method and escaped
+// path.
+type recorder struct {
+	mu   sync.Mutex
+	seen []string
+}
+
+func (r *recorder) RoundTrip(req *http.Request) (*http.Response, error) {
+	r.mu.Lock()
+	r.seen = append(r.seen, req.Method+" "+req.URL.EscapedPath())
+	r.mu.Unlock()
+	return http.DefaultTransport.RoundTrip(req)
+}
+
+// requests returns the requests noted so far and forgets them.
+func (r *recorder) requests() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := r.seen
+	r.seen = nil
+	return out
+}
+
+// fixture is a control plane and a Client of it with the operator token,
+// whose requests are recorded.
+type fixture struct {
+	env *apitest.Env
+	api *operator.Client
+	rec *recorder
+}
+
+// newFixture starts a control plane (its maintainer running, so receipts
+// are sequenced) that prices rtx-4090 at $1.80 per GPU-hour.
+func newFixture(t *testing.T) *fixture {
+	t.Helper()
+	env := apitest.New(t, "sqlite", apitest.Started(), apitest.WithConfig(func(c *workerapi.Config) {
+		c.Prices = receipts.Prices{BySKU: map[string]int64{"rtx-4090": 1_800_000}}
+	}))
+	rec := &recorder{}
+	api, err := operator.New(env.URL, env.OperatorToken, &operator.Config{HTTPClient: &http.Client{Transport: rec}})
+	if err != nil {
+		t.Fatalf("operator.New: %v", err)
+	}
+	return &fixture{env: env, api: api, rec: rec}
+}
+
+// node registers a worker node with an rtx-4090 that runs status_check
+// and lora_train; its signatures follow the Env's clock.
+func (f *fixture) node(t *testing.T, name string) *apitest.Node {
+	t.Helper()
+	n := f.env.NewNode(t, name)
+	n.Now = f.env.Clock.Now
+	n.Register(t, wire.RegisterRequest{
+		Name: name, Hostname: name + ".local", Role: "local_gpu_compute",
+		Capabilities:   wire.Capabilities{GPUs: []wire.GPU{{SKU: "rtx-4090", VRAMMB: 24576}}, JobTypes: []string{"status_check", "lora_train"}},
+		GovernorLimits: wire.GovernorLimits{MaxJobs: 2, MaxVRAMMB: 24576},
+		Version:        "worker/1.0.0", HeartbeatIntervalSeconds: 30,
+	})
+	return n
+}
+
+// nodeCall sends a signed POST from n and decodes its answer, which must
+// have status want.
+func nodeCall[T any](t *testing.T, n *apitest.Node, path string, body any, want int) T {
+	t.Helper()
+	resp, b := n.Do(t, http.MethodPost, path, body)
+	if resp.StatusCode != want {
+		t.Fatalf("%s: %d %s", path, resp.StatusCode, b)
+	}
+	var v T
+	if err := json.Unmarshal(b, &v); err != nil {
+		t.Fatalf("%s: %v in %s", path, err, b)
+	}
+	return v
+}
+
+// run leases the queued job id on n and runs it to success: a status
+// event, logs log lines (in batches of at most MaxLogEntries), an
+// artifact, and a completion one minute (of the Env's clock) after the
+// accept, so that its charge is not 0.
+func (f *fixture) run(t *testing.T, n *apitest.Node, id string, logs int) {
+	t.Helper()
+	l := nodeCall[wire.LeaseResponse](t, n, wire.PathLease, wire.LeaseRequest{SupportedJobTypes: []string{"status_check", "lora_train"}, SupportedGPUSKUs: []string{"rtx-4090"}, MaxJobs: 1}, http.StatusOK)
+	if l.Job == nil || l.Job.ID != id {
+		t.Fatalf("lease = %+v, want job %s", l, id)
+	}
+	tok := *l.LeaseToken
+	nodeCall[wire.AcceptResponse](t, n, wire.JobPath(id, wire.ActionAccept), wire.TokenRequest{LeaseToken: tok}, http.StatusOK)
+	nodeCall[wire.StatusResponse](t, n, wire.JobPath(id, wire.ActionStatus), wire.StatusRequest{LeaseToken: tok, EventType: "progress", Message: "half way"}, http.StatusOK)
+	for seq := 1; seq <= logs; {
+		var entries []wire.LogEntry
+		for ; seq <= logs && len(entries) < wire.MaxLogEntries; seq++ {
+			entries = append(entries, wire.LogEntry{Seq: int64(seq), Message: "line " + strings.Repeat("x", seq%7)})
+		}
+		nodeCall[wire.LogsResponse](t, n, wire.JobPath(id, wire.ActionLogs), map[string]any{"lease_token": tok, "entries": entries}, http.StatusOK)
+	}
+	sum := strings.Repeat("ab", 32)
+	size := int64(4)
+	nodeCall[wire.ArtifactResponse](t, n, wire.JobPath(id, wire.ActionArtifacts), wire.ArtifactRequest{
+		LeaseToken: tok, ArtifactType: "adapter", Name: "adapter.safetensors", URI: "file:///models/adapter.safetensors",
+		ChecksumSHA256: &sum, SizeBytes: &size,
+	}, http.StatusCreated)
+	f.env.Clock.Advance(time.Minute)
+	done := nodeCall[wire.CompleteResponse](t, n, wire.JobPath(id, wire.ActionComplete), wire.CompleteRequest{LeaseToken: tok, Metrics: json.RawMessage(`{"loss":0.12}`)}, http.StatusOK)
+	if done.Job.State != "succeeded" {
+		t.Fatalf("complete = %+v", done)
+	}
+}

@@ -10,7 +10,9 @@ import (
 // openAPIDocument is the OpenAPI 3.1 description of every worker and
 // operator route, relative to the mount point. It is written by hand
 // beside PROTOCOL.md; openapi_test.go holds it to the route tables and to
-// the wire types, so it cannot drift from what the handlers serve.
+// the wire types, so it cannot drift from what the handlers serve, and
+// cmd/openapi_test.go (in the programs' module, with kin-openapi)
+// validates it as OpenAPI 3.1.
 //
 //go:embed openapi.json
 var openAPIDocument []byte

@@ -34,7 +34,6 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -44,6 +43,7 @@ import (
 	"github.com/nodelane/nodelane/console"
 	"github.com/nodelane/nodelane/receipts"
 	"github.com/nodelane/nodelane/workerapi/client"
+	"github.com/nodelane/nodelane/workerapi/operator"
 	"github.com/nodelane/nodelane/workerapi/wire"
 )
 
@@ -149,7 +149,10 @@ func run(ctx context.Context, args []string, stdout io.Writer) (err error) {
 	tokensPath := filepath.Join(*dir, "nodelane-tokens.json")
 	say("   listening on %s; operator and provisioning credentials minted (kept in %s, not printed)", base, filepath.Base(tokensPath))
 	say("   web console: %s/console/ (sign in with operator_token from %s)", base, tokensPath)
-	op := &operator{base: base, token: tokens.OperatorToken, hc: &http.Client{Timeout: 30 * time.Second}}
+	api, err := operator.New(base, tokens.OperatorToken, &operator.Config{HTTPClient: &http.Client{Timeout: 30 * time.Second}})
+	if err != nil {
+		return err
+	}
 
 	// 2. The worker node.
 	say("2. Registering a worker node (Ed25519 key, signed requests)")
@@ -192,12 +195,12 @@ func run(ctx context.Context, args []string, stdout io.Writer) (err error) {
 
 	// 3. A safe job.
 	say("3. Dispatching a safe job (status_check) through POST /operator/jobs")
-	d, err := op.dispatch(ctx, jobs.StatusCheck, nil)
+	d, err := dispatch(ctx, api, jobs.StatusCheck, nil)
 	if err != nil {
 		return err
 	}
 	say("   job %s queued, leasable=%t", d.Job.ID, d.Leasable)
-	job, err := op.waitDone(ctx, d.Job.ID)
+	job, err := waitDone(ctx, api, d.Job.ID)
 	if err != nil {
 		return err
 	}
@@ -208,7 +211,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) (err error) {
 
 	// 4. A blocked job.
 	say("4. Dispatching lora_train, a type the envelope blocks until an operator activates the runtime")
-	d, err = op.dispatch(ctx, jobs.LoraTrain, map[string]any{"steps": 8, "step_ms": 50})
+	d, err = dispatch(ctx, api, jobs.LoraTrain, map[string]any{"steps": 8, "step_ms": 50})
 	if err != nil {
 		return err
 	}
@@ -221,7 +224,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) (err error) {
 	if err := sleep(ctx, time.Second); err != nil {
 		return err
 	}
-	if err := op.do(ctx, "GET", "/operator/jobs/"+loraID, nil, &job); err != nil {
+	if job, err = api.Job(ctx, loraID, 0); err != nil {
 		return err
 	}
 	say("   one second later it is still %s: held by the envelope (leasable=%t)", job.Job.State, job.Leasable)
@@ -231,15 +234,15 @@ func run(ctx context.Context, args []string, stdout io.Writer) (err error) {
 
 	// 5. Activate.
 	say("5. Activating the runtime through POST /operator/envelope/activate")
-	var env wire.EnvelopeResponse
-	if err := op.do(ctx, "POST", "/operator/envelope/activate", map[string]any{"reason": "demo: allow lora_train"}, &env); err != nil {
+	env, err := api.ActivateEnvelope(ctx, wire.ActivateRequest{Reason: "demo: allow lora_train"})
+	if err != nil {
 		return err
 	}
 	say("   runtime active=%t, policy version %d (receipt %s)", env.Active, env.PolicyVersion, env.ReceiptID)
 
 	// 6. lora_train runs.
 	say("6. Waiting for lora_train to run and succeed")
-	if job, err = op.waitDone(ctx, loraID); err != nil {
+	if job, err = waitDone(ctx, api, loraID); err != nil {
 		return err
 	}
 	if job.Job.State != "succeeded" {
@@ -262,7 +265,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) (err error) {
 
 	// 7. Cost.
 	say("7. The cost, from the job's job_charged receipt (GET /operator/receipts)")
-	charge, err := op.findCharge(ctx, loraID)
+	charge, err := findCharge(ctx, api, loraID)
 	if err != nil {
 		return err
 	}
@@ -381,48 +384,9 @@ func sleep(ctx context.Context, d time.Duration) error {
 	}
 }
 
-// operator calls the operator routes with a bearer token.
-type operator struct {
-	base, token string
-	hc          *http.Client
-}
-
-func (o *operator) do(ctx context.Context, method, path string, in, out any) error {
-	var body io.Reader
-	if in != nil {
-		b, err := json.Marshal(in)
-		if err != nil {
-			return err
-		}
-		body = bytes.NewReader(b)
-	}
-	req, err := http.NewRequestWithContext(ctx, method, o.base+path, body)
-	if err != nil {
-		return err
-	}
-	req.Header.Set("Authorization", "Bearer "+o.token)
-	if in != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	resp, err := o.hc.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
-	if err != nil {
-		return err
-	}
-	if resp.StatusCode/100 != 2 {
-		return fmt.Errorf("%s %s: %s: %s", method, path, resp.Status, bytes.TrimSpace(b))
-	}
-	if out == nil {
-		return nil
-	}
-	return json.Unmarshal(b, out)
-}
-
-func (o *operator) dispatch(ctx context.Context, jobType string, payload any) (*wire.DispatchResponse, error) {
+// dispatch queues a job of jobType on one rtx-4090 with payload ({} when
+// nil).
+func dispatch(ctx context.Context, api *operator.Client, jobType string, payload any) (*wire.DispatchResponse, error) {
 	p := json.RawMessage(`{}`)
 	if payload != nil {
 		b, err := json.Marshal(payload)
@@ -431,22 +395,20 @@ func (o *operator) dispatch(ctx context.Context, jobType string, payload any) (*
 		}
 		p = b
 	}
-	var d wire.DispatchResponse
-	err := o.do(ctx, "POST", "/operator/jobs", wire.DispatchRequest{JobType: jobType, Payload: p,
-		Requirements: wire.Requirements{GPUSKU: "rtx-4090", GPUCount: 1}, MaxAttempts: 3}, &d)
-	return &d, err
+	return api.Dispatch(ctx, wire.DispatchRequest{JobType: jobType, Payload: p,
+		Requirements: wire.Requirements{GPUSKU: "rtx-4090", GPUCount: 1}, MaxAttempts: 3})
 }
 
 // waitDone polls the job until it has ended.
-func (o *operator) waitDone(ctx context.Context, id string) (*wire.JobDetailResponse, error) {
+func waitDone(ctx context.Context, api *operator.Client, id string) (*wire.JobDetailResponse, error) {
 	for {
-		var d wire.JobDetailResponse
-		if err := o.do(ctx, "GET", "/operator/jobs/"+id, nil, &d); err != nil {
+		d, err := api.Job(ctx, id, 0)
+		if err != nil {
 			return nil, err
 		}
 		switch d.Job.State {
 		case "succeeded", "failed", "canceled":
-			return &d, nil
+			return d, nil
 		}
 		if err := sleep(ctx, 100*time.Millisecond); err != nil {
 			return nil, fmt.Errorf("waiting for job %s (%s): %w", id, d.Job.State, err)
@@ -454,36 +416,24 @@ func (o *operator) waitDone(ctx context.Context, id string) (*wire.JobDetailResp
 	}
 }
 
-// findCharge pages through the sequenced receipts until it finds the
-// job's job_charged receipt (it may take a moment to be sequenced).
-func (o *operator) findCharge(ctx context.Context, jobID string) (*receipts.Receipt, error) {
+// findCharge reads the sequenced job_charged receipts until it finds the
+// job's (it may take a moment to be sequenced).
+func findCharge(ctx context.Context, api *operator.Client, jobID string) (*receipts.Receipt, error) {
 	for {
-		after := int64(-1)
-		for {
-			path := "/operator/receipts?limit=1000"
-			if after >= 0 {
-				path += "&after=" + strconv.FormatInt(after, 10)
-			}
-			var page wire.ReceiptListResponse
-			if err := o.do(ctx, "GET", path, nil, &page); err != nil {
+		for w, err := range api.Receipts(ctx, operator.ReceiptQuery{Kind: receipts.KindJobCharged, Limit: 1000}) {
+			if err != nil {
 				return nil, err
 			}
-			for _, w := range page.Receipts {
-				if w.Kind != receipts.KindJobCharged {
-					continue
-				}
-				r, err := receipts.Decode(w.Body)
-				if err != nil {
-					return nil, fmt.Errorf("receipt %s: %w", w.ID, err)
-				}
-				if r.JobID == jobID {
-					return r, nil
-				}
+			if w.Kind != receipts.KindJobCharged {
+				continue
 			}
-			if page.Next == nil {
-				break
+			r, err := receipts.Decode(w.Body)
+			if err != nil {
+				return nil, fmt.Errorf("receipt %s: %w", w.ID, err)
 			}
-			after = *page.Next
+			if r.JobID == jobID {
+				return r, nil
+			}
 		}
 		if err := sleep(ctx, 100*time.Millisecond); err != nil {
 			return nil, fmt.Errorf("waiting for the job_charged receipt of %s: %w", jobID, err)

@@ -9,6 +9,7 @@ import (
 	"sync"
 
 	"github.com/nodelane/nodelane/receipts"
+	"github.com/nodelane/nodelane/workerapi/operator"
 	"github.com/nodelane/nodelane/workerapi/wire"
 )
 
@@ -93,21 +94,18 @@ func (l *load) listJobs(ctx context.Context, ids []string) (map[string]wire.Job,
 	}
 	lo, hi := slices.Min(ids), slices.Max(ids)
 	after := lo[:len(lo)-1] // a prefix sorts before the id itself
-	for {
-		page, err := l.op.ListJobs(ctx, l.cfg.jobType, after)
+	for j, err := range l.op.Jobs(ctx, operator.JobQuery{JobType: l.cfg.jobType, After: after, Limit: 1000}) {
 		if err != nil {
 			return nil, err
 		}
-		for _, j := range page.Jobs {
-			if want[j.ID] {
-				out[j.ID] = j.Job
-			}
+		if want[j.ID] {
+			out[j.ID] = j.Job
 		}
-		if page.Next == nil || (len(page.Jobs) > 0 && page.Jobs[len(page.Jobs)-1].ID >= hi) {
-			return out, nil
+		if j.ID >= hi {
+			break
 		}
-		after = *page.Next
 	}
+	return out, nil
 }
 
 // verifyReceipts checks both receipts of every completion: that they are
@@ -260,7 +258,7 @@ func (l *load) consistent(ctx context.Context, latest *receipts.Checkpoint, size
 			defer func() { <-sem }()
 			proof, err := l.op.Consistency(ctx, size, latest.Size)
 			if err == nil {
-				err = receipts.CheckConsistency(cp.Tree(), latest.Tree(), proof)
+				err = receipts.CheckConsistency(cp.Tree(), latest.Tree(), proof.Hashes)
 			}
 			if err != nil {
 				mu.Lock()

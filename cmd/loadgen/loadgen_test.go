@@ -133,7 +133,10 @@ func TestRun(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			l := newLoad(cfg, slog.New(slog.DiscardHandler))
+			l, err := newLoad(cfg, slog.New(slog.DiscardHandler))
+			if err != nil {
+				t.Fatal(err)
+			}
 			var out bytes.Buffer
 			err = l.run(t.Context(), &out)
 			t.Logf("output:\n%s", out.String())

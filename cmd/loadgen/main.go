@@ -378,7 +378,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if cfg.mode == "fleet" {
 		return runFleet(ctx, cfg, log, stdout)
 	}
-	l := newLoad(cfg, log)
+	l, err := newLoad(cfg, log)
+	if err != nil {
+		return err
+	}
 	return l.run(ctx, stdout)
 }
 

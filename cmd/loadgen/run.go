@@ -15,8 +15,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/nodelane/nodelane/cmd/internal/operator"
 	"github.com/nodelane/nodelane/workerapi/client"
+	"github.com/nodelane/nodelane/workerapi/operator"
 	"github.com/nodelane/nodelane/workerapi/wire"
 )
 
@@ -167,7 +167,7 @@ type load struct {
 }
 
 // newLoad prepares a run: its HTTP clients and records.
-func newLoad(cfg *config, log *slog.Logger) *load {
+func newLoad(cfg *config, log *slog.Logger) (*load, error) {
 	l := &load{cfg: cfg, log: log, stats: newRouteStats(), workerHTTP: &countingTransport{}, opHTTP: &countingTransport{},
 		jobs: map[string]*jobRecord{}, finished: make(chan struct{})}
 	// Every node may have a long-poll and max-jobs accepts or completes
@@ -175,8 +175,12 @@ func newLoad(cfg *config, log *slog.Logger) *load {
 	l.hc = httpClient(cfg, cfg.nodes*(cfg.perNode+2)+cfg.registerN, l.workerHTTP)
 	opc := httpClient(cfg, cfg.dispatch+8, l.opHTTP)
 	opc.Timeout = 2 * time.Minute
-	l.op = operator.New(cfg.server, cfg.tokens.operator, opc)
-	return l
+	op, err := operator.New(cfg.server, cfg.tokens.operator, &operator.Config{HTTPClient: opc, UserAgent: "nodelane-loadgen/1"})
+	if err != nil {
+		return nil, err
+	}
+	l.op = op
+	return l, nil
 }
 
 // update applies f to the record of job id under the lock, counting the
@@ -332,7 +336,7 @@ func (l *load) dispatchAll(ctx context.Context) {
 			for i := range next {
 				payload, _ := json.Marshal(map[string]any{"loadgen": i})
 				start := time.Now()
-				resp, err := l.op.Dispatch(ctx, wire.DispatchRequest{JobType: l.cfg.jobType, Payload: payload})
+				resp, err := l.dispatch(ctx, wire.DispatchRequest{JobType: l.cfg.jobType, Payload: payload})
 				at := time.Now()
 				if err != nil && ctx.Err() != nil {
 					return
@@ -356,6 +360,24 @@ func (l *load) dispatchAll(ctx context.Context) {
 	l.dispatchDone = true
 	l.maybeFinishLocked()
 	l.mu.Unlock()
+}
+
+// dispatch queues a job (POST /operator/jobs). A 429 or 503 answer,
+// which queued nothing, is tried again, up to four times in all: the
+// operator client never retries by itself.
+func (l *load) dispatch(ctx context.Context, req wire.DispatchRequest) (*wire.DispatchResponse, error) {
+	for attempt := 1; ; attempt++ {
+		out, err := l.op.Dispatch(ctx, req)
+		var we *wire.Error
+		if !errors.As(err, &we) || (we.Status != http.StatusTooManyRequests && we.Status != http.StatusServiceUnavailable) || attempt == 4 {
+			return out, err
+		}
+		select {
+		case <-time.After(time.Duration(attempt) * 100 * time.Millisecond):
+		case <-ctx.Done():
+			return nil, context.Cause(ctx)
+		}
+	}
 }
 
 // work is one node: it heartbeats every cfg.interval and leases jobs

@@ -1,16 +1,16 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/http"
-	"net/url"
 	"os"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/nodelane/nodelane/workerapi/operator"
 	"github.com/nodelane/nodelane/workerapi/wire"
 )
 
@@ -25,18 +25,20 @@ func workersList(a *app, args []string) error {
 	if err := a.parse(fs, args, 0, 0); err != nil {
 		return err
 	}
-	q := url.Values{"limit": {strconv.Itoa(*limit)}}
-	setIf(q, "after", *after)
-	b, err := a.call(http.MethodGet, "/operator/workers?"+q.Encode(), nil)
+	if err := checkLimit("workers list", *limit); err != nil {
+		return err
+	}
+	api, err := a.client()
+	if err != nil {
+		return err
+	}
+	ctx, raw := a.keepAnswer()
+	out, err := api.ListWorkers(ctx, operator.WorkerQuery{After: *after, Limit: *limit})
 	if err != nil {
 		return err
 	}
 	if a.json() {
-		return a.printJSON(b)
-	}
-	var out wire.WorkerListResponse
-	if err := json.Unmarshal(b, &out); err != nil {
-		return fmt.Errorf("undecodable answer: %w", err)
+		return a.printJSON(raw.Bytes())
 	}
 	t := newTable(a.stdout)
 	t.row("ID", "NODE", "STATUS", "LIVENESS", "APPROVAL", "BANNED", "GPUS", "TAGS", "LAST_SEEN")
@@ -72,16 +74,17 @@ func workersShow(a *app, args []string) error {
 	if err := a.parse(fs, args, 1, 1); err != nil {
 		return err
 	}
-	b, err := a.call(http.MethodGet, "/operator/workers/"+url.PathEscape(a.arg(0)), nil)
+	api, err := a.client()
+	if err != nil {
+		return err
+	}
+	ctx, raw := a.keepAnswer()
+	out, err := api.Worker(ctx, a.arg(0))
 	if err != nil {
 		return err
 	}
 	if a.json() {
-		return a.printJSON(b)
-	}
-	var out wire.WorkerDetailResponse
-	if err := json.Unmarshal(b, &out); err != nil {
-		return fmt.Errorf("undecodable answer: %w", err)
+		return a.printJSON(raw.Bytes())
 	}
 	printWorker(a, out.Worker)
 	if len(out.Leases) > 0 {
@@ -122,46 +125,54 @@ func printWorker(a *app, w workerView) {
 	t.flush()
 }
 
-// workerAction is ban, unban or retire: POST /operator/workers/{id}/VERB
-// with a reason.
-func workerAction(verb string) func(a *app, args []string) error {
+// workerAction is ban, unban or retire (call: the client's BanWorker,
+// UnbanWorker or RetireWorker), with a reason.
+func workerAction(verb string, call func(api *operator.Client, ctx context.Context, id, reason string) (*wire.WorkerResponse, error)) func(a *app, args []string) error {
 	return func(a *app, args []string) error {
 		fs := a.flags("workers "+verb, "WORKER_ID")
 		reason := fs.String("reason", "", "the reason, recorded in the receipt")
 		if err := a.parse(fs, args, 1, 1); err != nil {
 			return err
 		}
-		b, err := a.call(http.MethodPost, "/operator/workers/"+url.PathEscape(a.arg(0))+"/"+verb, wire.ReasonRequest{Reason: *reason})
+		api, err := a.client()
 		if err != nil {
 			return err
 		}
-		return a.printWorkerResponse(b)
+		ctx, raw := a.keepAnswer()
+		out, err := call(api, ctx, a.arg(0), *reason)
+		if err != nil {
+			return err
+		}
+		return a.printWorkerResponse(out, raw.Bytes())
 	}
 }
 
-// workerDrain is drain or resume: POST /operator/workers/{id}/VERB with
-// no body. A drained worker is granted no job until it is resumed.
-func workerDrain(verb string) func(a *app, args []string) error {
+// workerDrain is drain or resume (call: the client's DrainWorker or
+// ResumeWorker). A drained worker is granted no job until it is resumed.
+func workerDrain(verb string, call func(api *operator.Client, ctx context.Context, id string) (*wire.WorkerResponse, error)) func(a *app, args []string) error {
 	return func(a *app, args []string) error {
 		fs := a.flags("workers "+verb, "WORKER_ID")
 		if err := a.parse(fs, args, 1, 1); err != nil {
 			return err
 		}
-		b, err := a.call(http.MethodPost, "/operator/workers/"+url.PathEscape(a.arg(0))+"/"+verb, struct{}{})
+		api, err := a.client()
 		if err != nil {
 			return err
 		}
-		return a.printWorkerResponse(b)
+		ctx, raw := a.keepAnswer()
+		out, err := call(api, ctx, a.arg(0))
+		if err != nil {
+			return err
+		}
+		return a.printWorkerResponse(out, raw.Bytes())
 	}
 }
 
-func (a *app) printWorkerResponse(b []byte) error {
+// printWorkerResponse prints a worker action's answer: raw as it came
+// with -o json, else out as a table.
+func (a *app) printWorkerResponse(out *wire.WorkerResponse, raw []byte) error {
 	if a.json() {
-		return a.printJSON(b)
-	}
-	var out wire.WorkerResponse
-	if err := json.Unmarshal(b, &out); err != nil {
-		return fmt.Errorf("undecodable answer: %w", err)
+		return a.printJSON(raw)
 	}
 	t := newTable(a.stdout)
 	t.row("ID", "NODE", "STATUS", "APPROVAL", "BANNED", "DRAIN", "RECEIPT")
@@ -187,20 +198,32 @@ func workersApprove(a *app, args []string) error {
 	if len(tags) > 0 {
 		req.Tags = (*[]string)(&tags)
 	}
-	b, err := a.call(http.MethodPost, "/operator/workers/"+url.PathEscape(a.arg(0))+"/approve", req)
+	api, err := a.client()
 	if err != nil {
 		return err
 	}
-	return a.printWorkerResponse(b)
+	ctx, raw := a.keepAnswer()
+	out, err := api.ApproveWorker(ctx, a.arg(0), req)
+	if err != nil {
+		return err
+	}
+	return a.printWorkerResponse(out, raw.Bytes())
 }
 
-func (a *app) printEnvelope(b []byte) error {
-	if a.json() {
-		return a.printJSON(b)
+// envelopeCall makes one call of the client on the envelope and prints
+// its answer: as it came with -o json, else as a table.
+func (a *app) envelopeCall(call func(api *operator.Client, ctx context.Context) (*wire.EnvelopeResponse, error)) error {
+	api, err := a.client()
+	if err != nil {
+		return err
 	}
-	var e wire.EnvelopeResponse
-	if err := json.Unmarshal(b, &e); err != nil {
-		return fmt.Errorf("undecodable answer: %w", err)
+	ctx, raw := a.keepAnswer()
+	e, err := call(api, ctx)
+	if err != nil {
+		return err
+	}
+	if a.json() {
+		return a.printJSON(raw.Bytes())
 	}
 	t := newTable(a.stdout)
 	t.row("active", strconv.FormatBool(e.Active))
@@ -223,11 +246,7 @@ func envelopeStatus(a *app, args []string) error {
 	if err := a.parse(fs, args, 0, 0); err != nil {
 		return err
 	}
-	b, err := a.call(http.MethodGet, "/operator/envelope", nil)
-	if err != nil {
-		return err
-	}
-	return a.printEnvelope(b)
+	return a.envelopeCall((*operator.Client).Envelope)
 }
 
 func envelopeActivate(a *app, args []string) error {
@@ -257,11 +276,9 @@ func envelopeActivate(a *app, args []string) error {
 		u := a.now().Add(*dur).UTC()
 		req.Until = &u
 	}
-	b, err := a.call(http.MethodPost, "/operator/envelope/activate", req)
-	if err != nil {
-		return err
-	}
-	return a.printEnvelope(b)
+	return a.envelopeCall(func(api *operator.Client, ctx context.Context) (*wire.EnvelopeResponse, error) {
+		return api.ActivateEnvelope(ctx, req)
+	})
 }
 
 func envelopeDeactivate(a *app, args []string) error {
@@ -273,11 +290,9 @@ func envelopeDeactivate(a *app, args []string) error {
 	if *reason == "" {
 		return usagef("envelope deactivate: -reason is required")
 	}
-	b, err := a.call(http.MethodPost, "/operator/envelope/deactivate", wire.ReasonRequest{Reason: *reason})
-	if err != nil {
-		return err
-	}
-	return a.printEnvelope(b)
+	return a.envelopeCall(func(api *operator.Client, ctx context.Context) (*wire.EnvelopeResponse, error) {
+		return api.DeactivateEnvelope(ctx, *reason)
+	})
 }
 
 func credentialsMint(a *app, args []string) error {
@@ -320,13 +335,17 @@ func credentialsMint(a *app, args []string) error {
 	if *maxReg > 0 {
 		req.MaxRegistrations = maxReg
 	}
-	b, err := a.call(http.MethodPost, "/operator/credentials", req)
+	api, err := a.client()
 	if err != nil {
 		return err
 	}
-	var out wire.MintCredentialResponse
-	if err := json.Unmarshal(b, &out); err != nil || out.Token == "" {
+	ctx, raw := a.keepAnswer()
+	out, err := api.MintCredential(ctx, req)
+	if errors.Is(err, operator.ErrMalformedAnswer) || (err == nil && out.Token == "") {
 		return errors.New("undecodable answer: the credential may be minted; list and revoke it")
+	}
+	if err != nil {
+		return err
 	}
 	if _, err := f.WriteString(out.Token + "\n"); err != nil {
 		return fmt.Errorf("-token-out: %w (credential %s is minted: revoke it)", err, out.CredentialID)
@@ -338,7 +357,7 @@ func credentialsMint(a *app, args []string) error {
 	if a.json() {
 		// The API's answer, but the token is in the file.
 		var m map[string]any
-		if err := json.Unmarshal(b, &m); err != nil {
+		if err := json.Unmarshal(raw.Bytes(), &m); err != nil {
 			return err
 		}
 		delete(m, "token")
@@ -364,19 +383,20 @@ func credentialsList(a *app, args []string) error {
 	if err := a.parse(fs, args, 0, 0); err != nil {
 		return err
 	}
-	q := url.Values{"limit": {strconv.Itoa(*limit)}}
-	setIf(q, "principal", *principal)
-	setIf(q, "after", *after)
-	b, err := a.call(http.MethodGet, "/operator/credentials?"+q.Encode(), nil)
+	if err := checkLimit("credentials list", *limit); err != nil {
+		return err
+	}
+	api, err := a.client()
+	if err != nil {
+		return err
+	}
+	ctx, raw := a.keepAnswer()
+	out, err := api.ListCredentials(ctx, operator.CredentialQuery{Principal: *principal, After: *after, Limit: *limit})
 	if err != nil {
 		return err
 	}
 	if a.json() {
-		return a.printJSON(b)
-	}
-	var out wire.CredentialListResponse
-	if err := json.Unmarshal(b, &out); err != nil {
-		return fmt.Errorf("undecodable answer: %w", err)
+		return a.printJSON(raw.Bytes())
 	}
 	t := newTable(a.stdout)
 	t.row("ID", "PRINCIPAL", "SCOPES", "CREATED", "EXPIRES", "REVOKED")
@@ -396,16 +416,17 @@ func credentialsRevoke(a *app, args []string) error {
 	if err := a.parse(fs, args, 1, 1); err != nil {
 		return err
 	}
-	b, err := a.call(http.MethodPost, "/operator/credentials/"+url.PathEscape(a.arg(0))+"/revoke", wire.ReasonRequest{Reason: *reason})
+	api, err := a.client()
+	if err != nil {
+		return err
+	}
+	ctx, raw := a.keepAnswer()
+	out, err := api.RevokeCredential(ctx, a.arg(0), *reason)
 	if err != nil {
 		return err
 	}
 	if a.json() {
-		return a.printJSON(b)
-	}
-	var out wire.RevokeCredentialResponse
-	if err := json.Unmarshal(b, &out); err != nil {
-		return fmt.Errorf("undecodable answer: %w", err)
+		return a.printJSON(raw.Bytes())
 	}
 	t := newTable(a.stdout)
 	t.row("ID", "PRINCIPAL", "REVOKED", "RECEIPT")

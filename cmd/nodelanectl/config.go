@@ -55,6 +55,8 @@ type settings struct {
 	configPath string
 	// caFile names the roots to trust instead of the system's.
 	caFile string
+	// insecureHTTP allows a plain http server that is not this machine.
+	insecureHTTP bool
 }
 
 // settings resolves the server, the token and the verifier key: a flag
@@ -93,7 +95,8 @@ func (a *app) settings() (*settings, error) {
 		return nil, &usageError{fmt.Sprintf("server %q is not an http:// or https:// base URL", s.server)}
 	}
 	s.server = strings.TrimRight(s.server, "/")
-	if u.Scheme == "http" && !a.common.insecureHTTP && !fc.InsecureHTTP && !isLoopback(u.Hostname()) {
+	s.insecureHTTP = a.common.insecureHTTP || fc.InsecureHTTP
+	if u.Scheme == "http" && !s.insecureHTTP && !isLoopback(u.Hostname()) {
 		return nil, &usageError{fmt.Sprintf("server %q is plain http to another machine: the operator token would cross the network in clear; use https, or -insecure-http (insecure_http = true in the config file) on a network you trust", s.server)}
 	}
 	s.caFile = firstOf(a.common.caFile, fc.CAFile)
@@ -204,7 +207,7 @@ func isLoopback(host string) bool {
 }
 
 // httpClient is the operator client's HTTP client: TLS 1.2 at least,
-// trusting the settings' CA file when there is one.
+// trusting the settings' CA file when there is one, through answerTap.
 func httpClient(s *settings) (*http.Client, error) {
 	t := http.DefaultTransport.(*http.Transport).Clone()
 	t.TLSClientConfig = &tls.Config{MinVersion: tls.VersionTLS12}
@@ -219,5 +222,5 @@ func httpClient(s *settings) (*http.Client, error) {
 		}
 		t.TLSClientConfig.RootCAs = pool
 	}
-	return &http.Client{Timeout: 60 * time.Second, Transport: t}, nil
+	return &http.Client{Timeout: 60 * time.Second, Transport: answerTap{t}}, nil
 }

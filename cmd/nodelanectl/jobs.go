@@ -4,14 +4,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net/http"
-	"net/url"
 	"os"
 	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
 
+	"github.com/nodelane/nodelane/workerapi/operator"
 	"github.com/nodelane/nodelane/workerapi/wire"
 )
 
@@ -71,16 +70,6 @@ func (l *stringList) Set(v string) error {
 	return nil
 }
 
-// jobView is an operator job view, with the cost fields of the API's
-// later versions (absent before: nil).
-type jobView struct {
-	wire.Job
-	ActualMS           *int64  `json:"actual_ms"`
-	ActualHours        *string `json:"actual_hours"`
-	ActualCostUSD      *string `json:"actual_cost_usd"`
-	ActualCostMicroUSD *int64  `json:"actual_cost_micro_usd"`
-}
-
 func jobsSubmit(a *app, args []string) error {
 	fs := a.flags("jobs submit", "")
 	jobType := fs.String("type", "", "the job type (required)")
@@ -127,20 +116,17 @@ func jobsSubmit(a *app, args []string) error {
 	req := wire.DispatchRequest{JobType: *jobType, Payload: body, Priority: *priority, MaxAttempts: *attempts,
 		Requirements: wire.Requirements{GPUSKU: *sku, GPUCount: *gpus, MinVRAMMB: *vram,
 			MaxRuntimeSeconds: int(*maxRuntime / time.Second), Tags: tags}}
-	b, err := a.call(http.MethodPost, "/operator/jobs", req)
+	api, err := a.client()
+	if err != nil {
+		return err
+	}
+	ctx, raw := a.keepAnswer()
+	out, err := api.Dispatch(ctx, req)
 	if err != nil {
 		return err
 	}
 	if a.json() {
-		return a.printJSON(b)
-	}
-	var out struct {
-		Job      jobView `json:"job"`
-		Leasable bool    `json:"leasable"`
-		Reason   string  `json:"reason"`
-	}
-	if err := json.Unmarshal(b, &out); err != nil {
-		return fmt.Errorf("undecodable answer: %w", err)
+		return a.printJSON(raw.Bytes())
 	}
 	t := newTable(a.stdout)
 	t.row("ID", "TYPE", "STATE", "LEASABLE", "REASON")
@@ -160,25 +146,20 @@ func jobsList(a *app, args []string) error {
 	if err := a.parse(fs, args, 0, 0); err != nil {
 		return err
 	}
-	q := url.Values{"limit": {strconv.Itoa(*limit)}}
-	setIf(q, "state", *state)
-	setIf(q, "job_type", *jobType)
-	setIf(q, "worker_id", *worker)
-	setIf(q, "tag", *tag)
-	setIf(q, "after", *after)
-	b, err := a.call(http.MethodGet, "/operator/jobs?"+q.Encode(), nil)
+	if err := checkLimit("jobs list", *limit); err != nil {
+		return err
+	}
+	api, err := a.client()
+	if err != nil {
+		return err
+	}
+	ctx, raw := a.keepAnswer()
+	out, err := api.ListJobs(ctx, operator.JobQuery{State: *state, JobType: *jobType, WorkerID: *worker, Tag: *tag, After: *after, Limit: *limit})
 	if err != nil {
 		return err
 	}
 	if a.json() {
-		return a.printJSON(b)
-	}
-	var out struct {
-		Jobs []jobView `json:"jobs"`
-		Next *string   `json:"next"`
-	}
-	if err := json.Unmarshal(b, &out); err != nil {
-		return fmt.Errorf("undecodable answer: %w", err)
+		return a.printJSON(raw.Bytes())
 	}
 	t := newTable(a.stdout)
 	t.row("ID", "TYPE", "STATE", "ATTEMPT", "WORKER", "CREATED", "COST_USD")
@@ -192,37 +173,13 @@ func jobsList(a *app, args []string) error {
 	return nil
 }
 
-func setIf(q url.Values, k, v string) {
-	if v != "" {
-		q.Set(k, v)
+// checkLimit refuses a page size -limit outside 1 to 1,000, the API's
+// bounds (the client would send 0 as no limit at all).
+func checkLimit(cmd string, n int) error {
+	if n < 1 || n > 1000 {
+		return usagef("%s: -limit %d is outside 1 to 1000", cmd, n)
 	}
-}
-
-// jobDetail is GET /operator/jobs/{id}'s answer with jobView.
-type jobDetail struct {
-	Job        jobView             `json:"job"`
-	Leasable   bool                `json:"leasable"`
-	Reason     string              `json:"reason"`
-	Result     *wire.JobResult     `json:"result"`
-	Events     []wire.JobEventView `json:"events"`
-	EventsNext *int64              `json:"events_next"`
-	Artifacts  []wire.ArtifactView `json:"artifacts"`
-}
-
-func (a *app) job(id string, eventsAfter int64) (*jobDetail, []byte, error) {
-	route := "/operator/jobs/" + url.PathEscape(id)
-	if eventsAfter > 0 {
-		route += "?events_after=" + strconv.FormatInt(eventsAfter, 10)
-	}
-	b, err := a.call(http.MethodGet, route, nil)
-	if err != nil {
-		return nil, nil, err
-	}
-	var d jobDetail
-	if err := json.Unmarshal(b, &d); err != nil {
-		return nil, nil, fmt.Errorf("undecodable answer: %w", err)
-	}
-	return &d, b, nil
+	return nil
 }
 
 func jobsShow(a *app, args []string) error {
@@ -230,12 +187,17 @@ func jobsShow(a *app, args []string) error {
 	if err := a.parse(fs, args, 1, 1); err != nil {
 		return err
 	}
-	d, b, err := a.job(a.arg(0), 0)
+	api, err := a.client()
+	if err != nil {
+		return err
+	}
+	ctx, raw := a.keepAnswer()
+	d, err := api.Job(ctx, a.arg(0), 0)
 	if err != nil {
 		return err
 	}
 	if a.json() {
-		return a.printJSON(b)
+		return a.printJSON(raw.Bytes())
 	}
 	j := d.Job
 	t := newTable(a.stdout)
@@ -290,18 +252,17 @@ func jobsCancel(a *app, args []string) error {
 	if err := a.parse(fs, args, 1, 1); err != nil {
 		return err
 	}
-	b, err := a.call(http.MethodPost, "/operator/jobs/"+url.PathEscape(a.arg(0))+"/cancel", nil)
+	api, err := a.client()
+	if err != nil {
+		return err
+	}
+	ctx, raw := a.keepAnswer()
+	out, err := api.CancelJob(ctx, a.arg(0))
 	if err != nil {
 		return err
 	}
 	if a.json() {
-		return a.printJSON(b)
-	}
-	var out struct {
-		Job jobView `json:"job"`
-	}
-	if err := json.Unmarshal(b, &out); err != nil {
-		return fmt.Errorf("undecodable answer: %w", err)
+		return a.printJSON(raw.Bytes())
 	}
 	t := newTable(a.stdout)
 	t.row("ID", "STATE", "CANCEL_REQUESTED")
@@ -332,11 +293,15 @@ func jobsLogs(a *app, args []string) error {
 	if *interval < minFollowInterval || *interval > maxFollowInterval {
 		return usagef("jobs logs: -interval %v is outside %v to %v", *interval, minFollowInterval, maxFollowInterval)
 	}
+	api, err := a.client()
+	if err != nil {
+		return err
+	}
 	id := a.arg(0)
 	var after int64
 	enc := json.NewEncoder(a.stdout)
 	for {
-		d, _, err := a.job(id, after)
+		d, err := api.Job(a.ctx, id, after)
 		if err != nil {
 			return err
 		}

@@ -39,11 +39,13 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"os/signal"
 	"sort"
@@ -51,7 +53,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/nodelane/nodelane/cmd/internal/operator"
+	"github.com/nodelane/nodelane/workerapi/operator"
+	"github.com/nodelane/nodelane/workerapi/wire"
 )
 
 func main() {
@@ -100,6 +103,8 @@ type app struct {
 	now func() time.Time
 	// settings once resolved.
 	cfg *settings
+	// api is the operator client once made.
+	api *operator.Client
 	// args are the command's arguments, after parse.
 	args []string
 }
@@ -122,12 +127,12 @@ var groups = map[string]map[string]command{
 	"workers": {
 		"list":    {"list workers", workersList},
 		"show":    {"show a worker and its leases", workersShow},
-		"ban":     {"ban a worker (and its node key)", workerAction("ban")},
-		"unban":   {"lift a worker's ban", workerAction("unban")},
+		"ban":     {"ban a worker (and its node key)", workerAction("ban", (*operator.Client).BanWorker)},
+		"unban":   {"lift a worker's ban", workerAction("unban", (*operator.Client).UnbanWorker)},
 		"approve": {"approve a pending worker, optionally pinning job types and tags", workersApprove},
-		"retire":  {"retire a worker for good", workerAction("retire")},
-		"drain":   {"ask a worker to drain: it is granted no job until resumed", workerDrain("drain")},
-		"resume":  {"withdraw a drain request", workerDrain("resume")},
+		"retire":  {"retire a worker for good", workerAction("retire", (*operator.Client).RetireWorker)},
+		"drain":   {"ask a worker to drain: it is granted no job until resumed", workerDrain("drain", (*operator.Client).DrainWorker)},
+		"resume":  {"withdraw a drain request", workerDrain("resume", (*operator.Client).ResumeWorker)},
 	},
 	"envelope": {
 		"status":     {"show the envelope", envelopeStatus},
@@ -152,7 +157,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	a := &app{ctx: ctx, stdout: stdout, stderr: stderr, getenv: getenv, now: time.Now, common: common{output: "table"}}
 	err := a.dispatch(args)
 	var ue *usageError
-	var oe *operator.Error
+	var we *wire.Error
 	switch {
 	case err == nil:
 		return exitOK
@@ -165,8 +170,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	case ctx.Err() != nil && errors.Is(err, context.Canceled):
 		fmt.Fprintln(stderr, "nodelanectl: interrupted")
 		return exitInterrupted
-	case errors.As(err, &oe):
-		fmt.Fprintf(stderr, "nodelanectl: the server answered %d %s: %s\n  (%s)\n", oe.Status, oe.Code, oe.Message, oe.Route)
+	case errors.As(err, &we):
+		fmt.Fprintf(stderr, "nodelanectl: the server answered %d %s: %s\n  (%s)\n", we.Status, we.Code, we.Message, we.Route)
 		return exitFail
 	default:
 		fmt.Fprintln(stderr, "nodelanectl:", err)
@@ -299,8 +304,12 @@ func (a *app) arg(i int) string { return a.args[i] }
 
 func (a *app) json() bool { return a.common.output == "json" }
 
-// client resolves the settings and returns the operator client.
+// client resolves the settings and returns the operator client, made
+// once.
 func (a *app) client() (*operator.Client, error) {
+	if a.api != nil {
+		return a.api, nil
+	}
 	s, err := a.settings()
 	if err != nil {
 		return nil, err
@@ -312,16 +321,42 @@ func (a *app) client() (*operator.Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	return operator.New(s.server, s.token, hc), nil
-}
-
-// call sends a request and returns the raw answer.
-func (a *app) call(method, route string, in any) ([]byte, error) {
-	c, err := a.client()
+	api, err := operator.New(s.server, s.token, &operator.Config{HTTPClient: hc, AllowInsecureHTTP: s.insecureHTTP})
 	if err != nil {
 		return nil, err
 	}
-	return c.Call(a.ctx, method, route, in)
+	a.api = api
+	return api, nil
+}
+
+// answerKey is the context key under which a request asks the client's
+// transport (answerTap) to keep its answer's body.
+type answerKey struct{}
+
+// keepAnswer returns a context under which the answer to the client's
+// call is also kept, as it came, in the buffer: what -o json prints,
+// while a table reads the typed answer.
+func (a *app) keepAnswer() (context.Context, *bytes.Buffer) {
+	b := new(bytes.Buffer)
+	return context.WithValue(a.ctx, answerKey{}, b), b
+}
+
+// answerTap is the transport of the operator client: it copies the body
+// of each answer to a request made under keepAnswer's context into its
+// buffer as the client reads it (the client reads every answer whole).
+// After a redirect the buffer holds the last answer.
+type answerTap struct{ next http.RoundTripper }
+
+func (t answerTap) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := t.next.RoundTrip(req)
+	if b, ok := req.Context().Value(answerKey{}).(*bytes.Buffer); ok && err == nil {
+		b.Reset()
+		resp.Body = struct {
+			io.Reader
+			io.Closer
+		}{io.TeeReader(resp.Body, b), resp.Body}
+	}
+	return resp, err
 }
 
 // printJSON writes an answer as it came, with a final newline.

@@ -6,8 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/http"
-	"net/url"
 	"os"
 	"slices"
 	"strconv"
@@ -15,30 +13,31 @@ import (
 
 	"github.com/nodelane/nodelane/cmd/internal/receiptexport"
 	"github.com/nodelane/nodelane/receipts"
+	"github.com/nodelane/nodelane/workerapi/operator"
 	"github.com/nodelane/nodelane/workerapi/wire"
 )
 
-// listReceipts lists the sequenced receipts of GET /operator/receipts
-// with the query q (kind=, say), every page, in index order, stopping
-// after index last when last is not negative.
-func (a *app) listReceipts(q url.Values, last int64) ([]receipts.WireReceipt, error) {
+// listReceipts lists the first n sequenced receipts of kind (all kinds
+// when ""), or all of them when n is negative, in index order, following
+// the pages of GET /operator/receipts.
+func (a *app) listReceipts(kind receipts.Kind, n int64) ([]receipts.WireReceipt, error) {
+	api, err := a.client()
+	if err != nil {
+		return nil, err
+	}
 	var all []receipts.WireReceipt
-	q.Set("limit", "1000")
-	for {
-		b, err := a.call(http.MethodGet, "/operator/receipts?"+q.Encode(), nil)
+	if n == 0 {
+		return all, nil
+	}
+	for w, err := range api.Receipts(a.ctx, operator.ReceiptQuery{Kind: kind, Limit: 1000}) {
 		if err != nil {
 			return nil, err
 		}
-		var page wire.ReceiptListResponse
-		if err := json.Unmarshal(b, &page); err != nil {
-			return nil, fmt.Errorf("undecodable answer: %w", err)
+		if all = append(all, w); int64(len(all)) == n {
+			break
 		}
-		all = append(all, page.Receipts...)
-		if page.Next == nil || (last >= 0 && *page.Next >= last) {
-			return all, nil
-		}
-		q.Set("after", strconv.FormatInt(*page.Next, 10))
 	}
+	return all, nil
 }
 
 // writeFile writes to path, or standard output for "-".
@@ -70,7 +69,11 @@ func receiptsExport(a *app, args []string) error {
 	if *cpFile == "-" {
 		return usagef("receipts export: -checkpoint needs a file")
 	}
-	signed, err := a.call(http.MethodGet, "/operator/receipts/checkpoint", nil)
+	api, err := a.client()
+	if err != nil {
+		return err
+	}
+	signed, err := api.Checkpoint(a.ctx)
 	if err != nil {
 		return err
 	}
@@ -83,11 +86,9 @@ func receiptsExport(a *app, args []string) error {
 	if err != nil {
 		return fmt.Errorf("the server's checkpoint: %w", err)
 	}
-	var recs []receipts.WireReceipt
-	if tree.Size > 0 {
-		if recs, err = a.listReceipts(url.Values{}, tree.Size-1); err != nil {
-			return err
-		}
+	recs, err := a.listReceipts("", tree.Size)
+	if err != nil {
+		return err
 	}
 	if err := a.writeFile(*out, func(w io.Writer) error { return receiptexport.Write(w, recs, tree.Size) }); err != nil {
 		return fmt.Errorf("-out: %w", err)
@@ -159,52 +160,12 @@ func receiptsVerify(a *app, args []string) error {
 	return nil
 }
 
-// costTotals are the sums of a group of job_charged receipts, as GET
-// /operator/costs answers them.
-type costTotals struct {
-	Jobs         int64  `json:"jobs"`
-	ActualMS     int64  `json:"actual_ms"`
-	GPUHours     string `json:"gpu_hours"`
-	CostMicroUSD int64  `json:"cost_micro_usd"`
-	CostUSD      string `json:"cost_usd"`
-}
-
-// costGroup is one group of the answer.
-type costGroup struct {
-	Key string `json:"key"`
-	costTotals
-}
-
-// unbilledTotals are the sums of a group of uncharged attempts, as GET
-// /operator/costs answers them under unbilled.
-type unbilledTotals struct {
-	Reason   string `json:"reason,omitempty"`
-	Attempts int64  `json:"attempts"`
-	ActualMS int64  `json:"actual_ms"`
-	GPUMS    int64  `json:"gpu_ms"`
-	GPUHours string `json:"gpu_hours"`
-}
-
-// costAnswer is GET /operator/costs's answer. Unbilled is nil from a
-// server older than the unbilled report.
-type costAnswer struct {
-	From     time.Time   `json:"from"`
-	To       time.Time   `json:"to"`
-	GroupBy  string      `json:"group_by"`
-	Groups   []costGroup `json:"groups"`
-	Total    costTotals  `json:"total"`
-	Unbilled *struct {
-		Groups []unbilledTotals `json:"groups"`
-		Total  unbilledTotals   `json:"total"`
-	} `json:"unbilled"`
-}
-
 // sumUnbilled sums the GPU time (actual_ms × gpu_count) of the sequenced
 // receipts of uncharged attempts minted in [from, to): every job_failed,
 // and every job_completed whose charged is "no".
 func (a *app) sumUnbilled(from, to time.Time) (attempts, gpuMS int64, err error) {
 	for _, kind := range []receipts.Kind{receipts.KindJobFailed, receipts.KindJobCompleted} {
-		recs, err := a.listReceipts(url.Values{"kind": {string(kind)}}, -1)
+		recs, err := a.listReceipts(kind, -1)
 		if err != nil {
 			return 0, 0, err
 		}
@@ -237,7 +198,7 @@ type receiptSum struct {
 
 // sumCharged sums the sequenced job_charged receipts minted in [from, to).
 func (a *app) sumCharged(from, to time.Time) (*receiptSum, error) {
-	recs, err := a.listReceipts(url.Values{"kind": {string(receipts.KindJobCharged)}}, -1)
+	recs, err := a.listReceipts(receipts.KindJobCharged, -1)
 	if err != nil {
 		return nil, err
 	}
@@ -280,23 +241,37 @@ func costReport(a *app, args []string) error {
 	if !slices.Contains(costGroupings, *by) {
 		return usagef("cost report: -by %q: want one of %v", *by, costGroupings)
 	}
-	q := url.Values{"group_by": {*by}}
-	for _, t := range []struct{ flag, val, param string }{{"-from", *from, "from"}, {"-to", *to, "to"}} {
+	q := operator.CostQuery{GroupBy: *by}
+	for _, t := range []struct {
+		flag, val string
+		dst       *time.Time
+	}{{"-from", *from, &q.From}, {"-to", *to, &q.To}} {
 		if t.val == "" {
 			continue
 		}
-		if _, err := time.Parse(time.RFC3339, t.val); err != nil {
+		var err error
+		if *t.dst, err = time.Parse(time.RFC3339, t.val); err != nil {
 			return usagef("cost report: %s: %v", t.flag, err)
 		}
-		q.Set(t.param, t.val)
 	}
-	b, err := a.call(http.MethodGet, "/operator/costs?"+q.Encode(), nil)
+	api, err := a.client()
 	if err != nil {
 		return err
 	}
-	var rep costAnswer
-	if err := json.Unmarshal(b, &rep); err != nil {
-		return fmt.Errorf("undecodable answer: %w", err)
+	ctx, raw := a.keepAnswer()
+	rep, err := api.Costs(ctx, q)
+	if err != nil {
+		return err
+	}
+	b := raw.Bytes()
+	// A server older than the unbilled report answers none: there is
+	// nothing of it to show or check.
+	var has struct {
+		Unbilled *struct{} `json:"unbilled"`
+	}
+	var unbilled *wire.Unbilled
+	if json.Unmarshal(b, &has) == nil && has.Unbilled != nil {
+		unbilled = &rep.Unbilled
 	}
 	var (
 		sum                      *receiptSum
@@ -310,11 +285,11 @@ func costReport(a *app, args []string) error {
 				return err
 			}
 			same := sum.CostMicroUSD == rep.Total.CostMicroUSD && sum.ActualMS == rep.Total.ActualMS
-			if rep.Unbilled != nil {
+			if unbilled != nil {
 				if unbilledN, unbilledGPUMS, err = a.sumUnbilled(rep.From, rep.To); err != nil {
 					return err
 				}
-				same = same && unbilledN == rep.Unbilled.Total.Attempts && unbilledGPUMS == rep.Unbilled.Total.GPUMS
+				same = same && unbilledN == unbilled.Total.Attempts && unbilledGPUMS == unbilled.Total.GPUMS
 			}
 			if same || attempt == 4 {
 				break
@@ -339,7 +314,7 @@ func costReport(a *app, args []string) error {
 		}
 		t.row("TOTAL", strconv.FormatInt(rep.Total.Jobs, 10), strconv.FormatInt(rep.Total.ActualMS, 10), rep.Total.GPUHours, rep.Total.CostUSD)
 		t.flush()
-		if u := rep.Unbilled; u != nil {
+		if u := unbilled; u != nil {
 			fmt.Fprintf(a.stdout, "\nunbilled GPU time by reason (attempts that ended uncharged)\n")
 			t := newTable(a.stdout)
 			t.row("REASON", "ATTEMPTS", "GPU_MS", "GPU_HOURS")
@@ -358,14 +333,14 @@ func costReport(a *app, args []string) error {
 			errInvalid, receipts.FormatMicros(rep.Total.CostMicroUSD), rep.Total.CostMicroUSD, rep.Total.ActualMS,
 			receipts.FormatMicros(sum.CostMicroUSD), sum.CostMicroUSD, sum.ActualMS, sum.Receipts)
 	}
-	if u := rep.Unbilled; u != nil && (unbilledN != u.Total.Attempts || unbilledGPUMS != u.Total.GPUMS) {
+	if u := unbilled; u != nil && (unbilledN != u.Total.Attempts || unbilledGPUMS != u.Total.GPUMS) {
 		return fmt.Errorf("%w: the report's unbilled total is %d attempts of %d GPU-ms, the receipts of uncharged attempts of the window sum to %d of %d GPU-ms",
 			errInvalid, u.Total.Attempts, u.Total.GPUMS, unbilledN, unbilledGPUMS)
 	}
 	// The check goes to standard error, so that -o json stays the API's.
 	fmt.Fprintf(a.stderr, "check: the %d job_charged receipts of the window sum to %s USD (%d micro-USD), as the report\n",
 		sum.Receipts, receipts.FormatMicros(sum.CostMicroUSD), sum.CostMicroUSD)
-	if rep.Unbilled != nil {
+	if unbilled != nil {
 		fmt.Fprintf(a.stderr, "check: the %d receipts of uncharged attempts of the window sum to %d GPU-ms, as the report\n", unbilledN, unbilledGPUMS)
 	}
 	return nil

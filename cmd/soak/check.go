@@ -11,8 +11,8 @@ import (
 
 	"golang.org/x/mod/sumdb/tlog"
 
-	"github.com/nodelane/nodelane/cmd/internal/operator"
 	"github.com/nodelane/nodelane/receipts"
+	"github.com/nodelane/nodelane/workerapi/operator"
 	"github.com/nodelane/nodelane/workerapi/wire"
 )
 
@@ -62,20 +62,13 @@ func (s *soak) allJobs(ctx context.Context) (map[string]wire.Job, error) {
 
 func listAll(ctx context.Context, op *operator.Client) (map[string]wire.Job, error) {
 	out := map[string]wire.Job{}
-	after := ""
-	for {
-		page, err := op.ListJobs(ctx, "", after)
+	for j, err := range op.Jobs(ctx, operator.JobQuery{Limit: 1000}) {
 		if err != nil {
 			return nil, err
 		}
-		for _, j := range page.Jobs {
-			out[j.ID] = j.Job
-		}
-		if page.Next == nil {
-			return out, nil
-		}
-		after = *page.Next
+		out[j.ID] = j.Job
 	}
+	return out, nil
 }
 
 // result is what the checks found.
@@ -280,15 +273,11 @@ func (s *soak) readLog(ctx context.Context, all map[string]wire.Job) (*receiptLo
 		if cp == nil {
 			return nil, nil, fmt.Errorf("no verifiable checkpoint from %s", s.addrs[0])
 		}
-		for int64(len(log.bodies)) < cp.Size {
-			page, err := op.Receipts(ctx, int64(len(log.bodies))-1)
-			if err != nil {
-				return nil, nil, err
-			}
-			if len(page.Receipts) == 0 {
-				return nil, nil, fmt.Errorf("the log ends at %d receipts, the checkpoint has %d", len(log.bodies), cp.Size)
-			}
-			for _, wr := range page.Receipts {
+		if read := int64(len(log.bodies)); read < cp.Size {
+			for wr, err := range op.Receipts(ctx, operator.ReceiptQuery{From: read, Limit: 1000}) {
+				if err != nil {
+					return nil, nil, err
+				}
 				n := int64(len(log.bodies))
 				if wr.Index == nil || *wr.Index != n {
 					return nil, nil, fmt.Errorf("receipt %s comes at position %d with index %v", wr.ID, n, wr.Index)
@@ -307,10 +296,15 @@ func (s *soak) readLog(ctx context.Context, all map[string]wire.Job) (*receiptLo
 				log.hashes = append(log.hashes, hs...)
 				log.bodies = append(log.bodies, wr.Body)
 				delete(want, wr.ID)
+				if int64(len(log.bodies)) == cp.Size {
+					break
+				}
+			}
+			if int64(len(log.bodies)) < cp.Size {
+				return nil, nil, fmt.Errorf("the log ends at %d receipts, the checkpoint has %d", len(log.bodies), cp.Size)
 			}
 		}
-		// The log may have grown past cp; the checkpoint covers its first
-		// cp.Size receipts.
+		// The checkpoint covers the first cp.Size receipts of the log read.
 		root, err := tlog.TreeHash(cp.Size, log.hashes)
 		if err != nil {
 			return nil, nil, err
@@ -355,7 +349,7 @@ func (s *soak) checkCheckpoints(ctx context.Context, r *result, log *receiptLog,
 			}
 			proof, err := s.ops[i%len(s.ops)].Consistency(ctx, old.Size, nt.Size)
 			if err == nil {
-				err = receipts.CheckConsistency(old, nt, proof)
+				err = receipts.CheckConsistency(old, nt, proof.Hashes)
 			}
 			if err != nil {
 				r.bad("the server's consistency proof from size %d to %d: %v", old.Size, nt.Size, err)

@@ -20,8 +20,8 @@ import (
 
 	"github.com/nodelane/nodelane/cmd/internal/controlplane"
 	"github.com/nodelane/nodelane/cmd/internal/jobs"
-	"github.com/nodelane/nodelane/cmd/internal/operator"
 	"github.com/nodelane/nodelane/receipts"
+	"github.com/nodelane/nodelane/workerapi/operator"
 	"github.com/nodelane/nodelane/workerapi/wire"
 )
 
@@ -297,9 +297,13 @@ func (s *soak) startServers(ctx context.Context) error {
 	}
 	hc := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 16}}
 	for _, a := range s.addrs {
-		s.ops = append(s.ops, operator.New(a, s.tokens.OperatorToken, hc))
+		op, err := operator.New(a, s.tokens.OperatorToken, &operator.Config{HTTPClient: hc, UserAgent: "nodelane-soak/1"})
+		if err != nil {
+			return err
+		}
+		s.ops = append(s.ops, op)
 	}
-	if err := s.ops[0].ActivateEnvelope(ctx, "fault soak: lora_train runs"); err != nil {
+	if _, err := s.ops[0].ActivateEnvelope(ctx, wire.ActivateRequest{Reason: "fault soak: lora_train runs"}); err != nil {
 		return fmt.Errorf("activating the runtime: %w", err)
 	}
 	return nil
@@ -453,9 +457,9 @@ func (s *soak) dispatchOne(ctx context.Context, seq int64, req wire.DispatchRequ
 	}()
 	first := s.intn(len(s.ops))
 	for attempt := range 4 {
-		resp, err := s.ops[(first+attempt)%len(s.ops)].DispatchOnce(ctx, req)
+		resp, err := s.ops[(first+attempt)%len(s.ops)].Dispatch(ctx, req)
 		var (
-			oe   *operator.Error
+			oe   *wire.Error
 			nerr *net.OpError
 		)
 		switch {
@@ -599,9 +603,8 @@ func (s *soak) restartBusyWorker(ctx context.Context) {
 	op := s.ops[s.intn(len(s.ops))]
 	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	var list wire.WorkerListResponse
 	victim, job := -1, ""
-	if b, err := op.Call(rctx, "GET", "/operator/workers?limit=1000", nil); err == nil && json.Unmarshal(b, &list) == nil {
+	if list, err := op.ListWorkers(rctx, operator.WorkerQuery{Limit: 1000}); err == nil {
 		ids := map[string]string{}
 		for _, w := range list.Workers {
 			ids[w.NodeID] = w.WorkerID
@@ -612,8 +615,7 @@ func (s *soak) restartBusyWorker(ctx context.Context) {
 			if id == "" {
 				continue
 			}
-			var d wire.WorkerDetailResponse
-			if b, err := op.Call(rctx, "GET", "/operator/workers/"+id, nil); err == nil && json.Unmarshal(b, &d) == nil && len(d.Leases) > 0 {
+			if d, err := op.Worker(rctx, id); err == nil && len(d.Leases) > 0 {
 				victim, job = i, d.Leases[0].JobID
 				break
 			}
@@ -648,6 +650,6 @@ func (s *soak) turnSkew(on bool) {
 // outcomeUnknown reports whether a 503 says that the server could not
 // learn whether its commit landed (docs/PROTOCOL.md §12: "the request may
 // have been accepted"), rather than that nothing was accepted.
-func outcomeUnknown(e *operator.Error) bool {
+func outcomeUnknown(e *wire.Error) bool {
 	return strings.Contains(e.Message, "may have been accepted")
 }

@@ -60,3 +60,20 @@ func TestJSONAsItCame(t *testing.T) {
 		t.Errorf("cost report -o json: exit %d, stdout\n%s", code, out)
 	}
 }
+
+// TestNoRedirect checks that nodelanectl follows no redirect: the
+// answer is an error naming the 3xx, and the bearer token reaches no
+// other server.
+func TestNoRedirect(t *testing.T) {
+	t.Parallel()
+	other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		t.Errorf("the redirect was followed: %s %s (Authorization %t)", r.Method, r.URL, r.Header.Get("Authorization") != "")
+	}))
+	t.Cleanup(other.Close)
+	srv := httptest.NewServer(http.RedirectHandler(other.URL+"/operator/jobs", http.StatusFound))
+	t.Cleanup(srv.Close)
+	out, errOut, code := runCtl(t, t.TempDir(), "-server", srv.URL, "jobs", "list")
+	if code == exitOK || !strings.Contains(errOut, "302") {
+		t.Errorf("jobs list against a redirect: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+}

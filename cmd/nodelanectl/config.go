@@ -208,6 +208,9 @@ func isLoopback(host string) bool {
 
 // httpClient is the operator client's HTTP client: TLS 1.2 at least,
 // trusting the settings' CA file when there is one, through answerTap.
+// It follows no redirect, as the operator client's own does not: a 3xx
+// is an error naming its Location, and the bearer token goes nowhere the
+// settings do not name.
 func httpClient(s *settings) (*http.Client, error) {
 	t := http.DefaultTransport.(*http.Transport).Clone()
 	t.TLSClientConfig = &tls.Config{MinVersion: tls.VersionTLS12}
@@ -222,5 +225,6 @@ func httpClient(s *settings) (*http.Client, error) {
 		}
 		t.TLSClientConfig.RootCAs = pool
 	}
-	return &http.Client{Timeout: 60 * time.Second, Transport: answerTap{t}}, nil
+	return &http.Client{Timeout: 60 * time.Second, Transport: answerTap{t},
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}, nil
 }

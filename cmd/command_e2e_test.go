@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/nodelane/nodelane/cmd/internal/gpu/gputest"
+	"github.com/nodelane/nodelane/internal/waitfor"
 	"github.com/nodelane/nodelane/workerapi/wire"
 )
 
@@ -90,7 +91,7 @@ func logLines(d wire.JobDetailResponse) []string {
 func readPids(c *cluster, path string, n int) []int {
 	c.t.Helper()
 	var out []int
-	c.eventually(jobTimeout, "the script's pids", func() bool {
+	waitfor.Within(c.t, jobTimeout, "the script's pids", func() bool {
 		b, _ := os.ReadFile(path)
 		out = out[:0]
 		for _, f := range strings.Fields(string(b)) {
@@ -130,6 +131,7 @@ func running(pid int) bool {
 // lines become logs, progress events and an artifact with the right
 // sha256; exit codes fail jobs; a cancel kills the whole process group.
 func TestE2ECommandJobs(t *testing.T) {
+	t.Parallel()
 	c := newCluster(t, "-heartbeat-interval", "1s")
 	c.activate()
 	dir := t.TempDir()
@@ -197,6 +199,7 @@ kill_grace = "6s"
 	}
 
 	t.Run("exit 0", func(t *testing.T) {
+		c := c.on(t)
 		d := c.waitDone(c.dispatchGPUs("cmd_ok", 1).Job.ID, "succeeded")
 		logs := strings.Join(logLines(d), "\n")
 		for _, want := range []string{"line one", "line two", "a warning"} {
@@ -240,6 +243,7 @@ kill_grace = "6s"
 	})
 
 	t.Run("exit 3", func(t *testing.T) {
+		c := c.on(t)
 		d := c.waitDone(c.dispatchGPUs("cmd_exit3", 1).Job.ID, "failed")
 		if d.Job.LastError == nil || d.Job.LastError.Code != "exit_3" || !strings.Contains(d.Job.LastError.Message, "bad input") {
 			t.Errorf("last error %+v, want exit_3", d.Job.LastError)
@@ -253,6 +257,7 @@ kill_grace = "6s"
 	})
 
 	t.Run("cancel kills the process group", func(t *testing.T) {
+		c := c.on(t)
 		d := c.dispatchGPUs("cmd_sleep", 0)
 		pids := readPids(c, pidFile, 2)
 		for _, p := range pids {
@@ -260,26 +265,17 @@ kill_grace = "6s"
 				t.Fatalf("process %d is not running before the cancel", p)
 			}
 		}
-		start := time.Now()
 		c.call("POST", "/operator/jobs/"+d.Job.ID+"/cancel", nil, nil)
 		// The worker learns of the cancel by its next heartbeat (1 s),
 		// then the group has kill_grace (3 s), plus 1 s.
-		deadline := start.Add(time.Second + 3*time.Second + time.Second)
-		for {
-			alive := 0
+		waitfor.Within(t, time.Second+3*time.Second+time.Second, "the script's processes gone after the cancel", func() bool {
 			for _, p := range pids {
 				if running(p) {
-					alive++
+					return false
 				}
 			}
-			if alive == 0 {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%d of the script's processes %v still run %v after the cancel", alive, pids, time.Since(start))
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
+			return true
+		})
 		jd := c.waitDone(d.Job.ID, "canceled")
 		if !strings.Contains(strings.Join(logLines(jd), "\n"), "started") {
 			t.Errorf("logs %q", logLines(jd))
@@ -290,6 +286,7 @@ kill_grace = "6s"
 	// released; the worker exits only once the group is gone, after the
 	// job's kill_grace (6 s), though its runner gives up on the job sooner.
 	t.Run("drain", func(t *testing.T) {
+		c := c.on(t)
 		if err := os.Remove(pidFile); err != nil && !os.IsNotExist(err) {
 			t.Fatal(err)
 		}
@@ -325,6 +322,7 @@ kill_grace = "6s"
 // TestE2ECommandGPUs checks that a worker with the two GPUs a fake nvidia-smi lists
 // runs two 1-GPU jobs at once, each with its own CUDA_VISIBLE_DEVICES.
 func TestE2ECommandGPUs(t *testing.T) {
+	t.Parallel()
 	c := newCluster(t)
 	c.activate()
 	dir := t.TempDir()
@@ -371,6 +369,7 @@ while [ "$(ls `+seen+` | wc -l)" -lt 2 ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i
 // whose sha256 is the file's in the run's output directory, the metrics of
 // result.json; a bad payload fails for good (exit 2); SIGTERM drains.
 func TestE2ECommandTrainPy(t *testing.T) {
+	t.Parallel()
 	if _, err := exec.LookPath("python3"); err != nil {
 		if os.Getenv("CI") == "true" {
 			t.Fatalf("python3 is needed to run cmd/commands/train.py: %v", err)

@@ -11,34 +11,20 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/nodelane/nodelane/internal/waitfor"
 	"github.com/nodelane/nodelane/workerapi/wire"
 )
 
-var (
-	ctlOnce sync.Once
-	ctlErr  error
-)
-
-// ctlBinary builds cmd/nodelanectl once per test run, next to the
-// server and the worker.
+// ctlBinary is cmd/nodelanectl, built with the server and the worker.
 func ctlBinary(t *testing.T) string {
 	t.Helper()
 	binaries(t)
-	ctlOnce.Do(func() {
-		cmd := exec.Command("go", "build", "-o", filepath.Join(binDir, "nodelanectl"), "github.com/nodelane/nodelane/cmd/nodelanectl")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			ctlErr = fmt.Errorf("go build nodelanectl: %v\n%s", err, out)
-		}
-	})
-	if ctlErr != nil {
-		t.Fatal(ctlErr)
-	}
 	return filepath.Join(binDir, "nodelanectl")
 }
 
@@ -50,19 +36,28 @@ type ctl struct {
 	bin     string
 	home    string
 	tokFile string
-	// secrets must never appear in any output.
-	secrets []string
+	// secrets must never appear in any output. The subtests' views (on)
+	// share them.
+	secrets *[]string
 }
 
 func newCtl(t *testing.T, c *cluster) *ctl {
 	t.Helper()
 	home := t.TempDir()
 	x := &ctl{t: t, c: c, bin: ctlBinary(t), home: home, tokFile: filepath.Join(home, "operator.token"),
-		secrets: []string{c.tokens.OperatorToken, c.tokens.ProvisioningToken}}
+		secrets: &[]string{c.tokens.OperatorToken, c.tokens.ProvisioningToken}}
 	if err := os.WriteFile(x.tokFile, []byte(c.tokens.OperatorToken+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	return x
+}
+
+// on is x seen from t, a subtest of the test that made it (see
+// cluster.on).
+func (x *ctl) on(t *testing.T) *ctl {
+	xx := *x
+	xx.t, xx.c = t, x.c.on(t)
+	return &xx
 }
 
 type ctlResult struct {
@@ -90,7 +85,7 @@ func (x *ctl) runEnv(env []string, args ...string) ctlResult {
 
 func (x *ctl) checkNoSecrets(args []string, r ctlResult) {
 	x.t.Helper()
-	for _, s := range x.secrets {
+	for _, s := range *x.secrets {
 		if s != "" && (strings.Contains(r.stdout, s) || strings.Contains(r.stderr, s)) {
 			x.t.Errorf("nodelanectl %v printed a token", args)
 		}
@@ -136,18 +131,23 @@ func mustContain(t *testing.T, what, s string, subs ...string) {
 	}
 }
 
+// TestNodelanectlCommands runs each nodelanectl command against a server
+// and a worker; the subtests run in order on one control plane.
 func TestNodelanectlCommands(t *testing.T) {
+	t.Parallel()
 	c := newCluster(t)
 	c.startWorker("node-a")
 	wid := c.workerID("node-a")
 	x := newCtl(t, c)
 
 	t.Run("help", func(t *testing.T) {
+		x := x.on(t)
 		r := x.fail(0, nil, "help")
 		mustContain(t, "help", r.stdout, "jobs submit", "jobs logs", "workers retire", "envelope activate", "credentials mint", "receipts export", "receipts verify", "cost report")
 	})
 
 	t.Run("usage errors exit 2", func(t *testing.T) {
+		x := x.on(t)
 		for _, args := range [][]string{
 			{},
 			{"bogus"},
@@ -178,6 +178,8 @@ func TestNodelanectlCommands(t *testing.T) {
 	})
 
 	t.Run("server errors exit 1", func(t *testing.T) {
+		x := x.on(t)
+		c := x.c
 		r := x.fail(1, nil, "-server", c.base(), "-token-file", x.tokFile, "jobs", "show", "job_nosuchjob")
 		mustContain(t, "stderr", r.stderr, "404 not_found", "/operator/jobs/job_nosuchjob")
 		r = x.fail(1, []string{"NODELANE_TOKEN=nlc_notatoken"}, "-server", c.base(), "workers", "list")
@@ -190,6 +192,8 @@ func TestNodelanectlCommands(t *testing.T) {
 
 	var jobID string
 	t.Run("jobs", func(t *testing.T) {
+		x := x.on(t)
+		c := x.c
 		var d wire.DispatchResponse
 		x.runJSON(&d, "jobs", "submit", "-type", "status_check", "-gpu-sku", "rtx-4090", "-gpu-count", "1", "-payload", `{"n":1}`)
 		if d.Job.ID == "" || d.Job.JobType != "status_check" || !d.Leasable {
@@ -263,16 +267,21 @@ func TestNodelanectlCommands(t *testing.T) {
 	})
 
 	t.Run("logs -follow stops on SIGINT", func(t *testing.T) {
+		x := x.on(t)
+		c := x.c
 		var d wire.DispatchResponse
 		x.runJSON(&d, "jobs", "submit", "-type", "lora_train", "-tag", "nowhere")
 		cmd := exec.Command(x.bin, "-server", c.base(), "-token-file", x.tokFile, "jobs", "logs", "-follow", "-interval", "200ms", d.Job.ID)
 		cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + x.home}
 		var se bytes.Buffer
 		cmd.Stderr = &se
+		reads := c.jobReads()
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(time.Second)
+		// Once it has read the job it follows it, its SIGINT handler (set
+		// first thing) in place.
+		waitfor.Until(t, "logs -follow to read the job", func() bool { return c.jobReads() > reads })
 		if err := cmd.Process.Signal(syscall.SIGINT); err != nil {
 			t.Fatal(err)
 		}
@@ -295,6 +304,7 @@ func TestNodelanectlCommands(t *testing.T) {
 	})
 
 	t.Run("envelope", func(t *testing.T) {
+		x := x.on(t)
 		out := x.run("envelope", "status")
 		mustContain(t, "envelope status", out, "active", "false", "blocked_types", "lora_train")
 		var e wire.EnvelopeResponse
@@ -311,6 +321,8 @@ func TestNodelanectlCommands(t *testing.T) {
 	})
 
 	t.Run("workers", func(t *testing.T) {
+		x := x.on(t)
+		c := x.c
 		out := x.run("workers", "list")
 		mustContain(t, "workers list", out, "ID", "LIVENESS", wid, "node-a", "1×rtx-4090")
 		var l wire.WorkerListResponse
@@ -352,6 +364,8 @@ func TestNodelanectlCommands(t *testing.T) {
 	})
 
 	t.Run("credentials", func(t *testing.T) {
+		x := x.on(t)
+		c := x.c
 		tokOut := filepath.Join(x.home, "jobs.token")
 		var m map[string]any
 		x.runJSON(&m, "credentials", "mint", "-principal", "operator", "-scope", "operator:jobs", "-ttl", "1h", "-token-out", tokOut)
@@ -363,7 +377,7 @@ func TestNodelanectlCommands(t *testing.T) {
 			t.Fatal(err)
 		}
 		minted := strings.TrimSpace(string(b))
-		x.secrets = append(x.secrets, minted)
+		*x.secrets = append(*x.secrets, minted)
 		if fi, _ := os.Stat(tokOut); !strings.HasPrefix(minted, "nlc_") || fi.Mode().Perm() != 0o600 {
 			t.Errorf("the token file holds %d bytes, mode %v", len(minted), fi.Mode())
 		}
@@ -397,6 +411,8 @@ func TestNodelanectlCommands(t *testing.T) {
 	})
 
 	t.Run("receipts", func(t *testing.T) {
+		x := x.on(t)
+		c := x.c
 		out, cp := filepath.Join(x.home, "receipts.jsonl"), filepath.Join(x.home, "checkpoint")
 		x.run("receipts", "export", "-out", out, "-checkpoint", cp)
 		r := x.fail(0, nil, "receipts", "verify", "-key", c.tokens.ReceiptPublicKey, "-checkpoint", cp, out)
@@ -430,6 +446,27 @@ func TestNodelanectlCommands(t *testing.T) {
 	c.checkNoTokensLogged()
 }
 
+// jobReads is how many GET /operator/jobs/{id} the server has answered,
+// as its /metrics counts them.
+func (c *cluster) jobReads() int {
+	c.t.Helper()
+	var b []byte
+	c.call("GET", "/metrics", nil, &b)
+	n := 0
+	for line := range strings.Lines(string(b)) {
+		if strings.HasPrefix(line, "nodelane_http_request_duration_seconds_count{") &&
+			strings.Contains(line, `method="GET"`) && strings.Contains(line, `route="/operator/jobs/{id}"`) {
+			f := strings.Fields(line)
+			v, err := strconv.ParseFloat(f[len(f)-1], 64)
+			if err != nil {
+				c.t.Fatalf("/metrics line %q: %v", line, err)
+			}
+			n += int(v)
+		}
+	}
+	return n
+}
+
 func readFile(t *testing.T, path string) string {
 	t.Helper()
 	b, err := os.ReadFile(path)
@@ -455,9 +492,11 @@ func writeConfig(t *testing.T, x *ctl, content string, mode os.FileMode) string 
 	return path
 }
 
-// The server and the token come from a flag, else the environment, else
-// the config file; a config file that holds a token must be private.
+// TestNodelanectlConfig checks that the server and the token come from a
+// flag, else the environment, else the config file, and that a config
+// file that holds a token must be private.
 func TestNodelanectlConfig(t *testing.T) {
+	t.Parallel()
 	c := newCluster(t)
 	x := newCtl(t, c)
 	dead := "http://127.0.0.1:1"
@@ -514,7 +553,7 @@ func TestNodelanectlConfig(t *testing.T) {
 	refused("no such file", nil, "-config", filepath.Join(x.home, "missing.toml"))
 	// A bad file is named, and its content (which may hold a token) is not shown.
 	writeConfig(t, x, "token = nlc_unquotedsecret\n", 0o600)
-	x.secrets = append(x.secrets, "nlc_unquotedsecret")
+	*x.secrets = append(*x.secrets, "nlc_unquotedsecret")
 	refused("line 1 is not valid TOML", nil)
 	writeConfig(t, x, "sever = \"http://x\"\n", 0o600)
 	refused(`unknown key "sever"`, nil)

@@ -26,11 +26,13 @@ func get(t *testing.T, url string) (int, string) {
 	return resp.StatusCode, string(b)
 }
 
-// The example server serves /healthz and /metrics beside the API; its
-// /metrics lists every family of workerapi/prommetrics; with -log-format
-// json every line it logs is a JSON object, and a dispatched job is
-// logged at INFO with its job_id.
+// TestServerMetricsHealthAndJSONLogs checks that the example server
+// serves /healthz and /metrics beside the API; its /metrics lists every
+// family of workerapi/prommetrics; with -log-format json every line it
+// logs is a JSON object, and a dispatched job is logged at INFO with its
+// job_id.
 func TestServerMetricsHealthAndJSONLogs(t *testing.T) {
+	t.Parallel()
 	c := newCluster(t, "-log-format", "json", "-log-level", "debug")
 	if code, body := get(t, c.base()+"/healthz"); code != http.StatusOK || body != "ok\n" {
 		t.Fatalf("GET /healthz: %d %q", code, body)
@@ -82,8 +84,10 @@ func TestServerMetricsHealthAndJSONLogs(t *testing.T) {
 	}
 }
 
-// A bad -log-level or -log-format stops the server with a clear error.
+// TestServerLogFlags checks that a bad -log-level or -log-format stops
+// the server with a clear error.
 func TestServerLogFlags(t *testing.T) {
+	t.Parallel()
 	serverBin, _ := binaries(t)
 	for _, args := range [][]string{{"-log-level", "loud"}, {"-log-format", "xml"}} {
 		p := startProc(t, "server "+strings.Join(args, " "), serverBin, nil, append([]string{"-addr", freeAddr(t),

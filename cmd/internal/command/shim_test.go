@@ -5,6 +5,7 @@ package command
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/nodelane/nodelane/internal/waitfor"
 )
 
 // stubborn is a script whose shell ignores SIGTERM and prints nothing,
@@ -24,25 +27,20 @@ setsid sh -c 'trap "" TERM; echo $$ >> "$PIDS.tmp"; mv "$PIDS.tmp" "$PIDS"; exec
 while :; do sleep 1; done
 `
 
-// waitGone polls until every pid runs no more, or the deadline.
+// waitGone waits until every pid runs no more, failing the test after
+// within, and says how long it took.
 func waitGone(t *testing.T, ps []int, within time.Duration) time.Duration {
 	t.Helper()
 	start := time.Now()
-	for {
-		left := 0
+	waitfor.Within(t, within, fmt.Sprintf("the processes %v to end", ps), func() bool {
 		for _, p := range ps {
 			if !processGone(p) {
-				left++
+				return false
 			}
 		}
-		if left == 0 {
-			return time.Since(start)
-		}
-		if time.Since(start) > within {
-			t.Fatalf("%d of the processes %v still run after %v", left, ps, within)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return true
+	})
+	return time.Since(start)
 }
 
 // When the worker's end of the control pipe closes (the worker died),
@@ -129,6 +127,7 @@ func TestShimStartFails(t *testing.T) {
 
 // The state file lists each running command (0600) and none once done.
 func TestStateFileTracksRuns(t *testing.T) {
+	t.Parallel()
 	for _, mode := range modes {
 		t.Run(mode, func(t *testing.T) {
 			t.Parallel()

@@ -23,6 +23,7 @@ import (
 // prints, as an operator would in a browser: it shows the demo's jobs,
 // logs, artifacts and costs, and its receipts verified.
 func TestDemoConsole(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithCancel(t.Context())
 	dir := t.TempDir()
 	out := &syncbuf.Buffer{}

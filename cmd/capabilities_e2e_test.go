@@ -328,6 +328,11 @@ func capsLostIdentity(t *testing.T, d testdb.Dialect) {
 	const node = "caps-lost"
 	w := c.startWorker(node)
 	wid := c.workerID(node)
+	// Registered on its side too: a SIGTERM before that ends the start,
+	// not a running worker (exit 1, not a drain).
+	waitfor.Within(c.t, startTimeout, "the worker's registered line", func() bool {
+		return strings.Contains(w.stderr.String(), "msg=registered")
+	})
 	capsStop(t, w)
 	if err := os.Remove(c.identityPath(node)); err != nil {
 		t.Fatal(err)

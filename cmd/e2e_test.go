@@ -210,15 +210,6 @@ func newCluster(t *testing.T, serverArgs ...string) *cluster {
 	return c
 }
 
-// on is the cluster seen from t, a subtest of the test that made it, so
-// that its helpers fail (and clean up after) the subtest. The subtests
-// share the control plane: they run one after the other.
-func (c *cluster) on(t *testing.T) *cluster {
-	cc := *c
-	cc.t = t
-	return &cc
-}
-
 func freeAddr(t *testing.T) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -593,9 +584,10 @@ func TestE2EJobsAndReceipts(t *testing.T) {
 	// Graceful drain: SIGTERM mid-job; the job does not finish within
 	// -drain-timeout (1 s), so it is released, and the worker exits 0.
 	long := c.dispatch("lora_train", map[string]any{"steps": 200, "step_ms": 100})
-	waitfor.Within(c.t, jobTimeout, "the long lora_train running", func() bool {
+	// Running on the worker, not only accepted: its handler reported.
+	waitfor.Within(c.t, jobTimeout, "the long lora_train running with progress", func() bool {
 		var jd wire.JobDetailResponse
-		return c.try("GET", "/operator/jobs/"+long.Job.ID, nil, &jd) == nil && jd.Job.State == "running"
+		return c.try("GET", "/operator/jobs/"+long.Job.ID, nil, &jd) == nil && jd.Job.State == "running" && progressEvents(jd) >= 1
 	})
 	if err := w.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)

@@ -36,28 +36,19 @@ type ctl struct {
 	bin     string
 	home    string
 	tokFile string
-	// secrets must never appear in any output. The subtests' views (on)
-	// share them.
-	secrets *[]string
+	// secrets must never appear in any output.
+	secrets []string
 }
 
 func newCtl(t *testing.T, c *cluster) *ctl {
 	t.Helper()
 	home := t.TempDir()
 	x := &ctl{t: t, c: c, bin: ctlBinary(t), home: home, tokFile: filepath.Join(home, "operator.token"),
-		secrets: &[]string{c.tokens.OperatorToken, c.tokens.ProvisioningToken}}
+		secrets: []string{c.tokens.OperatorToken, c.tokens.ProvisioningToken}}
 	if err := os.WriteFile(x.tokFile, []byte(c.tokens.OperatorToken+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	return x
-}
-
-// on is x seen from t, a subtest of the test that made it (see
-// cluster.on).
-func (x *ctl) on(t *testing.T) *ctl {
-	xx := *x
-	xx.t, xx.c = t, x.c.on(t)
-	return &xx
 }
 
 type ctlResult struct {
@@ -85,7 +76,7 @@ func (x *ctl) runEnv(env []string, args ...string) ctlResult {
 
 func (x *ctl) checkNoSecrets(args []string, r ctlResult) {
 	x.t.Helper()
-	for _, s := range *x.secrets {
+	for _, s := range x.secrets {
 		if s != "" && (strings.Contains(r.stdout, s) || strings.Contains(r.stderr, s)) {
 			x.t.Errorf("nodelanectl %v printed a token", args)
 		}
@@ -131,23 +122,36 @@ func mustContain(t *testing.T, what, s string, subs ...string) {
 	}
 }
 
+// ctlCase starts the control plane of one case of TestNodelanectlCommands,
+// with a worker (node-a) when worker is set, and returns it, the command's
+// environment and the worker's id. No process may log a token.
+func ctlCase(t *testing.T, worker bool) (c *cluster, x *ctl, wid string) {
+	t.Helper()
+	c = newCluster(t)
+	if worker {
+		c.startWorker("node-a")
+		wid = c.workerID("node-a")
+	}
+	t.Cleanup(c.checkNoTokensLogged)
+	return c, newCtl(t, c), wid
+}
+
 // TestNodelanectlCommands runs each nodelanectl command against a server
-// and a worker; the subtests run in order on one control plane.
+// (and a worker, where the command needs one), each case on a control
+// plane of its own.
 func TestNodelanectlCommands(t *testing.T) {
 	t.Parallel()
-	c := newCluster(t)
-	c.startWorker("node-a")
-	wid := c.workerID("node-a")
-	x := newCtl(t, c)
 
 	t.Run("help", func(t *testing.T) {
-		x := x.on(t)
+		t.Parallel()
+		_, x, _ := ctlCase(t, false)
 		r := x.fail(0, nil, "help")
 		mustContain(t, "help", r.stdout, "jobs submit", "jobs logs", "workers retire", "envelope activate", "credentials mint", "receipts export", "receipts verify", "cost report")
 	})
 
 	t.Run("usage errors exit 2", func(t *testing.T) {
-		x := x.on(t)
+		t.Parallel()
+		_, x, _ := ctlCase(t, false)
 		for _, args := range [][]string{
 			{},
 			{"bogus"},
@@ -178,8 +182,8 @@ func TestNodelanectlCommands(t *testing.T) {
 	})
 
 	t.Run("server errors exit 1", func(t *testing.T) {
-		x := x.on(t)
-		c := x.c
+		t.Parallel()
+		c, x, _ := ctlCase(t, false)
 		r := x.fail(1, nil, "-server", c.base(), "-token-file", x.tokFile, "jobs", "show", "job_nosuchjob")
 		mustContain(t, "stderr", r.stderr, "404 not_found", "/operator/jobs/job_nosuchjob")
 		r = x.fail(1, []string{"NODELANE_TOKEN=nlc_notatoken"}, "-server", c.base(), "workers", "list")
@@ -190,16 +194,15 @@ func TestNodelanectlCommands(t *testing.T) {
 		mustContain(t, "stderr", r.stderr, "127.0.0.1:1")
 	})
 
-	var jobID string
 	t.Run("jobs", func(t *testing.T) {
-		x := x.on(t)
-		c := x.c
+		t.Parallel()
+		c, x, wid := ctlCase(t, true)
 		var d wire.DispatchResponse
 		x.runJSON(&d, "jobs", "submit", "-type", "status_check", "-gpu-sku", "rtx-4090", "-gpu-count", "1", "-payload", `{"n":1}`)
 		if d.Job.ID == "" || d.Job.JobType != "status_check" || !d.Leasable {
 			t.Fatalf("submit: %+v", d)
 		}
-		jobID = d.Job.ID
+		jobID := d.Job.ID
 		// -follow returns once the job ends.
 		start := time.Now()
 		out := x.run("jobs", "logs", "-follow", "-interval", "200ms", jobID)
@@ -267,8 +270,8 @@ func TestNodelanectlCommands(t *testing.T) {
 	})
 
 	t.Run("logs -follow stops on SIGINT", func(t *testing.T) {
-		x := x.on(t)
-		c := x.c
+		t.Parallel()
+		c, x, _ := ctlCase(t, false)
 		var d wire.DispatchResponse
 		x.runJSON(&d, "jobs", "submit", "-type", "lora_train", "-tag", "nowhere")
 		cmd := exec.Command(x.bin, "-server", c.base(), "-token-file", x.tokFile, "jobs", "logs", "-follow", "-interval", "200ms", d.Job.ID)
@@ -304,7 +307,8 @@ func TestNodelanectlCommands(t *testing.T) {
 	})
 
 	t.Run("envelope", func(t *testing.T) {
-		x := x.on(t)
+		t.Parallel()
+		_, x, _ := ctlCase(t, false)
 		out := x.run("envelope", "status")
 		mustContain(t, "envelope status", out, "active", "false", "blocked_types", "lora_train")
 		var e wire.EnvelopeResponse
@@ -321,8 +325,8 @@ func TestNodelanectlCommands(t *testing.T) {
 	})
 
 	t.Run("workers", func(t *testing.T) {
-		x := x.on(t)
-		c := x.c
+		t.Parallel()
+		c, x, wid := ctlCase(t, true)
 		out := x.run("workers", "list")
 		mustContain(t, "workers list", out, "ID", "LIVENESS", wid, "node-a", "1×rtx-4090")
 		var l wire.WorkerListResponse
@@ -364,8 +368,10 @@ func TestNodelanectlCommands(t *testing.T) {
 	})
 
 	t.Run("credentials", func(t *testing.T) {
-		x := x.on(t)
-		c := x.c
+		t.Parallel()
+		c, x, _ := ctlCase(t, true)
+		// A job for the minted token to list.
+		jobID := c.waitDone(c.dispatch("status_check", nil).Job.ID, "succeeded").Job.ID
 		tokOut := filepath.Join(x.home, "jobs.token")
 		var m map[string]any
 		x.runJSON(&m, "credentials", "mint", "-principal", "operator", "-scope", "operator:jobs", "-ttl", "1h", "-token-out", tokOut)
@@ -377,7 +383,7 @@ func TestNodelanectlCommands(t *testing.T) {
 			t.Fatal(err)
 		}
 		minted := strings.TrimSpace(string(b))
-		*x.secrets = append(*x.secrets, minted)
+		x.secrets = append(x.secrets, minted)
 		if fi, _ := os.Stat(tokOut); !strings.HasPrefix(minted, "nlc_") || fi.Mode().Perm() != 0o600 {
 			t.Errorf("the token file holds %d bytes, mode %v", len(minted), fi.Mode())
 		}
@@ -411,8 +417,16 @@ func TestNodelanectlCommands(t *testing.T) {
 	})
 
 	t.Run("receipts", func(t *testing.T) {
-		x := x.on(t)
-		c := x.c
+		t.Parallel()
+		c, x, _ := ctlCase(t, true)
+		// Receipts to export: each job's completion and charge, beside
+		// those of the bootstrap and the registration.
+		for range 4 {
+			c.checkSucceeded(c.waitDone(c.dispatch("status_check", nil).Job.ID, "succeeded"))
+		}
+		if n := len(c.allReceipts()); n < 10 {
+			t.Fatalf("%d receipts: too few for the export's checks", n)
+		}
 		out, cp := filepath.Join(x.home, "receipts.jsonl"), filepath.Join(x.home, "checkpoint")
 		x.run("receipts", "export", "-out", out, "-checkpoint", cp)
 		r := x.fail(0, nil, "receipts", "verify", "-key", c.tokens.ReceiptPublicKey, "-checkpoint", cp, out)
@@ -443,7 +457,6 @@ func TestNodelanectlCommands(t *testing.T) {
 		r = x.fail(1, nil, "receipts", "verify", "-key", c.tokens.ReceiptPublicKey, "-checkpoint", cp, filepath.Join(x.home, "nonexistent"))
 		mustContain(t, "verify of no file", r.stderr, "nonexistent")
 	})
-	c.checkNoTokensLogged()
 }
 
 // jobReads is how many GET /operator/jobs/{id} the server has answered,
@@ -553,7 +566,7 @@ func TestNodelanectlConfig(t *testing.T) {
 	refused("no such file", nil, "-config", filepath.Join(x.home, "missing.toml"))
 	// A bad file is named, and its content (which may hold a token) is not shown.
 	writeConfig(t, x, "token = nlc_unquotedsecret\n", 0o600)
-	*x.secrets = append(*x.secrets, "nlc_unquotedsecret")
+	x.secrets = append(x.secrets, "nlc_unquotedsecret")
 	refused("line 1 is not valid TOML", nil)
 	writeConfig(t, x, "sever = \"http://x\"\n", 0o600)
 	refused(`unknown key "sever"`, nil)

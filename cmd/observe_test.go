@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/nodelane/nodelane/internal/waitfor"
 )
 
 // get fetches base+path and returns the status and body.
@@ -38,10 +40,18 @@ func TestServerMetricsHealthAndJSONLogs(t *testing.T) {
 		t.Fatalf("GET /healthz: %d %q", code, body)
 	}
 	d := c.dispatch("status_check", map[string]any{})
-	code, body := get(t, c.base()+"/metrics")
-	if code != http.StatusOK {
-		t.Fatalf("GET /metrics: %d %s", code, body)
-	}
+	// A request is counted once answered: maybe a moment after its
+	// answer arrived.
+	const dispatched = `nodelane_http_request_duration_seconds_count{code="",method="POST",route="/operator/jobs",status="201"} 1`
+	var body string
+	waitfor.Until(t, "/metrics to count the dispatch", func() bool {
+		var code int
+		code, body = get(t, c.base()+"/metrics")
+		if code != http.StatusOK {
+			t.Fatalf("GET /metrics: %d %s", code, body)
+		}
+		return strings.Contains(body, dispatched+"\n")
+	})
 	for _, fam := range []string{
 		"nodelane_http_request_duration_seconds histogram",
 		"nodelane_leases_total counter",
@@ -60,7 +70,6 @@ func TestServerMetricsHealthAndJSONLogs(t *testing.T) {
 	for _, series := range []string{
 		`nodelane_queue_jobs{state="queued",type="status_check"} 1`,
 		`nodelane_stats_up 1`,
-		`nodelane_http_request_duration_seconds_count{code="",method="POST",route="/operator/jobs",status="201"} 1`,
 	} {
 		if !strings.Contains(body, series+"\n") {
 			t.Errorf("/metrics has no line %s", series)

@@ -38,7 +38,10 @@ if [ "$NODELANE_ATTEMPT" = 1 ]; then
 fi
 : > "$d/overlap.tmp"
 for p in $(cat "$d/first.pids"); do
-	if kill -0 "$p" 2>/dev/null && ! grep -q '^State:.*Z' "/proc/$p/status" 2>/dev/null; then echo "$p" >> "$d/overlap.tmp"; fi
+	# One read of the state: a zombie reaped between two looks is gone,
+	# not running.
+	s=$(grep '^State:' "/proc/$p/status" 2>/dev/null) || continue
+	case "$s" in *Z*|*X*) ;; *) echo "$p" >> "$d/overlap.tmp";; esac
 done
 mv "$d/overlap.tmp" "$d/overlap"
 `, dir)

@@ -66,11 +66,14 @@ func (c *cluster) dispatchGPUs(jobType string, gpus int) wire.DispatchResponse {
 	return d
 }
 
-// script writes an executable /bin/sh script and returns its path.
+// script writes an executable /bin/sh script and returns its path. It is
+// written through a child process (gputest.WriteExecutable), so that no
+// process another test forks meanwhile holds it open for writing, which
+// would fail its run with "text file busy".
 func script(t *testing.T, dir, name, body string) string {
 	t.Helper()
 	path := filepath.Join(dir, name)
-	if err := os.WriteFile(path, []byte("#!/bin/sh\n"+body), 0o700); err != nil {
+	if err := gputest.WriteExecutable(path, "#!/bin/sh\n"+body); err != nil {
 		t.Fatal(err)
 	}
 	return path

@@ -137,6 +137,7 @@ func TestStateFileTracksRuns(t *testing.T) {
 			done := make(chan error, 1)
 			go func() { done <- e.Run(ctx, testJob(), &recorder{}) }()
 			leader := pids(t, pidFile, 1)[0]
+			s := waitRun(t, e.opts.Workdir)
 			path := filepath.Join(e.opts.Workdir, StateFile)
 			fi, err := os.Stat(path)
 			if err != nil {
@@ -144,10 +145,6 @@ func TestStateFileTracksRuns(t *testing.T) {
 			}
 			if fi.Mode().Perm() != 0o600 {
 				t.Errorf("state file mode %v", fi.Mode())
-			}
-			s, err := readState(e.opts.Workdir)
-			if err != nil || len(s.Runs) != 1 {
-				t.Fatalf("state %+v %v", s, err)
 			}
 			r := s.Runs[0]
 			st, _ := readStat(leader)
@@ -164,6 +161,23 @@ func TestStateFileTracksRuns(t *testing.T) {
 			}
 		})
 	}
+}
+
+// waitRun waits for the state file of workdir to list one run, and
+// returns it. The command may run (and write its pids) a moment before
+// the executor records it.
+func waitRun(t *testing.T, workdir string) *state {
+	t.Helper()
+	var s *state
+	waitfor.Until(t, "the state file to list the run", func() bool {
+		var err error
+		s, err = readState(workdir)
+		if err != nil {
+			t.Fatalf("state file: %v", err)
+		}
+		return len(s.Runs) == 1
+	})
+	return s
 }
 
 // startStubborn starts the stubborn script in a group of its own, as a
@@ -236,9 +250,9 @@ func TestKillLeftoversKillsALiveShim(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- e.Run(context.Background(), testJob(), &recorder{}) }()
 	leader := pids(t, pidFile, 1)[0]
-	s, err := readState(e.opts.Workdir)
-	if err != nil || len(s.Runs) != 1 || s.Runs[0].ShimPID == 0 {
-		t.Fatalf("state %+v %v", s, err)
+	s := waitRun(t, e.opts.Workdir)
+	if s.Runs[0].ShimPID == 0 {
+		t.Fatalf("state %+v: no shim", s)
 	}
 	killed, err := KillLeftovers(e.opts.Workdir, 5*time.Second)
 	if err != nil {

@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/nodelane/nodelane/internal/syncbuf"
+	"github.com/nodelane/nodelane/internal/waitfor"
 
 	"github.com/letsencrypt/pebble/v2/ca"
 	"github.com/letsencrypt/pebble/v2/db"
@@ -37,13 +38,16 @@ import (
 // names without a dot, and only the test's DNS server knows this one.
 const acmeDomain = "cp.nodelane.test"
 
+// TestACMEE2E checks that the server obtains its certificate from an ACME
+// server through each challenge type, serves it, caches it across a
+// restart, and that a worker trusting only the ACME server's root
+// completes a job over it. pebble reads PEBBLE_VA_NOSLEEP and
+// PEBBLE_WFE_NONCEREJECT, which TestMain sets.
 func TestACMEE2E(t *testing.T) {
-	// Read by pebble's constructors: no random sleeps before validating,
-	// no nonces rejected at random.
-	t.Setenv("PEBBLE_VA_NOSLEEP", "1")
-	t.Setenv("PEBBLE_WFE_NONCEREJECT", "0")
+	t.Parallel()
 	for _, challenge := range []string{"tls-alpn-01", "http-01"} {
 		t.Run(challenge, func(t *testing.T) {
+			t.Parallel()
 			start := time.Now()
 			testACME(t, challenge)
 			t.Logf("%s: %v", challenge, time.Since(start).Round(100*time.Millisecond))
@@ -88,7 +92,7 @@ func testACME(t *testing.T, challenge string) {
 		t.Fatalf("served a certificate for %q issued by %q, want %s by %q", cert.DNSNames, cert.Issuer.CommonName, acmeDomain, p.intermediate.Subject.CommonName)
 	}
 	// Obtained at start, in the background, and logged.
-	c.eventually(startTimeout, "the certificate obtained at start logged", func() bool {
+	waitfor.Within(c.t, startTimeout, "the certificate obtained at start logged", func() bool {
 		return strings.Contains(c.server.stderr.String(), `msg="ACME certificate ready" domain=`+acmeDomain)
 	})
 	if !strings.Contains(c.server.stderr.String(), "console=https://"+acmeDomain+":"+port(t, addr)+"/console/") {

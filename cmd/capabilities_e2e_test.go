@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/nodelane/nodelane/internal/testdb"
+	"github.com/nodelane/nodelane/internal/waitfor"
 	"github.com/nodelane/nodelane/receipts"
 	"github.com/nodelane/nodelane/workerapi/wire"
 )
@@ -106,12 +107,13 @@ func (c *cluster) capsReceipts(kind receipts.Kind, id string) []*receipts.Receip
 // approved keeps working; and a lost identity is refused with a message
 // that says how to fix it.
 func TestE2ECapabilities(t *testing.T) {
+	t.Parallel()
 	for _, d := range testdb.Dialects() {
 		t.Run(d.Name, func(t *testing.T) {
 			t.Parallel()
-			t.Run("restart with a new job type, tag and max_jobs", func(t *testing.T) { capsRestart(t, d) })
-			t.Run("a widening waits for approval", func(t *testing.T) { capsApproval(t, d) })
-			t.Run("a lost identity is refused", func(t *testing.T) { capsLostIdentity(t, d) })
+			t.Run("restart with a new job type, tag and max_jobs", func(t *testing.T) { t.Parallel(); capsRestart(t, d) })
+			t.Run("a widening waits for approval", func(t *testing.T) { t.Parallel(); capsApproval(t, d) })
+			t.Run("a lost identity is refused", func(t *testing.T) { t.Parallel(); capsLostIdentity(t, d) })
 		})
 	}
 }
@@ -144,7 +146,7 @@ func capsRestart(t *testing.T, d testdb.Dialect) {
 		fmt.Sprintf("\n[[job]]\ntype = \"cap_hold\"\ncommand = [%q]\ngpus = 0\n", hold),
 		"-gpu", "rtx-4090:24576", "-tag", "fast", "-max-jobs", "2")
 	deadline := restartedAt.Add(capsHeartbeat + capsSlack)
-	c.eventually(time.Until(deadline), "the restarted worker's job types recorded", func() bool {
+	waitfor.Within(c.t, time.Until(deadline), "the restarted worker's job types recorded", func() bool {
 		var wd wire.WorkerDetailResponse
 		return c.try("GET", "/operator/workers/"+wid, nil, &wd) == nil && slices.Contains(wd.Worker.Capabilities.JobTypes, "cap_b")
 	})
@@ -155,7 +157,7 @@ func capsRestart(t *testing.T, d testdb.Dialect) {
 		t.Fatalf("cap_b (tag fast) after the restart is not leasable: %s", nd.Reason)
 	}
 	var jd wire.JobDetailResponse
-	c.eventually(time.Until(deadline), "the new type's job to succeed within a heartbeat of the restart", func() bool {
+	waitfor.Within(c.t, time.Until(deadline), "the new type's job to succeed within a heartbeat of the restart", func() bool {
 		return c.try("GET", "/operator/jobs/"+nd.Job.ID, nil, &jd) == nil && jd.Job.State == "succeeded"
 	})
 	t.Logf("the new type's job succeeded %v after the restart", time.Since(restartedAt).Round(time.Millisecond))
@@ -182,7 +184,7 @@ func capsRestart(t *testing.T, d testdb.Dialect) {
 	// Exactly one worker_updated receipt, naming old and new values, that
 	// verifies offline.
 	var ups []*receipts.Receipt
-	c.eventually(jobTimeout, "the worker_updated receipt sequenced", func() bool {
+	waitfor.Within(c.t, jobTimeout, "the worker_updated receipt sequenced", func() bool {
 		ups = c.capsReceipts(receipts.KindWorkerUpdated, wid)
 		return len(ups) > 0
 	})
@@ -215,7 +217,7 @@ func capsRestart(t *testing.T, d testdb.Dialect) {
 	// The new max_jobs is used: two jobs (that need no GPU) run at once,
 	// which max_jobs 1 would not allow.
 	holds := []wire.DispatchResponse{c.capsDispatchHold(), c.capsDispatchHold()}
-	c.eventually(jobTimeout, "two cap_hold jobs running at once", func() bool {
+	waitfor.Within(c.t, jobTimeout, "two cap_hold jobs running at once", func() bool {
 		for _, h := range holds {
 			var jd wire.JobDetailResponse
 			if c.try("GET", "/operator/jobs/"+h.Job.ID, nil, &jd) != nil || jd.Job.State != "running" {
@@ -236,7 +238,7 @@ func capsRestart(t *testing.T, d testdb.Dialect) {
 	w = c.startCommandWorker(node, capsConfig(ok, []string{"e2e"}, "cap_a", "cap_b")+
 		fmt.Sprintf("\n[[job]]\ntype = \"cap_hold\"\ncommand = [%q]\ngpus = 0\n", hold),
 		"-gpu", "rtx-4090:24576", "-tag", "fast", "-max-jobs", "2")
-	c.eventually(startTimeout, "the unchanged restart started", func() bool {
+	waitfor.Within(c.t, startTimeout, "the unchanged restart started", func() bool {
 		return strings.Contains(w.stderr.String(), "changed=false receipt_id=\"\"")
 	})
 	c.checkSucceeded(c.waitDone(c.capsDispatch("cap_b", "fast").Job.ID, "succeeded"))
@@ -265,7 +267,7 @@ func capsApproval(t *testing.T, d testdb.Dialect) {
 	// Restarted with a new job type and a new tag: a widening.
 	w = c.startCommandWorker(node, capsConfig(ok, []string{"e2e"}, "cap_a", "cap_b"), "-gpu", "rtx-4090:24576", "-tag", "fast")
 	var v wire.WorkerView
-	c.eventually(jobTimeout, "the widening pending in the worker view", func() bool {
+	waitfor.Within(c.t, jobTimeout, "the widening pending in the worker view", func() bool {
 		var wd wire.WorkerDetailResponse
 		if c.try("GET", "/operator/workers/"+wid, nil, &wd) != nil {
 			return false
@@ -279,7 +281,11 @@ func capsApproval(t *testing.T, d testdb.Dialect) {
 	if v.Approval != "approved" {
 		t.Errorf("worker view approval %q after the widening, want approved (what was approved keeps working)", v.Approval)
 	}
-	ups := c.capsReceipts(receipts.KindWorkerUpdated, wid)
+	var ups []*receipts.Receipt
+	waitfor.Within(c.t, jobTimeout, "the worker_updated receipt sequenced", func() bool {
+		ups = c.capsReceipts(receipts.KindWorkerUpdated, wid)
+		return len(ups) > 0
+	})
 	if len(ups) != 1 {
 		t.Fatalf("%d worker_updated receipts, want 1", len(ups))
 	}
@@ -322,6 +328,11 @@ func capsLostIdentity(t *testing.T, d testdb.Dialect) {
 	const node = "caps-lost"
 	w := c.startWorker(node)
 	wid := c.workerID(node)
+	// Registered on its side too: a SIGTERM before that ends the start,
+	// not a running worker (exit 1, not a drain).
+	waitfor.Within(c.t, startTimeout, "the worker's registered line", func() bool {
+		return strings.Contains(w.stderr.String(), "msg=registered")
+	})
 	capsStop(t, w)
 	if err := os.Remove(c.identityPath(node)); err != nil {
 		t.Fatal(err)

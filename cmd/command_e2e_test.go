@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/nodelane/nodelane/cmd/internal/gpu/gputest"
+	"github.com/nodelane/nodelane/internal/waitfor"
 	"github.com/nodelane/nodelane/workerapi/wire"
 )
 
@@ -65,11 +66,14 @@ func (c *cluster) dispatchGPUs(jobType string, gpus int) wire.DispatchResponse {
 	return d
 }
 
-// script writes an executable /bin/sh script and returns its path.
+// script writes an executable /bin/sh script and returns its path. It is
+// written through a child process (gputest.WriteExecutable), so that no
+// process another test forks meanwhile holds it open for writing, which
+// would fail its run with "text file busy".
 func script(t *testing.T, dir, name, body string) string {
 	t.Helper()
 	path := filepath.Join(dir, name)
-	if err := os.WriteFile(path, []byte("#!/bin/sh\n"+body), 0o700); err != nil {
+	if err := gputest.WriteExecutable(path, "#!/bin/sh\n"+body); err != nil {
 		t.Fatal(err)
 	}
 	return path
@@ -90,7 +94,7 @@ func logLines(d wire.JobDetailResponse) []string {
 func readPids(c *cluster, path string, n int) []int {
 	c.t.Helper()
 	var out []int
-	c.eventually(jobTimeout, "the script's pids", func() bool {
+	waitfor.Within(c.t, jobTimeout, "the script's pids", func() bool {
 		b, _ := os.ReadFile(path)
 		out = out[:0]
 		for _, f := range strings.Fields(string(b)) {
@@ -126,15 +130,21 @@ func running(pid int) bool {
 	return i < 0 || i+2 >= len(b) || (b[i+2] != 'Z' && b[i+2] != 'X')
 }
 
-// TestE2ECommandJobs runs a worker that runs job types as commands: output
-// lines become logs, progress events and an artifact with the right
-// sha256; exit codes fail jobs; a cancel kills the whole process group.
-func TestE2ECommandJobs(t *testing.T) {
-	c := newCluster(t, "-heartbeat-interval", "1s")
+// cmdAdapter is what cmd_ok writes as its adapter artifact.
+const cmdAdapter = "simulated adapter weights\n"
+
+// commandJobs starts a control plane, heartbeats every second, and a
+// worker (node cmd-node) whose job types run scripts: cmd_ok succeeds
+// with logs, progress, an artifact and a result; cmd_exit3 exits 3;
+// cmd_sleep and cmd_stubborn (which ignores SIGTERM, as its children do)
+// write their pids to pidFile and run until killed.
+func commandJobs(t *testing.T) (c *cluster, w *proc, pidFile string) {
+	t.Helper()
+	c = newCluster(t, "-heartbeat-interval", "1s")
 	c.activate()
+	t.Cleanup(c.checkNoTokensLogged)
 	dir := t.TempDir()
-	pidFile := filepath.Join(dir, "pids")
-	const adapter = "simulated adapter weights\n"
+	pidFile = filepath.Join(dir, "pids")
 	ok := script(t, dir, "ok.sh", `
 echo "line one"
 echo "line two"
@@ -142,7 +152,7 @@ echo "a warning" >&2
 echo 'nodelane:progress {"fraction": 0.5, "message": "epoch 1", "metrics": {"loss": 0.9}}'
 echo 'nodelane:progress {"fraction": 1.0, "message": "epoch 2", "metrics": {"loss": 0.4}}'
 mkdir -p "$NODELANE_OUTPUT_DIR/adapter"
-printf '`+strings.TrimSuffix(adapter, "\n")+`\n' > "$NODELANE_OUTPUT_DIR/adapter/adapter.safetensors"
+printf '`+strings.TrimSuffix(cmdAdapter, "\n")+`\n' > "$NODELANE_OUTPUT_DIR/adapter/adapter.safetensors"
 echo 'nodelane:artifact {"name": "adapter.safetensors", "path": "adapter/adapter.safetensors", "kind": "adapter"}'
 echo '{"loss": 0.4}' > "$NODELANE_OUTPUT_DIR/result.json"
 exit 0
@@ -161,7 +171,7 @@ echo $$ > `+pidFile+`
 echo $! >> `+pidFile+`
 while :; do sleep 0.2; done
 `)
-	w := c.startCommandWorker("cmd-node", fmt.Sprintf(`
+	w = c.startCommandWorker("cmd-node", fmt.Sprintf(`
 tags = ["e2e"]
 
 [[job]]
@@ -185,18 +195,33 @@ command = [%q]
 gpus = 0
 kill_grace = "6s"
 `, ok, exit3, sleeper, stubborn), "-gpu", "rtx-4090:24576", "-tag", "extra", "-drain-timeout", "1s")
-	wid := c.workerID("cmd-node")
-	var wd wire.WorkerDetailResponse
-	c.call("GET", "/operator/workers/"+wid, nil, &wd)
-	wv := wd.Worker
-	if got := strings.Join(wv.Tags, ","); got != "e2e,extra" {
-		t.Errorf("registered tags %q, want the file's and the flag's", got)
-	}
-	if got := strings.Join(wv.Capabilities.JobTypes, ","); got != "cmd_ok,cmd_exit3,cmd_sleep,cmd_stubborn" {
-		t.Errorf("registered job types %q, want the configured ones only", got)
-	}
+	return c, w, pidFile
+}
+
+// TestE2ECommandJobs runs a worker that runs job types as commands: output
+// lines become logs, progress events and an artifact with the right
+// sha256; exit codes fail jobs; a cancel kills the whole process group;
+// SIGTERM drains. Each case has a control plane and a worker of its own.
+func TestE2ECommandJobs(t *testing.T) {
+	t.Parallel()
+
+	t.Run("registration", func(t *testing.T) {
+		t.Parallel()
+		c, _, _ := commandJobs(t)
+		var wd wire.WorkerDetailResponse
+		c.call("GET", "/operator/workers/"+c.workerID("cmd-node"), nil, &wd)
+		wv := wd.Worker
+		if got := strings.Join(wv.Tags, ","); got != "e2e,extra" {
+			t.Errorf("registered tags %q, want the file's and the flag's", got)
+		}
+		if got := strings.Join(wv.Capabilities.JobTypes, ","); got != "cmd_ok,cmd_exit3,cmd_sleep,cmd_stubborn" {
+			t.Errorf("registered job types %q, want the configured ones only", got)
+		}
+	})
 
 	t.Run("exit 0", func(t *testing.T) {
+		t.Parallel()
+		c, _, _ := commandJobs(t)
 		d := c.waitDone(c.dispatchGPUs("cmd_ok", 1).Job.ID, "succeeded")
 		logs := strings.Join(logLines(d), "\n")
 		for _, want := range []string{"line one", "line two", "a warning"} {
@@ -224,13 +249,13 @@ kill_grace = "6s"
 			t.Fatalf("artifacts %+v", d.Artifacts)
 		}
 		a := d.Artifacts[0]
-		sum := sha256.Sum256([]byte(adapter))
-		if a.ChecksumSHA256 == nil || *a.ChecksumSHA256 != hex.EncodeToString(sum[:]) || a.SizeBytes != int64(len(adapter)) ||
+		sum := sha256.Sum256([]byte(cmdAdapter))
+		if a.ChecksumSHA256 == nil || *a.ChecksumSHA256 != hex.EncodeToString(sum[:]) || a.SizeBytes != int64(len(cmdAdapter)) ||
 			a.ArtifactType != "adapter" || a.Name != "adapter.safetensors" {
-			t.Errorf("artifact %+v (checksum %v), want sha256 %x size %d", a, a.ChecksumSHA256, sum, len(adapter))
+			t.Errorf("artifact %+v (checksum %v), want sha256 %x size %d", a, a.ChecksumSHA256, sum, len(cmdAdapter))
 		}
 		b, err := os.ReadFile(strings.TrimPrefix(a.URI, "file://"))
-		if err != nil || string(b) != adapter {
+		if err != nil || string(b) != cmdAdapter {
 			t.Errorf("the artifact's uri %s holds %q, %v", a.URI, b, err)
 		}
 		if d.Result == nil || !strings.Contains(string(d.Result.Metrics), `"loss"`) {
@@ -240,6 +265,8 @@ kill_grace = "6s"
 	})
 
 	t.Run("exit 3", func(t *testing.T) {
+		t.Parallel()
+		c, _, _ := commandJobs(t)
 		d := c.waitDone(c.dispatchGPUs("cmd_exit3", 1).Job.ID, "failed")
 		if d.Job.LastError == nil || d.Job.LastError.Code != "exit_3" || !strings.Contains(d.Job.LastError.Message, "bad input") {
 			t.Errorf("last error %+v, want exit_3", d.Job.LastError)
@@ -253,6 +280,8 @@ kill_grace = "6s"
 	})
 
 	t.Run("cancel kills the process group", func(t *testing.T) {
+		t.Parallel()
+		c, _, pidFile := commandJobs(t)
 		d := c.dispatchGPUs("cmd_sleep", 0)
 		pids := readPids(c, pidFile, 2)
 		for _, p := range pids {
@@ -260,26 +289,17 @@ kill_grace = "6s"
 				t.Fatalf("process %d is not running before the cancel", p)
 			}
 		}
-		start := time.Now()
 		c.call("POST", "/operator/jobs/"+d.Job.ID+"/cancel", nil, nil)
 		// The worker learns of the cancel by its next heartbeat (1 s),
 		// then the group has kill_grace (3 s), plus 1 s.
-		deadline := start.Add(time.Second + 3*time.Second + time.Second)
-		for {
-			alive := 0
+		waitfor.Within(t, time.Second+3*time.Second+time.Second, "the script's processes gone after the cancel", func() bool {
 			for _, p := range pids {
 				if running(p) {
-					alive++
+					return false
 				}
 			}
-			if alive == 0 {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%d of the script's processes %v still run %v after the cancel", alive, pids, time.Since(start))
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
+			return true
+		})
 		jd := c.waitDone(d.Job.ID, "canceled")
 		if !strings.Contains(strings.Join(logLines(jd), "\n"), "started") {
 			t.Errorf("logs %q", logLines(jd))
@@ -290,9 +310,8 @@ kill_grace = "6s"
 	// released; the worker exits only once the group is gone, after the
 	// job's kill_grace (6 s), though its runner gives up on the job sooner.
 	t.Run("drain", func(t *testing.T) {
-		if err := os.Remove(pidFile); err != nil && !os.IsNotExist(err) {
-			t.Fatal(err)
-		}
+		t.Parallel()
+		c, w, pidFile := commandJobs(t)
 		d := c.dispatchGPUs("cmd_stubborn", 0)
 		pids := readPids(c, pidFile, 2)
 		start := time.Now()
@@ -319,12 +338,12 @@ kill_grace = "6s"
 			t.Errorf("after the drain the job is %s, want queued (released)", jd.Job.State)
 		}
 	})
-	c.checkNoTokensLogged()
 }
 
 // TestE2ECommandGPUs checks that a worker with the two GPUs a fake nvidia-smi lists
 // runs two 1-GPU jobs at once, each with its own CUDA_VISIBLE_DEVICES.
 func TestE2ECommandGPUs(t *testing.T) {
+	t.Parallel()
 	c := newCluster(t)
 	c.activate()
 	dir := t.TempDir()
@@ -371,6 +390,7 @@ while [ "$(ls `+seen+` | wc -l)" -lt 2 ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i
 // whose sha256 is the file's in the run's output directory, the metrics of
 // result.json; a bad payload fails for good (exit 2); SIGTERM drains.
 func TestE2ECommandTrainPy(t *testing.T) {
+	t.Parallel()
 	if _, err := exec.LookPath("python3"); err != nil {
 		if os.Getenv("CI") == "true" {
 			t.Fatalf("python3 is needed to run cmd/commands/train.py: %v", err)

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/nodelane/nodelane/cmd/internal/command"
+	"github.com/nodelane/nodelane/internal/waitfor"
 )
 
 // stubbornScript ignores SIGTERM and prints nothing; so does the
@@ -43,7 +44,7 @@ while :; do sleep 1; done
 func (c *cluster) jobPIDs(node string, n int) []int {
 	c.t.Helper()
 	var out []int
-	c.eventually(startTimeout, fmt.Sprintf("%d pids of the job of %s", n, node), func() bool {
+	waitfor.Within(c.t, startTimeout, fmt.Sprintf("%d pids of the job of %s", n, node), func() bool {
 		files, _ := filepath.Glob(filepath.Join(c.dir, "work-"+node, "runs", "*", "output", "pids"))
 		if len(files) == 0 {
 			return false
@@ -75,25 +76,20 @@ func procRunning(pid int) bool {
 	return i > 0 && len(b) > i+2 && b[i+2] != 'Z' && b[i+2] != 'X'
 }
 
-// waitAllGone polls until no pid runs, failing the test after within.
+// waitAllGone waits until no pid runs, failing the test after within,
+// and says how long it took.
 func waitAllGone(t *testing.T, pids []int, within time.Duration) time.Duration {
 	t.Helper()
 	start := time.Now()
-	for {
-		var left []int
+	waitfor.Within(t, within, fmt.Sprintf("the processes %v of the job to end after the worker died", pids), func() bool {
 		for _, p := range pids {
 			if procRunning(p) {
-				left = append(left, p)
+				return false
 			}
 		}
-		if len(left) == 0 {
-			return time.Since(start)
-		}
-		if time.Since(start) > within {
-			t.Fatalf("processes %v of the job still run %v after the worker died", left, within)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return true
+	})
+	return time.Since(start)
 }
 
 // TestE2EWorkerCrashLeavesNoOrphans covers a worker SIGKILLed mid-job, not
@@ -103,16 +99,15 @@ func waitAllGone(t *testing.T, pids []int, within time.Duration) time.Duration {
 // its command shim: its next start kills the leftovers before it
 // registers.
 func TestE2EWorkerCrashLeavesNoOrphans(t *testing.T) {
-	c := newCluster(t)
-	const grace = 2 * time.Second
-	escape := script(t, c.dir, "escape.sh", stubbornScript(true))
-	plain := script(t, c.dir, "plain.sh", stubbornScript(false))
+	t.Parallel()
 	args := []string{"-gpu", "rtx-4090:24576"}
-	c.activate()
 
-	// (a) SIGKILL, no restart. The sections share c, whose helpers fail
-	// the test itself: no subtests.
-	{
+	t.Run("SIGKILL, no restart", func(t *testing.T) {
+		t.Parallel()
+		c := newCluster(t)
+		c.activate()
+		const grace = 2 * time.Second
+		escape := script(t, c.dir, "escape.sh", stubbornScript(true))
 		w := c.startCommandWorker("crash-a", fmt.Sprintf("[[job]]\ntype = \"stubborn_a\"\ncommand = [%q]\ngpus = 0\nkill_grace = %q\n", escape, grace.String()), args...)
 		c.workerID("crash-a")
 		c.dispatchGPUs("stubborn_a", 1)
@@ -130,10 +125,13 @@ func TestE2EWorkerCrashLeavesNoOrphans(t *testing.T) {
 		if took < grace-500*time.Millisecond {
 			t.Errorf("the processes were gone after %v, before kill_grace: no SIGTERM first?", took)
 		}
-	}
+	})
 
-	// (b) SIGKILL with the shim, restart.
-	{
+	t.Run("SIGKILL with the shim, restart", func(t *testing.T) {
+		t.Parallel()
+		c := newCluster(t)
+		c.activate()
+		plain := script(t, c.dir, "plain.sh", stubbornScript(false))
 		// kill_grace is long: only the restart can end the job's processes.
 		cfg := fmt.Sprintf("[[job]]\ntype = \"stubborn_b\"\ncommand = [%q]\ngpus = 0\nkill_grace = \"30s\"\n", plain)
 		w := c.startCommandWorker("crash-b", cfg, args...)
@@ -166,7 +164,7 @@ func TestE2EWorkerCrashLeavesNoOrphans(t *testing.T) {
 		}
 		w2 := c.startCommandWorker("crash-b", cfg, args...)
 		const killed = "killed the processes a previous run of the worker left behind"
-		c.eventually(startTimeout, "the restarted worker's log line", func() bool {
+		waitfor.Within(c.t, startTimeout, "the restarted worker's log line", func() bool {
 			return strings.Contains(w2.stderr.String(), killed) || w2.exited()
 		})
 		// KillLeftovers logs once they are gone, before the worker starts.
@@ -177,7 +175,10 @@ func TestE2EWorkerCrashLeavesNoOrphans(t *testing.T) {
 		}
 		log := w2.stderr.String()
 		at, starting := strings.Index(log, killed), strings.Index(log, `msg="worker starting"`)
-		if at < 0 || starting >= 0 && starting < at {
+		if at < 0 {
+			t.Fatalf("the restarted worker did not say it killed the leftovers:\n%s", log)
+		}
+		if starting >= 0 && starting < at {
 			t.Errorf("the leftovers were not killed before the worker started:\n%s", log)
 		}
 		line := log[at:]
@@ -187,5 +188,5 @@ func TestE2EWorkerCrashLeavesNoOrphans(t *testing.T) {
 				t.Errorf("the log line %q lacks %s", line, want)
 			}
 		}
-	}
+	})
 }

@@ -64,9 +64,11 @@ func flagsOf(t *testing.T, bin string) []string {
 	return flags
 }
 
-// The systemd units of cmd/deploy are hardened, hand the secrets
-// over with LoadCredential, and pass only flags their binaries have.
+// TestDeployUnits checks that the systemd units of cmd/deploy are
+// hardened, hand the secrets over with LoadCredential, and pass only
+// flags their binaries have.
 func TestDeployUnits(t *testing.T) {
+	t.Parallel()
 	server, worker := binaries(t)
 	for _, tc := range []struct {
 		file, bin, credential string
@@ -76,6 +78,7 @@ func TestDeployUnits(t *testing.T) {
 		{"nodelane-worker.service", worker, "provisioning-token", 2.5},
 	} {
 		t.Run(tc.file, func(t *testing.T) {
+			t.Parallel()
 			u := readUnit(t, filepath.Join("deploy", tc.file))
 			for k, want := range map[string]string{
 				"DynamicUser": "yes", "NoNewPrivileges": "yes", "ProtectSystem": "strict", "ProtectHome": "yes",
@@ -151,9 +154,11 @@ func analyze(t *testing.T, file, bin string, maxExposure float64) {
 	}
 }
 
-// The example binaries build static with CGO_ENABLED=0 (the SQLite driver
-// is pure Go): no interpreter, no shared library.
+// TestStaticBuild checks that the example binaries build static with
+// CGO_ENABLED=0 (the SQLite driver is pure Go): no interpreter, no shared
+// library.
 func TestStaticBuild(t *testing.T) {
+	t.Parallel()
 	server, worker := binaries(t)
 	for _, bin := range []string{server, worker} {
 		f, err := elf.Open(bin)

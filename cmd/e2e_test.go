@@ -10,6 +10,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -17,6 +18,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -25,6 +28,7 @@ import (
 	"time"
 
 	"github.com/nodelane/nodelane/internal/syncbuf"
+	"github.com/nodelane/nodelane/internal/waitfor"
 
 	"github.com/nodelane/nodelane/cmd/internal/controlplane"
 	"github.com/nodelane/nodelane/receipts"
@@ -43,8 +47,9 @@ var (
 	buildErr  error
 )
 
-// binaries builds cmd/server and cmd/worker once per test run,
-// with CGO_ENABLED=0.
+// binaries builds cmd/server, cmd/worker and cmd/nodelanectl once per
+// test run, with CGO_ENABLED=0, and returns the server's and the
+// worker's paths (ctlBinary gives nodelanectl's).
 func binaries(t *testing.T) (server, worker string) {
 	t.Helper()
 	if testing.Short() {
@@ -59,9 +64,11 @@ func binaries(t *testing.T) (server, worker string) {
 		if binDir, buildErr = os.MkdirTemp("", "nodelane-e2e-bin-*"); buildErr != nil {
 			return
 		}
-		// Built as the README deploys them: static, without cgo.
+		// Built as the README deploys them: static, without cgo. One
+		// build for the three, which share most of their packages.
 		cmd := exec.Command(goBin, "build", "-trimpath", "-o", binDir+string(filepath.Separator),
-			"github.com/nodelane/nodelane/cmd/server", "github.com/nodelane/nodelane/cmd/worker")
+			"github.com/nodelane/nodelane/cmd/server", "github.com/nodelane/nodelane/cmd/worker",
+			"github.com/nodelane/nodelane/cmd/nodelanectl")
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
@@ -73,7 +80,31 @@ func binaries(t *testing.T) (server, worker string) {
 	return filepath.Join(binDir, "server"), filepath.Join(binDir, "worker")
 }
 
+// parallelism is -parallel's value when the command line gives none:
+// the tests wait on processes far more than they compute, so more of them
+// run at once than -parallel's default (GOMAXPROCS).
+var parallelism = max(8, 4*runtime.GOMAXPROCS(0))
+
 func TestMain(m *testing.M) {
+	flag.Parse()
+	given := false
+	flag.Visit(func(f *flag.Flag) { given = given || f.Name == "test.parallel" })
+	if !given {
+		if err := flag.Set("test.parallel", strconv.Itoa(parallelism)); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+	}
+	// pebble's constructors read these (acme_e2e_test.go): no random
+	// sleeps before validating, no nonces rejected at random. Set for the
+	// whole run rather than with t.Setenv, which would keep the ACME test
+	// out of the parallel ones.
+	for k, v := range map[string]string{"PEBBLE_VA_NOSLEEP": "1", "PEBBLE_WFE_NONCEREJECT": "0"} {
+		if err := os.Setenv(k, v); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+	}
 	code := m.Run()
 	if binDir != "" {
 		os.RemoveAll(binDir)
@@ -163,7 +194,7 @@ type cluster struct {
 func newCluster(t *testing.T, serverArgs ...string) *cluster {
 	t.Helper()
 	serverBin, workerBin := binaries(t)
-	c := &cluster{t: t, serverBin: serverBin, workerBin: workerBin, dir: t.TempDir(), addr: freeAddr(t),
+	c := &cluster{t: t, serverBin: serverBin, workerBin: workerBin, dir: t.TempDir(),
 		hc: &http.Client{Timeout: 30 * time.Second}, serverArgs: serverArgs}
 	c.startServer()
 	b, err := os.ReadFile(filepath.Join(c.dir, "tokens.json"))
@@ -198,38 +229,53 @@ func (c *cluster) base() string {
 }
 
 // startServer starts the server on the cluster's files and waits until it
-// answers the operator routes.
+// answers the operator routes. The first start of a cluster without an
+// address binds a port the kernel picks (no other process can take it
+// between a test's choice and the bind) and reads it from the server's
+// log; a restart binds the same address again.
 func (c *cluster) startServer() {
 	c.t.Helper()
 	c.serverGeneration++
+	addr := c.addr
+	if addr == "" {
+		addr = "127.0.0.1:0"
+	}
 	c.server = startProc(c.t, fmt.Sprintf("server#%d", c.serverGeneration), c.serverBin, nil,
-		append([]string{"-addr", c.addr,
+		append([]string{"-addr", addr,
 			"-db", "sqlite:" + filepath.Join(c.dir, "nodelane.db"),
 			"-secrets-file", filepath.Join(c.dir, "secrets.json"),
 			"-tokens-file", filepath.Join(c.dir, "tokens.json"),
 			"-lease-ttl", "3s", "-accept-timeout", "3s",
+			// A requeued job runs again at once, not after the default
+			// backoff of 5 to 10 s.
+			"-retry-base", "50ms",
 			"-price", "rtx-4090=1800000"}, c.serverArgs...)...)
-	deadline := time.Now().Add(startTimeout)
-	for {
+	waitfor.Within(c.t, startTimeout, "the server to answer the operator routes", func() bool {
 		if c.server.exited() {
 			c.t.Fatalf("the server exited: %s", c.server.stderr.String())
 		}
-		if _, err := os.Stat(filepath.Join(c.dir, "tokens.json")); err == nil {
-			if c.tokens.OperatorToken == "" {
-				b, _ := os.ReadFile(filepath.Join(c.dir, "tokens.json"))
-				_ = json.Unmarshal(b, &c.tokens)
+		if c.addr == "" {
+			m := servingAddr.FindStringSubmatch(c.server.stderr.String())
+			if m == nil {
+				return false
 			}
-			var env wire.EnvelopeResponse
-			if c.tokens.OperatorToken != "" && c.try("GET", "/operator/envelope", nil, &env) == nil {
-				return
-			}
+			c.addr = m[1] + m[2]
 		}
-		if time.Now().After(deadline) {
-			c.t.Fatalf("the server did not start within %v", startTimeout)
+		if _, err := os.Stat(filepath.Join(c.dir, "tokens.json")); err != nil {
+			return false
 		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		if c.tokens.OperatorToken == "" {
+			b, _ := os.ReadFile(filepath.Join(c.dir, "tokens.json"))
+			_ = json.Unmarshal(b, &c.tokens)
+		}
+		var env wire.EnvelopeResponse
+		return c.tokens.OperatorToken != "" && c.try("GET", "/operator/envelope", nil, &env) == nil
+	})
 }
+
+// servingAddr finds the address in the server's "serving" log line, in
+// the text format or in JSON.
+var servingAddr = regexp.MustCompile(`msg=serving addr=(\S+)|"msg":"serving","addr":"([^"]+)"`)
 
 // startWorker starts a worker process with its own identity.
 func (c *cluster) startWorker(node string) *proc {
@@ -265,7 +311,7 @@ func (c *cluster) startWorkerVia(node, server string, flags ...string) *proc {
 func (c *cluster) workerID(node string) string {
 	c.t.Helper()
 	var id string
-	c.eventually(startTimeout, "worker "+node+" registered", func() bool {
+	waitfor.Within(c.t, startTimeout, "worker "+node+" registered", func() bool {
 		var l wire.WorkerListResponse
 		if c.try("GET", "/operator/workers", nil, &l) != nil {
 			return false
@@ -338,17 +384,6 @@ func (c *cluster) call(method, path string, in, out any) {
 	}
 }
 
-func (c *cluster) eventually(d time.Duration, what string, ok func() bool) {
-	c.t.Helper()
-	deadline := time.Now().Add(d)
-	for !ok() {
-		if time.Now().After(deadline) {
-			c.t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-}
-
 func (c *cluster) dispatch(jobType string, payload any) wire.DispatchResponse {
 	c.t.Helper()
 	b, _ := json.Marshal(payload)
@@ -368,12 +403,12 @@ func (c *cluster) job(id string) wire.JobDetailResponse {
 	return d
 }
 
-// waitState waits for the job to reach one of the end states and fails
+// waitDone waits for the job to reach one of the end states and fails
 // unless it is want.
 func (c *cluster) waitDone(id, want string) wire.JobDetailResponse {
 	c.t.Helper()
 	var d wire.JobDetailResponse
-	c.eventually(jobTimeout, "job "+id+" to end", func() bool {
+	waitfor.Within(c.t, jobTimeout, "job "+id+" to end", func() bool {
 		if c.try("GET", "/operator/jobs/"+id, nil, &d) != nil {
 			return false
 		}
@@ -399,7 +434,7 @@ func (c *cluster) activate() {
 func (c *cluster) verifyReceipt(id string) *receipts.Receipt {
 	c.t.Helper()
 	var rr wire.ReceiptResponse
-	c.eventually(jobTimeout, "receipt "+id+" sequenced", func() bool {
+	waitfor.Within(c.t, jobTimeout, "receipt "+id+" sequenced", func() bool {
 		return c.try("GET", "/operator/receipts/"+id, nil, &rr) == nil && rr.Proof != nil && rr.Checkpoint != nil
 	})
 	r, err := receipts.Verify(c.tokens.ReceiptPublicKey, receipts.DefaultOrigin, rr.Receipt.Body, *rr.Proof, []byte(*rr.Checkpoint))
@@ -468,7 +503,7 @@ func (c *cluster) checkSucceeded(d wire.JobDetailResponse) {
 	if n := len(c.receiptsOf(receipts.KindJobCompleted, d.Job.ID)); n != 1 {
 		c.t.Errorf("job %s has %d job_completed receipts, want exactly 1", d.Job.ID, n)
 	}
-	c.eventually(jobTimeout, "job_charged receipt", func() bool {
+	waitfor.Within(c.t, jobTimeout, "job_charged receipt", func() bool {
 		return len(c.receiptsOf(receipts.KindJobCharged, d.Job.ID)) == 1
 	})
 }
@@ -495,9 +530,14 @@ func progressEvents(d wire.JobDetailResponse) int {
 	return n
 }
 
+// TestE2EJobsAndReceipts checks a worker process running jobs: each
+// succeeded job has one job_completed receipt that verifies offline; the
+// runtime envelope holds lora_train until it is activated; SIGTERM drains
+// the worker, releasing the job that outlives -drain-timeout.
 func TestE2EJobsAndReceipts(t *testing.T) {
+	t.Parallel()
 	c := newCluster(t)
-	w := c.startWorker("node-a")
+	w := c.startWorkerVia("node-a", c.base(), "-drain-timeout", "1s")
 	wid := c.workerID("node-a")
 
 	d := c.dispatch("status_check", nil)
@@ -514,7 +554,9 @@ func TestE2EJobsAndReceipts(t *testing.T) {
 	if d.Leasable || d.Reason == "" {
 		t.Errorf("lora_train leasable=%t reason=%q before activation", d.Leasable, d.Reason)
 	}
-	time.Sleep(time.Second)
+	// A job dispatched after it runs: the worker leased since, and was
+	// not given lora_train.
+	c.checkSucceeded(c.waitDone(c.dispatch("status_check", nil).Job.ID, "succeeded"))
 	if got := c.job(d.Job.ID); got.Job.State != "queued" {
 		t.Fatalf("lora_train is %s before activation", got.Job.State)
 	}
@@ -540,11 +582,12 @@ func TestE2EJobsAndReceipts(t *testing.T) {
 	}
 
 	// Graceful drain: SIGTERM mid-job; the job does not finish within
-	// -drain-timeout (5 s), so it is released, and the worker exits 0.
+	// -drain-timeout (1 s), so it is released, and the worker exits 0.
 	long := c.dispatch("lora_train", map[string]any{"steps": 200, "step_ms": 100})
-	c.eventually(jobTimeout, "the long lora_train running", func() bool {
+	// Running on the worker, not only accepted: its handler reported.
+	waitfor.Within(c.t, jobTimeout, "the long lora_train running with progress", func() bool {
 		var jd wire.JobDetailResponse
-		return c.try("GET", "/operator/jobs/"+long.Job.ID, nil, &jd) == nil && jd.Job.State == "running"
+		return c.try("GET", "/operator/jobs/"+long.Job.ID, nil, &jd) == nil && jd.Job.State == "running" && progressEvents(jd) >= 1
 	})
 	if err := w.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
@@ -563,17 +606,20 @@ func TestE2EJobsAndReceipts(t *testing.T) {
 	c.checkNoTokensLogged()
 }
 
-// (a) A worker killed with SIGKILL mid-job: after its lease's TTL the job
-// goes back to the queue and a second worker process finishes it, with
-// exactly one job_completed receipt.
+// TestE2EWorkerKilledMidJob checks that when a worker is killed with
+// SIGKILL mid-job, after its lease's TTL the job goes back to the queue
+// and a second worker process finishes it, with exactly one
+// job_completed receipt.
 func TestE2EWorkerKilledMidJob(t *testing.T) {
+	t.Parallel()
 	c := newCluster(t)
 	c.activate()
 	w1 := c.startWorker("node-1")
 	wid1 := c.workerID("node-1")
 
-	d := c.dispatch("lora_train", map[string]any{"steps": 40, "step_ms": 200})
-	c.eventually(jobTimeout, "lora_train running with progress on node-1", func() bool {
+	// 3 s a run: the kill comes at its second step, 1.5 s before its end.
+	d := c.dispatch("lora_train", map[string]any{"steps": 6, "step_ms": 500})
+	waitfor.Within(c.t, jobTimeout, "lora_train running with progress on node-1", func() bool {
 		var jd wire.JobDetailResponse
 		return c.try("GET", "/operator/jobs/"+d.Job.ID, nil, &jd) == nil && jd.Job.State == "running" && progressEvents(jd) >= 2
 	})
@@ -598,10 +644,12 @@ func TestE2EWorkerKilledMidJob(t *testing.T) {
 	c.checkNoTokensLogged()
 }
 
-// (b) The server killed with SIGKILL mid-run and restarted on the same
-// SQLite file and secrets: nothing it acknowledged is lost, the log only
-// grows, and the worker carries on.
+// TestE2EServerKilledAndRestarted checks that the server killed with
+// SIGKILL mid-run and restarted on the same SQLite file and secrets
+// loses nothing it acknowledged, its log only grows, and the worker
+// carries on.
 func TestE2EServerKilledAndRestarted(t *testing.T) {
+	t.Parallel()
 	c := newCluster(t)
 	c.activate()
 	w := c.startWorker("node-r")
@@ -609,8 +657,8 @@ func TestE2EServerKilledAndRestarted(t *testing.T) {
 
 	done := c.waitDone(c.dispatch("status_check", nil).Job.ID, "succeeded")
 	c.checkSucceeded(done)
-	running := c.dispatch("lora_train", map[string]any{"steps": 30, "step_ms": 200})
-	c.eventually(jobTimeout, "lora_train running", func() bool {
+	running := c.dispatch("lora_train", map[string]any{"steps": 15, "step_ms": 200})
+	waitfor.Within(c.t, jobTimeout, "lora_train running", func() bool {
 		var jd wire.JobDetailResponse
 		return c.try("GET", "/operator/jobs/"+running.Job.ID, nil, &jd) == nil && jd.Job.State == "running" && progressEvents(jd) >= 1
 	})
@@ -627,8 +675,7 @@ func TestE2EServerKilledAndRestarted(t *testing.T) {
 		t.Fatalf("checkpoint before the kill: %v", err)
 	}
 
-	c.server.kill()
-	time.Sleep(500 * time.Millisecond)
+	c.server.kill() // it returns once the process is gone
 	c.startServer()
 
 	// Nothing acknowledged is lost.

@@ -13,6 +13,7 @@ import (
 
 	"github.com/nodelane/nodelane/cmd/internal/gpu"
 	"github.com/nodelane/nodelane/cmd/internal/gpu/gputest"
+	"github.com/nodelane/nodelane/internal/waitfor"
 	"github.com/nodelane/nodelane/workerapi/wire"
 )
 
@@ -35,11 +36,12 @@ func (c *cluster) startDiscoveringWorker(node string, env []string) *proc {
 	return p
 }
 
-// A worker with an nvidia-smi on its PATH registers the GPUs it lists,
-// under their SKU and with their memory, sends their utilisation, memory
-// and temperature in its heartbeats, and is granted a job that needs
-// both GPUs.
+// TestE2EGPUDiscovery checks that a worker with an nvidia-smi on its PATH
+// registers the GPUs it lists, under their SKU and with their memory,
+// sends their utilisation, memory and temperature in its heartbeats, and
+// is granted a job that needs both GPUs.
 func TestE2EGPUDiscovery(t *testing.T) {
+	t.Parallel()
 	c := newCluster(t, "-heartbeat-interval", "1s")
 	dir, _ := gputest.Write(t, gputest.TwoGPUs)
 	w := c.startDiscoveringWorker("gpu-node", []string{"PATH=" + dir + string(os.PathListSeparator) + os.Getenv("PATH")})
@@ -59,7 +61,7 @@ func TestE2EGPUDiscovery(t *testing.T) {
 	}
 
 	var m gpu.Metrics
-	c.eventually(startTimeout, "a heartbeat with the GPUs' metrics", func() bool {
+	waitfor.Within(c.t, startTimeout, "a heartbeat with the GPUs' metrics", func() bool {
 		if c.try("GET", "/operator/workers/"+wid, nil, &wd) != nil || len(wd.Metrics) == 0 || string(wd.Metrics) == "null" {
 			return false
 		}

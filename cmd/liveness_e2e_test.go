@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nodelane/nodelane/internal/waitfor"
 	"github.com/nodelane/nodelane/receipts"
 	"github.com/nodelane/nodelane/workerapi/client"
 	"github.com/nodelane/nodelane/workerapi/wire"
@@ -71,20 +72,23 @@ func (tap *leaseTap) token(jobID string) string {
 	return tap.tokens[jobID]
 }
 
-// Issue 12's acceptance: a worker SIGKILLed mid-job, with
-// -heartbeat-interval 1s -offline-after 3s (and a lease TTL of 600 s, so
-// that only liveness can free the job): within 5 s of the kill its job is
-// back in the queue and the worker reads offline; the old lease token
-// gets 409 lease_lost; another worker then runs the job to the end.
+// TestE2EWorkerOffline is issue 12's acceptance: a worker SIGKILLed
+// mid-job, with -heartbeat-interval 1s -offline-after 3s (and a lease TTL
+// of 600 s, so that only liveness can free the job): within 5 s of the
+// kill its job is back in the queue and the worker reads offline; the old
+// lease token gets 409 lease_lost; another worker then runs the job to
+// the end.
 func TestE2EWorkerOffline(t *testing.T) {
+	t.Parallel()
 	c := newCluster(t, "-heartbeat-interval", "1s", "-offline-after", "3s", "-lease-ttl", "600s", "-accept-timeout", "60s")
 	c.activate()
 	tap := newLeaseTap(t, c.base())
 	w1 := c.startWorkerVia("node-1", tap.URL)
 	wid1 := c.workerID("node-1")
 
-	d := c.dispatch("lora_train", map[string]any{"steps": 100, "step_ms": 100})
-	c.eventually(jobTimeout, "lora_train running with progress on node-1", func() bool {
+	// 3 s a run: the kill comes after its first step, 2.5 s before its end.
+	d := c.dispatch("lora_train", map[string]any{"steps": 6, "step_ms": 500})
+	waitfor.Within(c.t, jobTimeout, "lora_train running with progress on node-1", func() bool {
 		var jd wire.JobDetailResponse
 		return c.try("GET", "/operator/jobs/"+d.Job.ID, nil, &jd) == nil && jd.Job.State == "running" && progressEvents(jd) >= 1
 	})
@@ -105,7 +109,7 @@ func TestE2EWorkerOffline(t *testing.T) {
 		wd     wire.WorkerDetailResponse
 		within time.Duration
 	)
-	c.eventually(jobTimeout, "the job back in the queue and the worker offline", func() bool {
+	waitfor.Within(c.t, jobTimeout, "the job back in the queue and the worker offline", func() bool {
 		if c.try("GET", "/operator/jobs/"+d.Job.ID, nil, &jd) != nil || c.try("GET", "/operator/workers/"+wid1, nil, &wd) != nil {
 			return false
 		}
@@ -144,7 +148,8 @@ func TestE2EWorkerOffline(t *testing.T) {
 		t.Errorf("complete with the old lease token: %v, want 409 %s", err, wire.CodeLeaseLost)
 	}
 
-	// Another worker takes the job (after its retry backoff) and ends it.
+	// Another worker takes the job (after its retry backoff, short here:
+	// -retry-base) and ends it.
 	c.startWorker("node-2")
 	wid2 := c.workerID("node-2")
 	done := c.waitDone(d.Job.ID, "succeeded")

@@ -11,34 +11,20 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/nodelane/nodelane/internal/waitfor"
 	"github.com/nodelane/nodelane/workerapi/wire"
 )
 
-var (
-	ctlOnce sync.Once
-	ctlErr  error
-)
-
-// ctlBinary builds cmd/nodelanectl once per test run, next to the
-// server and the worker.
+// ctlBinary is cmd/nodelanectl, built with the server and the worker.
 func ctlBinary(t *testing.T) string {
 	t.Helper()
 	binaries(t)
-	ctlOnce.Do(func() {
-		cmd := exec.Command("go", "build", "-o", filepath.Join(binDir, "nodelanectl"), "github.com/nodelane/nodelane/cmd/nodelanectl")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			ctlErr = fmt.Errorf("go build nodelanectl: %v\n%s", err, out)
-		}
-	})
-	if ctlErr != nil {
-		t.Fatal(ctlErr)
-	}
 	return filepath.Join(binDir, "nodelanectl")
 }
 
@@ -136,18 +122,36 @@ func mustContain(t *testing.T, what, s string, subs ...string) {
 	}
 }
 
+// ctlCase starts the control plane of one case of TestNodelanectlCommands,
+// with a worker (node-a) when worker is set, and returns it, the command's
+// environment and the worker's id. No process may log a token.
+func ctlCase(t *testing.T, worker bool) (c *cluster, x *ctl, wid string) {
+	t.Helper()
+	c = newCluster(t)
+	if worker {
+		c.startWorker("node-a")
+		wid = c.workerID("node-a")
+	}
+	t.Cleanup(c.checkNoTokensLogged)
+	return c, newCtl(t, c), wid
+}
+
+// TestNodelanectlCommands runs each nodelanectl command against a server
+// (and a worker, where the command needs one), each case on a control
+// plane of its own.
 func TestNodelanectlCommands(t *testing.T) {
-	c := newCluster(t)
-	c.startWorker("node-a")
-	wid := c.workerID("node-a")
-	x := newCtl(t, c)
+	t.Parallel()
 
 	t.Run("help", func(t *testing.T) {
+		t.Parallel()
+		_, x, _ := ctlCase(t, false)
 		r := x.fail(0, nil, "help")
 		mustContain(t, "help", r.stdout, "jobs submit", "jobs logs", "workers retire", "envelope activate", "credentials mint", "receipts export", "receipts verify", "cost report")
 	})
 
 	t.Run("usage errors exit 2", func(t *testing.T) {
+		t.Parallel()
+		_, x, _ := ctlCase(t, false)
 		for _, args := range [][]string{
 			{},
 			{"bogus"},
@@ -178,6 +182,8 @@ func TestNodelanectlCommands(t *testing.T) {
 	})
 
 	t.Run("server errors exit 1", func(t *testing.T) {
+		t.Parallel()
+		c, x, _ := ctlCase(t, false)
 		r := x.fail(1, nil, "-server", c.base(), "-token-file", x.tokFile, "jobs", "show", "job_nosuchjob")
 		mustContain(t, "stderr", r.stderr, "404 not_found", "/operator/jobs/job_nosuchjob")
 		r = x.fail(1, []string{"NODELANE_TOKEN=nlc_notatoken"}, "-server", c.base(), "workers", "list")
@@ -188,14 +194,15 @@ func TestNodelanectlCommands(t *testing.T) {
 		mustContain(t, "stderr", r.stderr, "127.0.0.1:1")
 	})
 
-	var jobID string
 	t.Run("jobs", func(t *testing.T) {
+		t.Parallel()
+		c, x, wid := ctlCase(t, true)
 		var d wire.DispatchResponse
 		x.runJSON(&d, "jobs", "submit", "-type", "status_check", "-gpu-sku", "rtx-4090", "-gpu-count", "1", "-payload", `{"n":1}`)
 		if d.Job.ID == "" || d.Job.JobType != "status_check" || !d.Leasable {
 			t.Fatalf("submit: %+v", d)
 		}
-		jobID = d.Job.ID
+		jobID := d.Job.ID
 		// -follow returns once the job ends.
 		start := time.Now()
 		out := x.run("jobs", "logs", "-follow", "-interval", "200ms", jobID)
@@ -263,16 +270,21 @@ func TestNodelanectlCommands(t *testing.T) {
 	})
 
 	t.Run("logs -follow stops on SIGINT", func(t *testing.T) {
+		t.Parallel()
+		c, x, _ := ctlCase(t, false)
 		var d wire.DispatchResponse
 		x.runJSON(&d, "jobs", "submit", "-type", "lora_train", "-tag", "nowhere")
 		cmd := exec.Command(x.bin, "-server", c.base(), "-token-file", x.tokFile, "jobs", "logs", "-follow", "-interval", "200ms", d.Job.ID)
 		cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + x.home}
 		var se bytes.Buffer
 		cmd.Stderr = &se
+		reads := c.jobReads()
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(time.Second)
+		// Once it has read the job it follows it, its SIGINT handler (set
+		// first thing) in place.
+		waitfor.Until(t, "logs -follow to read the job", func() bool { return c.jobReads() > reads })
 		if err := cmd.Process.Signal(syscall.SIGINT); err != nil {
 			t.Fatal(err)
 		}
@@ -295,6 +307,8 @@ func TestNodelanectlCommands(t *testing.T) {
 	})
 
 	t.Run("envelope", func(t *testing.T) {
+		t.Parallel()
+		_, x, _ := ctlCase(t, false)
 		out := x.run("envelope", "status")
 		mustContain(t, "envelope status", out, "active", "false", "blocked_types", "lora_train")
 		var e wire.EnvelopeResponse
@@ -311,6 +325,8 @@ func TestNodelanectlCommands(t *testing.T) {
 	})
 
 	t.Run("workers", func(t *testing.T) {
+		t.Parallel()
+		c, x, wid := ctlCase(t, true)
 		out := x.run("workers", "list")
 		mustContain(t, "workers list", out, "ID", "LIVENESS", wid, "node-a", "1×rtx-4090")
 		var l wire.WorkerListResponse
@@ -352,6 +368,10 @@ func TestNodelanectlCommands(t *testing.T) {
 	})
 
 	t.Run("credentials", func(t *testing.T) {
+		t.Parallel()
+		c, x, _ := ctlCase(t, true)
+		// A job for the minted token to list.
+		jobID := c.waitDone(c.dispatch("status_check", nil).Job.ID, "succeeded").Job.ID
 		tokOut := filepath.Join(x.home, "jobs.token")
 		var m map[string]any
 		x.runJSON(&m, "credentials", "mint", "-principal", "operator", "-scope", "operator:jobs", "-ttl", "1h", "-token-out", tokOut)
@@ -397,6 +417,16 @@ func TestNodelanectlCommands(t *testing.T) {
 	})
 
 	t.Run("receipts", func(t *testing.T) {
+		t.Parallel()
+		c, x, _ := ctlCase(t, true)
+		// Receipts to export: each job's completion and charge, beside
+		// those of the bootstrap and the registration.
+		for range 4 {
+			c.checkSucceeded(c.waitDone(c.dispatch("status_check", nil).Job.ID, "succeeded"))
+		}
+		if n := len(c.allReceipts()); n < 10 {
+			t.Fatalf("%d receipts: too few for the export's checks", n)
+		}
 		out, cp := filepath.Join(x.home, "receipts.jsonl"), filepath.Join(x.home, "checkpoint")
 		x.run("receipts", "export", "-out", out, "-checkpoint", cp)
 		r := x.fail(0, nil, "receipts", "verify", "-key", c.tokens.ReceiptPublicKey, "-checkpoint", cp, out)
@@ -427,7 +457,27 @@ func TestNodelanectlCommands(t *testing.T) {
 		r = x.fail(1, nil, "receipts", "verify", "-key", c.tokens.ReceiptPublicKey, "-checkpoint", cp, filepath.Join(x.home, "nonexistent"))
 		mustContain(t, "verify of no file", r.stderr, "nonexistent")
 	})
-	c.checkNoTokensLogged()
+}
+
+// jobReads is how many GET /operator/jobs/{id} the server has answered,
+// as its /metrics counts them.
+func (c *cluster) jobReads() int {
+	c.t.Helper()
+	var b []byte
+	c.call("GET", "/metrics", nil, &b)
+	n := 0
+	for line := range strings.Lines(string(b)) {
+		if strings.HasPrefix(line, "nodelane_http_request_duration_seconds_count{") &&
+			strings.Contains(line, `method="GET"`) && strings.Contains(line, `route="/operator/jobs/{id}"`) {
+			f := strings.Fields(line)
+			v, err := strconv.ParseFloat(f[len(f)-1], 64)
+			if err != nil {
+				c.t.Fatalf("/metrics line %q: %v", line, err)
+			}
+			n += int(v)
+		}
+	}
+	return n
 }
 
 func readFile(t *testing.T, path string) string {
@@ -455,9 +505,11 @@ func writeConfig(t *testing.T, x *ctl, content string, mode os.FileMode) string 
 	return path
 }
 
-// The server and the token come from a flag, else the environment, else
-// the config file; a config file that holds a token must be private.
+// TestNodelanectlConfig checks that the server and the token come from a
+// flag, else the environment, else the config file, and that a config
+// file that holds a token must be private.
 func TestNodelanectlConfig(t *testing.T) {
+	t.Parallel()
 	c := newCluster(t)
 	x := newCtl(t, c)
 	dead := "http://127.0.0.1:1"

@@ -35,9 +35,10 @@ type costReportJSON struct {
 	} `json:"total"`
 }
 
-// `nodelanectl cost report` matches the sum of the job_charged receipts
-// to the micro-USD.
+// TestNodelanectlSpecCostReport checks that `nodelanectl cost report`
+// matches the sum of the job_charged receipts to the micro-USD.
 func TestNodelanectlSpecCostReport(t *testing.T) {
+	t.Parallel()
 	c := newCluster(t)
 	c.startWorker("node-a")
 	wid := c.workerID("node-a")
@@ -135,7 +136,10 @@ func TestNodelanectlSpecCostReport(t *testing.T) {
 	}
 }
 
+// TestNodelanectlSpecFiltersAndRetire checks the jobs' -worker and -tag
+// filters and workers retire.
 func TestNodelanectlSpecFiltersAndRetire(t *testing.T) {
+	t.Parallel()
 	c := newCluster(t)
 	c.startWorker("node-a")
 	wid := c.workerID("node-a")

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/nodelane/nodelane/internal/waitfor"
 )
 
 // get fetches base+path and returns the status and body.
@@ -26,20 +28,30 @@ func get(t *testing.T, url string) (int, string) {
 	return resp.StatusCode, string(b)
 }
 
-// The example server serves /healthz and /metrics beside the API; its
-// /metrics lists every family of workerapi/prommetrics; with -log-format
-// json every line it logs is a JSON object, and a dispatched job is
-// logged at INFO with its job_id.
+// TestServerMetricsHealthAndJSONLogs checks that the example server
+// serves /healthz and /metrics beside the API; its /metrics lists every
+// family of workerapi/prommetrics; with -log-format json every line it
+// logs is a JSON object, and a dispatched job is logged at INFO with its
+// job_id.
 func TestServerMetricsHealthAndJSONLogs(t *testing.T) {
+	t.Parallel()
 	c := newCluster(t, "-log-format", "json", "-log-level", "debug")
 	if code, body := get(t, c.base()+"/healthz"); code != http.StatusOK || body != "ok\n" {
 		t.Fatalf("GET /healthz: %d %q", code, body)
 	}
 	d := c.dispatch("status_check", map[string]any{})
-	code, body := get(t, c.base()+"/metrics")
-	if code != http.StatusOK {
-		t.Fatalf("GET /metrics: %d %s", code, body)
-	}
+	// A request is counted once answered: maybe a moment after its
+	// answer arrived.
+	const dispatched = `nodelane_http_request_duration_seconds_count{code="",method="POST",route="/operator/jobs",status="201"} 1`
+	var body string
+	waitfor.Until(t, "/metrics to count the dispatch", func() bool {
+		var code int
+		code, body = get(t, c.base()+"/metrics")
+		if code != http.StatusOK {
+			t.Fatalf("GET /metrics: %d %s", code, body)
+		}
+		return strings.Contains(body, dispatched+"\n")
+	})
 	for _, fam := range []string{
 		"nodelane_http_request_duration_seconds histogram",
 		"nodelane_leases_total counter",
@@ -58,7 +70,6 @@ func TestServerMetricsHealthAndJSONLogs(t *testing.T) {
 	for _, series := range []string{
 		`nodelane_queue_jobs{state="queued",type="status_check"} 1`,
 		`nodelane_stats_up 1`,
-		`nodelane_http_request_duration_seconds_count{code="",method="POST",route="/operator/jobs",status="201"} 1`,
 	} {
 		if !strings.Contains(body, series+"\n") {
 			t.Errorf("/metrics has no line %s", series)
@@ -82,8 +93,10 @@ func TestServerMetricsHealthAndJSONLogs(t *testing.T) {
 	}
 }
 
-// A bad -log-level or -log-format stops the server with a clear error.
+// TestServerLogFlags checks that a bad -log-level or -log-format stops
+// the server with a clear error.
 func TestServerLogFlags(t *testing.T) {
+	t.Parallel()
 	serverBin, _ := binaries(t)
 	for _, args := range [][]string{{"-log-level", "loud"}, {"-log-format", "xml"}} {
 		p := startProc(t, "server "+strings.Join(args, " "), serverBin, nil, append([]string{"-addr", freeAddr(t),

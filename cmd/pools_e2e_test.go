@@ -3,18 +3,18 @@ package cmd
 import (
 	"slices"
 	"testing"
-	"time"
 
 	"github.com/nodelane/nodelane/cmd/internal/jobs"
 	"github.com/nodelane/nodelane/workerapi/wire"
 )
 
-// Pools end to end (issue 13): a job dispatched with requirements.tags
-// ["lab-a"] is never leased by a worker without that tag. The control
-// plane and both workers are real processes: one worker registers the tag
-// "example" only and polls all along, the other joins later with -tag
-// lab-a.
+// TestE2EPools checks pools end to end (issue 13): a job dispatched with
+// requirements.tags ["lab-a"] is never leased by a worker without that
+// tag. The control plane and both workers are real processes: one worker
+// registers the tag "example" only and polls all along, the other joins
+// later with -tag lab-a.
 func TestE2EPools(t *testing.T) {
+	t.Parallel()
 	c := newCluster(t)
 	plain := c.startWorker("plain")
 	plainID := c.workerID("plain")
@@ -38,7 +38,12 @@ func TestE2EPools(t *testing.T) {
 		}
 		ids = append(ids, d.Job.ID)
 	}
-	time.Sleep(3 * time.Second) // more than one long-poll of the plain worker (-wait-seconds 2)
+	// An untagged job dispatched after them runs on the plain worker: it
+	// leased since they were queued, and was not given them.
+	after := c.waitDone(c.dispatchTagged(nil).Job.ID, "succeeded")
+	if after.Job.WorkerID == nil || *after.Job.WorkerID != plainID {
+		t.Fatalf("untagged job ran on %v, want the plain worker %s", after.Job.WorkerID, plainID)
+	}
 	for _, id := range ids {
 		if d := c.job(id); d.Job.State != "queued" || d.Job.WorkerID != nil {
 			t.Fatalf("job %s, tagged lab-a, is %s on %v with no worker in the pool", id, d.Job.State, d.Job.WorkerID)

@@ -7,15 +7,19 @@ import (
 	"net/url"
 	"strings"
 	"testing"
+
+	"github.com/nodelane/nodelane/internal/waitfor"
 )
 
-// The example server behind a real httputil.ReverseProxy that rewrites
-// Host (SetURL) and serves it under /nodelane, stripping the prefix: with
-// -public-url set to the proxy's URL, a worker process pointed at the
-// proxy registers and completes a job; a worker pointed at the proxy of a
-// server without -public-url is refused, told that the proxy changed
-// @authority and @path.
+// TestE2EBehindProxy runs the example server behind a real
+// httputil.ReverseProxy that rewrites Host (SetURL) and serves it under
+// /nodelane, stripping the prefix: with -public-url set to the proxy's
+// URL, a worker process pointed at the proxy registers and completes a
+// job. (TestE2EBehindProxyWithoutPublicURL: a worker pointed at the
+// proxy of a server without -public-url is refused, told that the proxy
+// changed @authority and @path.)
 func TestE2EBehindProxy(t *testing.T) {
+	t.Parallel()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -34,7 +38,11 @@ func TestE2EBehindProxy(t *testing.T) {
 	c.checkNoTokensLogged()
 }
 
+// TestE2EBehindProxyWithoutPublicURL checks that a worker behind a proxy
+// that rewrites Host and strips a prefix, with no -public-url on the
+// server, is refused and told why.
 func TestE2EBehindProxyWithoutPublicURL(t *testing.T) {
+	t.Parallel()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -45,7 +53,7 @@ func TestE2EBehindProxyWithoutPublicURL(t *testing.T) {
 	w := c.startWorkerVia("node-p", public)
 	// Quotes may be escaped in the worker's log: look for the parts.
 	want := []string{"401 bad_signature", "signed for @authority", ln.Addr().String(), `@path`, "/nodelane/workers/register", "-public-url"}
-	c.eventually(startTimeout, "the worker to report the refusal", func() bool {
+	waitfor.Within(c.t, startTimeout, "the worker to report the refusal", func() bool {
 		out := w.stderr.String()
 		for _, s := range want {
 			if !strings.Contains(out, s) {

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/nodelane/nodelane/internal/syncbuf"
+	"github.com/nodelane/nodelane/internal/waitfor"
 )
 
 // proxyTimeout bounds the wait for a proxy to listen and to stop.
@@ -148,20 +149,16 @@ func startProxy(t *testing.T, lang, config, listen string) {
 	default:
 		t.Fatalf("no proxy for a %q block", lang)
 	}
-	deadline := time.Now().Add(proxyTimeout)
-	for {
+	waitfor.Within(t, proxyTimeout, p.name+" to listen on "+listen, func() bool {
 		if p.exited() {
 			t.Fatalf("%s exited: %v\n%s\nconfig:\n%s", p.name, p.cmd.ProcessState, p.stderr.String(), config)
 		}
-		if c, err := net.DialTimeout("tcp", listen, time.Second); err == nil {
+		c, err := net.DialTimeout("tcp", listen, time.Second)
+		if err == nil {
 			c.Close()
-			return
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s did not listen on %s within %v", p.name, listen, proxyTimeout)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return err == nil
+	})
 }
 
 // startGroupProc is startProc in a process group of its own, so that
@@ -208,6 +205,7 @@ func startGroupProc(t *testing.T, name, bin string, env []string, args ...string
 //  3. restarted with -public-url set to the stripped block's URL, a worker
 //     through it completes a job.
 func TestProxyDocs(t *testing.T) {
+	t.Parallel()
 	for _, proxy := range []string{"nginx", "caddy"} {
 		t.Run(proxy, func(t *testing.T) {
 			t.Parallel()
@@ -237,7 +235,7 @@ func testProxyDocs(t *testing.T, proxy string) {
 	w2 := c.startWorkerVia("node-refused", public)
 	want := []string{"401 bad_signature", "signed for @authority", stripped, "@path",
 		"/nodelane/workers/register", "this server verifies", c.addr, "/workers/register", "-public-url"}
-	c.eventually(startTimeout, "the worker behind the stripped block to report the refusal", func() bool {
+	waitfor.Within(c.t, startTimeout, "the worker behind the stripped block to report the refusal", func() bool {
 		out := w2.stderr.String()
 		for _, s := range want {
 			if !strings.Contains(out, s) {

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/nodelane/nodelane/internal/testdb"
+	"github.com/nodelane/nodelane/internal/waitfor"
 	"github.com/nodelane/nodelane/workerapi"
 )
 
@@ -21,35 +22,33 @@ import (
 func readyz(t *testing.T, p *proc, base string, done func(code int, r workerapi.ReadyResponse) bool) (int, workerapi.ReadyResponse) {
 	t.Helper()
 	hc := &http.Client{Timeout: 10 * time.Second}
-	deadline := time.Now().Add(startTimeout)
 	var (
 		code int
 		out  workerapi.ReadyResponse
 	)
-	for {
+	waitfor.Within(t, startTimeout, "the awaited answer of GET /readyz", func() bool {
 		if p.exited() {
 			t.Fatalf("the server exited: %s", p.stderr.String())
 		}
-		if resp, err := hc.Get(base + "/readyz"); err == nil {
-			code, out = resp.StatusCode, workerapi.ReadyResponse{}
-			err = json.NewDecoder(resp.Body).Decode(&out)
-			resp.Body.Close()
-			if err == nil && done(code, out) {
-				return code, out
-			}
+		resp, err := hc.Get(base + "/readyz")
+		if err != nil {
+			return false
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("GET /readyz: last answer %d %+v", code, out)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		code, out = resp.StatusCode, workerapi.ReadyResponse{}
+		err = json.NewDecoder(resp.Body).Decode(&out)
+		resp.Body.Close()
+		return err == nil && done(code, out)
+	})
+	return code, out
 }
 
-// The example server serves GET /readyz: ready once its clock has been
-// measured against the database's; with -clock-skew (fault testing) its
-// clock is off by more than the 2 s allowed and it reports not ready,
-// saying why, and logs the skew as an ERROR.
+// TestServerReadiness checks that the example server serves GET /readyz:
+// ready once its clock has been measured against the database's; with
+// -clock-skew (fault testing) its clock is off by more than the 2 s
+// allowed and it reports not ready, saying why, and logs the skew as an
+// ERROR.
 func TestServerReadiness(t *testing.T) {
+	t.Parallel()
 	c := newCluster(t)
 	readyz(t, c.server, c.base(), func(code int, r workerapi.ReadyResponse) bool {
 		return code == http.StatusOK && r.Ready
@@ -77,9 +76,10 @@ func TestServerReadiness(t *testing.T) {
 	if d, err := time.ParseDuration(m[1]); err != nil || d < 11*time.Minute-time.Second || d > 11*time.Minute+time.Second {
 		t.Errorf("the reason says the clock is %s off, want 11m (±1s): %q", m[1], r.Reason)
 	}
-	if !strings.Contains(skewed.stderr.String(), "level=ERROR msg=\"clock skew") {
-		t.Errorf("the skew was not logged as an ERROR:\n%s", skewed.stderr.String())
-	}
+	// Logged as an ERROR too: maybe a moment after /readyz said so.
+	waitfor.Until(t, "the skew logged as an ERROR", func() bool {
+		return strings.Contains(skewed.stderr.String(), "level=ERROR msg=\"clock skew")
+	})
 }
 
 // tcpProxy forwards connections to a database, and can cut them all and
@@ -145,10 +145,12 @@ func (p *tcpProxy) setDown(down bool) {
 	}
 }
 
-// GET /readyz goes 503 while the server's PostgreSQL does not answer,
-// saying so, and 200 again once it answers, while /healthz stays 200:
-// the process serves throughout.
+// TestServerReadyzFollowsTheDatabase checks that GET /readyz goes 503
+// while the server's PostgreSQL does not answer, saying so, and 200 again
+// once it answers, while /healthz stays 200: the process serves
+// throughout.
 func TestServerReadyzFollowsTheDatabase(t *testing.T) {
+	t.Parallel()
 	db := testdb.Postgres(t)
 	u, err := url.Parse(db.DSN)
 	if err != nil || u.Scheme == "" {

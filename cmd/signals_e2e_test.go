@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nodelane/nodelane/internal/waitfor"
 	"github.com/nodelane/nodelane/workerapi/wire"
 )
 
@@ -35,20 +36,29 @@ while :; do sleep 0.1; done
 type = "cmd_silent"
 command = [%q]
 gpus = 0
-kill_grace = "3s"
+kill_grace = "1s"
 `, silent)
 }
 
-// waitFile waits up to d for path to exist, and says how long it took.
-func waitFile(path string, d time.Duration) (time.Duration, bool) {
+// waitSignaled waits up to signalBound for the command to note a SIGTERM
+// in marker, and says how long it took.
+func waitSignaled(t *testing.T, marker, after string) time.Duration {
+	t.Helper()
 	start := time.Now()
-	for time.Since(start) < d {
-		if _, err := os.Stat(path); err == nil {
-			return time.Since(start), true
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return time.Since(start), false
+	waitfor.Within(t, signalBound, "the command's SIGTERM after the "+after, func() bool {
+		_, err := os.Stat(marker)
+		return err == nil
+	})
+	return time.Since(start)
+}
+
+// signalsCluster starts a control plane advising heartbeats every 30 s,
+// with leases of 10 minutes.
+func signalsCluster(t *testing.T) *cluster {
+	t.Helper()
+	c := newCluster(t, "-heartbeat-interval", "30s", "-lease-ttl", "10m", "-accept-timeout", "60s")
+	c.activate()
+	return c
 }
 
 // startSilentWorker starts a worker for cmd_silent with 30 s heartbeats,
@@ -63,28 +73,24 @@ func startSilentWorker(c *cluster, node string) (w *proc, wid, jobID, marker str
 	wid = c.workerID(node)
 	d := c.dispatchGPUs("cmd_silent", 0)
 	readPids(c, pidFile, 1)
-	c.eventually(jobTimeout, "the job running", func() bool { return c.job(d.Job.ID).Job.State == "running" })
+	waitfor.Within(c.t, jobTimeout, "the job running", func() bool { return c.job(d.Job.ID).Job.State == "running" })
 	return w, wid, d.Job.ID, marker
 }
 
 // TestE2ESignals checks that, with heartbeats every 30 s, an operator's cancel sends
 // SIGTERM to a silent command within 2 s; a ban and a retirement stop the
 // worker and its command within 2 s; a worker banned while its lease
-// long-poll waits is granted nothing.
+// long-poll waits is granted nothing. Each case has a control plane of
+// its own.
 func TestE2ESignals(t *testing.T) {
-	c := newCluster(t, "-heartbeat-interval", "30s", "-lease-ttl", "10m", "-accept-timeout", "60s")
-	c.activate()
-
+	t.Parallel()
 	t.Run("cancel", func(t *testing.T) {
-		w, _, job, marker := startSilentWorker(c, "sig-cancel")
-		defer w.kill() // the next subtests' jobs are for their own workers
+		t.Parallel()
+		c := signalsCluster(t)
+		_, _, job, marker := startSilentWorker(c, "sig-cancel")
 		start := time.Now()
 		c.call("POST", "/operator/jobs/"+job+"/cancel", nil, nil)
-		if took, ok := waitFile(marker, signalBound); !ok {
-			t.Fatalf("the command got no SIGTERM within %v of the cancel", took)
-		} else {
-			t.Logf("SIGTERM %v after the cancel", took)
-		}
+		t.Logf("SIGTERM %v after the cancel", waitSignaled(t, marker, "cancel"))
 		c.waitDone(job, "canceled")
 		if took := time.Since(start); took > 30*time.Second {
 			t.Errorf("the job ended %v after the cancel", took)
@@ -93,11 +99,11 @@ func TestE2ESignals(t *testing.T) {
 
 	for _, action := range []string{"ban", "retire"} {
 		t.Run(action, func(t *testing.T) {
+			t.Parallel()
+			c := signalsCluster(t)
 			w, wid, job, marker := startSilentWorker(c, "sig-"+action)
 			c.call("POST", "/operator/workers/"+wid+"/"+action, wire.ReasonRequest{Reason: "e2e"}, nil)
-			if took, ok := waitFile(marker, signalBound); !ok {
-				t.Fatalf("the command got no SIGTERM within %v of the %s", took, action)
-			}
+			waitSignaled(t, marker, action)
 			select {
 			case <-w.done:
 			case <-time.After(startTimeout):
@@ -111,13 +117,12 @@ func TestE2ESignals(t *testing.T) {
 					t.Errorf("after the retirement the job is %s, want queued", jd.Job.State)
 				}
 			}
-			// Queued again after a retirement: no later subtest's worker
-			// may take it.
-			c.call("POST", "/operator/jobs/"+job+"/cancel", nil, nil)
 		})
 	}
 
 	t.Run("ban during a waiting lease long-poll", func(t *testing.T) {
+		t.Parallel()
+		c := signalsCluster(t)
 		dir := t.TempDir()
 		marker, pidFile := filepath.Join(dir, "term"), filepath.Join(dir, "pid")
 		w := c.startCommandWorker("sig-idle", silentConfig(t, dir, marker, pidFile),
@@ -126,7 +131,7 @@ func TestE2ESignals(t *testing.T) {
 		// Its first lease long-poll waited its 2 s for a job nobody
 		// dispatched, and the second is open (the Runner logs each at
 		// DEBUG as it sends it).
-		c.eventually(startTimeout, "the worker's second lease long-poll", func() bool {
+		waitfor.Within(t, startTimeout, "the worker's second lease long-poll", func() bool {
 			return strings.Count(w.stderr.String(), "lease long-poll") >= 2
 		})
 		c.call("POST", "/operator/workers/"+wid+"/ban", wire.ReasonRequest{Reason: "e2e"}, nil)

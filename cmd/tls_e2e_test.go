@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/nodelane/nodelane/internal/testpki"
+	"github.com/nodelane/nodelane/internal/waitfor"
 	"github.com/nodelane/nodelane/workerapi/client"
 )
 
@@ -66,13 +67,18 @@ func servedCert(t *testing.T, addr, name string, roots *x509.CertPool) (*x509.Ce
 // waitServed waits until new connections are served want.
 func (c *cluster) waitServed(what string, name string, roots *x509.CertPool, want *x509.Certificate) {
 	c.t.Helper()
-	c.eventually(startTimeout, what, func() bool {
+	waitfor.Within(c.t, startTimeout, what, func() bool {
 		got, err := servedCert(c.t, c.addr, name, roots)
 		return err == nil && got.SerialNumber.Cmp(want.SerialNumber) == 0
 	})
 }
 
+// TestTLSFilesE2E checks the server over TLS from certificate files: a
+// worker trusting the test CA completes jobs; the files are reloaded on
+// SIGHUP and when replaced, a bad pair is refused and the old certificate
+// kept; -http-addr redirects; SIGTERM stops both listeners.
 func TestTLSFilesE2E(t *testing.T) {
+	t.Parallel()
 	ca := testpki.NewCA(t, "nodelane e2e CA")
 	certDir := t.TempDir()
 	caFile, certFile, keyFile := filepath.Join(certDir, "ca.pem"), filepath.Join(certDir, "cert.pem"), filepath.Join(certDir, "key.pem")
@@ -111,7 +117,10 @@ func TestTLSFilesE2E(t *testing.T) {
 	before := loads()
 	rewriteSameStamp(t, certFile, l2.CertPEM)
 	rewriteSameStamp(t, keyFile, l2.KeyPEM)
-	time.Sleep(1100 * time.Millisecond) // past the interval: the next handshake compares the stamps
+	// The behaviour under test is that nothing is noticed once a check is
+	// due: the sleep lets tlsserve's check interval (1 s) pass, so that
+	// the next handshake compares the stamps.
+	time.Sleep(1100 * time.Millisecond)
 	got, err := servedCert(t, addr, "127.0.0.1", ca.Pool())
 	switch {
 	case err != nil:
@@ -129,7 +138,7 @@ func TestTLSFilesE2E(t *testing.T) {
 	c.waitServed("the certificate loaded on SIGHUP", "127.0.0.1", ca.Pool(), l2.Cert)
 	// When a handshake read the files mid-rewrite, l2 was served before
 	// the signal arrived: wait for the server to say it handled it.
-	c.eventually(startTimeout, "the SIGHUP logged", func() bool {
+	waitfor.Within(c.t, startTimeout, "the SIGHUP logged", func() bool {
 		return strings.Contains(c.server.stderr.String(), "SIGHUP: reloading")
 	})
 
@@ -140,7 +149,7 @@ func TestTLSFilesE2E(t *testing.T) {
 	c.waitServed("the replaced certificate files noticed", "127.0.0.1", ca.Pool(), l3.Cert)
 	// The new certificate is served from the moment it is swapped in,
 	// a moment before its log line is written.
-	c.eventually(startTimeout, "the reload logging the new pin", func() bool {
+	waitfor.Within(c.t, startTimeout, "the reload logging the new pin", func() bool {
 		return strings.Contains(c.server.stderr.String(), `pin_sha256="`+client.PublicKeyPin(l3.Cert)+`"`)
 	})
 
@@ -151,7 +160,7 @@ func TestTLSFilesE2E(t *testing.T) {
 	if err := c.server.cmd.Process.Signal(syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
-	c.eventually(startTimeout, "the failed reload logged", func() bool {
+	waitfor.Within(c.t, startTimeout, "the failed reload logged", func() bool {
 		return strings.Contains(c.server.stderr.String(), "private key does not match public key")
 	})
 	if got, err := servedCert(t, addr, "localhost", ca.Pool()); err != nil || got.SerialNumber.Cmp(l3.Cert.SerialNumber) != 0 {

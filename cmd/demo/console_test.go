@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/nodelane/nodelane/internal/syncbuf"
+	"github.com/nodelane/nodelane/internal/waitfor"
 
 	"github.com/nodelane/nodelane/cmd/internal/controlplane"
 )
@@ -23,6 +24,7 @@ import (
 // prints, as an operator would in a browser: it shows the demo's jobs,
 // logs, artifacts and costs, and its receipts verified.
 func TestDemoConsole(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithCancel(t.Context())
 	dir := t.TempDir()
 	out := &syncbuf.Buffer{}
@@ -36,21 +38,19 @@ func TestDemoConsole(t *testing.T) {
 	}()
 	re := regexp.MustCompile(`The web console stays open at (http://\S+/console/)`)
 	var consoleURL string
-	for deadline := time.Now().Add(90 * time.Second); consoleURL == ""; {
+	waitfor.Within(t, 90*time.Second, "the demo to print the console's URL", func() bool {
 		if m := re.FindStringSubmatch(out.String()); m != nil {
 			consoleURL = m[1]
-			break
+			return true
 		}
 		select {
 		case err := <-done:
 			done <- err
 			t.Fatalf("the demo ended: %v\n%s", err, out.String())
-		case <-time.After(100 * time.Millisecond):
+		default:
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the demo did not finish:\n%s", out.String())
-		}
-	}
+		return false
+	})
 	b, err := os.ReadFile(filepath.Join(dir, "nodelane-tokens.json"))
 	if err != nil {
 		t.Fatal(err)

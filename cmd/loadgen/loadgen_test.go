@@ -94,6 +94,7 @@ func intAfter(t *testing.T, out, pattern string) int {
 // TestRunTLS runs a small load over https, trusting the server's CA with
 // -ca-file; without it the run fails.
 func TestRunTLS(t *testing.T) {
+	t.Parallel()
 	ca := testpki.NewCA(t, "loadgen test CA")
 	leaf := ca.Leaf(t)
 	base, tokens := startServerTLS(t, testdb.SQLite(t), &leaf)
@@ -120,8 +121,10 @@ func TestRunTLS(t *testing.T) {
 // TestRun runs a small load on each database and checks its counts and
 // checks; then it breaks a record of the run and sees each check fail.
 func TestRun(t *testing.T) {
+	t.Parallel()
 	for _, d := range testdb.Dialects() {
 		t.Run(d.Name, func(t *testing.T) {
+			t.Parallel()
 			db := d.New(t)
 			base, tokens := startServer(t, db)
 			args := []string{"-server", base, "-tokens-file", tokens, "-nodes", "4", "-jobs", "60", "-max-jobs", "5",
@@ -213,6 +216,7 @@ func TestRun(t *testing.T) {
 // TestFleet runs a tiny fleet: every node heartbeats, the long-polls
 // answer, nothing fails.
 func TestFleet(t *testing.T) {
+	t.Parallel()
 	base, tokens := startServer(t, testdb.SQLite(t))
 	var out bytes.Buffer
 	err := run(t.Context(), []string{"-server", base, "-tokens-file", tokens, "-mode", "fleet", "-nodes", "20",

@@ -102,38 +102,56 @@ func runCtl(t *testing.T, home string, args ...string) (stdout, stderr string, c
 	return so.String(), se.String(), code
 }
 
+// TestCostReportCheck checks that cost report's check passes a total its
+// receipts match and fails one they do not (each failure after the
+// check's own re-reads, about 2 s), unless -no-check.
 func TestCostReportCheck(t *testing.T) {
+	t.Parallel()
 	recs := charged(t)
-	home := t.TempDir()
 
-	srv := chargedServer(t, 60_000, 60_000, recs)
-	out, errOut, code := runCtl(t, home, "-server", srv.URL, "cost", "report", "-by", "worker")
-	if code != exitOK || !strings.Contains(out, "TOTAL") || !strings.Contains(out, "0.060000") {
-		t.Errorf("a right total: exit %d\n%s\n%s", code, out, errOut)
-	}
-	if !strings.Contains(errOut, "the 2 job_charged receipts of the window sum to 0.060000 USD (60000 micro-USD), as the report") {
-		t.Errorf("the check's line: %q", errOut)
-	}
+	t.Run("right total", func(t *testing.T) {
+		t.Parallel()
+		srv := chargedServer(t, 60_000, 60_000, recs)
+		out, errOut, code := runCtl(t, t.TempDir(), "-server", srv.URL, "cost", "report", "-by", "worker")
+		if code != exitOK || !strings.Contains(out, "TOTAL") || !strings.Contains(out, "0.060000") {
+			t.Errorf("a right total: exit %d\n%s\n%s", code, out, errOut)
+		}
+		if !strings.Contains(errOut, "the 2 job_charged receipts of the window sum to 0.060000 USD (60000 micro-USD), as the report") {
+			t.Errorf("the check's line: %q", errOut)
+		}
+		if !strings.Contains(errOut, "the 1 receipts of uncharged attempts of the window sum to 60000 GPU-ms, as the report") || !strings.Contains(out, "oom") {
+			t.Errorf("the unbilled check: %q\n%s", errOut, out)
+		}
+	})
 
-	if !strings.Contains(errOut, "the 1 receipts of uncharged attempts of the window sum to 60000 GPU-ms, as the report") || !strings.Contains(out, "oom") {
-		t.Errorf("the unbilled check: %q\n%s", errOut, out)
-	}
-	srv = chargedServer(t, 60_000, 59_999, recs)
-	if _, errOut, code = runCtl(t, home, "-server", srv.URL, "cost", "report"); code != exitFail || !strings.Contains(errOut, "sum to 1 of 60000 GPU-ms") {
-		t.Errorf("a wrong unbilled total: exit %d, stderr %q", code, errOut)
-	}
+	t.Run("wrong unbilled total", func(t *testing.T) {
+		t.Parallel()
+		srv := chargedServer(t, 60_000, 59_999, recs)
+		if _, errOut, code := runCtl(t, t.TempDir(), "-server", srv.URL, "cost", "report"); code != exitFail || !strings.Contains(errOut, "sum to 1 of 60000 GPU-ms") {
+			t.Errorf("a wrong unbilled total: exit %d, stderr %q", code, errOut)
+		}
+	})
 
-	srv = chargedServer(t, 60_001, 60_000, recs)
-	_, errOut, code = runCtl(t, home, "-server", srv.URL, "cost", "report", "-o", "json")
-	if code != exitFail || !strings.Contains(errOut, "60001 micro-USD") || !strings.Contains(errOut, "sum to 0.060000 USD (60000 micro-USD)") {
-		t.Errorf("a wrong total: exit %d, stderr %q", code, errOut)
-	}
-	if _, _, code = runCtl(t, home, "-server", srv.URL, "cost", "report", "-no-check"); code != exitOK {
-		t.Errorf("-no-check: exit %d", code)
-	}
+	t.Run("wrong total", func(t *testing.T) {
+		t.Parallel()
+		srv := chargedServer(t, 60_001, 60_000, recs)
+		_, errOut, code := runCtl(t, t.TempDir(), "-server", srv.URL, "cost", "report", "-o", "json")
+		if code != exitFail || !strings.Contains(errOut, "60001 micro-USD") || !strings.Contains(errOut, "sum to 0.060000 USD (60000 micro-USD)") {
+			t.Errorf("a wrong total: exit %d, stderr %q", code, errOut)
+		}
+	})
+
+	t.Run("-no-check", func(t *testing.T) {
+		t.Parallel()
+		srv := chargedServer(t, 60_001, 60_000, recs)
+		if _, _, code := runCtl(t, t.TempDir(), "-server", srv.URL, "cost", "report", "-no-check"); code != exitOK {
+			t.Errorf("-no-check: exit %d", code)
+		}
+	})
 }
 
 func TestParseFlagsAnywhere(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name string
 		args []string
@@ -146,6 +164,7 @@ func TestParseFlagsAnywhere(t *testing.T) {
 		{"dashdash", []string{"a", "--", "-o", "json"}, []string{"a", "-o", "json"}, "table"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			a := &app{stderr: new(bytes.Buffer), common: common{output: "table"}}
 			fs := a.flags("x y", "A B")
 			if err := a.parse(fs, tc.args, 0, 3); err != nil {
@@ -159,6 +178,7 @@ func TestParseFlagsAnywhere(t *testing.T) {
 }
 
 func TestConfigFileNeverQuoted(t *testing.T) {
+	t.Parallel()
 	home := t.TempDir()
 	path := filepath.Join(home, ".config", "nodelane", "nodelanectl.toml")
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {

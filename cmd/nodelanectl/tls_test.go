@@ -16,6 +16,7 @@ import (
 // nodelanectl reaches an https server whose CA it is given, and refuses
 // plain http to another machine unless told otherwise.
 func TestTLSAndInsecureHTTP(t *testing.T) {
+	t.Parallel()
 	env := apitest.New(t, "sqlite")
 	srv := httptest.NewTLSServer(env.Server.OperatorHandler())
 	defer srv.Close()

@@ -12,9 +12,11 @@ import (
 	"github.com/nodelane/nodelane/internal/testdb"
 )
 
-// The server mounts the console at /console/ beside the API: an operator
-// signs in with the printed token and reads the overview.
+// TestConsoleMounted checks that the server mounts the console at
+// /console/ beside the API: an operator signs in with the printed token
+// and reads the overview.
 func TestConsoleMounted(t *testing.T) {
+	t.Parallel()
 	d := testdb.Dialects()[0] // SQLite
 	f := newFiles(t, d)
 	s := serve(t, f.args("127.0.0.1:0")...)

@@ -111,6 +111,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		maxLeases     = fs.Int("max-leases-per-worker", workerapi.DefaultMaxLeasesPerWorker, "the live leases any one worker may hold; a node's governor max_jobs may lower it, never raise it")
 		cancelGrace   = fs.Duration("cancel-grace", workerapi.DefaultCancelGrace, "how long a canceled job's lease lives on before it is revoked")
 		maxRuntime    = fs.Duration("max-runtime", workerapi.DefaultMaxRuntime, "the runtime of a job that sets no requirements.max_runtime_seconds, after which its lease is revoked and it fails max_runtime_exceeded")
+		retryBase     = fs.Duration("retry-base", workerapi.DefaultRetryBase, "the backoff before a failed attempt's job runs again; each further attempt doubles it (jitter takes off up to half), up to an hour")
 		retention     = fs.Duration("retention", 0, "delete ended jobs, with their events, logs and artifact records, this long after they ended (0 keeps every job; receipts are never deleted)")
 		hbInterval    = fs.Duration("heartbeat-interval", workerapi.DefaultHeartbeatInterval, "how often workers are told to heartbeat (next_heartbeat_seconds)")
 		offlineAfter  = fs.Duration("offline-after", 0, "how long a silent worker stays before it is offline and its leases end (0: 3 × the heartbeat interval)")
@@ -193,7 +194,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	cp, err := controlplane.Open(ctx, controlplane.Options{
 		DB: *dsn, SecretsFile: *secretsFile, LeaseTTL: *leaseTTL, AcceptTimeout: *acceptTimeout,
 		Prices: prices, ApproveNodes: *approveNodes, MaxLeasesPerWorker: *maxLeases,
-		CancelGrace: *cancelGrace, MaxRuntime: *maxRuntime, Retention: *retention,
+		CancelGrace: *cancelGrace, MaxRuntime: *maxRuntime, RetryBase: *retryBase, Retention: *retention,
 		HeartbeatInterval: *hbInterval, OfflineAfter: *offlineAfter,
 		SequenceInterval: *seqInterval, SequenceBatch: *seqBatch, Logger: log, Metrics: met.m, Now: now,
 		PublicOrigin: *publicURL, TrustedProxies: proxies,

@@ -23,6 +23,7 @@ import (
 	"github.com/nodelane/nodelane/cmd/internal/controlplane"
 	"github.com/nodelane/nodelane/fingerprint"
 	"github.com/nodelane/nodelane/internal/testdb"
+	"github.com/nodelane/nodelane/internal/waitfor"
 	"github.com/nodelane/nodelane/receipts"
 	"github.com/nodelane/nodelane/workerapi"
 )
@@ -147,12 +148,14 @@ func operatorToken(t *testing.T, stdout string) string {
 	return m[0][1]
 }
 
-// A server started on a busy port against a fresh database fails before
-// it bootstraps: the next start, on a free port, mints and prints the
-// tokens.
+// TestBusyPortBootstrapsNothing checks that a server started on a busy
+// port against a fresh database fails before it bootstraps: the next
+// start, on a free port, mints and prints the tokens.
 func TestBusyPortBootstrapsNothing(t *testing.T) {
+	t.Parallel()
 	for _, d := range testdb.Dialects() {
 		t.Run(d.Name, func(t *testing.T) {
+			t.Parallel()
 			f := newFiles(t, d)
 			busy, err := net.Listen("tcp", "127.0.0.1:0")
 			if err != nil {
@@ -191,12 +194,15 @@ func runMint(t *testing.T, args ...string) (stdout, stderr string, err error) {
 	return out.String(), errOut.String(), err
 }
 
-// mint-operator mints a working operator token with its receipt, prints it
-// once on stdout and logs it nowhere; it refuses secrets that are not the
-// database's, a missing secrets file, and a database never bootstrapped.
+// TestMintOperator checks that mint-operator mints a working operator
+// token with its receipt, prints it once on stdout and logs it nowhere;
+// it refuses secrets that are not the database's, a missing secrets file,
+// and a database never bootstrapped.
 func TestMintOperator(t *testing.T) {
+	t.Parallel()
 	for _, d := range testdb.Dialects() {
 		t.Run(d.Name, func(t *testing.T) {
+			t.Parallel()
 			f := newFiles(t, d)
 
 			// Never bootstrapped.
@@ -271,12 +277,14 @@ func TestMintOperator(t *testing.T) {
 	}
 }
 
-// A replica started with another secrets file on the same database
-// refuses to start and names what differs; the database's secrets file
-// still starts.
+// TestReplicaWithOtherSecretsRefuses checks that a replica started with
+// another secrets file on the same database refuses to start and names
+// what differs; the database's secrets file still starts.
 func TestReplicaWithOtherSecretsRefuses(t *testing.T) {
+	t.Parallel()
 	for _, d := range testdb.Dialects() {
 		t.Run(d.Name, func(t *testing.T) {
+			t.Parallel()
 			f := newFiles(t, d)
 			s := serve(t, f.args("127.0.0.1:0")...)
 			s.stop()
@@ -293,10 +301,11 @@ func TestReplicaWithOtherSecretsRefuses(t *testing.T) {
 	}
 }
 
-// A request in flight when the server is told to stop finishes with its
-// answer: it is not canceled (which, racing its commit, would answer 503
-// for a job that was queued).
+// TestStopLetsRequestsFinish checks that a request in flight when the
+// server is told to stop finishes with its answer: it is not canceled
+// (which, racing its commit, would answer 503 for a job that was queued).
 func TestStopLetsRequestsFinish(t *testing.T) {
+	t.Parallel()
 	f := newFiles(t, testdb.Dialect{Name: "sqlite", New: testdb.SQLite})
 	s := serve(t, f.args("127.0.0.1:0")...)
 	token := operatorToken(t, s.stdout.String())
@@ -319,30 +328,30 @@ func TestStopLetsRequestsFinish(t *testing.T) {
 	}
 	io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
-	// Then headers and half the body: the request is in flight. The
-	// server reads the headers at once; give it time to, or the
-	// connection would still count as idle.
+	// Then headers that ask to continue: the server answers 100 Continue
+	// once the handler reads the body, so the request is in flight (the
+	// connection no longer counts as idle). Then half the body.
 	head := fmt.Sprintf("POST /operator/jobs HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer %s\r\n"+
-		"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n", s.addr, token, len(body))
-	if _, err := io.WriteString(conn, head+body[:len(body)/2]); err != nil {
+		"Content-Type: application/json\r\nContent-Length: %d\r\nExpect: 100-continue\r\n\r\n", s.addr, token, len(body))
+	if _, err := io.WriteString(conn, head); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(500 * time.Millisecond)
+	if resp, err = http.ReadResponse(rd, nil); err != nil || resp.StatusCode != http.StatusContinue {
+		t.Fatalf("the answer to the headers: %v %v, want 100 Continue", resp, err)
+	}
+	if _, err := io.WriteString(conn, body[:len(body)/2]); err != nil {
+		t.Fatal(err)
+	}
 	stopped := make(chan error, 1)
 	go func() { stopped <- s.stop() }()
 	// Once the server no longer accepts connections it is shutting down.
-	deadline := time.Now().Add(startTimeout)
-	for {
+	waitfor.Until(t, "the server to stop accepting connections", func() bool {
 		c, err := net.Dial("tcp", s.addr)
-		if err != nil {
-			break
+		if err == nil {
+			c.Close()
 		}
-		c.Close()
-		if time.Now().After(deadline) {
-			t.Fatal("the server still accepts connections")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return err != nil
+	})
 	if _, err := io.WriteString(conn, body[len(body)/2:]); err != nil {
 		t.Fatal(err)
 	}

@@ -19,13 +19,16 @@ import (
 	"github.com/nodelane/nodelane/internal/syncbuf"
 
 	"github.com/nodelane/nodelane/internal/testdb"
+	"github.com/nodelane/nodelane/internal/waitfor"
 	"github.com/nodelane/nodelane/workerapi/client"
 	"github.com/nodelane/nodelane/workerapi/wire"
 )
 
-// -public-url and -trusted-proxy refuse a wrong value, naming the flag,
-// before anything is bound or created.
+// TestServerProxyFlagsRefused checks that -public-url and -trusted-proxy
+// refuse a wrong value, naming the flag, before anything is bound or
+// created.
 func TestServerProxyFlagsRefused(t *testing.T) {
+	t.Parallel()
 	f := newFiles(t, testdb.Dialects()[0])
 	for _, tc := range []struct {
 		args []string
@@ -60,11 +63,13 @@ func TestServerProxyFlagsRefused(t *testing.T) {
 	}
 }
 
-// The server behind a Host-rewriting, prefix-stripping ReverseProxy with
-// -public-url: a worker configured with the proxy's URL registers and
-// heartbeats, and the request log's client_addr is the address the
-// trusted proxy reports, not a spoofed one.
+// TestServerBehindProxy runs the server behind a Host-rewriting,
+// prefix-stripping ReverseProxy with -public-url: a worker configured
+// with the proxy's URL registers and heartbeats, and the request log's
+// client_addr is the address the trusted proxy reports, not a spoofed
+// one.
 func TestServerBehindProxy(t *testing.T) {
+	t.Parallel()
 	f := newFiles(t, testdb.Dialects()[0])
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -122,13 +127,16 @@ func TestServerBehindProxy(t *testing.T) {
 	if proxied.Load() < 2 {
 		t.Fatalf("%d requests went through the proxy", proxied.Load())
 	}
-	logs := s.stderr.String()
+	// The request is logged once answered: maybe after the answer arrived.
 	var line string
-	for _, l := range strings.Split(logs, "\n") {
-		if strings.Contains(l, "route=/workers/heartbeat") {
-			line = l
+	waitfor.Until(t, "the heartbeat's request log line", func() bool {
+		for l := range strings.Lines(s.stderr.String()) {
+			if strings.Contains(l, "route=/workers/heartbeat") {
+				line = l
+			}
 		}
-	}
+		return line != ""
+	})
 	// The right-most address that is not a trusted proxy's.
 	if !strings.Contains(line, "client_addr=127.0.0.2 ") {
 		t.Errorf("heartbeat log line %q lacks client_addr=127.0.0.2", line)

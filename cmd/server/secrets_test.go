@@ -11,9 +11,10 @@ import (
 	"github.com/nodelane/nodelane/cmd/internal/controlplane"
 )
 
-// init-secrets creates the secrets file 0600, prints its public half
-// only, and never overwrites a file.
+// TestInitSecrets checks that init-secrets creates the secrets file 0600,
+// prints its public half only, and never overwrites a file.
 func TestInitSecrets(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	path := filepath.Join(dir, "etc", "secrets.json")
 	var out, errOut bytes.Buffer

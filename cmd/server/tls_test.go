@@ -15,10 +15,11 @@ import (
 	"github.com/nodelane/nodelane/internal/testdb"
 )
 
-// Bad TLS flags and files stop the server before it binds or bootstraps,
-// with an error naming the flag or the file.
+// TestTLSFlagErrors checks that bad TLS flags and files stop the server
+// before it binds or bootstraps, with an error naming the flag or the
+// file.
 func TestTLSFlagErrors(t *testing.T) {
-	f := newFiles(t, testdb.Dialects()[0])
+	t.Parallel()
 	dir := t.TempDir()
 	garbage := filepath.Join(dir, "garbage.pem")
 	if err := os.WriteFile(garbage, []byte("not PEM\n"), 0o600); err != nil {
@@ -40,6 +41,8 @@ func TestTLSFlagErrors(t *testing.T) {
 		{"garbage certificate", []string{"-tls-cert", garbage, "-tls-key", garbage}, garbage, tlsserve.ErrNoCertificate},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			f := newFiles(t, testdb.Dialects()[0])
 			var stdout, stderr syncbuf.Buffer
 			err := run(context.Background(), append(f.args("127.0.0.1:0"), tc.flags...), &stdout, &stderr)
 			if err == nil || !strings.Contains(err.Error(), tc.want) || !errors.Is(err, tc.is) {

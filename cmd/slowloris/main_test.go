@@ -28,6 +28,7 @@ func host(t *testing.T, raw string) string {
 // without a credential or with an invalid one, are all answered 401 at
 // once, before their body, and closed.
 func TestSlowBodiesAreRefused(t *testing.T) {
+	t.Parallel()
 	env := apitest.New(t, "sqlite")
 	rep, err := Attack(context.Background(), Config{
 		Addr: host(t, env.URL), Conns: 100, BodyLength: 1 << 20,
@@ -56,6 +57,7 @@ func TestSlowBodiesAreRefused(t *testing.T) {
 // TestSlowHeadersAreClosed checks that a header block trickled past the server's
 // ReadHeaderTimeout is closed unanswered.
 func TestSlowHeadersAreClosed(t *testing.T) {
+	t.Parallel()
 	env := apitest.New(t, "sqlite")
 	hs := httptest.NewUnstartedServer(env.Server.Handler())
 	hs.Config.ReadHeaderTimeout = time.Second
@@ -76,6 +78,7 @@ func TestSlowHeadersAreClosed(t *testing.T) {
 }
 
 func TestBounds(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	for _, tc := range []struct {
 		name string
@@ -87,6 +90,7 @@ func TestBounds(t *testing.T) {
 		{"too long", Config{Addr: "127.0.0.1:1", Conns: 1, Trickle: time.Second, Duration: maxDuration + 1, BodyLength: 1}, "duration"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			if _, err := Attack(ctx, tc.cfg); err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("Attack: %v, want an error about %s", err, tc.want)
 			}

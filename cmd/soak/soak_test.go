@@ -31,6 +31,7 @@ import (
 //
 //	NODELANE_SOAK=1 go test -run TestSoak -v ./cmd/soak
 func TestSoak(t *testing.T) {
+	t.Parallel()
 	if os.Getenv("NODELANE_SOAK") != "1" {
 		t.Skip("the soak runs only with NODELANE_SOAK=1 (it is not part of CI)")
 	}
@@ -85,6 +86,7 @@ func TestSoak(t *testing.T) {
 }
 
 func TestFlags(t *testing.T) {
+	t.Parallel()
 	for _, args := range [][]string{
 		{"-workers", "0"},
 		{"-replicas", "0"},
@@ -165,6 +167,7 @@ func (l *testLog) seen(t *testing.T, size int64, root tlog.Hash) seenCheckpoint 
 }
 
 func TestCheckSeen(t *testing.T) {
+	t.Parallel()
 	l := newTestLog(t, 40)
 	final := l.seen(t, 40, tlog.Hash{}).cp
 	good := []seenCheckpoint{l.seen(t, 3, tlog.Hash{}), l.seen(t, 17, tlog.Hash{}), l.seen(t, 17, tlog.Hash{}), l.seen(t, 32, tlog.Hash{}), l.seen(t, 40, tlog.Hash{})}

@@ -160,6 +160,7 @@ func without(lines []string, i int) []string {
 }
 
 func TestVerifyExport(t *testing.T) {
+	t.Parallel()
 	e := newExport(t)
 	otherSigner, _ := func() (note.Signer, string) {
 		skey, vkey, _ := note.GenerateKey(rand.Reader, origin)
@@ -236,6 +237,7 @@ func TestVerifyExport(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			lines, cp := e.lines, e.cp
 			if tc.lines != nil {
 				lines = tc.lines
@@ -263,6 +265,7 @@ func TestVerifyExport(t *testing.T) {
 }
 
 func TestUsage(t *testing.T) {
+	t.Parallel()
 	e := newExport(t)
 	rp, cpp := write(t, e.lines, e.cp)
 	for _, args := range [][]string{
@@ -290,6 +293,7 @@ func TestUsage(t *testing.T) {
 // The real binary, built and run, exits 0 on the export and 1, naming
 // the receipt, on a tampered one.
 func TestBinary(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("builds the command")
 	}

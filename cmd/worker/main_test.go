@@ -15,8 +15,22 @@ import (
 
 const testToken = "nlc_000RxY9kz6ouWMJLgFtBDiYDMREKtrwCJfLBML0eaQHzOzSDhgW39sPXcZ1SIERix0BQRXB"
 
-// The provisioning token comes from a file or the environment, never from
-// the command line.
+// tokenFile writes testToken to a file of its own and returns the flag
+// that gives it: a test that needs a token but does not test where it
+// comes from leaves the environment alone, and can run in parallel.
+func tokenFile(t *testing.T) []string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "provisioning-token")
+	if err := os.WriteFile(path, []byte(testToken+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return []string{"-provisioning-token-file", path}
+}
+
+// TestProvisioningToken checks that the provisioning token comes from a
+// file or the environment, never from the command line. The cases that
+// set the environment run one at a time; those of bad files, which do
+// not read it, in parallel.
 func TestProvisioningToken(t *testing.T) {
 	dir := t.TempDir()
 	file := filepath.Join(dir, "token")
@@ -51,7 +65,7 @@ func TestProvisioningToken(t *testing.T) {
 	})
 	for name, content := range map[string]string{"empty": " \n", "two words": testToken + " " + testToken, "huge": strings.Repeat("a", maxTokenFile+1)} {
 		t.Run(name, func(t *testing.T) {
-			t.Setenv(provisioningEnv, "")
+			t.Parallel()
 			bad := filepath.Join(dir, strings.ReplaceAll(name, " ", "-"))
 			if err := os.WriteFile(bad, []byte(content), 0o600); err != nil {
 				t.Fatal(err)
@@ -62,7 +76,7 @@ func TestProvisioningToken(t *testing.T) {
 		})
 	}
 	t.Run("missing file", func(t *testing.T) {
-		t.Setenv(provisioningEnv, "")
+		t.Parallel()
 		if _, err := provisioningToken(filepath.Join(dir, "nothing")); err == nil {
 			t.Fatal("a missing token file is accepted")
 		}
@@ -93,6 +107,7 @@ func TestNoTokenOnCommandLine(t *testing.T) {
 // GPUs than the -gpu flags give, stops the worker before it creates its
 // identity or calls the server; so does a bad -tag.
 func TestConfigFlag(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	write := func(name, text string) string {
 		p := filepath.Join(dir, name)
@@ -112,9 +127,10 @@ func TestConfigFlag(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			t.Setenv(provisioningEnv, testToken)
+			t.Parallel()
 			id := filepath.Join(dir, tc.name+".json")
-			err := run(context.Background(), append([]string{"-identity", id, "-server", "http://127.0.0.1:1"}, tc.args...), io.Discard)
+			args := append(append([]string{"-identity", id, "-server", "http://127.0.0.1:1"}, tokenFile(t)...), tc.args...)
+			err := run(context.Background(), args, io.Discard)
 			if !errors.Is(err, tc.want) {
 				t.Errorf("run = %v, want %v", err, tc.want)
 			}

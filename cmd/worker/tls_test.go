@@ -12,10 +12,11 @@ import (
 	"github.com/nodelane/nodelane/workerapi/client"
 )
 
-// The transport flags: plain http to another machine needs
-// -insecure-http, and a bad -ca-file, -connect or -pin-sha256 stops the
-// worker before it calls anything.
+// TestTransportFlags checks the transport flags: plain http to another
+// machine needs -insecure-http, and a bad -ca-file, -connect or
+// -pin-sha256 stops the worker before it calls anything.
 func TestTransportFlags(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	notPEM := filepath.Join(dir, "not.pem")
 	if err := os.WriteFile(notPEM, []byte("not a certificate\n"), 0o600); err != nil {
@@ -34,16 +35,17 @@ func TestTransportFlags(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			t.Setenv(provisioningEnv, testToken)
-			err := run(context.Background(), append([]string{"-identity", filepath.Join(dir, "id.json"), "-nvidia-smi", "off", "-simulate-gpu"}, tc.args...), io.Discard)
+			t.Parallel()
+			args := append(append([]string{"-identity", filepath.Join(t.TempDir(), "id.json"), "-nvidia-smi", "off", "-simulate-gpu"}, tokenFile(t)...), tc.args...)
+			err := run(context.Background(), args, io.Discard)
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("run = %v, want an error naming %s", err, tc.want)
 			}
 		})
 	}
 	// The pin's error is the client's configuration error.
-	t.Setenv(provisioningEnv, testToken)
-	err := run(context.Background(), []string{"-identity", filepath.Join(dir, "id.json"), "-nvidia-smi", "off", "-simulate-gpu", "-server", "https://cp.example.com", "-pin-sha256", "abc"}, io.Discard)
+	args := append([]string{"-identity", filepath.Join(dir, "id.json"), "-nvidia-smi", "off", "-simulate-gpu", "-server", "https://cp.example.com", "-pin-sha256", "abc"}, tokenFile(t)...)
+	err := run(context.Background(), args, io.Discard)
 	if !errors.Is(err, client.ErrConfig) {
 		t.Errorf("a bad pin: %v, want client.ErrConfig", err)
 	}

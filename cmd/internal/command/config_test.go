@@ -11,6 +11,7 @@ import (
 )
 
 func TestParse(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	cfg, err := Parse(`
 tags = ["a100", "eu", "a100"]
@@ -52,6 +53,7 @@ command = ["bin/embed", "--fast"]
 }
 
 func TestParseRejects(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	if err := os.WriteFile(filepath.Join(dir, "file"), nil, 0o600); err != nil {
 		t.Fatal(err)
@@ -89,6 +91,7 @@ func TestParseRejects(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			_, err := Parse(tc.text, dir)
 			if err == nil {
 				t.Fatal("no error")
@@ -107,6 +110,7 @@ func TestParseRejects(t *testing.T) {
 }
 
 func TestLoad(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	path := filepath.Join(dir, "worker.toml")
 	if err := os.WriteFile(path, []byte("[[job]]\ntype = \"x\"\ncommand = [\"./run.sh\"]\n"), 0o600); err != nil {

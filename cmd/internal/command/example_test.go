@@ -20,6 +20,7 @@ import (
 // The documented example (cmd/commands: worker.toml and train.py)
 // loads, and, where python3 is installed, runs as docs/COMMANDS.md says.
 func TestDocumentedExample(t *testing.T) {
+	t.Parallel()
 	cfg, err := Load("../../commands/worker.toml")
 	if _, lookErr := exec.LookPath("python3"); lookErr != nil {
 		if !errors.Is(err, exec.ErrNotFound) {

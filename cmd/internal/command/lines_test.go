@@ -9,6 +9,7 @@ import (
 )
 
 func TestParseLine(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name, line string
 		progress   bool
@@ -35,6 +36,7 @@ func TestParseLine(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			p, a, err := ParseLine(tc.line)
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
@@ -54,6 +56,7 @@ func TestParseLine(t *testing.T) {
 }
 
 func TestReadLines(t *testing.T) {
+	t.Parallel()
 	long := strings.Repeat("é", 40) // 80 bytes
 	in := "a\r\nb\n\n" + long + "\nlast"
 	var got []string
@@ -79,6 +82,7 @@ func TestReadLines(t *testing.T) {
 }
 
 func TestBucket(t *testing.T) {
+	t.Parallel()
 	now := time.Unix(1000, 0)
 	b := newBucket(10, 5, func() time.Time { return now })
 	for i := range 5 {
@@ -104,6 +108,7 @@ func TestBucket(t *testing.T) {
 }
 
 func TestDevices(t *testing.T) {
+	t.Parallel()
 	if _, err := NewDevices([]string{"0", "0"}); err == nil {
 		t.Error("duplicate ids accepted")
 	}
@@ -140,6 +145,8 @@ func TestDevices(t *testing.T) {
 				held[id] = true
 			}
 			mu.Unlock()
+			// Held a moment, so that the holders overlap: the contention
+			// is what the test is about.
 			time.Sleep(time.Millisecond)
 			mu.Lock()
 			for _, id := range ids {
@@ -177,6 +184,7 @@ func TestDevices(t *testing.T) {
 }
 
 func TestQueue(t *testing.T) {
+	t.Parallel()
 	q := newQueue()
 	f := func(v float64) event { return event{p: &Progress{Fraction: &v}} }
 	for i := range maxPendingProgress + 10 {

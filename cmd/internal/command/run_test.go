@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nodelane/nodelane/internal/waitfor"
 	"github.com/nodelane/nodelane/workerapi/client"
 	"github.com/nodelane/nodelane/workerapi/wire"
 )
@@ -146,8 +147,9 @@ func failure(t *testing.T, err error) *Failure {
 }
 
 func TestRunSucceeds(t *testing.T) {
+	t.Parallel()
 	for _, mode := range modes {
-		t.Run(mode, func(t *testing.T) { testRunSucceeds(t, mode) })
+		t.Run(mode, func(t *testing.T) { t.Parallel(); testRunSucceeds(t, mode) })
 	}
 }
 
@@ -220,6 +222,7 @@ echo '{"loss": 0.25}' > "$NODELANE_OUTPUT_DIR/result.json"
 }
 
 func TestRunExitCodes(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name, script, extra, code string
 		retryable                 bool
@@ -234,6 +237,7 @@ func TestRunExitCodes(t *testing.T) {
 	for _, tc := range tests {
 		for _, mode := range modes {
 			t.Run(tc.name+"/"+mode, func(t *testing.T) {
+				t.Parallel()
 				testRunExitCode(t, mode, tc.script, tc.extra, tc.code, tc.retryable)
 			})
 		}
@@ -260,6 +264,7 @@ func testRunExitCode(t *testing.T, mode, script, extra, code string, retryable b
 }
 
 func TestRunNeedsGPUs(t *testing.T) {
+	t.Parallel()
 	cfg, err := Parse("[[job]]\ntype = \"t\"\ncommand = [\"/bin/true\"]\ngpus = 2\n", t.TempDir())
 	if err != nil {
 		t.Fatal(err)
@@ -291,30 +296,25 @@ func TestRunNeedsGPUs(t *testing.T) {
 // pids reads the pids a script wrote, one a line, waiting for n.
 func pids(t *testing.T, path string, n int) []int {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	var out []int
+	waitfor.Until(t, fmt.Sprintf("%d pids in %s", n, path), func() bool {
 		b, _ := os.ReadFile(path)
-		var out []int
+		out = out[:0]
 		for _, f := range strings.Fields(string(b)) {
 			if p, err := strconv.Atoi(f); err == nil {
 				out = append(out, p)
 			}
 		}
-		if len(out) >= n {
-			t.Cleanup(func() {
-				for _, p := range out {
-					if !processGone(p) {
-						_ = syscallKill(p)
-					}
-				}
-			})
-			return out
+		return len(out) >= n
+	})
+	t.Cleanup(func() {
+		for _, p := range out {
+			if !processGone(p) {
+				_ = syscallKill(p)
+			}
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the script wrote %q, want %d pids", b, n)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	})
+	return out
 }
 
 // checkGone fails unless every pid runs no more.
@@ -329,6 +329,7 @@ func checkGone(t *testing.T, ps []int) {
 }
 
 func TestRunCancelKillsTheGroup(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name, script string
 		grace        time.Duration
@@ -337,11 +338,13 @@ func TestRunCancelKillsTheGroup(t *testing.T) {
 		// The shell exits on SIGTERM; its grandchild sleep too.
 		{"grandchild", `sleep 1000 & echo $$ > "$PIDS"; echo $! >> "$PIDS"; wait`, 3 * time.Second, 0},
 		// SIGTERM ignored by the whole group: SIGKILL after kill_grace.
-		{"ignores SIGTERM", `trap '' TERM; sh -c 'trap "" TERM; sleep 1000' & echo $$ > "$PIDS"; echo $! >> "$PIDS"; while :; do sleep 1; done`, time.Second, time.Second},
+		// Each shell writes its pid once it ignores SIGTERM.
+		{"ignores SIGTERM", `trap '' TERM; sh -c 'trap "" TERM; echo $$ >> "$PIDS"; exec sleep 1000' & echo $$ >> "$PIDS"; while :; do sleep 1; done`, time.Second, time.Second},
 	}
 	for _, tc := range tests {
 		for _, mode := range modes {
 			t.Run(tc.name+"/"+mode, func(t *testing.T) {
+				t.Parallel()
 				testRunCancel(t, mode, tc.script, tc.grace, tc.atLeast)
 			})
 		}
@@ -350,12 +353,11 @@ func TestRunCancelKillsTheGroup(t *testing.T) {
 
 func testRunCancel(t *testing.T, mode, script string, grace, atLeast time.Duration) {
 	pidFile := filepath.Join(t.TempDir(), "pids")
-	e := executorIn(t, mode, "PIDS="+pidFile+"\n"+script, fmt.Sprintf("kill_grace = %q\ngpus = 0", grace), nil)
+	e := executorIn(t, mode, "export PIDS="+pidFile+"\n"+script, fmt.Sprintf("kill_grace = %q\ngpus = 0", grace), nil)
 	ctx, cancel := context.WithCancelCause(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- e.Run(ctx, testJob(), &recorder{}) }()
 	ps := pids(t, pidFile, 2)
-	time.Sleep(100 * time.Millisecond)
 	start := time.Now()
 	cancel(client.ErrJobCanceled)
 	select {
@@ -375,8 +377,9 @@ func testRunCancel(t *testing.T, mode, script string, grace, atLeast time.Durati
 // A process left in the background, holding the pipes, is killed when
 // the command exits: it neither survives nor hangs the run.
 func TestRunSweepsTheGroupOnExit(t *testing.T) {
+	t.Parallel()
 	for _, mode := range modes {
-		t.Run(mode, func(t *testing.T) { testRunSweeps(t, mode) })
+		t.Run(mode, func(t *testing.T) { t.Parallel(); testRunSweeps(t, mode) })
 	}
 }
 
@@ -394,6 +397,7 @@ func testRunSweeps(t *testing.T, mode string) {
 }
 
 func TestRunRefusesArtifactEscapes(t *testing.T) {
+	t.Parallel()
 	secret := filepath.Join(t.TempDir(), "secret")
 	if err := os.WriteFile(secret, []byte("secret"), 0o600); err != nil {
 		t.Fatal(err)
@@ -433,6 +437,7 @@ echo 'nodelane:artifact {"path": "missing"}'
 
 // A flood of output neither blocks the process nor floods the log.
 func TestRunFlood(t *testing.T) {
+	t.Parallel()
 	e := executor(t, `head -c 100000 /dev/zero | tr '\0' x; echo; echo end >&2; yes "a line of output" | head -n 300000`, "gpus = 0", nil)
 	rec := &recorder{}
 	start := time.Now()
@@ -459,6 +464,7 @@ func TestRunFlood(t *testing.T) {
 // cannot hang the run: the worker stops reading readerGrace after the
 // group is gone.
 func TestRunEscapedProcessDoesNotHang(t *testing.T) {
+	t.Parallel()
 	setsid, err := exec.LookPath("setsid")
 	if err != nil {
 		t.Fatalf("setsid (util-linux) is needed: %v", err)

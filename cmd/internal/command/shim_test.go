@@ -5,6 +5,7 @@ package command
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/nodelane/nodelane/internal/waitfor"
 )
 
 // stubborn is a script whose shell ignores SIGTERM and prints nothing,
@@ -24,25 +27,20 @@ setsid sh -c 'trap "" TERM; echo $$ >> "$PIDS.tmp"; mv "$PIDS.tmp" "$PIDS"; exec
 while :; do sleep 1; done
 `
 
-// waitGone polls until every pid runs no more, or the deadline.
+// waitGone waits until every pid runs no more, failing the test after
+// within, and says how long it took.
 func waitGone(t *testing.T, ps []int, within time.Duration) time.Duration {
 	t.Helper()
 	start := time.Now()
-	for {
-		left := 0
+	waitfor.Within(t, within, fmt.Sprintf("the processes %v to end", ps), func() bool {
 		for _, p := range ps {
 			if !processGone(p) {
-				left++
+				return false
 			}
 		}
-		if left == 0 {
-			return time.Since(start)
-		}
-		if time.Since(start) > within {
-			t.Fatalf("%d of the processes %v still run after %v", left, ps, within)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return true
+	})
+	return time.Since(start)
 }
 
 // When the worker's end of the control pipe closes (the worker died),
@@ -129,6 +127,7 @@ func TestShimStartFails(t *testing.T) {
 
 // The state file lists each running command (0600) and none once done.
 func TestStateFileTracksRuns(t *testing.T) {
+	t.Parallel()
 	for _, mode := range modes {
 		t.Run(mode, func(t *testing.T) {
 			t.Parallel()
@@ -138,6 +137,7 @@ func TestStateFileTracksRuns(t *testing.T) {
 			done := make(chan error, 1)
 			go func() { done <- e.Run(ctx, testJob(), &recorder{}) }()
 			leader := pids(t, pidFile, 1)[0]
+			s := waitRun(t, e.opts.Workdir)
 			path := filepath.Join(e.opts.Workdir, StateFile)
 			fi, err := os.Stat(path)
 			if err != nil {
@@ -145,10 +145,6 @@ func TestStateFileTracksRuns(t *testing.T) {
 			}
 			if fi.Mode().Perm() != 0o600 {
 				t.Errorf("state file mode %v", fi.Mode())
-			}
-			s, err := readState(e.opts.Workdir)
-			if err != nil || len(s.Runs) != 1 {
-				t.Fatalf("state %+v %v", s, err)
 			}
 			r := s.Runs[0]
 			st, _ := readStat(leader)
@@ -165,6 +161,23 @@ func TestStateFileTracksRuns(t *testing.T) {
 			}
 		})
 	}
+}
+
+// waitRun waits for the state file of workdir to list one run, and
+// returns it. The command may run (and write its pids) a moment before
+// the executor records it.
+func waitRun(t *testing.T, workdir string) *state {
+	t.Helper()
+	var s *state
+	waitfor.Until(t, "the state file to list the run", func() bool {
+		var err error
+		s, err = readState(workdir)
+		if err != nil {
+			t.Fatalf("state file: %v", err)
+		}
+		return len(s.Runs) == 1
+	})
+	return s
 }
 
 // startStubborn starts the stubborn script in a group of its own, as a
@@ -237,9 +250,9 @@ func TestKillLeftoversKillsALiveShim(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- e.Run(context.Background(), testJob(), &recorder{}) }()
 	leader := pids(t, pidFile, 1)[0]
-	s, err := readState(e.opts.Workdir)
-	if err != nil || len(s.Runs) != 1 || s.Runs[0].ShimPID == 0 {
-		t.Fatalf("state %+v %v", s, err)
+	s := waitRun(t, e.opts.Workdir)
+	if s.Runs[0].ShimPID == 0 {
+		t.Fatalf("state %+v: no shim", s)
 	}
 	killed, err := KillLeftovers(e.opts.Workdir, 5*time.Second)
 	if err != nil {

@@ -52,6 +52,9 @@ type Options struct {
 	MaxLeasesPerWorker int
 	CancelGrace        time.Duration
 	MaxRuntime         time.Duration
+	// RetryBase is workerapi.Config.Lease.RetryBase: the backoff before a
+	// job's second attempt.
+	RetryBase time.Duration
 	// Retention is workerapi.Config.Lease.Retention: 0 keeps every job.
 	Retention time.Duration
 	// HeartbeatInterval and OfflineAfter are workerapi.Config's.
@@ -123,7 +126,7 @@ func Open(ctx context.Context, o Options) (*ControlPlane, error) {
 		Lease: lease.Config{
 			LeaseTTL: o.LeaseTTL, AcceptTimeout: o.AcceptTimeout, CancelGrace: o.CancelGrace, MaxRuntime: o.MaxRuntime,
 			HeartbeatInterval: o.HeartbeatInterval, OfflineAfter: o.OfflineAfter,
-			MaxLeasesPerWorker: o.MaxLeasesPerWorker, Retention: o.Retention,
+			MaxLeasesPerWorker: o.MaxLeasesPerWorker, Retention: o.Retention, RetryBase: o.RetryBase,
 		},
 		MaintainInterval: o.MaintainInterval,
 		ApproveNodes:     o.ApproveNodes,

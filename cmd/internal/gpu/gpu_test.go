@@ -16,6 +16,7 @@ import (
 )
 
 func TestSKU(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct{ name, want string }{
 		{"NVIDIA GeForce RTX 4090", "rtx-4090"},
 		{"NVIDIA GeForce RTX 4090 D", "rtx-4090-d"},
@@ -52,6 +53,7 @@ func TestSKU(t *testing.T) {
 		{strings.Repeat("abcdefghi ", 10), strings.TrimSuffix(strings.Repeat("abcdefghi-", 6), "-")},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			got := SKU(tc.name)
 			if got != tc.want {
 				t.Errorf("SKU(%q) = %q, want %q", tc.name, got, tc.want)
@@ -75,6 +77,18 @@ func fake(t *testing.T, answers map[string]string) string {
 	return path
 }
 
+// fakePath writes a fake nvidia-smi with answers and returns its path,
+// for a test that passes it to Discover and leaves PATH alone (and so can
+// run in parallel).
+func fakePath(t *testing.T, answers map[string]string) string {
+	t.Helper()
+	_, path := gputest.Write(t, answers)
+	return path
+}
+
+// TestDiscover checks Discover's parsing of nvidia-smi's answer. The
+// cases that look nvidia-smi up on PATH set it, one at a time; the others
+// name the fake and run in parallel.
 func TestDiscover(t *testing.T) {
 	ctx := context.Background()
 	t.Run("two GPUs from PATH", func(t *testing.T) {
@@ -94,7 +108,7 @@ func TestDiscover(t *testing.T) {
 			t.Errorf("GPUs = %+v", g)
 		}
 	})
-	t.Run("a path given", func(t *testing.T) {
+	t.Run("a path given, none on PATH", func(t *testing.T) {
 		_, path := gputest.Write(t, gputest.TwoGPUs)
 		t.Setenv("PATH", t.TempDir())
 		if got, err := Discover(ctx, path); err != nil || len(got) != 2 {
@@ -102,8 +116,9 @@ func TestDiscover(t *testing.T) {
 		}
 	})
 	t.Run("N/A and odd spacing", func(t *testing.T) {
-		fake(t, map[string]string{gputest.DiscoverQuery: "\n  0 ,GPU-0,  [N/A] , [Not Supported]\r\n\n1,GPU-1,NVIDIA H100 80GB HBM3,81559.0\n   \n"})
-		got, err := Discover(ctx, "")
+		t.Parallel()
+		path := fakePath(t, map[string]string{gputest.DiscoverQuery: "\n  0 ,GPU-0,  [N/A] , [Not Supported]\r\n\n1,GPU-1,NVIDIA H100 80GB HBM3,81559.0\n   \n"})
+		got, err := Discover(ctx, path)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -116,8 +131,9 @@ func TestDiscover(t *testing.T) {
 		}
 	})
 	t.Run("none", func(t *testing.T) {
-		fake(t, map[string]string{gputest.DiscoverQuery: ""})
-		if got, err := Discover(ctx, ""); err != nil || len(got) != 0 {
+		t.Parallel()
+		path := fakePath(t, map[string]string{gputest.DiscoverQuery: ""})
+		if got, err := Discover(ctx, path); err != nil || len(got) != 0 {
 			t.Fatalf("Discover = %+v, %v; want no GPU", got, err)
 		}
 	})
@@ -139,8 +155,9 @@ func TestDiscover(t *testing.T) {
 		{"too many GPUs", manyLines(MaxDevices+1, "%d, GPU-%d, NVIDIA L4, 23034\n"), "", "more than 64 GPUs listed"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			fake(t, map[string]string{gputest.DiscoverQuery: tc.answer})
-			got, err := Discover(ctx, "")
+			t.Parallel()
+			path := fakePath(t, map[string]string{gputest.DiscoverQuery: tc.answer})
+			got, err := Discover(ctx, path)
 			var pe *ParseError
 			if !errors.As(err, &pe) {
 				t.Fatalf("Discover = %+v, %v; want a *ParseError", got, err)
@@ -151,8 +168,9 @@ func TestDiscover(t *testing.T) {
 		})
 	}
 	t.Run("64 GPUs", func(t *testing.T) {
-		fake(t, map[string]string{gputest.DiscoverQuery: manyLines(MaxDevices, "%d, GPU-%d, NVIDIA L4, 23034\n")})
-		if got, err := Discover(ctx, ""); err != nil || len(got) != MaxDevices {
+		t.Parallel()
+		path := fakePath(t, map[string]string{gputest.DiscoverQuery: manyLines(MaxDevices, "%d, GPU-%d, NVIDIA L4, 23034\n")})
+		if got, err := Discover(ctx, path); err != nil || len(got) != MaxDevices {
 			t.Fatalf("Discover found %d GPUs, %v; want %d", len(got), err, MaxDevices)
 		}
 	})
@@ -166,6 +184,8 @@ func manyLines(n int, format string) string {
 	return b.String()
 }
 
+// TestDiscoverFailures checks Discover's errors: no nvidia-smi, one that
+// fails, is given the wrong arguments, hangs, or writes without end.
 func TestDiscoverFailures(t *testing.T) {
 	ctx := context.Background()
 	t.Run("not on PATH", func(t *testing.T) {
@@ -176,12 +196,14 @@ func TestDiscoverFailures(t *testing.T) {
 		}
 	})
 	t.Run("not at the path given", func(t *testing.T) {
+		t.Parallel()
 		_, err := Discover(ctx, filepath.Join(t.TempDir(), "nvidia-smi"))
 		if !errors.Is(err, ErrNoNvidiaSMI) {
 			t.Fatalf("Discover = %v, want ErrNoNvidiaSMI", err)
 		}
 	})
 	t.Run("not executable", func(t *testing.T) {
+		t.Parallel()
 		_, path := gputest.Write(t, gputest.TwoGPUs)
 		if err := os.Chmod(path, 0o644); err != nil {
 			t.Fatal(err)
@@ -192,8 +214,9 @@ func TestDiscoverFailures(t *testing.T) {
 		}
 	})
 	t.Run("fails", func(t *testing.T) {
-		fake(t, map[string]string{gputest.DiscoverQuery: "#!echo 'NVIDIA-SMI has failed because it could not communicate with the NVIDIA driver.'; exit 9"})
-		_, err := Discover(ctx, "")
+		t.Parallel()
+		path := fakePath(t, map[string]string{gputest.DiscoverQuery: "#!echo 'NVIDIA-SMI has failed because it could not communicate with the NVIDIA driver.'; exit 9"})
+		_, err := Discover(ctx, path)
 		if err == nil || !strings.Contains(err.Error(), "exit status 9") || !strings.Contains(err.Error(), "could not communicate") {
 			t.Fatalf("Discover = %v, want exit status 9 and nvidia-smi's message", err)
 		}
@@ -201,16 +224,18 @@ func TestDiscoverFailures(t *testing.T) {
 	t.Run("wrong arguments", func(t *testing.T) {
 		// The fake knows only the sampler's query: Discover's arguments are
 		// checked.
-		fake(t, map[string]string{gputest.SampleQuery: "0, GPU-0, 1, 1, 1, 1"})
-		_, err := Discover(ctx, "")
+		t.Parallel()
+		path := fakePath(t, map[string]string{gputest.SampleQuery: "0, GPU-0, 1, 1, 1, 1"})
+		_, err := Discover(ctx, path)
 		if err == nil || !strings.Contains(err.Error(), "unexpected argument --query-gpu="+gputest.DiscoverQuery) {
 			t.Fatalf("Discover = %v, want the fake's complaint", err)
 		}
 	})
 	t.Run("hangs", func(t *testing.T) {
-		fake(t, map[string]string{gputest.DiscoverQuery: "#!sleep 5"})
+		t.Parallel()
+		path := fakePath(t, map[string]string{gputest.DiscoverQuery: "#!sleep 5"})
 		start := time.Now()
-		_, err := discover(ctx, "", 300*time.Millisecond)
+		_, err := discover(ctx, path, 300*time.Millisecond)
 		if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "did not answer within 300ms") {
 			t.Fatalf("discover = %v, want a timeout", err)
 		}
@@ -221,18 +246,20 @@ func TestDiscoverFailures(t *testing.T) {
 		}
 	})
 	t.Run("caller's context", func(t *testing.T) {
-		fake(t, map[string]string{gputest.DiscoverQuery: "#!exec sleep 5"})
+		t.Parallel()
+		path := fakePath(t, map[string]string{gputest.DiscoverQuery: "#!exec sleep 5"})
 		cctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
 		defer cancel()
-		_, err := Discover(cctx, "")
+		_, err := Discover(cctx, path)
 		if !errors.Is(err, context.DeadlineExceeded) || strings.Contains(err.Error(), "did not answer") {
 			t.Fatalf("Discover = %v, want the caller's deadline", err)
 		}
 	})
 	t.Run("megabytes", func(t *testing.T) {
-		fake(t, map[string]string{gputest.DiscoverQuery: "#!i=0; while [ $i -lt 100000 ]; do echo \"$i, GPU-$i, NVIDIA GeForce RTX 4090, 24564\"; i=$((i+1)); done"})
+		t.Parallel()
+		path := fakePath(t, map[string]string{gputest.DiscoverQuery: "#!i=0; while [ $i -lt 100000 ]; do echo \"$i, GPU-$i, NVIDIA GeForce RTX 4090, 24564\"; i=$((i+1)); done"})
 		start := time.Now()
-		_, err := Discover(ctx, "")
+		_, err := Discover(ctx, path)
 		if !errors.Is(err, ErrOutputTooLarge) || !strings.Contains(err.Error(), fmt.Sprint(MaxOutputBytes)) {
 			t.Fatalf("Discover = %v, want ErrOutputTooLarge", err)
 		}

@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -15,6 +17,7 @@ import (
 	"time"
 
 	"github.com/nodelane/nodelane/cmd/internal/gpu/gputest"
+	"github.com/nodelane/nodelane/internal/waitfor"
 	"github.com/nodelane/nodelane/workerapi/wire"
 )
 
@@ -46,6 +49,7 @@ func marshal(t *testing.T, v any) string {
 }
 
 func TestSampler(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	clk := &clock{t: time.Date(2026, 12, 1, 22, 30, 0, 0, time.UTC)}
 	var logs bytes.Buffer
@@ -127,6 +131,7 @@ func writeOver(path, answer string) error {
 // The largest answer a Sampler accepts marshals within the heartbeat's
 // bound; one GPU more is refused.
 func TestSamplerBound(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	line := func(i int) string {
 		uuid := fmt.Sprintf("GPU-%0*d", MaxUUIDBytes-4, i)
@@ -167,6 +172,7 @@ func TestSamplerBound(t *testing.T) {
 // A hung nvidia-smi fails the sample within Timeout; Run stops with its
 // context, and Metrics never waits for a sample.
 func TestSamplerRun(t *testing.T) {
+	t.Parallel()
 	_, path := gputest.Write(t, map[string]string{gputest.SampleQuery: "#!exec /bin/sleep 5"})
 	s := NewSampler(&SamplerConfig{Path: path, Timeout: 200 * time.Millisecond, Interval: 50 * time.Millisecond})
 	start := time.Now()
@@ -178,13 +184,21 @@ func TestSamplerRun(t *testing.T) {
 		t.Errorf("a hung sample took %v", d)
 	}
 
+	// The fake notes that it was started, then hangs.
+	started := filepath.Join(t.TempDir(), "started")
+	if err := gputest.Rewrite(path, map[string]string{gputest.SampleQuery: "#!: > " + started + "; exec /bin/sleep 5"}); err != nil {
+		t.Fatal(err)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
 		s.Run(ctx)
 		close(done)
 	}()
-	time.Sleep(100 * time.Millisecond) // Run is in a sample now
+	waitfor.Until(t, "Run to be in a sample", func() bool {
+		_, err := os.Stat(started)
+		return err == nil
+	})
 	start = time.Now()
 	if got := marshal(t, s.Metrics()); got != `{"gpus":[]}` {
 		t.Errorf("Metrics = %s", got)
@@ -195,13 +209,7 @@ func TestSamplerRun(t *testing.T) {
 	if err := gputest.Rewrite(path, gputest.TwoGPUs); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for len(s.Metrics().GPUs) != 2 {
-		if time.Now().After(deadline) {
-			t.Fatal("Run did not sample the two GPUs")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	waitfor.Within(t, 10*time.Second, "Run to sample the two GPUs", func() bool { return len(s.Metrics().GPUs) == 2 })
 	cancel()
 	select {
 	case <-done:

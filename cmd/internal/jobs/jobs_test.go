@@ -3,6 +3,7 @@ package jobs
 import "testing"
 
 func TestParseGPU(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		in   string
 		sku  string
@@ -18,6 +19,7 @@ func TestParseGPU(t *testing.T) {
 		{"x:abc", "", 0, false},
 	} {
 		t.Run(tc.in, func(t *testing.T) {
+			t.Parallel()
 			g, err := ParseGPU(tc.in)
 			if (err == nil) != tc.ok || g.SKU != tc.sku || g.VRAMMB != tc.vram {
 				t.Errorf("ParseGPU(%q) = %+v, %v", tc.in, g, err)
@@ -27,6 +29,7 @@ func TestParseGPU(t *testing.T) {
 }
 
 func TestRegistration(t *testing.T) {
+	t.Parallel()
 	r := Registration("n1", "", nil, 2)
 	if r.NodeID != "n1" || r.Name != "n1" || r.GovernorLimits.MaxJobs != 2 || len(r.Capabilities.JobTypes) != 3 {
 		t.Errorf("Registration = %+v", r)

@@ -70,8 +70,10 @@ func logOf(t *testing.T, n int) (export []byte, cp *receipts.Checkpoint, vkey st
 // Write gives, from the listed receipts, the bytes of the log's own
 // export, proofs included; and Verify accepts them.
 func TestWriteIsExport(t *testing.T) {
+	t.Parallel()
 	for _, n := range []int{1, 2, 7, 16, 33} {
 		t.Run(fmt.Sprint(n), func(t *testing.T) {
+			t.Parallel()
 			want, cp, vkey, listed := logOf(t, n)
 			var got bytes.Buffer
 			if err := Write(&got, listed, cp.Size); err != nil {
@@ -100,6 +102,7 @@ func TestWriteIsExport(t *testing.T) {
 }
 
 func TestWriteRefusesAListingOutOfOrder(t *testing.T) {
+	t.Parallel()
 	_, cp, _, listed := logOf(t, 5)
 	// A listing longer than the checkpoint is cut at its size.
 	var buf bytes.Buffer

@@ -88,6 +88,7 @@ func (f *fixture) checkNoKeyLogged(t *testing.T) {
 }
 
 func TestReloaderChangeDetection(t *testing.T) {
+	t.Parallel()
 	ca := testpki.NewCA(t, "tlsserve test CA")
 	a, b := ca.Leaf(t), ca.Leaf(t)
 	f := newFixture(t, a)
@@ -137,6 +138,7 @@ func TestReloaderChangeDetection(t *testing.T) {
 // apart by its inode; a symlink retargeted (certbot's live/ directory) is
 // followed.
 func TestReloaderSameSizeAndTimeAndSymlinks(t *testing.T) {
+	t.Parallel()
 	ca := testpki.NewCA(t, "tlsserve test CA")
 	a, b := ca.Leaf(t), ca.Leaf(t)
 	// Same sizes: pad the shorter PEM with trailing newlines, which PEM
@@ -216,6 +218,7 @@ func TestReloaderSameSizeAndTimeAndSymlinks(t *testing.T) {
 // A pair that does not load keeps the certificate served; the failure is
 // logged once per change of the files, and the next good change is served.
 func TestReloaderBadPairKeepsOld(t *testing.T) {
+	t.Parallel()
 	ca := testpki.NewCA(t, "tlsserve test CA")
 	a, b, c := ca.Leaf(t), ca.Leaf(t), ca.Leaf(t)
 	f := newFixture(t, a)
@@ -265,6 +268,7 @@ func TestReloaderBadPairKeepsOld(t *testing.T) {
 // Reload (SIGHUP) reads the files now, whatever the clock; a failed
 // Reload returns the error and keeps the certificate.
 func TestReloaderReload(t *testing.T) {
+	t.Parallel()
 	ca := testpki.NewCA(t, "tlsserve test CA")
 	a, b, c := ca.Leaf(t), ca.Leaf(t), ca.Leaf(t)
 	f := newFixture(t, a)
@@ -288,6 +292,7 @@ func TestReloaderReload(t *testing.T) {
 }
 
 func TestNewReloaderErrors(t *testing.T) {
+	t.Parallel()
 	ca := testpki.NewCA(t, "tlsserve test CA")
 	a, b := ca.Leaf(t), ca.Leaf(t)
 	dir := t.TempDir()
@@ -315,6 +320,7 @@ func TestNewReloaderErrors(t *testing.T) {
 		{"mismatched key", cert, otherKey, []string{otherKey, "does not match"}, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			_, err := NewReloader(tc.cert, tc.key, nil)
 			if err == nil {
 				t.Fatal("loaded")

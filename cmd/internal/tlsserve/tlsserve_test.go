@@ -33,6 +33,7 @@ func parse(t *testing.T, args ...string) (*Flags, error) {
 }
 
 func TestFlagsCheck(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name string
 		args []string
@@ -71,6 +72,7 @@ func TestFlagsCheck(t *testing.T) {
 		{"email garbage", []string{"-acme-domain", "cp.example.com", "-acme-email", "ops"}, "bare address"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			f, err := parse(t, tc.args...)
 			if tc.want == "" {
 				if err != nil {
@@ -94,6 +96,7 @@ func TestFlagsCheck(t *testing.T) {
 }
 
 func TestRedirectHandler(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name, port, method, target, host, want string
 	}{
@@ -107,6 +110,7 @@ func TestRedirectHandler(t *testing.T) {
 		{"options star", "443", "OPTIONS", "*", "h.example", "https://h.example/"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			req := httptest.NewRequest(tc.method, tc.target, strings.NewReader("body"))
 			req.Host = tc.host
 			rec := httptest.NewRecorder()
@@ -129,6 +133,7 @@ func TestRedirectHandler(t *testing.T) {
 // least, the certificate verifies against its CA, and the plain HTTP
 // handler only redirects.
 func TestServerFiles(t *testing.T) {
+	t.Parallel()
 	ca := testpki.NewCA(t, "tlsserve test CA")
 	l := ca.Leaf(t)
 	dir := t.TempDir()
@@ -190,6 +195,7 @@ func TestServerFiles(t *testing.T) {
 }
 
 func TestServerACMESetup(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	caFile := filepath.Join(dir, "ca.pem")
 	if err := os.WriteFile(caFile, testpki.NewCA(t, "tlsserve test CA").Leaf(t).CertPEM, 0o600); err != nil {
@@ -262,6 +268,7 @@ func TestServerACMESetup(t *testing.T) {
 		{"garbage ca file", []string{"-acme-dir", acmeDir, "-acme-ca-file", garbage}, "garbage.pem"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			f, err := parse(t, append([]string{"-acme-domain", "cp.example.com"}, tc.args...)...)
 			if err != nil {
 				t.Fatal(err)

@@ -4,7 +4,9 @@
 package gputest
 
 import (
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -64,8 +66,24 @@ case "$1" in
 esac
 `)
 	tmp := path + ".new"
-	if err := os.WriteFile(tmp, []byte(b.String()), 0o755); err != nil {
+	if err := WriteExecutable(tmp, b.String()); err != nil {
 		return err
 	}
 	return os.Rename(tmp, path)
+}
+
+// WriteExecutable writes an executable file (mode 0755) through a child
+// process, so that this process never holds it open for writing. A file
+// this process wrote itself could not be run at once when tests run in
+// parallel: a child forked meanwhile by another test inherits the
+// writing descriptor until it execs, and running the file fails with
+// "text file busy" (ETXTBSY) until then.
+func WriteExecutable(path, content string) error {
+	cmd := exec.Command("/bin/sh", "-c", `cat > "$1" && chmod 755 "$1"`, "sh", path)
+	cmd.Env = []string{"PATH=/usr/bin:/bin"} // whatever the test made of PATH
+	cmd.Stdin = strings.NewReader(content)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("writing %s: %v: %s", path, err, out)
+	}
+	return nil
 }

@@ -87,7 +87,7 @@ func (f *cacheFixture) verify(t *testing.T) (error, bool) {
 // then serves them from memory: what it returns are copies, and a change
 // made through the DB is seen at once, in and out of a transaction.
 func TestCacheReads(t *testing.T) {
-	for _, d := range testdb.Dialects() {
+	for _, d := range bunstore.MigratedDialects() {
 		t.Run(d.Name, func(t *testing.T) {
 			ctx := context.Background()
 			qc := &queryCounter{}
@@ -163,7 +163,7 @@ func TestCacheReads(t *testing.T) {
 // A negative CacheTTL turns the cache off: every read is a statement.
 func TestCacheOff(t *testing.T) {
 	qc := &queryCounter{}
-	db := cached(t, testdb.SQLite(t), -1, qc)
+	db := cached(t, bunstore.Migrated.New(t), -1, qc)
 	f := newCacheFixture(t, db, pepper32())
 	before := qc.stmts.Load()
 	for range 3 {
@@ -180,7 +180,7 @@ func TestCacheOff(t *testing.T) {
 // the SQLite file, a replica when this DB has no Notifier) is seen once
 // the entry's CacheTTL has passed, not before.
 func TestCacheTTL(t *testing.T) {
-	for _, d := range testdb.Dialects() {
+	for _, d := range bunstore.MigratedDialects() {
 		t.Run(d.Name, func(t *testing.T) {
 			ctx := context.Background()
 			tdb := d.New(t)

@@ -18,7 +18,7 @@ import (
 // and a plan that fails. Each call must get what it would have got alone,
 // and no other call's error.
 func TestClaimBatch(t *testing.T) {
-	for _, d := range testdb.Dialects() {
+	for _, d := range MigratedDialects() {
 		t.Run(d.Name, func(t *testing.T) { testClaimBatch(t, d.New(t)) })
 	}
 }

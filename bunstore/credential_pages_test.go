@@ -7,7 +7,6 @@ import (
 	"testing"
 
 	"github.com/nodelane/nodelane/credential"
-	"github.com/nodelane/nodelane/internal/testdb"
 )
 
 // A page of credentials, of one principal or of all, is read from an
@@ -15,7 +14,7 @@ import (
 // its cost does not grow with the credentials a principal holds.
 func TestCredentialPagesUseAnIndex(t *testing.T) {
 	ctx := context.Background()
-	for _, d := range testdb.Dialects() {
+	for _, d := range MigratedDialects() {
 		t.Run(d.Name, func(t *testing.T) {
 			db, err := Open(ctx, d.New(t).DSN, nil)
 			if err != nil {

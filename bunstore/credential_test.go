@@ -13,11 +13,10 @@ import (
 	"github.com/nodelane/nodelane/bunstore"
 	"github.com/nodelane/nodelane/credential"
 	"github.com/nodelane/nodelane/credential/credentialtest"
-	"github.com/nodelane/nodelane/internal/testdb"
 )
 
 func TestCredentialStore(t *testing.T) {
-	for _, d := range testdb.Dialects() {
+	for _, d := range bunstore.MigratedDialects() {
 		t.Run(d.Name, func(t *testing.T) {
 			credentialtest.Run(t, func(t *testing.T) credential.Store {
 				return open(t, d.New(t)).CredentialStore()
@@ -43,7 +42,7 @@ func newIssuer(t testing.TB, db *bunstore.DB) (*credential.Issuer, []byte) {
 // bytes, scopes as one space-separated string, times in microseconds.
 func TestCredentialRows(t *testing.T) {
 	ctx := context.Background()
-	for _, d := range testdb.Dialects() {
+	for _, d := range bunstore.MigratedDialects() {
 		t.Run(d.Name, func(t *testing.T) {
 			tdb := d.New(t)
 			db := open(t, tdb)
@@ -99,7 +98,7 @@ func TestCredentialRows(t *testing.T) {
 // space-separated column cannot hold are refused rather than mangled.
 func TestCredentialStoreInTx(t *testing.T) {
 	ctx := context.Background()
-	for _, d := range testdb.Dialects() {
+	for _, d := range bunstore.MigratedDialects() {
 		t.Run(d.Name, func(t *testing.T) {
 			db := open(t, d.New(t))
 			s := db.CredentialStore()
@@ -148,7 +147,7 @@ func TestCredentialStoreInTx(t *testing.T) {
 // principal), one HMAC and a constant-time compare.
 func BenchmarkCredentialVerify(b *testing.B) {
 	ctx := context.Background()
-	for _, d := range testdb.Dialects() {
+	for _, d := range bunstore.MigratedDialects() {
 		b.Run(d.Name, func(b *testing.B) {
 			db := open(b, d.New(b))
 			is, _ := newIssuer(b, db)

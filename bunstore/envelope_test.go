@@ -6,13 +6,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nodelane/nodelane/bunstore"
 	"github.com/nodelane/nodelane/envelope"
 	"github.com/nodelane/nodelane/envelope/envelopetest"
-	"github.com/nodelane/nodelane/internal/testdb"
 )
 
 func TestEnvelopeStore(t *testing.T) {
-	for _, d := range testdb.Dialects() {
+	for _, d := range bunstore.MigratedDialects() {
 		t.Run(d.Name, func(t *testing.T) {
 			envelopetest.Run(t, func(t *testing.T) envelope.Store {
 				return open(t, d.New(t)).EnvelopeStore()
@@ -23,7 +23,7 @@ func TestEnvelopeStore(t *testing.T) {
 
 // Two handles on one database stand for two replicas.
 func TestEnvelopeStoreReplicas(t *testing.T) {
-	for _, d := range testdb.Dialects() {
+	for _, d := range bunstore.MigratedDialects() {
 		t.Run(d.Name, func(t *testing.T) {
 			envelopetest.RunShared(t, func(t *testing.T) (envelope.Store, envelope.Store) {
 				db := d.New(t)
@@ -39,7 +39,7 @@ func TestEnvelopeStoreReplicas(t *testing.T) {
 func TestEnvelopeInTx(t *testing.T) {
 	ctx := context.Background()
 	now := time.Date(2026, 11, 30, 9, 0, 0, 0, time.UTC)
-	for _, d := range testdb.Dialects() {
+	for _, d := range bunstore.MigratedDialects() {
 		t.Run(d.Name, func(t *testing.T) {
 			db := open(t, d.New(t))
 			g, err := envelope.NewGate(db.EnvelopeStore(), &envelope.Config{Now: func() time.Time { return now }})

@@ -3,6 +3,8 @@ package bunstore
 import (
 	"context"
 	"time"
+
+	"github.com/nodelane/nodelane/internal/testdb"
 )
 
 // SetObserver sets the function that sees every statement bunstore runs
@@ -11,3 +13,21 @@ func SetObserver(db *DB, f func(ctx context.Context, query string)) { db.observe
 
 // SetCacheClock sets the clock the DB's read cache ages its entries by.
 func SetCacheClock(db *DB, now func() time.Time) { db.cache.now = now }
+
+// Migrated makes SQLite databases that start migrated: copies of one that
+// Open migrated once per test binary, so that a test's store costs a
+// file copy rather than a migration. Open on a copy checks the
+// migrations and finds them done. Tests of the migrations themselves use
+// empty databases (testdb.Dialects).
+var Migrated = testdb.NewSQLiteTemplate(func(dsn string) error {
+	db, err := Open(context.Background(), dsn, nil)
+	if err != nil {
+		return err
+	}
+	return db.Close()
+})
+
+// MigratedDialects is testdb.Dialects with SQLite databases from Migrated.
+func MigratedDialects() []testdb.Dialect {
+	return []testdb.Dialect{{Name: "sqlite", New: Migrated.New}, {Name: "postgres", New: testdb.Postgres}}
+}

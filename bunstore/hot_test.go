@@ -39,7 +39,7 @@ func leasedJobs(t *testing.T, ctx context.Context, m *lease.Manager, n int) []le
 // shared statements, each get their own answer: a wrong token or a
 // second completion in the same gathering costs the others nothing.
 func TestGatheredTransitions(t *testing.T) {
-	for _, d := range testdb.Dialects() {
+	for _, d := range bunstore.MigratedDialects() {
 		t.Run(d.Name, func(t *testing.T) {
 			ctx := context.Background()
 			m := lease.NewManager(open(t, d.New(t)).LeaseStore(), nil)
@@ -125,7 +125,7 @@ func TestGatheredTransitions(t *testing.T) {
 // several writes applies exactly those whose guard holds, the first of
 // two for one job, and answers in the order of the writes.
 func TestGuardedWrites(t *testing.T) {
-	for _, d := range testdb.Dialects() {
+	for _, d := range bunstore.MigratedDialects() {
 		t.Run(d.Name, func(t *testing.T) {
 			ctx := context.Background()
 			now := time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC)

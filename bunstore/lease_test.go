@@ -26,7 +26,7 @@ func open(t testing.TB, d testdb.DB) *bunstore.DB {
 }
 
 func TestLeaseStore(t *testing.T) {
-	for _, d := range testdb.Dialects() {
+	for _, d := range bunstore.MigratedDialects() {
 		t.Run(d.Name, func(t *testing.T) {
 			leasetest.Run(t, func(t *testing.T) lease.Store {
 				return open(t, d.New(t)).LeaseStore()

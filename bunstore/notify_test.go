@@ -85,7 +85,7 @@ func fast() *bunstore.NotifierConfig {
 // subscription and a closed Notifier receive no more, and a closed
 // Notifier's Notify still reaches the others.
 func TestNotifierSharedDB(t *testing.T) {
-	for _, d := range testdb.Dialects() {
+	for _, d := range bunstore.MigratedDialects() {
 		t.Run(d.Name, func(t *testing.T) {
 			ctx := context.Background()
 			db := open(t, d.New(t))
@@ -151,7 +151,7 @@ func TestNotifierSharedDB(t *testing.T) {
 // Notifiers wake each other; on SQLite they do not, even in one process
 // (their long-polls find new work when they look again).
 func TestNotifierReplicas(t *testing.T) {
-	for _, d := range testdb.Dialects() {
+	for _, d := range bunstore.MigratedDialects() {
 		t.Run(d.Name, func(t *testing.T) {
 			ctx := context.Background()
 			tdb := d.New(t)
@@ -196,7 +196,7 @@ func TestNotifierReplicas(t *testing.T) {
 // not before, to the Notifiers of the same DB and, on PostgreSQL, of the
 // other replicas; on PostgreSQL never if it rolls back.
 func TestNotifierTx(t *testing.T) {
-	for _, d := range testdb.Dialects() {
+	for _, d := range bunstore.MigratedDialects() {
 		t.Run(d.Name, func(t *testing.T) {
 			ctx := context.Background()
 			tdb := d.New(t)
@@ -287,7 +287,7 @@ func TestNotifierConfig(t *testing.T) {
 		{name: "min above default max", cfg: bunstore.NotifierConfig{ReconnectMin: 2 * bunstore.DefaultNotifierReconnectMax}, want: "NotifierConfig.ReconnectMax"},
 		{name: "max below default min", cfg: bunstore.NotifierConfig{ReconnectMax: bunstore.DefaultNotifierReconnectMin / 2}, want: "NotifierConfig.ReconnectMin"},
 	}
-	for _, d := range testdb.Dialects() {
+	for _, d := range bunstore.MigratedDialects() {
 		t.Run(d.Name, func(t *testing.T) {
 			db := open(t, d.New(t))
 			for _, tt := range tests {
@@ -316,7 +316,7 @@ func TestNotifierConfig(t *testing.T) {
 // Close leaves no goroutine of the Notifier behind, a delivery that
 // waited for a transaction included.
 func TestNotifierCloseLeavesNoGoroutine(t *testing.T) {
-	for _, d := range testdb.Dialects() {
+	for _, d := range bunstore.MigratedDialects() {
 		t.Run(d.Name, func(t *testing.T) {
 			ctx := context.Background()
 			db := open(t, d.New(t))
@@ -359,7 +359,7 @@ func TestNotifierCloseLeavesNoGoroutine(t *testing.T) {
 // Notifications that arrive while a wake-up is pending fold into it.
 func TestNotifierFolds(t *testing.T) {
 	ctx := context.Background()
-	n := notifier(t, open(t, testdb.SQLite(t)), nil)
+	n := notifier(t, open(t, bunstore.Migrated.New(t)), nil)
 	ch, cancel := n.Subscribe()
 	defer cancel()
 	for range 3 {
@@ -528,7 +528,7 @@ var _ interface {
 // DB.InTx transaction it is delivered once the transaction ends, and on
 // PostgreSQL never if it rolls back.
 func TestNotifierWorkerSignals(t *testing.T) {
-	for _, d := range testdb.Dialects() {
+	for _, d := range bunstore.MigratedDialects() {
 		t.Run(d.Name, func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()

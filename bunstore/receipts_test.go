@@ -22,7 +22,7 @@ import (
 const receiptsOrigin = "bunstore.test/receipts"
 
 func TestReceiptStore(t *testing.T) {
-	for _, d := range testdb.Dialects() {
+	for _, d := range bunstore.MigratedDialects() {
 		t.Run(d.Name, func(t *testing.T) {
 			receiptstest.Run(t, func(t *testing.T) receipts.Store {
 				return open(t, d.New(t)).ReceiptStore()
@@ -74,7 +74,7 @@ func (s *commitFails) Sequence(ctx context.Context, limit int, integrate receipt
 // Receipts minted in a transaction that rolls back never existed.
 func TestReceiptsTransactions(t *testing.T) {
 	ctx := context.Background()
-	for _, d := range testdb.Dialects() {
+	for _, d := range bunstore.MigratedDialects() {
 		t.Run(d.Name, func(t *testing.T) {
 			db := open(t, d.New(t))
 			store := db.ReceiptStore()
@@ -346,7 +346,7 @@ func (s *countingStore) Sequence(ctx context.Context, limit int, integrate recei
 // transaction), while one Sequencer integrates them, until the last is
 // sequenced and a checkpoint signed. receipts/s is the throughput.
 func BenchmarkReceiptsMintSequence(b *testing.B) {
-	for _, d := range testdb.Dialects() {
+	for _, d := range bunstore.MigratedDialects() {
 		b.Run(d.Name, func(b *testing.B) {
 			for _, minters := range []int{1, 16} {
 				b.Run(fmt.Sprintf("minters=%d", minters), func(b *testing.B) {

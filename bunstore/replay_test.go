@@ -19,13 +19,12 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/nodelane/nodelane/bunstore"
-	"github.com/nodelane/nodelane/internal/testdb"
 	"github.com/nodelane/nodelane/replay"
 	"github.com/nodelane/nodelane/replay/replaytest"
 )
 
 func TestNonceStore(t *testing.T) {
-	for _, d := range testdb.Dialects() {
+	for _, d := range bunstore.MigratedDialects() {
 		t.Run(d.Name, func(t *testing.T) {
 			replaytest.Run(t, func(t *testing.T) replay.Store {
 				return open(t, d.New(t)).NonceStore(&bunstore.NonceConfig{PerNode: replaytest.Quota})
@@ -92,7 +91,7 @@ func verifyWire(ctx context.Context, v *replay.Verifier, n *node, wire []byte) e
 func TestNonceConcurrentVerify(t *testing.T) {
 	const goroutines, rounds = 16, 20
 	ctx := context.Background()
-	for _, d := range testdb.Dialects() {
+	for _, d := range bunstore.MigratedDialects() {
 		t.Run(d.Name, func(t *testing.T) {
 			tdb := d.New(t)
 			replicas := []*replay.Verifier{
@@ -150,7 +149,7 @@ var errRollbackNonce = errors.New("the request failed")
 // waits for that outcome.
 func TestNonceInTx(t *testing.T) {
 	ctx := context.Background()
-	for _, d := range testdb.Dialects() {
+	for _, d := range bunstore.MigratedDialects() {
 		t.Run(d.Name, func(t *testing.T) {
 			db := open(t, d.New(t))
 			v := replay.NewVerifier(db.NonceStore(nil), nil)
@@ -234,7 +233,7 @@ func TestNonceCollect(t *testing.T) {
 		Nonce     string `bun:"nonce"`
 		ExpiresAt int64  `bun:"expires_at"`
 	}
-	for _, d := range testdb.Dialects() {
+	for _, d := range bunstore.MigratedDialects() {
 		t.Run(d.Name, func(t *testing.T) {
 			tdb := d.New(t)
 			db := open(t, tdb)
@@ -315,7 +314,7 @@ func chunks[T any](s []T, n int) func(yield func([]T) bool) {
 // ErrUnavailable, never admit.
 func TestNonceUnavailable(t *testing.T) {
 	ctx := context.Background()
-	for _, d := range testdb.Dialects() {
+	for _, d := range bunstore.MigratedDialects() {
 		t.Run(d.Name, func(t *testing.T) {
 			db, err := bunstore.Open(ctx, d.New(t).DSN, nil)
 			if err != nil {
@@ -349,7 +348,7 @@ func TestNonceUnavailable(t *testing.T) {
 // a replay of a held nonce at the quota is still reported as a replay.
 func TestNonceQuotaConfig(t *testing.T) {
 	ctx := context.Background()
-	for _, d := range testdb.Dialects() {
+	for _, d := range bunstore.MigratedDialects() {
 		t.Run(d.Name, func(t *testing.T) {
 			s := open(t, d.New(t)).NonceStore(&bunstore.NonceConfig{PerNode: 3})
 			now := time.Now().UTC().Truncate(time.Microsecond)
@@ -392,7 +391,7 @@ func (c *counterReader) Read(p []byte) (int, error) {
 func BenchmarkReplayVerify(b *testing.B) {
 	ctx := context.Background()
 	body := []byte(`{"status":"idle","current_jobs":["job-1"],"metrics":{"gpu_util":0.93,"vram_used_mb":20100}}`)
-	for _, d := range testdb.Dialects() {
+	for _, d := range bunstore.MigratedDialects() {
 		b.Run(d.Name, func(b *testing.B) {
 			db := open(b, d.New(b))
 			pub, priv, _ := ed25519.GenerateKey(rand.Reader)

@@ -3,7 +3,7 @@ package bunstore_test
 import (
 	"testing"
 
-	"github.com/nodelane/nodelane/internal/testdb"
+	"github.com/nodelane/nodelane/bunstore"
 	"github.com/nodelane/nodelane/workerapi"
 	"github.com/nodelane/nodelane/workerapi/workerapitest"
 )
@@ -11,7 +11,7 @@ import (
 // TestTransactor runs the transaction conformance suite on each dialect:
 // DB.InTx carries one transaction, and every store joins it.
 func TestTransactor(t *testing.T) {
-	for _, d := range testdb.Dialects() {
+	for _, d := range bunstore.MigratedDialects() {
 		t.Run(d.Name, func(t *testing.T) {
 			workerapitest.Run(t, func(t *testing.T) workerapi.Stores {
 				db := open(t, d.New(t))

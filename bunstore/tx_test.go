@@ -22,7 +22,7 @@ func newJob(id string) *lease.Job {
 }
 
 func TestInTx(t *testing.T) {
-	for _, d := range testdb.Dialects() {
+	for _, d := range bunstore.MigratedDialects() {
 		t.Run(d.Name, func(t *testing.T) {
 			db := open(t, d.New(t))
 			s := db.LeaseStore()
@@ -153,7 +153,7 @@ func TestInTx(t *testing.T) {
 // job exactly once between them, and one worker's governor holds across
 // both.
 func TestReplicas(t *testing.T) {
-	for _, d := range testdb.Dialects() {
+	for _, d := range bunstore.MigratedDialects() {
 		t.Run(d.Name, func(t *testing.T) {
 			tdb := d.New(t)
 			ctx := context.Background()

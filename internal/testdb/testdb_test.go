@@ -2,11 +2,18 @@ package testdb
 
 import (
 	"context"
+	"database/sql"
+	"os"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 )
 
+// TestWithSearchPath checks that the schema is added to both forms of
+// DSN.
 func TestWithSearchPath(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name, dsn, want string
 	}{
@@ -16,6 +23,7 @@ func TestWithSearchPath(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			got, err := withSearchPath(tc.dsn, "nl_t_1")
 			if err != nil || got != tc.want {
 				t.Errorf("withSearchPath(%q) = %q, %v; want %q", tc.dsn, got, err, tc.want)
@@ -24,12 +32,14 @@ func TestWithSearchPath(t *testing.T) {
 	}
 }
 
-// Each database is empty and apart from every other, and a PostgreSQL
-// schema is gone once its test ends.
+// TestFreshAndDropped checks that each database is empty and apart from
+// every other, and that a PostgreSQL schema is gone once its test ends.
 func TestFreshAndDropped(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	for _, d := range Dialects() {
 		t.Run(d.Name, func(t *testing.T) {
+			t.Parallel()
 			var first DB
 			t.Run("use", func(t *testing.T) {
 				first = d.New(t)
@@ -69,5 +79,68 @@ func TestFreshAndDropped(t *testing.T) {
 				t.Errorf("schema %s outlived its test", schema)
 			}
 		})
+	}
+}
+
+// TestSQLiteTemplate checks that a template's setup runs once, and that
+// each database starts as its copy and is apart from every other.
+func TestSQLiteTemplate(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	var setups atomic.Int32
+	tp := NewSQLiteTemplate(func(dsn string) error {
+		setups.Add(1)
+		db := DB{Dialect: "sqlite", DSN: dsn}.Bun(t)
+		defer db.Close()
+		_, err := db.ExecContext(ctx, "CREATE TABLE t (x INTEGER); INSERT INTO t VALUES (7)")
+		return err
+	})
+	var wg sync.WaitGroup
+	dbs := make([]DB, 4)
+	for i := range dbs {
+		wg.Go(func() { dbs[i] = tp.New(t) })
+	}
+	wg.Wait()
+	if n := setups.Load(); n != 1 {
+		t.Fatalf("setup ran %d times, want once", n)
+	}
+	for i, d := range dbs {
+		st, err := os.Stat(strings.TrimPrefix(d.DSN, "sqlite:"))
+		if err != nil || st.Mode().Perm() != 0o600 {
+			t.Fatalf("database %d: %v, mode %v; want mode 0600", i, err, st.Mode().Perm())
+		}
+		b := d.Bun(t)
+		if _, err := b.ExecContext(ctx, "INSERT INTO t VALUES (?)", i); err != nil {
+			t.Fatal(err)
+		}
+		var n, sum int
+		if err := b.QueryRowContext(ctx, "SELECT count(*), sum(x) FROM t").Scan(&n, &sum); err != nil {
+			t.Fatal(err)
+		}
+		if n != 2 || sum != 7+i {
+			t.Errorf("database %d holds %d rows summing to %d, want the template's row and its own", i, n, sum)
+		}
+	}
+}
+
+// TestSQLiteTemplateOpenHandle checks that a setup that leaves a handle
+// open, so that its file may lack what the handle wrote, fails the test
+// that asked for a copy.
+func TestSQLiteTemplateOpenHandle(t *testing.T) {
+	t.Parallel()
+	var open *sql.DB
+	t.Cleanup(func() {
+		if open != nil {
+			open.Close()
+		}
+	})
+	tp := NewSQLiteTemplate(func(dsn string) error {
+		db := DB{Dialect: "sqlite", DSN: dsn}.Bun(t)
+		open = db.DB
+		_, err := db.ExecContext(context.Background(), "CREATE TABLE t (x INTEGER)")
+		return err
+	})
+	if _, err := tp.build(); err == nil || !strings.Contains(err.Error(), "still open") {
+		t.Fatalf("build = %v, want an error naming the open handle", err)
 	}
 }

@@ -17,6 +17,7 @@ import (
 // analyzed), under claimSettings: the candidates must come from the
 // queued index, in claim order, not from a sort of every queued job.
 func TestClaimPlanWalksQueuedIndex(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	db, err := Open(ctx, testdb.Postgres(t).DSN, nil)
 	if err != nil {
@@ -142,11 +143,11 @@ func (n *planNode) find(typ string) *planNode {
 func TestClaimPlanSQLite(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db, err := Open(ctx, testdb.SQLite(t).DSN, nil)
+	db, err := Open(ctx, Migrated.New(t).DSN, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer db.Close()
+	t.Cleanup(func() { db.Close() })
 	for _, tc := range []struct {
 		name string
 		q    lease.ClaimQuery
@@ -156,6 +157,7 @@ func TestClaimPlanSQLite(t *testing.T) {
 			Fits: []lease.Fit{{}, {SKU: "h100", GPUs: 2, VRAMMB: 80000}}, Tags: []string{"eu", "spot"}, Now: time.Now()}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			q := db.queuedJobs(db.bun, (*jobRow)(nil), tc.q, 10).String()
 			plan := explainSQLite(t, ctx, db, q)
 			if !strings.Contains(plan, "USING INDEX nodelane_jobs_queued_idx") || strings.Contains(plan, "TEMP B-TREE") {

@@ -12,8 +12,10 @@ import (
 // this host: it falls between two readings of the local clock, give or
 // take the database's resolution.
 func TestDatabaseTime(t *testing.T) {
+	t.Parallel()
 	for _, d := range bunstore.MigratedDialects() {
 		t.Run(d.Name, func(t *testing.T) {
+			t.Parallel()
 			db := open(t, d.New(t))
 			before := time.Now()
 			got, err := db.DatabaseTime(context.Background())

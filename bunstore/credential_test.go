@@ -16,8 +16,10 @@ import (
 )
 
 func TestCredentialStore(t *testing.T) {
+	t.Parallel()
 	for _, d := range bunstore.MigratedDialects() {
 		t.Run(d.Name, func(t *testing.T) {
+			t.Parallel()
 			credentialtest.Run(t, func(t *testing.T) credential.Store {
 				return open(t, d.New(t)).CredentialStore()
 			})
@@ -41,9 +43,11 @@ func newIssuer(t testing.TB, db *bunstore.DB) (*credential.Issuer, []byte) {
 // The columns hold what the migration comments say: raw key and digest
 // bytes, scopes as one space-separated string, times in microseconds.
 func TestCredentialRows(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	for _, d := range bunstore.MigratedDialects() {
 		t.Run(d.Name, func(t *testing.T) {
+			t.Parallel()
 			tdb := d.New(t)
 			db := open(t, tdb)
 			is, _ := newIssuer(t, db)
@@ -97,9 +101,11 @@ func TestCredentialRows(t *testing.T) {
 // Store errors leave a PostgreSQL transaction usable, and scopes that a
 // space-separated column cannot hold are refused rather than mangled.
 func TestCredentialStoreInTx(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	for _, d := range bunstore.MigratedDialects() {
 		t.Run(d.Name, func(t *testing.T) {
+			t.Parallel()
 			db := open(t, d.New(t))
 			s := db.CredentialStore()
 			now := time.Now().UTC().Truncate(time.Microsecond)

@@ -4,6 +4,8 @@ import (
 	"context"
 	"time"
 
+	"github.com/uptrace/bun"
+
 	"github.com/nodelane/nodelane/internal/testdb"
 )
 
@@ -13,6 +15,13 @@ func SetObserver(db *DB, f func(ctx context.Context, query string)) { db.observe
 
 // SetCacheClock sets the clock the DB's read cache ages its entries by.
 func SetCacheClock(db *DB, now func() time.Time) { db.cache.now = now }
+
+// WriteWaiters returns how many writes wait for db's SQLite write slot,
+// held up by a write or a transaction that holds it.
+func WriteWaiters(db *DB) int { return int(db.slotWaiters.Load()) }
+
+// TxFrom returns the transaction ctx carries, if any.
+func TxFrom(ctx context.Context) (bun.Tx, bool) { return txFrom(ctx) }
 
 // Migrated makes SQLite databases that start migrated: copies of one that
 // Open migrated once per test binary, so that a test's store costs a

@@ -9,8 +9,10 @@ import (
 )
 
 func TestFingerprintStore(t *testing.T) {
+	t.Parallel()
 	for _, d := range bunstore.MigratedDialects() {
 		t.Run(d.Name, func(t *testing.T) {
+			t.Parallel()
 			fingerprinttest.Run(t, func(t *testing.T) fingerprint.Store {
 				return open(t, d.New(t)).FingerprintStore()
 			})

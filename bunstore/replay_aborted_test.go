@@ -82,6 +82,7 @@ func wantAborted(t *testing.T, what string, err, target error, not ...error) {
 // caller as the package's ErrAborted, through the store and through the
 // package's logic, which does not retry it, and never as a conflict.
 func TestReplayStoresAbortedTx(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	db := open(t, testdb.Postgres(t))
 
@@ -214,6 +215,7 @@ func TestReplayStoresAbortedTx(t *testing.T) {
 // A deadlock (40P01) is ErrAborted too, for the transaction PostgreSQL
 // chose to abort; the other one commits.
 func TestCredentialAbortedDeadlock(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	db := open(t, testdb.Postgres(t))
 	s := db.CredentialStore()
@@ -272,6 +274,7 @@ func TestCredentialAbortedDeadlock(t *testing.T) {
 // again. A database whose default level is REPEATABLE READ exercises the
 // store's own retries of the transactions it runs itself.
 func TestNonceQuotaIsolation(t *testing.T) {
+	t.Parallel()
 	const goroutines = 3 * replaytest.Quota
 	levels := []struct {
 		name  string

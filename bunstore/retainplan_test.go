@@ -18,6 +18,7 @@ import (
 // nodelane_jobs_ended_idx in finished_at order, so that a batch reads
 // about its limit of rows, not the table.
 func TestDeleteEndedPlanWalksEndedIndex(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	db, err := Open(ctx, testdb.Postgres(t).DSN, nil)
 	if err != nil {
@@ -86,6 +87,7 @@ func TestDeleteEndedPlanWalksEndedIndex(t *testing.T) {
 
 // On SQLite too, the candidates come from the index, in order.
 func TestDeleteEndedPlanSQLite(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	db, err := Open(ctx, testdb.SQLite(t).DSN, nil)
 	if err != nil {

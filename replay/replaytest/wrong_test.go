@@ -48,6 +48,7 @@ var wrongStores = []struct {
 }
 
 func TestWrongStores(t *testing.T) {
+	t.Parallel()
 	fails := map[string]string{}
 	stores := map[string]func() replay.Store{}
 	for _, w := range wrongStores {

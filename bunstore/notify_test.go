@@ -301,6 +301,7 @@ func TestNotifierConfig(t *testing.T) {
 			db := open(t, d.New(t))
 			for _, tt := range tests {
 				t.Run(tt.name, func(t *testing.T) {
+					t.Parallel()
 					n, err := db.Notifier(context.Background(), &tt.cfg)
 					if tt.want == "" {
 						if err != nil {

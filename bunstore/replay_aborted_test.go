@@ -84,9 +84,10 @@ func wantAborted(t *testing.T, what string, err, target error, not ...error) {
 func TestReplayStoresAbortedTx(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db := open(t, testdb.Postgres(t))
 
 	t.Run("replay", func(t *testing.T) {
+		t.Parallel()
+		db := open(t, testdb.Postgres(t))
 		s := db.NonceStore(nil)
 		now := time.Now().UTC().Truncate(time.Microsecond)
 		exp := now.Add(time.Minute)
@@ -116,6 +117,8 @@ func TestReplayStoresAbortedTx(t *testing.T) {
 	})
 
 	t.Run("credential", func(t *testing.T) {
+		t.Parallel()
+		db := open(t, testdb.Postgres(t))
 		s := db.CredentialStore()
 		is, _ := newIssuer(t, db)
 		p, err := is.CreatePrincipal(ctx, credential.Principal{ID: "Node-1", Kind: credential.KindNode})
@@ -167,6 +170,8 @@ func TestReplayStoresAbortedTx(t *testing.T) {
 	})
 
 	t.Run("envelope", func(t *testing.T) {
+		t.Parallel()
+		db := open(t, testdb.Postgres(t))
 		g, err := envelope.NewGate(db.EnvelopeStore(), nil)
 		if err != nil {
 			t.Fatal(err)
@@ -186,6 +191,8 @@ func TestReplayStoresAbortedTx(t *testing.T) {
 	})
 
 	t.Run("receipts", func(t *testing.T) {
+		t.Parallel()
+		db := open(t, testdb.Postgres(t))
 		s := db.ReceiptStore()
 		signer, _ := receiptSigner(t)
 		log := receipts.NewLog(s, &receipts.Config{Origin: receiptsOrigin})
@@ -291,6 +298,7 @@ func TestNonceQuotaIsolation(t *testing.T) {
 	tdb := testdb.Postgres(t)
 	for _, lv := range levels {
 		t.Run(lv.name, func(t *testing.T) {
+			t.Parallel()
 			d := tdb
 			if lv.own {
 				u, err := url.Parse(d.DSN)

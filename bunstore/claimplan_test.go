@@ -136,9 +136,9 @@ func (n *planNode) find(typ string) *planNode {
 	return nil
 }
 
-// TestClaimPlanSQLite explains a claim's select on SQLite, with and
-// without tags and GPU shapes: the candidates must come from
-// nodelane_jobs_queued_idx, in claim order, not from a sort of every
+// TestClaimPlanSQLite checks that a claim's select on SQLite, with and
+// without tags and GPU shapes, takes its candidates from
+// nodelane_jobs_queued_idx in claim order, not from a sort of every
 // queued job.
 func TestClaimPlanSQLite(t *testing.T) {
 	t.Parallel()

@@ -1,6 +1,8 @@
 // Package testdb gives tests fresh, empty databases: a SQLite file in the
 // test's temporary directory, or a PostgreSQL schema of its own that is
-// dropped when the test ends.
+// dropped when the test ends. For tests that each need a database already
+// set up (migrated), SQLiteTemplate copies one file set up once, and
+// PostgresPool reuses schemas set up once, emptied between tests.
 //
 // PostgreSQL is found through NODELANE_TEST_POSTGRES, else at
 // postgres://postgres@127.0.0.1:5432/test?sslmode=disable. If it cannot be

@@ -397,6 +397,7 @@ func benchmarkMintSequence(b *testing.B, tdb testdb.DB, minters int) {
 	}
 	wg.Wait()
 	for {
+		published := q.Published()
 		cp, err := log.Checkpoint(ctx)
 		if err == nil && cp.Size == int64(b.N) {
 			break
@@ -404,7 +405,7 @@ func benchmarkMintSequence(b *testing.B, tdb testdb.DB, minters int) {
 		if b.Failed() {
 			break
 		}
-		time.Sleep(200 * time.Microsecond)
+		waitfor.Receive(b, "the next checkpoint", published)
 	}
 	b.StopTimer()
 	stop()

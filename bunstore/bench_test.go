@@ -28,7 +28,7 @@ import (
 // no job came back to two Complete calls or as a repeat, and every job
 // stored ended succeeded on its first attempt.
 func BenchmarkLeaseAcceptComplete(b *testing.B) {
-	for _, d := range testdb.Dialects() {
+	for _, d := range bunstore.MigratedDialects() {
 		b.Run(d.Name, func(b *testing.B) {
 			for _, claimers := range []int{1, 8, 32} {
 				for _, maxJobs := range []int{1, 10} {

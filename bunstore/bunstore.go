@@ -115,6 +115,9 @@ type DB struct {
 	writeSlot chan struct{}
 	// writes counts the writes that released the slot.
 	writes atomic.Uint64
+	// slotWaiters counts the writes waiting for the slot: tests watch it
+	// to know that a write is held up by another (export_test.go).
+	slotWaiters atomic.Int32
 	// hub, on SQLite, connects the Notifiers made from this DB.
 	hub notifyHub
 	// accepts and completes gather the guarded writes of the lease hot
@@ -535,6 +538,8 @@ func (db *DB) acquire(ctx context.Context) (release func(), err error) {
 		return release, nil
 	default:
 	}
+	db.slotWaiters.Add(1)
+	defer db.slotWaiters.Add(-1)
 	seen := db.writes.Load()
 	t := time.NewTicker(db.cfg.BusyTimeout)
 	defer t.Stop()

@@ -11,6 +11,7 @@ import (
 	"github.com/nodelane/nodelane/envelope"
 	"github.com/nodelane/nodelane/internal/testclock"
 	"github.com/nodelane/nodelane/internal/testdb"
+	"github.com/nodelane/nodelane/internal/waitfor"
 )
 
 // cached opens a DB on tdb with a cache whose entries live ttl, counting
@@ -87,8 +88,10 @@ func (f *cacheFixture) verify(t *testing.T) (error, bool) {
 // then serves them from memory: what it returns are copies, and a change
 // made through the DB is seen at once, in and out of a transaction.
 func TestCacheReads(t *testing.T) {
-	for _, d := range testdb.Dialects() {
+	t.Parallel()
+	for _, d := range bunstore.MigratedDialects() {
 		t.Run(d.Name, func(t *testing.T) {
+			t.Parallel()
 			ctx := context.Background()
 			qc := &queryCounter{}
 			db := cached(t, d.New(t), time.Hour, qc)
@@ -162,8 +165,9 @@ func TestCacheReads(t *testing.T) {
 
 // A negative CacheTTL turns the cache off: every read is a statement.
 func TestCacheOff(t *testing.T) {
+	t.Parallel()
 	qc := &queryCounter{}
-	db := cached(t, testdb.SQLite(t), -1, qc)
+	db := cached(t, bunstore.Migrated.New(t), -1, qc)
 	f := newCacheFixture(t, db, pepper32())
 	before := qc.stmts.Load()
 	for range 3 {
@@ -180,8 +184,10 @@ func TestCacheOff(t *testing.T) {
 // the SQLite file, a replica when this DB has no Notifier) is seen once
 // the entry's CacheTTL has passed, not before.
 func TestCacheTTL(t *testing.T) {
-	for _, d := range testdb.Dialects() {
+	t.Parallel()
+	for _, d := range bunstore.MigratedDialects() {
 		t.Run(d.Name, func(t *testing.T) {
+			t.Parallel()
 			ctx := context.Background()
 			tdb := d.New(t)
 			pepper := pepper32()
@@ -217,6 +223,7 @@ func TestCacheTTL(t *testing.T) {
 // 1 s, whatever its CacheTTL; one without a Notifier keeps its entries
 // for their TTL.
 func TestCacheReplicas(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	tdb := testdb.Postgres(t)
 	pepper := pepper32()
@@ -234,17 +241,6 @@ func TestCacheReplicas(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// within polls B until seen reports true, for at most 1 s.
-	within := func(what string, seen func() bool) {
-		t.Helper()
-		deadline := time.Now().Add(time.Second)
-		for !seen() {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s on replica A: replica B did not see it within 1 s", what)
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-	}
 	for _, step := range []struct {
 		name   string
 		change func() error
@@ -266,7 +262,7 @@ func TestCacheReplicas(t *testing.T) {
 		if err := step.change(); err != nil {
 			t.Fatal(err)
 		}
-		within(step.name, func() bool { return step.seen(fb) })
+		waitfor.Within(t, time.Second, "replica B to see "+step.name+" on replica A", func() bool { return step.seen(fb) })
 		if step.seen(fdeaf) {
 			t.Errorf("%s: a replica without a Notifier forgot its entry before its TTL: the test proves nothing", step.name)
 		}
@@ -289,6 +285,7 @@ func pepper32() []byte {
 // On PostgreSQL, while a DB's Notifier listens, its entries live
 // ListenedCacheTTL rather than CacheTTL: every change reaches it.
 func TestCacheListenedTTL(t *testing.T) {
+	t.Parallel()
 	tdb := testdb.Postgres(t)
 	qc := &queryCounter{}
 	b := open(t, tdb).Bun().WithQueryHook(qc)

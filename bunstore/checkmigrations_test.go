@@ -14,9 +14,11 @@ import (
 // database lacks, and fails when the database does not answer; it
 // migrates nothing.
 func TestCheckMigrations(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	for _, d := range testdb.Dialects() {
 		t.Run(d.Name, func(t *testing.T) {
+			t.Parallel()
 			db := open(t, d.New(t))
 			if err := db.CheckMigrations(ctx); err != nil {
 				t.Fatalf("CheckMigrations on a migrated database: %v", err)

@@ -18,8 +18,12 @@ import (
 // and a plan that fails. Each call must get what it would have got alone,
 // and no other call's error.
 func TestClaimBatch(t *testing.T) {
-	for _, d := range testdb.Dialects() {
-		t.Run(d.Name, func(t *testing.T) { testClaimBatch(t, d.New(t)) })
+	t.Parallel()
+	for _, d := range MigratedDialects() {
+		t.Run(d.Name, func(t *testing.T) {
+			t.Parallel()
+			testClaimBatch(t, d.New(t))
+		})
 	}
 }
 

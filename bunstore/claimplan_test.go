@@ -17,6 +17,7 @@ import (
 // analyzed), under claimSettings: the candidates must come from the
 // queued index, in claim order, not from a sort of every queued job.
 func TestClaimPlanWalksQueuedIndex(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	db, err := Open(ctx, testdb.Postgres(t).DSN, nil)
 	if err != nil {
@@ -133,4 +134,58 @@ func (n *planNode) find(typ string) *planNode {
 		}
 	}
 	return nil
+}
+
+// TestClaimPlanSQLite checks that a claim's select on SQLite, with and
+// without tags and GPU shapes, takes its candidates from
+// nodelane_jobs_queued_idx in claim order, not from a sort of every
+// queued job.
+func TestClaimPlanSQLite(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db, err := Open(ctx, Migrated.New(t).DSN, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	for _, tc := range []struct {
+		name string
+		q    lease.ClaimQuery
+	}{
+		{"cpu", lease.ClaimQuery{WorkerID: "w", Types: []string{"status_check"}, Fits: []lease.Fit{{}}, Now: time.Now()}},
+		{"gpus and tags", lease.ClaimQuery{WorkerID: "w", Types: []string{"status_check", "lora_train"},
+			Fits: []lease.Fit{{}, {SKU: "h100", GPUs: 2, VRAMMB: 80000}}, Tags: []string{"eu", "spot"}, Now: time.Now()}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			q := db.queuedJobs(db.bun, (*jobRow)(nil), tc.q, 10).String()
+			plan := explainSQLite(t, ctx, db, q)
+			if !strings.Contains(plan, "USING INDEX nodelane_jobs_queued_idx") || strings.Contains(plan, "TEMP B-TREE") {
+				t.Errorf("the claim's plan on SQLite, for %s:\n%s\nwant a walk of nodelane_jobs_queued_idx without a sort", q, plan)
+			}
+		})
+	}
+}
+
+// explainSQLite returns the steps of SQLite's plan for query, a line each.
+func explainSQLite(t *testing.T, ctx context.Context, db *DB, query string) string {
+	t.Helper()
+	rows, err := db.bun.QueryContext(ctx, "EXPLAIN QUERY PLAN "+query)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var steps []string
+	for rows.Next() {
+		var id, parent, unused int
+		var detail string
+		if err := rows.Scan(&id, &parent, &unused, &detail); err != nil {
+			t.Fatal(err)
+		}
+		steps = append(steps, detail)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return strings.Join(steps, "\n")
 }

@@ -5,15 +5,17 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nodelane/nodelane/internal/testdb"
+	"github.com/nodelane/nodelane/bunstore"
 )
 
 // DatabaseTime reads the database server's clock, which here runs on
 // this host: it falls between two readings of the local clock, give or
 // take the database's resolution.
 func TestDatabaseTime(t *testing.T) {
-	for _, d := range testdb.Dialects() {
+	t.Parallel()
+	for _, d := range bunstore.MigratedDialects() {
 		t.Run(d.Name, func(t *testing.T) {
+			t.Parallel()
 			db := open(t, d.New(t))
 			before := time.Now()
 			got, err := db.DatabaseTime(context.Background())

@@ -7,16 +7,17 @@ import (
 	"testing"
 
 	"github.com/nodelane/nodelane/credential"
-	"github.com/nodelane/nodelane/internal/testdb"
 )
 
 // A page of credentials, of one principal or of all, is read from an
 // index in id order and stops at its limit: the plan sorts nothing, so
 // its cost does not grow with the credentials a principal holds.
 func TestCredentialPagesUseAnIndex(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
-	for _, d := range testdb.Dialects() {
+	for _, d := range MigratedDialects() {
 		t.Run(d.Name, func(t *testing.T) {
+			t.Parallel()
 			db, err := Open(ctx, d.New(t).DSN, nil)
 			if err != nil {
 				t.Fatal(err)

@@ -13,12 +13,13 @@ import (
 	"github.com/nodelane/nodelane/bunstore"
 	"github.com/nodelane/nodelane/credential"
 	"github.com/nodelane/nodelane/credential/credentialtest"
-	"github.com/nodelane/nodelane/internal/testdb"
 )
 
 func TestCredentialStore(t *testing.T) {
-	for _, d := range testdb.Dialects() {
+	t.Parallel()
+	for _, d := range bunstore.MigratedDialects() {
 		t.Run(d.Name, func(t *testing.T) {
+			t.Parallel()
 			credentialtest.Run(t, func(t *testing.T) credential.Store {
 				return open(t, d.New(t)).CredentialStore()
 			})
@@ -42,9 +43,11 @@ func newIssuer(t testing.TB, db *bunstore.DB) (*credential.Issuer, []byte) {
 // The columns hold what the migration comments say: raw key and digest
 // bytes, scopes as one space-separated string, times in microseconds.
 func TestCredentialRows(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
-	for _, d := range testdb.Dialects() {
+	for _, d := range bunstore.MigratedDialects() {
 		t.Run(d.Name, func(t *testing.T) {
+			t.Parallel()
 			tdb := d.New(t)
 			db := open(t, tdb)
 			is, _ := newIssuer(t, db)
@@ -98,9 +101,11 @@ func TestCredentialRows(t *testing.T) {
 // Store errors leave a PostgreSQL transaction usable, and scopes that a
 // space-separated column cannot hold are refused rather than mangled.
 func TestCredentialStoreInTx(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
-	for _, d := range testdb.Dialects() {
+	for _, d := range bunstore.MigratedDialects() {
 		t.Run(d.Name, func(t *testing.T) {
+			t.Parallel()
 			db := open(t, d.New(t))
 			s := db.CredentialStore()
 			now := time.Now().UTC().Truncate(time.Microsecond)
@@ -148,7 +153,7 @@ func TestCredentialStoreInTx(t *testing.T) {
 // principal), one HMAC and a constant-time compare.
 func BenchmarkCredentialVerify(b *testing.B) {
 	ctx := context.Background()
-	for _, d := range testdb.Dialects() {
+	for _, d := range bunstore.MigratedDialects() {
 		b.Run(d.Name, func(b *testing.B) {
 			db := open(b, d.New(b))
 			is, _ := newIssuer(b, db)

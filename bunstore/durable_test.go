@@ -41,6 +41,7 @@ func (l *queryLog) take() []string {
 // connection goes back to the pool with the setting it had; the receipts
 // sequencer's transaction is one.
 func TestDurableTxSQLite(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	db, err := Open(ctx, testdb.SQLite(t).DSN, nil)
 	if err != nil {

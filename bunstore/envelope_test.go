@@ -6,14 +6,16 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nodelane/nodelane/bunstore"
 	"github.com/nodelane/nodelane/envelope"
 	"github.com/nodelane/nodelane/envelope/envelopetest"
-	"github.com/nodelane/nodelane/internal/testdb"
 )
 
 func TestEnvelopeStore(t *testing.T) {
-	for _, d := range testdb.Dialects() {
+	t.Parallel()
+	for _, d := range bunstore.MigratedDialects() {
 		t.Run(d.Name, func(t *testing.T) {
+			t.Parallel()
 			envelopetest.Run(t, func(t *testing.T) envelope.Store {
 				return open(t, d.New(t)).EnvelopeStore()
 			})
@@ -23,8 +25,10 @@ func TestEnvelopeStore(t *testing.T) {
 
 // Two handles on one database stand for two replicas.
 func TestEnvelopeStoreReplicas(t *testing.T) {
-	for _, d := range testdb.Dialects() {
+	t.Parallel()
+	for _, d := range bunstore.MigratedDialects() {
 		t.Run(d.Name, func(t *testing.T) {
+			t.Parallel()
 			envelopetest.RunShared(t, func(t *testing.T) (envelope.Store, envelope.Store) {
 				db := d.New(t)
 				return open(t, db).EnvelopeStore(), open(t, db).EnvelopeStore()
@@ -37,10 +41,12 @@ func TestEnvelopeStoreReplicas(t *testing.T) {
 // nor the history changed; one that commits keeps both, and the Gate's
 // reads in the transaction see it.
 func TestEnvelopeInTx(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	now := time.Date(2026, 11, 30, 9, 0, 0, 0, time.UTC)
-	for _, d := range testdb.Dialects() {
+	for _, d := range bunstore.MigratedDialects() {
 		t.Run(d.Name, func(t *testing.T) {
+			t.Parallel()
 			db := open(t, d.New(t))
 			g, err := envelope.NewGate(db.EnvelopeStore(), &envelope.Config{Now: func() time.Time { return now }})
 			if err != nil {

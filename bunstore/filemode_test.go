@@ -39,6 +39,7 @@ func TestSQLiteFileMode(t *testing.T) {
 		{"file:///PATH", func(p string) string { return "file://" + p }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			path := filepath.Join(t.TempDir(), "nodelane.db")
 			db, err := bunstore.Open(ctx, tc.dsn(path), nil)
 			if err != nil {
@@ -55,6 +56,7 @@ func TestSQLiteFileMode(t *testing.T) {
 	}
 
 	t.Run("an existing file keeps its mode", func(t *testing.T) {
+		t.Parallel()
 		path := filepath.Join(t.TempDir(), "nodelane.db")
 		if err := os.WriteFile(path, nil, 0o640); err != nil {
 			t.Fatal(err)

@@ -39,8 +39,10 @@ func leasedJobs(t *testing.T, ctx context.Context, m *lease.Manager, n int) []le
 // shared statements, each get their own answer: a wrong token or a
 // second completion in the same gathering costs the others nothing.
 func TestGatheredTransitions(t *testing.T) {
-	for _, d := range testdb.Dialects() {
+	t.Parallel()
+	for _, d := range bunstore.MigratedDialects() {
 		t.Run(d.Name, func(t *testing.T) {
+			t.Parallel()
 			ctx := context.Background()
 			m := lease.NewManager(open(t, d.New(t)).LeaseStore(), nil)
 			const n = 40
@@ -125,8 +127,10 @@ func TestGatheredTransitions(t *testing.T) {
 // several writes applies exactly those whose guard holds, the first of
 // two for one job, and answers in the order of the writes.
 func TestGuardedWrites(t *testing.T) {
-	for _, d := range testdb.Dialects() {
+	t.Parallel()
+	for _, d := range bunstore.MigratedDialects() {
 		t.Run(d.Name, func(t *testing.T) {
+			t.Parallel()
 			ctx := context.Background()
 			now := time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC)
 			clock := func() time.Time { return now }
@@ -188,6 +192,7 @@ func TestGuardedWrites(t *testing.T) {
 // connection, its prepared statements are the hot ones, each once,
 // however many calls ran.
 func TestPreparedStatements(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	tdb := testdb.Postgres(t)
 	open(t, tdb) // migrates, which takes two connections
@@ -235,6 +240,7 @@ func TestPreparedStatements(t *testing.T) {
 // The claim turns bitmap scans off for its own transaction only (SET
 // LOCAL): the connection it ran on has them again afterwards.
 func TestClaimPlannerSettingStaysInItsTransaction(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	tdb := testdb.Postgres(t)
 	open(t, tdb) // migrates

@@ -11,6 +11,7 @@ import (
 )
 
 func TestSQLiteDSN(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name string
 		dsn  string
@@ -54,6 +55,7 @@ func TestSQLiteDSN(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			got, ownMode := sqliteDSN(tc.dsn, 10*time.Second)
 			if ownMode != tc.ownMode {
 				t.Errorf("sqliteDSN(%q) reports own journal mode %v, want %v", tc.dsn, ownMode, tc.ownMode)
@@ -73,9 +75,11 @@ func TestSQLiteDSN(t *testing.T) {
 // The down migrations undo the up migrations, and the schema can be
 // rebuilt after them.
 func TestMigrationsRollBack(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	for _, d := range testdb.Dialects() {
 		t.Run(d.Name, func(t *testing.T) {
+			t.Parallel()
 			db, err := Open(ctx, d.New(t).DSN, nil)
 			if err != nil {
 				t.Fatal(err)
@@ -117,6 +121,7 @@ func TestMigrationsRollBack(t *testing.T) {
 // A read that began before an invalidation is not kept: it may hold the
 // value from before the change. One that began after is.
 func TestReadCacheGeneration(t *testing.T) {
+	t.Parallel()
 	now := time.Unix(1000, 0)
 	c := newReadCache(time.Second, 0)
 	c.now = func() time.Time { return now }
@@ -155,6 +160,7 @@ func TestReadCacheGeneration(t *testing.T) {
 // While a listener is connected entries live the listened TTL, else the
 // TTL; a listener that connects or disconnects empties the cache.
 func TestReadCacheListening(t *testing.T) {
+	t.Parallel()
 	now := time.Unix(1000, 0)
 	c := newReadCache(time.Second, time.Minute)
 	c.now = func() time.Time { return now }

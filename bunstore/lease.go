@@ -378,25 +378,8 @@ func (s *LeaseStore) ClaimJobs(ctx context.Context, q lease.ClaimQuery, grant fu
 		if n <= 0 {
 			return nil
 		}
-		fits := make([]string, len(q.Fits))
-		args := make([]any, 0, 3*len(q.Fits))
-		for i, f := range q.Fits {
-			fits[i] = "(gpu_sku = ? AND gpu_count <= ? AND min_vram_mb <= ?)"
-			args = append(args, f.SKU, f.GPUs, f.VRAMMB)
-		}
 		var rows []jobRow
-		sel := tx.NewSelect().Model(&rows).
-			Where("state = ?", lease.StateQueued).
-			Where("type IN (?)", bun.List(q.Types)).
-			Where("scheduled_at <= ?", micros(q.Now)).
-			Where("("+strings.Join(fits, " OR ")+")", args...).
-			Where(s.db.tagsMatch(), tagsArg(q.Tags)).
-			OrderExpr("priority DESC, created_at, id").
-			Limit(n)
-		if s.db.postgres() {
-			sel = sel.For("UPDATE SKIP LOCKED")
-		}
-		if err := sel.Scan(ctx); err != nil {
+		if err := s.db.queuedJobs(tx, &rows, q, n).Scan(ctx); err != nil {
 			return err
 		}
 		revs := make([]int64, len(rows))
@@ -412,6 +395,33 @@ func (s *LeaseStore) ClaimJobs(ctx context.Context, q lease.ClaimQuery, grant fu
 		return nil, fmt.Errorf("bunstore: claim jobs for %s: %w", q.WorkerID, err)
 	}
 	return claimed, nil
+}
+
+// queuedJobs selects into model, in claim order, up to n queued jobs that q's worker
+// may run, walking nodelane_jobs_queued_idx: on PostgreSQL locking them
+// (FOR UPDATE SKIP LOCKED); on SQLite INDEXED BY it, since the planner,
+// without statistics, would rather read every queued job through the
+// index on state and sort them to keep the first few, which makes each
+// claim cost the whole queue (TestClaimPlanSQLite).
+func (db *DB) queuedJobs(idb bun.IDB, model any, q lease.ClaimQuery, n int64) *bun.SelectQuery {
+	fits := make([]string, len(q.Fits))
+	args := make([]any, 0, 3*len(q.Fits))
+	for i, f := range q.Fits {
+		fits[i] = "(gpu_sku = ? AND gpu_count <= ? AND min_vram_mb <= ?)"
+		args = append(args, f.SKU, f.GPUs, f.VRAMMB)
+	}
+	sel := idb.NewSelect().Model(model).
+		Where("state = ?", lease.StateQueued).
+		Where("type IN (?)", bun.List(q.Types)).
+		Where("scheduled_at <= ?", micros(q.Now)).
+		Where("("+strings.Join(fits, " OR ")+")", args...).
+		Where(db.tagsMatch(), tagsArg(q.Tags)).
+		OrderExpr("priority DESC, created_at, id").
+		Limit(n)
+	if db.postgres() {
+		return sel.For("UPDATE SKIP LOCKED")
+	}
+	return sel.ModelTableExpr("nodelane_jobs AS job_row INDEXED BY nodelane_jobs_queued_idx")
 }
 
 // ExpiredJobs returns up to limit live jobs whose lease expired at or

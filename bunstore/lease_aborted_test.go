@@ -13,6 +13,7 @@ import (
 
 	"github.com/nodelane/nodelane/bunstore"
 	"github.com/nodelane/nodelane/internal/testdb"
+	"github.com/nodelane/nodelane/internal/waitfor"
 	"github.com/nodelane/nodelane/lease"
 )
 
@@ -33,9 +34,11 @@ func bumped(j *lease.Job, priority int) *lease.Job {
 // context's transaction, which only its owner can run again; and outside
 // one, after the store ran its own transaction again and it still failed.
 func TestLeaseStoreAborted(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 
 	t.Run("postgres serialization failure", func(t *testing.T) {
+		t.Parallel()
 		db := open(t, testdb.Postgres(t))
 		s := db.LeaseStore()
 		j := queuedJob("job-1")
@@ -64,6 +67,7 @@ func TestLeaseStoreAborted(t *testing.T) {
 	})
 
 	t.Run("postgres deadlock", func(t *testing.T) {
+		t.Parallel()
 		db := open(t, testdb.Postgres(t))
 		s := db.LeaseStore()
 		a, b := queuedJob("job-a"), queuedJob("job-b")
@@ -100,23 +104,15 @@ func TestLeaseStoreAborted(t *testing.T) {
 			n, err := s.AddEvents(ctx, []*lease.Event{line(a.ID), line(b.ID)})
 			own <- result{n, err}
 		}()
-		// Wait until AddEvents waits for the host's transaction.
-		deadline := time.Now().Add(10 * time.Second)
-		for {
+		waitfor.Until(t, "AddEvents to wait for the host's transaction", func() bool {
 			var waiting int
 			err := db.Bun().QueryRowContext(ctx,
 				"SELECT count(*) FROM pg_locks WHERE locktype = 'transactionid' AND transactionid::text = ? AND NOT granted", xid).Scan(&waiting)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if waiting > 0 {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatal("AddEvents never waited for the host's transaction")
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+			return waiting > 0
+		})
 		_, hostErr := s.AddEvents(tctx, []*lease.Event{line(a.ID)})
 		switch {
 		case hostErr == nil:
@@ -149,7 +145,8 @@ func TestLeaseStoreAborted(t *testing.T) {
 	})
 
 	t.Run("sqlite busy snapshot", func(t *testing.T) {
-		d := testdb.SQLite(t)
+		t.Parallel()
+		d := bunstore.Migrated.New(t)
 		db := open(t, d)
 		s := db.LeaseStore()
 		j := queuedJob("job-1")

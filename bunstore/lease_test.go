@@ -26,8 +26,10 @@ func open(t testing.TB, d testdb.DB) *bunstore.DB {
 }
 
 func TestLeaseStore(t *testing.T) {
-	for _, d := range testdb.Dialects() {
+	t.Parallel()
+	for _, d := range bunstore.MigratedDialects() {
 		t.Run(d.Name, func(t *testing.T) {
+			t.Parallel()
 			leasetest.Run(t, func(t *testing.T) lease.Store {
 				return open(t, d.New(t)).LeaseStore()
 			})

@@ -4,10 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -57,9 +57,11 @@ func checkMigrated(t *testing.T, d testdb.DB) {
 // A host that uses bun's migrator itself keeps its bun_migrations and
 // bun_migration_locks exactly as they were, even with its lock taken.
 func TestMigrateLeavesHostTablesAlone(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	for _, d := range testdb.Dialects() {
 		t.Run(d.Name, func(t *testing.T) {
+			t.Parallel()
 			db := d.New(t)
 			raw := db.Bun(t)
 			host := migrate.NewMigrator(raw, migrate.NewMigrations())
@@ -96,9 +98,11 @@ func TestMigrateLeavesHostTablesAlone(t *testing.T) {
 
 // Migrating an up-to-date database changes nothing.
 func TestMigrateTwiceIsNoop(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	for _, d := range testdb.Dialects() {
 		t.Run(d.Name, func(t *testing.T) {
+			t.Parallel()
 			tdb := d.New(t)
 			db := open(t, tdb)
 			raw := tdb.Bun(t)
@@ -120,9 +124,11 @@ func TestMigrateTwiceIsNoop(t *testing.T) {
 // where the advisory lock proves it stale. On SQLite nothing can prove
 // that, so Migrate waits for it, then gives up naming the table.
 func TestMigrateStaleLock(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	for _, d := range testdb.Dialects() {
 		t.Run(d.Name, func(t *testing.T) {
+			t.Parallel()
 			tdb := d.New(t)
 			db, err := bunstore.Open(ctx, tdb.DSN, &bunstore.Config{SkipMigrations: true, MigrationLockTimeout: 300 * time.Millisecond})
 			if err != nil {
@@ -153,24 +159,28 @@ func TestMigrateStaleLock(t *testing.T) {
 	}
 }
 
-// Environment of the helper process that TestMigrateConcurrentProcesses starts.
-const (
-	helperDSN   = "NODELANE_MIGRATE_HELPER_DSN"
-	helperStart = "NODELANE_MIGRATE_HELPER_START"
-)
+// helperDSN names, in the environment of the helper process that
+// TestMigrateConcurrentProcesses starts, the database it opens.
+const helperDSN = "NODELANE_MIGRATE_HELPER_DSN"
 
 // TestMigrateHelperProcess is not a test: it is the body of the processes
-// that TestMigrateConcurrentProcesses starts, and skips otherwise.
+// that TestMigrateConcurrentProcesses starts, and skips otherwise. It
+// says it is up by writing a byte to file descriptor 3, then opens the
+// database once its standard input ends: the parent ends every helper's
+// at once.
 func TestMigrateHelperProcess(t *testing.T) {
 	dsn := os.Getenv(helperDSN)
 	if dsn == "" {
 		t.Skip("helper process of TestMigrateConcurrentProcesses")
 	}
-	start, err := strconv.ParseInt(os.Getenv(helperStart), 10, 64)
-	if err != nil {
+	up := os.NewFile(3, "up")
+	if _, err := up.Write([]byte{1}); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(time.Until(time.Unix(0, start)))
+	up.Close()
+	if _, err := io.Copy(io.Discard, os.Stdin); err != nil {
+		t.Fatal(err)
+	}
 	db, err := bunstore.Open(context.Background(), dsn, nil)
 	if err != nil {
 		t.Fatalf("Open: %v", err)
@@ -183,26 +193,46 @@ func TestMigrateHelperProcess(t *testing.T) {
 // Several processes that open the same fresh database at once all
 // succeed, and the migrations run once.
 func TestMigrateConcurrentProcesses(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("starts processes")
 	}
 	const procs, rounds = 4, 3
 	for _, d := range testdb.Dialects() {
 		t.Run(d.Name, func(t *testing.T) {
+			t.Parallel()
 			for round := range rounds {
 				tdb := d.New(t)
-				// Start together, once every process is up.
-				start := time.Now().Add(500 * time.Millisecond).UnixNano()
 				cmds := make([]*exec.Cmd, procs)
 				outs := make([]strings.Builder, procs)
+				gos := make([]io.Closer, procs)
 				for i := range cmds {
 					cmd := exec.Command(os.Args[0], "-test.run=^TestMigrateHelperProcess$", "-test.count=1", "-test.v")
-					cmd.Env = append(os.Environ(), helperDSN+"="+tdb.DSN, helperStart+"="+strconv.FormatInt(start, 10))
+					cmd.Env = append(os.Environ(), helperDSN+"="+tdb.DSN)
 					cmd.Stdout, cmd.Stderr = &outs[i], &outs[i]
+					up, upW, err := os.Pipe()
+					if err != nil {
+						t.Fatal(err)
+					}
+					cmd.ExtraFiles = []*os.File{upW}
+					if gos[i], err = cmd.StdinPipe(); err != nil {
+						t.Fatal(err)
+					}
 					if err := cmd.Start(); err != nil {
 						t.Fatal(err)
 					}
+					upW.Close()
 					cmds[i] = cmd
+					// Start together, once every process is up.
+					_, err = up.Read(make([]byte, 1))
+					up.Close()
+					if err != nil {
+						cmd.Wait()
+						t.Fatalf("round %d, process %d did not come up: %v\n%s", round, i, err, outs[i].String())
+					}
+				}
+				for _, g := range gos {
+					g.Close()
 				}
 				for i, cmd := range cmds {
 					if err := cmd.Wait(); err != nil {
@@ -218,6 +248,7 @@ func TestMigrateConcurrentProcesses(t *testing.T) {
 }
 
 func TestOpenErrors(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	tests := []struct {
 		name string
@@ -232,6 +263,7 @@ func TestOpenErrors(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			db, err := bunstore.Open(ctx, tc.dsn, nil)
 			if err == nil {
 				db.Close()

@@ -31,6 +31,7 @@ func intAttr(r slog.Record, key string) int64 {
 // INFO with the count of failed attempts. The outage is real: the
 // listener's role is made NOLOGIN and its connection terminated.
 func TestNotifierOutageLoggedOnce(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	tdb := testdb.Postgres(t)
 	admin := open(t, tdb)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/nodelane/nodelane/bunstore"
 	"github.com/nodelane/nodelane/internal/testdb"
+	"github.com/nodelane/nodelane/internal/waitfor"
 )
 
 // The interface workerapi declares; bunstore may not import it.
@@ -85,8 +86,10 @@ func fast() *bunstore.NotifierConfig {
 // subscription and a closed Notifier receive no more, and a closed
 // Notifier's Notify still reaches the others.
 func TestNotifierSharedDB(t *testing.T) {
-	for _, d := range testdb.Dialects() {
+	t.Parallel()
+	for _, d := range bunstore.MigratedDialects() {
 		t.Run(d.Name, func(t *testing.T) {
+			t.Parallel()
 			ctx := context.Background()
 			db := open(t, d.New(t))
 			a := notifier(t, db, nil)
@@ -151,8 +154,10 @@ func TestNotifierSharedDB(t *testing.T) {
 // Notifiers wake each other; on SQLite they do not, even in one process
 // (their long-polls find new work when they look again).
 func TestNotifierReplicas(t *testing.T) {
-	for _, d := range testdb.Dialects() {
+	t.Parallel()
+	for _, d := range bunstore.MigratedDialects() {
 		t.Run(d.Name, func(t *testing.T) {
+			t.Parallel()
 			ctx := context.Background()
 			tdb := d.New(t)
 			a := notifier(t, open(t, tdb), nil)
@@ -196,8 +201,10 @@ func TestNotifierReplicas(t *testing.T) {
 // not before, to the Notifiers of the same DB and, on PostgreSQL, of the
 // other replicas; on PostgreSQL never if it rolls back.
 func TestNotifierTx(t *testing.T) {
-	for _, d := range testdb.Dialects() {
+	t.Parallel()
+	for _, d := range bunstore.MigratedDialects() {
 		t.Run(d.Name, func(t *testing.T) {
+			t.Parallel()
 			ctx := context.Background()
 			tdb := d.New(t)
 			a := open(t, tdb)
@@ -272,6 +279,7 @@ func TestNotifierTx(t *testing.T) {
 // Negative timings are refused, naming the field; zero ones take their
 // defaults.
 func TestNotifierConfig(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name string
 		cfg  bunstore.NotifierConfig
@@ -287,11 +295,13 @@ func TestNotifierConfig(t *testing.T) {
 		{name: "min above default max", cfg: bunstore.NotifierConfig{ReconnectMin: 2 * bunstore.DefaultNotifierReconnectMax}, want: "NotifierConfig.ReconnectMax"},
 		{name: "max below default min", cfg: bunstore.NotifierConfig{ReconnectMax: bunstore.DefaultNotifierReconnectMin / 2}, want: "NotifierConfig.ReconnectMin"},
 	}
-	for _, d := range testdb.Dialects() {
+	for _, d := range bunstore.MigratedDialects() {
 		t.Run(d.Name, func(t *testing.T) {
+			t.Parallel()
 			db := open(t, d.New(t))
 			for _, tt := range tests {
 				t.Run(tt.name, func(t *testing.T) {
+					t.Parallel()
 					n, err := db.Notifier(context.Background(), &tt.cfg)
 					if tt.want == "" {
 						if err != nil {
@@ -316,10 +326,14 @@ func TestNotifierConfig(t *testing.T) {
 // Close leaves no goroutine of the Notifier behind, a delivery that
 // waited for a transaction included.
 func TestNotifierCloseLeavesNoGoroutine(t *testing.T) {
-	for _, d := range testdb.Dialects() {
+	for _, d := range bunstore.MigratedDialects() {
 		t.Run(d.Name, func(t *testing.T) {
 			ctx := context.Background()
-			db := open(t, d.New(t))
+			tdb, app := d.New(t), ""
+			if d.Name == "postgres" {
+				tdb, app = named(t, tdb)
+			}
+			db := open(t, tdb)
 			// The pool's goroutines, if any, predate the snapshot.
 			ignore := goleak.IgnoreCurrent()
 
@@ -342,8 +356,9 @@ func TestNotifierCloseLeavesNoGoroutine(t *testing.T) {
 			if !receives(ch, delivered) {
 				t.Fatal("missed a Notify made in a transaction")
 			}
-			// Let the listeners ping at least once.
-			time.Sleep(100 * time.Millisecond)
+			if app != "" { // on SQLite no listener pings
+				waitfor.Until(t, "both listeners to ping", func() bool { return len(pinging(t, db, app)) == 2 })
+			}
 			cancel()
 			if err := a.Close(); err != nil {
 				t.Fatal(err)
@@ -358,8 +373,9 @@ func TestNotifierCloseLeavesNoGoroutine(t *testing.T) {
 
 // Notifications that arrive while a wake-up is pending fold into it.
 func TestNotifierFolds(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
-	n := notifier(t, open(t, testdb.SQLite(t)), nil)
+	n := notifier(t, open(t, bunstore.Migrated.New(t)), nil)
 	ch, cancel := n.Subscribe()
 	defer cancel()
 	for range 3 {
@@ -376,6 +392,7 @@ func TestNotifierFolds(t *testing.T) {
 // Deployments in different schemas of one database do not wake each other,
 // unless they are given one channel.
 func TestNotifierSchemas(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	one := open(t, testdb.Postgres(t))
 	two := open(t, testdb.Postgres(t))
@@ -408,6 +425,7 @@ func TestNotifierSchemas(t *testing.T) {
 // its subscribers once (a notification may have been missed), and
 // delivers later notifications.
 func TestNotifierReconnects(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	tdb := testdb.Postgres(t)
 	a, b := open(t, tdb), open(t, tdb)
@@ -452,11 +470,36 @@ func TestNotifierReconnects(t *testing.T) {
 // The listener pings the server while nothing arrives; a ping that
 // succeeds neither wakes the subscribers nor replaces the connection.
 func TestNotifierPings(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
-	tdb := testdb.Postgres(t)
-	// Name the connections, so that the listener can be told from those of
-	// other tests by its application_name and from the pool's by its last
-	// statement.
+	tdb, app := named(t, testdb.Postgres(t))
+	db := open(t, tdb)
+	n := notifier(t, db, fast())
+	ch, cancel := n.Subscribe()
+	defer cancel()
+
+	var pids []int
+	waitfor.Until(t, "the listener to ping", func() bool {
+		pids = pinging(t, db, app)
+		return len(pids) > 0
+	})
+	if receives(ch, quiet) { // many pings
+		t.Fatal("a subscriber woke without a Notify")
+	}
+	if again := pinging(t, db, app); len(again) != 1 || again[0] != pids[0] {
+		t.Fatalf("pinging listeners %v, then %v: the connection was replaced", pids, again)
+	}
+	mustNotify(t, ctx, n)
+	if !receives(ch, delivered) {
+		t.Fatal("a Notify was not delivered between pings")
+	}
+}
+
+// named returns tdb with an application_name of its own on every
+// connection, and that name, so that the listeners of one test can be told
+// from those of other tests.
+func named(t *testing.T, tdb testdb.DB) (testdb.DB, string) {
+	t.Helper()
 	u, err := url.Parse(tdb.DSN)
 	if err != nil {
 		t.Fatal(err)
@@ -466,39 +509,21 @@ func TestNotifierPings(t *testing.T) {
 	q.Set("application_name", app)
 	u.RawQuery = q.Encode()
 	tdb.DSN = u.String()
-	db := open(t, tdb)
-	n := notifier(t, db, fast())
-	ch, cancel := n.Subscribe()
-	defer cancel()
+	return tdb, app
+}
 
-	pinging := func() []int {
-		t.Helper()
-		var pids []int
-		err := db.Bun().NewRaw(
-			"SELECT pid FROM pg_stat_activity WHERE application_name = ? AND query = '-- ping'", app).Scan(ctx, &pids)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return pids
-	}
+// pinging returns the pids of the connections named app (see named) that
+// pinged and have run nothing since: listeners, told from the pool's
+// connections by their last statement.
+func pinging(t *testing.T, db *bunstore.DB, app string) []int {
+	t.Helper()
 	var pids []int
-	for deadline := time.Now().Add(delivered); len(pids) == 0; {
-		if time.Now().After(deadline) {
-			t.Fatal("the listener did not ping")
-		}
-		time.Sleep(10 * time.Millisecond)
-		pids = pinging()
+	err := db.Bun().NewRaw(
+		"SELECT pid FROM pg_stat_activity WHERE application_name = ? AND query = '-- ping'", app).Scan(context.Background(), &pids)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if receives(ch, quiet) { // many pings
-		t.Fatal("a subscriber woke without a Notify")
-	}
-	if again := pinging(); len(again) != 1 || again[0] != pids[0] {
-		t.Fatalf("pinging listeners %v, then %v: the connection was replaced", pids, again)
-	}
-	mustNotify(t, ctx, n)
-	if !receives(ch, delivered) {
-		t.Fatal("a Notify was not delivered between pings")
-	}
+	return pids
 }
 
 // listeners returns the pids of the listener connections on channel: those
@@ -528,7 +553,8 @@ var _ interface {
 // DB.InTx transaction it is delivered once the transaction ends, and on
 // PostgreSQL never if it rolls back.
 func TestNotifierWorkerSignals(t *testing.T) {
-	for _, d := range testdb.Dialects() {
+	t.Parallel()
+	for _, d := range bunstore.MigratedDialects() {
 		t.Run(d.Name, func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()

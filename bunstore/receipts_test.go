@@ -15,6 +15,7 @@ import (
 
 	"github.com/nodelane/nodelane/bunstore"
 	"github.com/nodelane/nodelane/internal/testdb"
+	"github.com/nodelane/nodelane/internal/waitfor"
 	"github.com/nodelane/nodelane/receipts"
 	"github.com/nodelane/nodelane/receipts/receiptstest"
 )
@@ -22,8 +23,10 @@ import (
 const receiptsOrigin = "bunstore.test/receipts"
 
 func TestReceiptStore(t *testing.T) {
-	for _, d := range testdb.Dialects() {
+	t.Parallel()
+	for _, d := range bunstore.MigratedDialects() {
 		t.Run(d.Name, func(t *testing.T) {
+			t.Parallel()
 			receiptstest.Run(t, func(t *testing.T) receipts.Store {
 				return open(t, d.New(t)).ReceiptStore()
 			})
@@ -73,9 +76,11 @@ func (s *commitFails) Sequence(ctx context.Context, limit int, integrate receipt
 // no index, no stored hash, no tree change, and no signed checkpoint.
 // Receipts minted in a transaction that rolls back never existed.
 func TestReceiptsTransactions(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
-	for _, d := range testdb.Dialects() {
+	for _, d := range bunstore.MigratedDialects() {
 		t.Run(d.Name, func(t *testing.T) {
+			t.Parallel()
 			db := open(t, d.New(t))
 			store := db.ReceiptStore()
 			signer, vkey := receiptSigner(t)
@@ -168,16 +173,22 @@ func TestReceiptsTransactions(t *testing.T) {
 	}
 }
 
-// TestReceiptsAcceptance has 16 goroutines mint 500 receipts each through
-// two replicas (two handles on one PostgreSQL schema), while a Sequencer
-// on each replica runs. Every receipt gets one index, 0 to 7999 with no
-// gap, each minter's receipts in its mint order, and every inclusion
-// proof verifies against the final checkpoint.
+// TestReceiptsAcceptance has 16 goroutines mint 500 receipts each (125
+// under the race detector) through two replicas (two handles on one
+// PostgreSQL schema), while a Sequencer on each replica runs. Every
+// receipt gets one index, from 0 with no gap, each minter's receipts
+// in its mint order, and every inclusion proof verifies against the final
+// checkpoint.
 func TestReceiptsAcceptance(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("8,000 receipts")
 	}
-	const minters, each = 16, 500
+	const minters = 16
+	each := 500
+	if raceEnabled {
+		each = 125
+	}
 	ctx := context.Background()
 	tdb := testdb.Postgres(t)
 	signer, vkey := receiptSigner(t)
@@ -240,20 +251,15 @@ func TestReceiptsAcceptance(t *testing.T) {
 		t.FailNow()
 	}
 
-	const total = minters * each
-	deadline := time.Now().Add(2 * time.Minute)
+	total := minters * each
 	var cp *receipts.Checkpoint
-	for {
+	waitfor.Within(t, 2*time.Minute, fmt.Sprintf("a checkpoint of %d receipts", total), func() bool {
 		c, err := logs[0].Checkpoint(ctx)
-		if err == nil && c.Size == total {
+		if err == nil && c.Size == int64(total) {
 			cp = c
-			break
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after 2 minutes the checkpoint is %+v, %v; want one of %d receipts", c, err, total)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return cp != nil
+	})
 	stopRuns()
 	runs.Wait()
 	close(seqErrs)
@@ -323,7 +329,7 @@ func TestReceiptsAcceptance(t *testing.T) {
 	}
 	close(work)
 	wg.Wait()
-	if verified.Load() != total {
+	if verified.Load() != int64(total) {
 		t.Errorf("%d receipts verified, want %d", verified.Load(), total)
 	}
 }
@@ -346,7 +352,7 @@ func (s *countingStore) Sequence(ctx context.Context, limit int, integrate recei
 // transaction), while one Sequencer integrates them, until the last is
 // sequenced and a checkpoint signed. receipts/s is the throughput.
 func BenchmarkReceiptsMintSequence(b *testing.B) {
-	for _, d := range testdb.Dialects() {
+	for _, d := range bunstore.MigratedDialects() {
 		b.Run(d.Name, func(b *testing.B) {
 			for _, minters := range []int{1, 16} {
 				b.Run(fmt.Sprintf("minters=%d", minters), func(b *testing.B) {
@@ -391,6 +397,7 @@ func benchmarkMintSequence(b *testing.B, tdb testdb.DB, minters int) {
 	}
 	wg.Wait()
 	for {
+		published := q.Published()
 		cp, err := log.Checkpoint(ctx)
 		if err == nil && cp.Size == int64(b.N) {
 			break
@@ -398,7 +405,7 @@ func benchmarkMintSequence(b *testing.B, tdb testdb.DB, minters int) {
 		if b.Failed() {
 			break
 		}
-		time.Sleep(200 * time.Microsecond)
+		waitfor.Receive(b, "the next checkpoint", published)
 	}
 	b.StopTimer()
 	stop()

@@ -82,10 +82,12 @@ func wantAborted(t *testing.T, what string, err, target error, not ...error) {
 // caller as the package's ErrAborted, through the store and through the
 // package's logic, which does not retry it, and never as a conflict.
 func TestReplayStoresAbortedTx(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
-	db := open(t, testdb.Postgres(t))
 
 	t.Run("replay", func(t *testing.T) {
+		t.Parallel()
+		db := open(t, testdb.Postgres(t))
 		s := db.NonceStore(nil)
 		now := time.Now().UTC().Truncate(time.Microsecond)
 		exp := now.Add(time.Minute)
@@ -115,6 +117,8 @@ func TestReplayStoresAbortedTx(t *testing.T) {
 	})
 
 	t.Run("credential", func(t *testing.T) {
+		t.Parallel()
+		db := open(t, testdb.Postgres(t))
 		s := db.CredentialStore()
 		is, _ := newIssuer(t, db)
 		p, err := is.CreatePrincipal(ctx, credential.Principal{ID: "Node-1", Kind: credential.KindNode})
@@ -166,6 +170,8 @@ func TestReplayStoresAbortedTx(t *testing.T) {
 	})
 
 	t.Run("envelope", func(t *testing.T) {
+		t.Parallel()
+		db := open(t, testdb.Postgres(t))
 		g, err := envelope.NewGate(db.EnvelopeStore(), nil)
 		if err != nil {
 			t.Fatal(err)
@@ -185,6 +191,8 @@ func TestReplayStoresAbortedTx(t *testing.T) {
 	})
 
 	t.Run("receipts", func(t *testing.T) {
+		t.Parallel()
+		db := open(t, testdb.Postgres(t))
 		s := db.ReceiptStore()
 		signer, _ := receiptSigner(t)
 		log := receipts.NewLog(s, &receipts.Config{Origin: receiptsOrigin})
@@ -214,6 +222,7 @@ func TestReplayStoresAbortedTx(t *testing.T) {
 // A deadlock (40P01) is ErrAborted too, for the transaction PostgreSQL
 // chose to abort; the other one commits.
 func TestCredentialAbortedDeadlock(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	db := open(t, testdb.Postgres(t))
 	s := db.CredentialStore()
@@ -272,6 +281,7 @@ func TestCredentialAbortedDeadlock(t *testing.T) {
 // again. A database whose default level is REPEATABLE READ exercises the
 // store's own retries of the transactions it runs itself.
 func TestNonceQuotaIsolation(t *testing.T) {
+	t.Parallel()
 	const goroutines = 3 * replaytest.Quota
 	levels := []struct {
 		name  string
@@ -288,6 +298,7 @@ func TestNonceQuotaIsolation(t *testing.T) {
 	tdb := testdb.Postgres(t)
 	for _, lv := range levels {
 		t.Run(lv.name, func(t *testing.T) {
+			t.Parallel()
 			d := tdb
 			if lv.own {
 				u, err := url.Parse(d.DSN)

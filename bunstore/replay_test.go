@@ -17,16 +17,19 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/uptrace/bun/dialect"
 
 	"github.com/nodelane/nodelane/bunstore"
-	"github.com/nodelane/nodelane/internal/testdb"
+	"github.com/nodelane/nodelane/internal/waitfor"
 	"github.com/nodelane/nodelane/replay"
 	"github.com/nodelane/nodelane/replay/replaytest"
 )
 
 func TestNonceStore(t *testing.T) {
-	for _, d := range testdb.Dialects() {
+	t.Parallel()
+	for _, d := range bunstore.MigratedDialects() {
 		t.Run(d.Name, func(t *testing.T) {
+			t.Parallel()
 			replaytest.Run(t, func(t *testing.T) replay.Store {
 				return open(t, d.New(t)).NonceStore(&bunstore.NonceConfig{PerNode: replaytest.Quota})
 			})
@@ -90,10 +93,12 @@ func verifyWire(ctx context.Context, v *replay.Verifier, n *node, wire []byte) e
 // the same signed request at once, through two replicas (two pools on one
 // database), and exactly one is admitted, in each of 20 rounds.
 func TestNonceConcurrentVerify(t *testing.T) {
+	t.Parallel()
 	const goroutines, rounds = 16, 20
 	ctx := context.Background()
-	for _, d := range testdb.Dialects() {
+	for _, d := range bunstore.MigratedDialects() {
 		t.Run(d.Name, func(t *testing.T) {
+			t.Parallel()
 			tdb := d.New(t)
 			replicas := []*replay.Verifier{
 				replay.NewVerifier(open(t, tdb).NonceStore(nil), nil),
@@ -145,13 +150,40 @@ func TestNonceConcurrentVerify(t *testing.T) {
 
 var errRollbackNonce = errors.New("the request failed")
 
+// heldUp reports whether a write waits for the transaction ctx carries:
+// on SQLite for the write slot it holds, on PostgreSQL for a lock it
+// holds (a row it wrote).
+func heldUp(t *testing.T, ctx context.Context, db *bunstore.DB) bool {
+	t.Helper()
+	if db.Bun().Dialect().Name() == dialect.SQLite {
+		return bunstore.WriteWaiters(db) > 0
+	}
+	tx, ok := bunstore.TxFrom(ctx)
+	if !ok {
+		t.Fatal("no transaction in the context")
+	}
+	var xid string
+	if err := tx.QueryRowContext(ctx, "SELECT (txid_current() % 4294967296)::text").Scan(&xid); err != nil {
+		t.Fatal(err)
+	}
+	var waiting int
+	err := db.Bun().QueryRowContext(context.Background(),
+		"SELECT count(*) FROM pg_locks WHERE locktype = 'transactionid' AND transactionid::text = ? AND NOT granted", xid).Scan(&waiting)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return waiting > 0
+}
+
 // A nonce consumed in a transaction is consumed if and only if the
 // transaction commits, and a copy of the request that arrives meanwhile
 // waits for that outcome.
 func TestNonceInTx(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
-	for _, d := range testdb.Dialects() {
+	for _, d := range bunstore.MigratedDialects() {
 		t.Run(d.Name, func(t *testing.T) {
+			t.Parallel()
 			db := open(t, d.New(t))
 			v := replay.NewVerifier(db.NonceStore(nil), nil)
 			n := newNode(t, "studio-gpu-1")
@@ -183,14 +215,17 @@ func TestNonceInTx(t *testing.T) {
 						}
 						// A copy arriving outside the transaction must wait
 						// for it: until it ends the nonce is neither spent
-						// nor free.
+						// nor free. It is seen waiting, held up by the
+						// transaction, and not answered.
 						go func() { copyErr <- verifyWire(context.Background(), v, n, wire) }()
-						time.Sleep(100 * time.Millisecond)
-						select {
-						case err := <-copyErr:
-							t.Errorf("a copy was answered (%v) while the transaction was open", err)
-						default:
-						}
+						waitfor.Until(t, "the copy to wait for the transaction", func() bool {
+							select {
+							case err := <-copyErr:
+								t.Fatalf("a copy was answered (%v) while the transaction was open", err)
+							default:
+							}
+							return heldUp(t, ctx, db)
+						})
 						return tc.result
 					})
 					if !errors.Is(err, tc.result) {
@@ -228,14 +263,16 @@ func TestNonceInTx(t *testing.T) {
 // nothing else, also when replicas collect at once; Verifier.Collect
 // keeps them one window longer.
 func TestNonceCollect(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	type nonceRow struct {
 		NodeID    string `bun:"node_id"`
 		Nonce     string `bun:"nonce"`
 		ExpiresAt int64  `bun:"expires_at"`
 	}
-	for _, d := range testdb.Dialects() {
+	for _, d := range bunstore.MigratedDialects() {
 		t.Run(d.Name, func(t *testing.T) {
+			t.Parallel()
 			tdb := d.New(t)
 			db := open(t, tdb)
 			s := db.NonceStore(nil)
@@ -314,9 +351,11 @@ func chunks[T any](s []T, n int) func(yield func([]T) bool) {
 // A store that cannot answer makes the Verifier refuse with
 // ErrUnavailable, never admit.
 func TestNonceUnavailable(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
-	for _, d := range testdb.Dialects() {
+	for _, d := range bunstore.MigratedDialects() {
 		t.Run(d.Name, func(t *testing.T) {
+			t.Parallel()
 			db, err := bunstore.Open(ctx, d.New(t).DSN, nil)
 			if err != nil {
 				t.Fatal(err)
@@ -348,9 +387,11 @@ func TestNonceUnavailable(t *testing.T) {
 // The quota is configurable, counts only the node's own live nonces, and
 // a replay of a held nonce at the quota is still reported as a replay.
 func TestNonceQuotaConfig(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
-	for _, d := range testdb.Dialects() {
+	for _, d := range bunstore.MigratedDialects() {
 		t.Run(d.Name, func(t *testing.T) {
+			t.Parallel()
 			s := open(t, d.New(t)).NonceStore(&bunstore.NonceConfig{PerNode: 3})
 			now := time.Now().UTC().Truncate(time.Microsecond)
 			exp := now.Add(time.Minute)
@@ -392,7 +433,7 @@ func (c *counterReader) Read(p []byte) (int, error) {
 func BenchmarkReplayVerify(b *testing.B) {
 	ctx := context.Background()
 	body := []byte(`{"status":"idle","current_jobs":["job-1"],"metrics":{"gpu_util":0.93,"vram_used_mb":20100}}`)
-	for _, d := range testdb.Dialects() {
+	for _, d := range bunstore.MigratedDialects() {
 		b.Run(d.Name, func(b *testing.B) {
 			db := open(b, d.New(b))
 			pub, priv, _ := ed25519.GenerateKey(rand.Reader)

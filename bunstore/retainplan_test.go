@@ -18,6 +18,7 @@ import (
 // nodelane_jobs_ended_idx in finished_at order, so that a batch reads
 // about its limit of rows, not the table.
 func TestDeleteEndedPlanWalksEndedIndex(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	db, err := Open(ctx, testdb.Postgres(t).DSN, nil)
 	if err != nil {
@@ -86,6 +87,7 @@ func TestDeleteEndedPlanWalksEndedIndex(t *testing.T) {
 
 // On SQLite too, the candidates come from the index, in order.
 func TestDeleteEndedPlanSQLite(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	db, err := Open(ctx, testdb.SQLite(t).DSN, nil)
 	if err != nil {
@@ -93,24 +95,7 @@ func TestDeleteEndedPlanSQLite(t *testing.T) {
 	}
 	defer db.Close()
 	q := db.endedJobs(db.bun, time.Now(), lease.PruneBatch).String()
-	rows, err := db.bun.QueryContext(ctx, "EXPLAIN QUERY PLAN "+q)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rows.Close()
-	var steps []string
-	for rows.Next() {
-		var id, parent, unused int
-		var detail string
-		if err := rows.Scan(&id, &parent, &unused, &detail); err != nil {
-			t.Fatal(err)
-		}
-		steps = append(steps, detail)
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
-	plan := strings.Join(steps, "\n")
+	plan := explainSQLite(t, ctx, db, q)
 	if !strings.Contains(plan, "USING INDEX nodelane_jobs_ended_idx") || strings.Contains(plan, "TEMP B-TREE") {
 		t.Errorf("DeleteEnded's plan on SQLite, for %s:\n%s\nwant a search of nodelane_jobs_ended_idx without a sort", q, plan)
 	}

@@ -22,6 +22,7 @@ import (
 // claim runs under a deadline, so a claim that waits for worker A's lock
 // fails with an error rather than merely taking longer.
 func TestClaimSkipsLockedRows(t *testing.T) {
+	t.Parallel()
 	tdb := testdb.Postgres(t)
 	ctx := context.Background()
 	db := open(t, testdb.DB{Dialect: tdb.Dialect, DSN: withRuntimeParam(t, tdb.DSN, "lock_timeout", "2s")})

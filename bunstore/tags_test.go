@@ -16,9 +16,11 @@ import (
 // takes the database back to before 0016 (its down migration, and its
 // row in the history), and opens it again, which migrates it up.
 func TestTagsMigration(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	for _, d := range testdb.Dialects() {
 		t.Run(d.Name, func(t *testing.T) {
+			t.Parallel()
 			db := d.New(t)
 			first := open(t, db)
 			m := lease.NewManager(first.LeaseStore(), nil)

@@ -22,8 +22,10 @@ func newJob(id string) *lease.Job {
 }
 
 func TestInTx(t *testing.T) {
-	for _, d := range testdb.Dialects() {
+	t.Parallel()
+	for _, d := range bunstore.MigratedDialects() {
 		t.Run(d.Name, func(t *testing.T) {
+			t.Parallel()
 			db := open(t, d.New(t))
 			s := db.LeaseStore()
 			ctx := context.Background()
@@ -153,8 +155,10 @@ func TestInTx(t *testing.T) {
 // job exactly once between them, and one worker's governor holds across
 // both.
 func TestReplicas(t *testing.T) {
-	for _, d := range testdb.Dialects() {
+	t.Parallel()
+	for _, d := range bunstore.MigratedDialects() {
 		t.Run(d.Name, func(t *testing.T) {
+			t.Parallel()
 			tdb := d.New(t)
 			ctx := context.Background()
 			replicas := []*lease.Manager{
@@ -245,6 +249,7 @@ func TestReplicas(t *testing.T) {
 // transaction's context can never run: it fails after the busy timeout
 // rather than hanging.
 func TestSQLiteWriteOutsideItsTxFails(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	db, err := bunstore.Open(ctx, testdb.SQLite(t).DSN, &bunstore.Config{BusyTimeout: 200 * time.Millisecond})
 	if err != nil {

@@ -7,6 +7,7 @@ import (
 )
 
 func TestBearerToken(t *testing.T) {
+	t.Parallel()
 	const tok = "nlc_abc"
 	tests := []struct {
 		name   string
@@ -33,6 +34,7 @@ func TestBearerToken(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			h := http.Header{}
 			for _, v := range tc.values {
 				h.Add("Authorization", v)

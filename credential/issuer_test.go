@@ -147,6 +147,7 @@ func flip(s string, i int) string {
 // TestVerifyRefuses checks every way Verify says no, and that a token of
 // the wrong shape never reaches the store.
 func TestVerifyRefuses(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	p := e.principal(t, "node-1")
 	tok, c := e.mint(t, p.ID, time.Hour, ScopeNodePoll)
@@ -251,6 +252,7 @@ func TestVerifyRefuses(t *testing.T) {
 // TestStoreFailure checks that a failing store fails the call, wrapped,
 // and never lets a token pass.
 func TestStoreFailure(t *testing.T) {
+	t.Parallel()
 	errDown := errors.New("database is down")
 	e := newEnv(t)
 	p := e.principal(t, "n")
@@ -328,6 +330,7 @@ func TestStoreFailure(t *testing.T) {
 // TestRaceRetries checks that an update that loses a race is retried
 // on a fresh read.
 func TestRaceRetries(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	p := e.principal(t, "n")
 	_, c := e.mint(t, p.ID, time.Hour, ScopeNodePoll)
@@ -358,6 +361,7 @@ func TestRaceRetries(t *testing.T) {
 }
 
 func TestNewIssuer(t *testing.T) {
+	t.Parallel()
 	long := testPepper
 	tests := []struct {
 		name string
@@ -375,6 +379,7 @@ func TestNewIssuer(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			is, err := NewIssuer(NewMemoryStore(), tc.cfg)
 			if tc.ok != (err == nil) || tc.ok != (is != nil) {
 				t.Fatalf("NewIssuer = %v, %v; want ok %v", is, err, tc.ok)
@@ -414,6 +419,7 @@ type vectors struct {
 }
 
 func TestVectors(t *testing.T) {
+	t.Parallel()
 	b, err := os.ReadFile("testdata/vectors.json")
 	if err != nil {
 		t.Fatal(err)
@@ -456,6 +462,7 @@ func TestVectors(t *testing.T) {
 }
 
 func TestTokenEdges(t *testing.T) {
+	t.Parallel()
 	var zeroID [idLen]byte
 	var zeroSecret [secretLen]byte
 	maxID, maxSecret := zeroID, zeroSecret
@@ -471,6 +478,7 @@ func TestTokenEdges(t *testing.T) {
 		secret *[secretLen]byte
 	}{{"zero", &zeroID, &zeroSecret}, {"max", &maxID, &maxSecret}} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			tok := formatToken(tc.id, tc.secret)
 			id, secret, err := parseToken(tok)
 			if err != nil || id != *tc.id || secret != *tc.secret {

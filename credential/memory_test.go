@@ -8,5 +8,6 @@ import (
 )
 
 func TestMemoryStore(t *testing.T) {
+	t.Parallel()
 	credentialtest.Run(t, func(t *testing.T) credential.Store { return credential.NewMemoryStore() })
 }

@@ -8,5 +8,6 @@ import (
 )
 
 func TestMemoryStore(t *testing.T) {
+	t.Parallel()
 	envelopetest.Run(t, func(t *testing.T) envelope.Store { return envelope.NewMemoryStore() })
 }

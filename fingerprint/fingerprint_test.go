@@ -14,10 +14,12 @@ import (
 )
 
 func TestMemoryStore(t *testing.T) {
+	t.Parallel()
 	fingerprinttest.Run(t, func(t *testing.T) fingerprint.Store { return fingerprint.NewMemoryStore() })
 }
 
 func TestFingerprints(t *testing.T) {
+	t.Parallel()
 	p := bytes.Repeat([]byte{0x5a}, 32)
 	a, b := fingerprint.Pepper(1, p), fingerprint.Pepper(1, bytes.Repeat([]byte{0x5b}, 32))
 	if a.Value == b.Value || a.Kind != fingerprint.KindPepper || a.ID != "1" || a.Validate() != nil {
@@ -34,6 +36,7 @@ func TestFingerprints(t *testing.T) {
 }
 
 func TestCheck(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	p1, p2 := bytes.Repeat([]byte{1}, 32), bytes.Repeat([]byte{2}, 32)
 	st := fingerprint.NewMemoryStore()

@@ -57,6 +57,7 @@ func (e *explainEnv) explain(id string, opts *lease.ExplainOptions) *lease.Expla
 // The reasons workerapi renders today for the operator's leasability
 // (TestOperatorDispatchLeasability), word for word.
 func TestExplainOperatorMessages(t *testing.T) {
+	t.Parallel()
 	e := newExplainEnv(t)
 	lora := func(r lease.Requirements) lease.NewJob { return lease.NewJob{Type: "lora_train", Requirements: r} }
 	first := e.enqueue(lora(lease.Requirements{GPUSKU: "rtx-4090", GPUCount: 1, MinVRAMMB: 16000}))
@@ -110,6 +111,7 @@ func TestExplainOperatorMessages(t *testing.T) {
 
 // Explain examines ExplainMaxWorkers workers and says when there were more.
 func TestExplainTruncated(t *testing.T) {
+	t.Parallel()
 	e := newExplainEnv(t)
 	for i := range lease.ExplainMaxWorkers {
 		e.worker(fmt.Sprintf("cpu-%04d", i), nil, []string{"status_check"}, lease.Governor{})
@@ -137,6 +139,7 @@ func TestExplainTruncated(t *testing.T) {
 // By default Explain stops at the first worker that could take the job;
 // AllWorkers checks them all.
 func TestExplainAllWorkers(t *testing.T) {
+	t.Parallel()
 	e := newExplainEnv(t)
 	a := e.worker("a", nil, []string{"status_check"}, lease.Governor{})
 	e.now = e.now.Add(time.Millisecond)
@@ -163,6 +166,7 @@ func TestExplainAllWorkers(t *testing.T) {
 // grid of workers, requirements and offered SKUs: the steps that name a
 // mismatch never contradict the matching Lease does.
 func TestExplainAgreesWithLease(t *testing.T) {
+	t.Parallel()
 	gpus := map[string][]lease.GPU{
 		"none":  nil,
 		"4090":  {{SKU: "rtx-4090", VRAMMB: 24576}},
@@ -227,6 +231,7 @@ func checkAgreement(t *testing.T, name string, gpus []lease.GPU, gov lease.Gover
 // ExplainLease examines at most ExplainMaxTypes types and
 // ExplainMaxJobsPerType jobs of each.
 func TestExplainLeaseBounds(t *testing.T) {
+	t.Parallel()
 	e := newExplainEnv(t)
 	var types []string
 	for i := range lease.ExplainMaxTypes + 1 {
@@ -257,6 +262,7 @@ func TestExplainLeaseBounds(t *testing.T) {
 // The codes are part of the API: renaming one breaks callers that switch
 // on them or send them over the wire.
 func TestExplainReasonCodes(t *testing.T) {
+	t.Parallel()
 	got := []lease.ReasonCode{
 		lease.ReasonJobLeased, lease.ReasonJobFinished, lease.ReasonCancelRequested, lease.ReasonScheduled,
 		lease.ReasonNoWorker, lease.ReasonJobType, lease.ReasonGPUSKU, lease.ReasonSKUNotOffered, lease.ReasonGPUCount,
@@ -275,6 +281,7 @@ func TestExplainReasonCodes(t *testing.T) {
 }
 
 func TestExplainNotFound(t *testing.T) {
+	t.Parallel()
 	e := newExplainEnv(t)
 	if _, err := e.m.Explain(e.ctx, "job_nobody", nil); !errors.Is(err, lease.ErrNotFound) {
 		t.Errorf("Explain of an unknown job: %v", err)
@@ -293,6 +300,7 @@ func (noGetJob) GetJob(context.Context, string) (*lease.Job, error) { return nil
 
 // Explain judges the job ExplainOptions.Job gives, without reading it.
 func TestExplainGivenJob(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	m := lease.NewManager(noGetJob{lease.NewMemoryStore()}, nil)
 	if _, err := m.RegisterWorker(ctx, &lease.Worker{NodeID: "n", Capabilities: lease.Capabilities{JobTypes: []string{"status_check"}}}); err != nil {
@@ -330,6 +338,7 @@ func (s *countingStore) ListWorkers(ctx context.Context, after string, limit int
 // is seen at once, one written elsewhere (another replica's Manager) once
 // the list is older than the TTL; a negative TTL reads every time.
 func TestExplainReusesWorkers(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	now := time.Date(2026, 11, 30, 9, 0, 0, 0, time.UTC)
 	clock := func() time.Time { return now }

@@ -58,6 +58,7 @@ func referenceFits(w *lease.Worker, offered []string) []lease.Fit {
 }
 
 func TestFits(t *testing.T) {
+	t.Parallel()
 	gpu := func(sku string, vram int) lease.GPU { return lease.GPU{SKU: sku, VRAMMB: vram} }
 	for _, tc := range []struct {
 		name    string
@@ -96,6 +97,7 @@ func TestFits(t *testing.T) {
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			w := &lease.Worker{Capabilities: lease.Capabilities{GPUs: tc.gpus}, Governor: lease.Governor{MaxVRAMMB: tc.maxVRAM}}
 			if diff := cmp.Diff(tc.want, w.Fits(tc.offered)); diff != "" {
 				t.Errorf("Fits (-want +got):\n%s", diff)
@@ -110,6 +112,7 @@ func TestFits(t *testing.T) {
 // TestFitsMatchesReference compares Fits with its plain definition on
 // random workers.
 func TestFitsMatchesReference(t *testing.T) {
+	t.Parallel()
 	r := rand.New(rand.NewPCG(1, 2))
 	skus := []string{"a", "b", "c", ""} // "" is a GPU without a SKU
 	for i := range 2000 {
@@ -146,6 +149,7 @@ func manyGPUs(n int) *lease.Worker {
 // TestFitsIsNotQuadratic checks that 100,000 GPUs (once a node could declare that
 // many) take well under a second; the quadratic count took minutes.
 func TestFitsIsNotQuadratic(t *testing.T) {
+	t.Parallel()
 	w := manyGPUs(100_000)
 	start := time.Now()
 	fs := w.Fits(nil)

@@ -14,6 +14,7 @@ import (
 // job stays leased to the worker that let it lapse); once it no longer
 // does, Lease sweeps it back to the queue and grants it.
 func TestHoldSweeps(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	clock := testclock.New(time.Date(2026, 11, 30, 9, 0, 0, 0, time.UTC))
 	var hold atomic.Bool

@@ -8,5 +8,6 @@ import (
 )
 
 func TestMemoryStore(t *testing.T) {
+	t.Parallel()
 	leasetest.Run(t, func(t *testing.T) lease.Store { return lease.NewMemoryStore() })
 }

@@ -25,6 +25,7 @@ func (s *batchStore) DeleteEnded(ctx context.Context, before time.Time, limit in
 // Prune deletes in batches of PruneBatch until one comes back short, and
 // runs at most PruneMaxBatches of them; the next Prune goes on.
 func TestPruneBatches(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	clock := testclock.New(time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC))
 	s := &batchStore{MemoryStore: lease.NewMemoryStore()}

@@ -25,6 +25,7 @@ func attemptFailed() receipts.Receipt {
 // job_failed and job_completed round-trip, and receipts without them (the
 // golden files, minted before they existed) still decode.
 func TestAttemptFields(t *testing.T) {
+	t.Parallel()
 	r := attemptFailed()
 	b, err := r.Encode()
 	if err != nil {
@@ -80,6 +81,7 @@ func TestAttemptFields(t *testing.T) {
 }
 
 func TestAttemptFieldsRejected(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name   string
 		mutate func(*receipts.Receipt)
@@ -93,6 +95,7 @@ func TestAttemptFieldsRejected(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			r := attemptFailed()
 			tc.mutate(&r)
 			if _, err := r.Encode(); !errors.Is(err, tc.want) {
@@ -119,6 +122,7 @@ func TestAttemptFieldsRejected(t *testing.T) {
 	}
 	for _, e := range edits {
 		t.Run(e.name, func(t *testing.T) {
+			t.Parallel()
 			body := strings.Replace(string(good), e.old, e.new, 1)
 			if body == string(good) {
 				t.Fatalf("the edit %q changed nothing", e.old)

@@ -14,6 +14,7 @@ import (
 	"golang.org/x/mod/sumdb/note"
 	"golang.org/x/mod/sumdb/tlog"
 
+	"github.com/nodelane/nodelane/internal/waitfor"
 	"github.com/nodelane/nodelane/receipts"
 )
 
@@ -151,11 +152,7 @@ func (f *awaitFixture) run(q *receipts.Sequencer) {
 	if !first {
 		return
 	}
-	select {
-	case <-published:
-	case <-time.After(10 * time.Second):
-		f.t.Fatal("Run published nothing in 10 s")
-	}
+	waitfor.Receive(f.t, "Run to publish the empty log", published)
 }
 
 // mint mints n receipts and returns their ids.
@@ -239,30 +236,13 @@ func (f *awaitFixture) awaitAsync(q *receipts.Sequencer, ids []string) <-chan aw
 		ss, ps, cp, err := await(q, ids)
 		out <- awaitResult{ss, ps, cp, err}
 	}()
-	waitFor(f.t, "the waiter to register", func() bool { return receipts.Waiting(q) > before })
+	waitfor.Until(f.t, "the waiter to register", func() bool { return receipts.Waiting(q) > before })
 	return out
-}
-
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("waited 10 s for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
 }
 
 func receive(t *testing.T, c <-chan awaitResult) awaitResult {
 	t.Helper()
-	select {
-	case r := <-c:
-		return r
-	case <-time.After(40 * time.Second):
-		t.Fatal("Await did not return")
-		return awaitResult{}
-	}
+	return waitfor.Receive(t, "Await to return", c)
 }
 
 // TestAwaitInMemory checks that a waiter whose receipts one batch of the running
@@ -271,6 +251,7 @@ func receive(t *testing.T, c <-chan awaitResult) awaitResult {
 // A waiter for receipts sequenced before it came gets them from the
 // store.
 func TestAwaitInMemory(t *testing.T) {
+	t.Parallel()
 	f := newAwaitFixture(t)
 	q := f.sequencer(f.store, receipts.Config{Interval: time.Hour, AwaitPoll: time.Hour})
 	f.run(q)
@@ -309,6 +290,7 @@ func TestAwaitInMemory(t *testing.T) {
 // TestAwaitSplitBatches checks that a waiter whose receipts take several batches
 // (BatchSize 2, five receipts) gets them in memory with the last batch.
 func TestAwaitSplitBatches(t *testing.T) {
+	t.Parallel()
 	f := newAwaitFixture(t)
 	q := f.sequencer(f.store, receipts.Config{BatchSize: 2, Interval: time.Hour, AwaitPoll: time.Hour})
 	f.mint(3) // an older tree, whose hashes the proofs need too
@@ -343,6 +325,7 @@ func TestAwaitSplitBatches(t *testing.T) {
 // and the next share gets them with the next, reading no receipt and
 // the stored hashes of the older batch in one call.
 func TestAwaitAfterItsBatch(t *testing.T) {
+	t.Parallel()
 	f := newAwaitFixture(t)
 	q := f.sequencer(f.store, receipts.Config{Interval: time.Hour, AwaitPoll: time.Hour})
 	f.mint(5)
@@ -383,8 +366,10 @@ func TestAwaitAfterItsBatch(t *testing.T) {
 // store (two replicas, the waiters on one), all get proofs that verify,
 // and none stays registered.
 func TestAwaitConcurrent(t *testing.T) {
+	t.Parallel()
 	for _, replicas := range []int{1, 2} {
 		t.Run(fmt.Sprintf("sequencers=%d", replicas), func(t *testing.T) {
+			t.Parallel()
 			const waiters, rounds = 12, 8
 			f := newAwaitFixture(t)
 			// No poll: what the Sequencer delivers or tells is enough.
@@ -429,6 +414,7 @@ func TestAwaitConcurrent(t *testing.T) {
 // TestAwaitContextEnds checks that, when ctx ends first, Await's error matches
 // ErrNotSequenced and the cause, and the waiter is gone.
 func TestAwaitContextEnds(t *testing.T) {
+	t.Parallel()
 	f := newAwaitFixture(t)
 	q := f.sequencer(f.store, receipts.Config{})
 	ids := f.mint(2)
@@ -477,6 +463,7 @@ func TestAwaitContextEnds(t *testing.T) {
 // TestAwaitUnknown checks that an id no receipt has is ErrNotFound, from the store,
 // once the Sequencer found it in no batch.
 func TestAwaitUnknown(t *testing.T) {
+	t.Parallel()
 	f := newAwaitFixture(t)
 	q := f.sequencer(f.store, receipts.Config{Interval: time.Hour, AwaitPoll: time.Hour})
 	f.run(q)
@@ -493,6 +480,7 @@ func TestAwaitUnknown(t *testing.T) {
 // sequenced (another replica's) reach the waiter from the store: when
 // its own Sequencer's next batch does not have them, or at AwaitPoll.
 func TestAwaitOtherSequencer(t *testing.T) {
+	t.Parallel()
 	t.Run("sequenced before the wait", func(t *testing.T) {
 		f := newAwaitFixture(t)
 		q := f.sequencer(f.store, receipts.Config{Interval: time.Hour, AwaitPoll: time.Hour})
@@ -553,6 +541,7 @@ func TestAwaitOtherSequencer(t *testing.T) {
 // and its publication) is proven from the store, against that
 // checkpoint.
 func TestAwaitLargerCheckpoint(t *testing.T) {
+	t.Parallel()
 	f := newAwaitFixture(t)
 	q := f.sequencer(f.store, receipts.Config{BatchSize: 1, Interval: time.Hour, AwaitPoll: time.Hour})
 	other := f.sequencer(f.mem, receipts.Config{})
@@ -585,6 +574,7 @@ func TestAwaitLargerCheckpoint(t *testing.T) {
 // no tree, and every hash of its proofs in one call; its proofs are
 // InclusionProof's.
 func TestProveAllReads(t *testing.T) {
+	t.Parallel()
 	f := newAwaitFixture(t)
 	q := f.sequencer(f.mem, receipts.Config{BatchSize: 7})
 	ids := f.mint(45)
@@ -634,6 +624,7 @@ func TestProveAllReads(t *testing.T) {
 // read and a hash read per receipt) and as it is, then with Await. It
 // logs the calls per completion, and fails unless Await makes fewer.
 func TestAwaitStoreCalls(t *testing.T) {
+	t.Parallel()
 	const workers, jobs = 16, 16
 	modes := []struct {
 		name  string

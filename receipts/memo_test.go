@@ -31,6 +31,7 @@ func (s *integrateReads) Sequence(ctx context.Context, limit int, integrate rece
 // the hashes that batch wrote and read, not the store's; a tree another
 // Sequencer made it reads. The trees and proofs stay those of the store.
 func TestSequenceReadsNoHashesAfterItsOwnBatch(t *testing.T) {
+	t.Parallel()
 	f := newAwaitFixture(t)
 	store := &integrateReads{Store: f.mem}
 	q := f.sequencer(store, receipts.Config{BatchSize: 3})

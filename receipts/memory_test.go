@@ -8,5 +8,6 @@ import (
 )
 
 func TestMemoryStore(t *testing.T) {
+	t.Parallel()
 	receiptstest.Run(t, func(t *testing.T) receipts.Store { return receipts.NewMemoryStore() })
 }

@@ -25,6 +25,7 @@ func bigCost(ms, gpus, rate int64) (int64, bool) {
 }
 
 func TestCost(t *testing.T) {
+	t.Parallel()
 	const max = math.MaxInt64
 	tests := []struct {
 		name           string
@@ -54,6 +55,7 @@ func TestCost(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			got, err := receipts.Cost(tc.ms, tc.gpus, tc.rate)
 			if tc.err != nil {
 				if !errors.Is(err, tc.err) {
@@ -74,6 +76,7 @@ func TestCost(t *testing.T) {
 // Cost agrees with math/big on random arguments of every magnitude, and
 // any work at a positive rate costs at least one micro-USD.
 func TestCostMatchesBig(t *testing.T) {
+	t.Parallel()
 	rng := rand.New(rand.NewPCG(1, 2))
 	arg := func() int64 {
 		switch rng.IntN(4) {
@@ -106,6 +109,7 @@ func TestCostMatchesBig(t *testing.T) {
 }
 
 func TestFormatParseMicros(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		micros int64
 		s      string
@@ -152,6 +156,7 @@ func TestFormatParseMicros(t *testing.T) {
 }
 
 func TestHours(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		ms   int64
 		want string
@@ -188,6 +193,7 @@ func TestHours(t *testing.T) {
 }
 
 func TestNewCharge(t *testing.T) {
+	t.Parallel()
 	start := time.Date(2026, 11, 30, 9, 0, 0, 0, time.UTC)
 	tests := []struct {
 		name       string
@@ -209,6 +215,7 @@ func TestNewCharge(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			c, err := receipts.NewCharge(start, tc.end, tc.gpus, tc.rate)
 			if tc.err != nil {
 				if !errors.Is(err, tc.err) {
@@ -237,6 +244,7 @@ func TestNewCharge(t *testing.T) {
 }
 
 func TestPrices(t *testing.T) {
+	t.Parallel()
 	var p receipts.Prices
 	fs := flag.NewFlagSet("server", flag.ContinueOnError)
 	fs.Var(&p, "price", "SKU=MICRO_USD_PER_GPU_HOUR")

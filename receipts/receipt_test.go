@@ -112,12 +112,14 @@ func golden() map[receipts.Kind]receipts.Receipt {
 // TestGolden pins the canonical bytes of one receipt of every kind.
 // Run with -update to rewrite testdata after a deliberate change.
 func TestGolden(t *testing.T) {
+	t.Parallel()
 	rs := golden()
 	if len(rs) != len(receipts.Kinds()) {
 		t.Fatalf("golden has %d kinds, the package %d", len(rs), len(receipts.Kinds()))
 	}
 	for _, k := range receipts.Kinds() {
 		t.Run(string(k), func(t *testing.T) {
+			t.Parallel()
 			r, ok := rs[k]
 			if !ok {
 				t.Fatalf("no golden receipt of kind %s", k)
@@ -161,6 +163,7 @@ func jobCharged(t *testing.T) string {
 }
 
 func TestDecodeRejects(t *testing.T) {
+	t.Parallel()
 	charged := jobCharged(t)
 	edit := func(old, new string) string {
 		t.Helper()
@@ -245,6 +248,7 @@ func TestDecodeRejects(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			r, err := receipts.Decode([]byte(tc.body))
 			if !errors.Is(err, tc.want) {
 				t.Fatalf("Decode = %v, %v; want %v", r, err, tc.want)
@@ -254,6 +258,7 @@ func TestDecodeRejects(t *testing.T) {
 }
 
 func TestEncodeRejects(t *testing.T) {
+	t.Parallel()
 	ok := golden()[receipts.KindJobCompleted]
 	tests := []struct {
 		name   string
@@ -289,6 +294,7 @@ func TestEncodeRejects(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			r := ok
 			tc.mutate(&r)
 			if b, err := r.Encode(); !errors.Is(err, tc.want) {
@@ -303,6 +309,7 @@ func TestEncodeRejects(t *testing.T) {
 
 // Every string round-trips, escaped as RFC 8785 escapes it.
 func TestStringEscapes(t *testing.T) {
+	t.Parallel()
 	tests := []struct{ in, want string }{
 		{"plain", `plain`},
 		{`q"b\`, `q\"b\\`},
@@ -349,6 +356,7 @@ func TestStringEscapes(t *testing.T) {
 // Times finer than a microsecond, or not in UTC, are encoded as UTC
 // microseconds.
 func TestEncodeNormalizesTimes(t *testing.T) {
+	t.Parallel()
 	r := golden()[receipts.KindNodeAudit]
 	want, _ := r.Encode()
 	r.ServerTime = r.ServerTime.Add(999).In(time.FixedZone("X", 3600))
@@ -360,6 +368,7 @@ func TestEncodeNormalizesTimes(t *testing.T) {
 }
 
 func TestPayloadSHA256(t *testing.T) {
+	t.Parallel()
 	a, err := receipts.PayloadSHA256([]byte(`{"loss": 0.12,
 		"step": 5}`))
 	if err != nil {
@@ -407,6 +416,7 @@ func FuzzDecode(f *testing.F) {
 
 // The example in the package documentation is a receipt Decode accepts.
 func TestDocExample(t *testing.T) {
+	t.Parallel()
 	src, err := os.ReadFile("doc.go")
 	if err != nil {
 		t.Fatal(err)

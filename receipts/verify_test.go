@@ -115,6 +115,7 @@ func newSigner(t *testing.T, name string) (note.Signer, string) {
 }
 
 func TestVerify(t *testing.T) {
+	t.Parallel()
 	l := newTestLog(t, 10)
 	cp := l.checkpoint(t)
 	const i = 2
@@ -178,6 +179,7 @@ func TestVerify(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			key, b, p, c := l.vkey, body, good, cp.Note
 			if tc.key != "" {
 				key = tc.key
@@ -247,6 +249,7 @@ func flipSignature(t *testing.T, msg []byte) []byte {
 }
 
 func TestWitness(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	l := newTestLog(t, 3)
 	cp3 := l.checkpoint(t)
@@ -316,6 +319,7 @@ func TestWitness(t *testing.T) {
 }
 
 func TestCheckConsistencyEmpty(t *testing.T) {
+	t.Parallel()
 	l := newTestLog(t, 5)
 	cp := l.checkpoint(t)
 	if err := receipts.CheckConsistency(receipts.EmptyTree(), cp.Tree(), nil); err != nil {
@@ -330,6 +334,7 @@ func TestCheckConsistencyEmpty(t *testing.T) {
 }
 
 func TestParseCheckpoint(t *testing.T) {
+	t.Parallel()
 	root := base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{0xab}, 32))
 	good := origin + "\n42\n" + root + "\n"
 	if o, tr, err := receipts.ParseCheckpoint([]byte(good)); err != nil || o != origin || tr.Size != 42 || tr.Root[0] != 0xab {
@@ -366,6 +371,7 @@ func TestParseCheckpoint(t *testing.T) {
 }
 
 func TestKeys(t *testing.T) {
+	t.Parallel()
 	skey, vkey, err := receipts.GenerateKey(rand.Reader, origin)
 	if err != nil {
 		t.Fatal(err)

@@ -3,17 +3,20 @@ package receipts_test
 import (
 	"context"
 	"crypto/rand"
+	"fmt"
 	"testing"
 	"time"
 
 	"golang.org/x/mod/sumdb/note"
 
+	"github.com/nodelane/nodelane/internal/waitfor"
 	"github.com/nodelane/nodelane/receipts"
 )
 
 // TestWake checks that a Run that would wait an hour sequences at once when woken,
 // and announces the checkpoint on Published.
 func TestWake(t *testing.T) {
+	t.Parallel()
 	skey, _, err := receipts.GenerateKey(rand.Reader, origin)
 	if err != nil {
 		t.Fatal(err)
@@ -42,8 +45,7 @@ func TestWake(t *testing.T) {
 		}
 		seq.Wake()
 		// The first Run publishes the empty log before it sleeps; wait
-		// until a checkpoint covers the receipt.
-		deadline := time.After(10 * time.Second)
+		// for each checkpoint until one covers the receipt.
 		for {
 			if _, _, cp, err := log.Prove(ctx, s.ID); err == nil {
 				if cp.Size != int64(i+1) {
@@ -51,12 +53,8 @@ func TestWake(t *testing.T) {
 				}
 				break
 			}
-			select {
-			case <-published:
-				published = seq.Published()
-			case <-deadline:
-				t.Fatalf("receipt %d not sequenced 10 s after Wake", i)
-			}
+			waitfor.Receive(t, fmt.Sprintf("a checkpoint after Wake for receipt %d", i), published)
+			published = seq.Published()
 		}
 	}
 }

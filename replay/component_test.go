@@ -12,6 +12,7 @@ import (
 // ComponentValue gives each component the value its line of the
 // signature base has.
 func TestComponentValue(t *testing.T) {
+	t.Parallel()
 	r := httptest.NewRequest("POST", "/api/workers/heartbeat?a=%20b", strings.NewReader("{}"))
 	r.Host = "CP.example.com:443"
 	r.TLS = &tls.ConnectionState{}

@@ -45,6 +45,7 @@ func signedB26(t *testing.T, b b26) (*http.Request, *replay.Signature) {
 }
 
 func TestRFC9421B26(t *testing.T) {
+	t.Parallel()
 	priv, pub := testKeys(t)
 	b := readB26(t)
 	r, sig := signedB26(t, b)
@@ -74,6 +75,7 @@ func TestRFC9421B26(t *testing.T) {
 }
 
 func TestRFC9421B26ContentDigest(t *testing.T) {
+	t.Parallel()
 	b := readB26(t)
 	r, body := parseRequest(t, b.request)
 	want := r.Header.Get("Content-Digest")
@@ -102,6 +104,7 @@ func bump(s string, i int) string {
 // the signature parameters and of the signature: each change must be
 // rejected, and changes to what is not covered must not be.
 func TestRFC9421B26OneByte(t *testing.T) {
+	t.Parallel()
 	_, pub := testKeys(t)
 	b := readB26(t)
 	setHeader := func(name string, i int) func(*http.Request, *replay.Signature) {
@@ -142,6 +145,7 @@ func TestRFC9421B26OneByte(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			r, sig := signedB26(t, b)
 			tc.change(r, sig)
 			if err := replay.VerifyRequest(r, sig, pub); !errors.Is(err, tc.want) || (tc.want == nil) != (err == nil) {
@@ -150,6 +154,7 @@ func TestRFC9421B26OneByte(t *testing.T) {
 		})
 	}
 	t.Run("signature", func(t *testing.T) {
+		t.Parallel()
 		r, sig := signedB26(t, b)
 		for i := range sig.Value {
 			for _, bit := range []byte{0x01, 0x80} {
@@ -170,6 +175,7 @@ func TestRFC9421B26OneByte(t *testing.T) {
 }
 
 func TestSignatureBaseComponents(t *testing.T) {
+	t.Parallel()
 	p := func(c ...string) *replay.SignatureParams {
 		return &replay.SignatureParams{Components: c, Params: []replay.Param{{Name: "created", Value: int64(1)}}}
 	}
@@ -242,6 +248,7 @@ func TestSignatureBaseComponents(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			base, err := replay.SignatureBase(tc.request(), tc.params)
 			if tc.wantErr {
 				if err == nil {
@@ -261,6 +268,7 @@ func TestSignatureBaseComponents(t *testing.T) {
 }
 
 func TestSignatureBaseControlCharacters(t *testing.T) {
+	t.Parallel()
 	r, _ := http.NewRequest("POST", "http://example.com/", nil)
 	r.Header.Set("X-A", "a\nb")
 	p := &replay.SignatureParams{Components: []string{"x-a"}}
@@ -270,6 +278,7 @@ func TestSignatureBaseControlCharacters(t *testing.T) {
 }
 
 func TestSerialize(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name    string
 		params  replay.SignatureParams
@@ -289,6 +298,7 @@ func TestSerialize(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			got, err := tc.params.Serialize()
 			if (err != nil) != tc.wantErr || got != tc.want {
 				t.Errorf("Serialize() = %q, %v; want %q, error %v", got, err, tc.want, tc.wantErr)
@@ -298,6 +308,7 @@ func TestSerialize(t *testing.T) {
 }
 
 func TestCheckContentDigest(t *testing.T) {
+	t.Parallel()
 	body := []byte(`{"status":"idle"}`)
 	s256, _ := replay.ContentDigest(replay.DigestSHA256, body)
 	s512, _ := replay.ContentDigest(replay.DigestSHA512, body)
@@ -327,6 +338,7 @@ func TestCheckContentDigest(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			err := replay.CheckContentDigest(tc.field, body)
 			if !errors.Is(err, tc.want) || (tc.want == nil) != (err == nil) {
 				t.Errorf("CheckContentDigest(%q) = %v, want %v", tc.field, err, tc.want)
@@ -339,6 +351,7 @@ func TestCheckContentDigest(t *testing.T) {
 }
 
 func TestParseSignature(t *testing.T) {
+	t.Parallel()
 	in := `a=("@method");created=1;keyid="k"`
 	sig := `a=:` + strings.Repeat("A", 86) + `==:`
 	tests := []struct {
@@ -373,6 +386,7 @@ func TestParseSignature(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			h := http.Header{}
 			for _, v := range tc.in {
 				h.Add("Signature-Input", v)

@@ -11,12 +11,14 @@ import (
 )
 
 func TestMemoryStore(t *testing.T) {
+	t.Parallel()
 	replaytest.Run(t, func(t *testing.T) replay.Store {
 		return replay.NewMemoryStore(&replay.MemoryConfig{PerNode: replaytest.Quota})
 	})
 }
 
 func TestMemoryStoreTotal(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	s := replay.NewMemoryStore(&replay.MemoryConfig{PerNode: 3, Total: 5})
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
@@ -45,6 +47,7 @@ func TestMemoryStoreTotal(t *testing.T) {
 // already collected up to may have been seen and deleted, so it is
 // refused, even when the caller's clock is behind.
 func TestMemoryStoreHorizon(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	s := replay.NewMemoryStore(nil)
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)

@@ -81,6 +81,7 @@ func signatureHolds(t *testing.T, r *http.Request, pub ed25519.PublicKey) {
 // component but one is malformed, whichever one it leaves out. (Mutation
 // caught: the profile check lets any one component go uncovered.)
 func TestProfileRequiresEveryComponent(t *testing.T) {
+	t.Parallel()
 	priv, pub := testKeys(t)
 	body := []byte(`{"max_jobs":1}`)
 
@@ -108,6 +109,7 @@ func TestProfileRequiresEveryComponent(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			covered := without(tc.missing)
 			if len(covered) != len(replay.Components())-1 {
 				t.Fatalf("%q is not a profile component", tc.missing)
@@ -126,6 +128,7 @@ func TestProfileRequiresEveryComponent(t *testing.T) {
 // refused, though the new digest is right and the signature still holds.
 // (Mutation caught: the profile lets content-digest go uncovered.)
 func TestBodySwapUnderUncoveredDigest(t *testing.T) {
+	t.Parallel()
 	priv, pub := testKeys(t)
 	signed := []byte(`{"max_jobs":1}`)
 	swapped := []byte(`{"max_jobs":64}`)
@@ -146,6 +149,7 @@ func TestBodySwapUnderUncoveredDigest(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			r := genericRequest(t, priv, signed, tc.components)
 			r.Header.Set("Content-Digest", swappedDigest)
 			r.Body, r.ContentLength = io.NopCloser(bytes.NewReader(swapped)), int64(len(swapped))

@@ -21,6 +21,7 @@ import (
 )
 
 func TestNodelaneVectors(t *testing.T) {
+	t.Parallel()
 	priv, pub := testKeys(t)
 	f := readVectors(t, "testdata/nodelane-signature-v1.txt")
 	if got, want := replay.KeyID(pub), f.find(t, "KEYID"); got != want {
@@ -38,6 +39,7 @@ func TestNodelaneVectors(t *testing.T) {
 	}
 	for _, c := range f.cases[1:] {
 		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
 			vr, body := parseRequest(t, c.get(t, "REQUEST"))
 			want := func(name string) string {
 				t.Helper()
@@ -227,6 +229,7 @@ func setField(name, value string) func(r *http.Request) {
 func nonceOf(n int) string { return base64.RawURLEncoding.EncodeToString(make([]byte, n)) }
 
 func TestVerify(t *testing.T) {
+	t.Parallel()
 	priv, pub := testKeys(t)
 	_, otherPriv, _ := ed25519.GenerateKey(bytes.NewReader(make([]byte, 32)))
 	otherPub := otherPriv.Public().(ed25519.PublicKey)
@@ -364,6 +367,7 @@ func TestVerify(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			r := signedRequest(t, priv, body, tc.sign)
 			vb := body
 			if tc.verifyBody != nil {
@@ -388,6 +392,7 @@ func TestVerify(t *testing.T) {
 // TestVerifyErrorsAreDistinct checks that the sentinels are distinct, so
 // that the HTTP layer can map each to its own code.
 func TestVerifyErrorsAreDistinct(t *testing.T) {
+	t.Parallel()
 	errs := []error{
 		replay.ErrMissingSignature, replay.ErrMalformedSignature, replay.ErrBadDigest, replay.ErrBadSignature,
 		replay.ErrStaleTimestamp, replay.ErrReplayedNonce, replay.ErrQuota, replay.ErrUnavailable,
@@ -410,6 +415,7 @@ func (s failingStore) Insert(context.Context, string, string, time.Time, time.Ti
 func (s failingStore) Collect(context.Context, time.Time) (int, error) { return 0, s.err }
 
 func TestVerifyStoreErrors(t *testing.T) {
+	t.Parallel()
 	priv, pub := testKeys(t)
 	body := []byte(`{}`)
 	down := errors.New("connection refused")
@@ -426,6 +432,7 @@ func TestVerifyStoreErrors(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			v := replay.NewVerifier(failingStore{tc.storeErr}, &replay.VerifierConfig{Now: func() time.Time { return now }})
 			r := signedRequest(t, priv, body, signCase{})
 			vd, err := v.Verify(context.Background(), r, body, "node-1", pub)
@@ -460,6 +467,7 @@ func (s *recordingStore) Insert(ctx context.Context, node, nonce string, expires
 }
 
 func TestCheckThenConsume(t *testing.T) {
+	t.Parallel()
 	priv, pub := testKeys(t)
 	body := []byte(`{}`)
 	store := &recordingStore{Store: replay.NewMemoryStore(nil)}
@@ -500,6 +508,7 @@ func TestCheckThenConsume(t *testing.T) {
 }
 
 func TestVerifierCollect(t *testing.T) {
+	t.Parallel()
 	priv, pub := testKeys(t)
 	body := []byte(`{}`)
 	store := replay.NewMemoryStore(nil)
@@ -521,6 +530,7 @@ func TestVerifierCollect(t *testing.T) {
 }
 
 func TestVerifyWindowConfig(t *testing.T) {
+	t.Parallel()
 	priv, pub := testKeys(t)
 	body := []byte(`{}`)
 	v := replay.NewVerifier(replay.NewMemoryStore(nil), &replay.VerifierConfig{Window: 60 * time.Second, Now: func() time.Time { return now }})
@@ -536,6 +546,7 @@ func TestVerifyWindowConfig(t *testing.T) {
 		{"lifetime 61", signCase{params: times(0, 61)}, replay.ErrStaleTimestamp},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			_, err := v.Verify(context.Background(), signedRequest(t, priv, body, tc.sign), body, tc.name, pub)
 			if !errors.Is(err, tc.want) || (tc.want == nil) != (err == nil) {
 				t.Errorf("Verify = %v, want %v", err, tc.want)
@@ -545,6 +556,7 @@ func TestVerifyWindowConfig(t *testing.T) {
 }
 
 func TestVerifyBadPublicKey(t *testing.T) {
+	t.Parallel()
 	priv, pub := testKeys(t)
 	body := []byte(`{}`)
 	v := replay.NewVerifier(replay.NewMemoryStore(nil), &replay.VerifierConfig{Now: func() time.Time { return now }})
@@ -556,6 +568,7 @@ func TestVerifyBadPublicKey(t *testing.T) {
 }
 
 func TestSigner(t *testing.T) {
+	t.Parallel()
 	priv, pub := testKeys(t)
 	body := []byte(`{"a":1}`)
 	clock := now.Add(700 * time.Millisecond)
@@ -609,6 +622,7 @@ func TestSigner(t *testing.T) {
 // handler mounted under http.StripPrefix: the signature covers the
 // request-target as sent, which the prefix does not change.
 func TestHTTPServer(t *testing.T) {
+	t.Parallel()
 	priv, pub := testKeys(t)
 	v := replay.NewVerifier(replay.NewMemoryStore(nil), nil)
 	var paths []string

@@ -39,8 +39,10 @@ func paramsField(n int, repeat bool) string {
 }
 
 func TestKeySet(t *testing.T) {
+	t.Parallel()
 	for _, n := range []int{1, smallKeys - 1, smallKeys, smallKeys + 1, 100} {
 		t.Run(fmt.Sprint(n), func(t *testing.T) {
+			t.Parallel()
 			var s keySet
 			for i := range n {
 				if !s.add(fmt.Sprint("k", i)) {
@@ -60,6 +62,7 @@ func TestKeySet(t *testing.T) {
 }
 
 func TestDuplicatesAmongMany(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name, field string
 		dup         bool
@@ -70,6 +73,7 @@ func TestDuplicatesAmongMany(t *testing.T) {
 		{"parameter repeated last", paramsField(1000, true), true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			_, err := parseDictionary([]string{tc.field})
 			if got := err != nil; got != tc.dup {
 				t.Fatalf("parseDictionary: %v, want a duplicate: %v", err, tc.dup)
@@ -86,6 +90,7 @@ func TestDuplicatesAmongMany(t *testing.T) {
 // before it, as the scanner once did, is 5·10⁹ comparisons: half a minute
 // or more.
 func TestDuplicateScanIsLinear(t *testing.T) {
+	t.Parallel()
 	for _, f := range []string{digestField(100_000, true), paramsField(100_000, true)} {
 		start := time.Now()
 		err := checkDuplicates(f)

@@ -6,6 +6,11 @@
 //		credentialtest.Run(t, func(t *testing.T) credential.Store { return newEmptyStore(t) })
 //	}
 //
+// The suite's tests run in parallel, each on a store of its own: the
+// function is called concurrently, from parallel subtests, and must
+// return a store independent of every other it returned (a database, or
+// a schema, of its own), so that no test sees another's writes.
+//
 // The suite drives the store through credential.Issuer, so it checks
 // credentials end to end on that store: minting and verifying every scope,
 // exact scope matching, expiry to the microsecond, revocation, rotation
@@ -41,16 +46,30 @@ import (
 )
 
 // Run runs the conformance suite against stores made by newStore. Each
-// test gets its own store, and tests of one group run in parallel, so
-// newStore must be safe to call from several goroutines.
+// test gets its own store, and every test runs in parallel with the
+// others (a test whose subtests share its store runs them one after
+// another), so newStore is called concurrently, from parallel subtests,
+// and must return independent stores: what one test writes must never
+// show in another's store.
 func Run(t *testing.T, newStore func(t *testing.T) credential.Store) {
-	t.Run("Principals", func(t *testing.T) { runGroup(t, newStore, principalTests) })
-	t.Run("Tokens", func(t *testing.T) { runGroup(t, newStore, tokenTests) })
-	t.Run("Scopes", func(t *testing.T) { runGroup(t, newStore, scopeTests) })
-	t.Run("Lifecycle", func(t *testing.T) { runGroup(t, newStore, lifecycleTests) })
-	t.Run("Records", func(t *testing.T) { runGroup(t, newStore, recordTests) })
-	t.Run("Concurrency", func(t *testing.T) { runGroup(t, newStore, concurrencyTests) })
-	t.Run("Limits", func(t *testing.T) { runGroup(t, newStore, limitTests) })
+	groups := []struct {
+		name  string
+		tests []test
+	}{
+		{"Principals", principalTests},
+		{"Tokens", tokenTests},
+		{"Scopes", scopeTests},
+		{"Lifecycle", lifecycleTests},
+		{"Records", recordTests},
+		{"Concurrency", concurrencyTests},
+		{"Limits", limitTests},
+	}
+	for _, g := range groups {
+		t.Run(g.name, func(t *testing.T) {
+			t.Parallel()
+			runGroup(t, newStore, g.tests)
+		})
+	}
 }
 
 // test is one test of the suite. It gets a fixture over a fresh store.

@@ -39,6 +39,7 @@ var wrongStores = []struct {
 }
 
 func TestWrongStores(t *testing.T) {
+	t.Parallel()
 	fails := map[string]string{}
 	stores := map[string]func() credential.Store{}
 	for _, w := range wrongStores {

@@ -6,6 +6,11 @@
 //		envelopetest.Run(t, func(t *testing.T) envelope.Store { return newEmptyStore(t) })
 //	}
 //
+// The suite's tests run in parallel, each on a store of its own: the
+// function is called concurrently, from parallel subtests, and must
+// return a store independent of every other it returned (a database, or
+// a schema, of its own), so that no test sees another's writes.
+//
 // The suite drives the store through envelope.Gate, so it checks the envelope
 // end to end on that store: classes of job types, activation, deadlines
 // (lazy and recorded), the policy version and history, exact timestamps,
@@ -166,7 +171,10 @@ func exact(t *testing.T, what string, got, want time.Time) {
 func ptr(t time.Time) *time.Time { return &t }
 
 // Run runs the conformance suite against stores made by newStore. Each
-// subtest gets its own store.
+// subtest gets its own store and runs in parallel with the others, so
+// newStore is called concurrently, from parallel subtests, and must
+// return independent stores: a change made in one must never show in
+// another.
 func Run(t *testing.T, newStore func(t *testing.T) envelope.Store) {
 	tests := []struct {
 		name string
@@ -192,10 +200,12 @@ func Run(t *testing.T, newStore func(t *testing.T) envelope.Store) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			tc.fn(t, newFixture(t, newStore))
 		})
 	}
 	t.Run("Shared", func(t *testing.T) {
+		t.Parallel()
 		RunShared(t, func(t *testing.T) (envelope.Store, envelope.Store) {
 			s := newStore(t)
 			return s, s
@@ -205,7 +215,9 @@ func Run(t *testing.T, newStore func(t *testing.T) envelope.Store) {
 
 // RunShared runs the concurrency cases against two stores over one
 // database, as two replicas' would be (Run passes one store twice). Each
-// subtest gets its own pair.
+// subtest gets its own pair and runs in parallel with the others, so
+// newStores is called concurrently and must return a pair over a database
+// of its own each time.
 func RunShared(t *testing.T, newStores func(t *testing.T) (a, b envelope.Store)) {
 	tests := []struct {
 		name string
@@ -217,6 +229,7 @@ func RunShared(t *testing.T, newStores func(t *testing.T) (a, b envelope.Store))
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			a, b := newStores(t)
 			f := newFixture(t, func(*testing.T) envelope.Store { return a })
 			tc.fn(t, f, [2]*envelope.Gate{f.gate(yielding{a}, nil), f.gate(yielding{b}, nil)})
@@ -226,7 +239,9 @@ func RunShared(t *testing.T, newStores func(t *testing.T) (a, b envelope.Store))
 
 // yielding is a Store that pauses after each read of the state, so that
 // concurrent Gates read the same version and race to write the next one,
-// as replicas do, even on a store as fast as memory.
+// as replicas do, even on a store as fast as memory. The pause stands for
+// a replica's round trip to its database: it is the behaviour the
+// concurrency cases need, not a wait for an event.
 type yielding struct{ envelope.Store }
 
 func (y yielding) State(ctx context.Context) (envelope.State, error) {

@@ -33,6 +33,7 @@ var wrongStores = []struct {
 }
 
 func TestWrongStores(t *testing.T) {
+	t.Parallel()
 	fails := map[string]string{}
 	stores := map[string]func() envelope.Store{}
 	for _, w := range wrongStores {

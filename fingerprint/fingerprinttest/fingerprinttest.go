@@ -8,6 +8,11 @@
 //		})
 //	}
 //
+// The suite's tests run in parallel, each on a store of its own: the
+// function is called concurrently, from parallel subtests, and must
+// return a store independent of every other it returned (a database, or
+// a schema, of its own), so that no test sees another's writes.
+//
 // The suite checks that Add stores what is absent and keeps what is
 // stored, returns every stored fingerprint in order, refuses malformed
 // input without storing any of it, and that concurrent Adds of different
@@ -28,7 +33,10 @@ import (
 	"github.com/nodelane/nodelane/fingerprint"
 )
 
-// Run runs the suite on stores made by newStore; each case makes its own.
+// Run runs the suite on stores made by newStore. Each case makes its own
+// store and runs in parallel with the others, so newStore is called
+// concurrently, from parallel subtests, and must return independent
+// stores: what one case adds must never show in another's store.
 func Run(t *testing.T, newStore func(t *testing.T) fingerprint.Store) {
 	for _, c := range []struct {
 		name string
@@ -39,7 +47,10 @@ func Run(t *testing.T, newStore func(t *testing.T) fingerprint.Store) {
 		{"Invalid", testInvalid},
 		{"Concurrent", testConcurrent},
 	} {
-		t.Run(c.name, func(t *testing.T) { c.fn(t, newStore(t)) })
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			c.fn(t, newStore(t))
+		})
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 )
 
 func TestNew(t *testing.T) {
+	t.Parallel()
 	env := apitest.New(t, "sqlite")
 	if env.OperatorToken == "" || env.ProvisioningToken == "" || env.URL == "" {
 		t.Fatalf("env = %+v", env)

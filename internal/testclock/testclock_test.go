@@ -12,6 +12,7 @@ import (
 var start = time.Date(2026, 11, 30, 9, 0, 0, 123456789, time.FixedZone("CET", 3600))
 
 func TestClock(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name string
 		move func(c *testclock.Clock)
@@ -26,6 +27,7 @@ func TestClock(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			c := testclock.New(start)
 			tc.move(c)
 			got := c.Now()
@@ -40,6 +42,7 @@ func TestClock(t *testing.T) {
 }
 
 func TestZeroClock(t *testing.T) {
+	t.Parallel()
 	var c testclock.Clock
 	if got := c.Now(); !got.IsZero() {
 		t.Fatalf("zero Clock reads %v, want the zero time", got)
@@ -49,6 +52,7 @@ func TestZeroClock(t *testing.T) {
 // TestConcurrent moves and reads one clock from many goroutines: under
 // -race it shows the clock is safe for concurrent use, and no step is lost.
 func TestConcurrent(t *testing.T) {
+	t.Parallel()
 	const goroutines, steps = 8, 1000
 	c := testclock.New(start)
 	var wg sync.WaitGroup
@@ -75,6 +79,7 @@ func TestConcurrent(t *testing.T) {
 // A following clock reads real time plus its advances; Set fixes it and
 // Follow lets it follow again.
 func TestReal(t *testing.T) {
+	t.Parallel()
 	c := testclock.Real()
 	within := func(name string, got, want time.Time) {
 		t.Helper()

@@ -13,13 +13,8 @@ import (
 	"github.com/nodelane/nodelane/lease"
 )
 
-// testExplain runs the tests of Manager.Explain and Manager.ExplainLease:
-// every reason code, each in a case that fails if it is computed wrong,
-// on stores made by newStore.
-func testExplain(t *testing.T, newStore func(*testing.T) lease.Store) {
-	runGroup(t, newStore, explainTests)
-}
-
+// explainTests are the tests of Manager.Explain and Manager.ExplainLease:
+// every reason code, each in a case that fails if it is computed wrong.
 var explainTests = []test{
 	{"NotQueued", testExplainNotQueued},
 	{"Scheduled", testExplainScheduled},

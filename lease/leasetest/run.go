@@ -6,10 +6,15 @@
 //		leasetest.Run(t, func(t *testing.T) lease.Store { return newEmptyStore(t) })
 //	}
 //
+// The suite's tests run in parallel, each on a store of its own: the
+// function is called concurrently, from parallel subtests, and must
+// return a store independent of every other it returned (a database, or
+// a schema, of its own), so that no test sees another's writes.
+//
 // The suite drives the store through lease.Manager, so it checks the
 // state machine end to end on that store: every legal and
 // illegal transition, matching, ordering, expiry, fencing, idempotency,
-// and 32 goroutines leasing 2,000 jobs.
+// and 32 goroutines leasing 2,000 jobs (500 under the race detector).
 //
 // The tests are grouped by area, one file each: claim.go (matching,
 // ordering, governors), accept_complete.go (the path to a result and the
@@ -57,29 +62,43 @@ import (
 )
 
 // Run runs the conformance suite against stores made by newStore. Each
-// test gets its own store, and tests of one group run in parallel, so
-// newStore must be safe to call from several goroutines.
+// test gets its own store, and every test runs in parallel with the
+// others (a test whose subtests share its store runs them one after
+// another), so newStore is called concurrently, from parallel subtests,
+// and must return independent stores: what one test writes must never
+// show in another's store.
 func Run(t *testing.T, newStore func(t *testing.T) lease.Store) {
-	t.Run("Claim", func(t *testing.T) { runGroup(t, newStore, claimTests) })
-	t.Run("AcceptComplete", func(t *testing.T) { runGroup(t, newStore, acceptCompleteTests) })
-	t.Run("Expiry", func(t *testing.T) { runGroup(t, newStore, expiryTests) })
-	t.Run("Fencing", func(t *testing.T) { runGroup(t, newStore, fencingTests) })
-	t.Run("Cancel", func(t *testing.T) { runGroup(t, newStore, cancelTests) })
-	t.Run("Bounds", func(t *testing.T) { runGroup(t, newStore, boundTests) })
-	t.Run("Events", func(t *testing.T) { runGroup(t, newStore, eventTests) })
-	t.Run("Records", func(t *testing.T) { runGroup(t, newStore, recordTests) })
-	t.Run("Concurrency", func(t *testing.T) { runGroup(t, newStore, concurrencyTests) })
-	t.Run("Explain", func(t *testing.T) { testExplain(t, newStore) })
-	t.Run("Approval", func(t *testing.T) { runGroup(t, newStore, approvalTests) })
-	t.Run("Retention", func(t *testing.T) { runGroup(t, newStore, retentionTests) })
-	t.Run("Answers", func(t *testing.T) { runGroup(t, newStore, answerTests) })
-	t.Run("Liveness", func(t *testing.T) { runGroup(t, newStore, livenessTests) })
-	t.Run("Tags", func(t *testing.T) { runGroup(t, newStore, tagTests) })
-	t.Run("Stats", func(t *testing.T) { runGroup(t, newStore, statsTests) })
-	t.Run("Retire", func(t *testing.T) { runGroup(t, newStore, retireTests) })
-	t.Run("Reconcile", func(t *testing.T) { runGroup(t, newStore, reconcileTests) })
-	t.Run("LeaseEnded", func(t *testing.T) { runGroup(t, newStore, endedTests) })
-	t.Run("Drain", func(t *testing.T) { runGroup(t, newStore, drainTests) })
+	groups := []struct {
+		name  string
+		tests []test
+	}{
+		{"Claim", claimTests},
+		{"AcceptComplete", acceptCompleteTests},
+		{"Expiry", expiryTests},
+		{"Fencing", fencingTests},
+		{"Cancel", cancelTests},
+		{"Bounds", boundTests},
+		{"Events", eventTests},
+		{"Records", recordTests},
+		{"Concurrency", concurrencyTests},
+		{"Explain", explainTests},
+		{"Approval", approvalTests},
+		{"Retention", retentionTests},
+		{"Answers", answerTests},
+		{"Liveness", livenessTests},
+		{"Tags", tagTests},
+		{"Stats", statsTests},
+		{"Retire", retireTests},
+		{"Reconcile", reconcileTests},
+		{"LeaseEnded", endedTests},
+		{"Drain", drainTests},
+	}
+	for _, g := range groups {
+		t.Run(g.name, func(t *testing.T) {
+			t.Parallel()
+			runGroup(t, newStore, g.tests)
+		})
+	}
 }
 
 // test is one test of the suite. It gets a fixture over a fresh store.

@@ -105,6 +105,7 @@ func (s approvalWritingStore) PutWorker(ctx context.Context, w *lease.Worker) er
 // TestWrongStores runs the suite on each variant in a child process (the
 // test binary again, with wrongStoreEnv set) and checks how it ended.
 func TestWrongStores(t *testing.T) {
+	t.Parallel()
 	if name := os.Getenv(wrongStoreEnv); name != "" {
 		i := slices.IndexFunc(variants, func(v variant) bool { return v.name == name })
 		if i < 0 {

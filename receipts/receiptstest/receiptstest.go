@@ -6,6 +6,11 @@
 //		receiptstest.Run(t, func(t *testing.T) receipts.Store { return newEmptyStore(t) })
 //	}
 //
+// The suite's tests run in parallel, each on a store of its own: the
+// function is called concurrently, from parallel subtests, and must
+// return a store independent of every other it returned (a database, or
+// a schema, of its own), so that no test sees another's writes.
+//
 // The suite drives the store through receipts.Log and receipts.Sequencer,
 // so it checks the receipt log end to end on that store: minting, sequencing in
 // mint order and in batches, the tree and its stored hashes against an
@@ -33,6 +38,7 @@ import (
 	"golang.org/x/mod/sumdb/note"
 	"golang.org/x/mod/sumdb/tlog"
 
+	"github.com/nodelane/nodelane/internal/waitfor"
 	"github.com/nodelane/nodelane/receipts"
 )
 
@@ -199,24 +205,38 @@ func newModel(t *testing.T, bodies [][]byte) *model {
 }
 
 // Run runs the conformance suite on stores that newStore returns, each
-// new and empty.
+// new and empty. Every test gets its own store and runs in parallel with
+// the others, so newStore is called concurrently, from parallel subtests,
+// and must return independent stores: receipts one test mints must never
+// show in another's store.
 func Run(t *testing.T, newStore func(t *testing.T) receipts.Store) {
-	t.Run("FreshStore", func(t *testing.T) { testFreshStore(t, newStore) })
-	t.Run("MintAndGet", func(t *testing.T) { testMintAndGet(t, newStore) })
-	t.Run("MintAll", func(t *testing.T) { testMintAll(t, newStore) })
-	t.Run("SequenceInMintOrder", func(t *testing.T) { testSequenceInMintOrder(t, newStore) })
-	t.Run("Proofs", func(t *testing.T) { testProofs(t, newStore) })
-	t.Run("EmptyCheckpoint", func(t *testing.T) { testEmptyCheckpoint(t, newStore) })
-	t.Run("FailedBatchSignsNothing", func(t *testing.T) { testFailedBatch(t, newStore) })
-	t.Run("CrashBeforePublish", func(t *testing.T) { testCrashBeforePublish(t, newStore) })
-	t.Run("BatchValidation", func(t *testing.T) { testBatchValidation(t, newStore) })
-	t.Run("Checkpoints", func(t *testing.T) { testCheckpoints(t, newStore) })
-	t.Run("Export", func(t *testing.T) { testExport(t, newStore) })
-	t.Run("Await", func(t *testing.T) { testAwait(t, newStore) })
-	t.Run("Concurrent", func(t *testing.T) { testConcurrent(t, newStore) })
-	t.Run("Limits", func(t *testing.T) { testLimits(t, newStore) })
-	t.Run("IDsAreBytes", func(t *testing.T) { testIDsAreBytes(t, newStore) })
-	t.Run("BodiesRoundTrip", func(t *testing.T) { testBodiesRoundTrip(t, newStore) })
+	tests := []struct {
+		name string
+		fn   func(t *testing.T, newStore func(t *testing.T) receipts.Store)
+	}{
+		{"FreshStore", testFreshStore},
+		{"MintAndGet", testMintAndGet},
+		{"MintAll", testMintAll},
+		{"SequenceInMintOrder", testSequenceInMintOrder},
+		{"Proofs", testProofs},
+		{"EmptyCheckpoint", testEmptyCheckpoint},
+		{"FailedBatchSignsNothing", testFailedBatch},
+		{"CrashBeforePublish", testCrashBeforePublish},
+		{"BatchValidation", testBatchValidation},
+		{"Checkpoints", testCheckpoints},
+		{"Export", testExport},
+		{"Await", testAwait},
+		{"Concurrent", testConcurrent},
+		{"Limits", testLimits},
+		{"IDsAreBytes", testIDsAreBytes},
+		{"BodiesRoundTrip", testBodiesRoundTrip},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			tc.fn(t, newStore)
+		})
+	}
 }
 
 func testFreshStore(t *testing.T, newStore func(t *testing.T) receipts.Store) {
@@ -702,9 +722,14 @@ func testAwait(t *testing.T, newStore func(t *testing.T) receipts.Store) {
 	if _, _, _, err := f.log.Await(f.ctx, "rcp_missing"); !errors.Is(err, receipts.ErrNotFound) {
 		t.Errorf("Await(unknown) err = %v, want ErrNotFound", err)
 	}
+	// The waiting Await runs on a Log whose store reports each receipt it
+	// read unsequenced, so that the receipts are sequenced only once Await
+	// has found them pending and waits.
+	pending := make(chan struct{}, 1)
+	waiting := receipts.NewLog(pendingReads{f.store, pending}, f.config(0))
 	done := make(chan error, 1)
 	go func() {
-		got, proofs, cp, err := f.log.Await(f.ctx, ss[2].ID, ss[0].ID)
+		got, proofs, cp, err := waiting.Await(f.ctx, ss[2].ID, ss[0].ID)
 		if err == nil {
 			for i, s := range got {
 				if _, err = receipts.Verify(f.vkey, Origin, s.Body, proofs[i], cp.Note); err != nil {
@@ -714,16 +739,29 @@ func testAwait(t *testing.T, newStore func(t *testing.T) receipts.Store) {
 		}
 		done <- err
 	}()
-	time.Sleep(5 * time.Millisecond)
+	waitfor.Receive(t, "Await to find the receipts pending", pending)
 	f.sequence(f.sequencer(f.store, 0), 3)
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Errorf("Await: %v", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("Await did not return after the receipts were sequenced")
+	if err := waitfor.Receive(t, "Await to return after the receipts were sequenced", done); err != nil {
+		t.Errorf("Await: %v", err)
 	}
+}
+
+// pendingReads is a Store that reports on pending each receipt it reads
+// unsequenced, dropping the report if one waits already.
+type pendingReads struct {
+	receipts.Store
+	pending chan<- struct{}
+}
+
+func (p pendingReads) GetReceipt(ctx context.Context, id string) (*receipts.Stored, error) {
+	s, err := p.Store.GetReceipt(ctx, id)
+	if err == nil && !s.Sequenced {
+		select {
+		case p.pending <- struct{}{}:
+		default:
+		}
+	}
+	return s, err
 }
 
 func testConcurrent(t *testing.T, newStore func(t *testing.T) receipts.Store) {

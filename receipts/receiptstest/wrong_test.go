@@ -37,6 +37,7 @@ var wrongStores = []struct {
 }
 
 func TestWrongStores(t *testing.T) {
+	t.Parallel()
 	fails := map[string]string{}
 	stores := map[string]func() receipts.Store{}
 	for _, w := range wrongStores {

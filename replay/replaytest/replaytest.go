@@ -6,6 +6,11 @@
 //		replaytest.Run(t, func(t *testing.T) replay.Store { return newEmptyStore(t, replaytest.Quota) })
 //	}
 //
+// The suite's tests run in parallel, each on a store of its own: the
+// function is called concurrently, from parallel subtests, and must
+// return a store independent of every other it returned (a database, or
+// a schema, of its own), so that no test sees another's writes.
+//
 // The suite checks single use per (node, nonce), expiry to the
 // microsecond and re-use after it, Collect, quotas that count only live
 // nonces and never spill over to other nodes, node ids and nonces that
@@ -41,7 +46,10 @@ var epoch = time.Date(2026, 11, 30, 9, 0, 0, 123456000, time.UTC)
 
 const window = 300 * time.Second
 
-// Run runs the suite, each test on a new store from newStore.
+// Run runs the suite, each test on a new store from newStore and in
+// parallel with the others, so newStore is called concurrently, from
+// parallel subtests, and must return independent stores: nonces one test
+// inserts must never show, or count against a quota, in another's store.
 func Run(t *testing.T, newStore func(t *testing.T) replay.Store) {
 	tests := []struct {
 		name string
@@ -60,7 +68,10 @@ func Run(t *testing.T, newStore func(t *testing.T) replay.Store) {
 		{"ConcurrentQuota", testConcurrentQuota},
 	}
 	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) { tc.fn(t, newStore(t)) })
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			tc.fn(t, newStore(t))
+		})
 	}
 }
 

@@ -22,7 +22,9 @@ import (
 const wrongEnv = "REPLAYTEST_WRONG_STORE"
 
 // raceWindow is how long a wrong store waits between its check and its
-// write, so that concurrent callers all check before any writes.
+// write, so that concurrent callers all check before any writes. The
+// sleep is the mistake the store models (a check-then-act race with a
+// window as wide as a round trip to a database), not a wait for an event.
 const raceWindow = 2 * time.Millisecond
 
 var wrongStores = []struct {
@@ -46,6 +48,7 @@ var wrongStores = []struct {
 }
 
 func TestWrongStores(t *testing.T) {
+	t.Parallel()
 	fails := map[string]string{}
 	stores := map[string]func() replay.Store{}
 	for _, w := range wrongStores {

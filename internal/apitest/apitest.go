@@ -108,15 +108,17 @@ func WithStores(f func(workerapi.Stores) workerapi.Stores) Option {
 	return func(o *options) { o.stores = f }
 }
 
-// New opens a fresh database of dialect ("sqlite" or "postgres"; a
-// PostgreSQL test skips when no server answers, see testdb), builds a
-// Server on it and serves Server.Handler.
+// New opens a fresh database of dialect ("sqlite", a copy of a migrated
+// one, see SQLite; or "postgres": a PostgreSQL test skips when no server
+// answers, see testdb), builds a Server on it and serves Server.Handler.
+// It may be called from parallel tests: each Env has its own database,
+// Server, clock and notifier.
 func New(t testing.TB, dialect string, opts ...Option) *Env {
 	t.Helper()
 	var db testdb.DB
 	switch dialect {
 	case "sqlite":
-		db = testdb.SQLite(t)
+		db = SQLite(t)
 	case "postgres":
 		db = testdb.Postgres(t)
 	default:

@@ -18,6 +18,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -28,6 +29,7 @@ import (
 	"github.com/nodelane/nodelane/credential"
 	"github.com/nodelane/nodelane/internal/testclock"
 	"github.com/nodelane/nodelane/internal/testdb"
+	"github.com/nodelane/nodelane/internal/waitfor"
 	"github.com/nodelane/nodelane/lease"
 	"github.com/nodelane/nodelane/workerapi"
 )
@@ -296,6 +298,18 @@ func (e *Env) Enqueue(t testing.TB, nj lease.NewJob) *lease.Job {
 		t.Fatalf("apitest: notify: %v", err)
 	}
 	return j
+}
+
+// AwaitLongPolls waits until exactly n long-polls wait on the Env's
+// Server (workerapi.Server.LongPolls), failing the test after
+// waitfor.Deadline. A test that starts a long-poll in a goroutine calls
+// it before it dispatches what should wake the long-poll, rather than
+// sleep and hope the long-poll is parked by then.
+func (e *Env) AwaitLongPolls(t testing.TB, n int) {
+	t.Helper()
+	waitfor.Until(t, fmt.Sprintf("%d long-polls waiting on %s", n, e.URL), func() bool {
+		return e.Server.LongPolls() == n
+	})
 }
 
 // Job returns a job as stored.

@@ -691,10 +691,13 @@ func TestLease(t *testing.T) {
 	})
 }
 
+// TestLongPoll checks a lease long-poll's wake-ups and its end, each case
+// on a control plane of its own.
 func TestLongPoll(t *testing.T) {
 	t.Parallel()
-	f := setup(t, "sqlite")
 	t.Run("wakes on dispatch", func(t *testing.T) {
+		t.Parallel()
+		f := setup(t, "sqlite")
 		var (
 			wg         sync.WaitGroup
 			st         int
@@ -727,6 +730,8 @@ func TestLongPoll(t *testing.T) {
 		}
 	})
 	t.Run("empty after the wait", func(t *testing.T) {
+		t.Parallel()
+		f := setup(t, "sqlite")
 		start := time.Now()
 		st, b := post(t, f.node, "/workers/jobs/lease", wire.LeaseRequest{SupportedJobTypes: []string{"status_check"}, WaitSeconds: 1})
 		taken := time.Since(start)
@@ -745,6 +750,8 @@ func TestLongPoll(t *testing.T) {
 		}
 	})
 	t.Run("a job whose backoff ends", func(t *testing.T) {
+		t.Parallel()
+		f := setup(t, "sqlite")
 		j := f.env.Enqueue(t, lease.NewJob{Type: "telemetry_sync", ScheduledAt: time.Now().Add(1500 * time.Millisecond)})
 		st, b := post(t, f.node, "/workers/jobs/lease", wire.LeaseRequest{SupportedJobTypes: []string{"telemetry_sync"}, WaitSeconds: 10})
 		out := decode[wire.LeaseResponse](t, b)
@@ -753,6 +760,7 @@ func TestLongPoll(t *testing.T) {
 		}
 	})
 	t.Run("capped by MaxWait", func(t *testing.T) {
+		t.Parallel()
 		env := apitest.New(t, "sqlite", apitest.WithConfig(func(c *workerapi.Config) { c.MaxWait = 500 * time.Millisecond }))
 		n := env.NewNode(t, "n")
 		n.Register(t, registerRequest())

@@ -397,8 +397,9 @@ func TestPages(t *testing.T) {
 		{"/credentials", []string{apitest.OperatorID, apitest.ProvisionerID, "operator:jobs", "Mint a credential", "/revoke"}},
 	}
 	for _, tc := range pages {
+		// In turn, at once: the worker shows online only so long after
+		// its last heartbeat.
 		t.Run(tc.path, func(t *testing.T) {
-			t.Parallel()
 			p := b.get(t, tc.path)
 			if p.code != http.StatusOK {
 				t.Fatalf("%d:\n%s", p.code, p.body)

@@ -163,6 +163,7 @@ func TestBodyReadAfterCredential(t *testing.T) {
 				{"declared body over the limit", "POST", "/operator/jobs", 2 * mib, bearer(env.OperatorToken), 413, wire.CodePayloadTooLarge},
 			} {
 				t.Run(tc.name, func(t *testing.T) {
+					t.Parallel()
 					before := env.Dump(t)
 					st, b := headersOnly(t, env.URL, tc.method, tc.path, tc.length, tc.h)
 					refused(t, env, before, tc.name, st, b, tc.status, tc.code)
@@ -233,6 +234,7 @@ func TestTrailingData(t *testing.T) {
 			env := f.env
 			for _, trail := range []string{"}", "]", "}}", " ]", "{}", `"x"`, "0", ",", "\x00", "\n}\n"} {
 				t.Run(fmt.Sprintf("%q", trail), func(t *testing.T) {
+					t.Parallel()
 					before := env.Dump(t)
 					st, b := post(t, f.node, "/workers/heartbeat", `{"status":"idle"}`+trail)
 					refused(t, env, before, "heartbeat", st, b, http.StatusBadRequest, wire.CodeInvalidRequest, "trailing data")
@@ -517,6 +519,7 @@ func TestProbingRevealsNothing(t *testing.T) {
 			}
 			for _, action := range []string{"accept", "status", "logs", "artifacts", "complete", "fail", "release"} {
 				t.Run(action, func(t *testing.T) {
+					t.Parallel()
 					body := obj{"lease_token": tok, "event_type": "progress", "seq": 1, "message": "m",
 						"artifact_type": "adapter", "name": "a", "uri": "s3://a"}
 					var first []byte

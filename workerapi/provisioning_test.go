@@ -220,6 +220,7 @@ func TestMaxRegistrationsRefused(t *testing.T) {
 			"without scope": `{"principal":"` + apitest.OperatorID + `","scopes":["operator:jobs"],"max_registrations":2}`,
 		} {
 			t.Run(name, func(t *testing.T) {
+				t.Parallel()
 				before := env.Dump(t)
 				st, m := opCall(t, env, minter, http.MethodPost, "/operator/credentials", json.RawMessage(body))
 				wantOpError(t, name, st, m, http.StatusBadRequest, wire.CodeInvalidRequest)

@@ -218,6 +218,7 @@ func TestRetryKeys(t *testing.T) {
 				"a NUL byte": "key-0000000000000\x00",
 			} {
 				t.Run(name, func(t *testing.T) {
+					t.Parallel()
 					f.unchanged(t, id, func() {
 						st, b := post(t, f.node, path, art(key, "a.bin"))
 						wantErr(t, st, b, http.StatusBadRequest, wire.CodeInvalidRequest)

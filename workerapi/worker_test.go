@@ -308,6 +308,7 @@ func TestRegister(t *testing.T) {
 		}
 		for _, c := range cases {
 			t.Run(c.name, func(t *testing.T) {
+				t.Parallel()
 				f.unchanged(t, "", func() {
 					st, b := provisioned(other, c.body)
 					wantErr(t, st, b, http.StatusBadRequest, wire.CodeInvalidRequest)
@@ -420,6 +421,7 @@ func TestHeartbeat(t *testing.T) {
 			"negative vram_mb": `{"status":"idle","capabilities":{"gpus":[{"sku":"a","vram_mb":-1}]}}`,
 		} {
 			t.Run(name, func(t *testing.T) {
+				t.Parallel()
 				f.unchanged(t, id, func() {
 					st, b := post(t, f.node, "/workers/heartbeat", body)
 					wantErr(t, st, b, http.StatusBadRequest, wire.CodeInvalidRequest)
@@ -682,6 +684,7 @@ func TestLease(t *testing.T) {
 			"empty":         ``,
 		} {
 			t.Run(name, func(t *testing.T) {
+				t.Parallel()
 				f.unchanged(t, j.ID, func() {
 					st, b := post(t, f.node, "/workers/jobs/lease", body)
 					wantErr(t, st, b, http.StatusBadRequest, wire.CodeInvalidRequest)
@@ -785,6 +788,7 @@ func TestAccept(t *testing.T) {
 			"bad checksum":    `{"lease_token":"` + tok[:len(tok)-1] + flip(tok[len(tok)-1]) + `"}`,
 			"wrong type":      `{"lease_token":5}`,
 		} {
+			// In turn: the accept below must come within accept_by.
 			t.Run(name, func(t *testing.T) {
 				f.unchanged(t, id, func() {
 					st, b := post(t, f.node, path, body)
@@ -921,6 +925,7 @@ func TestStatusAndLogs(t *testing.T) {
 			"logs seq a string":         {"/logs", `{"lease_token":"` + tok + `","seq":"4","message":"m"}`},
 		} {
 			t.Run(name, func(t *testing.T) {
+				t.Parallel()
 				f.unchanged(t, id, func() {
 					st, b := post(t, f.node, "/workers/jobs/"+id+c.path, c.body)
 					wantErr(t, st, b, http.StatusBadRequest, wire.CodeInvalidRequest)
@@ -1221,6 +1226,7 @@ func TestFailAndRelease(t *testing.T) {
 			"payload a number":   `{"lease_token":"` + tok + `","error_code":"x","payload":1}`,
 		} {
 			t.Run(name, func(t *testing.T) {
+				t.Parallel()
 				f.unchanged(t, id, func() {
 					st, b := post(t, f.node, "/workers/jobs/"+id+"/fail", body)
 					wantErr(t, st, b, http.StatusBadRequest, wire.CodeInvalidRequest)

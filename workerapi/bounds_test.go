@@ -197,7 +197,9 @@ func TestCompleteAfterCancel(t *testing.T) {
 				id, tok = leaseOne(t, n, "status_check")
 			}
 			path := func(action string) string { return wire.JobPath(id, action) }
-			env.Clock.Advance(time.Minute)
+			// Half the accept timeout: the maintainer, which runs
+			// meanwhile, must not end the unaccepted lease at accept_by.
+			env.Clock.Advance(workerapi.DefaultAcceptTimeout / 2)
 			mustOp(t, env, http.StatusOK, http.MethodPost, "/operator/jobs/"+id+"/cancel", nil)
 			env.Clock.Advance(time.Second)
 			charged := kindCount(t, env, receipts.KindJobCharged)

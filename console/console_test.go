@@ -22,6 +22,7 @@ import (
 	"github.com/nodelane/nodelane/console"
 	"github.com/nodelane/nodelane/credential"
 	"github.com/nodelane/nodelane/internal/apitest"
+	"github.com/nodelane/nodelane/internal/waitfor"
 	"github.com/nodelane/nodelane/receipts"
 	"github.com/nodelane/nodelane/workerapi"
 	"github.com/nodelane/nodelane/workerapi/wire"
@@ -156,6 +157,7 @@ func mustContain(t *testing.T, what string, p page, wants ...string) {
 }
 
 func TestNewConfig(t *testing.T) {
+	t.Parallel()
 	h := http.NotFoundHandler()
 	for _, tc := range []struct {
 		name string
@@ -167,6 +169,7 @@ func TestNewConfig(t *testing.T) {
 		{"negative sessions", console.Config{API: h, VerifierKey: "k", MaxSessions: -1}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			if _, err := console.New(tc.cfg); !errors.Is(err, console.ErrConfig) {
 				t.Fatalf("New: %v, want ErrConfig", err)
 			}
@@ -175,6 +178,7 @@ func TestNewConfig(t *testing.T) {
 }
 
 func TestSignIn(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, nil)
 	b := f.browser(t)
 
@@ -237,6 +241,7 @@ func TestSignIn(t *testing.T) {
 }
 
 func TestSignInOverTLS(t *testing.T) {
+	t.Parallel()
 	env := apitest.New(t, "sqlite")
 	c, err := console.New(console.Config{API: env.Server.OperatorHandler(), VerifierKey: env.Server.ReceiptVerifierKey(), Origin: env.Config.Origin})
 	if err != nil {
@@ -258,6 +263,7 @@ func TestSignInOverTLS(t *testing.T) {
 }
 
 func TestSessionsBounded(t *testing.T) {
+	t.Parallel()
 	now := time.Now()
 	clock := func() time.Time { return now }
 	f := newFixture(t, func(c *console.Config) { c.MaxSessions = 2; c.SessionTTL = time.Hour; c.Now = clock })
@@ -330,7 +336,7 @@ func runJob(t *testing.T, n *apitest.Node, id string) ranJob {
 		LeaseToken: tok, ArtifactType: "adapter", Name: "adapter.safetensors", URI: "file:///models/adapter.safetensors",
 		ChecksumSHA256: &sum, SizeBytes: &size,
 	}, http.StatusCreated)
-	time.Sleep(5 * time.Millisecond) // a run time above 0 ms
+	n.Env().Clock.Advance(5 * time.Millisecond) // a run time above 0 ms
 	done := nodeCall[wire.CompleteResponse](t, n, p+"/complete", wire.CompleteRequest{LeaseToken: tok, Metrics: json.RawMessage(`{"loss":0.12}`)}, http.StatusOK)
 	if done.Job.State != "succeeded" || done.Checkpoint == "" {
 		t.Fatalf("complete = %+v", done)
@@ -354,6 +360,7 @@ func dispatch(t *testing.T, b *browser, form url.Values) string {
 // the console, run by a real node and completed, its events, logs,
 // artifact, cost and receipts verified.
 func TestPages(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, nil)
 	b := f.browser(t)
 	b.signIn(t, f.env.OperatorToken)
@@ -390,6 +397,8 @@ func TestPages(t *testing.T) {
 		{"/credentials", []string{apitest.OperatorID, apitest.ProvisionerID, "operator:jobs", "Mint a credential", "/revoke"}},
 	}
 	for _, tc := range pages {
+		// In turn, at once: the worker shows online only so long after
+		// its last heartbeat.
 		t.Run(tc.path, func(t *testing.T) {
 			p := b.get(t, tc.path)
 			if p.code != http.StatusOK {
@@ -471,6 +480,7 @@ func apiGet[T any](t *testing.T, f *fixture, path string) T {
 }
 
 func TestActions(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, func(c *console.Config) {})
 	b := f.browser(t)
 	b.signIn(t, f.env.OperatorToken)
@@ -551,14 +561,10 @@ func TestActions(t *testing.T) {
 			t.Fatal("still active")
 		}
 		// The history, newest first, once sequenced.
-		deadline := time.Now().Add(10 * time.Second)
-		for {
+		waitfor.Until(t, "the envelope's history to show the deactivation", func() bool {
 			p = b.get(t, "/envelope")
-			if strings.Contains(p.body, "envelope_deactivated") || time.Now().After(deadline) {
-				break
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
+			return strings.Contains(p.body, "envelope_deactivated")
+		})
 		mustContain(t, "history", p, "envelope_deactivated", "envelope_activated", "training window", apitest.OperatorID)
 		if i, j := strings.Index(p.body, "envelope_deactivated"), strings.Index(p.body, "envelope_activated"); i > j {
 			t.Error("the history is not newest first")
@@ -602,6 +608,7 @@ func TestActions(t *testing.T) {
 
 // TestCSRF checks that a cross-origin POST changes nothing, whatever the cookie.
 func TestCSRF(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, nil)
 	b := f.browser(t)
 	b.signIn(t, f.env.OperatorToken)
@@ -641,6 +648,7 @@ func TestCSRF(t *testing.T) {
 // TestScopeRefusal checks that an operator whose token lacks a scope sees the API's
 // refusal, and nothing changes.
 func TestScopeRefusal(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, nil)
 	n := registerNode(t, f, "gpu-1")
 	tok, _, err := f.env.Server.Issuer().Mint(context.Background(), apitest.OperatorID, []credential.Scope{credential.ScopeOperatorJobs}, time.Hour)
@@ -678,6 +686,7 @@ func TestScopeRefusal(t *testing.T) {
 }
 
 func TestVerifyExport(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, nil)
 	b := f.browser(t)
 	b.signIn(t, f.env.OperatorToken)
@@ -727,6 +736,7 @@ func TestVerifyExport(t *testing.T) {
 		{"not JSON", []byte("hello\n"), cp.Note, "✘ line 1: not an export line"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			p := send(t, tc.exp, tc.note)
 			mustContain(t, tc.name, p, tc.wantPrefix)
 			if strings.Contains(p.body, "✔ Verified") {
@@ -748,6 +758,7 @@ func mustURL(t *testing.T, s string) *url.URL {
 // TestLimits checks that a form over 64 KiB and an export over MaxExportBytes are
 // refused with a message, and change nothing.
 func TestLimits(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, nil)
 	b := f.browser(t)
 	b.signIn(t, f.env.OperatorToken)

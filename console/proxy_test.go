@@ -17,6 +17,7 @@ import (
 // path, and takes a form post from a browser that sends Origin but no
 // Sec-Fetch-Site.
 func TestBehindProxy(t *testing.T) {
+	t.Parallel()
 	front := httptest.NewUnstartedServer(nil)
 	public := "http://" + front.Listener.Addr().String() + "/nodelane/console"
 	f := newFixture(t, func(c *console.Config) { c.PublicURL = public })
@@ -75,6 +76,7 @@ func TestBehindProxy(t *testing.T) {
 
 // PublicURL must be an absolute http(s) URL; the error never repeats it.
 func TestPublicURLConfig(t *testing.T) {
+	t.Parallel()
 	for _, bad := range []string{"/console", "ftp://cp.example.com/console", "https://cp.example.com/console?x=1",
 		"https://cp.example.com/console#top", "https://user:hunter2@cp.example.com/console", "https:///console"} {
 		_, err := console.New(console.Config{API: http.NotFoundHandler(), VerifierKey: "k+1+AQ", PublicURL: bad})

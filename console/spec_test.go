@@ -17,6 +17,7 @@ import (
 
 	"github.com/nodelane/nodelane/credential"
 	"github.com/nodelane/nodelane/internal/apitest"
+	"github.com/nodelane/nodelane/internal/waitfor"
 	"github.com/nodelane/nodelane/receipts"
 	"github.com/nodelane/nodelane/workerapi/wire"
 )
@@ -28,21 +29,20 @@ func charged(t *testing.T, f *fixture, b *browser) (ranJob, *receipts.Receipt) {
 	n := registerNode(t, f, "gpu-1", "lab-a")
 	job := runJob(t, n, dispatch(t, b, url.Values{"job_type": {"status_check"}, "gpu_sku": {"rtx-4090"}, "gpu_count": {"1"}}))
 	var rc *receipts.Receipt
-	for deadline := time.Now().Add(10 * time.Second); rc == nil && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+	waitfor.Until(t, "the job_charged receipt of "+job.id, func() bool {
 		page := apiGet[wire.ReceiptListResponse](t, f, "/operator/receipts?kind=job_charged&limit=1000")
 		for _, w := range page.Receipts {
 			if r, err := receipts.Decode(w.Body); err == nil && r.JobID == job.id {
 				rc = r
 			}
 		}
-	}
-	if rc == nil {
-		t.Fatalf("no job_charged receipt for %s", job.id)
-	}
+		return rc != nil
+	})
 	return job, rc
 }
 
 func TestSpecSpendOverview(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, nil)
 	b := f.browser(t)
 	b.signIn(t, f.env.OperatorToken)
@@ -62,6 +62,7 @@ func TestSpecSpendOverview(t *testing.T) {
 }
 
 func TestSpecJobCostFromView(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, nil)
 	b := f.browser(t)
 	b.signIn(t, f.env.OperatorToken)
@@ -80,6 +81,7 @@ func TestSpecJobCostFromView(t *testing.T) {
 }
 
 func TestSpecRetire(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, nil)
 	b := f.browser(t)
 	b.signIn(t, f.env.OperatorToken)
@@ -117,6 +119,7 @@ func TestSpecRetire(t *testing.T) {
 }
 
 func TestSpecFilters(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, nil)
 	b := f.browser(t)
 	b.signIn(t, f.env.OperatorToken)
@@ -159,6 +162,7 @@ func TestSpecFilters(t *testing.T) {
 // The overview shows, beside the spend, the GPU time no one was charged
 // for, by reason, from GET /operator/costs.
 func TestSpecUnbilledOverview(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, nil)
 	b := f.browser(t)
 	b.signIn(t, f.env.OperatorToken)

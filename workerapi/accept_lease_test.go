@@ -14,6 +14,7 @@ import (
 	"github.com/nodelane/nodelane/envelope"
 	"github.com/nodelane/nodelane/internal/apitest"
 	"github.com/nodelane/nodelane/internal/testdb"
+	"github.com/nodelane/nodelane/internal/waitfor"
 	"github.com/nodelane/nodelane/lease"
 	"github.com/nodelane/nodelane/workerapi"
 	"github.com/nodelane/nodelane/workerapi/wire"
@@ -41,8 +42,10 @@ func (f *fx) leaseAccept(t *testing.T, jobType string, n int) ([]*lease.Job, wir
 }
 
 func TestLeaseAccept(t *testing.T) {
+	t.Parallel()
 	for _, d := range testdb.Dialects() {
 		t.Run(d.Name, func(t *testing.T) {
+			t.Parallel()
 			rec := &recorder{}
 			f := setup(t, d.Name, apitest.WithConfig(func(c *workerapi.Config) {
 				c.Hooks = rec
@@ -112,7 +115,7 @@ func TestLeaseAccept(t *testing.T) {
 				// accept would report them.
 				want := []string{"queued>leased", "leased>running", "running>succeeded"}
 				var trans []string
-				for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+				waitfor.Until(t, "the hooks to see the job's three changes", func() bool {
 					trans = nil
 					rec.mu.Lock()
 					for _, c := range rec.changes {
@@ -121,10 +124,8 @@ func TestLeaseAccept(t *testing.T) {
 						}
 					}
 					rec.mu.Unlock()
-					if len(trans) >= len(want) {
-						break
-					}
-				}
+					return len(trans) >= len(want)
+				})
 				if !slices.Equal(trans, want) {
 					t.Errorf("job changes %v, want %v", trans, want)
 				}
@@ -183,19 +184,15 @@ func TestLeaseAccept(t *testing.T) {
 						wire.LeaseRequest{SupportedJobTypes: []string{"telemetry_sync"}, WaitSeconds: 20, Accept: true})
 					done <- b
 				}()
-				time.Sleep(300 * time.Millisecond)
+				f.env.AwaitLongPolls(t, 1)
 				j := f.env.Enqueue(t, lease.NewJob{Type: "telemetry_sync"})
-				select {
-				case b := <-done:
-					out := decode[wire.LeaseResponse](t, b)
-					if len(out.Leases) != 1 || out.Leases[0].Job.ID != j.ID || out.Leases[0].Job.State != wire.JobStateRunning {
-						t.Errorf("long-poll with accept: %s", b)
-					}
-					if got := f.env.Job(t, j.ID); got.State != lease.StateRunning {
-						t.Errorf("job as stored: %s", got.State)
-					}
-				case <-time.After(10 * time.Second):
-					t.Fatal("the long-poll did not wake")
+				b := waitfor.Receive(t, "the long-poll's answer", done)
+				out := decode[wire.LeaseResponse](t, b)
+				if len(out.Leases) != 1 || out.Leases[0].Job.ID != j.ID || out.Leases[0].Job.State != wire.JobStateRunning {
+					t.Errorf("long-poll with accept: %s", b)
+				}
+				if got := f.env.Job(t, j.ID); got.State != lease.StateRunning {
+					t.Errorf("job as stored: %s", got.State)
 				}
 			})
 		})
@@ -246,8 +243,10 @@ func (e *flipEnvelope) disarm() {
 // worker learns it from the grant, its own accept answers 403, and the
 // lease lapses at accept_by without using an attempt.
 func TestLeaseAcceptEnvelope(t *testing.T) {
+	t.Parallel()
 	for _, d := range testdb.Dialects() {
 		t.Run(d.Name, func(t *testing.T) {
+			t.Parallel()
 			flip := &flipEnvelope{}
 			f := setup(t, d.Name, apitest.WithStores(func(s workerapi.Stores) workerapi.Stores {
 				flip.Store = s.Envelope

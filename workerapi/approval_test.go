@@ -7,7 +7,6 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/nodelane/nodelane/credential"
 	"github.com/nodelane/nodelane/internal/apitest"
@@ -56,6 +55,7 @@ func wantContains(t *testing.T, what, got, want string) {
 // The first attack of the issue: a node registered for status_check asks
 // for telemetry_sync, and must neither lease the job nor see its payload.
 func TestLeaseNarrowsRegisteredTypes(t *testing.T) {
+	t.Parallel()
 	onDialects(t, func(t *testing.T, dialect string) {
 		env := newOpEnv(t, dialect)
 		n, _ := typedNode(t, env, "status-only", 4, "status_check")
@@ -99,8 +99,15 @@ func TestLeaseNarrowsRegisteredTypes(t *testing.T) {
 // The second attack: a node that sets its own governor far above the
 // control plane's cap leases at most the cap, however often it asks.
 func TestLeaseCapPerWorker(t *testing.T) {
-	t.Run("DefaultCap", func(t *testing.T) { onDialects(t, testDefaultLeaseCap) })
-	t.Run("HostCap", func(t *testing.T) { onDialects(t, testHostLeaseCap) })
+	t.Parallel()
+	t.Run("DefaultCap", func(t *testing.T) {
+		t.Parallel()
+		onDialects(t, testDefaultLeaseCap)
+	})
+	t.Run("HostCap", func(t *testing.T) {
+		t.Parallel()
+		onDialects(t, testHostLeaseCap)
+	})
 }
 
 func testDefaultLeaseCap(t *testing.T, dialect string) {
@@ -159,6 +166,7 @@ func testHostLeaseCap(t *testing.T, dialect string) {
 // until an operator approves it; approvals mint receipts, and pinned job
 // types narrow leasing further.
 func TestApproveNodes(t *testing.T) {
+	t.Parallel()
 	onDialects(t, func(t *testing.T, dialect string) {
 		env := newOpEnv(t, dialect, apitest.WithConfig(func(c *workerapi.Config) { c.ApproveNodes = true }))
 		n, reg := typedNode(t, env, "new-node", 4, "status_check", "telemetry_sync")
@@ -229,7 +237,7 @@ func TestApproveNodes(t *testing.T) {
 				json.Unmarshal(b, &waited)
 			}
 		}()
-		time.Sleep(200 * time.Millisecond)
+		env.AwaitLongPolls(t, 1)
 		count := env.Receipts(t)
 		m = mustOp(t, env, http.StatusOK, "POST", path, "")
 		exactKeys(t, "approve", m, "worker", "receipt_id")
@@ -317,6 +325,7 @@ func sameStrings(v any, want ...string) bool {
 // The wire limits of an approval are the lease core's, which checks them
 // again.
 func TestApprovalLimitsAgree(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		name       string
 		wire, core int
@@ -337,6 +346,7 @@ func TestApprovalLimitsAgree(t *testing.T) {
 // others see it and change nothing; of ones with different pins, the
 // approval that stands is the one the last receipt records.
 func TestConcurrentApprovals(t *testing.T) {
+	t.Parallel()
 	onDialects(t, func(t *testing.T, d string) {
 		env := apitest.New(t, d, apitest.WithConfig(func(c *workerapi.Config) { c.ApproveNodes = true }))
 		_, reg := typedNode(t, env, "gpu-approve", 4, "status_check")

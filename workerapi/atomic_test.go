@@ -168,6 +168,7 @@ func (s faultyNonces) Insert(ctx context.Context, node, nonce string, expires, n
 // all. The loop ends when the request makes fewer writes than the one
 // chosen to fail, so every step is covered.
 func TestAtomicity(t *testing.T) {
+	t.Parallel()
 	type setup = atomSetup
 	steps := []struct {
 		name    string
@@ -198,6 +199,7 @@ func TestAtomicity(t *testing.T) {
 	}
 	for _, st := range steps {
 		t.Run(st.name, func(t *testing.T) {
+			t.Parallel()
 			for at := 1; ; at++ {
 				if at > 50 {
 					t.Fatal("the request still fails after 50 writes")

@@ -111,8 +111,8 @@ func checkEnd(t *testing.T, env *apitest.Env, n *apitest.Node, id string, w want
 }
 
 func TestEveryEndIsAReceipt(t *testing.T) {
+	t.Parallel()
 	onDialects(t, func(t *testing.T, dialect string) {
-		t.Parallel()
 		env, n := boundsEnv(t, dialect)
 		env.Clock.Set(time.Now().UTC().Truncate(time.Millisecond))
 		ctx := context.Background()
@@ -307,8 +307,8 @@ func (f failingMints) AddReceipt(ctx context.Context, s *receipts.Stored) error 
 // is rolled back, and the lease stays as it was until the next round can
 // mint it; on every dialect.
 func TestExpiryWithoutReceiptRollsBack(t *testing.T) {
+	t.Parallel()
 	onDialects(t, func(t *testing.T, dialect string) {
-		t.Parallel()
 		fail := &atomic.Bool{}
 		env, n := boundsEnv(t, dialect, apitest.WithStores(func(s workerapi.Stores) workerapi.Stores {
 			s.Receipts = failingMints{s.Receipts, fail}

@@ -70,6 +70,7 @@ func refusedUnchanged(t *testing.T, env *apitest.Env, n *apitest.Node, what, pat
 // The attack, with every way the revoked job gets swept: by the
 // maintainer, by a lease request, and by the worker's own late complete.
 func TestCancelEnforced(t *testing.T) {
+	t.Parallel()
 	sweeps := []struct {
 		name  string
 		sweep func(t *testing.T, env *apitest.Env, n *apitest.Node)
@@ -88,6 +89,7 @@ func TestCancelEnforced(t *testing.T) {
 	onDialects(t, func(t *testing.T, dialect string) {
 		for _, sw := range sweeps {
 			t.Run(sw.name, func(t *testing.T) {
+				t.Parallel()
 				env, n := boundsEnv(t, dialect)
 				gpuJob(t, env, nil)
 				id, tok := runOne(t, n, "status_check")
@@ -182,6 +184,7 @@ func TestCancelEnforced(t *testing.T) {
 // A complete within the grace ends the job canceled at once, uncharged:
 // the one refusal that changes state.
 func TestCompleteAfterCancel(t *testing.T) {
+	t.Parallel()
 	onDialects(t, func(t *testing.T, dialect string) {
 		hooks := &opHookLog{}
 		env, n := boundsEnv(t, dialect, apitest.Started(), apitest.WithConfig(func(c *workerapi.Config) { c.Hooks = hooks }))
@@ -194,7 +197,9 @@ func TestCompleteAfterCancel(t *testing.T) {
 				id, tok = leaseOne(t, n, "status_check")
 			}
 			path := func(action string) string { return wire.JobPath(id, action) }
-			env.Clock.Advance(time.Minute)
+			// Half the accept timeout: the maintainer, which runs
+			// meanwhile, must not end the unaccepted lease at accept_by.
+			env.Clock.Advance(workerapi.DefaultAcceptTimeout / 2)
 			mustOp(t, env, http.StatusOK, http.MethodPost, "/operator/jobs/"+id+"/cancel", nil)
 			env.Clock.Advance(time.Second)
 			charged := kindCount(t, env, receipts.KindJobCharged)
@@ -248,6 +253,7 @@ func TestCompleteAfterCancel(t *testing.T) {
 // requirements.max_runtime_seconds caps every extension and ends the job
 // failed, max_runtime_exceeded, when reached; it is validated at dispatch.
 func TestMaxRuntimeEnforced(t *testing.T) {
+	t.Parallel()
 	onDialects(t, func(t *testing.T, dialect string) {
 		env, n := boundsEnv(t, dialect)
 		for name, req := range map[string]string{
@@ -323,6 +329,7 @@ func TestMaxRuntimeEnforced(t *testing.T) {
 
 // A job without max_runtime_seconds runs for Config.Lease.MaxRuntime at most.
 func TestMaxRuntimeDefault(t *testing.T) {
+	t.Parallel()
 	env := newOpEnv(t, "sqlite", apitest.WithConfig(func(c *workerapi.Config) { c.Lease.MaxRuntime = 20 * time.Minute }))
 	n := opGPUNode(t, env, "studio-gpu-1", 4)
 	id := gpuJob(t, env, nil)
@@ -344,6 +351,7 @@ func TestMaxRuntimeDefault(t *testing.T) {
 
 // The wire's limit is the lease package's.
 func TestMaxRuntimeLimit(t *testing.T) {
+	t.Parallel()
 	if time.Duration(wire.MaxRuntimeSeconds)*time.Second != lease.MaxRuntimeLimit {
 		t.Fatalf("wire.MaxRuntimeSeconds %d s, lease.MaxRuntimeLimit %v", wire.MaxRuntimeSeconds, lease.MaxRuntimeLimit)
 	}

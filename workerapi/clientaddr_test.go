@@ -9,6 +9,7 @@ import (
 // The client address logged: the peer's, unless the peer is a trusted
 // proxy; then the right-most X-Forwarded-For entry that is not one.
 func TestClientAddr(t *testing.T) {
+	t.Parallel()
 	trusted, err := checkTrustedProxies([]netip.Prefix{
 		netip.MustParsePrefix("10.0.0.0/8"),
 		netip.MustParsePrefix("::ffff:192.168.1.0/120"), // an IPv4-mapped prefix: compared unmapped
@@ -39,6 +40,7 @@ func TestClientAddr(t *testing.T) {
 		{"not an IP peer", "@", []string{"198.51.100.1"}, "@"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			r := &http.Request{RemoteAddr: tc.remote, Header: http.Header{}}
 			for _, v := range tc.xff {
 				r.Header.Add("X-Forwarded-For", v)
@@ -56,6 +58,7 @@ func TestClientAddr(t *testing.T) {
 }
 
 func TestForwardedHost(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct{ in, host, proto string }{
 		{`host=cp.example.com`, "cp.example.com", ""},
 		{`for=192.0.2.60;proto=HTTPS;host="cp.example.com:8443", host=second`, "cp.example.com:8443", "https"},

@@ -34,6 +34,7 @@ func withDBClock() apitest.Option {
 // worker's completion is accepted; it reports not ready and holds its
 // maintainer until its clock is back within the bound.
 func TestClockSkewFollowsTheDatabase(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	logs := logtest.New()
 	env := apitest.New(t, "sqlite", withDBClock(), apitest.WithConfig(func(c *workerapi.Config) {
@@ -111,6 +112,7 @@ func TestClockSkewFollowsTheDatabase(t *testing.T) {
 // Start measures the clock at once and then every ClockCheckInterval; the
 // readiness handler says what Ready says.
 func TestClockWatchAndReadyHandler(t *testing.T) {
+	t.Parallel()
 	logs := logtest.New()
 	env := apitest.New(t, "sqlite", withDBClock(), apitest.Started(), apitest.WithConfig(func(c *workerapi.Config) {
 		c.Logger = slog.New(logs)
@@ -167,6 +169,7 @@ func TestClockWatchAndReadyHandler(t *testing.T) {
 
 // Without a database clock the Server trusts its own and is ready.
 func TestReadyWithoutDBClock(t *testing.T) {
+	t.Parallel()
 	env := apitest.New(t, "sqlite")
 	if err := env.Server.Ready(); err != nil {
 		t.Fatalf("Ready = %v", err)

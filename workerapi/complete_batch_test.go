@@ -16,6 +16,7 @@ import (
 	"github.com/nodelane/nodelane/credential"
 	"github.com/nodelane/nodelane/internal/apitest"
 	"github.com/nodelane/nodelane/internal/testdb"
+	"github.com/nodelane/nodelane/internal/waitfor"
 	"github.com/nodelane/nodelane/lease"
 	"github.com/nodelane/nodelane/receipts"
 	"github.com/nodelane/nodelane/workerapi"
@@ -148,8 +149,10 @@ func wantRefused(t *testing.T, r wire.CompletionResult, id string, status int, c
 func flipLast(tok string) string { return tok[:len(tok)-1] + flip(tok[len(tok)-1]) }
 
 func TestCompleteBatch(t *testing.T) {
+	t.Parallel()
 	for _, d := range testdb.Dialects() {
 		t.Run(d.Name, func(t *testing.T) {
+			t.Parallel()
 			rec := &recorder{}
 			f := batchSetup(t, d.Name, apitest.WithConfig(func(c *workerapi.Config) { c.Hooks = rec }), apitest.Started())
 			now := time.Now().UTC().Truncate(time.Millisecond)
@@ -184,7 +187,7 @@ func TestCompleteBatch(t *testing.T) {
 				}
 				// Each job's hooks, as a complete of it reports them.
 				var done []string
-				for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline) && len(done) < 3; time.Sleep(10 * time.Millisecond) {
+				waitfor.Until(t, "the hooks to see the three jobs succeed", func() bool {
 					done = nil
 					rec.mu.Lock()
 					for _, c := range rec.changes {
@@ -193,7 +196,8 @@ func TestCompleteBatch(t *testing.T) {
 						}
 					}
 					rec.mu.Unlock()
-				}
+					return len(done) >= 3
+				})
 				for _, g := range gs {
 					if !slices.Contains(done, g.id) {
 						t.Errorf("no running>succeeded hook for job %s (hooks for %v)", g.id, done)
@@ -354,6 +358,7 @@ func TestCompleteBatch(t *testing.T) {
 // TestLeaseAcceptAnswerSchema checks that a lease answer with accepted grants is
 // one the OpenAPI document describes.
 func TestLeaseAcceptAnswerSchema(t *testing.T) {
+	t.Parallel()
 	f := setup(t, "sqlite")
 	f.env.Enqueue(t, lease.NewJob{Type: "status_check"})
 	st, b := post(t, f.node, wire.PathLease, wire.LeaseRequest{Accept: true})

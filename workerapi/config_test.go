@@ -18,6 +18,7 @@ import (
 // New refuses a missing store or a missing or invalid setting, with an
 // error that wraps ErrConfig and names it, instead of failing later.
 func TestNewFailsFast(t *testing.T) {
+	t.Parallel()
 	otherName, _, err := receipts.GenerateKey(rand.Reader, "nodelane-receipts")
 	if err != nil {
 		t.Fatal(err)
@@ -86,6 +87,7 @@ func TestNewFailsFast(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
 			st, cfg := sqliteStores(t)
 			tt.change(&st, &cfg)
 			srv, err := workerapi.New(st, cfg)
@@ -98,12 +100,14 @@ func TestNewFailsFast(t *testing.T) {
 		})
 	}
 	t.Run("valid", func(t *testing.T) {
+		t.Parallel()
 		st, cfg := sqliteStores(t)
 		if _, err := workerapi.New(st, cfg); err != nil {
 			t.Fatalf("New with a valid configuration: %v", err)
 		}
 	})
 	t.Run("valid proxy settings", func(t *testing.T) {
+		t.Parallel()
 		for _, origin := range []string{"https://cp.example.com", "https://CP.example.com:8443/nodelane/", "http://[::1]:8080/a/b"} {
 			st, cfg := sqliteStores(t)
 			cfg.PublicOrigin = origin
@@ -115,6 +119,7 @@ func TestNewFailsFast(t *testing.T) {
 	})
 	// A password in a PublicOrigin is never repeated in the error.
 	t.Run("PublicOrigin with a password", func(t *testing.T) {
+		t.Parallel()
 		st, cfg := sqliteStores(t)
 		cfg.PublicOrigin = "https://ops:hunter2@cp.example.com/"
 		_, err := workerapi.New(st, cfg)

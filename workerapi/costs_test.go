@@ -127,6 +127,7 @@ func getCosts(t *testing.T, env *apitest.Env, query string) wire.CostReport {
 // /operator/costs sums the job_charged receipts of a range, for each
 // group_by, to the micro-USD.
 func TestOperatorCosts(t *testing.T) {
+	t.Parallel()
 	onDialects(t, func(t *testing.T, d string) {
 		env := newOpEnv(t, d, apitest.WithConfig(func(c *workerapi.Config) {
 			c.Prices = receipts.Prices{BySKU: map[string]int64{"rtx-4090": 1_802_000, "a100": 3_333_333}, Default: 777_777}
@@ -284,8 +285,8 @@ func TestOperatorCosts(t *testing.T) {
 // charged for, by reason: the actual_ms × gpu_count of every job_failed
 // receipt of the window, exactly, and in hours.
 func TestOperatorCostsUnbilled(t *testing.T) {
+	t.Parallel()
 	onDialects(t, func(t *testing.T, d string) {
-		t.Parallel()
 		env, n := boundsEnv(t, d)
 		env.Clock.Set(time.Now().UTC().Truncate(time.Millisecond))
 		from := env.Clock.Now().UTC()

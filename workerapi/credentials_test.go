@@ -59,6 +59,7 @@ func lacks(t *testing.T, m obj) []string {
 // refused with 403 and leaves no credential and no receipt; what a
 // credential holds, it may give.
 func TestCredentialEscalation(t *testing.T) {
+	t.Parallel()
 	onDialects(t, func(t *testing.T, dialect string) {
 		env := newOpEnv(t, dialect)
 		narrow, narrowID := env.Credential(t, apitest.OperatorID, credential.ScopeOperatorCredentials)
@@ -146,6 +147,7 @@ func TestCredentialEscalation(t *testing.T) {
 // TestMintNoLongerThanMinter checks that a credential cannot mint one that outlives
 // it, whatever ttl_seconds asks.
 func TestMintNoLongerThanMinter(t *testing.T) {
+	t.Parallel()
 	onDialects(t, func(t *testing.T, dialect string) {
 		env := newOpEnv(t, dialect)
 		tok, id := env.Credential(t, apitest.OperatorID, credential.ScopeOperatorCredentials)
@@ -170,6 +172,7 @@ func TestMintNoLongerThanMinter(t *testing.T) {
 // operator principals, minting principal_created, and that a taken id, a bad
 // id or name, or a caller without operator:credentials changes nothing.
 func TestOperatorPrincipals(t *testing.T) {
+	t.Parallel()
 	onDialects(t, func(t *testing.T, dialect string) {
 		env := newOpEnv(t, dialect)
 		n := opGPUNode(t, env, "studio-gpu-1", 1)
@@ -263,6 +266,7 @@ func TestOperatorPrincipals(t *testing.T) {
 // credential in byte order of its id, or one principal's, answers no
 // secret, and refuses bad parameters as the other list routes do.
 func TestOperatorListCredentials(t *testing.T) {
+	t.Parallel()
 	onDialects(t, func(t *testing.T, dialect string) {
 		env := newOpEnv(t, dialect)
 		ctx := context.Background()

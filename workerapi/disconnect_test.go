@@ -26,6 +26,7 @@ func (m notifyingMetrics) ObserveRequest(ri workerapi.RequestInfo) { m <- ri }
 // A client that hangs up on a long-poll is logged at INFO and reported to
 // Metrics as StatusClientClosedRequest, not as a failure answered 503.
 func TestClientDisconnect(t *testing.T) {
+	t.Parallel()
 	var logs syncbuf.Buffer
 	metrics := make(notifyingMetrics, 16)
 	env := apitest.New(t, "sqlite", apitest.WithConfig(func(c *workerapi.Config) {

@@ -14,6 +14,7 @@ import (
 	"github.com/nodelane/nodelane/credential"
 	"github.com/nodelane/nodelane/internal/apitest"
 	"github.com/nodelane/nodelane/internal/testdb"
+	"github.com/nodelane/nodelane/internal/waitfor"
 	"github.com/nodelane/nodelane/lease"
 	"github.com/nodelane/nodelane/receipts"
 	"github.com/nodelane/nodelane/workerapi"
@@ -25,7 +26,10 @@ import (
 
 func forDialects(t *testing.T, f func(t *testing.T, dialect string)) {
 	for _, d := range testdb.Dialects() {
-		t.Run(d.Name, func(t *testing.T) { f(t, d.Name) })
+		t.Run(d.Name, func(t *testing.T) {
+			t.Parallel()
+			f(t, d.Name)
+		})
 	}
 }
 
@@ -79,6 +83,7 @@ func loraJob() wire.DispatchRequest {
 // checkpoint artifact and completes; the receipts verify offline;
 // deactivation stops new blocked leases.
 func TestSeedStory(t *testing.T) {
+	t.Parallel()
 	forDialects(t, func(t *testing.T, dialect string) {
 		env := apitest.New(t, dialect, apitest.WithConfig(func(c *workerapi.Config) {
 			c.Prices = receipts.Prices{BySKU: map[string]int64{"rtx-4090": 1_802_000}}
@@ -200,6 +205,7 @@ func TestSeedStory(t *testing.T) {
 // A worker stalls past its TTL; the job goes to another worker; the first
 // worker's late complete gets 409 lease_lost and no second receipt exists.
 func TestLeaseLossE2E(t *testing.T) {
+	t.Parallel()
 	forDialects(t, func(t *testing.T, dialect string) {
 		env := apitest.New(t, dialect, apitest.WithConfig(func(c *workerapi.Config) {
 			c.Lease.LeaseTTL = time.Second
@@ -214,11 +220,11 @@ func TestLeaseLossE2E(t *testing.T) {
 		la := nodeCall[wire.LeaseResponse](t, a, "lease a", "/workers/jobs/lease", poll, http.StatusOK)
 		path := "/workers/jobs/" + job.ID
 		nodeCall[wire.AcceptResponse](t, a, "accept a", path+"/accept", wire.TokenRequest{LeaseToken: *la.LeaseToken}, http.StatusOK)
-		time.Sleep(1100 * time.Millisecond) // a stalls past its TTL
+		env.Clock.Advance(1100 * time.Millisecond) // a stalls past its TTL
 		if err := env.Server.MaintainOnce(context.Background()); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(5 * time.Millisecond) // the backoff
+		env.Clock.Advance(5 * time.Millisecond) // the backoff
 		lb := nodeCall[wire.LeaseResponse](t, b, "lease b", "/workers/jobs/lease", poll, http.StatusOK)
 		if lb.Job == nil || lb.Job.ID != job.ID || lb.Job.Attempt != 2 {
 			t.Fatalf("b's lease = %+v", lb)
@@ -248,6 +254,7 @@ func TestLeaseLossE2E(t *testing.T) {
 // An operator's cancel reaches the running worker through its next
 // heartbeat, and the worker's fail ends the job canceled.
 func TestCancelReachesWorker(t *testing.T) {
+	t.Parallel()
 	forDialects(t, func(t *testing.T, dialect string) {
 		env := apitest.New(t, dialect)
 		n := env.NewNode(t, "node")
@@ -282,6 +289,7 @@ func TestCancelReachesWorker(t *testing.T) {
 // Mounted under a prefix with http.StripPrefix, the handler still
 // verifies signatures, which cover the request-target as sent.
 func TestMountedUnderPrefix(t *testing.T) {
+	t.Parallel()
 	env := apitest.New(t, "sqlite")
 	mux := http.NewServeMux()
 	mux.Handle("/api/nl/", http.StripPrefix("/api/nl", env.Server.WorkerHandler()))
@@ -333,6 +341,7 @@ func pgNotifiers() apitest.Option {
 // a job is dispatched on the other, and a request replayed to the other
 // instance is refused.
 func TestTwoInstancesPostgres(t *testing.T) {
+	t.Parallel()
 	notifier := pgNotifiers()
 	one := apitest.New(t, "postgres", notifier)
 	two := one.Replica(t)
@@ -345,7 +354,6 @@ func TestTwoInstancesPostgres(t *testing.T) {
 		err error
 	}
 	done := make(chan result, 1)
-	start := time.Now()
 	go func() {
 		resp, body := onTwo.Do(t, http.MethodPost, "/workers/jobs/lease", wire.LeaseRequest{MaxJobs: 1, WaitSeconds: 20})
 		var r result
@@ -356,19 +364,16 @@ func TestTwoInstancesPostgres(t *testing.T) {
 		}
 		done <- r
 	}()
-	time.Sleep(300 * time.Millisecond) // the long-poll is waiting on two
+	two.AwaitLongPolls(t, 1)
 	code, body := one.Operator(t, http.MethodPost, "/operator/jobs", wire.DispatchRequest{JobType: "status_check"})
 	d := decodeAs[wire.DispatchResponse](t, "dispatch on one", code, http.StatusCreated, body)
-	select {
-	case r := <-done:
-		if r.err != nil || r.l.Job == nil || r.l.Job.ID != d.Job.ID {
-			t.Fatalf("long-poll on two = %+v, %v", r.l, r.err)
-		}
-		if waited := time.Since(start); waited > 10*time.Second {
-			t.Fatalf("the long-poll took %v: it was not woken", waited)
-		}
-	case <-time.After(15 * time.Second):
-		t.Fatal("the long-poll on two never returned")
+	woken := time.Now()
+	r := waitfor.Receive(t, "the long-poll on two", done)
+	if r.err != nil || r.l.Job == nil || r.l.Job.ID != d.Job.ID {
+		t.Fatalf("long-poll on two = %+v, %v", r.l, r.err)
+	}
+	if waited := time.Since(woken); waited > 10*time.Second {
+		t.Fatalf("the long-poll took %v after the dispatch: it was not woken", waited)
 	}
 
 	req := n.Request(t, http.MethodPost, "/workers/heartbeat", wire.HeartbeatRequest{Status: "idle"})
@@ -384,6 +389,7 @@ func TestTwoInstancesPostgres(t *testing.T) {
 // made through one take effect on the other within 1 s, because each
 // change is announced on the Notifiers' channel (bunstore's read cache).
 func TestTwoInstancesCachePostgres(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	notifier := pgNotifiers()
 	one := apitest.New(t, "postgres", notifier, apitest.WithDBConfig(&bunstore.Config{CacheTTL: time.Hour}))
@@ -400,17 +406,19 @@ func TestTwoInstancesCachePostgres(t *testing.T) {
 	// most 1 s.
 	within := func(what string, status int, code string) {
 		t.Helper()
-		deadline := time.Now().Add(time.Second)
-		for {
-			st, body := heartbeat()
-			if st == status && (code == "" || strings.Contains(string(body), `"`+code+`"`)) {
-				return
+		var (
+			st   int
+			body []byte
+		)
+		defer func() {
+			if t.Failed() {
+				t.Logf("two's last answer: %d %s", st, body)
 			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s on one: two still answers %d %s after 1 s", what, st, body)
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
+		}()
+		waitfor.Within(t, time.Second, fmt.Sprintf("two to answer %d %s after %s on one", status, code, what), func() bool {
+			st, body = heartbeat()
+			return st == status && (code == "" || strings.Contains(string(body), `"`+code+`"`))
+		})
 	}
 	if st, body := heartbeat(); st != http.StatusOK { // two now holds the node's entries
 		t.Fatalf("heartbeat on two: %d %s", st, body)

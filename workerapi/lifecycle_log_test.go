@@ -29,6 +29,7 @@ func attrs(r slog.Record) map[string]string {
 // state; failures and expiries with their reason. Request logs carry the
 // worker_id of a signed request and the job_id of its path.
 func TestJobLifecycleLogs(t *testing.T) {
+	t.Parallel()
 	rec := logtest.New()
 	env := apitest.New(t, "sqlite", apitest.WithConfig(func(c *workerapi.Config) {
 		c.Logger = slog.New(rec)

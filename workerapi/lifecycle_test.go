@@ -12,7 +12,8 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/nodelane/nodelane/bunstore"
-	"github.com/nodelane/nodelane/internal/testdb"
+	"github.com/nodelane/nodelane/internal/apitest"
+	"github.com/nodelane/nodelane/internal/waitfor"
 	"github.com/nodelane/nodelane/lease"
 	"github.com/nodelane/nodelane/receipts"
 	"github.com/nodelane/nodelane/workerapi"
@@ -23,7 +24,7 @@ import (
 func sqliteStores(t *testing.T) (workerapi.Stores, workerapi.Config) {
 	t.Helper()
 	ctx := context.Background()
-	db, err := bunstore.Open(ctx, testdb.SQLite(t).DSN, nil)
+	db, err := bunstore.Open(ctx, apitest.SQLite(t).DSN, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,6 +83,10 @@ func (h *recordingHooks) seen() []string {
 
 // A Server started and stopped with hooks set leaves no goroutine behind,
 // and Stop delivers the events queued before it.
+//
+// This test and the three after it that check for leaks with goleak do
+// not run in parallel: goleak sees every goroutine of the process, and
+// the parallel tests start theirs at any time.
 func TestLifecycleNoLeak(t *testing.T) {
 	st, cfg := sqliteStores(t)
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
@@ -112,7 +117,9 @@ func TestLifecycleNoLeak(t *testing.T) {
 		}
 		ids = append(ids, j.ID)
 	}
-	time.Sleep(20 * time.Millisecond) // let the maintainer run a few rounds
+	// Stop while the background work runs: once it delivered the first
+	// event, and the maintainer, every 5 ms, is running its rounds.
+	waitfor.Until(t, "the hooks to see the first event", func() bool { return len(h.seen()) > 0 })
 	if err := srv.Stop(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -167,12 +174,8 @@ func TestLifecycleStopDeadline(t *testing.T) {
 	if n := len(h.seen()); n != 0 {
 		t.Errorf("hook completed %d events, want 0", n)
 	}
-	// Let the background goroutines observe the cancellation before the
-	// leak check runs.
-	deadline := time.Now().Add(10 * time.Second)
-	for goleak.Find(goleak.IgnoreCurrent()) != nil && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
+	// The deferred goleak.VerifyNone retries while the background
+	// goroutines observe the cancellation.
 }
 
 // The end of Start's context stops the background work; Stop then
@@ -218,6 +221,7 @@ func TestLifecycleStopUnstarted(t *testing.T) {
 
 // The maintainer that Start runs expires a lease without any request.
 func TestLifecycleMaintainerExpires(t *testing.T) {
+	t.Parallel()
 	st, cfg := sqliteStores(t)
 	now := time.Now()
 	var mu sync.Mutex
@@ -251,14 +255,11 @@ func TestLifecycleMaintainerExpires(t *testing.T) {
 			t.Error(err)
 		}
 	}()
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+	waitfor.Until(t, "the maintainer to put the unaccepted job back in the queue", func() bool {
 		j, err := st.Leases.GetJob(ctx, job.ID)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if j.State == lease.StateQueued {
-			return
-		}
-	}
-	t.Fatal("the maintainer did not put the unaccepted job back in the queue")
+		return j.State == lease.StateQueued
+	})
 }

@@ -115,8 +115,10 @@ func headersOnly(t *testing.T, baseURL, method, path string, length int64, h htt
 }
 
 func TestBodyReadAfterCredential(t *testing.T) {
+	t.Parallel()
 	for _, d := range testdb.Dialects() {
 		t.Run(d.Name, func(t *testing.T) {
+			t.Parallel()
 			f := setup(t, d.Name)
 			env := f.env
 			revoked, id := env.Credential(t, apitest.OperatorID, credential.ScopeOperatorJobs)
@@ -161,6 +163,7 @@ func TestBodyReadAfterCredential(t *testing.T) {
 				{"declared body over the limit", "POST", "/operator/jobs", 2 * mib, bearer(env.OperatorToken), 413, wire.CodePayloadTooLarge},
 			} {
 				t.Run(tc.name, func(t *testing.T) {
+					t.Parallel()
 					before := env.Dump(t)
 					st, b := headersOnly(t, env.URL, tc.method, tc.path, tc.length, tc.h)
 					refused(t, env, before, tc.name, st, b, tc.status, tc.code)
@@ -188,8 +191,10 @@ func padded(t *testing.T, f *fx, name string, size int) *http.Request {
 }
 
 func TestSignatureFieldLimit(t *testing.T) {
+	t.Parallel()
 	for _, d := range testdb.Dialects() {
 		t.Run(d.Name, func(t *testing.T) {
+			t.Parallel()
 			f := setup(t, d.Name)
 			for _, name := range []string{"Signature-Input", "Signature"} {
 				t.Run(name+" at the limit", func(t *testing.T) {
@@ -221,12 +226,15 @@ func TestSignatureFieldLimit(t *testing.T) {
 }
 
 func TestTrailingData(t *testing.T) {
+	t.Parallel()
 	for _, d := range testdb.Dialects() {
 		t.Run(d.Name, func(t *testing.T) {
+			t.Parallel()
 			f := setup(t, d.Name)
 			env := f.env
 			for _, trail := range []string{"}", "]", "}}", " ]", "{}", `"x"`, "0", ",", "\x00", "\n}\n"} {
 				t.Run(fmt.Sprintf("%q", trail), func(t *testing.T) {
+					t.Parallel()
 					before := env.Dump(t)
 					st, b := post(t, f.node, "/workers/heartbeat", `{"status":"idle"}`+trail)
 					refused(t, env, before, "heartbeat", st, b, http.StatusBadRequest, wire.CodeInvalidRequest, "trailing data")
@@ -253,6 +261,7 @@ type limitCase struct {
 }
 
 func TestRequestLimits(t *testing.T) {
+	t.Parallel()
 	long := func(n int) string { return strings.Repeat("x", n) }
 	many := func(n, size int) []string {
 		out := make([]string, n)
@@ -380,6 +389,7 @@ func TestRequestLimits(t *testing.T) {
 	}
 	for _, d := range testdb.Dialects() {
 		t.Run(d.Name, func(t *testing.T) {
+			t.Parallel()
 			f := setup(t, d.Name)
 			env := f.env
 			id, tok := f.running(t, "status_check")
@@ -466,6 +476,7 @@ func TestRequestLimits(t *testing.T) {
 // TestFitsBoundsExplain checks that a node at the GPU limit does not slow a
 // dispatch down (explaining leasability matches every worker's Fits).
 func TestFitsBoundsExplain(t *testing.T) {
+	t.Parallel()
 	f := setup(t, "sqlite")
 	r := registerRequest()
 	for i := range wire.MaxGPUs - 1 {
@@ -483,8 +494,10 @@ func TestFitsBoundsExplain(t *testing.T) {
 }
 
 func TestProbingRevealsNothing(t *testing.T) {
+	t.Parallel()
 	for _, d := range testdb.Dialects() {
 		t.Run(d.Name, func(t *testing.T) {
+			t.Parallel()
 			f := setup(t, d.Name)
 			env := f.env
 			other := env.NewNode(t, "other-node")
@@ -506,6 +519,7 @@ func TestProbingRevealsNothing(t *testing.T) {
 			}
 			for _, action := range []string{"accept", "status", "logs", "artifacts", "complete", "fail", "release"} {
 				t.Run(action, func(t *testing.T) {
+					t.Parallel()
 					body := obj{"lease_token": tok, "event_type": "progress", "seq": 1, "message": "m",
 						"artifact_type": "adapter", "name": "a", "uri": "s3://a"}
 					var first []byte
@@ -532,8 +546,10 @@ func TestProbingRevealsNothing(t *testing.T) {
 // TestAcceptChecksTheLeaseFirst checks that the holder of a lease on a job whose
 // type the envelope blocked since is refused 403, and nothing changes.
 func TestAcceptChecksTheLeaseFirst(t *testing.T) {
+	t.Parallel()
 	for _, d := range testdb.Dialects() {
 		t.Run(d.Name, func(t *testing.T) {
+			t.Parallel()
 			f := setup(t, d.Name)
 			env := f.env
 			activateEnvelope(t, env)
@@ -551,8 +567,10 @@ func TestAcceptChecksTheLeaseFirst(t *testing.T) {
 
 // TestNoInternalsInMessages checks that no 4xx answer names an internal package.
 func TestNoInternalsInMessages(t *testing.T) {
+	t.Parallel()
 	for _, d := range testdb.Dialects() {
 		t.Run(d.Name, func(t *testing.T) {
+			t.Parallel()
 			f := setup(t, d.Name)
 			env := f.env
 			id, tok := f.leased(t, "status_check")
@@ -614,9 +632,15 @@ func TestNoInternalsInMessages(t *testing.T) {
 	}
 }
 
+// TestOperatorReadsBoundedInBytes checks that the operator's reads of a
+// job's events, of its artifacts and of jobs with large payloads are cut
+// into pages of wire.MaxPageBytes, each part on a control plane of its
+// own.
 func TestOperatorReadsBoundedInBytes(t *testing.T) {
+	t.Parallel()
 	for _, d := range testdb.Dialects() {
-		t.Run(d.Name, func(t *testing.T) {
+		t.Run(d.Name+"/events", func(t *testing.T) {
+			t.Parallel()
 			f := setup(t, d.Name)
 			env := f.env
 			id, tok := f.running(t, "status_check")
@@ -656,9 +680,15 @@ func TestOperatorReadsBoundedInBytes(t *testing.T) {
 			if got != lines || pages < 2 {
 				t.Errorf("%d events in %d pages, want %d in 2 or more", got, pages, lines)
 			}
+		})
 
-			// More artifacts than a job read carries: the first
-			// MaxJobArtifacts, then the rest through artifacts_next.
+		// More artifacts than a job read carries: the first
+		// MaxJobArtifacts, then the rest through artifacts_next.
+		t.Run(d.Name+"/artifacts", func(t *testing.T) {
+			t.Parallel()
+			f := setup(t, d.Name)
+			env := f.env
+			id, tok := f.running(t, "status_check")
 			for i := range wire.MaxJobArtifacts + 3 {
 				reportArtifact(t, f.node, id, tok, "checkpoint", fmt.Sprintf("ckpt-%03d", i))
 			}
@@ -682,13 +712,17 @@ func TestOperatorReadsBoundedInBytes(t *testing.T) {
 					t.Errorf("artifact %s read %d times", name, n)
 				}
 			}
+		})
 
-			// Jobs with the largest payloads a body allows.
+		// Jobs with the largest payloads a body allows.
+		t.Run(d.Name+"/payloads", func(t *testing.T) {
+			t.Parallel()
+			env := setup(t, d.Name).env
 			payload := json.RawMessage(`{"p":"` + strings.Repeat("z", 300<<10) + `"}`)
 			for range 5 {
 				dispatchJob(t, env, obj{"job_type": "telemetry_sync", "payload": payload})
 			}
-			got, pages = 0, 0
+			got, pages := 0, 0
 			next := ""
 			for {
 				st, b := env.Operator(t, "GET", "/operator/jobs?job_type=telemetry_sync&limit=1000&after="+next, nil)
@@ -730,6 +764,7 @@ func mustGet(t *testing.T, env *apitest.Env, path string) []byte {
 // (cmd/server sets one) bounds reading a request, not a long-poll
 // that waits after it.
 func TestLongPollOutlivesReadTimeout(t *testing.T) {
+	t.Parallel()
 	f := setup(t, "sqlite")
 	hs := httptest.NewUnstartedServer(f.env.Server.Handler())
 	hs.Config.ReadTimeout = 500 * time.Millisecond

@@ -18,6 +18,7 @@ import (
 // tokens get 409 lease_lost; a job that only the offline worker matches is
 // not leasable.
 func TestWorkerLiveness(t *testing.T) {
+	t.Parallel()
 	onDialects(t, func(t *testing.T, dialect string) {
 		env := newOpEnv(t, dialect)
 		now := time.Now().UTC().Truncate(time.Millisecond)

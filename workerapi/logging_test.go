@@ -35,6 +35,7 @@ var leaseTokenPattern = regexp.MustCompile(`nll_[0-9A-Za-z]{49}`)
 // their code, and no log line ever holds a credential or lease token;
 // the metrics hook sees every request.
 func TestLoggingAndMetrics(t *testing.T) {
+	t.Parallel()
 	var logs syncbuf.Buffer
 	metrics := &recordedMetrics{}
 	env := apitest.New(t, "sqlite", apitest.WithConfig(func(c *workerapi.Config) {

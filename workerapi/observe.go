@@ -64,6 +64,22 @@ func (s *Server) Stats(ctx context.Context) (*lease.Stats, error) {
 	return s.leases.Stats(ctx)
 }
 
+// LongPolls returns how many long-polls wait on this Server now: lease
+// and signals requests whose first look found nothing and that wait, with
+// no transaction open, for a notification, a tick or the end of their
+// wait. A long-poll is counted once it waits, subscribed to the Notifier
+// already, so that a job dispatched (or a signal sent) after LongPolls
+// counted it wakes it. Tests use it to know that a long-poll is parked
+// before they dispatch; a host may report it as a gauge.
+func (s *Server) LongPolls() int { return int(s.parked.Load()) }
+
+// park counts a long-poll that starts waiting, until the function it
+// returns is called.
+func (s *Server) park() func() {
+	s.parked.Add(1)
+	return func() { s.parked.Add(-1) }
+}
+
 // events returns the Metrics' EventMetrics, or nil.
 func (s *Server) events() EventMetrics {
 	em, _ := s.cfg.Metrics.(EventMetrics)

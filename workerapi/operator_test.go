@@ -17,6 +17,7 @@ import (
 	"github.com/nodelane/nodelane/credential"
 	"github.com/nodelane/nodelane/internal/apitest"
 	"github.com/nodelane/nodelane/internal/testdb"
+	"github.com/nodelane/nodelane/internal/waitfor"
 	"github.com/nodelane/nodelane/lease"
 	"github.com/nodelane/nodelane/receipts"
 	"github.com/nodelane/nodelane/workerapi"
@@ -46,7 +47,10 @@ type obj = map[string]any
 // onDialects runs f on SQLite and on PostgreSQL.
 func onDialects(t *testing.T, f func(t *testing.T, d string)) {
 	for _, d := range testdb.Dialects() {
-		t.Run(d.Name, func(t *testing.T) { f(t, d.Name) })
+		t.Run(d.Name, func(t *testing.T) {
+			t.Parallel()
+			f(t, d.Name)
+		})
 	}
 }
 
@@ -225,6 +229,7 @@ func dispatchJob(t *testing.T, env *apitest.Env, body obj) obj {
 // Dispatch and leasability.
 
 func TestOperatorDispatchLeasability(t *testing.T) {
+	t.Parallel()
 	onDialects(t, func(t *testing.T, dialect string) {
 		env := newOpEnv(t, dialect)
 		ctx := context.Background()
@@ -353,21 +358,15 @@ func (h *opHookLog) ReceiptMinted(_ context.Context, r receipts.Stored) {
 // waitFor waits for cond, checked under h's lock, to hold.
 func (h *opHookLog) waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+	waitfor.Until(t, "hooks: "+what, func() bool {
 		h.mu.Lock()
-		ok := cond()
-		h.mu.Unlock()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Errorf("hooks: %s never happened", what)
-			return
-		}
-	}
+		defer h.mu.Unlock()
+		return cond()
+	})
 }
 
 func TestOperatorJobs(t *testing.T) {
+	t.Parallel()
 	onDialects(t, func(t *testing.T, dialect string) {
 		hooks := &opHookLog{}
 		env := newOpEnv(t, dialect, apitest.Started(), apitest.WithConfig(func(c *workerapi.Config) { c.Hooks = hooks }))
@@ -497,6 +496,7 @@ func TestOperatorJobs(t *testing.T) {
 // Artifacts.
 
 func TestOperatorArtifacts(t *testing.T) {
+	t.Parallel()
 	onDialects(t, func(t *testing.T, dialect string) {
 		env := newOpEnv(t, dialect)
 		n := opGPUNode(t, env, "studio-gpu-1", 4)
@@ -610,6 +610,7 @@ func TestOperatorArtifacts(t *testing.T) {
 // Workers.
 
 func TestOperatorWorkers(t *testing.T) {
+	t.Parallel()
 	onDialects(t, func(t *testing.T, dialect string) {
 		env := newOpEnv(t, dialect)
 		n := opGPUNode(t, env, "studio-gpu-1", 2)
@@ -695,6 +696,7 @@ func TestOperatorWorkers(t *testing.T) {
 // Credentials.
 
 func TestOperatorCredentials(t *testing.T) {
+	t.Parallel()
 	onDialects(t, func(t *testing.T, dialect string) {
 		env := newOpEnv(t, dialect)
 		now := env.Clock.Now()
@@ -778,6 +780,7 @@ func TestOperatorCredentials(t *testing.T) {
 // Envelope.
 
 func TestOperatorEnvelope(t *testing.T) {
+	t.Parallel()
 	onDialects(t, func(t *testing.T, dialect string) {
 		env := newOpEnv(t, dialect)
 		m := mustOp(t, env, http.StatusOK, "GET", "/operator/envelope", nil)
@@ -835,6 +838,7 @@ func TestOperatorEnvelope(t *testing.T) {
 // Receipts.
 
 func TestOperatorReceipts(t *testing.T) {
+	t.Parallel()
 	onDialects(t, func(t *testing.T, dialect string) {
 		env := newOpEnv(t, dialect)
 		ctx := context.Background()
@@ -992,6 +996,7 @@ var operatorRoutes = []struct {
 }
 
 func TestOperatorAuth(t *testing.T) {
+	t.Parallel()
 	env := newOpEnv(t, "sqlite")
 	n := opGPUNode(t, env, "studio-gpu-1", 1)
 	dispatchJob(t, env, obj{"job_type": "status_check"})
@@ -1046,6 +1051,7 @@ func TestOperatorAuth(t *testing.T) {
 }
 
 func TestOperatorBadRequests(t *testing.T) {
+	t.Parallel()
 	env := newOpEnv(t, "sqlite")
 	n := opGPUNode(t, env, "studio-gpu-1", 1)
 	dispatchJob(t, env, obj{"job_type": "status_check"})
@@ -1108,6 +1114,7 @@ func TestOperatorBadRequests(t *testing.T) {
 // Bootstrap.
 
 func TestBootstrap(t *testing.T) {
+	t.Parallel()
 	onDialects(t, func(t *testing.T, dialect string) {
 		env := newOpEnv(t, dialect)
 		ctx := context.Background()
@@ -1169,6 +1176,7 @@ func TestBootstrap(t *testing.T) {
 }
 
 func TestBootstrapReplicas(t *testing.T) {
+	t.Parallel()
 	onDialects(t, func(t *testing.T, dialect string) {
 		env := newOpEnv(t, dialect)
 		replicas := []*apitest.Env{env, env.Replica(t), env.Replica(t), env.Replica(t)}

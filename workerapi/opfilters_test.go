@@ -71,6 +71,7 @@ func operatorGETs(t *testing.T, env *apitest.Env, ids map[string]string) map[str
 // with 400 invalid_request naming it, and changes nothing; the same
 // request without it succeeds, so the refusal is the parameter's.
 func TestOperatorUnknownQueryParameters(t *testing.T) {
+	t.Parallel()
 	onDialects(t, func(t *testing.T, d string) {
 		env := newOpEnv(t, d)
 		n := opGPUNode(t, env, "gpu-1", 1)
@@ -146,6 +147,7 @@ func listJobIDs(t *testing.T, env *apitest.Env, query string) []string {
 // GET /operator/jobs filters by worker_id (the worker of the job's last
 // lease, live or ended), job_type and tag, with state and paging.
 func TestOperatorJobFilters(t *testing.T) {
+	t.Parallel()
 	onDialects(t, func(t *testing.T, d string) {
 		env := newOpEnv(t, d)
 		a := opGPUNode(t, env, "gpu-a", 1)
@@ -215,6 +217,7 @@ func TestOperatorJobFilters(t *testing.T) {
 // GET /operator/receipts?kind= lists the sequenced receipts of one kind
 // in index order, paging with after and limit.
 func TestOperatorReceiptKindFilter(t *testing.T) {
+	t.Parallel()
 	onDialects(t, func(t *testing.T, d string) {
 		env := newOpEnv(t, d)
 		n := opGPUNode(t, env, "gpu-1", 1)

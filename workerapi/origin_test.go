@@ -17,6 +17,7 @@ import (
 // The diagnosis tries at most maxDiagnoses pairs: the received and hinted
 // values here make 15, and a pair past the eighth is not found.
 func TestDiagnosisIsBounded(t *testing.T) {
+	t.Parallel()
 	o, err := parsePublicOrigin("https://pub.example/root")
 	if err != nil {
 		t.Fatal(err)

@@ -64,6 +64,7 @@ func (s downReceipts) Sequence(ctx context.Context, limit int, f receipts.Integr
 // every attempt; each logs one ERROR when its outage begins and one INFO,
 // with the count of failures, when it ends.
 func TestOutageLoggedOncePerStateChange(t *testing.T) {
+	t.Parallel()
 	var (
 		down                 atomic.Bool
 		leaseCalls, seqCalls atomic.Int64

@@ -54,6 +54,7 @@ func registeredReceipt(t *testing.T, env *apitest.Env, workerID string) *receipt
 }
 
 func TestBanFollowsKey(t *testing.T) {
+	t.Parallel()
 	onDialects(t, func(t *testing.T, d string) {
 		env := apitest.New(t, d)
 		node := env.NewNode(t, "gpu-a")
@@ -153,6 +154,7 @@ func limitedToken(t *testing.T, env *apitest.Env, max int64) (string, string) {
 }
 
 func TestMaxRegistrations(t *testing.T) {
+	t.Parallel()
 	onDialects(t, func(t *testing.T, d string) {
 		env := apitest.New(t, d)
 		tok, id := limitedToken(t, env, 2)
@@ -205,6 +207,7 @@ func TestMaxRegistrations(t *testing.T) {
 // TestMaxRegistrationsRefused checks that a bad max_registrations is refused, and
 // nothing is minted.
 func TestMaxRegistrationsRefused(t *testing.T) {
+	t.Parallel()
 	onDialects(t, func(t *testing.T, d string) {
 		env := apitest.New(t, d)
 		minter, _ := env.Credential(t, apitest.OperatorID, credential.ScopeOperatorCredentials, credential.ScopeNodeRegister, credential.ScopeOperatorJobs)
@@ -217,6 +220,7 @@ func TestMaxRegistrationsRefused(t *testing.T) {
 			"without scope": `{"principal":"` + apitest.OperatorID + `","scopes":["operator:jobs"],"max_registrations":2}`,
 		} {
 			t.Run(name, func(t *testing.T) {
+				t.Parallel()
 				before := env.Dump(t)
 				st, m := opCall(t, env, minter, http.MethodPost, "/operator/credentials", json.RawMessage(body))
 				wantOpError(t, name, st, m, http.StatusBadRequest, wire.CodeInvalidRequest)
@@ -229,6 +233,7 @@ func TestMaxRegistrationsRefused(t *testing.T) {
 // TestMaxRegistrationsConcurrent checks that registrations racing on one limited
 // token never exceed its limit.
 func TestMaxRegistrationsConcurrent(t *testing.T) {
+	t.Parallel()
 	onDialects(t, func(t *testing.T, d string) {
 		const nodes, limit = 10, 3
 		env := apitest.New(t, d)
@@ -276,6 +281,7 @@ func TestMaxRegistrationsConcurrent(t *testing.T) {
 }
 
 func TestRenewToken(t *testing.T) {
+	t.Parallel()
 	onDialects(t, func(t *testing.T, d string) {
 		env := apitest.New(t, d)
 		node := env.NewNode(t, "gpu-a")
@@ -335,6 +341,7 @@ func TestRenewToken(t *testing.T) {
 // TestRenewTokenRefused checks that renewals that are not a registered node's own,
 // signed, fresh request change nothing.
 func TestRenewTokenRefused(t *testing.T) {
+	t.Parallel()
 	onDialects(t, func(t *testing.T, d string) {
 		env := apitest.New(t, d)
 		node := env.NewNode(t, "gpu-a")
@@ -394,6 +401,7 @@ func TestRenewTokenRefused(t *testing.T) {
 // again with its old token within the grace, and gets the first answer:
 // the same new token, and no second credential or receipt.
 func TestRenewTokenAnswerLost(t *testing.T) {
+	t.Parallel()
 	onDialects(t, func(t *testing.T, d string) {
 		env := apitest.New(t, d)
 		node := env.NewNode(t, "gpu-a")

@@ -109,6 +109,7 @@ func proxyRegistration(node string) wire.RegisterRequest {
 // passes through a proxy that rewrites Host and strips a prefix: register,
 // heartbeat, a long-polled lease, accept, status, complete.
 func TestProxyPublicOrigin(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name        string
 		prefix      string
@@ -119,6 +120,7 @@ func TestProxyPublicOrigin(t *testing.T) {
 		{"Host rewritten and prefix stripped", "/nodelane", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			p := listenProxy(t, tc.prefix)
 			env := apitest.New(t, "sqlite", apitest.Started(), apitest.WithConfig(func(c *workerapi.Config) {
 				c.PublicOrigin = p.URL
@@ -159,6 +161,7 @@ func TestProxyPublicOrigin(t *testing.T) {
 // found through the proxy's own headers (X-Forwarded-Host,
 // X-Forwarded-Prefix).
 func TestProxyWithoutPublicOrigin(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name        string
 		prefix      string
@@ -177,6 +180,7 @@ func TestProxyWithoutPublicOrigin(t *testing.T) {
 				"rewrites Host and changes the path", "PublicOrigin"}, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			p := listenProxy(t, tc.prefix)
 			env := apitest.New(t, "sqlite")
 			p.serve(t, env.URL, tc.prefix, tc.rewriteHost)
@@ -241,6 +245,7 @@ func refusal(t *testing.T, n *apitest.Node, req *http.Request) string {
 // value the proxy's headers suggest, and refuses the request all the
 // same. Headers that lie name nothing; they never let a request in.
 func TestBadSignatureDiagnosis(t *testing.T) {
+	t.Parallel()
 	env := apitest.New(t, "sqlite")
 	n := env.NewNode(t, "node-d")
 	n.Register(t, proxyRegistration("node-d"))
@@ -287,6 +292,7 @@ func TestBadSignatureDiagnosis(t *testing.T) {
 			generic, []string{"signed for"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			req := signedFor(t, env, n, tc.signedURL, tc.path, "", hb)
 			for k, v := range tc.headers {
 				req.Header.Set(k, v)
@@ -302,6 +308,9 @@ func TestBadSignatureDiagnosis(t *testing.T) {
 			}
 		})
 	}
+
+	// The cases above run in parallel once the ones below, which run in
+	// turn, are done: none changes what another sees.
 
 	// A signature that verifies is accepted whatever the hints say.
 	t.Run("hints never matter to a good signature", func(t *testing.T) {
@@ -342,6 +351,7 @@ func TestBadSignatureDiagnosis(t *testing.T) {
 // reaches the Server directly, say) is told that the public origin is not
 // the URL it uses, naming the component.
 func TestPublicOriginMismatch(t *testing.T) {
+	t.Parallel()
 	env := apitest.New(t, "sqlite", apitest.WithConfig(func(c *workerapi.Config) {
 		c.PublicOrigin = "https://CP.example.com:443/nodelane/"
 	}))
@@ -383,6 +393,7 @@ func TestPublicOriginMismatch(t *testing.T) {
 // The request log's client_addr: the peer's address, and X-Forwarded-For
 // only from a trusted proxy.
 func TestTrustedProxiesLog(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name    string
 		trusted []netip.Prefix
@@ -392,6 +403,7 @@ func TestTrustedProxiesLog(t *testing.T) {
 		{"trusted peer", []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}, "client_addr=198.51.100.1 "},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			var logs syncLog
 			env := apitest.New(t, "sqlite", apitest.WithConfig(func(c *workerapi.Config) {
 				c.TrustedProxies = tc.trusted

@@ -15,6 +15,7 @@ import (
 // A node over its quota of live nonces gets 429 rate_limited with
 // Retry-After, and its request changes nothing; other nodes go on.
 func TestNonceQuotaRateLimited(t *testing.T) {
+	t.Parallel()
 	const quota = 3
 	env := apitest.New(t, "sqlite", apitest.WithStores(func(s workerapi.Stores) workerapi.Stores {
 		s.Nonces = s.Tx.(*bunstore.DB).NonceStore(&bunstore.NonceConfig{PerNode: quota})

@@ -10,6 +10,7 @@ import (
 // one: the body of embed in example_test.go, between its begin and end
 // markers, must stand in README.md as it is (one tab less).
 func TestReadmeEmbedSnippet(t *testing.T) {
+	t.Parallel()
 	src, err := os.ReadFile("example_test.go")
 	if err != nil {
 		t.Fatal(err)

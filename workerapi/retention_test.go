@@ -64,6 +64,7 @@ func endedJob(t *testing.T, env *apitest.Env, n *apitest.Node) (id, token string
 // lease_lost. Younger, queued and live jobs stay, and every receipt stays
 // and verifies.
 func TestRetention(t *testing.T) {
+	t.Parallel()
 	const retention = 2 * time.Hour
 	onDialects(t, func(t *testing.T, dialect string) {
 		ctx := context.Background()
@@ -142,6 +143,7 @@ func TestRetention(t *testing.T) {
 
 // Without Retention, the maintainer keeps every job.
 func TestNoRetention(t *testing.T) {
+	t.Parallel()
 	env := newOpEnv(t, "sqlite")
 	n := opGPUNode(t, env, "gpu-1", 4)
 	id, _, _ := endedJob(t, env, n)
@@ -173,6 +175,7 @@ func (s racingLeases) ListArtifacts(ctx context.Context, f lease.ArtifactFilter)
 // A list of artifacts whose jobs retention deletes while it is read
 // leaves those artifacts out instead of failing.
 func TestArtifactListRacesRetention(t *testing.T) {
+	t.Parallel()
 	armed := new(atomic.Bool)
 	env := newOpEnv(t, "sqlite", apitest.WithStores(func(st workerapi.Stores) workerapi.Stores {
 		st.Leases = racingLeases{st.Leases, armed}

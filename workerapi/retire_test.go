@@ -17,6 +17,7 @@ import (
 // verifiable; again, it answers the same; a token without
 // operator:workers may not.
 func TestOperatorRetireWorker(t *testing.T) {
+	t.Parallel()
 	onDialects(t, func(t *testing.T, d string) {
 		env := newOpEnv(t, d)
 		n := opGPUNode(t, env, "gpu-retiring", 2)

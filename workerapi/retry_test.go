@@ -108,6 +108,7 @@ func artifactCount(t *testing.T, env *apitest.Env, jobID string) int {
 // (never 503 "nothing was accepted"); rolled back, 503 and nothing kept;
 // not learnable, 503 that says so, and a repeat with the key learns it.
 func TestUnknownCommit(t *testing.T) {
+	t.Parallel()
 	onDialects(t, func(t *testing.T, d string) {
 		faults := &commitFaults{}
 		f := setup(t, d, withCommitFaults(faults))
@@ -199,6 +200,7 @@ func TestUnknownCommit(t *testing.T) {
 // TestRetryKeys checks the keys' bounds, a key reused with another body, and
 // their scope (route, job, worker).
 func TestRetryKeys(t *testing.T) {
+	t.Parallel()
 	onDialects(t, func(t *testing.T, d string) {
 		f := setup(t, d)
 		id, tok := f.running(t, "status_check")
@@ -216,6 +218,7 @@ func TestRetryKeys(t *testing.T) {
 				"a NUL byte": "key-0000000000000\x00",
 			} {
 				t.Run(name, func(t *testing.T) {
+					t.Parallel()
 					f.unchanged(t, id, func() {
 						st, b := post(t, f.node, path, art(key, "a.bin"))
 						wantErr(t, st, b, http.StatusBadRequest, wire.CodeInvalidRequest)
@@ -339,6 +342,7 @@ func TestRetryKeys(t *testing.T) {
 // TestAnswerTTL checks that an answer is forgotten after Config.AnswerTTL, and the
 // maintainer deletes it; a repeat then records again.
 func TestAnswerTTL(t *testing.T) {
+	t.Parallel()
 	onDialects(t, func(t *testing.T, d string) {
 		f := setup(t, d, apitest.WithConfig(func(c *workerapi.Config) { c.AnswerTTL = time.Minute }))
 		id, tok := f.running(t, "status_check")
@@ -384,6 +388,7 @@ func TestAnswerTTL(t *testing.T) {
 // that job (never 503 "nothing was accepted" for a queued job); rolled
 // back, 503 "nothing was accepted" and no job.
 func TestDispatchUnknownCommit(t *testing.T) {
+	t.Parallel()
 	onDialects(t, func(t *testing.T, d string) {
 		ctx := context.Background()
 		faults := &commitFaults{}

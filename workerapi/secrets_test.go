@@ -118,8 +118,10 @@ func mismatch(t *testing.T, err error, sec []secrets, names ...string) {
 // with another pepper or another receipt signing key refuses, naming it,
 // and bootstraps nothing.
 func TestReplicasAgreeOnSecrets(t *testing.T) {
+	t.Parallel()
 	for _, d := range testdb.Dialects() {
 		t.Run(d.Name, func(t *testing.T) {
+			t.Parallel()
 			ctx := context.Background()
 			dsn := d.New(t).DSN
 			a := newSecrets(t)
@@ -165,8 +167,10 @@ func TestReplicasAgreeOnSecrets(t *testing.T) {
 // database knows starts and logs it; a known version with another value
 // is refused.
 func TestSecretsPepperRotation(t *testing.T) {
+	t.Parallel()
 	for _, d := range testdb.Dialects() {
 		t.Run(d.Name, func(t *testing.T) {
+			t.Parallel()
 			dsn := d.New(t).DSN
 			a := newSecrets(t)
 			if err := start(t, replica(t, dsn, a, nil)); err != nil {
@@ -201,8 +205,10 @@ func TestSecretsPepperRotation(t *testing.T) {
 // secrets all start; with different ones exactly one does, and every
 // other refuses.
 func TestSecretsConcurrentFirstStarts(t *testing.T) {
+	t.Parallel()
 	for _, d := range testdb.Dialects() {
 		t.Run(d.Name, func(t *testing.T) {
+			t.Parallel()
 			for _, same := range []bool{true, false} {
 				dsn := d.New(t).DSN
 				const n = 4
@@ -245,8 +251,10 @@ func TestSecretsConcurrentFirstStarts(t *testing.T) {
 // MintOperatorToken mints a working operator token with its receipt, on
 // a bootstrapped database only.
 func TestMintOperatorToken(t *testing.T) {
+	t.Parallel()
 	for _, d := range testdb.Dialects() {
 		t.Run(d.Name, func(t *testing.T) {
+			t.Parallel()
 			ctx := context.Background()
 			dsn := d.New(t).DSN
 			sec := newSecrets(t)

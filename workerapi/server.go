@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/mod/sumdb/note"
@@ -259,6 +260,8 @@ type Server struct {
 		sync.Mutex
 		ok bool
 	}
+	// parked counts the long-polls waiting (LongPolls).
+	parked atomic.Int64
 }
 
 // ErrConfig is wrapped by every error of New about a missing or invalid

@@ -127,6 +127,7 @@ func (s *Server) signals(ctx context.Context, c *call) (int, any, error) {
 	}
 	deadline := time.Now().Add(d)
 	c.then = func(ctx context.Context) (int, any, error) {
+		defer s.park()()
 		timer := time.NewTimer(time.Until(deadline))
 		defer timer.Stop()
 		for {

@@ -7,7 +7,6 @@ import (
 	"io"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -19,62 +18,11 @@ import (
 	"github.com/nodelane/nodelane/workerapi/wire"
 )
 
-// countingNotifier is a SignalNotifier that counts the subscriptions to
-// each worker's signals, so that a test knows a long-poll is waiting, and
-// drops every NotifyWorker when deaf is set (a signal lost on its way).
-type countingNotifier struct {
-	workerapi.SignalNotifier
-	deaf bool
+// deafNotifier is a SignalNotifier that drops every NotifyWorker: a
+// signal lost on its way.
+type deafNotifier struct{ workerapi.SignalNotifier }
 
-	mu   sync.Mutex
-	subs map[string]int
-	cond chan struct{} // closed and replaced on every change of subs
-}
-
-func newCountingNotifier(inner workerapi.SignalNotifier, deaf bool) *countingNotifier {
-	return &countingNotifier{SignalNotifier: inner, deaf: deaf, subs: map[string]int{}, cond: make(chan struct{})}
-}
-
-func (n *countingNotifier) NotifyWorker(ctx context.Context, id string) error {
-	if n.deaf {
-		return nil
-	}
-	return n.SignalNotifier.NotifyWorker(ctx, id)
-}
-
-func (n *countingNotifier) SubscribeWorker(id string) (<-chan struct{}, func()) {
-	ch, cancel := n.SignalNotifier.SubscribeWorker(id)
-	n.change(id, 1)
-	var once sync.Once
-	return ch, func() { once.Do(func() { n.change(id, -1) }); cancel() }
-}
-
-func (n *countingNotifier) change(id string, d int) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	n.subs[id] += d
-	close(n.cond)
-	n.cond = make(chan struct{})
-}
-
-// waitSubscribed waits until worker id has at least k subscriptions.
-func (n *countingNotifier) waitSubscribed(t *testing.T, id string, k int) {
-	t.Helper()
-	deadline := time.After(10 * time.Second)
-	for {
-		n.mu.Lock()
-		got, cond := n.subs[id], n.cond
-		n.mu.Unlock()
-		if got >= k {
-			return
-		}
-		select {
-		case <-cond:
-		case <-deadline:
-			t.Fatalf("worker %s: %d signal subscriptions after 10 s, want %d", id, got, k)
-		}
-	}
-}
+func (deafNotifier) NotifyWorker(context.Context, string) error { return nil }
 
 // answer is a worker request's answer, sent from another goroutine.
 type answer struct {
@@ -127,9 +75,7 @@ func await(t *testing.T, what string, a <-chan answer, limit time.Duration) answ
 func TestSignals(t *testing.T) {
 	t.Parallel()
 	onDialects(t, func(t *testing.T, d string) {
-		t.Parallel()
-		cn := newCountingNotifier(workerapi.NewLocalNotifier(), false)
-		env := newOpEnv(t, d, apitest.WithNotifier(func(testing.TB, *bunstore.DB) workerapi.Notifier { return cn }))
+		env := newOpEnv(t, d)
 		n := opGPUNode(t, env, "gpu-signals", 2)
 		a := dispatchJob(t, env, obj{"job_type": "status_check"})["job"].(obj)["id"].(string)
 		ja, _ := runOne(t, n, "status_check")
@@ -157,7 +103,7 @@ func TestSignals(t *testing.T) {
 
 		// A cancel during the wait answers it at once.
 		poll := send(n.Request(t, http.MethodPost, wire.PathSignals, obj{"wait_seconds": 60, "current_jobs": []string{a}}))
-		cn.waitSubscribed(t, n.WorkerID, 1)
+		env.AwaitLongPolls(t, 1)
 		mustOp(t, env, http.StatusOK, "POST", "/operator/jobs/"+a+"/cancel", nil)
 		got := await(t, "signals during a cancel", poll, 10*time.Second)
 		if got.status != http.StatusOK || strings.Join(strs(got.body["cancel_jobs"]), ",") != a {
@@ -173,7 +119,7 @@ func TestSignals(t *testing.T) {
 		// Drain: the wait ends at once; heartbeats, the worker's view and
 		// the lease say so; no job is granted.
 		poll = send(n.Request(t, http.MethodPost, wire.PathSignals, obj{"wait_seconds": 60}))
-		cn.waitSubscribed(t, n.WorkerID, 1)
+		env.AwaitLongPolls(t, 1)
 		w := mustOp(t, env, http.StatusOK, "POST", "/operator/workers/"+n.WorkerID+"/drain", nil)
 		if wv := w["worker"].(obj); wv["drain"] != true || wv["drain_requested_by"] != apitest.OperatorID || wv["drain_requested_at"] == nil || w["receipt_id"] != nil {
 			t.Errorf("drain answer: %v", w)
@@ -195,7 +141,7 @@ func TestSignals(t *testing.T) {
 		// of the drain.
 		mustOp(t, env, http.StatusOK, "POST", "/operator/workers/"+n.WorkerID+"/drain", obj{})
 		poll = send(n.Request(t, http.MethodPost, wire.PathSignals, obj{"wait_seconds": 60, "draining": true}))
-		cn.waitSubscribed(t, n.WorkerID, 1)
+		env.AwaitLongPolls(t, 1)
 		mustOp(t, env, http.StatusOK, "POST", "/operator/workers/"+n.WorkerID+"/resume", nil)
 		got = await(t, "signals during a resume", poll, 10*time.Second)
 		if got.status != http.StatusOK || got.body["drain"] != false {
@@ -209,7 +155,7 @@ func TestSignals(t *testing.T) {
 		signedCall(t, n, http.StatusOK, wire.PathSignals, obj{"current_jobs": []string{a}}) // a nonce of its own
 		sp := send(n.Request(t, http.MethodPost, wire.PathSignals, obj{"wait_seconds": 60, "current_jobs": []string{a}, "known_cancels": []string{a}}))
 		lp := send(n.Request(t, http.MethodPost, wire.PathLease, obj{"supported_job_types": []string{"lora_train"}, "wait_seconds": 60}))
-		cn.waitSubscribed(t, n.WorkerID, 2)
+		env.AwaitLongPolls(t, 2)
 		mustOp(t, env, http.StatusOK, "POST", "/operator/workers/"+n.WorkerID+"/ban", obj{"reason": "stolen"})
 		for what, ch := range map[string]<-chan answer{"signals": sp, "lease": lp} {
 			got := await(t, what+" during a ban", ch, 10*time.Second)
@@ -224,16 +170,14 @@ func TestSignals(t *testing.T) {
 func TestSignalsMaintainerEnd(t *testing.T) {
 	t.Parallel()
 	onDialects(t, func(t *testing.T, d string) {
-		t.Parallel()
-		cn := newCountingNotifier(workerapi.NewLocalNotifier(), false)
-		env := newOpEnv(t, d, apitest.WithNotifier(func(testing.TB, *bunstore.DB) workerapi.Notifier { return cn }))
+		env := newOpEnv(t, d)
 		n := opGPUNode(t, env, "gpu-expired", 1)
 		a := dispatchJob(t, env, obj{"job_type": "status_check"})["job"].(obj)["id"].(string)
 		if got, _ := runOne(t, n, "status_check"); got != a {
 			t.Fatalf("ran %s, want %s", got, a)
 		}
 		poll := send(n.Request(t, http.MethodPost, wire.PathSignals, obj{"wait_seconds": 60, "current_jobs": []string{a}}))
-		cn.waitSubscribed(t, n.WorkerID, 1)
+		env.AwaitLongPolls(t, 1)
 		env.Clock.Advance(workerapi.DefaultLeaseTTL + time.Second)
 		if err := env.Server.MaintainOnce(context.Background()); err != nil {
 			t.Fatal(err)
@@ -256,25 +200,17 @@ func TestBanDuringLeaseLongPoll(t *testing.T) {
 		t.Run(mode, func(t *testing.T) {
 			t.Parallel()
 			onDialects(t, func(t *testing.T, d string) {
-				t.Parallel()
-				cn := newCountingNotifier(workerapi.NewLocalNotifier(), mode == "deaf")
-				var notifier workerapi.Notifier = cn
-				if mode == "generic" {
-					notifier = genericNotifier{cn}
+				var notifier workerapi.Notifier = workerapi.NewLocalNotifier()
+				switch mode {
+				case "deaf":
+					notifier = deafNotifier{workerapi.NewLocalNotifier()}
+				case "generic":
+					notifier = genericNotifier{notifier}
 				}
 				env := newOpEnv(t, d, apitest.WithNotifier(func(testing.TB, *bunstore.DB) workerapi.Notifier { return notifier }))
 				n := opGPUNode(t, env, "gpu-banned", 2)
-				var waiting <-chan struct{}
-				if mode == "generic" {
-					// The lease long-poll subscribes to every Notify.
-					waiting = cn.waitGeneric(env, n)
-				}
 				lp := send(n.Request(t, http.MethodPost, wire.PathLease, obj{"supported_job_types": []string{"status_check"}, "wait_seconds": 30, "accept": true}))
-				if waiting != nil {
-					<-waiting
-				} else {
-					cn.waitSubscribed(t, n.WorkerID, 1)
-				}
+				env.AwaitLongPolls(t, 1)
 				mustOp(t, env, http.StatusOK, "POST", "/operator/workers/"+n.WorkerID+"/ban", obj{"reason": "compromised"})
 				job := dispatchJob(t, env, obj{"job_type": "status_check"})["job"].(obj)["id"].(string)
 				got := await(t, "lease long-poll during a ban", lp, 20*time.Second)
@@ -289,49 +225,20 @@ func TestBanDuringLeaseLongPoll(t *testing.T) {
 
 // genericNotifier hides the SignalNotifier methods of the notifier it
 // wraps: the Server falls back on Notify alone.
-type genericNotifier struct{ inner *countingNotifier }
+type genericNotifier struct{ inner workerapi.Notifier }
 
-func (g genericNotifier) Notify(ctx context.Context) error { return g.inner.Notify(ctx) }
-func (g genericNotifier) Subscribe() (<-chan struct{}, func()) {
-	ch, cancel := g.inner.SignalNotifier.Subscribe()
-	g.inner.change("", 1)
-	return ch, cancel
-}
-
-// waitGeneric returns a channel closed once a generic subscription
-// exists (the lease long-poll's).
-func (n *countingNotifier) waitGeneric(_ *apitest.Env, _ *apitest.Node) <-chan struct{} {
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			n.mu.Lock()
-			got, cond := n.subs[""], n.cond
-			n.mu.Unlock()
-			if got > 0 {
-				return
-			}
-			select {
-			case <-cond:
-			case <-time.After(10 * time.Second):
-				return
-			}
-		}
-	}()
-	return done
-}
+func (g genericNotifier) Notify(ctx context.Context) error     { return g.inner.Notify(ctx) }
+func (g genericNotifier) Subscribe() (<-chan struct{}, func()) { return g.inner.Subscribe() }
 
 // A retirement ends the worker's signals long-poll with 403
 // worker_banned.
 func TestSignalsRetire(t *testing.T) {
 	t.Parallel()
 	onDialects(t, func(t *testing.T, d string) {
-		t.Parallel()
-		cn := newCountingNotifier(workerapi.NewLocalNotifier(), false)
-		env := newOpEnv(t, d, apitest.WithNotifier(func(testing.TB, *bunstore.DB) workerapi.Notifier { return cn }))
+		env := newOpEnv(t, d)
 		n := opGPUNode(t, env, "gpu-retire-signals", 1)
 		sp := send(n.Request(t, http.MethodPost, wire.PathSignals, obj{"wait_seconds": 60}))
-		cn.waitSubscribed(t, n.WorkerID, 1)
+		env.AwaitLongPolls(t, 1)
 		mustOp(t, env, http.StatusOK, "POST", "/operator/workers/"+n.WorkerID+"/retire", obj{"reason": "old"})
 		got := await(t, "signals during a retirement", sp, 10*time.Second)
 		wantOpError(t, "signals during a retirement", got.status, got.body, http.StatusForbidden, wire.CodeWorkerBanned)
@@ -357,8 +264,7 @@ func TestSignalsAcrossReplicas(t *testing.T) {
 	dispatchJob(t, env, obj{"job_type": "status_check"})
 	a, _ := runOne(t, n, "status_check")
 	poll := send(n.On(other).Request(t, http.MethodPost, wire.PathSignals, obj{"wait_seconds": 60, "current_jobs": []string{a}}))
-	// The poll may not be waiting yet: the cancel is then due at its first
-	// look, and the answer is the same.
+	other.AwaitLongPolls(t, 1)
 	mustOp(t, env, http.StatusOK, "POST", "/operator/jobs/"+a+"/cancel", nil)
 	got := await(t, "signals on another replica", poll, 10*time.Second)
 	if got.status != http.StatusOK || strings.Join(strs(got.body["cancel_jobs"]), ",") != a {
@@ -366,6 +272,7 @@ func TestSignalsAcrossReplicas(t *testing.T) {
 	}
 	// A drain on one replica ends a poll waiting on the other.
 	poll = send(n.On(other).Request(t, http.MethodPost, wire.PathSignals, obj{"wait_seconds": 60, "current_jobs": []string{a}, "known_cancels": []string{a}}))
+	other.AwaitLongPolls(t, 1)
 	mustOp(t, env, http.StatusOK, "POST", "/operator/workers/"+n.WorkerID+"/drain", nil)
 	got = await(t, "drain on another replica", poll, 10*time.Second)
 	if got.status != http.StatusOK || got.body["drain"] != true {
@@ -377,7 +284,6 @@ func TestSignalsAcrossReplicas(t *testing.T) {
 func TestSignalsRefused(t *testing.T) {
 	t.Parallel()
 	onDialects(t, func(t *testing.T, d string) {
-		t.Parallel()
 		env := newOpEnv(t, d)
 		n := opGPUNode(t, env, "gpu-refused", 1)
 		long := strings.Repeat("j", wire.MaxNameBytes+1)

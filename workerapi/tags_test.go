@@ -49,6 +49,7 @@ func jobTags(t *testing.T, job obj) []string {
 // worker with every one of its tags; and leasability names the tags no
 // worker has.
 func TestDispatchTags(t *testing.T) {
+	t.Parallel()
 	onDialects(t, func(t *testing.T, dialect string) {
 		env := newOpEnv(t, dialect)
 		many := make([]string, wire.MaxTags+1)

@@ -104,6 +104,7 @@ func (s *Server) lease(ctx context.Context, c *call) (int, any, error) {
 	}
 	deadline := time.Now().Add(d)
 	c.then = func(ctx context.Context) (int, any, error) {
+		defer s.park()()
 		timer := time.NewTimer(time.Until(deadline))
 		defer timer.Stop()
 		every := pollTick

@@ -20,6 +20,7 @@ import (
 	"github.com/nodelane/nodelane/credential"
 	"github.com/nodelane/nodelane/internal/apitest"
 	"github.com/nodelane/nodelane/internal/testdb"
+	"github.com/nodelane/nodelane/internal/waitfor"
 	"github.com/nodelane/nodelane/lease"
 	"github.com/nodelane/nodelane/receipts"
 	"github.com/nodelane/nodelane/workerapi"
@@ -205,6 +206,7 @@ func (f *fx) running(t *testing.T, jobType string) (string, string) {
 }
 
 func TestRegister(t *testing.T) {
+	t.Parallel()
 	env := apitest.New(t, "sqlite")
 	node := env.NewNode(t, "studio-gpu-1")
 	req := registerRequest()
@@ -306,6 +308,7 @@ func TestRegister(t *testing.T) {
 		}
 		for _, c := range cases {
 			t.Run(c.name, func(t *testing.T) {
+				t.Parallel()
 				f.unchanged(t, "", func() {
 					st, b := provisioned(other, c.body)
 					wantErr(t, st, b, http.StatusBadRequest, wire.CodeInvalidRequest)
@@ -350,6 +353,7 @@ func TestRegister(t *testing.T) {
 }
 
 func TestHeartbeat(t *testing.T) {
+	t.Parallel()
 	f := setup(t, "sqlite")
 	id, _ := f.leased(t, "status_check")
 	st, b := post(t, f.node, "/workers/heartbeat", map[string]any{
@@ -417,6 +421,7 @@ func TestHeartbeat(t *testing.T) {
 			"negative vram_mb": `{"status":"idle","capabilities":{"gpus":[{"sku":"a","vram_mb":-1}]}}`,
 		} {
 			t.Run(name, func(t *testing.T) {
+				t.Parallel()
 				f.unchanged(t, id, func() {
 					st, b := post(t, f.node, "/workers/heartbeat", body)
 					wantErr(t, st, b, http.StatusBadRequest, wire.CodeInvalidRequest)
@@ -430,6 +435,7 @@ func TestHeartbeat(t *testing.T) {
 // on a worker route that changes a job, and checks that a refused
 // request changes nothing.
 func TestPipeline(t *testing.T) {
+	t.Parallel()
 	f := setup(t, "sqlite")
 	id, tok := f.running(t, "status_check")
 	path := "/workers/jobs/" + id + "/status"
@@ -591,6 +597,7 @@ func TestPipeline(t *testing.T) {
 }
 
 func TestLease(t *testing.T) {
+	t.Parallel()
 	f := setup(t, "sqlite")
 	j := f.env.Enqueue(t, lease.NewJob{Type: "status_check", Requirements: lease.Requirements{GPUSKU: sku, GPUCount: 1}})
 	st, b := post(t, f.node, "/workers/jobs/lease", map[string]any{
@@ -677,6 +684,7 @@ func TestLease(t *testing.T) {
 			"empty":         ``,
 		} {
 			t.Run(name, func(t *testing.T) {
+				t.Parallel()
 				f.unchanged(t, j.ID, func() {
 					st, b := post(t, f.node, "/workers/jobs/lease", body)
 					wantErr(t, st, b, http.StatusBadRequest, wire.CodeInvalidRequest)
@@ -686,23 +694,28 @@ func TestLease(t *testing.T) {
 	})
 }
 
+// TestLongPoll checks a lease long-poll's wake-ups and its end, each case
+// on a control plane of its own.
 func TestLongPoll(t *testing.T) {
-	f := setup(t, "sqlite")
+	t.Parallel()
 	t.Run("wakes on dispatch", func(t *testing.T) {
+		t.Parallel()
+		f := setup(t, "sqlite")
 		var (
-			wg    sync.WaitGroup
-			st    int
-			b     []byte
-			taken time.Duration
+			wg         sync.WaitGroup
+			st         int
+			b          []byte
+			dispatched time.Time
+			answered   time.Time
 		)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			start := time.Now()
 			resp, body := f.node.Do(t, http.MethodPost, "/workers/jobs/lease", wire.LeaseRequest{SupportedJobTypes: []string{"status_check"}, WaitSeconds: 20})
-			st, b, taken = resp.StatusCode, body, time.Since(start)
+			st, b, answered = resp.StatusCode, body, time.Now()
 		}()
-		time.Sleep(300 * time.Millisecond)
+		f.env.AwaitLongPolls(t, 1)
+		dispatched = time.Now()
 		j, _, _, err := f.env.Server.Dispatch(context.Background(), lease.NewJob{Type: "status_check"})
 		if err != nil {
 			t.Fatal(err)
@@ -712,11 +725,16 @@ func TestLongPoll(t *testing.T) {
 		if st != http.StatusOK || out.Job == nil || out.Job.ID != j.ID {
 			t.Fatalf("long-poll: %d %s", st, b)
 		}
-		if taken > 5*time.Second {
-			t.Errorf("woke after %v", taken)
+		if taken := answered.Sub(dispatched); taken > 5*time.Second {
+			t.Errorf("woke %v after the dispatch", taken)
+		}
+		if n := f.env.Server.LongPolls(); n != 0 {
+			t.Errorf("%d long-polls still counted after the answer", n)
 		}
 	})
 	t.Run("empty after the wait", func(t *testing.T) {
+		t.Parallel()
+		f := setup(t, "sqlite")
 		start := time.Now()
 		st, b := post(t, f.node, "/workers/jobs/lease", wire.LeaseRequest{SupportedJobTypes: []string{"status_check"}, WaitSeconds: 1})
 		taken := time.Since(start)
@@ -735,6 +753,8 @@ func TestLongPoll(t *testing.T) {
 		}
 	})
 	t.Run("a job whose backoff ends", func(t *testing.T) {
+		t.Parallel()
+		f := setup(t, "sqlite")
 		j := f.env.Enqueue(t, lease.NewJob{Type: "telemetry_sync", ScheduledAt: time.Now().Add(1500 * time.Millisecond)})
 		st, b := post(t, f.node, "/workers/jobs/lease", wire.LeaseRequest{SupportedJobTypes: []string{"telemetry_sync"}, WaitSeconds: 10})
 		out := decode[wire.LeaseResponse](t, b)
@@ -743,6 +763,7 @@ func TestLongPoll(t *testing.T) {
 		}
 	})
 	t.Run("capped by MaxWait", func(t *testing.T) {
+		t.Parallel()
 		env := apitest.New(t, "sqlite", apitest.WithConfig(func(c *workerapi.Config) { c.MaxWait = 500 * time.Millisecond }))
 		n := env.NewNode(t, "n")
 		n.Register(t, registerRequest())
@@ -755,6 +776,7 @@ func TestLongPoll(t *testing.T) {
 }
 
 func TestAccept(t *testing.T) {
+	t.Parallel()
 	f := setup(t, "sqlite")
 	id, tok := f.leased(t, "status_check")
 	path := "/workers/jobs/" + id + "/accept"
@@ -766,6 +788,7 @@ func TestAccept(t *testing.T) {
 			"bad checksum":    `{"lease_token":"` + tok[:len(tok)-1] + flip(tok[len(tok)-1]) + `"}`,
 			"wrong type":      `{"lease_token":5}`,
 		} {
+			// In turn: the accept below must come within accept_by.
 			t.Run(name, func(t *testing.T) {
 				f.unchanged(t, id, func() {
 					st, b := post(t, f.node, path, body)
@@ -846,6 +869,7 @@ func flip(c byte) string {
 }
 
 func TestStatusAndLogs(t *testing.T) {
+	t.Parallel()
 	f := setup(t, "sqlite")
 	id, tok := f.running(t, "status_check")
 	before := f.env.Job(t, id).Lease.ExpiresAt
@@ -901,6 +925,7 @@ func TestStatusAndLogs(t *testing.T) {
 			"logs seq a string":         {"/logs", `{"lease_token":"` + tok + `","seq":"4","message":"m"}`},
 		} {
 			t.Run(name, func(t *testing.T) {
+				t.Parallel()
 				f.unchanged(t, id, func() {
 					st, b := post(t, f.node, "/workers/jobs/"+id+c.path, c.body)
 					wantErr(t, st, b, http.StatusBadRequest, wire.CodeInvalidRequest)
@@ -920,6 +945,7 @@ func TestStatusAndLogs(t *testing.T) {
 }
 
 func TestArtifacts(t *testing.T) {
+	t.Parallel()
 	f := setup(t, "sqlite")
 	id, tok := f.running(t, "status_check")
 	path := "/workers/jobs/" + id + "/artifacts"
@@ -1072,6 +1098,7 @@ func completeFlow(t *testing.T, f *fx) {
 }
 
 func TestComplete(t *testing.T) {
+	t.Parallel()
 	f := setup(t, "sqlite")
 	completeFlow(t, f)
 
@@ -1133,6 +1160,7 @@ func TestComplete(t *testing.T) {
 }
 
 func TestFailAndRelease(t *testing.T) {
+	t.Parallel()
 	f := setup(t, "sqlite")
 	t.Run("retryable", func(t *testing.T) {
 		id, tok := f.running(t, "status_check")
@@ -1198,6 +1226,7 @@ func TestFailAndRelease(t *testing.T) {
 			"payload a number":   `{"lease_token":"` + tok + `","error_code":"x","payload":1}`,
 		} {
 			t.Run(name, func(t *testing.T) {
+				t.Parallel()
 				f.unchanged(t, id, func() {
 					st, b := post(t, f.node, "/workers/jobs/"+id+"/fail", body)
 					wantErr(t, st, b, http.StatusBadRequest, wire.CodeInvalidRequest)
@@ -1233,6 +1262,7 @@ func TestFailAndRelease(t *testing.T) {
 }
 
 func TestAudit(t *testing.T) {
+	t.Parallel()
 	f := setup(t, "sqlite")
 	n := f.env.Receipts(t)
 	at := time.Date(2026, 11, 30, 9, 0, 0, 0, time.UTC)
@@ -1314,6 +1344,7 @@ func (r *recorder) ReceiptMinted(_ context.Context, s receipts.Stored) {
 }
 
 func TestHooks(t *testing.T) {
+	t.Parallel()
 	rec := &recorder{}
 	f := setup(t, "sqlite", apitest.Started(), apitest.WithConfig(func(c *workerapi.Config) { c.Hooks = rec }))
 	id, tok := f.running(t, "status_check")
@@ -1325,16 +1356,11 @@ func TestHooks(t *testing.T) {
 	if st, b := post(t, f.node, "/workers/jobs/"+id+"/complete", wire.CompleteRequest{LeaseToken: tok}); st != http.StatusOK {
 		t.Fatalf("%d %s", st, b)
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	waitfor.Until(t, "the hooks to hear 3 job changes and 4 receipts", func() bool {
 		rec.mu.Lock()
-		nc, nr := len(rec.changes), len(rec.receipts)
-		rec.mu.Unlock()
-		if nc >= 3 && nr >= 4 || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		defer rec.mu.Unlock()
+		return len(rec.changes) >= 3 && len(rec.receipts) >= 4
+	})
 	rec.mu.Lock()
 	defer rec.mu.Unlock()
 	var trans []string
@@ -1366,8 +1392,10 @@ func ptr[T any](v T) *T { return &v }
 // TestWorkerFlow runs the main flows on every dialect, across two
 // replicas of one database.
 func TestWorkerFlow(t *testing.T) {
+	t.Parallel()
 	for _, d := range testdb.Dialects() {
 		t.Run(d.Name, func(t *testing.T) {
+			t.Parallel()
 			f := setup(t, d.Name)
 			other := f.env.Replica(t)
 			// The node registered on one replica works on the other.
@@ -1411,18 +1439,14 @@ func TestWorkerFlow(t *testing.T) {
 				}
 				done <- b
 			}()
-			time.Sleep(300 * time.Millisecond)
+			other.AwaitLongPolls(t, 1)
 			j, _, _, err := f.env.Server.Dispatch(context.Background(), lease.NewJob{Type: "telemetry_sync"})
 			if err != nil {
 				t.Fatal(err)
 			}
-			select {
-			case b := <-done:
-				if lr := decode[wire.LeaseResponse](t, b); lr.Job == nil || lr.Job.ID != j.ID {
-					t.Errorf("long-poll answer %s", b)
-				}
-			case <-time.After(10 * time.Second):
-				t.Fatal("the long-poll did not wake")
+			b = waitfor.Receive(t, "the long-poll's answer", done)
+			if lr := decode[wire.LeaseResponse](t, b); lr.Job == nil || lr.Job.ID != j.ID {
+				t.Errorf("long-poll answer %s", b)
 			}
 
 			audit := `{"events":[{"event_type":"e","occurred_at":"2026-11-30T09:00:00Z"}]}`

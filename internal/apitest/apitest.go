@@ -18,6 +18,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -28,6 +29,7 @@ import (
 	"github.com/nodelane/nodelane/credential"
 	"github.com/nodelane/nodelane/internal/testclock"
 	"github.com/nodelane/nodelane/internal/testdb"
+	"github.com/nodelane/nodelane/internal/waitfor"
 	"github.com/nodelane/nodelane/lease"
 	"github.com/nodelane/nodelane/workerapi"
 )
@@ -108,15 +110,17 @@ func WithStores(f func(workerapi.Stores) workerapi.Stores) Option {
 	return func(o *options) { o.stores = f }
 }
 
-// New opens a fresh database of dialect ("sqlite" or "postgres"; a
-// PostgreSQL test skips when no server answers, see testdb), builds a
-// Server on it and serves Server.Handler.
+// New opens a fresh database of dialect ("sqlite", a copy of a migrated
+// one, see SQLite; or "postgres": a PostgreSQL test skips when no server
+// answers, see testdb), builds a Server on it and serves Server.Handler.
+// It may be called from parallel tests: each Env has its own database,
+// Server, clock and notifier.
 func New(t testing.TB, dialect string, opts ...Option) *Env {
 	t.Helper()
 	var db testdb.DB
 	switch dialect {
 	case "sqlite":
-		db = testdb.SQLite(t)
+		db = SQLite(t)
 	case "postgres":
 		db = testdb.Postgres(t)
 	default:
@@ -294,6 +298,18 @@ func (e *Env) Enqueue(t testing.TB, nj lease.NewJob) *lease.Job {
 		t.Fatalf("apitest: notify: %v", err)
 	}
 	return j
+}
+
+// AwaitLongPolls waits until exactly n long-polls wait on the Env's
+// Server (workerapi.Server.LongPolls), failing the test after
+// waitfor.Deadline. A test that starts a long-poll in a goroutine calls
+// it before it dispatches what should wake the long-poll, rather than
+// sleep and hope the long-poll is parked by then.
+func (e *Env) AwaitLongPolls(t testing.TB, n int) {
+	t.Helper()
+	waitfor.Until(t, fmt.Sprintf("%d long-polls waiting on %s", n, e.URL), func() bool {
+		return e.Server.LongPolls() == n
+	})
 }
 
 // Job returns a job as stored.

@@ -52,6 +52,9 @@ func (e *Env) NewNode(t testing.TB, nodeID string) *Node {
 	return &Node{env: e, NodeID: nodeID, Key: key, PublicKey: base64.RawURLEncoding.EncodeToString(pub), Now: time.Now}
 }
 
+// Env returns the Env the node talks to.
+func (n *Node) Env() *Env { return n.env }
+
 // On returns a copy of the node that talks to another replica.
 func (n *Node) On(e *Env) *Node {
 	c := *n

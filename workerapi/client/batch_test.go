@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/nodelane/nodelane/internal/apitest"
+	"github.com/nodelane/nodelane/internal/waitfor"
 	"github.com/nodelane/nodelane/lease"
 	"github.com/nodelane/nodelane/replay"
 	"github.com/nodelane/nodelane/workerapi/client"
@@ -27,6 +28,7 @@ import (
 // server older than both.
 
 func TestClientLeaseAcceptAndCompleteBatch(t *testing.T) {
+	t.Parallel()
 	p := newClProxy(t)
 	ctx := context.Background()
 	c := newClClient(t, p.URL, nil)
@@ -142,6 +144,7 @@ func wantSucceeded(t *testing.T, cw *clWorker, env *apitest.Env, jobs []*lease.J
 }
 
 func TestClientRunnerLeasesAcceptingAndBatchesCompletes(t *testing.T) {
+	t.Parallel()
 	const n = 8
 	p := newClProxy(t)
 	b := newClBarrier(n)
@@ -268,6 +271,7 @@ func (o *oldServer) count(suffix string) int {
 }
 
 func TestClientRunnerOlderServer(t *testing.T) {
+	t.Parallel()
 	const n = 4
 	o := newOldServer(t)
 	b := newClBarrier(n)
@@ -311,14 +315,12 @@ func TestClientRunnerOlderServer(t *testing.T) {
 	}
 	for _, j := range jobs {
 		var e client.JobEnd
-		for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		waitfor.Until(t, "job "+j.ID+" to end", func() bool {
 			mu.Lock()
+			defer mu.Unlock()
 			e = ends[j.ID]
-			mu.Unlock()
-			if e.Outcome != "" {
-				break
-			}
-		}
+			return e.Outcome != ""
+		})
 		if e.Outcome != client.JobSucceeded || e.Complete == nil || e.Complete.Job.ID != j.ID || e.Complete.ReceiptID == "" {
 			t.Errorf("job %s ended %+v", j.ID, e)
 		}

@@ -16,7 +16,6 @@ import (
 	"os/signal"
 	"path/filepath"
 	"regexp"
-	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -25,6 +24,7 @@ import (
 
 	"github.com/nodelane/nodelane/credential"
 	"github.com/nodelane/nodelane/internal/apitest"
+	"github.com/nodelane/nodelane/internal/waitfor"
 	"github.com/nodelane/nodelane/lease"
 	"github.com/nodelane/nodelane/workerapi"
 	"github.com/nodelane/nodelane/workerapi/client"
@@ -136,6 +136,17 @@ func (p *clProxy) requests(suffix string) []clSeen {
 	return out
 }
 
+// okHeartbeats counts the heartbeats the proxy saw answered 200.
+func (p *clProxy) okHeartbeats() int {
+	n := 0
+	for _, h := range p.requests(wire.PathHeartbeat) {
+		if h.status == http.StatusOK {
+			n++
+		}
+	}
+	return n
+}
+
 func (p *clProxy) reset() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -182,6 +193,7 @@ func clRegister(t *testing.T, p *clProxy, c *client.Client, node string) {
 }
 
 func TestClientIdentityFile(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	path := filepath.Join(dir, "sub", "identity.json")
 	id, err := client.LoadOrCreateIdentity(path)
@@ -218,6 +230,7 @@ func TestClientIdentityFile(t *testing.T) {
 	}
 
 	t.Run("wider permissions refused", func(t *testing.T) {
+		t.Parallel()
 		if err := os.Chmod(path, 0o644); err != nil {
 			t.Fatal(err)
 		}
@@ -227,6 +240,7 @@ func TestClientIdentityFile(t *testing.T) {
 		}
 	})
 	t.Run("corrupt", func(t *testing.T) {
+		t.Parallel()
 		bad := filepath.Join(dir, "bad.json")
 		os.WriteFile(bad, []byte(`{"version":1,"private_key":"short"}`), 0o600)
 		if _, err := client.LoadOrCreateIdentity(bad); err == nil {
@@ -234,6 +248,7 @@ func TestClientIdentityFile(t *testing.T) {
 		}
 	})
 	t.Run("concurrent creation agrees", func(t *testing.T) {
+		t.Parallel()
 		p := filepath.Join(dir, "race.json")
 		keys := make([]string, 8)
 		var wg sync.WaitGroup
@@ -257,6 +272,7 @@ func TestClientIdentityFile(t *testing.T) {
 }
 
 func TestClientRegister(t *testing.T) {
+	t.Parallel()
 	p := newClProxy(t)
 	ctx := context.Background()
 	dir := t.TempDir()
@@ -310,6 +326,7 @@ func TestClientRegister(t *testing.T) {
 }
 
 func TestClientRetries(t *testing.T) {
+	t.Parallel()
 	p := newClProxy(t)
 	ctx := context.Background()
 	c := newClClient(t, p.URL, nil)
@@ -405,8 +422,10 @@ func TestClientRetries(t *testing.T) {
 }
 
 func TestClientClockOffset(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	t.Run("server clock ahead", func(t *testing.T) {
+		t.Parallel()
 		p := newClProxy(t)
 		p.env.Clock.Advance(10 * time.Minute)
 		c := newClClient(t, p.URL, nil)
@@ -435,6 +454,7 @@ func TestClientClockOffset(t *testing.T) {
 		}
 	})
 	t.Run("node clock behind", func(t *testing.T) {
+		t.Parallel()
 		p := newClProxy(t)
 		c := newClClient(t, p.URL, func(cfg *client.Config) {
 			cfg.Now = func() time.Time { return time.Now().Add(-7 * time.Minute) }
@@ -448,6 +468,7 @@ func TestClientClockOffset(t *testing.T) {
 		}
 	})
 	t.Run("Date header", func(t *testing.T) {
+		t.Parallel()
 		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Date", time.Now().Add(time.Hour).UTC().Format(http.TimeFormat))
 			w.Header().Set("Content-Type", "application/json")
@@ -528,20 +549,19 @@ func startClWorkerWith(t *testing.T, p *clProxy, node string, cmod func(*client.
 
 func (cw *clWorker) end(t *testing.T, jobID string) client.JobEnd {
 	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for time.Now().Before(deadline) {
+	var end client.JobEnd
+	waitfor.Until(t, "job "+jobID+" to end", func() bool {
 		cw.mu.Lock()
+		defer cw.mu.Unlock()
 		for _, e := range cw.ends {
 			if e.Job.ID == jobID {
-				cw.mu.Unlock()
-				return e
+				end = e
+				return true
 			}
 		}
-		cw.mu.Unlock()
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Fatalf("job %s did not end", jobID)
-	return client.JobEnd{}
+		return false
+	})
+	return end
 }
 
 // clSignal sends v if ch has room: a handler that runs again must not
@@ -556,14 +576,7 @@ func clSignal[T any](ch chan<- T, v T) {
 // clWait waits for a signal from a handler.
 func clWait[T any](t *testing.T, ch <-chan T, what string) T {
 	t.Helper()
-	select {
-	case v := <-ch:
-		return v
-	case <-time.After(15 * time.Second):
-		t.Fatalf("timed out waiting for %s", what)
-	}
-	var zero T
-	return zero
+	return waitfor.Receive(t, what, ch)
 }
 
 func clLogLines(t *testing.T, p *clProxy, jobID string) []*lease.Event {
@@ -582,6 +595,7 @@ func clLogLines(t *testing.T, p *clProxy, jobID string) []*lease.Event {
 }
 
 func TestClientWorkerRunsJobs(t *testing.T) {
+	t.Parallel()
 	p := newClProxy(t)
 	art := filepath.Join(t.TempDir(), "out.bin")
 	content := []byte("adapter weights")
@@ -669,6 +683,7 @@ func TestClientWorkerRunsJobs(t *testing.T) {
 }
 
 func TestClientCancelReachesHandler(t *testing.T) {
+	t.Parallel()
 	p := newClProxy(t)
 	running := make(chan string, 1)
 	causes := make(chan error, 1)
@@ -710,6 +725,7 @@ func TestClientCancelReachesHandler(t *testing.T) {
 }
 
 func TestClientLeaseLost(t *testing.T) {
+	t.Parallel()
 	p := newClProxy(t)
 	running := make(chan string, 1)
 	causes := make(chan error, 1)
@@ -747,6 +763,7 @@ func TestClientLeaseLost(t *testing.T) {
 }
 
 func TestClientLeaseExpiringStopsJob(t *testing.T) {
+	t.Parallel()
 	// Heartbeats fail: the worker cannot extend the lease and stops the
 	// job before it expires, instead of running on while another worker
 	// may take it.
@@ -782,6 +799,7 @@ func TestClientLeaseExpiringStopsJob(t *testing.T) {
 }
 
 func TestClientOfflineStopsJob(t *testing.T) {
+	t.Parallel()
 	// Heartbeats fail: before the heartbeat_deadline the last answer gave
 	// (when the control plane may deem the worker offline and give its
 	// job to another), the worker stops the job, although its lease (600 s)
@@ -801,13 +819,7 @@ func TestClientOfflineStopsJob(t *testing.T) {
 	clWait(t, running, "the handler")
 	// The deadline is known once a heartbeat got through: the signals
 	// long-poll's first request may have delayed the first one.
-	deadline := time.Now().Add(15 * time.Second)
-	for !slices.ContainsFunc(p.requests("/heartbeat"), func(s clSeen) bool { return s.status == http.StatusOK }) {
-		if time.Now().After(deadline) {
-			t.Fatal("no heartbeat got through")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	waitfor.Until(t, "a heartbeat to get through", func() bool { return p.okHeartbeats() > 0 })
 	p.inject(clFault{suffix: "/heartbeat", n: 1000, status: http.StatusServiceUnavailable})
 	cause := clWait(t, causes, "the offline watchdog")
 	stoppedAt := time.Now()
@@ -833,6 +845,7 @@ func TestClientOfflineStopsJob(t *testing.T) {
 }
 
 func TestClientDrain(t *testing.T) {
+	t.Parallel()
 	p := newClProxy(t)
 	running := make(chan string, 3)
 	finishA := make(chan struct{})
@@ -910,6 +923,7 @@ func TestClientDrain(t *testing.T) {
 }
 
 func TestClientLogsResent(t *testing.T) {
+	t.Parallel()
 	p := newClProxy(t)
 	flushErr := make(chan error, 1)
 	cw := startClWorker(t, p, "node-logs", func(c *client.RunnerConfig) {
@@ -954,6 +968,7 @@ func TestClientLogsResent(t *testing.T) {
 }
 
 func TestClientTokenRenewal(t *testing.T) {
+	t.Parallel()
 	// Worker tokens live 30 days (the server's default); the worker renews
 	// its own 72 h before expiry, on the server's clock.
 	p := newClProxy(t)
@@ -970,39 +985,20 @@ func TestClientTokenRenewal(t *testing.T) {
 		func(c *client.RunnerConfig) { c.ProvisioningToken = prov },
 		map[string]client.HandlerFunc{"status_check": func(context.Context, *wire.Job, *client.Reporter) error { return nil }})
 	id := cw.c.Identity()
-	for deadline := time.Now().Add(10 * time.Second); id.Token() == "" && time.Now().Before(deadline); {
-		time.Sleep(10 * time.Millisecond)
-	}
+	waitfor.Until(t, "the worker to register", func() bool { return id.Token() != "" })
 	first, firstExp := id.Token(), id.TokenExpiresAt()
 	if got := firstExp.Sub(p.env.Clock.Now()); got < 29*24*time.Hour {
 		t.Fatalf("token lifetime %v", got)
 	}
 	p.env.Clock.Advance(28 * 24 * time.Hour)
-	for deadline := time.Now().Add(10 * time.Second); id.Token() == first && time.Now().Before(deadline); {
-		time.Sleep(10 * time.Millisecond)
-	}
-	if id.Token() == first {
-		t.Fatal("the token was not renewed 2 days before it expires")
-	}
+	waitfor.Until(t, "the token to be renewed 2 days before it expires", func() bool { return id.Token() != first })
 	if !id.TokenExpiresAt().After(firstExp) {
 		t.Errorf("renewed token expires %v, not after %v", id.TokenExpiresAt(), firstExp)
 	}
 	// Past the first token's expiry the worker works on.
 	p.env.Clock.Advance(3 * 24 * time.Hour)
 	p.reset()
-	ok := 0
-	for deadline := time.Now().Add(10 * time.Second); ok < 2 && time.Now().Before(deadline); {
-		time.Sleep(50 * time.Millisecond)
-		ok = 0
-		for _, h := range p.requests("/heartbeat") {
-			if h.status == http.StatusOK {
-				ok++
-			}
-		}
-	}
-	if ok < 2 {
-		t.Errorf("heartbeats after the first token expired: %+v", p.requests("/heartbeat"))
-	}
+	waitfor.Until(t, "two heartbeats answered 200 after the first token expired", func() bool { return p.okHeartbeats() >= 2 })
 	j := p.env.Enqueue(t, lease.NewJob{Type: "status_check"})
 	if e := cw.end(t, j.ID); e.Outcome != client.JobSucceeded {
 		t.Errorf("job after renewal: %+v", e)
@@ -1013,6 +1009,7 @@ func TestClientTokenRenewal(t *testing.T) {
 }
 
 func TestClientBaseURLPrefix(t *testing.T) {
+	t.Parallel()
 	env := apitest.New(t, "sqlite")
 	var mu sync.Mutex
 	var uris []string

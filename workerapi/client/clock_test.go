@@ -41,6 +41,7 @@ func (l *lockedBuffer) take() string {
 // ±MaxClockOffset and logged; other errors, whatever server_time they
 // carry (a replica whose clock runs fast), do not.
 func TestClientClockOffsetSources(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	base := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 	type answer struct {

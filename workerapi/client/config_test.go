@@ -14,6 +14,7 @@ import (
 // New and NewRunner refuse a missing or invalid setting with an error
 // that wraps ErrConfig and names it.
 func TestConstructorsFailFast(t *testing.T) {
+	t.Parallel()
 	_, key, err := ed25519.GenerateKey(rand.Reader)
 	if err != nil {
 		t.Fatal(err)
@@ -39,6 +40,7 @@ func TestConstructorsFailFast(t *testing.T) {
 	}
 	for _, tt := range clientTests {
 		t.Run("New/"+tt.name, func(t *testing.T) {
+			t.Parallel()
 			_, err := client.New(tt.base, tt.cfg)
 			if !errors.Is(err, client.ErrConfig) || !strings.Contains(err.Error(), tt.want) {
 				t.Errorf("New: %v, want ErrConfig naming %s", err, tt.want)
@@ -65,6 +67,7 @@ func TestConstructorsFailFast(t *testing.T) {
 	}
 	for _, tt := range runnerTests {
 		t.Run("NewRunner/"+tt.name, func(t *testing.T) {
+			t.Parallel()
 			_, err := client.NewRunner(tt.c, tt.cfg)
 			if !errors.Is(err, client.ErrConfig) || !strings.Contains(err.Error(), tt.want) {
 				t.Errorf("NewRunner: %v, want ErrConfig naming %s", err, tt.want)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/nodelane/nodelane/credential"
 	"github.com/nodelane/nodelane/internal/apitest"
+	"github.com/nodelane/nodelane/internal/waitfor"
 	"github.com/nodelane/nodelane/lease"
 	"github.com/nodelane/nodelane/workerapi/client"
 	"github.com/nodelane/nodelane/workerapi/wire"
@@ -19,6 +20,7 @@ import (
 // renews its worker token itself (POST /workers/token) and works past the
 // first token's expiry.
 func TestClientRenewsWithoutProvisioningToken(t *testing.T) {
+	t.Parallel()
 	p := newClProxy(t)
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "id.json")
@@ -65,12 +67,7 @@ func TestClientRenewsWithoutProvisioningToken(t *testing.T) {
 
 	p.reset()
 	p.env.Clock.Advance(28 * 24 * time.Hour) // 2 days before the token expires: due
-	for deadline := time.Now().Add(10 * time.Second); id.Token() == first && time.Now().Before(deadline); {
-		time.Sleep(10 * time.Millisecond)
-	}
-	if id.Token() == first {
-		t.Fatalf("the token was not renewed; requests to /workers/token: %+v", p.requests(wire.PathToken))
-	}
+	waitfor.Until(t, "the token to be renewed", func() bool { return id.Token() != first })
 	if !id.TokenExpiresAt().After(firstExp) {
 		t.Errorf("renewed token expires %v, not after %v", id.TokenExpiresAt(), firstExp)
 	}
@@ -91,32 +88,18 @@ func TestClientRenewsWithoutProvisioningToken(t *testing.T) {
 	// Past the first token's expiry the worker works on.
 	p.env.Clock.Advance(3 * 24 * time.Hour)
 	p.reset()
-	ok := 0
-	for deadline := time.Now().Add(10 * time.Second); ok < 2 && time.Now().Before(deadline); {
-		time.Sleep(50 * time.Millisecond)
-		ok = 0
-		for _, h := range p.requests(wire.PathHeartbeat) {
-			if h.status == http.StatusOK {
-				ok++
-			}
-		}
-	}
-	if ok < 2 {
-		t.Errorf("heartbeats after the first token expired: %+v", p.requests(wire.PathHeartbeat))
-	}
+	waitfor.Until(t, "two heartbeats answered 200 after the first token expired", func() bool { return p.okHeartbeats() >= 2 })
 	j := p.env.Enqueue(t, lease.NewJob{Type: "status_check"})
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		if p.env.Job(t, j.ID).State == lease.StateSucceeded {
-			return
-		}
-	}
-	t.Errorf("the job did not succeed after the renewal: %s", p.env.Job(t, j.ID).State)
+	waitfor.Until(t, "the job to succeed after the renewal", func() bool {
+		return p.env.Job(t, j.ID).State == lease.StateSucceeded
+	})
 }
 
 // TestClientRenewTokenAnswerLost checks that, when the answer to a renewal is
 // lost after the server renewed, the client's retry, with the old token, gets the
 // first answer: the token the server minted then, and no other.
 func TestClientRenewTokenAnswerLost(t *testing.T) {
+	t.Parallel()
 	p := newClProxy(t)
 	ctx := context.Background()
 	c := newClClient(t, p.URL, nil)

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nodelane/nodelane/internal/waitfor"
 	"github.com/nodelane/nodelane/lease"
 	"github.com/nodelane/nodelane/workerapi/client"
 	"github.com/nodelane/nodelane/workerapi/wire"
@@ -51,19 +52,15 @@ func TestClientRunnerStartReconciles(t *testing.T) {
 			t.Error("the worker did not stop")
 		}
 	})
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		j := p.env.Job(t, old.ID)
-		if j.LastError != nil && j.LastError.Code == lease.CodeWorkerRestarted {
-			if j.Attempt != 2 {
-				t.Errorf("the running job's attempt is %d, want 2 (an attempt used)", j.Attempt)
-			}
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the job the previous run held was not ended: %s, %+v", j.State, j.LastError)
-		}
-		time.Sleep(20 * time.Millisecond)
+	// The proxy records the start request once its answer is written,
+	// after the job ended in its transaction.
+	var j *lease.Job
+	waitfor.Until(t, "the start request to end the job the previous run held (worker_restarted)", func() bool {
+		j = p.env.Job(t, old.ID)
+		return j.LastError != nil && j.LastError.Code == lease.CodeWorkerRestarted && len(p.requests(wire.PathStart)) > 0
+	})
+	if j.Attempt != 2 {
+		t.Errorf("the running job's attempt is %d, want 2 (an attempt used)", j.Attempt)
 	}
 	if n := len(p.requests(wire.PathStart)); n != 1 {
 		t.Errorf("%d start requests, want 1", n)
@@ -72,13 +69,8 @@ func TestClientRunnerStartReconciles(t *testing.T) {
 		t.Errorf("%d register requests, want 1 (the first run's)", n)
 	}
 	fresh := p.env.Enqueue(t, lease.NewJob{Type: "telemetry_sync"})
-	select {
-	case id := <-done:
-		if id != fresh.ID {
-			t.Fatalf("ended %s, want %s", id, fresh.ID)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatalf("the new job type was not run: %s", p.env.Job(t, fresh.ID).State)
+	if id := waitfor.Receive(t, "the new job type to run", done); id != fresh.ID {
+		t.Fatalf("ended %s, want %s", id, fresh.ID)
 	}
 	if j := p.env.Job(t, fresh.ID); j.State != lease.StateSucceeded {
 		t.Fatalf("the new type's job: %s", j.State)

@@ -111,8 +111,12 @@ func count(t *testing.T, env *apitest.Env, table, where string, args ...any) int
 // one of each artifact, event, receipt and state change. Real HTTP over
 // loopback, on SQLite and PostgreSQL.
 func TestRetryAfterLostAnswer(t *testing.T) {
+	t.Parallel()
 	for _, d := range []string{"sqlite", "postgres"} {
-		t.Run(d, func(t *testing.T) { testRetryAfterLostAnswer(t, d) })
+		t.Run(d, func(t *testing.T) {
+			t.Parallel()
+			testRetryAfterLostAnswer(t, d)
+		})
 	}
 }
 

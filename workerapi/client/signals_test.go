@@ -4,14 +4,10 @@ import (
 	"context"
 	"errors"
 	"net/http"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/nodelane/nodelane/bunstore"
-	"github.com/nodelane/nodelane/internal/apitest"
 	"github.com/nodelane/nodelane/lease"
-	"github.com/nodelane/nodelane/workerapi"
 	"github.com/nodelane/nodelane/workerapi/client"
 	"github.com/nodelane/nodelane/workerapi/wire"
 )
@@ -19,61 +15,6 @@ import (
 // The Runner's control long-poll (POST /workers/signals): with a
 // heartbeat interval of an hour, only it can bring a cancel, a ban, a
 // retirement or a drain within the tests' waits.
-
-// subCounter is a workerapi.SignalNotifier that counts the open
-// subscriptions to workers' signals (the signals and lease long-polls
-// waiting), so that a test acts while they wait.
-type subCounter struct {
-	*workerapi.LocalNotifier
-
-	mu   sync.Mutex
-	open int
-	cond chan struct{}
-}
-
-func newSubCounter() *subCounter {
-	return &subCounter{LocalNotifier: workerapi.NewLocalNotifier(), cond: make(chan struct{})}
-}
-
-func (n *subCounter) SubscribeWorker(id string) (<-chan struct{}, func()) {
-	ch, cancel := n.LocalNotifier.SubscribeWorker(id)
-	n.add(1)
-	var once sync.Once
-	return ch, func() { once.Do(func() { n.add(-1) }); cancel() }
-}
-
-func (n *subCounter) add(d int) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	n.open += d
-	close(n.cond)
-	n.cond = make(chan struct{})
-}
-
-// waitOpen waits until at least k subscriptions are open.
-func (n *subCounter) waitOpen(t *testing.T, k int) {
-	t.Helper()
-	deadline := time.After(15 * time.Second)
-	for {
-		n.mu.Lock()
-		open, cond := n.open, n.cond
-		n.mu.Unlock()
-		if open >= k {
-			return
-		}
-		select {
-		case <-cond:
-		case <-deadline:
-			t.Fatalf("%d long-polls waiting after 15 s, want %d", open, k)
-		}
-	}
-}
-
-func newSignalsProxy(t *testing.T) (*clProxy, *subCounter) {
-	t.Helper()
-	sc := newSubCounter()
-	return newClProxy(t, apitest.WithNotifier(func(testing.TB, *bunstore.DB) workerapi.Notifier { return sc })), sc
-}
 
 // slowHeartbeats is a Runner whose heartbeats come once an hour, and whose
 // lease long-polls wait 30 s.
@@ -93,7 +34,7 @@ func operatorOK(t *testing.T, p *clProxy, path string) {
 // long-poll, though heartbeats come once an hour.
 func TestRunnerSignalsCancel(t *testing.T) {
 	t.Parallel()
-	p, _ := newSignalsProxy(t)
+	p := newClProxy(t)
 	running := make(chan string, 1)
 	causes := make(chan error, 1)
 	cw := startClWorker(t, p, "node-signals-cancel", slowHeartbeats, map[string]client.HandlerFunc{
@@ -126,7 +67,7 @@ func TestRunnerSignalsCancel(t *testing.T) {
 // granted to nobody: it stays queued.
 func TestRunnerSignalsBanDuringLeaseLongPoll(t *testing.T) {
 	t.Parallel()
-	p, sc := newSignalsProxy(t)
+	p := newClProxy(t)
 	ran := make(chan string, 1)
 	cw := startClWorker(t, p, "node-signals-ban", slowHeartbeats, map[string]client.HandlerFunc{
 		"status_check": func(ctx context.Context, job *wire.Job, r *client.Reporter) error {
@@ -134,7 +75,7 @@ func TestRunnerSignalsBanDuringLeaseLongPoll(t *testing.T) {
 			return nil
 		},
 	})
-	sc.waitOpen(t, 2) // the signals long-poll and the lease long-poll
+	p.env.AwaitLongPolls(t, 2) // the signals long-poll and the lease long-poll
 	id := cw.c.Identity().WorkerID()
 	operatorOK(t, p, "/operator/workers/"+id+"/ban")
 	j := p.env.Enqueue(t, lease.NewJob{Type: "status_check"})
@@ -156,7 +97,7 @@ func TestRunnerSignalsBanDuringLeaseLongPoll(t *testing.T) {
 // A retirement stops the Runner at once, and its running job is stopped.
 func TestRunnerSignalsRetire(t *testing.T) {
 	t.Parallel()
-	p, _ := newSignalsProxy(t)
+	p := newClProxy(t)
 	running := make(chan string, 1)
 	causes := make(chan error, 1)
 	cw := startClWorker(t, p, "node-signals-retire", slowHeartbeats, map[string]client.HandlerFunc{
@@ -182,7 +123,7 @@ func TestRunnerSignalsRetire(t *testing.T) {
 // job it ran finished normally.
 func TestRunnerSignalsDrain(t *testing.T) {
 	t.Parallel()
-	p, _ := newSignalsProxy(t)
+	p := newClProxy(t)
 	running := make(chan string, 1)
 	release := make(chan struct{})
 	cw := startClWorker(t, p, "node-signals-drain", slowHeartbeats, map[string]client.HandlerFunc{

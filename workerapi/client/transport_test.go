@@ -39,6 +39,7 @@ func tlsServer(t *testing.T, env *apitest.Env, leaf testpki.Leaf) (*httptest.Ser
 // A Client talks to a control plane over TLS with the roots, pins and
 // dialer of its Config; a handshake it refuses sends nothing.
 func TestClientTLS(t *testing.T) {
+	t.Parallel()
 	env := apitest.New(t, "sqlite")
 	ca := testpki.NewCA(t, "nodelane client test CA")
 	leaf := ca.Leaf(t, "cp.nodelane.test", "127.0.0.1")
@@ -129,6 +130,7 @@ func TestClientTLS(t *testing.T) {
 // New refuses plain http to another machine unless told otherwise, and
 // the TLS settings beside a caller's HTTPClient.
 func TestClientInsecureHTTP(t *testing.T) {
+	t.Parallel()
 	_, key, err := ed25519.GenerateKey(rand.Reader)
 	if err != nil {
 		t.Fatal(err)
@@ -177,6 +179,7 @@ func TestClientInsecureHTTP(t *testing.T) {
 
 // A redirect is not followed: the error names where it led.
 func TestClientRedirect(t *testing.T) {
+	t.Parallel()
 	var posts atomic.Int64
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		posts.Add(1)

@@ -38,6 +38,7 @@ func spanAttrs(s sdktrace.ReadOnlySpan) map[attribute.Key]attribute.Value {
 // the worker and jobs it concerns; a caller's trace context is joined;
 // and the Prometheus adapter it wraps still counts.
 func TestSpansFromARealServer(t *testing.T) {
+	t.Parallel()
 	sr := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(sr))
 	t.Cleanup(func() { tp.Shutdown(context.Background()) })

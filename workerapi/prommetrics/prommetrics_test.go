@@ -41,6 +41,7 @@ func call(t *testing.T, n *apitest.Node, want int, path string, body any) obj {
 // gauges are read from the database at scrape time, and a database that
 // does not answer turns stats_up to 0 without failing the scrape.
 func TestMetricsFromARealServer(t *testing.T) {
+	t.Parallel()
 	reg := prometheus.NewPedanticRegistry()
 	m, err := prommetrics.New(reg)
 	if err != nil {
@@ -192,6 +193,7 @@ nodelane_stats_up 0
 
 // New refuses a registry that already holds its families.
 func TestNewTwice(t *testing.T) {
+	t.Parallel()
 	reg := prometheus.NewRegistry()
 	if _, err := prommetrics.New(reg); err != nil {
 		t.Fatal(err)

@@ -5,7 +5,9 @@
 // transaction that Tx carries in a context. The cores' own suites
 // (leasetest, credentialtest, ...) never run a transaction; this one does.
 // An adapter's test calls Run with a function that returns its Stores over
-// a new, empty database:
+// a new, empty database of their own. The cases run in parallel, so the
+// function may be called from several goroutines at once, and the stores
+// of one call must share nothing with those of another:
 //
 //	func TestTransactions(t *testing.T) {
 //		workerapitest.Run(t, func(t *testing.T) workerapi.Stores {
@@ -77,7 +79,10 @@ var errRollback = errors.New("workerapitest: the function given to InTx failed, 
 // Run runs the suite on stores made by newStores. Every case calls newStores once
 // and uses Stores.Tx and the five stores, which must share one new, empty
 // database (Stores.Notifier is not used and may be nil). Cases run in
-// parallel, so newStores must be safe to call from several goroutines.
+// parallel (t.Parallel), so newStores may be called from several
+// goroutines at once, and each call must return stores independent of
+// every other call's: a database of their own, which no other case reads
+// or writes.
 //
 //	workerapitest.Run(t, func(t *testing.T) workerapi.Stores { return newStores(t) })
 func Run(t *testing.T, newStores func(t *testing.T) workerapi.Stores) {

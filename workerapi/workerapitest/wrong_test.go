@@ -15,7 +15,7 @@ import (
 	"github.com/nodelane/nodelane/bunstore"
 	"github.com/nodelane/nodelane/credential"
 	"github.com/nodelane/nodelane/envelope"
-	"github.com/nodelane/nodelane/internal/testdb"
+	"github.com/nodelane/nodelane/internal/apitest"
 	"github.com/nodelane/nodelane/lease"
 	"github.com/nodelane/nodelane/receipts"
 	"github.com/nodelane/nodelane/replay"
@@ -27,15 +27,17 @@ import (
 // adapters below fail for what is wrong with them. (bunstore's own
 // tests run the suite on PostgreSQL too.)
 func TestBunstoreSQLite(t *testing.T) {
+	t.Parallel()
 	workerapitest.Run(t, func(t *testing.T) workerapi.Stores {
 		return bunstoreStores(openSQLite(t))
 	})
 }
 
-// openSQLite opens bunstore on a new SQLite database.
+// openSQLite opens bunstore on a new SQLite database (a copy of one
+// migrated once: the suite opens hundreds).
 func openSQLite(t *testing.T) *bunstore.DB {
 	t.Helper()
-	db, err := bunstore.Open(t.Context(), testdb.SQLite(t).DSN, nil)
+	db, err := bunstore.Open(t.Context(), apitest.SQLite(t).DSN, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -65,7 +67,7 @@ const wrongEnv = "NODELANE_WORKERAPITEST_WRONG"
 // testdb opens one, with SQLite's own busy timeout left long.
 func openStuck(t *testing.T) *bunstore.DB {
 	t.Helper()
-	db, err := bunstore.New(testdb.SQLite(t).Bun(t), &bunstore.Config{BusyTimeout: 100 * time.Millisecond})
+	db, err := bunstore.New(apitest.SQLite(t).Bun(t), &bunstore.Config{BusyTimeout: 100 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -193,6 +195,7 @@ func wrongAdapters() []wrongAdapter {
 // each wrong adapter in a child process (this test binary, with wrongEnv
 // naming the adapter), which must exit with a test failure.
 func TestWrongAdapters(t *testing.T) {
+	t.Parallel()
 	adapters := wrongAdapters()
 	if name := os.Getenv(wrongEnv); name != "" {
 		for _, a := range adapters {

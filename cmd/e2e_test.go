@@ -10,7 +10,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -19,7 +18,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -27,6 +25,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nodelane/nodelane/internal/apitest"
 	"github.com/nodelane/nodelane/internal/syncbuf"
 	"github.com/nodelane/nodelane/internal/waitfor"
 
@@ -80,21 +79,11 @@ func binaries(t *testing.T) (server, worker string) {
 	return filepath.Join(binDir, "server"), filepath.Join(binDir, "worker")
 }
 
-// parallelism is -parallel's value when the command line gives none:
-// the tests wait on processes far more than they compute, so more of them
-// run at once than -parallel's default (GOMAXPROCS).
-var parallelism = max(8, 4*runtime.GOMAXPROCS(0))
-
+// TestMain runs the tests with more of them at once than -parallel's
+// default (apitest.RaiseParallel): they wait on processes far more than
+// they compute.
 func TestMain(m *testing.M) {
-	flag.Parse()
-	given := false
-	flag.Visit(func(f *flag.Flag) { given = given || f.Name == "test.parallel" })
-	if !given {
-		if err := flag.Set("test.parallel", strconv.Itoa(parallelism)); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			os.Exit(1)
-		}
-	}
+	apitest.RaiseParallel()
 	// pebble's constructors read these (acme_e2e_test.go): no random
 	// sleeps before validating, no nonces rejected at random. Set for the
 	// whole run rather than with t.Setenv, which would keep the ACME test

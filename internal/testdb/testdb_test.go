@@ -226,7 +226,7 @@ func TestPostgresPool(t *testing.T) {
 	admin := Postgres(t).Bun(t)
 	var n int
 	if err := admin.QueryRowContext(ctx, "SELECT count(*) FROM information_schema.schemata WHERE schema_name IN (?)",
-		bun.In([]string{first, p.pristine})).Scan(&n); err != nil {
+		bun.List([]string{first, p.pristine})).Scan(&n); err != nil {
 		t.Fatal(err)
 	}
 	if n != 0 {

@@ -14,10 +14,14 @@ const module = "github.com/nodelane/nodelane"
 // fingerprint.
 var cores = []string{"lease", "credential", "replay", "envelope", "receipts", "fingerprint"}
 
-// testclock is the one package of the module, besides its core, that a
-// conformance suite may import: the fake clock the suites share. It is a
-// leaf that imports only the standard library.
-const testclock = "internal/testclock"
+// testclock and waitfor are the packages of the module, besides its
+// core, that a conformance suite may import: the fake clock the suites
+// share, and the wait for a condition. Both are leaves that import only
+// the standard library.
+const (
+	testclock = "internal/testclock"
+	waitfor   = "internal/waitfor"
+)
 
 // workerapitest is the conformance suite of workerapi's storage contract
 // (every store joins the Transactor's transaction). Like a core's suite it
@@ -106,12 +110,12 @@ func violations(pkg string, deps []string, std map[string]bool) []string {
 		case coreOfTest != "":
 			thirdOK := strings.HasPrefix(d, "github.com/google/go-cmp/") || strings.HasPrefix(d, "golang.org/x/") ||
 				slices.ContainsFunc(allowedThirdParty[coreOfTest], func(p string) bool { return d == p || strings.HasPrefix(d, p+"/") })
-			if (own && r != coreOfTest && r != testclock) || (!own && !thirdOK) {
-				out = append(out, pkg+" imports "+d+": a conformance suite imports only its core, "+testclock+", the standard library and go-cmp")
+			if (own && r != coreOfTest && r != testclock && r != waitfor) || (!own && !thirdOK) {
+				out = append(out, pkg+" imports "+d+": a conformance suite imports only its core, "+testclock+", "+waitfor+", the standard library and go-cmp")
 			}
 			continue
-		case pkg == testclock:
-			out = append(out, pkg+" imports "+d+": "+testclock+" imports only the standard library")
+		case pkg == testclock || pkg == waitfor:
+			out = append(out, pkg+" imports "+d+": "+pkg+" imports only the standard library")
 			continue
 		case pkg == workerapitest:
 			ownOK := r == "workerapi" || r == "workerapi/wire" || slices.Contains(cores, r)
@@ -225,6 +229,9 @@ func TestViolations(t *testing.T) {
 		{"internal/testclock", []string{"fmt"}, 0},
 		{"internal/testclock", []string{module + "/lease"}, 1},
 		{"internal/testclock", []string{"github.com/google/go-cmp/cmp"}, 1},
+		{"receipts/receiptstest", []string{module + "/receipts", module + "/internal/waitfor"}, 0},
+		{"internal/waitfor", []string{"fmt"}, 0},
+		{"internal/waitfor", []string{module + "/internal/testclock"}, 1},
 		{"bunstore", []string{module + "/lease", "github.com/uptrace/bun"}, 0},
 		{"bunstore", []string{module + "/workerapi"}, 1},
 		{"bunstore", []string{module + "/lease/leasetest"}, 1},

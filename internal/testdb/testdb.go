@@ -286,8 +286,11 @@ func (p *PostgresPool) make() (string, error) {
 // resetSQL empties every table of schema $1 and copies the rows of the
 // same table of schema $2, the pristine one, into it, then sets every
 // sequence of $1 as its namesake in $2 stands; in one transaction. It
-// fails if the two schemas' tables differ. TRUNCATE of every table at
-// once needs no order among their foreign keys.
+// fails if the two schemas' tables differ. It empties the tables with
+// DELETE: a test's tables hold a few rows, and TRUNCATE makes new files
+// for every table and index (a tenth of a second for nodelane's, against
+// a hundredth). When a foreign key refuses a DELETE in the order taken,
+// it TRUNCATEs every table at once instead, which needs no order.
 const resetSQL = `DO $reset$
 DECLARE
 	s text := %s;
@@ -299,7 +302,13 @@ BEGIN
 		(SELECT array_agg(tablename ORDER BY tablename) FROM pg_tables WHERE schemaname = p) THEN
 		RAISE EXCEPTION 'the tables of schema %% differ from those setup made', s;
 	END IF;
-	EXECUTE (SELECT 'TRUNCATE ' || string_agg(format('%%I.%%I', s, tablename), ', ') FROM pg_tables WHERE schemaname = s);
+	BEGIN
+		FOR r IN SELECT tablename FROM pg_tables WHERE schemaname = s LOOP
+			EXECUTE format('DELETE FROM %%I.%%I', s, r.tablename);
+		END LOOP;
+	EXCEPTION WHEN foreign_key_violation THEN
+		EXECUTE (SELECT 'TRUNCATE ' || string_agg(format('%%I.%%I', s, tablename), ', ') FROM pg_tables WHERE schemaname = s);
+	END;
 	FOR r IN SELECT tablename FROM pg_tables WHERE schemaname = p LOOP
 		EXECUTE format('INSERT INTO %%I.%%I SELECT * FROM %%I.%%I', s, r.tablename, p, r.tablename);
 	END LOOP;

@@ -28,17 +28,11 @@ func workersList(a *app, args []string) error {
 	if err := checkLimit("workers list", *limit); err != nil {
 		return err
 	}
-	api, err := a.client()
-	if err != nil {
+	out, err := ask(a, func(ctx context.Context, api *operator.Client) (*wire.WorkerListResponse, error) {
+		return api.ListWorkers(ctx, operator.WorkerQuery{After: *after, Limit: *limit})
+	})
+	if out == nil || err != nil {
 		return err
-	}
-	ctx, raw := a.keepAnswer()
-	out, err := api.ListWorkers(ctx, operator.WorkerQuery{After: *after, Limit: *limit})
-	if err != nil {
-		return err
-	}
-	if a.json() {
-		return a.printJSON(raw.Bytes())
 	}
 	t := newTable(a.stdout)
 	t.row("ID", "NODE", "STATUS", "LIVENESS", "APPROVAL", "BANNED", "GPUS", "TAGS", "LAST_SEEN")
@@ -74,17 +68,11 @@ func workersShow(a *app, args []string) error {
 	if err := a.parse(fs, args, 1, 1); err != nil {
 		return err
 	}
-	api, err := a.client()
-	if err != nil {
+	out, err := ask(a, func(ctx context.Context, api *operator.Client) (*wire.WorkerDetailResponse, error) {
+		return api.Worker(ctx, a.arg(0))
+	})
+	if out == nil || err != nil {
 		return err
-	}
-	ctx, raw := a.keepAnswer()
-	out, err := api.Worker(ctx, a.arg(0))
-	if err != nil {
-		return err
-	}
-	if a.json() {
-		return a.printJSON(raw.Bytes())
 	}
 	printWorker(a, out.Worker)
 	if len(out.Leases) > 0 {
@@ -134,16 +122,13 @@ func workerAction(verb string, call func(api *operator.Client, ctx context.Conte
 		if err := a.parse(fs, args, 1, 1); err != nil {
 			return err
 		}
-		api, err := a.client()
-		if err != nil {
+		out, err := ask(a, func(ctx context.Context, api *operator.Client) (*wire.WorkerResponse, error) {
+			return call(api, ctx, a.arg(0), *reason)
+		})
+		if out == nil || err != nil {
 			return err
 		}
-		ctx, raw := a.keepAnswer()
-		out, err := call(api, ctx, a.arg(0), *reason)
-		if err != nil {
-			return err
-		}
-		return a.printWorkerResponse(out, raw.Bytes())
+		return a.printWorkerResponse(out)
 	}
 }
 
@@ -155,25 +140,18 @@ func workerDrain(verb string, call func(api *operator.Client, ctx context.Contex
 		if err := a.parse(fs, args, 1, 1); err != nil {
 			return err
 		}
-		api, err := a.client()
-		if err != nil {
+		out, err := ask(a, func(ctx context.Context, api *operator.Client) (*wire.WorkerResponse, error) {
+			return call(api, ctx, a.arg(0))
+		})
+		if out == nil || err != nil {
 			return err
 		}
-		ctx, raw := a.keepAnswer()
-		out, err := call(api, ctx, a.arg(0))
-		if err != nil {
-			return err
-		}
-		return a.printWorkerResponse(out, raw.Bytes())
+		return a.printWorkerResponse(out)
 	}
 }
 
-// printWorkerResponse prints a worker action's answer: raw as it came
-// with -o json, else out as a table.
-func (a *app) printWorkerResponse(out *wire.WorkerResponse, raw []byte) error {
-	if a.json() {
-		return a.printJSON(raw)
-	}
+// printWorkerResponse prints a worker action's answer as a table.
+func (a *app) printWorkerResponse(out *wire.WorkerResponse) error {
 	t := newTable(a.stdout)
 	t.row("ID", "NODE", "STATUS", "APPROVAL", "BANNED", "DRAIN", "RECEIPT")
 	t.row(out.Worker.WorkerID, out.Worker.NodeID, out.Worker.Status, out.Worker.Approval, strconv.FormatBool(out.Worker.Banned),
@@ -198,32 +176,21 @@ func workersApprove(a *app, args []string) error {
 	if len(tags) > 0 {
 		req.Tags = (*[]string)(&tags)
 	}
-	api, err := a.client()
-	if err != nil {
+	out, err := ask(a, func(ctx context.Context, api *operator.Client) (*wire.WorkerResponse, error) {
+		return api.ApproveWorker(ctx, a.arg(0), req)
+	})
+	if out == nil || err != nil {
 		return err
 	}
-	ctx, raw := a.keepAnswer()
-	out, err := api.ApproveWorker(ctx, a.arg(0), req)
-	if err != nil {
-		return err
-	}
-	return a.printWorkerResponse(out, raw.Bytes())
+	return a.printWorkerResponse(out)
 }
 
 // envelopeCall makes one call of the client on the envelope and prints
 // its answer: as it came with -o json, else as a table.
 func (a *app) envelopeCall(call func(api *operator.Client, ctx context.Context) (*wire.EnvelopeResponse, error)) error {
-	api, err := a.client()
-	if err != nil {
+	e, err := ask(a, func(ctx context.Context, api *operator.Client) (*wire.EnvelopeResponse, error) { return call(api, ctx) })
+	if e == nil || err != nil {
 		return err
-	}
-	ctx, raw := a.keepAnswer()
-	e, err := call(api, ctx)
-	if err != nil {
-		return err
-	}
-	if a.json() {
-		return a.printJSON(raw.Bytes())
 	}
 	t := newTable(a.stdout)
 	t.row("active", strconv.FormatBool(e.Active))
@@ -386,17 +353,11 @@ func credentialsList(a *app, args []string) error {
 	if err := checkLimit("credentials list", *limit); err != nil {
 		return err
 	}
-	api, err := a.client()
-	if err != nil {
+	out, err := ask(a, func(ctx context.Context, api *operator.Client) (*wire.CredentialListResponse, error) {
+		return api.ListCredentials(ctx, operator.CredentialQuery{Principal: *principal, After: *after, Limit: *limit})
+	})
+	if out == nil || err != nil {
 		return err
-	}
-	ctx, raw := a.keepAnswer()
-	out, err := api.ListCredentials(ctx, operator.CredentialQuery{Principal: *principal, After: *after, Limit: *limit})
-	if err != nil {
-		return err
-	}
-	if a.json() {
-		return a.printJSON(raw.Bytes())
 	}
 	t := newTable(a.stdout)
 	t.row("ID", "PRINCIPAL", "SCOPES", "CREATED", "EXPIRES", "REVOKED")
@@ -416,17 +377,11 @@ func credentialsRevoke(a *app, args []string) error {
 	if err := a.parse(fs, args, 1, 1); err != nil {
 		return err
 	}
-	api, err := a.client()
-	if err != nil {
+	out, err := ask(a, func(ctx context.Context, api *operator.Client) (*wire.RevokeCredentialResponse, error) {
+		return api.RevokeCredential(ctx, a.arg(0), *reason)
+	})
+	if out == nil || err != nil {
 		return err
-	}
-	ctx, raw := a.keepAnswer()
-	out, err := api.RevokeCredential(ctx, a.arg(0), *reason)
-	if err != nil {
-		return err
-	}
-	if a.json() {
-		return a.printJSON(raw.Bytes())
 	}
 	t := newTable(a.stdout)
 	t.row("ID", "PRINCIPAL", "REVOKED", "RECEIPT")

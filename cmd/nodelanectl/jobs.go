@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -116,17 +117,11 @@ func jobsSubmit(a *app, args []string) error {
 	req := wire.DispatchRequest{JobType: *jobType, Payload: body, Priority: *priority, MaxAttempts: *attempts,
 		Requirements: wire.Requirements{GPUSKU: *sku, GPUCount: *gpus, MinVRAMMB: *vram,
 			MaxRuntimeSeconds: int(*maxRuntime / time.Second), Tags: tags}}
-	api, err := a.client()
-	if err != nil {
+	out, err := ask(a, func(ctx context.Context, api *operator.Client) (*wire.DispatchResponse, error) {
+		return api.Dispatch(ctx, req)
+	})
+	if out == nil || err != nil {
 		return err
-	}
-	ctx, raw := a.keepAnswer()
-	out, err := api.Dispatch(ctx, req)
-	if err != nil {
-		return err
-	}
-	if a.json() {
-		return a.printJSON(raw.Bytes())
 	}
 	t := newTable(a.stdout)
 	t.row("ID", "TYPE", "STATE", "LEASABLE", "REASON")
@@ -149,17 +144,11 @@ func jobsList(a *app, args []string) error {
 	if err := checkLimit("jobs list", *limit); err != nil {
 		return err
 	}
-	api, err := a.client()
-	if err != nil {
+	out, err := ask(a, func(ctx context.Context, api *operator.Client) (*wire.JobListResponse, error) {
+		return api.ListJobs(ctx, operator.JobQuery{State: *state, JobType: *jobType, WorkerID: *worker, Tag: *tag, After: *after, Limit: *limit})
+	})
+	if out == nil || err != nil {
 		return err
-	}
-	ctx, raw := a.keepAnswer()
-	out, err := api.ListJobs(ctx, operator.JobQuery{State: *state, JobType: *jobType, WorkerID: *worker, Tag: *tag, After: *after, Limit: *limit})
-	if err != nil {
-		return err
-	}
-	if a.json() {
-		return a.printJSON(raw.Bytes())
 	}
 	t := newTable(a.stdout)
 	t.row("ID", "TYPE", "STATE", "ATTEMPT", "WORKER", "CREATED", "COST_USD")
@@ -187,17 +176,11 @@ func jobsShow(a *app, args []string) error {
 	if err := a.parse(fs, args, 1, 1); err != nil {
 		return err
 	}
-	api, err := a.client()
-	if err != nil {
+	d, err := ask(a, func(ctx context.Context, api *operator.Client) (*wire.JobDetailResponse, error) {
+		return api.Job(ctx, a.arg(0), 0)
+	})
+	if d == nil || err != nil {
 		return err
-	}
-	ctx, raw := a.keepAnswer()
-	d, err := api.Job(ctx, a.arg(0), 0)
-	if err != nil {
-		return err
-	}
-	if a.json() {
-		return a.printJSON(raw.Bytes())
 	}
 	j := d.Job
 	t := newTable(a.stdout)
@@ -252,17 +235,11 @@ func jobsCancel(a *app, args []string) error {
 	if err := a.parse(fs, args, 1, 1); err != nil {
 		return err
 	}
-	api, err := a.client()
-	if err != nil {
+	out, err := ask(a, func(ctx context.Context, api *operator.Client) (*wire.OperatorJobResponse, error) {
+		return api.CancelJob(ctx, a.arg(0))
+	})
+	if out == nil || err != nil {
 		return err
-	}
-	ctx, raw := a.keepAnswer()
-	out, err := api.CancelJob(ctx, a.arg(0))
-	if err != nil {
-		return err
-	}
-	if a.json() {
-		return a.printJSON(raw.Bytes())
 	}
 	t := newTable(a.stdout)
 	t.row("ID", "STATE", "CANCEL_REQUESTED")

@@ -344,7 +344,6 @@ func (a *app) keepAnswer() (context.Context, *bytes.Buffer) {
 // answerTap is the transport of the operator client: it copies the body
 // of each answer to a request made under keepAnswer's context into its
 // buffer as the client reads it (the client reads every answer whole).
-// After a redirect the buffer holds the last answer.
 type answerTap struct{ next http.RoundTripper }
 
 func (t answerTap) RoundTrip(req *http.Request) (*http.Response, error) {
@@ -360,6 +359,25 @@ func (t answerTap) RoundTrip(req *http.Request) (*http.Response, error) {
 }
 
 // printJSON writes an answer as it came, with a final newline.
+// ask makes one call of the operator client with its answer kept: with
+// -o json it prints the answer as it came and returns nil and nil; else it
+// returns the typed answer, for the caller's table.
+func ask[T any](a *app, call func(ctx context.Context, api *operator.Client) (*T, error)) (*T, error) {
+	api, err := a.client()
+	if err != nil {
+		return nil, err
+	}
+	ctx, raw := a.keepAnswer()
+	out, err := call(ctx, api)
+	if err != nil {
+		return nil, err
+	}
+	if a.json() {
+		return nil, a.printJSON(raw.Bytes())
+	}
+	return out, nil
+}
+
 func (a *app) printJSON(b []byte) error {
 	if _, err := a.stdout.Write(b); err != nil {
 		return err

@@ -303,41 +303,28 @@ func registerNode(t *testing.T, f *fixture, name string, tags ...string) *apites
 	return n
 }
 
-func nodeCall[T any](t *testing.T, n *apitest.Node, path string, body any, want int) T {
-	t.Helper()
-	resp, b := n.Do(t, http.MethodPost, path, body)
-	if resp.StatusCode != want {
-		t.Fatalf("%s: %d %s", path, resp.StatusCode, b)
-	}
-	var v T
-	if err := json.Unmarshal(b, &v); err != nil {
-		t.Fatalf("%s: %v in %s", path, err, b)
-	}
-	return v
-}
-
 // runJob leases the queued job id on n and runs it to success: a status
 // event, two log lines, an artifact, completion.
 func runJob(t *testing.T, n *apitest.Node, id string) ranJob {
 	t.Helper()
 	poll := wire.LeaseRequest{SupportedJobTypes: []string{"status_check", "lora_train"}, SupportedGPUSKUs: []string{"rtx-4090"}, MaxJobs: 1}
-	l := nodeCall[wire.LeaseResponse](t, n, "/workers/jobs/lease", poll, http.StatusOK)
+	l := apitest.Post[wire.LeaseResponse](t, n, "/workers/jobs/lease", poll, http.StatusOK)
 	if l.Job == nil || l.Job.ID != id {
 		t.Fatalf("lease = %+v, want job %s", l, id)
 	}
 	tok := *l.LeaseToken
 	p := "/workers/jobs/" + id
-	nodeCall[wire.AcceptResponse](t, n, p+"/accept", wire.TokenRequest{LeaseToken: tok}, http.StatusOK)
-	nodeCall[wire.StatusResponse](t, n, p+"/status", wire.StatusRequest{LeaseToken: tok, EventType: "progress", Message: "half way", Payload: json.RawMessage(`{"step":1}`)}, http.StatusOK)
-	nodeCall[wire.LogsResponse](t, n, p+"/logs", map[string]any{"lease_token": tok, "entries": []wire.LogEntry{{Seq: 1, Message: "epoch 1 <b>loss</b>"}, {Seq: 2, Message: "epoch 2"}}}, http.StatusOK)
+	apitest.Post[wire.AcceptResponse](t, n, p+"/accept", wire.TokenRequest{LeaseToken: tok}, http.StatusOK)
+	apitest.Post[wire.StatusResponse](t, n, p+"/status", wire.StatusRequest{LeaseToken: tok, EventType: "progress", Message: "half way", Payload: json.RawMessage(`{"step":1}`)}, http.StatusOK)
+	apitest.Post[wire.LogsResponse](t, n, p+"/logs", map[string]any{"lease_token": tok, "entries": []wire.LogEntry{{Seq: 1, Message: "epoch 1 <b>loss</b>"}, {Seq: 2, Message: "epoch 2"}}}, http.StatusOK)
 	sum := strings.Repeat("ab", 32)
 	size := int64(4)
-	art := nodeCall[wire.ArtifactResponse](t, n, p+"/artifacts", wire.ArtifactRequest{
+	art := apitest.Post[wire.ArtifactResponse](t, n, p+"/artifacts", wire.ArtifactRequest{
 		LeaseToken: tok, ArtifactType: "adapter", Name: "adapter.safetensors", URI: "file:///models/adapter.safetensors",
 		ChecksumSHA256: &sum, SizeBytes: &size,
 	}, http.StatusCreated)
 	n.Env().Clock.Advance(5 * time.Millisecond) // a run time above 0 ms
-	done := nodeCall[wire.CompleteResponse](t, n, p+"/complete", wire.CompleteRequest{LeaseToken: tok, Metrics: json.RawMessage(`{"loss":0.12}`)}, http.StatusOK)
+	done := apitest.Post[wire.CompleteResponse](t, n, p+"/complete", wire.CompleteRequest{LeaseToken: tok, Metrics: json.RawMessage(`{"loss":0.12}`)}, http.StatusOK)
 	if done.Job.State != "succeeded" || done.Checkpoint == "" {
 		t.Fatalf("complete = %+v", done)
 	}

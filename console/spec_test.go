@@ -169,13 +169,13 @@ func TestSpecUnbilledOverview(t *testing.T) {
 	n := registerNode(t, f, "gpu-1", "lab-a")
 	id := dispatch(t, b, url.Values{"job_type": {"status_check"}, "gpu_sku": {"rtx-4090"}, "gpu_count": {"1"}})
 	poll := wire.LeaseRequest{SupportedJobTypes: []string{"status_check"}, SupportedGPUSKUs: []string{"rtx-4090"}, MaxJobs: 1}
-	l := nodeCall[wire.LeaseResponse](t, n, "/workers/jobs/lease", poll, http.StatusOK)
+	l := apitest.Post[wire.LeaseResponse](t, n, "/workers/jobs/lease", poll, http.StatusOK)
 	if l.Job == nil || l.Job.ID != id {
 		t.Fatalf("lease = %+v, want job %s", l, id)
 	}
 	p := "/workers/jobs/" + id
-	nodeCall[wire.AcceptResponse](t, n, p+"/accept", wire.TokenRequest{LeaseToken: *l.LeaseToken}, http.StatusOK)
-	nodeCall[wire.FailResponse](t, n, p+"/fail", wire.FailRequest{LeaseToken: *l.LeaseToken, ErrorCode: "cuda_oom"}, http.StatusOK)
+	apitest.Post[wire.AcceptResponse](t, n, p+"/accept", wire.TokenRequest{LeaseToken: *l.LeaseToken}, http.StatusOK)
+	apitest.Post[wire.FailResponse](t, n, p+"/fail", wire.FailRequest{LeaseToken: *l.LeaseToken, ErrorCode: "cuda_oom"}, http.StatusOK)
 	rep := apiGet[wire.CostReport](t, f, "/operator/costs") // the failure committed before its answer
 	if len(rep.Unbilled.Groups) != 1 || rep.Unbilled.Groups[0].Reason != "cuda_oom" {
 		t.Fatalf("unbilled: %+v", rep.Unbilled)

@@ -130,3 +130,18 @@ func (n *Node) Raw(t testing.TB, req *http.Request) (*http.Response, []byte) {
 	t.Helper()
 	return n.env.Raw(t, req)
 }
+
+// Post sends a signed POST of body from n to path, fails the test unless
+// the answer has status want, and decodes it into a T.
+func Post[T any](t testing.TB, n *Node, path string, body any, want int) T {
+	t.Helper()
+	resp, b := n.Do(t, http.MethodPost, path, body)
+	if resp.StatusCode != want {
+		t.Fatalf("%s: %d %s", path, resp.StatusCode, b)
+	}
+	var v T
+	if err := json.Unmarshal(b, &v); err != nil {
+		t.Fatalf("%s: %v in %s", path, err, b)
+	}
+	return v
+}

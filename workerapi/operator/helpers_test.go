@@ -81,49 +81,34 @@ func (f *fixture) node(t *testing.T, name string) *apitest.Node {
 	return n
 }
 
-// nodeCall sends a signed POST from n and decodes its answer, which must
-// have status want.
-func nodeCall[T any](t *testing.T, n *apitest.Node, path string, body any, want int) T {
-	t.Helper()
-	resp, b := n.Do(t, http.MethodPost, path, body)
-	if resp.StatusCode != want {
-		t.Fatalf("%s: %d %s", path, resp.StatusCode, b)
-	}
-	var v T
-	if err := json.Unmarshal(b, &v); err != nil {
-		t.Fatalf("%s: %v in %s", path, err, b)
-	}
-	return v
-}
-
 // run leases the queued job id on n and runs it to success: a status
 // event, logs log lines (in batches of at most MaxLogEntries), an
 // artifact, and a completion one minute (of the Env's clock) after the
 // accept, so that its charge is not 0.
 func (f *fixture) run(t *testing.T, n *apitest.Node, id string, logs int) {
 	t.Helper()
-	l := nodeCall[wire.LeaseResponse](t, n, wire.PathLease, wire.LeaseRequest{SupportedJobTypes: []string{"status_check", "lora_train"}, SupportedGPUSKUs: []string{"rtx-4090"}, MaxJobs: 1}, http.StatusOK)
+	l := apitest.Post[wire.LeaseResponse](t, n, wire.PathLease, wire.LeaseRequest{SupportedJobTypes: []string{"status_check", "lora_train"}, SupportedGPUSKUs: []string{"rtx-4090"}, MaxJobs: 1}, http.StatusOK)
 	if l.Job == nil || l.Job.ID != id {
 		t.Fatalf("lease = %+v, want job %s", l, id)
 	}
 	tok := *l.LeaseToken
-	nodeCall[wire.AcceptResponse](t, n, wire.JobPath(id, wire.ActionAccept), wire.TokenRequest{LeaseToken: tok}, http.StatusOK)
-	nodeCall[wire.StatusResponse](t, n, wire.JobPath(id, wire.ActionStatus), wire.StatusRequest{LeaseToken: tok, EventType: "progress", Message: "half way"}, http.StatusOK)
+	apitest.Post[wire.AcceptResponse](t, n, wire.JobPath(id, wire.ActionAccept), wire.TokenRequest{LeaseToken: tok}, http.StatusOK)
+	apitest.Post[wire.StatusResponse](t, n, wire.JobPath(id, wire.ActionStatus), wire.StatusRequest{LeaseToken: tok, EventType: "progress", Message: "half way"}, http.StatusOK)
 	for seq := 1; seq <= logs; {
 		var entries []wire.LogEntry
 		for ; seq <= logs && len(entries) < wire.MaxLogEntries; seq++ {
 			entries = append(entries, wire.LogEntry{Seq: int64(seq), Message: "line " + strings.Repeat("x", seq%7)})
 		}
-		nodeCall[wire.LogsResponse](t, n, wire.JobPath(id, wire.ActionLogs), map[string]any{"lease_token": tok, "entries": entries}, http.StatusOK)
+		apitest.Post[wire.LogsResponse](t, n, wire.JobPath(id, wire.ActionLogs), map[string]any{"lease_token": tok, "entries": entries}, http.StatusOK)
 	}
 	sum := strings.Repeat("ab", 32)
 	size := int64(4)
-	nodeCall[wire.ArtifactResponse](t, n, wire.JobPath(id, wire.ActionArtifacts), wire.ArtifactRequest{
+	apitest.Post[wire.ArtifactResponse](t, n, wire.JobPath(id, wire.ActionArtifacts), wire.ArtifactRequest{
 		LeaseToken: tok, ArtifactType: "adapter", Name: "adapter.safetensors", URI: "file:///models/adapter.safetensors",
 		ChecksumSHA256: &sum, SizeBytes: &size,
 	}, http.StatusCreated)
 	f.env.Clock.Advance(time.Minute)
-	done := nodeCall[wire.CompleteResponse](t, n, wire.JobPath(id, wire.ActionComplete), wire.CompleteRequest{LeaseToken: tok, Metrics: json.RawMessage(`{"loss":0.12}`)}, http.StatusOK)
+	done := apitest.Post[wire.CompleteResponse](t, n, wire.JobPath(id, wire.ActionComplete), wire.CompleteRequest{LeaseToken: tok, Metrics: json.RawMessage(`{"loss":0.12}`)}, http.StatusOK)
 	if done.Job.State != "succeeded" {
 		t.Fatalf("complete = %+v", done)
 	}

@@ -676,8 +676,29 @@ type artifactRow struct {
 	SHA256    string  `bun:"sha256"`
 	SizeBytes int64   `bun:"size_bytes"`
 	Metadata  *string `bun:"metadata"`
+	Object    string  `bun:"object"`
+	PartSize  int64   `bun:"part_size"`
 	ReceiptID string  `bun:"receipt_id"`
 	CreatedAt int64   `bun:"created_at"`
+}
+
+func (r *artifactRow) artifact() *lease.Artifact {
+	return &lease.Artifact{
+		ID:        r.ID,
+		JobID:     r.JobID,
+		WorkerID:  r.WorkerID,
+		Epoch:     r.Epoch,
+		Type:      r.Type,
+		Name:      r.Name,
+		URI:       r.URI,
+		SHA256:    r.SHA256,
+		SizeBytes: r.SizeBytes,
+		Metadata:  raw(r.Metadata),
+		Object:    r.Object,
+		PartSize:  r.PartSize,
+		ReceiptID: r.ReceiptID,
+		CreatedAt: fromMicros(r.CreatedAt),
+	}
 }
 
 // AddArtifact stores an artifact. It returns lease.ErrConflict if the id
@@ -694,6 +715,8 @@ func (s *LeaseStore) AddArtifact(ctx context.Context, a *lease.Artifact) error {
 		SHA256:    a.SHA256,
 		SizeBytes: a.SizeBytes,
 		Metadata:  text(a.Metadata),
+		Object:    a.Object,
+		PartSize:  a.PartSize,
 		ReceiptID: a.ReceiptID,
 		CreatedAt: micros(a.CreatedAt),
 	}
@@ -704,6 +727,19 @@ func (s *LeaseStore) AddArtifact(ctx context.Context, a *lease.Artifact) error {
 		return fmt.Errorf("bunstore: add artifact %s: %w", a.ID, err)
 	}
 	return nil
+}
+
+// GetArtifact returns the artifact with id id, or lease.ErrNotFound.
+func (s *LeaseStore) GetArtifact(ctx context.Context, id string) (*lease.Artifact, error) {
+	var r artifactRow
+	err := s.db.idb(ctx).NewSelect().Model(&r).Where("id = ?", id).Scan(ctx)
+	switch {
+	case isNoRows(err):
+		return nil, fmt.Errorf("bunstore: artifact %s: %w", id, lease.ErrNotFound)
+	case err != nil:
+		return nil, fmt.Errorf("bunstore: artifact %s: %w", id, aborted(err))
+	}
+	return r.artifact(), nil
 }
 
 // ListArtifacts returns the artifacts matching f in ascending id order, at
@@ -728,21 +764,8 @@ func (s *LeaseStore) ListArtifacts(ctx context.Context, f lease.ArtifactFilter) 
 		return nil, fmt.Errorf("bunstore: list artifacts: %w", aborted(err))
 	}
 	out := make([]*lease.Artifact, len(rows))
-	for i, r := range rows {
-		out[i] = &lease.Artifact{
-			ID:        r.ID,
-			JobID:     r.JobID,
-			WorkerID:  r.WorkerID,
-			Epoch:     r.Epoch,
-			Type:      r.Type,
-			Name:      r.Name,
-			URI:       r.URI,
-			SHA256:    r.SHA256,
-			SizeBytes: r.SizeBytes,
-			Metadata:  raw(r.Metadata),
-			ReceiptID: r.ReceiptID,
-			CreatedAt: fromMicros(r.CreatedAt),
-		}
+	for i := range rows {
+		out[i] = rows[i].artifact()
 	}
 	return out, nil
 }

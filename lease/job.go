@@ -214,6 +214,15 @@ type Artifact struct {
 	SHA256    string          `json:"checksum_sha256,omitempty"`
 	SizeBytes int64           `json:"size_bytes,omitempty"`
 	Metadata  json.RawMessage `json:"metadata,omitempty"`
+	// Object, when set, names where the artifact's bytes are stored: the
+	// key prefix of its parts in the host's artifact store ("" means the
+	// artifact is metadata only). The control plane sets it, never a
+	// worker, and only after it checked SHA256 and SizeBytes against the
+	// stored bytes.
+	Object string `json:"object,omitempty"`
+	// PartSize is the size of each stored part but the last, when Object
+	// is set: part n (from 1) holds bytes (n-1)*PartSize onwards.
+	PartSize int64 `json:"part_size,omitempty"`
 	// ReceiptID is the receipt minted for the artifact, set by the caller.
 	ReceiptID string    `json:"receipt_id,omitempty"`
 	CreatedAt time.Time `json:"created_at"`

@@ -678,6 +678,11 @@ func (m *Manager) AddArtifact(ctx context.Context, ref Ref, a Artifact) (*Artifa
 	return &a, nil
 }
 
+// Artifact returns the artifact with id id, or ErrNotFound.
+func (m *Manager) Artifact(ctx context.Context, id string) (*Artifact, error) {
+	return m.store.GetArtifact(ctx, id)
+}
+
 // Artifacts lists artifacts matching f.
 func (m *Manager) Artifacts(ctx context.Context, f ArtifactFilter) ([]*Artifact, error) {
 	f.Limit = m.pageSize(f.Limit)

@@ -319,6 +319,22 @@ func (s *MemoryStore) AddArtifact(ctx context.Context, a *Artifact) error {
 	return nil
 }
 
+// GetArtifact implements Store.
+func (s *MemoryStore) GetArtifact(ctx context.Context, id string) (*Artifact, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	a, ok := s.artifacts[id]
+	if !ok {
+		return nil, ErrNotFound
+	}
+	c := *a
+	c.Metadata = slices.Clone(a.Metadata)
+	return &c, nil
+}
+
 // ListArtifacts implements Store.
 func (s *MemoryStore) ListArtifacts(_ context.Context, f ArtifactFilter) ([]*Artifact, error) {
 	if f.Limit <= 0 {

@@ -233,6 +233,8 @@ type Store interface {
 
 	// AddArtifact stores an artifact. ErrConflict if its id is taken.
 	AddArtifact(ctx context.Context, a *Artifact) error
+	// GetArtifact returns the artifact with id id, or ErrNotFound.
+	GetArtifact(ctx context.Context, id string) (*Artifact, error)
 	// ListArtifacts returns artifacts matching f in ascending id order, at
 	// most f.Limit. ErrInvalidArgument if f.Limit <= 0.
 	ListArtifacts(ctx context.Context, f ArtifactFilter) ([]*Artifact, error)

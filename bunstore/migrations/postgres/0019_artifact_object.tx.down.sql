@@ -1,0 +1,3 @@
+ALTER TABLE nodelane_artifacts
+    DROP COLUMN IF EXISTS object,
+    DROP COLUMN IF EXISTS part_size;

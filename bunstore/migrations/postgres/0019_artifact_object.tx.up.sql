@@ -1,0 +1,7 @@
+-- Where an artifact's bytes are stored (lease.Artifact.Object and
+-- PartSize): the key prefix of its parts in the host's artifact store,
+-- '' for an artifact that is metadata only, and the size of each part but
+-- the last.
+ALTER TABLE nodelane_artifacts
+    ADD COLUMN IF NOT EXISTS object TEXT NOT NULL DEFAULT '',
+    ADD COLUMN IF NOT EXISTS part_size BIGINT NOT NULL DEFAULT 0;

@@ -1,0 +1,3 @@
+ALTER TABLE nodelane_artifacts DROP COLUMN part_size;
+--bun:split
+ALTER TABLE nodelane_artifacts DROP COLUMN object;

@@ -151,3 +151,14 @@ func (d *BodyDigest) Check() error {
 	}
 	return nil
 }
+
+// Declared returns the digest the field declares for alg (DigestSHA256
+// or DigestSHA512), or nil when it declares none for alg.
+func (d *BodyDigest) Declared(alg string) []byte {
+	for _, w := range d.want {
+		if w.alg == alg {
+			return append([]byte(nil), w.sum...)
+		}
+	}
+	return nil
+}

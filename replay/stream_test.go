@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/ed25519"
 	"crypto/rand"
+	"crypto/sha256"
 	"errors"
 	"io"
 	"net/http"
@@ -114,5 +115,21 @@ func TestBodyDigestBothAlgorithms(t *testing.T) {
 	d.Write(body[2:])
 	if err := d.Check(); err != nil {
 		t.Errorf("both right: %v", err)
+	}
+}
+
+func TestBodyDigestDeclared(t *testing.T) {
+	t.Parallel()
+	s256, _ := replay.ContentDigest(replay.DigestSHA256, []byte("x"))
+	d, err := replay.NewBodyDigest(s256)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := sha256.Sum256([]byte("x"))
+	if got := d.Declared(replay.DigestSHA256); !bytes.Equal(got, want[:]) {
+		t.Errorf("Declared(sha-256) = %x", got)
+	}
+	if got := d.Declared(replay.DigestSHA512); got != nil {
+		t.Errorf("Declared(sha-512) = %x, want nil", got)
 	}
 }

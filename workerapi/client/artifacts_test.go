@@ -55,7 +55,7 @@ func newUpProxy(t *testing.T, store workerapi.ArtifactStore) *upProxy {
 	t.Helper()
 	env := apitest.New(t, "sqlite", apitest.WithConfig(func(c *workerapi.Config) {
 		if store != nil {
-			c.Artifacts = workerapi.ArtifactConfig{Store: store, PartSize: partSize}
+			c.Artifacts = workerapi.ArtifactConfig{Store: store, PartSize: partSize, MaxBytes: 1 << 30}
 		}
 		// A failed attempt runs again at once.
 		c.Lease.RetryBase, c.Lease.RetryMax = time.Millisecond, time.Millisecond
@@ -175,7 +175,7 @@ func TestUploadArtifact(t *testing.T) {
 			t.Errorf("%d bytes: answer %+v", n, out)
 		}
 		a, got := storedBytes(t, p.env, out.ArtifactID)
-		if !bytes.Equal(got, data) || a.ChecksumSHA256 != hexSum(data) || a.SizeBytes != int64(n) || a.Object == "" {
+		if !bytes.Equal(got, data) || a.SHA256 != hexSum(data) || a.SizeBytes != int64(n) || a.Object == "" {
 			t.Errorf("%d bytes: stored %d bytes, artifact %+v", n, len(got), a)
 		}
 		parts := max(1, (n+partSize-1)/partSize)

@@ -454,36 +454,50 @@ func TestUploadArtifactDirect(t *testing.T) {
 	t.Parallel()
 	store := newPresignStore(t)
 	p := newUpProxy(t, store)
-	data := randomBytes("direct", 2*partSize+3)
-	c, g, out := checkpointed(t, p, "node-direct", data, nil)
-	if _, got := storedBytes(t, p.env, out.ArtifactID); !bytes.Equal(got, data) {
-		t.Fatalf("stored %d bytes, not the %d sent", len(got), len(data))
-	}
-	store.mu.Lock()
-	puts, leaks := store.puts, store.leaks
-	store.cutGet = true
-	store.mu.Unlock()
-	if puts != 3 || len(leaks) > 0 {
-		t.Errorf("%d PUTs to the bucket (want 3); credentials sent to it: %q", puts, leaks)
-	}
-	if n := p.countPart(t, g.Job.ID, 1); n != 0 {
-		t.Errorf("%d parts sent to the control plane", n)
+	// A checkpoint of one part comes back by a presigned GET (one part
+	// is one object).
+	ckpt := randomBytes("direct", partSize/2)
+	c, g, out := checkpointed(t, p, "node-direct", ckpt, nil)
+	if _, got := storedBytes(t, p.env, out.ArtifactID); !bytes.Equal(got, ckpt) {
+		t.Fatalf("stored %d bytes, not the %d sent", len(got), len(ckpt))
 	}
 	if g.Job.ResumeFrom.URL == "" {
 		t.Fatalf("resume_from has no presigned URL: %+v", g.Job.ResumeFrom)
 	}
+	store.mu.Lock()
+	store.cutGet = true
+	store.mu.Unlock()
 	dst := filepath.Join(t.TempDir(), "ckpt")
 	if err := c.DownloadArtifact(context.Background(), g.Job.ID, g.LeaseToken, g.Job.ResumeFrom, dst); err != nil {
 		t.Fatal(err)
 	}
-	if b, _ := os.ReadFile(dst); !bytes.Equal(b, data) {
-		t.Errorf("downloaded %d bytes, not the %d stored", len(b), len(data))
+	if b, _ := os.ReadFile(dst); !bytes.Equal(b, ckpt) {
+		t.Errorf("downloaded %d bytes, not the %d stored", len(b), len(ckpt))
+	}
+	// An artifact of three parts: three PUTs to the bucket.
+	data := randomBytes("direct", 2*partSize+3)
+	out, err := c.UploadArtifact(context.Background(), g.Job.ID, g.LeaseToken, bytes.NewReader(data), int64(len(data)),
+		client.ArtifactFile{Name: "big", Type: "file"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, got := storedBytes(t, p.env, out.ArtifactID); !bytes.Equal(got, data) {
+		t.Fatalf("stored %d bytes, not the %d sent", len(got), len(data))
+	}
+	store.mu.Lock()
+	puts, gets, leaks := store.puts, store.gets, store.leaks
+	store.mu.Unlock()
+	if puts != 4 || gets < 2 || len(leaks) > 0 {
+		t.Errorf("%d PUTs to the bucket (want 4), %d GETs (want 2 at least); credentials sent to it: %q", puts, gets, leaks)
+	}
+	if n := p.countPart(t, g.Job.ID, 1); n != 0 {
+		t.Errorf("%d parts sent to the control plane", n)
 	}
 	// A bucket that refuses the signature: its error names the code,
 	// never the URL's signature nor what the bucket echoes.
 	bad := *g.Job.ResumeFrom
 	bad.URL = strings.Replace(bad.URL, "sig=", "sig=0", 1)
-	err := c.DownloadArtifact(context.Background(), g.Job.ID, g.LeaseToken, &bad, dst)
+	err = c.DownloadArtifact(context.Background(), g.Job.ID, g.LeaseToken, &bad, dst)
 	if err == nil || !strings.Contains(err.Error(), "SignatureDoesNotMatch") || strings.Contains(err.Error(), "secret") ||
 		strings.Contains(err.Error(), "sig=") {
 		t.Errorf("a refused presigned GET: %v", err)
@@ -537,6 +551,9 @@ func TestRunnerUploadsAndResumes(t *testing.T) {
 		cw.mu.Lock()
 		defer cw.mu.Unlock()
 		for _, e := range cw.ends {
+			if e.Job.ID == j.ID && e.Outcome == client.JobFailed {
+				t.Logf("attempt %d failed: %v", e.Job.Attempt, e.Err)
+			}
 			if e.Job.ID == j.ID && e.Outcome != client.JobFailed {
 				end = e
 				return true

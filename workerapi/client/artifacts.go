@@ -22,8 +22,9 @@ import (
 
 // ErrArtifactStorageOff is wrapped (beside the *APIError) by the error
 // of an upload the control plane refuses with 404 artifact_storage_off:
-// it stores no artifact bytes. Report the artifact as metadata only
-// (Client.Artifact, Reporter.Artifact) instead.
+// it stores no artifact bytes; and by that of a control plane older than
+// the upload route, which answers 404 not_found. Report the artifact as
+// metadata only (Client.Artifact, Reporter.Artifact) instead.
 var ErrArtifactStorageOff = errors.New("client: the control plane stores no artifact bytes")
 
 // ErrChecksumMismatch is wrapped by the error of a download whose bytes
@@ -89,7 +90,9 @@ func (c *Client) upload(ctx context.Context, jobID, leaseToken string, src io.Re
 	}
 	var up wire.UploadResponse
 	if _, err := c.do(ctx, wire.JobPath(jobID, wire.ActionUploads), req, &up, callOpts{}); err != nil {
-		if IsCode(err, wire.CodeArtifactStorageOff) {
+		// A control plane older than the route answers 404 not_found: it
+		// stores no bytes either.
+		if IsCode(err, wire.CodeArtifactStorageOff) || IsCode(err, wire.CodeNotFound) {
 			return nil, fmt.Errorf("%w: %w", ErrArtifactStorageOff, err)
 		}
 		return nil, err

@@ -6,6 +6,7 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -47,8 +48,11 @@ type upProxy struct {
 	mu       sync.Mutex
 	cut      string
 	cutAfter int64
-	seen     map[string]int // requests by method and path
-	order    []string
+	// gone ends the paths the proxy answers 404 not_found, as a server
+	// without the route.
+	gone  string
+	seen  map[string]int // requests by method and path
+	order []string
 }
 
 func newUpProxy(t *testing.T, store workerapi.ArtifactStore) *upProxy {
@@ -72,7 +76,15 @@ func newUpProxy(t *testing.T, store workerapi.ArtifactStore) *upProxy {
 			p.cut = ""
 		}
 		after := p.cutAfter
+		gone := p.gone != "" && strings.HasSuffix(r.URL.Path, p.gone)
 		p.mu.Unlock()
+		if gone {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusNotFound)
+			json.NewEncoder(w).Encode(wire.ErrorBody{Error: wire.ErrorDetail{Code: wire.CodeNotFound,
+				Message: "no route " + r.URL.Path, ServerTime: time.Now().UTC()}})
+			return
+		}
 		if !cut {
 			h.ServeHTTP(w, r)
 			return
@@ -267,6 +279,15 @@ func TestUploadArtifactStorageOff(t *testing.T) {
 	}
 	if _, _, err := p.env.Server.OpenArtifact(ctx, out.ArtifactID); err == nil {
 		t.Error("a metadata-only artifact opened")
+	}
+
+	// A server older than the route stores no bytes either.
+	old := newUpProxy(t, artifacttest.NewMemory())
+	old.gone = "/" + wire.ActionUploads
+	c, g = leased(t, old, "node-old", nil)
+	_, err = c.UploadArtifact(ctx, g.Job.ID, g.LeaseToken, bytes.NewReader(data), int64(len(data)), client.ArtifactFile{Name: "w", Type: "file"})
+	if !errors.Is(err, client.ErrArtifactStorageOff) || client.ErrorCode(err) != wire.CodeNotFound {
+		t.Errorf("upload to an older server: %v", err)
 	}
 }
 

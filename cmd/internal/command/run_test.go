@@ -41,9 +41,9 @@ type recorder struct {
 	// error.
 	checkpoint    []byte
 	checkpointErr error
-	outputURI string
-	metrics   any
-	final     string
+	outputURI     string
+	metrics       any
+	final         string
 }
 
 // upload is an artifact the recorder stored.

@@ -18,11 +18,16 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
+	"log"
 	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -183,6 +188,82 @@ func checkUpload(t *testing.T, c *cluster) {
 	// The worker uploaded it: no file:// URI on the box is the record.
 	if strings.HasPrefix(a.URI, "file://") {
 		t.Errorf("the stored artifact's uri is the worker's path %q", a.URI)
+	}
+}
+
+// cutProxy passes requests to the control plane unchanged, Host
+// included (the worker's signatures cover @authority), except the first
+// PUT of an upload part: the control plane gets its first cutAfter bytes
+// and then a broken body, and the worker's connection is closed with no
+// answer, as a connection dropped mid-upload.
+type cutProxy struct {
+	URL string
+
+	mu   sync.Mutex
+	puts []string
+}
+
+func newCutProxy(t *testing.T, target string, cutAfter int64) *cutProxy {
+	t.Helper()
+	u, err := url.Parse(target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &cutProxy{}
+	rp := httputil.NewSingleHostReverseProxy(u) // keeps the incoming Host
+	rp.ErrorLog = log.New(io.Discard, "", 0)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPut || !strings.Contains(r.URL.Path, "/parts/") {
+			rp.ServeHTTP(w, r)
+			return
+		}
+		p.mu.Lock()
+		p.puts = append(p.puts, r.URL.Path)
+		first := len(p.puts) == 1
+		p.mu.Unlock()
+		if !first {
+			rp.ServeHTTP(w, r)
+			return
+		}
+		r.Body = io.NopCloser(io.MultiReader(io.LimitReader(r.Body, cutAfter), brokenBody{}))
+		rp.ServeHTTP(httptest.NewRecorder(), r)
+		panic(http.ErrAbortHandler)
+	}))
+	t.Cleanup(srv.Close)
+	p.URL = srv.URL
+	return p
+}
+
+type brokenBody struct{}
+
+func (brokenBody) Read([]byte) (int, error) { return 0, io.ErrUnexpectedEOF }
+
+// TestE2EArtifactUploadCut cuts the worker's connection midway through
+// the upload of a 64 MiB artifact: the worker sends the part again and
+// the job succeeds with the bytes stored whole.
+func TestE2EArtifactUploadCut(t *testing.T) {
+	t.Parallel()
+	c := artifactCluster(t, testdb.Dialects()[0], "")
+	p := newCutProxy(t, c.base(), 20<<20)
+	dir := t.TempDir()
+	big := script(t, dir, "big.sh", bigScript)
+	c.startCommandWorker("cut-node", fmt.Sprintf("[[job]]\ntype = \"art_big\"\ncommand = [%q]\ngpus = 0\n", big),
+		"-gpu", "rtx-4090:24576", "-server", p.URL)
+	d := c.dispatch("art_big", nil)
+	jd := c.waitDone(d.Job.ID, "succeeded")
+	want := c.runFile("cut-node", d.Job.ID, 1, "weights.bin")
+	p.mu.Lock()
+	puts := slices.Clone(p.puts)
+	p.mu.Unlock()
+	if len(puts) != 2 || puts[0] != puts[1] {
+		t.Errorf("part PUTs %q, want the one part twice", puts)
+	}
+	if len(jd.Artifacts) != 1 || !jd.Artifacts[0].Stored {
+		t.Fatalf("artifacts %+v", jd.Artifacts)
+	}
+	resp, got := c.content(*jd.Artifacts[0].ContentURL, nil)
+	if resp.StatusCode != http.StatusOK || !bytes.Equal(got, want) {
+		t.Errorf("GET content: %d, %d bytes, want the %d written", resp.StatusCode, len(got), len(want))
 	}
 }
 

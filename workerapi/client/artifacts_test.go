@@ -611,3 +611,88 @@ func TestRunnerUploadsAndResumes(t *testing.T) {
 		t.Errorf("the artifact was finished at %d, the job completed at %d:\n%s", finish, complete, order)
 	}
 }
+
+// TestUploadArtifactRefusesBadAnswers checks what the client does with
+// upload answers it cannot use, from a fake control plane: it sends no
+// part; and with parts refused: a final refusal is not sent again, a
+// 503 is, at most MaxAttempts times.
+func TestUploadArtifactRefusesBadAnswers(t *testing.T) {
+	t.Parallel()
+	var (
+		mu     sync.Mutex
+		answer wire.UploadResponse
+		status = http.StatusOK
+		code   = ""
+		puts   int
+	)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		defer mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		switch {
+		case r.Method == http.MethodPost && strings.HasSuffix(r.URL.Path, "/uploads"):
+			w.WriteHeader(http.StatusCreated)
+			json.NewEncoder(w).Encode(answer)
+		case r.Method == http.MethodPut:
+			io.Copy(io.Discard, r.Body)
+			puts++
+			w.WriteHeader(status)
+			json.NewEncoder(w).Encode(wire.ErrorBody{Error: wire.ErrorDetail{Code: code, Message: "refused"}})
+		default:
+			w.WriteHeader(http.StatusNotFound)
+		}
+	}))
+	t.Cleanup(srv.Close)
+	c := newClClient(t, srv.URL, func(cfg *client.Config) { cfg.MaxAttempts = 3 })
+	data := randomBytes("bad", 100)
+	part := func(n int, off, size int64, u string) wire.UploadPart {
+		return wire.UploadPart{PartNumber: n, Offset: off, SizeBytes: size, Method: http.MethodPut, URL: u}
+	}
+	rel := func(n int) string { return wire.UploadPartPath("j", "upl_x", n) }
+	for _, tc := range []struct {
+		name string
+		up   wire.UploadResponse
+	}{
+		{"no upload_id", wire.UploadResponse{Parts: []wire.UploadPart{part(1, 0, 100, rel(1))}}},
+		{"no part", wire.UploadResponse{UploadID: "upl_x"}},
+		{"too few bytes", wire.UploadResponse{UploadID: "upl_x", Parts: []wire.UploadPart{part(1, 0, 99, rel(1))}}},
+		{"too many bytes", wire.UploadResponse{UploadID: "upl_x", Parts: []wire.UploadPart{part(1, 0, 60, rel(1)), part(2, 60, 60, rel(2))}}},
+		{"a gap", wire.UploadResponse{UploadID: "upl_x", Parts: []wire.UploadPart{part(1, 0, 50, rel(1)), part(2, 51, 49, rel(2))}}},
+		{"out of order", wire.UploadResponse{UploadID: "upl_x", Parts: []wire.UploadPart{part(2, 0, 100, rel(2))}}},
+		{"not a PUT", wire.UploadResponse{UploadID: "upl_x", Parts: []wire.UploadPart{{PartNumber: 1, SizeBytes: 100, Method: "POST", URL: rel(1)}}}},
+		{"an absolute URL to the control plane", wire.UploadResponse{UploadID: "upl_x", Parts: []wire.UploadPart{part(1, 0, 100, "https://elsewhere.example/x")}}},
+		{"a route not a worker's", wire.UploadResponse{UploadID: "upl_x", Parts: []wire.UploadPart{part(1, 0, 100, "/operator/jobs")}}},
+		{"a relative presigned URL", wire.UploadResponse{UploadID: "upl_x", Direct: true, Parts: []wire.UploadPart{part(1, 0, 100, rel(1))}}},
+	} {
+		mu.Lock()
+		answer, puts = tc.up, 0
+		mu.Unlock()
+		_, err := c.UploadArtifact(context.Background(), "j", "nlt_x", bytes.NewReader(data), 100, client.ArtifactFile{Name: "a", Type: "file"})
+		mu.Lock()
+		n := puts
+		mu.Unlock()
+		if err == nil || !strings.Contains(err.Error(), "not usable") || n != 0 {
+			t.Errorf("%s: %v, %d PUTs", tc.name, err, n)
+		}
+	}
+
+	mu.Lock()
+	answer = wire.UploadResponse{UploadID: "upl_x", Parts: []wire.UploadPart{part(1, 0, 100, rel(1))}}
+	status, code, puts = http.StatusConflict, wire.CodeLeaseLost, 0
+	mu.Unlock()
+	_, err := c.UploadArtifact(context.Background(), "j", "nlt_x", bytes.NewReader(data), 100, client.ArtifactFile{Name: "a", Type: "file"})
+	mu.Lock()
+	n := puts
+	status, code, puts = http.StatusServiceUnavailable, wire.CodeUnavailable, 0
+	mu.Unlock()
+	if !client.IsLeaseLost(err) || n != 1 {
+		t.Errorf("a part refused lease_lost: %v, %d PUTs, want 1", err, n)
+	}
+	_, err = c.UploadArtifact(context.Background(), "j", "nlt_x", bytes.NewReader(data), 100, client.ArtifactFile{Name: "a", Type: "file"})
+	mu.Lock()
+	n = puts
+	mu.Unlock()
+	if client.ErrorCode(err) != wire.CodeUnavailable || n != 3 {
+		t.Errorf("a part refused unavailable: %v, %d PUTs, want 3", err, n)
+	}
+}

@@ -556,7 +556,8 @@ echo 'nodelane:artifact {"path": "model.bin", "kind": "checkpoint", "metadata": 
 		t.Fatalf("metadata reports %+v, uploads %d", rec.artifacts, len(rec.uploads))
 	}
 	u := rec.uploads[0]
-	if u.a.Name != "model.bin" || u.a.Type != "checkpoint" || len(u.bytes) != 300000 || string(u.a.Metadata.(json.RawMessage)) != `{"step": 3}` {
+	if u.a.Name != "model.bin" || u.a.Type != "checkpoint" || len(u.bytes) != 300000 || string(u.a.Metadata.(json.RawMessage)) != `{"step": 3}` ||
+		!strings.HasPrefix(u.a.URI, "file:///") || !strings.HasSuffix(u.a.URI, "/output/model.bin") {
 		t.Errorf("upload %+v (%d bytes)", u.a, len(u.bytes))
 	}
 	// A failed upload fails the run, retryable.

@@ -248,7 +248,7 @@ func (e *Executor) Run(ctx context.Context, job *wire.Job, rep Reporter) error {
 }
 
 // resume downloads the checkpoint job's grant names, if any, into
-// runDir and returns its path. A download that may succeed later fails
+// runDir/resume/ and returns its path. A download that may succeed later fails
 // the attempt as retryable (error_code resume_failed); one that cannot
 // (the bytes are not the checkpoint's, or it is gone) is logged, and the
 // command starts without a checkpoint.
@@ -257,7 +257,13 @@ func (e *Executor) resume(ctx context.Context, job *wire.Job, rep Reporter, runD
 	if rf == nil {
 		return "", nil
 	}
-	path, err := rep.DownloadCheckpoint(ctx, runDir)
+	// A directory of its own: no checkpoint name can take the place of
+	// payload.json or output/.
+	dir := filepath.Join(runDir, "resume")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return "", fail("workdir", true, err)
+	}
+	path, err := rep.DownloadCheckpoint(ctx, dir)
 	switch {
 	case err == nil:
 		rep.Log(fmt.Sprintf("resuming from checkpoint %s (%s, %d bytes) at %s", rf.ArtifactID, rf.Name, rf.SizeBytes, path), nil)

@@ -595,7 +595,7 @@ if [ -n "$NODELANE_RESUME_FROM" ]; then cp "$NODELANE_RESUME_FROM" "$NODELANE_OU
 		t.Fatal(err)
 	}
 	b, err := os.ReadFile(filepath.Join(strings.TrimPrefix(rec.outputURI, "file://"), "resumed"))
-	if err != nil || string(b) != "state" || !rec.logged("resuming from checkpoint art_1") {
+	if err != nil || string(b) != "state" || !rec.logged("resuming from checkpoint art_1") || !rec.logged("/resume/ckpt.bin") {
 		t.Errorf("resumed %q %v; logs %q", b, err, rec.logs)
 	}
 

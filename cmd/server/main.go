@@ -135,7 +135,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return nil
 	})
 	tlsFlags := tlsserve.RegisterFlags(fs) // -tls-*, -acme-*, -http-addr
-	artifacts := artifactFlagsOn(fs)      // -artifact-store, -max-artifact-bytes, -artifact-no-presign
+	artifacts := artifactFlagsOn(fs)       // -artifact-store, -max-artifact-bytes, -artifact-no-presign
 	if err := fs.Parse(args); err != nil {
 		return err
 	}

@@ -349,3 +349,66 @@ func TestUploadDirect(t *testing.T) {
 		t.Errorf("%d objects, want the first upload's 3", n)
 	}
 }
+
+// The sweep deletes the objects of deleted jobs and of unfinished
+// uploads past UploadTTL, and nothing else.
+func TestSweepArtifacts(t *testing.T) {
+	t.Parallel()
+	for _, dialect := range []string{"sqlite", "postgres"} {
+		t.Run(dialect, func(t *testing.T) {
+			t.Parallel()
+			f := setupUploads(t, dialect, func(c *workerapi.ArtifactConfig) { c.UploadTTL = time.Hour; c.SweepInterval = 3 * time.Hour })
+			f.env.Clock.Set(time.Now())
+			f.store.Now = f.env.Clock.Now
+			f.node.Now = f.env.Clock.Now
+			ctx := context.Background()
+			id, tok := f.running(t, "status_check")
+			data := randomBytes(2*testPartSize + 1)
+			stored := f.upload(t, id, tok, data)
+			// An unfinished upload: two of its three parts.
+			old := f.ask(t, id, tok, data)
+			f.send(t, tok, old.Parts[0], data)
+			f.send(t, tok, old.Parts[1], data)
+			// A deleted job's object.
+			if err := f.store.Put(ctx, "jobs/job_gone/abc/000001", strings.NewReader("x"), nil); err != nil {
+				t.Fatal(err)
+			}
+			before := len(f.objects(t, "jobs/"))
+			// Within UploadTTL only the deleted job's object goes.
+			if n, err := f.env.Server.SweepArtifacts(ctx); err != nil || n != 1 {
+				t.Fatalf("first sweep: %d %v", n, err)
+			}
+			if got := len(f.objects(t, "jobs/")); got != before-1 {
+				t.Errorf("%d objects, want %d", got, before-1)
+			}
+			// A fresh unfinished upload stays; the old one goes after UploadTTL.
+			f.env.Clock.Advance(time.Hour + time.Second)
+			id2, tok2 := f.running(t, "status_check")
+			fresh := f.ask(t, id2, tok2, data)
+			f.send(t, tok2, fresh.Parts[0], data)
+			if err := f.env.Server.MaintainOnce(ctx); err != nil {
+				t.Fatal(err)
+			}
+			a, _ := f.env.Server.Leases().Artifact(ctx, stored.ArtifactID)
+			for _, k := range f.objects(t, "jobs/") {
+				if !strings.HasPrefix(k, a.Object) && !strings.HasPrefix(k, "jobs/"+id2+"/") {
+					t.Errorf("left %s", k)
+				}
+			}
+			if resp, got := f.content(t, http.MethodGet, stored.ArtifactID, nil); resp.StatusCode != http.StatusOK || !bytes.Equal(got, data) {
+				t.Errorf("the stored artifact: %d %d bytes", resp.StatusCode, len(got))
+			}
+			if n := len(f.objects(t, "jobs/")); n != 2*3+2 {
+				t.Errorf("%d objects, want the stored artifact's 6 and the fresh part's 2", n)
+			}
+			// Again within SweepInterval: MaintainOnce does not sweep.
+			f.env.Clock.Advance(2 * time.Hour)
+			if err := f.env.Server.MaintainOnce(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if n := len(f.objects(t, "jobs/")); n != 8 {
+				t.Errorf("swept within SweepInterval: %d objects", n)
+			}
+		})
+	}
+}

@@ -52,7 +52,11 @@ type upProxy struct {
 	cutAfter int64
 	// gone ends the paths the proxy answers 404 not_found, as a server
 	// without the route.
-	gone  string
+	gone string
+	// hold, when set, ends the paths of PUTs the proxy holds unanswered
+	// until their client goes away; held is told of each.
+	hold  string
+	held  chan string
 	seen  map[string]int // requests by method and path
 	order []string
 }
@@ -80,6 +84,17 @@ func newUpProxy(t *testing.T, store workerapi.ArtifactStore) *upProxy {
 		after := p.cutAfter
 		gone := p.gone != "" && strings.HasSuffix(r.URL.Path, p.gone)
 		p.mu.Unlock()
+		if r.Method == http.MethodPut && p.hold != "" && strings.HasSuffix(r.URL.Path, p.hold) {
+			select {
+			case p.held <- r.URL.Path:
+			default:
+			}
+			// Read the body, so that the server notices when the client
+			// goes away.
+			_, _ = io.Copy(io.Discard, r.Body)
+			<-r.Context().Done()
+			return
+		}
 		if gone {
 			w.Header().Set("Content-Type", "application/json")
 			w.WriteHeader(http.StatusNotFound)
@@ -708,5 +723,40 @@ func TestUploadArtifactRefusesBadAnswers(t *testing.T) {
 	mu.Unlock()
 	if client.ErrorCode(err) != wire.CodeUnavailable || n != 3 {
 		t.Errorf("a part refused unavailable: %v, %d PUTs, want 3", err, n)
+	}
+}
+
+// TestRunnerCancelAbortsUpload cancels a job whose handler is uploading:
+// the part in flight is abandoned at once, the upload returns the job's
+// cause, and the job ends canceled with no artifact recorded.
+func TestRunnerCancelAbortsUpload(t *testing.T) {
+	t.Parallel()
+	p := newUpProxy(t, artifacttest.NewMemory())
+	p.hold, p.held = "/parts/1", make(chan string, 1)
+	path := filepath.Join(t.TempDir(), "big.bin")
+	if err := os.WriteFile(path, randomBytes("cancel", 2*partSize), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	uploadErr := make(chan error, 1)
+	cw := startClWorker(t, &clProxy{env: p.env, URL: p.URL}, "node-abort", nil, map[string]client.HandlerFunc{
+		"status_check": func(ctx context.Context, job *wire.Job, r *client.Reporter) error {
+			_, err := r.UploadArtifact(ctx, path, client.ArtifactFile{})
+			uploadErr <- err
+			return err
+		},
+	})
+	j := p.env.Enqueue(t, lease.NewJob{Type: "status_check"})
+	clWait(t, p.held, "the first part's PUT")
+	if _, err := p.env.Server.Leases().Cancel(context.Background(), j.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := clWait(t, uploadErr, "the upload to end"); !errors.Is(err, client.ErrJobCanceled) {
+		t.Errorf("the upload ended with %v, want the job's cause", err)
+	}
+	if e := cw.end(t, j.ID); e.Outcome != client.JobCanceled {
+		t.Errorf("the job ended %s: %v", e.Outcome, e.Err)
+	}
+	if arts, err := p.env.Server.Leases().Artifacts(context.Background(), lease.ArtifactFilter{JobID: j.ID}); err != nil || len(arts) != 0 {
+		t.Errorf("artifacts recorded: %+v %v", arts, err)
 	}
 }

@@ -3,6 +3,7 @@ package workerapi_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"iter"
 	"net/http"
@@ -482,5 +483,43 @@ func TestUploadIdempotentAndDeclared(t *testing.T) {
 	}
 	if st, b := f.finish(t, id, tok, first.UploadID, data); st != http.StatusCreated {
 		t.Errorf("finish: %d %s", st, b)
+	}
+}
+
+// Retention deletes an ended job, and the sweep its stored bytes.
+func TestSweepAfterRetention(t *testing.T) {
+	t.Parallel()
+	store := artifacttest.NewMemory()
+	f := setup(t, "sqlite", apitest.WithConfig(func(c *workerapi.Config) {
+		c.Artifacts = workerapi.ArtifactConfig{Store: store, PartSize: testPartSize, MaxBytes: 20 * testPartSize}
+		workerapi.SmallParts(&c.Artifacts)
+		c.Lease.Retention = time.Hour
+	}))
+	uf := &upFx{fx: f, store: store}
+	f.env.Clock.Set(time.Now())
+	store.Now = f.env.Clock.Now
+	f.node.Now = f.env.Clock.Now
+	id, tok := f.running(t, "status_check")
+	out := uf.upload(t, id, tok, randomBytes(2500))
+	if st, b := post(t, f.node, wire.JobPath(id, wire.ActionComplete), wire.CompleteRequest{LeaseToken: tok}); st != http.StatusOK {
+		t.Fatalf("complete: %d %s", st, b)
+	}
+	if n := len(uf.objects(t, "jobs/")); n != 6 {
+		t.Fatalf("%d objects, want 3 parts and their 3 records", n)
+	}
+	f.env.Clock.Advance(2 * time.Hour)
+	ctx := context.Background()
+	if err := f.env.Server.MaintainOnce(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.env.Server.Leases().Get(ctx, id); !errors.Is(err, lease.ErrNotFound) {
+		t.Fatalf("the job outlived its retention: %v", err)
+	}
+	// One round: the maintainer prunes, then sweeps.
+	if objs := uf.objects(t, "jobs/"); len(objs) != 0 {
+		t.Errorf("objects of a deleted job left: %v", objs)
+	}
+	if _, _, err := f.env.Server.OpenArtifact(ctx, out.ArtifactID); !errors.Is(err, lease.ErrNotFound) {
+		t.Errorf("OpenArtifact of a deleted job's artifact: %v", err)
 	}
 }

@@ -523,3 +523,37 @@ func TestSweepAfterRetention(t *testing.T) {
 		t.Errorf("OpenArtifact of a deleted job's artifact: %v", err)
 	}
 }
+
+// With a presigning store, a one-part checkpoint's resume_from carries a
+// presigned GET.
+func TestResumeFromPresigned(t *testing.T) {
+	t.Parallel()
+	store := newPresignStore(t)
+	f := setup(t, "sqlite", apitest.WithConfig(func(c *workerapi.Config) {
+		c.Artifacts = workerapi.ArtifactConfig{Store: store, PartSize: testPartSize, MaxBytes: 20 * testPartSize}
+		workerapi.SmallParts(&c.Artifacts)
+	}))
+	uf := &upFx{fx: f, store: store.Memory}
+	id, tok := f.running(t, "status_check")
+	ckpt := randomBytes(700)
+	u := uf.ask(t, id, tok, ckpt)
+	putDirect(t, u.Parts[0], ckpt)
+	size, sum := int64(len(ckpt)), sha(ckpt)
+	stored := apitest.Post[wire.ArtifactResponse](t, f.node, wire.JobPath(id, wire.ActionArtifacts), wire.ArtifactRequest{
+		LeaseToken: tok, ArtifactType: wire.CheckpointType, Name: "ckpt", ChecksumSHA256: &sum, SizeBytes: &size, UploadID: u.UploadID,
+	}, http.StatusCreated)
+	apitest.Post[wire.JobResponse](t, f.node, wire.JobPath(id, wire.ActionRelease), wire.ReleaseRequest{LeaseToken: tok, Reason: "preempted"}, http.StatusOK)
+	lr := apitest.Post[wire.LeaseResponse](t, f.node, wire.PathLease, wire.LeaseRequest{SupportedJobTypes: []string{"status_check"}}, http.StatusOK)
+	if lr.Job == nil || lr.Job.ResumeFrom == nil || lr.Job.ResumeFrom.ArtifactID != stored.ArtifactID || !strings.HasPrefix(lr.Job.ResumeFrom.URL, store.srv.URL) {
+		t.Fatalf("second lease: %+v", lr.Job)
+	}
+	resp, err := http.Get(lr.Job.ResumeFrom.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil || resp.StatusCode != http.StatusOK || !bytes.Equal(got, ckpt) {
+		t.Errorf("presigned GET: %d, %d bytes, %v", resp.StatusCode, len(got), err)
+	}
+}

@@ -3,6 +3,7 @@ package workerapi_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"iter"
 	"net/http"
@@ -482,5 +483,77 @@ func TestUploadIdempotentAndDeclared(t *testing.T) {
 	}
 	if st, b := f.finish(t, id, tok, first.UploadID, data); st != http.StatusCreated {
 		t.Errorf("finish: %d %s", st, b)
+	}
+}
+
+// Retention deletes an ended job, and the sweep its stored bytes.
+func TestSweepAfterRetention(t *testing.T) {
+	t.Parallel()
+	store := artifacttest.NewMemory()
+	f := setup(t, "sqlite", apitest.WithConfig(func(c *workerapi.Config) {
+		c.Artifacts = workerapi.ArtifactConfig{Store: store, PartSize: testPartSize, MaxBytes: 20 * testPartSize}
+		workerapi.SmallParts(&c.Artifacts)
+		c.Lease.Retention = time.Hour
+	}))
+	uf := &upFx{fx: f, store: store}
+	f.env.Clock.Set(time.Now())
+	store.Now = f.env.Clock.Now
+	f.node.Now = f.env.Clock.Now
+	id, tok := f.running(t, "status_check")
+	out := uf.upload(t, id, tok, randomBytes(2500))
+	if st, b := post(t, f.node, wire.JobPath(id, wire.ActionComplete), wire.CompleteRequest{LeaseToken: tok}); st != http.StatusOK {
+		t.Fatalf("complete: %d %s", st, b)
+	}
+	if n := len(uf.objects(t, "jobs/")); n != 6 {
+		t.Fatalf("%d objects, want 3 parts and their 3 records", n)
+	}
+	f.env.Clock.Advance(2 * time.Hour)
+	ctx := context.Background()
+	if err := f.env.Server.MaintainOnce(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.env.Server.Leases().Get(ctx, id); !errors.Is(err, lease.ErrNotFound) {
+		t.Fatalf("the job outlived its retention: %v", err)
+	}
+	// One round: the maintainer prunes, then sweeps.
+	if objs := uf.objects(t, "jobs/"); len(objs) != 0 {
+		t.Errorf("objects of a deleted job left: %v", objs)
+	}
+	if _, _, err := f.env.Server.OpenArtifact(ctx, out.ArtifactID); !errors.Is(err, lease.ErrNotFound) {
+		t.Errorf("OpenArtifact of a deleted job's artifact: %v", err)
+	}
+}
+
+// With a presigning store, a one-part checkpoint's resume_from carries a
+// presigned GET.
+func TestResumeFromPresigned(t *testing.T) {
+	t.Parallel()
+	store := newPresignStore(t)
+	f := setup(t, "sqlite", apitest.WithConfig(func(c *workerapi.Config) {
+		c.Artifacts = workerapi.ArtifactConfig{Store: store, PartSize: testPartSize, MaxBytes: 20 * testPartSize}
+		workerapi.SmallParts(&c.Artifacts)
+	}))
+	uf := &upFx{fx: f, store: store.Memory}
+	id, tok := f.running(t, "status_check")
+	ckpt := randomBytes(700)
+	u := uf.ask(t, id, tok, ckpt)
+	putDirect(t, u.Parts[0], ckpt)
+	size, sum := int64(len(ckpt)), sha(ckpt)
+	stored := apitest.Post[wire.ArtifactResponse](t, f.node, wire.JobPath(id, wire.ActionArtifacts), wire.ArtifactRequest{
+		LeaseToken: tok, ArtifactType: wire.CheckpointType, Name: "ckpt", ChecksumSHA256: &sum, SizeBytes: &size, UploadID: u.UploadID,
+	}, http.StatusCreated)
+	apitest.Post[wire.JobResponse](t, f.node, wire.JobPath(id, wire.ActionRelease), wire.ReleaseRequest{LeaseToken: tok, Reason: "preempted"}, http.StatusOK)
+	lr := apitest.Post[wire.LeaseResponse](t, f.node, wire.PathLease, wire.LeaseRequest{SupportedJobTypes: []string{"status_check"}}, http.StatusOK)
+	if lr.Job == nil || lr.Job.ResumeFrom == nil || lr.Job.ResumeFrom.ArtifactID != stored.ArtifactID || !strings.HasPrefix(lr.Job.ResumeFrom.URL, store.srv.URL) {
+		t.Fatalf("second lease: %+v", lr.Job)
+	}
+	resp, err := http.Get(lr.Job.ResumeFrom.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil || resp.StatusCode != http.StatusOK || !bytes.Equal(got, ckpt) {
+		t.Errorf("presigned GET: %d, %d bytes, %v", resp.StatusCode, len(got), err)
 	}
 }

@@ -152,6 +152,11 @@ func (s *Server) artifacts(ctx context.Context, c *call) (int, any, error) {
 	if err != nil {
 		return 0, nil, err
 	}
+	if u := c.finished; u != nil && !s.now().Before(u.expiresAt()) {
+		// The sweep deletes an upload only once its id expired: one that
+		// expired while it was checked is not recorded.
+		return 0, nil, fmt.Errorf("%w: the upload_id expired while its parts were checked: ask for a new upload", ErrUploadExpired)
+	}
 	if err := s.checkNewArtifact(ctx, ref.JobID, c.finished); err != nil {
 		return 0, nil, err
 	}

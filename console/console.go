@@ -211,6 +211,7 @@ func (c *Console) routes() http.Handler {
 	page("GET /jobs/{id}", c.job)
 	page("GET /jobs/{id}/events", c.jobEvents)
 	page("POST /jobs/{id}/cancel", c.cancel)
+	page("GET /artifacts/{id}/download", c.artifactDownload)
 	page("GET /envelope", c.envelope)
 	page("POST /envelope/{action}", c.envelopeAction)
 	page("GET /receipts", c.receiptsPage)

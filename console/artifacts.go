@@ -40,7 +40,7 @@ var conditionalHeaders = []string{"Range", "If-Range", "If-None-Match", "If-Matc
 // metadata-only artifact) is shown as a console page.
 func (c *Console) artifactDownload(w http.ResponseWriter, r *http.Request, s *session) {
 	path := "/operator/artifacts/" + url.PathEscape(r.PathValue("id")) + "/content"
-	req, err := http.NewRequestWithContext(r.Context(), r.Method, "http://console"+path, nil)
+	req, err := http.NewRequestWithContext(r.Context(), r.Method, "http://console"+path, http.NoBody)
 	if err != nil {
 		c.renderError(w, r, http.StatusBadRequest, "Bad request: "+err.Error()+".")
 		return

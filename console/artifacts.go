@@ -34,9 +34,10 @@ var conditionalHeaders = []string{"Range", "If-Range", "If-None-Match", "If-Matc
 // through as it is read. A GET changes nothing, so it needs no
 // cross-origin check beyond the session cookie, which is SameSite=Strict.
 //
-// The answer is always an attachment of type application/octet-stream,
-// whatever the API says, so that no artifact's bytes render as a page of
-// the console's origin. An error answer of the API (404 for a
+// The answer is always an attachment of type application/octet-stream
+// (or multipart/byteranges of it, for several ranges), whatever the API
+// says, so that no artifact's bytes render as a page of the console's
+// origin. An error answer of the API (404 for a
 // metadata-only artifact) is shown as a console page.
 func (c *Console) artifactDownload(w http.ResponseWriter, r *http.Request, s *session) {
 	path := "/operator/artifacts/" + url.PathEscape(r.PathValue("id")) + "/content"
@@ -106,7 +107,11 @@ func (d *downloadWriter) WriteHeader(code int) {
 			h[k] = v
 		}
 	}
-	h.Set("Content-Type", "application/octet-stream")
+	ct := "application/octet-stream"
+	if api := d.header.Get("Content-Type"); code == http.StatusPartialContent && strings.HasPrefix(api, "multipart/byteranges;") {
+		ct = api // several ranges, each part of the body typed octet-stream
+	}
+	h.Set("Content-Type", ct)
 	cd := d.header.Get("Content-Disposition")
 	if !strings.HasPrefix(strings.ToLower(cd), "attachment") {
 		cd = "attachment"

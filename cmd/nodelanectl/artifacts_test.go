@@ -17,9 +17,9 @@ import (
 	"github.com/nodelane/nodelane/workerapi/wire"
 )
 
-type env map[string]string
+type envMap map[string]string
 
-func (e env) get(k string) string { return e[k] }
+func (e envMap) get(k string) string { return e[k] }
 
 func sumOf(b []byte) string {
 	s := sha256.Sum256(b)
@@ -229,7 +229,7 @@ func TestArtifactsDownload(t *testing.T) {
 				args = append(args, "-o", dst)
 			}
 			var so, se bytes.Buffer
-			a := newApp(t.Context(), &so, &se, env{"HOME": dir, "NODELANE_TOKEN": "nlc_test"}.get)
+			a := newApp(t.Context(), &so, &se, envMap{"HOME": dir, "NODELANE_TOKEN": "nlc_test"}.get)
 			a.stallTimeout = 100 * time.Millisecond
 			code, errOut := a.run(args), se.String()
 			if code != tc.code || !strings.Contains(errOut, tc.msg) {

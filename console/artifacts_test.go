@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -164,14 +165,14 @@ func TestStoredArtifactDownload(t *testing.T) {
 // Range, ETag the sha256, an attachment, here with a Content-Type a page
 // would render), and passes every other request to api. It counts the
 // requests of the content route it served.
-func contentAPI(api http.Handler, token string, content []byte, served *int) http.Handler {
+func contentAPI(api http.Handler, token string, content []byte, served *atomic.Int64) http.Handler {
 	sum := sha256.Sum256(content)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path != "/operator/artifacts/art_stored/content" {
 			api.ServeHTTP(w, r)
 			return
 		}
-		*served++
+		served.Add(1)
 		if r.Header.Get("Authorization") != "Bearer "+token {
 			w.Header().Set("Content-Type", "application/json")
 			w.WriteHeader(http.StatusUnauthorized)
@@ -196,7 +197,7 @@ func contentAPI(api http.Handler, token string, content []byte, served *int) htt
 func TestArtifactDownloadHeaders(t *testing.T) {
 	t.Parallel()
 	content := bytes.Repeat([]byte("<script>alert(1)</script> 0123456789abcdef"), (operator.MaxAnswerBytes+1<<20)/40)
-	served := 0
+	var served atomic.Int64
 	var f *fixture
 	f = newFixture(t, func(c *console.Config) {
 		api := c.API
@@ -208,8 +209,8 @@ func TestArtifactDownloadHeaders(t *testing.T) {
 	// Not signed in: sent to sign in, and the API is not asked.
 	anon := f.browser(t)
 	p := anon.get(t, "/artifacts/art_stored/download")
-	if !strings.HasSuffix(p.url, "/console/signin") || strings.Contains(p.body, "0123456789abcdef") || served != 0 {
-		t.Fatalf("download without a session: %d at %s (content route served %d times)", p.code, p.url, served)
+	if !strings.HasSuffix(p.url, "/console/signin") || strings.Contains(p.body, "0123456789abcdef") || served.Load() != 0 {
+		t.Fatalf("download without a session: %d at %s (content route served %d times)", p.code, p.url, served.Load())
 	}
 
 	b := f.browser(t)
@@ -255,8 +256,8 @@ func TestArtifactDownloadHeaders(t *testing.T) {
 
 	// Signed out: the session no longer downloads.
 	b.post(t, "/signout", nil)
-	before := served
-	if p = b.get(t, "/artifacts/art_stored/download"); !strings.HasSuffix(p.url, "/console/signin") || served != before {
+	before := served.Load()
+	if p = b.get(t, "/artifacts/art_stored/download"); !strings.HasSuffix(p.url, "/console/signin") || served.Load() != before {
 		t.Errorf("download after sign-out: %d at %s", p.code, p.url)
 	}
 }

@@ -118,6 +118,9 @@ func artifactsDownload(a *app, args []string) error {
 		if listed, err = a.listedArtifact(*jobID, id); err != nil {
 			return err
 		}
+		if !listed.Stored {
+			return fmt.Errorf("artifact %s of job %s is metadata only: the control plane holds no bytes of it (the worker reported %s)", id, *jobID, orDash(listed.URI))
+		}
 	}
 	d, err := a.openContent(id)
 	if err != nil {

@@ -33,7 +33,9 @@
 // to 1 minute (1 s by default); every request times out after 60 s.
 //
 // Output is aligned tables, or with -o json the API's JSON answer as it
-// came (jobs logs writes one JSON event a line). The exit status is 0 on
+// came (jobs logs writes one JSON event a line). After artifacts
+// download, -o names the file to write the artifact's bytes to (- for
+// standard output); its report goes to standard error. The exit status is 0 on
 // success, 1 when the server refuses or cannot be reached, an export or
 // a download does not verify or a cost check fails, 2 for a usage error, and 130 when
 // interrupted.

@@ -4,16 +4,12 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"net/http"
-	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/nodelane/nodelane/workerapi/operator"
@@ -149,21 +145,23 @@ func artifactsDownload(a *app, args []string) error {
 // content is the answer of GET /operator/artifacts/{id}/content, its body
 // not yet read.
 type content struct {
-	resp   *http.Response
+	body   io.ReadCloser
+	ctx    context.Context
 	cancel context.CancelCauseFunc
 	stall  *time.Timer
 	// wait is how long the next byte may take.
 	wait time.Duration
 	// sha256 is the artifact's checksum, from the ETag, and size its
-	// length (-1 when the answer does not say).
+	// length.
 	sha256 string
 	size   int64
 }
 
-// openContent asks for the artifact's bytes. An error answer is a
-// *wire.Error (404 for an unknown or metadata-only artifact); an answer
-// without the artifact's sha256 as its ETag is refused, since its bytes
-// could not be verified.
+// openContent asks for the artifact's bytes through the operator
+// client's ArtifactContent, on an HTTP client without a deadline for the
+// whole answer (streamClient). An error answer is a *wire.Error (404 for
+// an unknown or metadata-only artifact); an answer whose ETag is not a
+// sha256 is refused, since its bytes could not be verified.
 func (a *app) openContent(id string) (*content, error) {
 	s, err := a.settings()
 	if err != nil {
@@ -176,34 +174,25 @@ func (a *app) openContent(id string) (*content, error) {
 	if err != nil {
 		return nil, err
 	}
-	path := "/operator/artifacts/" + url.PathEscape(id) + "/content"
-	route := "GET " + path
+	api, err := operator.New(s.server, s.token, &operator.Config{HTTPClient: hc, AllowInsecureHTTP: s.insecureHTTP})
+	if err != nil {
+		return nil, err
+	}
 	ctx, cancel := context.WithCancelCause(a.ctx)
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, s.server+path, nil)
+	body, ct, err := api.ArtifactContent(ctx, id, 0)
+	if errors.Is(err, operator.ErrMalformedAnswer) {
+		cancel(nil)
+		return nil, fmt.Errorf("%w: the artifact's bytes could not be verified, so none are written", err)
+	}
 	if err != nil {
 		cancel(nil)
-		return nil, fmt.Errorf("%s: %w", route, err)
+		return nil, err
 	}
-	req.Header.Set("Authorization", "Bearer "+s.token)
-	req.Header.Set("User-Agent", operator.DefaultUserAgent)
-	resp, err := hc.Do(req)
-	if err != nil {
-		cancel(nil)
-		return nil, fmt.Errorf("%s: %w", route, err)
-	}
-	if resp.StatusCode != http.StatusOK {
-		defer cancel(nil)
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-		return nil, answerError(route, resp, b)
-	}
-	c := &content{resp: resp, cancel: cancel, size: resp.ContentLength}
-	etag := resp.Header.Get("ETag")
-	if sum, ok := strings.CutPrefix(etag, `"`); ok && isSHA256(strings.TrimSuffix(sum, `"`)) && strings.HasSuffix(sum, `"`) {
-		c.sha256 = strings.TrimSuffix(sum, `"`)
-	} else {
+	c := &content{body: body, ctx: ctx, cancel: cancel, sha256: ct.SHA256, size: ct.Size}
+	if !isSHA256(ct.SHA256) || ct.Size < 0 {
 		c.Close()
-		return nil, fmt.Errorf("%s: the answer's ETag %q is not the artifact's sha256: its bytes could not be verified, so none are written", route, etag)
+		return nil, fmt.Errorf("operator: GET %s: the answer's ETag %q or length %d is not the artifact's sha256 and size: its bytes could not be verified, so none are written",
+			wire.OperatorArtifactContentPath(id), ct.SHA256, ct.Size)
 	}
 	c.wait = a.stallTimeout
 	if c.wait == 0 {
@@ -226,24 +215,12 @@ func isSHA256(s string) bool {
 	return true
 }
 
-// answerError is the *wire.Error of an error answer.
-func answerError(route string, resp *http.Response, b []byte) *wire.Error {
-	e := &wire.Error{Status: resp.StatusCode, Route: route, RequestID: resp.Header.Get("X-Request-Id")}
-	var eb wire.ErrorBody
-	if json.Unmarshal(b, &eb) == nil && eb.Error.Code != "" {
-		e.Code, e.Message, e.ServerTime = eb.Error.Code, eb.Error.Message, eb.Error.ServerTime
-		return e
-	}
-	e.Message = fmt.Sprintf("the answer is not an error of the operator API (Content-Type %s): is the server the control plane?", orDash(resp.Header.Get("Content-Type")))
-	return e
-}
-
 // Close ends the request.
 func (c *content) Close() {
 	if c.stall != nil {
 		c.stall.Stop()
 	}
-	c.resp.Body.Close()
+	c.body.Close()
 	c.cancel(nil)
 }
 
@@ -253,11 +230,9 @@ func (c *content) agrees(x *wire.ArtifactView) error {
 	if x.ChecksumSHA256 == nil || *x.ChecksumSHA256 != c.sha256 {
 		return fmt.Errorf("artifact %s: %w: the content's sha256 (ETag) %s is not the listing's checksum_sha256 %s", x.ArtifactID, errMismatch, c.sha256, orDash(derefStr(x.ChecksumSHA256)))
 	}
-	if c.size >= 0 && c.size != x.SizeBytes {
+	if c.size != x.SizeBytes {
 		return fmt.Errorf("artifact %s: %w: the content is %d bytes, the listing's size_bytes %d", x.ArtifactID, errMismatch, c.size, x.SizeBytes)
 	}
-	// Whatever the answer's length, the bytes must be the listing's.
-	c.size = x.SizeBytes
 	return nil
 }
 
@@ -273,7 +248,7 @@ func (c *content) copyTo(w io.Writer) (int64, string, error) {
 	h := sha256.New()
 	n, err := io.Copy(io.MultiWriter(w, h), stallReader{c})
 	if err != nil {
-		if cause := context.Cause(c.resp.Request.Context()); errors.Is(cause, errStalled) {
+		if cause := context.Cause(c.ctx); errors.Is(cause, errStalled) {
 			err = cause
 		}
 		return n, "", err
@@ -286,7 +261,7 @@ func (c *content) copyTo(w io.Writer) (int64, string, error) {
 type stallReader struct{ c *content }
 
 func (r stallReader) Read(p []byte) (int, error) {
-	n, err := r.c.resp.Body.Read(p)
+	n, err := r.c.body.Read(p)
 	if n > 0 {
 		r.c.stall.Reset(r.c.wait)
 	}
@@ -295,7 +270,7 @@ func (r stallReader) Read(p []byte) (int, error) {
 
 // check compares the bytes received, n of sha256 got, with the artifact.
 func (c *content) check(n int64, got string) error {
-	if c.size >= 0 && n != c.size {
+	if n != c.size {
 		return fmt.Errorf("%w: %d bytes arrived, the artifact has %d", errMismatch, n, c.size)
 	}
 	if got != c.sha256 {

@@ -211,7 +211,7 @@ func TestArtifactsDownload(t *testing.T) {
 		{"cut", []string{"art_cut"}, exitFail, "artifact art_cut: after 800000 bytes: unexpected EOF; nothing written to "},
 		{"stalled", []string{"art_stall"}, exitFail, "artifact art_stall: after 800000 bytes: the download stalled: no byte arrived for 100ms; nothing written to "},
 		{"metadata only, listed", []string{"-job", "job_1", "art_meta"}, exitFail, "artifact art_meta of job job_1 is metadata only: the control plane holds no bytes of it"},
-		{"no ETag", []string{"art_noetag"}, exitFail, `the answer's ETag "" is not the artifact's sha256`},
+		{"no ETag", []string{"art_noetag"}, exitFail, `ETag "" is not a sha256: the artifact's bytes could not be verified, so none are written`},
 		{"not the listing's", []string{"-job", "job_1", "art_other"}, exitFail, "is not the listing's checksum_sha256 " + sum},
 		{"not of the job", []string{"-job", "job_1", "art_noetag"}, exitFail, "artifact art_noetag is not an artifact of job job_1"},
 		{"no -o", []string{"art_good"}, exitUsage, "-o FILE is required"},

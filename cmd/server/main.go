@@ -135,10 +135,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return nil
 	})
 	tlsFlags := tlsserve.RegisterFlags(fs) // -tls-*, -acme-*, -http-addr
+	artifacts := artifactFlagsOn(fs)       // -artifact-store, -max-artifact-bytes, -artifact-no-presign
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if err := hl.check(); err != nil {
+		return err
+	}
+	if err := artifacts.check(); err != nil {
 		return err
 	}
 	if *publicURL != "" {
@@ -191,13 +195,19 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		defer httpLn.Close()
 	}
 
+	artCfg, artStore, err := artifacts.open(ctx, *dsn, log)
+	if err != nil {
+		return err
+	}
+	defer artStore.Close()
+
 	cp, err := controlplane.Open(ctx, controlplane.Options{
 		DB: *dsn, SecretsFile: *secretsFile, LeaseTTL: *leaseTTL, AcceptTimeout: *acceptTimeout,
 		Prices: prices, ApproveNodes: *approveNodes, MaxLeasesPerWorker: *maxLeases,
 		CancelGrace: *cancelGrace, MaxRuntime: *maxRuntime, RetryBase: *retryBase, Retention: *retention,
 		HeartbeatInterval: *hbInterval, OfflineAfter: *offlineAfter,
 		SequenceInterval: *seqInterval, SequenceBatch: *seqBatch, Logger: log, Metrics: met.m, Now: now,
-		PublicOrigin: *publicURL, TrustedProxies: proxies,
+		PublicOrigin: *publicURL, TrustedProxies: proxies, Artifacts: artCfg,
 	})
 	if err != nil {
 		return err
@@ -254,7 +264,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	web := http.StripPrefix("/console", con)
 	srv := &http.Server{
-		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		Handler: streamDeadlines(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			if h, ok := ops[r.URL.Path]; ok {
 				h.ServeHTTP(w, r)
 				return
@@ -268,7 +278,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 				return
 			}
 			api.ServeHTTP(w, r)
-		}),
+		}), hl.readTimeout, hl.writeTimeout),
 		BaseContext: func(net.Listener) context.Context { return base },
 	}
 	hl.apply(srv)

@@ -107,6 +107,9 @@ func artifactsDownload(a *app, args []string) error {
 	if *out == "" {
 		return usagef("artifacts download: -o FILE is required (- for standard output)")
 	}
+	if st, err := os.Stat(*out); err == nil && st.IsDir() {
+		return usagef("artifacts download: -o %s is a directory: name the file to write", *out)
+	}
 	id := a.arg(0)
 	var listed *wire.ArtifactView
 	if *jobID != "" {

@@ -216,6 +216,7 @@ func TestArtifactsDownload(t *testing.T) {
 		{"not of the job", []string{"-job", "job_1", "art_noetag"}, exitFail, "artifact art_noetag is not an artifact of job job_1"},
 		{"no -o", []string{"art_good"}, exitUsage, "-o FILE is required"},
 		{"two ids", []string{"art_good", "art_bad"}, exitUsage, "takes 1 argument"},
+		{"a directory", []string{"art_good", "-o", "."}, exitUsage, "-o . is a directory: name the file to write"},
 	}
 	for _, tc := range refused {
 		t.Run(tc.name, func(t *testing.T) {

@@ -53,6 +53,15 @@
 // -http-addr adds a plain HTTP listener that answers ACME HTTP-01
 // challenges and redirects everything else to https.
 //
+// Artifact bytes go to -artifact-store (package blobstore: file:///dir or
+// a directory path, s3://, gs://, azblob://, mem://, or off); by default,
+// on SQLite, the directory "artifacts" beside the database, created 0700,
+// and on PostgreSQL none (its replicas need a store they share: the log
+// says so). -max-artifact-bytes (default 10 GiB) bounds one artifact;
+// -artifact-no-presign keeps a presigning bucket's URLs from the workers.
+// -read-timeout and -write-timeout bound a stall, not the whole transfer,
+// on the routes that move artifact bytes.
+//
 // Behind a reverse proxy that rewrites Host or strips a path prefix,
 // -public-url names the URL the workers use (https://cp.example.com/nodelane):
 // signatures are verified against it, and the console's links and cookie

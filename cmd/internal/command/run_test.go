@@ -556,7 +556,8 @@ echo 'nodelane:artifact {"path": "model.bin", "kind": "checkpoint", "metadata": 
 		t.Fatalf("metadata reports %+v, uploads %d", rec.artifacts, len(rec.uploads))
 	}
 	u := rec.uploads[0]
-	if u.a.Name != "model.bin" || u.a.Type != "checkpoint" || len(u.bytes) != 300000 || string(u.a.Metadata.(json.RawMessage)) != `{"step": 3}` {
+	if u.a.Name != "model.bin" || u.a.Type != "checkpoint" || len(u.bytes) != 300000 || string(u.a.Metadata.(json.RawMessage)) != `{"step": 3}` ||
+		!strings.HasPrefix(u.a.URI, "file:///") || !strings.HasSuffix(u.a.URI, "/output/model.bin") {
 		t.Errorf("upload %+v (%d bytes)", u.a, len(u.bytes))
 	}
 	// A failed upload fails the run, retryable.
@@ -594,7 +595,7 @@ if [ -n "$NODELANE_RESUME_FROM" ]; then cp "$NODELANE_RESUME_FROM" "$NODELANE_OU
 		t.Fatal(err)
 	}
 	b, err := os.ReadFile(filepath.Join(strings.TrimPrefix(rec.outputURI, "file://"), "resumed"))
-	if err != nil || string(b) != "state" || !rec.logged("resuming from checkpoint art_1") {
+	if err != nil || string(b) != "state" || !rec.logged("resuming from checkpoint art_1") || !rec.logged("/resume/ckpt.bin") {
 		t.Errorf("resumed %q %v; logs %q", b, err, rec.logs)
 	}
 

@@ -844,6 +844,30 @@ class Operator:
         p = "/operator/jobs/%s/cancel" % urllib.parse.quote(job_id, safe="")
         return expect(self.post(p, {}), p, 200)
 
+    def download(self, artifact_id: str, dest: "str | BinaryIO", range_header: Optional[str] = None) -> Response:
+        """Stream a stored artifact's bytes (GET /operator/artifacts/{id}/content) into dest (a path or a
+        binary file); return the answer's status and headers (raw empty). An error answer raises APIError."""
+        p = "/operator/artifacts/%s/content" % urllib.parse.quote(artifact_id, safe="")
+        h = self._h(False)
+        h["Accept"] = "application/octet-stream, application/json"
+        if range_header:
+            h["Range"] = range_header
+        with self.conn.exchange("GET", self.conn.target(p), None, h) as r:
+            headers = {k.lower(): v for k, v in r.getheaders()}
+            if r.status not in (200, 206):
+                expect(Response(r.status, headers, r.read(MAX_ANSWER_BYTES)), p, 200, 206)
+            out = open(dest, "wb") if isinstance(dest, str) else dest
+            try:
+                while True:
+                    b = r.read(STREAM_BLOCK)
+                    if not b:
+                        break
+                    out.write(b)
+            finally:
+                if isinstance(dest, str):
+                    out.close()
+            return Response(r.status, headers, b"")
+
     def checkpoint(self) -> str:
         """The latest signed checkpoint note."""
         r = self.get("/operator/receipts/checkpoint")

@@ -80,7 +80,7 @@ class LeaseLost(APIError):
 class ArtifactStorageOff(APIError):
     """404 artifact_storage_off: the control plane stores no artifact bytes (it was started without
     an artifact store), or predates the upload route. Report the artifact as metadata only
-    (JobContext.artifact), or pass fallback_uri to JobContext.upload."""
+    (JobContext.artifact), or pass uri to JobContext.upload."""
 
 
 class ArtifactMismatch(APIError):

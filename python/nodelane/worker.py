@@ -448,7 +448,7 @@ class JobContext:
             size_bytes=size_bytes, metadata=md, idempotency_key=idempotency_key))
 
     def upload(self, path: str, name: Optional[str] = None, kind: str = "file",
-               metadata: Optional[Dict[str, Any]] = None, fallback_uri: Optional[str] = None) -> Dict[str, Any]:
+               metadata: Optional[Dict[str, Any]] = None, uri: Optional[str] = None) -> Dict[str, Any]:
         """Upload a file's bytes to the control plane's artifact store and record it as an artifact of
         the job; return once the bytes are stored and checked: {"artifact_id", "receipt_id", "stored", ...}.
 
@@ -459,11 +459,14 @@ class JobContext:
         again, alone (see Worker's upload_part_attempts). It must not change
         until upload returns.
 
+        uri, when given, is where else the file is known (file://, s3://...),
+        recorded as the artifact's uri beside its stored bytes.
+
         The job completes only after the uploads it started have ended, and a
         cancel, lease loss or drain cuts them (Cancelled). Raises
-        ArtifactStorageOff when the control plane stores no bytes, unless
-        fallback_uri is given: the artifact is then reported as metadata only
-        (uri fallback_uri, with the file's SHA-256 and size, "stored": False).
+        ArtifactStorageOff when the control plane stores no bytes, unless uri
+        is given: the artifact is then reported as metadata only, as
+        artifact() does (uri, the file's SHA-256 and size; "stored": False).
         ArtifactMismatch means the stored bytes were not those hashed (the file
         changed): nothing was recorded.
         """
@@ -472,24 +475,23 @@ class JobContext:
         for field, v in (("kind", kind), ("name", name)):
             if not isinstance(v, str) or not v or len(v.encode("utf-8")) > MAX_NAME_BYTES:
                 raise ConfigError("%s is 1 to %d bytes" % (field, MAX_NAME_BYTES))
-        if fallback_uri is not None and (not isinstance(fallback_uri, str) or not fallback_uri
-                                         or len(fallback_uri.encode("utf-8")) > 2048):
-            raise ConfigError("fallback_uri is 1 to 2048 bytes")
+        if uri is not None and (not isinstance(uri, str) or not uri or len(uri.encode("utf-8")) > 2048):
+            raise ConfigError("uri is 1 to 2048 bytes")
         md = object_payload(metadata)
         with self._mu:
             self._uploads += 1
         try:
             return artifacts.upload_file(self._w.client, self.job_id, self.lease_token, path, name=name,
-                                         artifact_type=kind, metadata=md, stop=self._transfers,
+                                         artifact_type=kind, metadata=md, uri=uri, stop=self._transfers,
                                          part_attempts=self._w.upload_part_attempts, on_answer=self._answered)
         except LeaseLost:
             self._lose()
             raise
         except ArtifactStorageOff as e:
-            if fallback_uri is None:
+            if uri is None:
                 raise
             self._w.log.warning("job %s: %s; reporting artifact %s as metadata only", self.job_id, e.message, name)
-            ans = self.artifact(kind, name, fallback_uri, path=path, metadata=metadata)
+            ans = self.artifact(kind, name, uri, path=path, metadata=metadata)
             ans["stored"] = False
             return ans
         finally:

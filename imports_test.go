@@ -31,6 +31,12 @@ const (
 // the cores' own third-party packages come in with the cores.
 const workerapitest = "workerapi/workerapitest"
 
+// artifacttest is the conformance suite of workerapi.ArtifactStore (and
+// its memory store for tests). It imports what workerapitest may, and
+// internal/waitfor, like a core's suite; nothing of an adapter: no
+// blobstore (a module of its own), no gocloud.dev, no bunstore.
+const artifacttest = "workerapi/artifacttest"
+
 // allowedThirdParty lists, per core, what beyond the standard library and
 // golang.org/x it may import.
 var allowedThirdParty = map[string][]string{
@@ -127,8 +133,18 @@ func violations(pkg string, deps []string, std map[string]bool) []string {
 				out = append(out, pkg+" imports "+d+": "+workerapitest+" imports only workerapi, the cores, the standard library and go-cmp")
 			}
 			continue
+		case pkg == artifacttest:
+			ownOK := r == "workerapi" || r == "workerapi/wire" || r == waitfor || slices.Contains(cores, r)
+			thirdOK := strings.HasPrefix(d, "github.com/google/go-cmp/") || strings.HasPrefix(d, "golang.org/x/") ||
+				slices.ContainsFunc(cores, func(c string) bool {
+					return slices.ContainsFunc(allowedThirdParty[c], func(p string) bool { return d == p || strings.HasPrefix(d, p+"/") })
+				})
+			if (own && !ownOK) || (!own && !thirdOK) {
+				out = append(out, pkg+" imports "+d+": "+artifacttest+" imports only workerapi, the cores, "+waitfor+", the standard library and go-cmp")
+			}
+			continue
 		}
-		if own && strings.HasSuffix(r, "test") && (r == workerapitest || slices.ContainsFunc(cores, func(c string) bool { return strings.HasPrefix(r, c+"/") })) {
+		if own && strings.HasSuffix(r, "test") && (r == workerapitest || r == artifacttest || slices.ContainsFunc(cores, func(c string) bool { return strings.HasPrefix(r, c+"/") })) {
 			out = append(out, pkg+" imports "+d+": production code never imports a conformance suite")
 		}
 		if pkg == "bunstore" && own && (r == "workerapi" || strings.HasPrefix(r, "workerapi/")) {
@@ -256,6 +272,12 @@ func TestViolations(t *testing.T) {
 		{workerapitest, []string{module + "/workerapi/client", module + "/lease/leasetest"}, 2},
 		{workerapitest, []string{"github.com/google/uuid"}, 1},
 		{"cmd/server", []string{module + "/" + workerapitest}, 1},
+		{artifacttest, []string{"fmt", module + "/workerapi", module + "/workerapi/wire", module + "/lease", module + "/internal/waitfor",
+			"github.com/dunglas/httpsfv", "golang.org/x/mod/sumdb/tlog", "github.com/google/go-cmp/cmp"}, 0},
+		{artifacttest, []string{module + "/bunstore", module + "/internal/testclock", module + "/internal/apitest"}, 3},
+		{artifacttest, []string{"gocloud.dev/blob", "github.com/aws/aws-sdk-go-v2/service/s3"}, 2},
+		{"cmd/server", []string{module + "/" + artifacttest}, 1},
+		{"blobstore", []string{module + "/" + artifacttest}, 1},
 		{operatorClient, []string{module + "/workerapi/wire", module + "/receipts", "golang.org/x/mod/sumdb/tlog", "fmt"}, 0},
 		{operatorClient, []string{module + "/workerapi", module + "/lease", module + "/credential", module + "/bunstore"}, 4},
 		{operatorClient, []string{module + "/replay", module + "/workerapi/client", module + "/internal/apitest"}, 3},

@@ -6,6 +6,7 @@ import (
 	"crypto/subtle"
 	"encoding/base64"
 	"fmt"
+	"hash"
 
 	"github.com/dunglas/httpsfv"
 )
@@ -48,35 +49,115 @@ func digest(alg string, body []byte) ([]byte, error) {
 // twice, and ErrBadDigest if it has no member, a member of another
 // algorithm, or a digest that is not body's.
 func CheckContentDigest(field string, body []byte) error {
+	want, err := parseContentDigest(field)
+	if err != nil {
+		return err
+	}
+	for _, w := range want {
+		got, err := digest(w.alg, body)
+		if err != nil {
+			return err
+		}
+		// The body is no secret; the constant-time compare is only the
+		// shortest correct one.
+		if subtle.ConstantTimeCompare(got, w.sum) != 1 {
+			return fmt.Errorf("%w: %s digest is not the body's", ErrBadDigest, w.alg)
+		}
+	}
+	return nil
+}
+
+// memberDigest is one member of a Content-Digest field.
+type memberDigest struct {
+	alg string
+	sum []byte
+}
+
+// parseContentDigest parses a Content-Digest field value and checks that
+// it names sha-256 or sha-512 only, at least one, with the errors
+// CheckContentDigest documents.
+func parseContentDigest(field string) ([]memberDigest, error) {
 	d, err := parseDictionary([]string{field})
 	if err != nil {
-		return fmt.Errorf("%w: Content-Digest: %v", ErrMalformedSignature, err)
+		return nil, fmt.Errorf("%w: Content-Digest: %v", ErrMalformedSignature, err)
 	}
 	names := d.Names()
 	for _, alg := range names {
 		m, _ := d.Get(alg)
 		it, ok := m.(httpsfv.Item)
 		if !ok {
-			return fmt.Errorf("%w: Content-Digest member %s is an inner list", ErrMalformedSignature, alg)
+			return nil, fmt.Errorf("%w: Content-Digest member %s is an inner list", ErrMalformedSignature, alg)
 		}
 		if _, ok := it.Value.([]byte); !ok || (it.Params != nil && len(it.Params.Names()) > 0) {
-			return fmt.Errorf("%w: Content-Digest member %s is not a byte sequence without parameters", ErrMalformedSignature, alg)
+			return nil, fmt.Errorf("%w: Content-Digest member %s is not a byte sequence without parameters", ErrMalformedSignature, alg)
 		}
 	}
 	if len(names) == 0 {
-		return fmt.Errorf("%w: Content-Digest is empty", ErrBadDigest)
+		return nil, fmt.Errorf("%w: Content-Digest is empty", ErrBadDigest)
 	}
+	out := make([]memberDigest, 0, len(names))
 	for _, alg := range names {
-		m, _ := d.Get(alg)
-		got := m.(httpsfv.Item).Value.([]byte)
-		want, err := digest(alg, body)
-		if err != nil {
-			return err
+		if alg != DigestSHA256 && alg != DigestSHA512 {
+			return nil, fmt.Errorf("%w: digest algorithm %q is not sha-256 or sha-512", ErrBadDigest, alg)
 		}
-		// The body is no secret; the constant-time compare is only the
-		// shortest correct one.
-		if subtle.ConstantTimeCompare(got, want) != 1 {
-			return fmt.Errorf("%w: %s digest is not the body's", ErrBadDigest, alg)
+		m, _ := d.Get(alg)
+		out = append(out, memberDigest{alg: alg, sum: m.(httpsfv.Item).Value.([]byte)})
+	}
+	return out, nil
+}
+
+// BodyDigest checks a body against a Content-Digest field as the body
+// is written to it in pieces, for a body too large to hold (see
+// Verifier.CheckStream). It is not safe for concurrent use.
+type BodyDigest struct {
+	want []memberDigest
+	hs   []hash.Hash
+}
+
+// NewBodyDigest returns a BodyDigest for the Content-Digest field value
+// field, or the error CheckContentDigest gives for a field that does not
+// parse or names another algorithm than sha-256 and sha-512.
+func NewBodyDigest(field string) (*BodyDigest, error) {
+	want, err := parseContentDigest(field)
+	if err != nil {
+		return nil, err
+	}
+	d := &BodyDigest{want: want}
+	for _, w := range want {
+		if w.alg == DigestSHA256 {
+			d.hs = append(d.hs, sha256.New())
+		} else {
+			d.hs = append(d.hs, sha512.New())
+		}
+	}
+	return d, nil
+}
+
+// Write adds p to the body; it never fails.
+func (d *BodyDigest) Write(p []byte) (int, error) {
+	for _, h := range d.hs {
+		h.Write(p)
+	}
+	return len(p), nil
+}
+
+// Check reports whether the body written so far is the one the field
+// names: nil, or an error wrapping ErrBadDigest.
+func (d *BodyDigest) Check() error {
+	for i, w := range d.want {
+		if subtle.ConstantTimeCompare(d.hs[i].Sum(nil), w.sum) != 1 {
+			return fmt.Errorf("%w: %s digest is not the body's", ErrBadDigest, w.alg)
+		}
+	}
+	return nil
+}
+
+// Declared returns the digest the field declares for alg (DigestSHA256
+// or DigestSHA512), or nil when it declares none for alg.
+func (d *BodyDigest) Declared(alg string) []byte {
+	for _, w := range d.want {
+		if w.alg == alg {
+			return append([]byte(nil), w.sum...)
 		}
 	}
 	return nil

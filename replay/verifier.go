@@ -94,6 +94,32 @@ func (v *Verifier) Verify(ctx context.Context, r *http.Request, body []byte, nod
 // replay never runs late, calls Check, then Consume with the nonce and
 // expiry it returns.
 func (v *Verifier) Check(r *http.Request, body []byte, pub ed25519.PublicKey) (*Verified, error) {
+	return v.check(r, pub, func(field string) error { return CheckContentDigest(field, body) })
+}
+
+// CheckStream is Check for a body too large to hold: it checks everything
+// Check does, in the same order, but the digest's value, which needs the
+// body. The Content-Digest field must parse and name sha-256 or sha-512
+// only (the errors of CheckContentDigest); the returned BodyDigest then
+// checks the body as the caller streams it through, and its Check tells
+// whether the body was the one signed. A caller must not act on the body
+// (keep it, answer for it) before BodyDigest.Check returned nil; the
+// nonce may be consumed at once, since the headers verified.
+func (v *Verifier) CheckStream(r *http.Request, pub ed25519.PublicKey) (*Verified, *BodyDigest, error) {
+	var d *BodyDigest
+	vd, err := v.check(r, pub, func(field string) error {
+		var err error
+		d, err = NewBodyDigest(field)
+		return err
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	return vd, d, nil
+}
+
+// check is Check with the digest check digest of the Content-Digest field.
+func (v *Verifier) check(r *http.Request, pub ed25519.PublicKey, digest func(field string) error) (*Verified, error) {
 	h := r.Header
 	if len(h.Values("Signature")) == 0 || len(h.Values("Signature-Input")) == 0 {
 		return nil, fmt.Errorf("%w: request needs Signature and Signature-Input", ErrMissingSignature)
@@ -109,7 +135,7 @@ func (v *Verifier) Check(r *http.Request, body []byte, pub ed25519.PublicKey) (*
 	if len(cd) > 1 {
 		return nil, fmt.Errorf("%w: Content-Digest has %d field lines", ErrMalformedSignature, len(cd))
 	}
-	if err := CheckContentDigest(cd[0], body); err != nil {
+	if err := digest(cd[0]); err != nil {
 		return nil, err
 	}
 	if len(pub) != ed25519.PublicKeySize {

@@ -35,6 +35,32 @@ var (
 	// ErrOutcomeUnknown means the request's transaction was sent to commit
 	// and no store can tell whether it did: repeating the request tells.
 	ErrOutcomeUnknown = errors.New("a store cannot answer; the request may have been accepted: repeat it to learn its outcome")
+
+	// ErrArtifactStorageOff means the Server keeps no artifact bytes
+	// (Config.Artifacts.Store is nil).
+	ErrArtifactStorageOff = errors.New("artifact storage is off: report the artifact as metadata only")
+	// ErrArtifactTooLarge means an upload's size is over
+	// Config.Artifacts.MaxBytes.
+	ErrArtifactTooLarge = errors.New("artifact too large")
+	// ErrTooManyArtifacts means the job has Config.Artifacts.MaxPerJob
+	// artifacts already.
+	ErrTooManyArtifacts = errors.New("too many artifacts")
+	// ErrTooManyUploads means the worker streams
+	// Config.Artifacts.MaxUploadsPerWorker parts already.
+	ErrTooManyUploads = errors.New("too many uploads at once")
+	// ErrUploadInvalid means an upload_id is not one this control plane
+	// issued for the job and its lease, or is finished already.
+	ErrUploadInvalid = errors.New("invalid upload")
+	// ErrUploadExpired means an upload_id's time ran out.
+	ErrUploadExpired = errors.New("upload expired")
+	// ErrUploadOutOfOrder means part n came before part n-1 was stored.
+	ErrUploadOutOfOrder = errors.New("upload part out of order")
+	// ErrUploadIncomplete means an upload was finished before all its
+	// parts were stored.
+	ErrUploadIncomplete = errors.New("upload incomplete")
+	// ErrArtifactMismatch means the stored bytes are not the size or the
+	// sha256 declared: they were deleted, and nothing was recorded.
+	ErrArtifactMismatch = errors.New("artifact mismatch")
 )
 
 // status pairs an HTTP status with a PROTOCOL.md code.
@@ -70,6 +96,15 @@ var errorTable = []struct {
 	{credential.ErrInsufficientScope, status{http.StatusForbidden, wire.CodeInsufficientScope}},
 	{credential.ErrBanned, status{http.StatusForbidden, wire.CodeWorkerBanned}},
 	{envelope.ErrBlocked, status{http.StatusForbidden, wire.CodeBlockedByEnvelope}},
+	{ErrArtifactStorageOff, status{http.StatusNotFound, wire.CodeArtifactStorageOff}},
+	{ErrArtifactTooLarge, status{http.StatusRequestEntityTooLarge, wire.CodeArtifactTooLarge}},
+	{ErrTooManyArtifacts, status{http.StatusConflict, wire.CodeTooManyArtifacts}},
+	{ErrTooManyUploads, status{http.StatusTooManyRequests, wire.CodeTooManyUploads}},
+	{ErrUploadInvalid, status{http.StatusConflict, wire.CodeUploadInvalid}},
+	{ErrUploadExpired, status{http.StatusConflict, wire.CodeUploadExpired}},
+	{ErrUploadOutOfOrder, status{http.StatusConflict, wire.CodeUploadOutOfOrder}},
+	{ErrUploadIncomplete, status{http.StatusConflict, wire.CodeUploadIncomplete}},
+	{ErrArtifactMismatch, status{http.StatusUnprocessableEntity, wire.CodeArtifactMismatch}},
 	{ErrNotFound, status{http.StatusNotFound, wire.CodeNotFound}},
 	{lease.ErrNotFound, status{http.StatusNotFound, wire.CodeNotFound}},
 	{credential.ErrNotFound, status{http.StatusNotFound, wire.CodeNotFound}},

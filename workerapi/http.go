@@ -36,8 +36,19 @@ type route struct {
 	public bool
 	// query names the query parameters a GET route accepts: any other
 	// answers 400 invalid_request (checkQuery). Nil accepts none.
-	query  []string
-	handle func(ctx context.Context, c *call) (int, any, error)
+	query []string
+	// stream routes take a body that is not JSON and may be far larger
+	// than Config.BodyLimit (an artifact's part): the pipeline reads none
+	// of it. The signature is verified over the headers, and the
+	// handler's then streams the body through the Content-Digest check
+	// (call.digest), after the nonce was consumed.
+	stream bool
+	// prepare, when set, runs on a signed route once the signature
+	// verified and before the transaction: for work that must hold no
+	// transaction, such as checking an upload's stored bytes. If it fails,
+	// the nonce is consumed all the same.
+	prepare func(ctx context.Context, c *call) error
+	handle  func(ctx context.Context, c *call) (int, any, error)
 }
 
 // call is one request as it moves through the pipeline.
@@ -72,6 +83,13 @@ type call struct {
 	committed bool
 	// keyed is set when the request names its first answer (answers.go).
 	keyed *keyed
+	// digest checks the body of a stream route as it streams; slot is set
+	// once the request holds one of its worker's upload slots.
+	digest *replay.BodyDigest
+	slot   bool
+	// finished is the upload an artifact report finishes, checked by the
+	// route's prepare.
+	finished *upload
 }
 
 // after queues a hook event for delivery once the request commits.
@@ -211,6 +229,8 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, rt route) {
 	}
 	if t, ok := out.(rawText); ok {
 		s.writeText(w, code, t)
+	} else if _, ok := out.(written); ok {
+		// The handler wrote the response.
 	} else {
 		s.writeJSON(w, code, out)
 	}
@@ -243,13 +263,18 @@ func (s *Server) run(ctx context.Context, c *call, rt route) (int, any, error) {
 	// the limit. A request without a body (such as POST
 	// /operator/jobs/{id}/cancel sent by curl -X POST) needs no media type.
 	ct := c.r.Header.Get("Content-Type")
-	if rt.method != http.MethodGet && (ct != "" || c.r.ContentLength != 0) {
+	switch {
+	case rt.stream:
+		if mt, _, err := mime.ParseMediaType(ct); err != nil || mt != "application/octet-stream" {
+			return 0, nil, fmt.Errorf("%w: a part is application/octet-stream", ErrUnsupportedMediaType)
+		}
+	case rt.method != http.MethodGet && rt.method != http.MethodHead && (ct != "" || c.r.ContentLength != 0):
 		mt, _, err := mime.ParseMediaType(ct)
 		if err != nil || mt != "application/json" {
 			return 0, nil, ErrUnsupportedMediaType
 		}
 	}
-	if c.r.ContentLength > s.cfg.BodyLimit {
+	if c.r.ContentLength > s.cfg.BodyLimit && !rt.stream {
 		return 0, nil, fmt.Errorf("%w: the body is %d bytes; the limit is %d", ErrPayloadTooLarge, c.r.ContentLength, s.cfg.BodyLimit)
 	}
 	// Credential (401), then ban and scope (403).
@@ -272,8 +297,10 @@ func (s *Server) run(ctx context.Context, c *call, rt route) (int, any, error) {
 			return 0, nil, err
 		}
 	}
-	if err := s.readBody(c); err != nil {
-		return 0, nil, err
+	if !rt.stream {
+		if err := s.readBody(c); err != nil {
+			return 0, nil, err
+		}
 	}
 	switch {
 	case rt.path == wire.PathRegister:
@@ -284,7 +311,7 @@ func (s *Server) run(ctx context.Context, c *call, rt route) (int, any, error) {
 		}
 		return rt.handle(ctx, c)
 	}
-	code, out, err := s.signed(ctx, c, p.PublicKey, rt.handle)
+	code, out, err := s.signed(ctx, c, p.PublicKey, rt)
 	if err != nil && leaseBearing(rt) {
 		err = sameForEveryProbe(err)
 	}
@@ -295,7 +322,7 @@ func (s *Server) run(ctx context.Context, c *call, rt route) (int, any, error) {
 // route does not accept (rt.query), and a query that does not parse: an
 // operator's typo (?sate=queued) must not silently list everything.
 func checkQuery(raw string, rt route) error {
-	if rt.method != http.MethodGet {
+	if rt.method != http.MethodGet && rt.method != http.MethodHead {
 		return nil
 	}
 	q, err := url.ParseQuery(raw)
@@ -368,18 +395,39 @@ func sameForEveryProbe(err error) error {
 // work in vain and rolls it back; its answer is still the replay's, as
 // when the nonce came first: a handler's error gives way to the nonce's
 // when the nonce was used or the node is over its quota.
-func (s *Server) signed(ctx context.Context, c *call, pub ed25519.PublicKey, handle func(context.Context, *call) (int, any, error)) (int, any, error) {
+func (s *Server) signed(ctx context.Context, c *call, pub ed25519.PublicKey, rt route) (int, any, error) {
 	r := c.r
 	if s.origin != nil {
 		r = s.origin.request(c.r)
 	}
-	v, err := s.verifier.Check(r, c.body, pub)
+	var v *replay.Verified
+	var err error
+	if rt.stream {
+		v, c.digest, err = s.verifier.CheckStream(r, pub)
+	} else {
+		v, err = s.verifier.Check(r, c.body, pub)
+	}
 	if err != nil {
 		err = s.diagnose(c.r, r, pub, err)
 		s.rejected(err)
 		return 0, nil, err
 	}
 	nonceNode := v.KeyID
+	if rt.prepare != nil {
+		if err := rt.prepare(ctx, c); err != nil {
+			// As when the transaction fails: these bytes never run again,
+			// and a replay is answered as one.
+			if cerr := s.verifier.Consume(context.WithoutCancel(ctx), nonceNode, v.Nonce, v.Expires); cerr != nil {
+				if nonceRefused(cerr) {
+					s.rejected(cerr)
+					return 0, nil, cerr
+				}
+				s.log.Warn("consuming the nonce of a failed request", "request_id", c.reqID, "err", cerr)
+			}
+			return 0, nil, err
+		}
+	}
+	handle := rt.handle
 	var (
 		code    int
 		out     any

@@ -56,6 +56,13 @@ func checkLimits(v any) error {
 			checkText("uri", r.URI, wire.MaxURIBytes),
 			checkObject("metadata", r.Metadata),
 			checkKey("idempotency_key", r.IdempotencyKey),
+			checkText("upload_id", r.UploadID, wire.MaxUploadIDBytes),
+		)
+	case *wire.UploadRequest:
+		return firstError(
+			checkText("artifact_type", r.ArtifactType, wire.MaxNameBytes),
+			checkText("name", r.Name, wire.MaxNameBytes),
+			checkKey("idempotency_key", r.IdempotencyKey),
 		)
 	case *wire.CompleteRequest:
 		return firstError(

@@ -351,7 +351,14 @@ func artifactStatus(a *lease.Artifact, j *lease.Job) string {
 }
 
 func wireArtifact(a *lease.Artifact, j *lease.Job) wire.ArtifactView {
+	var content *string
+	if a.Object != "" {
+		u := wire.OperatorArtifactContentPath(a.ID)
+		content = &u
+	}
 	return wire.ArtifactView{
+		Stored:         a.Object != "",
+		ContentURL:     content,
 		ArtifactID:     a.ID,
 		ArtifactType:   a.Type,
 		Name:           a.Name,

@@ -213,6 +213,10 @@ type Config struct {
 	// for anything else. Defaults to none: client_addr is the peer's IP.
 	TrustedProxies []netip.Prefix
 
+	// Artifacts says whether and how the Server keeps artifact bytes:
+	// by default it keeps none (artifacts are metadata only).
+	Artifacts ArtifactConfig
+
 	// Logger receives request logs (never a secret). Defaults to a logger
 	// that discards everything.
 	Logger *slog.Logger
@@ -262,6 +266,10 @@ type Server struct {
 	}
 	// parked counts the long-polls waiting (LongPolls).
 	parked atomic.Int64
+	// uploads counts the part streams of each worker (artifacts.go);
+	// swept is when the maintainer last swept the artifact store.
+	slots uploadSlots
+	swept atomic.Int64
 }
 
 // ErrConfig is wrapped by every error of New about a missing or invalid
@@ -406,6 +414,9 @@ func (c *Config) setDefaults() error {
 	var err error
 	if c.Lease, err = c.Lease.WithDefaults(); err != nil {
 		return fmt.Errorf("%w: Lease: %w", ErrConfig, err)
+	}
+	if c.Artifacts, err = c.Artifacts.WithDefaults(); err != nil {
+		return err
 	}
 	if c.Origin == "" {
 		c.Origin = receipts.DefaultOrigin

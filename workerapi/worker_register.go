@@ -39,9 +39,9 @@ func (s *Server) register(ctx context.Context, c *call) (int, any, error) {
 	if err != nil || len(pub) != ed25519.PublicKeySize {
 		return 0, nil, invalid("public_key must be the %d raw bytes of an Ed25519 key in unpadded base64url", ed25519.PublicKeySize)
 	}
-	return s.signed(ctx, c, ed25519.PublicKey(pub), func(ctx context.Context, c *call) (int, any, error) {
+	return s.signed(ctx, c, ed25519.PublicKey(pub), route{handle: func(ctx context.Context, c *call) (int, any, error) {
 		return s.registerSigned(ctx, c, &req, pub)
-	})
+	}})
 }
 
 func (s *Server) registerSigned(ctx context.Context, c *call, req *wire.RegisterRequest, pub ed25519.PublicKey) (int, any, error) {

@@ -121,7 +121,7 @@ func (s *Server) artifacts(ctx context.Context, c *call) (int, any, error) {
 		return 0, nil, invalid("artifact_type is required")
 	case req.Name == "":
 		return 0, nil, invalid("name is required")
-	case req.URI == "":
+	case req.URI == "" && req.UploadID == "":
 		return 0, nil, invalid("uri is required")
 	case req.ChecksumSHA256 != nil && !isSHA256Hex(*req.ChecksumSHA256):
 		return 0, nil, invalid("checksum_sha256 must be 64 lowercase hex digits")
@@ -152,12 +152,22 @@ func (s *Server) artifacts(ctx context.Context, c *call) (int, any, error) {
 	if err != nil {
 		return 0, nil, err
 	}
-	a, err := s.leases.AddArtifact(ctx, ref, lease.Artifact{
+	if err := s.checkNewArtifact(ctx, ref.JobID, c.finished); err != nil {
+		return 0, nil, err
+	}
+	na := lease.Artifact{
 		Type: req.ArtifactType, Name: req.Name, URI: req.URI, SHA256: sum,
 		SizeBytes: size, Metadata: meta, ReceiptID: rid,
-	})
+	}
+	if u := c.finished; u != nil {
+		na.Object, na.PartSize = u.prefix(), u.PartSize
+	}
+	a, err := s.leases.AddArtifact(ctx, ref, na)
 	if err != nil {
 		return 0, nil, err
+	}
+	if u := c.finished; u != nil && a.Epoch != u.Epoch {
+		return 0, nil, fmt.Errorf("%w: the upload_id is another lease's", ErrUploadInvalid)
 	}
 	j, err := s.leases.Get(ctx, ref.JobID)
 	if err != nil {
@@ -180,7 +190,7 @@ func (s *Server) artifacts(ctx context.Context, c *call) (int, any, error) {
 	if _, err := s.mintFor(ctx, c, snap, r); err != nil {
 		return 0, nil, err
 	}
-	out := wire.ArtifactResponse{ArtifactID: a.ID, ReceiptID: rid}
+	out := wire.ArtifactResponse{ArtifactID: a.ID, ReceiptID: rid, Stored: a.Object != ""}
 	if err := s.remember(ctx, c, k, http.StatusCreated, out, s.answerExpiry()); err != nil {
 		return 0, nil, err
 	}
@@ -257,4 +267,52 @@ func (s *Server) audit(ctx context.Context, c *call) (int, any, error) {
 		return 0, nil, err
 	}
 	return http.StatusCreated, out, nil
+}
+
+// prepareArtifact, the prepare of POST /workers/jobs/{id}/artifacts,
+// checks the bytes of the upload a report finishes, outside any
+// transaction (verifyUpload), and keeps the upload for the handler.
+func (s *Server) prepareArtifact(ctx context.Context, c *call) error {
+	var req wire.ArtifactRequest
+	if err := c.decode(&req); err != nil || req.UploadID == "" {
+		return err
+	}
+	switch {
+	case req.ChecksumSHA256 == nil || !isSHA256Hex(*req.ChecksumSHA256):
+		return invalid("checksum_sha256 is required with upload_id: 64 lowercase hex digits")
+	case req.SizeBytes == nil:
+		return invalid("size_bytes is required with upload_id")
+	}
+	u, err := s.verifyUpload(ctx, c.pathID(), req.UploadID, *req.SizeBytes, *req.ChecksumSHA256)
+	if err != nil {
+		return err
+	}
+	c.finished = u
+	return nil
+}
+
+// checkNewArtifact refuses an artifact of a job that has
+// Config.Artifacts.MaxPerJob already, and the finish of an upload that
+// an artifact records already. Without a store no limit applies: every
+// artifact is metadata only, as before storage existed.
+func (s *Server) checkNewArtifact(ctx context.Context, jobID string, u *upload) error {
+	if s.cfg.Artifacts.Store == nil {
+		return nil
+	}
+	max := s.cfg.Artifacts.MaxPerJob
+	as, err := s.leases.Artifacts(ctx, lease.ArtifactFilter{JobID: jobID, Limit: max})
+	if err != nil {
+		return err
+	}
+	if u != nil {
+		for _, a := range as {
+			if a.Object == u.prefix() {
+				return fmt.Errorf("%w: the upload is finished already (artifact %s)", ErrUploadInvalid, a.ID)
+			}
+		}
+	}
+	if len(as) >= max {
+		return fmt.Errorf("%w: the job has %d artifacts, the limit per job", ErrTooManyArtifacts, max)
+	}
+	return nil
 }

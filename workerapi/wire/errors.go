@@ -52,6 +52,34 @@ const (
 	// lease token was sent before with another body: it names a
 	// request already answered, which this one is not a repeat of.
 	CodeIdempotencyMismatch = "idempotency_mismatch"
+
+	// Artifact bytes (PROTOCOL.md §5.19 to §5.21).
+
+	// CodeArtifactStorageOff (404): the server stores no artifact bytes;
+	// report the artifact as metadata only.
+	CodeArtifactStorageOff = "artifact_storage_off"
+	// CodeArtifactTooLarge (413): size_bytes is over the bytes per
+	// artifact; the message names the limit.
+	CodeArtifactTooLarge = "artifact_too_large"
+	// CodeTooManyArtifacts (409): the job has its artifacts per job.
+	CodeTooManyArtifacts = "too_many_artifacts"
+	// CodeTooManyUploads (429): the worker streams its concurrent parts
+	// per worker already; retry after Retry-After.
+	CodeTooManyUploads = "too_many_uploads"
+	// CodeUploadInvalid (409): the upload_id is not one this server
+	// issued for this job and lease.
+	CodeUploadInvalid = "upload_invalid"
+	// CodeUploadExpired (409): the upload_id's time ran out; ask again.
+	CodeUploadExpired = "upload_expired"
+	// CodeUploadOutOfOrder (409): part n arrived before part n-1 was
+	// stored.
+	CodeUploadOutOfOrder = "upload_out_of_order"
+	// CodeUploadIncomplete (409): finishing an upload whose part the
+	// message names is not stored.
+	CodeUploadIncomplete = "upload_incomplete"
+	// CodeArtifactMismatch (422): the stored bytes are not the declared
+	// size or sha256; they are deleted and nothing is recorded.
+	CodeArtifactMismatch = "artifact_mismatch"
 )
 
 // Error is an error answer of a route as a Go error: what a client of

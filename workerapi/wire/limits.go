@@ -38,6 +38,9 @@ const (
 	// MaxURIBytes bounds endpoint_url of register, an artifact's uri and a
 	// completion's output_uri.
 	MaxURIBytes = 2048
+	// MaxUploadIDBytes bounds an upload_id (UploadResponse.UploadID) a
+	// worker sends back.
+	MaxUploadIDBytes = 1024
 	// MaxMessageBytes bounds free text a worker sends: a status event's
 	// or a log entry's message, a completion's final_message, a failure's
 	// message, a release's reason.

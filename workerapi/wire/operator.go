@@ -137,6 +137,11 @@ type ArtifactView struct {
 	JobState       string          `json:"job_state"`
 	// Status is one of the Artifact* constants.
 	Status string `json:"status"`
+	// Stored is true when the control plane holds the artifact's bytes;
+	// ContentURL is then the route that serves them
+	// (OperatorArtifactContentPath), null otherwise.
+	Stored     bool    `json:"stored"`
+	ContentURL *string `json:"content_url"`
 }
 
 // ArtifactListResponse answers

@@ -295,6 +295,9 @@ type Job struct {
 	LastError       *JobError       `json:"last_error"`
 	WorkerID        *string         `json:"worker_id"`
 	PolicyVersion   *int64          `json:"policy_version"`
+	// ResumeFrom, in a grant of an attempt after the first, names the
+	// latest checkpoint an earlier attempt stored; absent otherwise.
+	ResumeFrom *ResumeFrom `json:"resume_from,omitempty"`
 }
 
 // Grant is one leased job.
@@ -396,12 +399,20 @@ type ArtifactRequest struct {
 	// the same key and body gets the first artifact_id and receipt_id
 	// (PROTOCOL.md "Retries").
 	IdempotencyKey string `json:"idempotency_key,omitempty"`
+	// UploadID, when set, finishes an upload (UploadResponse.UploadID):
+	// the artifact is recorded as stored once its bytes are checked
+	// against ChecksumSHA256 and SizeBytes, both then required; URI is
+	// then optional.
+	UploadID string `json:"upload_id,omitempty"`
 }
 
 // ArtifactResponse answers an artifact report.
 type ArtifactResponse struct {
 	ArtifactID string `json:"artifact_id"`
 	ReceiptID  string `json:"receipt_id"`
+	// Stored is true when the artifact's bytes are stored (an upload was
+	// finished).
+	Stored bool `json:"stored"`
 }
 
 // CompleteRequest is the body of POST /workers/jobs/{id}/complete.

@@ -18,7 +18,7 @@ from typing import Any, Dict
 import pytest
 
 import nodelane
-from nodelane import ArtifactMismatch, Client, Identity, JobContext, Signer, upload_file
+from nodelane import APIError, ArtifactMismatch, Client, Identity, JobContext, Signer, download_file, upload_file
 
 from faultproxy import FaultProxy
 from helpers import job_state, new_worker, running, unique, wait_for
@@ -93,8 +93,10 @@ def test_upload_in_parts_and_read_the_bytes_back(server, operator, tmp_path):
     assert (sha, n) == (want, size)
     assert headers["etag"] == '"%s"' % want
     # the artifact_reported receipt carries the stored bytes' digest and size
-    rec = operator.receipt(ans["receipt_id"])["receipt"]
-    assert want in json.dumps(rec) and str(size) in json.dumps(rec)
+    answer = wait_for(lambda: (lambda r: r if r.get("proof") and r.get("checkpoint") else None)(
+        operator.receipt(ans["receipt_id"])), 30, "the receipt to be sequenced")
+    rec = nodelane.verify_receipt_response(answer, server.receipt_public_key)
+    assert (rec["checksum_sha256"], rec["size_bytes"]) == (want, size), rec
 
 
 def lease_one(server: Any, operator: nodelane.Operator, jt: str) -> "tuple[Client, str, str]":
@@ -134,6 +136,29 @@ def test_bytes_that_do_not_match_the_declared_digest_are_refused(server, operato
     assert [a["checksum_sha256"] for a in operator.job(jid)["artifacts"]] == [want]
 
 
+def test_a_worker_reads_back_a_stored_artifact_of_its_own_job_only(server, operator, tmp_path):
+    """download_file: the signed content route of the job's lease (what resume_from uses), with a Range
+    resume; another job's lease gets 404."""
+    jt = unique("readback")
+    c, jid, lease = lease_one(server, operator, jt)
+    path = str(tmp_path / "ckpt.bin")
+    want = write_random(path, 2 * MiB + 5)
+    ans = upload_file(c, jid, lease, path, name="ckpt.bin", artifact_type="checkpoint")
+    rf = {"artifact_id": ans["artifact_id"], "name": "ckpt.bin", "size_bytes": 2 * MiB + 5, "checksum_sha256": want}
+    dest = download_file(c, jid, lease, rf, str(tmp_path / "back.bin"))
+    assert open(dest, "rb").read() == open(path, "rb").read()
+    with c.artifact_content(jid, lease, ans["artifact_id"], offset=2 * MiB) as r:  # what a resumed download asks
+        assert (r.status, r.read()) == (206, open(path, "rb").read()[2 * MiB:])
+
+    other_c, other_jid, other_lease = lease_one(server, operator, unique("readback_other"))
+    with pytest.raises(APIError) as ei:
+        download_file(other_c, other_jid, other_lease, rf, str(tmp_path / "no.bin"))
+    assert (ei.value.status, ei.value.code) == (404, "not_found")
+    with pytest.raises(nodelane.VerificationError):
+        download_file(c, jid, lease, dict(rf, checksum_sha256="0" * 64), str(tmp_path / "bad.bin"))
+    assert not os.path.exists(str(tmp_path / "bad.bin"))
+
+
 @pytest.mark.parametrize("fault", ["cut", "drop"])
 def test_a_part_whose_connection_is_lost_is_sent_again(server, operator, tmp_path, fault):
     """cut: the connection dies mid-body (the server stores nothing); drop: the part is stored and its
@@ -159,6 +184,35 @@ def test_a_part_whose_connection_is_lost_is_sent_again(server, operator, tmp_pat
         sha, n, _ = stored_sha256(operator, got["ans"]["artifact_id"], tmp_path)
         assert (sha, n) == (want, 5 * MiB)
         assert job_state(operator, jid) == "succeeded"
+    finally:
+        proxy.close()
+
+
+def test_the_job_completes_after_an_upload_started_in_another_thread(server, operator, tmp_path):
+    """The handler returns while its upload (started in a thread, its part held up by a 503) is in flight:
+    the job is completed only once the upload is stored, so the artifact is the job's."""
+    proxy = FaultProxy(server.port, "/parts/", fault="503", count=1, retry_after=1)
+    try:
+        jt = unique("background")
+        w = new_worker(server, url=proxy.url, timeout=30)
+        path = str(tmp_path / "late.bin")
+        want = write_random(path, 1 * MiB)
+        got: Dict[str, Any] = {}
+
+        @w.job(jt)
+        def work(ctx: JobContext) -> None:
+            t = threading.Thread(target=lambda: got.update(ans=ctx.upload(path)), daemon=True)
+            t.start()
+            wait_for(lambda: ctx._uploads > 0, 10, "the upload to start")
+            got["returned"] = time.monotonic()
+
+        with running(w) as ends:
+            jid = operator.dispatch(jt, {})["job"]["id"]
+            wait_for(lambda: ends, 60, "the job to end")
+        assert ends[0].outcome == "succeeded", ends[0]
+        assert proxy.faults == 1 and got["ans"]["stored"] is True
+        a = artifact_of(operator, jid, got["ans"]["artifact_id"])
+        assert a["checksum_sha256"] == want
     finally:
         proxy.close()
 

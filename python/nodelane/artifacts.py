@@ -24,6 +24,7 @@ import http.client
 import logging
 import os
 import random
+import re
 import threading
 import time
 import urllib.parse
@@ -290,8 +291,8 @@ def _send_part(client: Client, plain: _PlainConnections, job_id: str, lease_toke
                 resp = _put_direct(plain, part, path, stop, timeout, abort)
                 if 200 <= resp.status < 300:
                     return
-                err = APIError(resp.status, "", "the store refused part %d: %s" % (
-                    n, resp.raw[:200].decode("utf-8", "replace").strip()), route="presigned PUT")
+                err = APIError(resp.status, _store_code(resp.raw), "the store refused part %d" % n,
+                               route="presigned PUT", retry_after=_retry_after_of(resp))
             else:
                 digest = digest_header(hash_file(path, offset, size, stop).digest())  # read once: the digest
                 with FileSlice(path, offset, size, stop) as body:  # and once more: the bytes sent
@@ -337,6 +338,18 @@ def _send_part(client: Client, plain: _PlainConnections, job_id: str, lease_toke
                 d = err.retry_after + random.uniform(0, PART_RETRY_BASE)
         _log.warning("part %d of an upload of job %s: %s; sending it again in %.1fs", n, job_id, err, d)
         stop.wait(d)
+
+
+def _store_code(raw: bytes) -> str:
+    """The <Code> of an S3-style error body, or "". Only the code: such a body may quote the string
+    the URL's signature signed, and the signature, which must stay out of errors and logs."""
+    m = re.search(rb"<Code>([A-Za-z0-9_.-]{1,64})</Code>", raw[:4096])
+    return m.group(1).decode("ascii") if m else ""
+
+
+def _retry_after_of(resp: Response) -> float:
+    v = resp.headers.get("retry-after", "")
+    return min(float(v), 300.0) if v.isdigit() else 0.0
 
 
 def _put_direct(plain: _PlainConnections, part: Dict[str, Any], path: str, stop: Stop, timeout: float,
@@ -424,6 +437,9 @@ def _receive(r: http.client.HTTPResponse, out: Any, h: Any, got: int, want: int,
     elif r.status not in (200, 206):
         raw = r.read(1 << 16)
         resp = Response(r.status, {k.lower(): v for k, v in r.getheaders()}, raw)
+        if route == "presigned GET":  # a store's error body may quote the URL's signature: keep its code only
+            return got, h, APIError(r.status, _store_code(raw), "the store refused the download", route=route,
+                                    retry_after=_retry_after_of(resp))
         return got, h, api_error(resp, route, time.time())
     while True:
         stop.check()

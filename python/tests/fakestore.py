@@ -34,6 +34,7 @@ class FakeStore:
         self.puts: List[Tuple[int, Dict[str, str], int]] = []  # (part, headers, bytes received)
         self.cut_parts: Dict[int, int] = {}  # part -> times to cut its connection mid-body
         self.bucket_delay = 0.0
+        self.bucket_error: Optional[Tuple[int, bytes]] = None  # what the bucket answers every PUT
         self.content = b""
         self.cut_content = 0  # times to cut a download mid-body
         self.ranges: List[str] = []
@@ -107,6 +108,16 @@ class FakeStore:
                 if self.path.startswith("/bucket/"):
                     if srv.bucket_delay:
                         time.sleep(srv.bucket_delay)
+                    if srv.bucket_error is not None:
+                        self.rfile.read(length)
+                        with srv.mu:
+                            srv.puts.append((n, h, length))
+                        self.send_response(srv.bucket_error[0])
+                        self.send_header("Content-Type", "application/xml")
+                        self.send_header("Content-Length", str(len(srv.bucket_error[1])))
+                        self.end_headers()
+                        self.wfile.write(srv.bucket_error[1])
+                        return
                     if any(k in h for k in ("authorization", "signature", "signature-input",
                                             "nodelane-lease-token")) or h.get("x-test-store") != "yes":
                         return self.error(403, "forbidden", "credentials sent to the bucket, or its header missing")

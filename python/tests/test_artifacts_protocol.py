@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from nodelane import ArtifactMismatch, ArtifactStorageOff, Cancelled, Client, Identity, LeaseLost, Signer
+from nodelane import APIError, ArtifactMismatch, ArtifactStorageOff, Cancelled, Client, Identity, LeaseLost, Signer
 from nodelane import VerificationError, download_file, upload_file
 from nodelane.artifacts import Stop
 
@@ -75,6 +75,19 @@ def test_presigned_parts_carry_no_credential(client_of, tmp_path):
     for _, h, _ in store.puts:  # the fake refuses with 403 any credential; check what was sent anyway
         assert h["x-test-store"] == "yes"
         assert not {"authorization", "signature", "signature-input", "nodelane-lease-token"} & set(h)
+
+
+def test_a_store_refusal_is_not_retried_and_keeps_its_signature_out_of_the_error(client_of, tmp_path, caplog):
+    store, client = client_of(direct=True)
+    store.bucket_error = (403, b"<?xml version='1.0'?><Error><Code>SignatureDoesNotMatch</Code>"
+                               b"<StringToSign>AWS4-HMAC-SHA256 sekrit</StringToSign>"
+                               b"<SignatureProvided>deadbeefsekrit</SignatureProvided></Error>")
+    path, _ = data_file(tmp_path, 10)
+    with pytest.raises(APIError) as ei:
+        upload_file(client, "job_1", LEASE, path, name="x", artifact_type="file")
+    assert (ei.value.status, ei.value.code) == (403, "SignatureDoesNotMatch")
+    assert "sekrit" not in str(ei.value) and "X-Sig" not in str(ei.value) and "sekrit" not in caplog.text
+    assert len(store.puts) == 1 and store.finished == []
 
 
 def test_a_file_changed_after_hashing_is_refused(client_of, tmp_path):

@@ -48,7 +48,9 @@ func (lc *lifecycle) stop(stopped chan struct{}) {
 //   - the maintainer, every Config.MaintainInterval: it expires leases,
 //     records the end of timed activations (with their receipts), collects
 //     expired nonces, forgets expired answers (answers.go), deletes the
-//     jobs past Config.Lease.Retention (when set), and sequences receipts and
+//     jobs past Config.Lease.Retention (when set), every
+//     Config.Artifacts.SweepInterval sweeps the artifact store
+//     (SweepArtifacts), and sequences receipts and
 //     signs checkpoints
 //     continuously. It is safe to run on every replica at once: each step
 //     is conditional on what it read, and the sequencer is one at a time

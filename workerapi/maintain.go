@@ -39,6 +39,7 @@ func (s *Server) MaintainOnce(ctx context.Context) error {
 	errs = append(errs, err)
 	_, err = s.leases.ForgetAnswers(ctx)
 	errs = append(errs, err)
+	errs = append(errs, s.sweepArtifacts(ctx))
 	return errors.Join(errs...)
 }
 

@@ -268,8 +268,9 @@ type Server struct {
 	parked atomic.Int64
 	// uploads counts the part streams of each worker (artifacts.go);
 	// swept is when the maintainer last swept the artifact store.
-	slots uploadSlots
-	swept atomic.Int64
+	slots  uploadSlots
+	swept  atomic.Int64
+	cursor sweepCursor
 }
 
 // ErrConfig is wrapped by every error of New about a missing or invalid

@@ -625,3 +625,41 @@ func (s *Server) opArtifactContent(ctx context.Context, c *call) (int, any, erro
 	serveArtifact(c.w, c.r, a, r)
 	return http.StatusOK, written{}, nil
 }
+
+// resumeFrom names the checkpoint a lease of j resumes from: the latest
+// stored artifact of type wire.CheckpointType of an earlier lease of the
+// job, or nil. A job's first lease (epoch 1) costs no query, nor does any
+// lease without a store. Epochs, not attempts, tell a later lease: a
+// released lease uses no attempt, and its checkpoint counts all the same.
+func (s *Server) resumeFrom(ctx context.Context, j *lease.Job) (*wire.ResumeFrom, error) {
+	if j.Lease == nil || j.Lease.Epoch <= 1 || s.cfg.Artifacts.Store == nil {
+		return nil, nil
+	}
+	as, err := s.leases.Artifacts(ctx, lease.ArtifactFilter{JobID: j.ID, Type: wire.CheckpointType, Limit: s.cfg.Artifacts.MaxPerJob})
+	if err != nil {
+		return nil, err
+	}
+	for i := len(as) - 1; i >= 0; i-- {
+		a := as[i]
+		if a.Object == "" || a.Epoch >= j.Lease.Epoch {
+			continue
+		}
+		rf := &wire.ResumeFrom{ArtifactID: a.ID, Name: a.Name, SizeBytes: a.SizeBytes, ChecksumSHA256: a.SHA256}
+		if pre, ok := s.presigner(); ok && partCount(a.SizeBytes, a.PartSize) == 1 {
+			// One part is one object: a presigned GET reads it whole.
+			if rf.URL, err = pre.PresignGet(ctx, partKey(a.Object, 1), s.cfg.Artifacts.UploadTTL); err != nil {
+				return nil, fmt.Errorf("workerapi: presigning checkpoint %s: %w", a.ID, err)
+			}
+		}
+		return rf, nil
+	}
+	return nil, nil
+}
+
+// grantJob is wireJob with the checkpoint the lease resumes from.
+func (s *Server) grantJob(ctx context.Context, j *lease.Job) (wire.Job, error) {
+	w := wireJob(j)
+	rf, err := s.resumeFrom(ctx, j)
+	w.ResumeFrom = rf
+	return w, err
+}

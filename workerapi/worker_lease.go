@@ -239,8 +239,12 @@ func (s *Server) leaseOnce(ctx context.Context, c *call, lr lease.LeaseRequest, 
 				accepted++
 			}
 		}
+		wj, err := s.grantJob(ctx, j)
+		if err != nil {
+			return nil, err
+		}
 		out.Leases = append(out.Leases, wire.Grant{
-			LeaseID: j.Lease.ID, LeaseToken: g.Token, Job: wireJob(j),
+			LeaseID: j.Lease.ID, LeaseToken: g.Token, Job: wj,
 			ExpiresAt: j.Lease.ExpiresAt, AcceptBy: j.Lease.AcceptBy,
 		})
 	}
@@ -372,5 +376,9 @@ func (s *Server) accept(ctx context.Context, c *call) (int, any, error) {
 	if err := s.jobChanged(ctx, c, from, j); err != nil {
 		return 0, nil, err
 	}
-	return http.StatusOK, wire.AcceptResponse{Job: wireJob(j), ExpiresAt: j.Lease.ExpiresAt}, nil
+	wj, err := s.grantJob(ctx, j)
+	if err != nil {
+		return 0, nil, err
+	}
+	return http.StatusOK, wire.AcceptResponse{Job: wj, ExpiresAt: j.Lease.ExpiresAt}, nil
 }

@@ -959,7 +959,7 @@ func TestArtifacts(t *testing.T) {
 		t.Fatalf("artifacts: %d %s", st, b)
 	}
 	m := asMap(t, b)
-	wantKeys(t, "artifacts", m, "artifact_id", "receipt_id")
+	wantKeys(t, "artifacts", m, "artifact_id", "receipt_id", "stored")
 	out := decode[wire.ArtifactResponse](t, b)
 	if f.env.Receipts(t) != n+1 {
 		t.Errorf("no artifact_reported receipt")

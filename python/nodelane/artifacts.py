@@ -280,6 +280,7 @@ def _send_part(client: Client, plain: _PlainConnections, job_id: str, lease_toke
     n, offset, size = part["part_number"], part["offset"], part["size_bytes"]
     timeout = client.timeout + SECONDS_PER_MIB * size / float(1 << 20)
     tries = 0
+    stale_retried = False
     busy_until = time.monotonic() + PART_BUSY_PATIENCE
     while True:
         stop.check()
@@ -322,8 +323,9 @@ def _send_part(client: Client, plain: _PlainConnections, job_id: str, lease_toke
         stop.check()
         if isinstance(err, LeaseLost) or not _temporary(err):
             raise err
-        if isinstance(err, APIError) and err.code == "stale_timestamp" and tries == 1:
-            tries -= 1  # the clock was corrected from the refusal: sign again at once
+        if isinstance(err, APIError) and err.code == "stale_timestamp" and not stale_retried:
+            stale_retried = True  # the clock was corrected from the refusal: sign again at once
+            tries -= 1
             continue
         d = random.uniform(0, min(PART_RETRY_BASE * 2 ** (tries - 1), PART_RETRY_MAX))
         if isinstance(err, APIError) and err.status == 429:

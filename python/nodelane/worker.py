@@ -490,7 +490,7 @@ class JobContext:
         except ArtifactStorageOff as e:
             if uri is None:
                 raise
-            self._w.log.warning("job %s: %s; reporting artifact %s as metadata only", self.job_id, e.message, name)
+            self._w._storage_off(e)
             ans = self.artifact(kind, name, uri, path=path, metadata=metadata)
             ans["stored"] = False
             return ans
@@ -685,6 +685,7 @@ class Worker:
         self._signals_abort: Optional[Abort] = None
         self._signals_jobs: "set[str]" = set()  # the jobs the open long-poll watches
         self._signals_restart = False
+        self._storage_off_logged = False
         #: The answer of run()'s start (or register), for a caller to look at.
         self.start_answer: Optional[Dict[str, Any]] = None
         #: Set once run() registered or started, and leases.
@@ -819,6 +820,14 @@ class Worker:
                 signal.signal(sig, h)
         if fatal is not None:
             raise fatal
+
+    def _storage_off(self, err: APIError) -> None:
+        """Log, once per worker, that the control plane stores no artifact bytes."""
+        with self._mu:
+            first, self._storage_off_logged = not self._storage_off_logged, True
+        if first:
+            self.log.warning("the control plane stores no artifact bytes (%s): uploads with a uri are reported "
+                             "as metadata only", err.message or err.code)
 
     def _set_fatal(self, err: BaseException) -> None:
         with self._mu:

@@ -25,6 +25,7 @@ import logging
 import os
 import random
 import re
+import ssl
 import threading
 import time
 import urllib.parse
@@ -203,19 +204,34 @@ def _origin_target(url: str) -> "tuple[str, str]":
 
 
 class _PlainConnections:
-    """Connections to presigned URLs: no bearer token, no signature, only the headers the answer gave."""
+    """Connections to presigned URLs: no bearer token, no signature, only the headers the answer gave.
+
+    The URL's own signature is its credential, and the control plane chose its
+    scheme. Its certificate is checked against the system's roots and the CA
+    certificates of the client's ssl_context (a private PKI may serve both).
+    """
 
     def __init__(self, client: Client):
         self._client = client
         self._conns: Dict[str, Connection] = {}
+        self._ssl: Optional[ssl.SSLContext] = None
+
+    def _context(self) -> ssl.SSLContext:
+        if self._ssl is None:
+            ctx = ssl.create_default_context()
+            own = self._client.conn.ssl_context
+            if own is not None:
+                for der in own.get_ca_certs(binary_form=True):
+                    ctx.load_verify_locations(cadata=der)
+            self._ssl = ctx
+        return self._ssl
 
     def get(self, url: str) -> "tuple[Connection, str]":
         origin, target = _origin_target(url)
         c = self._conns.get(origin)
         if c is None:
-            # the URL's own signature is its credential; the control plane chose its scheme
-            c = Connection(origin, timeout=self._client.timeout, ssl_context=self._client.conn.ssl_context,
-                           insecure_http=True)
+            c = Connection(origin, timeout=self._client.timeout,
+                           ssl_context=self._context() if origin.startswith("https:") else None, insecure_http=True)
             self._conns[origin] = c
         return c, target
 

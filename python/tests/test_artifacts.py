@@ -217,6 +217,51 @@ def test_the_job_completes_after_an_upload_started_in_another_thread(server, ope
         proxy.close()
 
 
+@pytest.mark.parametrize("how", ["drain", "cancel"])
+def test_a_drain_or_cancel_cuts_an_upload_in_flight(server, operator, tmp_path, how):
+    """The part is held up (503, Retry-After 30 s, again and again): a drain (after drain_timeout) or an
+    operator's cancel stops the upload at once; nothing is recorded, and the job is released or canceled."""
+    proxy = FaultProxy(server.port, "/parts/", fault="503", count=1000, retry_after=30)
+    try:
+        jt = unique("cut_" + how)
+        w = new_worker(server, url=proxy.url, drain_timeout=1, drain_grace=5)
+        path = str(tmp_path / "big.bin")
+        write_random(path, 2 * MiB)
+        seen: Dict[str, Any] = {}
+
+        @w.job(jt)
+        def work(ctx: JobContext) -> None:
+            try:
+                ctx.upload(path)
+            except nodelane.Cancelled as e:
+                seen["reason"] = e.reason
+                raise
+
+        with running(w) as ends:
+            jid = operator.dispatch(jt, {})["job"]["id"]
+            wait_for(lambda: proxy.faults >= 1, 30, "the first part to be held up")
+            t0 = time.monotonic()
+            if how == "cancel":
+                operator.cancel(jid)
+                wait_for(lambda: ends, 20, "the job to end")
+            else:
+                w.drain()
+                wait_for(lambda: ends, 20, "the job to end")
+            took = time.monotonic() - t0
+        assert took < 10
+        if how == "cancel":
+            assert seen["reason"] == "canceled" and ends[0].outcome == "canceled"
+            assert job_state(operator, jid) == "canceled"
+        else:
+            assert seen["reason"] == "drained" and ends[0].outcome == "released"
+            job = operator.job(jid)["job"]
+            assert job["state"] == "queued" and job["attempt"] == 1, job
+        assert operator.job(jid)["artifacts"] == []
+        assert proxy.faults == 1  # no second try of the part after the stop
+    finally:
+        proxy.close()
+
+
 class ArtifactWorker:
     """python3 artifact_worker.py, its JSON lines in a queue."""
 
@@ -292,3 +337,4 @@ def test_the_next_attempt_resumes_from_the_checkpoint_of_a_killed_worker(server,
         first.stop()
         if second is not None:
             second.stop()
+

@@ -190,12 +190,12 @@ func goList(t *testing.T, dir string, args ...string) []string {
 }
 
 // TestImportRules enforces docs/DESIGN.md section 1 on every package of
-// both modules (the library, and the programs of cmd/), with the
+// the three modules (the library, the programs of cmd/, blobstore), with the
 // dependencies that go list -deps reports.
 func TestImportRules(t *testing.T) {
 	std := map[string]bool{}
 	var pkgs []string
-	for _, dir := range []string{".", "cmd"} {
+	for _, dir := range []string{".", "cmd", "blobstore"} {
 		for _, line := range goList(t, dir, "-deps", "-f", "{{.ImportPath}} {{.Standard}}", "./...") {
 			path, isStd, _ := strings.Cut(line, " ")
 			std[path] = isStd == "true"

@@ -12,8 +12,8 @@ import (
 )
 
 // programOnly are modules that only the programs of cmd/ (their own
-// module) or their tests use: an embedder of the library never gets them
-// in its module graph.
+// module), the blobstore module or their tests use: an embedder of the
+// library never gets them in its module graph.
 var programOnly = []string{
 	"github.com/chromedp/chromedp",
 	"github.com/chromedp/cdproto",
@@ -22,6 +22,7 @@ var programOnly = []string{
 	"github.com/getkin/kin-openapi",
 	"github.com/BurntSushi/toml",
 	"golang.org/x/crypto", // acme/autocert, in cmd/server only
+	"gocloud.dev",         // the blobstore module's, and cmd/server's through it
 }
 
 // libraryRequires are the modules the library's go.mod may require

@@ -57,7 +57,7 @@ def stored_sha256(operator: nodelane.Operator, artifact_id: str, tmp_path: Any) 
 
 
 def artifact_of(operator: nodelane.Operator, job_id: str, artifact_id: str) -> Dict[str, Any]:
-    arts = [a for a in operator.job(job_id)["artifacts"] if a.get("id", a.get("artifact_id")) == artifact_id]
+    arts = [a for a in operator.job(job_id)["artifacts"] if a["artifact_id"] == artifact_id]
     assert len(arts) == 1, operator.job(job_id)["artifacts"]
     return arts[0]
 

@@ -26,8 +26,14 @@ LEASE = "nll_fake"
 class FakeStore:
     """The upload, part, finish and content routes of one job, and a bucket (/bucket/...)."""
 
-    def __init__(self, part_size: int = 1 << 16, direct: bool = False, storage: bool = True):
+    def __init__(self, part_size: int = 1 << 16, direct: bool = False, storage: bool = True,
+                 discard: bool = False):
         self.part_size, self.direct, self.storage = part_size, direct, storage
+        # discard: keep no part's bytes, only a running SHA-256 of the parts as they come (in order,
+        # no faults), so that a test can measure the client's memory in this process
+        self.discard = discard
+        self.running = hashlib.sha256()
+        self.running_size = 0
         self.parts: Dict[int, bytes] = {}
         self.upload: Optional[Dict[str, Any]] = None
         self.finished: List[Dict[str, Any]] = []
@@ -93,11 +99,15 @@ class FakeStore:
 
             def finish_upload(self, body: Dict[str, Any]) -> None:
                 with srv.mu:
-                    data = b"".join(srv.parts[k] for k in sorted(srv.parts))
+                    if srv.discard:
+                        size, sha = srv.running_size, srv.running.hexdigest()
+                    else:
+                        data = b"".join(srv.parts[k] for k in sorted(srv.parts))
+                        size, sha = len(data), hashlib.sha256(data).hexdigest()
                     srv.finished.append(body)
                 if body.get("upload_id") != "upl_x":
                     return self.error(409, "upload_invalid")
-                if len(data) != body["size_bytes"] or hashlib.sha256(data).hexdigest() != body["checksum_sha256"]:
+                if size != body["size_bytes"] or sha != body["checksum_sha256"]:
                     return self.error(422, "artifact_mismatch", "the stored bytes are not those declared")
                 self.answer(201, {"artifact_id": "art_1", "receipt_id": "rct_1", "stored": True})
 
@@ -135,6 +145,22 @@ class FakeStore:
                         srv.puts.append((n, h, len(got)))
                     self.close_connection = True
                     self.connection.shutdown(2)
+                    return
+                if srv.discard:
+                    ph, left = hashlib.sha256(), length
+                    while left:
+                        b = self.rfile.read(min(left, 1 << 16))
+                        if not b:
+                            break
+                        ph.update(b)
+                        with srv.mu:
+                            srv.running.update(b)
+                            srv.running_size += len(b)
+                        left -= len(b)
+                    with srv.mu:
+                        srv.puts.append((n, h, length - left))
+                        srv.parts[n] = b""
+                    self.answer(200, {"part_number": n, "size_bytes": length, "expires_at": "2099-01-01T00:00:00Z"})
                     return
                 data = self.rfile.read(length)
                 with srv.mu:

@@ -7,6 +7,7 @@ import hashlib
 import os
 import threading
 import time
+import tracemalloc
 
 import pytest
 
@@ -56,6 +57,28 @@ def test_parts_are_signed_streamed_and_a_cut_part_is_sent_again_alone(client_of,
     fin = store.finished[0]
     assert fin["upload_id"] == "upl_x" and fin["metadata"] == {"step": 3} and "uri" not in fin
     assert fin["checksum_sha256"] == up["checksum_sha256"] and fin["size_bytes"] == len(data)
+
+
+def test_memory_stays_bounded_whatever_the_file_size(client_of, tmp_path):
+    """48 MiB in 16 MiB parts: the SDK holds a block or two (1 MiB) at a time, never a part or the file."""
+    store, client = client_of(part_size=16 << 20, discard=True)
+    p = tmp_path / "big.bin"
+    h = hashlib.sha256()
+    with open(p, "wb") as f:
+        for _ in range(48):
+            b = os.urandom(1 << 20)
+            f.write(b)
+            h.update(b)
+    del b
+    tracemalloc.start()
+    try:
+        ans = upload_file(client, "job_1", LEASE, str(p), name="big.bin", artifact_type="file")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert ans["stored"] and store.running.hexdigest() == h.hexdigest()
+    assert [n for _, _, n in store.puts] == [16 << 20] * 3
+    assert peak < 6 << 20, "peak %d bytes" % peak
 
 
 def test_an_empty_file_is_one_empty_part(client_of, tmp_path):

@@ -108,6 +108,27 @@ func (s *Signer) Sign(r *http.Request, body []byte) error {
 // so given the same request it gives the same signature: it reproduces
 // the worked cases of the profile.
 func (s *Signer) SignAt(r *http.Request, body []byte, created time.Time, nonce []byte) error {
+	cd, err := ContentDigest(DigestSHA256, body)
+	if err != nil {
+		return err
+	}
+	return s.signAt(r, cd, created, nonce)
+}
+
+// SignStream is Sign for a request whose body is streamed rather than
+// held in memory: sum is the SHA-256 of the body the request will carry
+// (computed by a first read of it), which becomes its Content-Digest.
+// The verifier checks the digest as the body arrives (Verifier.CheckStream).
+func (s *Signer) SignStream(r *http.Request, sum [sha256.Size]byte) error {
+	nonce := make([]byte, s.cfg.NonceSize)
+	if _, err := io.ReadFull(s.cfg.Rand, nonce); err != nil {
+		return fmt.Errorf("replay: reading a nonce: %w", err)
+	}
+	return s.signAt(r, DigestSHA256+"=:"+base64.StdEncoding.EncodeToString(sum[:])+":", s.cfg.Now(), nonce)
+}
+
+// signAt signs r, whose Content-Digest field value is cd.
+func (s *Signer) signAt(r *http.Request, cd string, created time.Time, nonce []byte) error {
 	if len(s.key) != ed25519.PrivateKeySize {
 		return fmt.Errorf("replay: Ed25519 private key has %d bytes, not %d", len(s.key), ed25519.PrivateKeySize)
 	}
@@ -116,10 +137,6 @@ func (s *Signer) SignAt(r *http.Request, body []byte, created time.Time, nonce [
 	}
 	if len(r.Header.Values("Content-Type")) == 0 {
 		return fmt.Errorf("replay: request has no Content-Type")
-	}
-	cd, err := ContentDigest(DigestSHA256, body)
-	if err != nil {
-		return err
 	}
 	r.Header.Set("Content-Digest", cd)
 	c := created.Unix()

@@ -53,6 +53,15 @@
 // -http-addr adds a plain HTTP listener that answers ACME HTTP-01
 // challenges and redirects everything else to https.
 //
+// Artifact bytes go to -artifact-store (package blobstore: file:///dir or
+// a directory path, s3://, gs://, azblob://, mem://, or off); by default,
+// on SQLite, the directory "artifacts" beside the database, created 0700,
+// and on PostgreSQL none (its replicas need a store they share: the log
+// says so). -max-artifact-bytes (default 10 GiB) bounds one artifact;
+// -artifact-no-presign keeps a presigning bucket's URLs from the workers.
+// -read-timeout and -write-timeout bound a stall, not the whole transfer,
+// on the routes that move artifact bytes.
+//
 // Behind a reverse proxy that rewrites Host or strips a path prefix,
 // -public-url names the URL the workers use (https://cp.example.com/nodelane):
 // signatures are verified against it, and the console's links and cookie
@@ -135,10 +144,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return nil
 	})
 	tlsFlags := tlsserve.RegisterFlags(fs) // -tls-*, -acme-*, -http-addr
+	artifacts := artifactFlagsOn(fs)       // -artifact-store, -max-artifact-bytes, -artifact-no-presign
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if err := hl.check(); err != nil {
+		return err
+	}
+	if err := artifacts.check(); err != nil {
 		return err
 	}
 	if *publicURL != "" {
@@ -191,13 +204,19 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		defer httpLn.Close()
 	}
 
+	artCfg, artStore, err := artifacts.open(ctx, *dsn, log)
+	if err != nil {
+		return err
+	}
+	defer artStore.Close()
+
 	cp, err := controlplane.Open(ctx, controlplane.Options{
 		DB: *dsn, SecretsFile: *secretsFile, LeaseTTL: *leaseTTL, AcceptTimeout: *acceptTimeout,
 		Prices: prices, ApproveNodes: *approveNodes, MaxLeasesPerWorker: *maxLeases,
 		CancelGrace: *cancelGrace, MaxRuntime: *maxRuntime, RetryBase: *retryBase, Retention: *retention,
 		HeartbeatInterval: *hbInterval, OfflineAfter: *offlineAfter,
 		SequenceInterval: *seqInterval, SequenceBatch: *seqBatch, Logger: log, Metrics: met.m, Now: now,
-		PublicOrigin: *publicURL, TrustedProxies: proxies,
+		PublicOrigin: *publicURL, TrustedProxies: proxies, Artifacts: artCfg,
 	})
 	if err != nil {
 		return err
@@ -254,7 +273,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	web := http.StripPrefix("/console", con)
 	srv := &http.Server{
-		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		Handler: streamDeadlines(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			if h, ok := ops[r.URL.Path]; ok {
 				h.ServeHTTP(w, r)
 				return
@@ -268,7 +287,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 				return
 			}
 			api.ServeHTTP(w, r)
-		}),
+		}), hl.readTimeout, hl.writeTimeout),
 		BaseContext: func(net.Listener) context.Context { return base },
 	}
 	hl.apply(srv)

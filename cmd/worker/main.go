@@ -49,7 +49,12 @@
 // (cmd/internal/command, docs/COMMANDS.md), and the worker registers
 // those job types only. The GPUs of the -gpu flags are the devices "0",
 // "1", ... handed to the commands in CUDA_VISIBLE_DEVICES. The file's
-// tags, and the -tag flags, are the worker's registration tags.
+// tags, and the -tag flags, are the worker's registration tags. A
+// command's nodelane:artifact files are uploaded to the control plane
+// when it stores artifact bytes (reported as metadata only when it
+// answers artifact_storage_off, logged once), and a job completes only
+// once its uploads are stored; an attempt that resumes from a
+// checkpoint gets it downloaded, at NODELANE_RESUME_FROM.
 package main
 
 import (

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"crypto/x509"
 	"encoding/base64"
 	"encoding/json"
@@ -73,6 +74,14 @@ type Config struct {
 	// dials with DialContext and follows no redirect. New refuses RootCAs,
 	// PinnedPublicKeys or DialContext beside an HTTPClient of the caller's.
 	HTTPClient *http.Client
+	// StoreHTTPClient sends the requests to presigned URLs of the
+	// artifact store (uploads and downloads the control plane hands to
+	// the store directly), which carry no credential of the node; the
+	// HTTPClient's roots, pins and dialer are the control plane's, not the
+	// store's. Defaults to a client on a clone of http.DefaultTransport
+	// (the system's roots; the proxy environment variables apply) that
+	// speaks TLS 1.2 at least and follows no redirect.
+	StoreHTTPClient *http.Client
 	// RootCAs are the certificate authorities trusted for an https base
 	// URL, as for a private PKI. Defaults to nil: the system's roots.
 	RootCAs *x509.CertPool
@@ -130,6 +139,7 @@ type Client struct {
 	cfg    Config
 	id     *Identity
 	hc     *http.Client
+	store  *http.Client
 	log    *slog.Logger
 	signer *replay.Signer
 
@@ -193,7 +203,10 @@ func New(baseURL string, cfg *Config) (*Client, error) {
 	if c.Rand == nil {
 		c.Rand = rand.Reader
 	}
-	cl := &Client{base: u, cfg: c, id: c.Identity, hc: c.HTTPClient, log: c.Logger}
+	if c.StoreHTTPClient == nil {
+		c.StoreHTTPClient = storeTransport()
+	}
+	cl := &Client{base: u, cfg: c, id: c.Identity, hc: c.HTTPClient, store: c.StoreHTTPClient, log: c.Logger}
 	cl.signer = replay.NewSigner(c.Identity.Key(), &replay.SignerConfig{Now: cl.ServerNow, Rand: c.Rand})
 	return cl, nil
 }
@@ -351,12 +364,50 @@ type callOpts struct {
 	wait time.Duration
 }
 
+// call is one signed request: what each attempt of send sends.
+type call struct {
+	method, route string
+	// body is a JSON body; or stream, when set, a body streamed from a
+	// file (each attempt from its start) whose SHA-256 is sum; or neither,
+	// an empty body.
+	body   []byte
+	stream *io.SectionReader
+	sum    [sha256.Size]byte
+	// contentType is the request's Content-Type.
+	contentType string
+	// leaseToken, when set, goes in the Nodelane-Lease-Token header.
+	leaseToken string
+	// token is the bearer token to send; "" means the identity's.
+	token string
+	// wait is how long the server may hold the request (a long-poll).
+	wait time.Duration
+	// out receives a 2xx JSON answer; recv, when set, reads a 2xx answer
+	// instead (a streamed body).
+	out  any
+	recv func(*http.Response) error
+	// header holds more request headers.
+	header http.Header
+	// attempts bounds the attempts; 0 means Config.MaxAttempts.
+	attempts int
+}
+
 // do POSTs in as JSON to route and decodes a 2xx answer into out,
 // retrying as Config says. It returns the answer's status.
 func (c *Client) do(ctx context.Context, route string, in, out any, o callOpts) (int, error) {
 	body, err := json.Marshal(in)
 	if err != nil {
 		return 0, fmt.Errorf("client: %s: encoding the request: %w", route, err)
+	}
+	return c.send(ctx, &call{method: http.MethodPost, route: route, body: body, contentType: "application/json",
+		token: o.token, wait: o.wait, out: out})
+}
+
+// send sends cl, retrying as Config says. It returns the answer's status.
+func (c *Client) send(ctx context.Context, cl *call) (int, error) {
+	route := cl.route
+	maxAttempts := c.cfg.MaxAttempts
+	if cl.attempts > 0 {
+		maxAttempts = cl.attempts
 	}
 	var (
 		staleRetried, tokenRetried bool
@@ -370,11 +421,11 @@ func (c *Client) do(ctx context.Context, route string, in, out any, o callOpts) 
 			}
 			return 0, context.Cause(ctx)
 		}
-		tok := o.token
+		tok := cl.token
 		if tok == "" {
 			tok = c.id.Token()
 		}
-		status, err := c.once(ctx, route, body, out, tok, o.wait)
+		status, err := c.once(ctx, cl, tok)
 		if err == nil {
 			return status, nil
 		}
@@ -389,7 +440,7 @@ func (c *Client) do(ctx context.Context, route string, in, out any, o callOpts) 
 				attempt--
 				continue
 			case (ae.Code == wire.CodeTokenRevoked || ae.Code == wire.CodeInvalidToken || ae.Code == wire.CodeTokenExpired) &&
-				o.token == "" && !tokenRetried && c.id.Token() != tok:
+				cl.token == "" && !tokenRetried && c.id.Token() != tok:
 				// The token was rotated (a re-registration, or a renewal
 				// whose grace has passed) while this request was in
 				// flight: send it again with the new one.
@@ -411,7 +462,7 @@ func (c *Client) do(ctx context.Context, route string, in, out any, o callOpts) 
 		if ctx.Err() != nil {
 			return status, err
 		}
-		if attempt >= c.cfg.MaxAttempts {
+		if attempt >= maxAttempts {
 			return status, fmt.Errorf("%w (gave up after %d attempts)", err, attempt)
 		}
 		d := c.backoff(attempt)
@@ -468,22 +519,62 @@ func sleep(ctx context.Context, d time.Duration) bool {
 // maxAnswer bounds how much of an answer is read.
 const maxAnswer = 16 << 20
 
-// once sends one signed attempt.
-func (c *Client) once(ctx context.Context, route string, body []byte, out any, token string, wait time.Duration) (int, error) {
-	actx, cancel := context.WithTimeout(ctx, c.cfg.RequestTimeout+wait)
+// once sends one signed attempt of cl with the bearer token token.
+func (c *Client) once(ctx context.Context, cl *call, token string) (int, error) {
+	route := cl.route
+	var (
+		actx   context.Context
+		cancel context.CancelFunc
+		idle   *idleWatch
+	)
+	if cl.stream != nil || cl.recv != nil {
+		// A streamed body or answer may take far longer than
+		// RequestTimeout: the attempt ends when no byte moves for that
+		// long instead.
+		actx, idle = newIdleWatch(ctx, c.cfg.RequestTimeout)
+		cancel = idle.stop
+	} else {
+		actx, cancel = context.WithTimeout(ctx, c.cfg.RequestTimeout+cl.wait)
+	}
 	defer cancel()
-	// route is escaped already (jobRoute), as is the base's String.
-	req, err := http.NewRequestWithContext(actx, http.MethodPost, c.base.String()+route, bytes.NewReader(body))
+	var body io.Reader
+	switch {
+	case cl.stream != nil:
+		body = idle.reader(io.NewSectionReader(cl.stream, 0, cl.stream.Size()))
+	case cl.body != nil:
+		body = bytes.NewReader(cl.body)
+	}
+	// route is escaped already (JobPath), as is the base's String.
+	req, err := http.NewRequestWithContext(actx, cl.method, c.base.String()+route, body)
 	if err != nil {
 		return 0, fmt.Errorf("client: %s: %w", route, err)
 	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Accept", "application/json")
+	if cl.stream != nil {
+		req.ContentLength = cl.stream.Size()
+		if req.ContentLength == 0 {
+			req.Body = http.NoBody
+		}
+	}
+	for k, v := range cl.header {
+		req.Header[k] = v
+	}
+	req.Header.Set("Content-Type", cl.contentType)
+	if cl.recv == nil {
+		req.Header.Set("Accept", "application/json")
+	}
 	req.Header.Set("User-Agent", c.cfg.UserAgent)
 	if token != "" {
 		req.Header.Set("Authorization", "Bearer "+token)
 	}
-	if err := c.signer.Sign(req, body); err != nil {
+	if cl.leaseToken != "" {
+		req.Header.Set(wire.HeaderLeaseToken, cl.leaseToken)
+	}
+	if cl.stream != nil {
+		err = c.signer.SignStream(req, cl.sum)
+	} else {
+		err = c.signer.Sign(req, cl.body)
+	}
+	if err != nil {
 		return 0, fmt.Errorf("client: %s: signing: %w", route, err)
 	}
 	sent := c.cfg.Now()
@@ -492,9 +583,26 @@ func (c *Client) once(ctx context.Context, route string, body []byte, out any, t
 		if ctx.Err() != nil {
 			return 0, context.Cause(ctx)
 		}
+		if cause := context.Cause(actx); errors.Is(cause, errIdle) {
+			err = cause
+		}
 		return 0, &transportError{route: route, err: err}
 	}
 	defer resp.Body.Close()
+	if idle != nil {
+		idle.touch()
+	}
+	if cl.recv != nil && resp.StatusCode >= 200 && resp.StatusCode < 300 {
+		c.observe(nil, resp.Header.Get("Date"), sent, c.cfg.Now())
+		resp.Body = idle.readCloser(resp.Body)
+		if err := cl.recv(resp); err != nil {
+			if ctx.Err() != nil {
+				return 0, context.Cause(ctx)
+			}
+			return resp.StatusCode, err
+		}
+		return resp.StatusCode, nil
+	}
 	b, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswer))
 	recv := c.cfg.Now()
 	if err != nil {
@@ -524,8 +632,8 @@ func (c *Client) once(ctx context.Context, route string, body []byte, out any, t
 	}
 
 	if resp.StatusCode >= 200 && resp.StatusCode < 300 {
-		if out != nil {
-			if err := json.Unmarshal(b, out); err != nil {
+		if cl.out != nil {
+			if err := json.Unmarshal(b, cl.out); err != nil {
 				return resp.StatusCode, &APIError{Status: resp.StatusCode, Route: route,
 					RequestID: resp.Header.Get("X-Request-Id"), Message: "undecodable answer: " + err.Error()}
 			}

@@ -951,14 +951,18 @@ func (w *Runner) freeSlots() int {
 func (w *Runner) start(g wire.Grant) {
 	w.mu.Lock()
 	h := w.handlers[g.Job.JobType]
-	_, dup := w.jobs[g.Job.ID]
+	// A job granted again under another lease token while its previous
+	// attempt here is still reporting how it ended (a retry that is due at
+	// once) is a new task: it replaces the old one in jobs, whose removal
+	// then leaves it alone.
+	old, held := w.jobs[g.Job.ID]
 	reason := ""
 	switch {
 	case w.draining:
 		reason = "drain"
 	case h == nil:
 		reason = "no handler for job type " + g.Job.JobType
-	case dup:
+	case held && old.token == g.LeaseToken:
 		w.mu.Unlock()
 		w.log.Error("the server leased a job this worker holds already", "job", g.Job.ID)
 		return

@@ -126,3 +126,16 @@ func parsePins(ss []string) ([][]byte, error) {
 	}
 	return pins, nil
 }
+
+// storeTransport builds the default Config.StoreHTTPClient: a clone of
+// http.DefaultTransport, TLS 1.2 at least, no redirects followed.
+func storeTransport() *http.Client {
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.TLSClientConfig = &tls.Config{MinVersion: tls.VersionTLS12}
+	return &http.Client{
+		Transport: t,
+		CheckRedirect: func(*http.Request, []*http.Request) error {
+			return http.ErrUseLastResponse
+		},
+	}
+}

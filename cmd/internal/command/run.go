@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -28,8 +29,19 @@ type Reporter interface {
 	Log(message string, payload any)
 	Progress(ctx context.Context, message string, payload any) error
 	Artifact(ctx context.Context, a client.ArtifactInfo) (*wire.ArtifactResponse, error)
+	// UploadArtifactFrom uploads an artifact's bytes and records it as
+	// stored; its error wraps client.ErrArtifactStorageOff when the
+	// control plane stores no bytes.
+	UploadArtifactFrom(ctx context.Context, src io.ReaderAt, size int64, a client.ArtifactFile) (*wire.ArtifactResponse, error)
+	// DownloadCheckpoint downloads the checkpoint the job's grant names
+	// (Job.ResumeFrom) into a directory and returns its path.
+	DownloadCheckpoint(ctx context.Context, dir string) (string, error)
 	SetOutput(outputURI string, metrics any, finalMessage string)
 }
+
+// ResumeEnv is the variable that names, for a command whose attempt
+// resumes from a checkpoint, the downloaded checkpoint's path.
+const ResumeEnv = "NODELANE_RESUME_FROM"
 
 // MaxResultBytes bounds $NODELANE_OUTPUT_DIR/result.json: it becomes the
 // completion's metrics, which the control plane bounds so.
@@ -96,6 +108,10 @@ type Executor struct {
 	opts Options
 	jobs map[string]*Job
 	runs sync.WaitGroup
+
+	// storageOffLogged is set once the executor has logged that the
+	// control plane stores no artifact bytes.
+	storageOffLogged atomic.Bool
 
 	// stateMu guards running, the runs the state file lists.
 	stateMu sync.Mutex
@@ -214,14 +230,47 @@ func (e *Executor) Run(ctx context.Context, job *wire.Job, rep Reporter) error {
 	}
 	defer os.Remove(payloadPath)
 
+	resume, err := e.resume(ctx, job, rep, runDir)
+	if err != nil {
+		return err
+	}
 	r := &run{e: e, j: j, job: job, rep: rep, outDir: outDir,
 		bucket: newBucket(e.opts.LineRate, e.opts.LineBurst, e.opts.Now), q: newQueue()}
 	env := r.environ(payloadPath, gpus)
+	if resume != "" {
+		env = append(env, ResumeEnv+"="+resume)
+	}
 	dir := j.Workdir
 	if dir == "" {
 		dir = runDir
 	}
 	return r.execute(ctx, env, dir)
+}
+
+// resume downloads the checkpoint job's grant names, if any, into
+// runDir and returns its path. A download that may succeed later fails
+// the attempt as retryable (error_code resume_failed); one that cannot
+// (the bytes are not the checkpoint's, or it is gone) is logged, and the
+// command starts without a checkpoint.
+func (e *Executor) resume(ctx context.Context, job *wire.Job, rep Reporter, runDir string) (string, error) {
+	rf := job.ResumeFrom
+	if rf == nil {
+		return "", nil
+	}
+	path, err := rep.DownloadCheckpoint(ctx, runDir)
+	switch {
+	case err == nil:
+		rep.Log(fmt.Sprintf("resuming from checkpoint %s (%s, %d bytes) at %s", rf.ArtifactID, rf.Name, rf.SizeBytes, path), nil)
+		return path, nil
+	case ctx.Err() != nil:
+		return "", context.Cause(ctx)
+	case client.IsRetryable(err) || client.IsLeaseLost(err):
+		return "", fail("resume_failed", true, fmt.Errorf("downloading checkpoint %s: %w", rf.ArtifactID, err))
+	}
+	rep.Log(fmt.Sprintf("checkpoint %s not downloaded: %v; the command starts without %s", rf.ArtifactID, err, ResumeEnv),
+		map[string]any{"warning": "checkpoint not downloaded"})
+	e.opts.Logger.Warn("checkpoint not downloaded; the command starts without it", "job", job.ID, "artifact", rf.ArtifactID, "err", err)
+	return "", nil
 }
 
 // run is one run of a job's command.
@@ -489,8 +538,17 @@ func (r *run) progress(ctx context.Context, p *Progress) {
 	}
 }
 
+// artifact reports an artifact line's file: its bytes are uploaded when
+// the control plane stores them, else (artifact_storage_off) it is
+// reported as metadata only, with its file:// URI.
 func (r *run) artifact(ctx context.Context, a *Artifact) {
-	sum, size, err := digest(r.outDir, a.Path)
+	f, size, err := openArtifact(r.outDir, a.Path)
+	if err != nil {
+		r.rep.Log(fmt.Sprintf("artifact %s not reported: %v", a.Name, err), map[string]any{"warning": "bad artifact"})
+		return
+	}
+	defer f.Close()
+	sum, err := digest(ctx, f, size)
 	if err != nil {
 		r.rep.Log(fmt.Sprintf("artifact %s not reported: %v", a.Name, err), map[string]any{"warning": "bad artifact"})
 		return
@@ -499,47 +557,86 @@ func (r *run) artifact(ctx context.Context, a *Artifact) {
 	if len(a.Metadata) > 0 && string(a.Metadata) != "null" {
 		md = a.Metadata
 	}
-	_, err = r.rep.Artifact(ctx, client.ArtifactInfo{Type: a.Kind, Name: a.Name,
-		URI: fileURI(filepath.Join(r.outDir, a.Path)), SHA256: sum, SizeBytes: size, Metadata: md})
+	_, err = r.rep.UploadArtifactFrom(ctx, f, size, client.ArtifactFile{Type: a.Kind, Name: a.Name, Metadata: md, SHA256: sum})
+	if errors.Is(err, client.ErrArtifactStorageOff) {
+		if r.e.storageOffLogged.CompareAndSwap(false, true) {
+			r.e.opts.Logger.Info("the control plane stores no artifact bytes: artifacts are reported as metadata only, with their file:// URIs",
+				"job", r.job.ID)
+		}
+		_, err = r.rep.Artifact(ctx, client.ArtifactInfo{Type: a.Kind, Name: a.Name,
+			URI: fileURI(filepath.Join(r.outDir, a.Path)), SHA256: sum, SizeBytes: size, Metadata: md})
+	}
 	if err != nil && ctx.Err() == nil {
-		r.rep.Log(fmt.Sprintf("artifact %s not reported: %s", a.Name, client.ErrorCode(err)), map[string]any{"warning": "artifact not reported"})
+		r.rep.Log(fmt.Sprintf("artifact %s not reported: %s", a.Name, errorText(err)), map[string]any{"warning": "artifact not reported"})
 		r.mu.Lock()
 		r.notReported++
 		r.mu.Unlock()
 	}
 }
 
-// digest returns the SHA-256 (lowercase hex) and size of the regular
-// file at rel inside dir; a path that leaves dir, through ".." or a
-// symbolic link, is refused.
-func digest(dir, rel string) (string, int64, error) {
+// errorText is the PROTOCOL.md code of err, or its message when it has
+// none (the upload's own failures: a file that changed, the store out of
+// reach).
+func errorText(err error) string {
+	if code := client.ErrorCode(err); code != "" {
+		return code
+	}
+	return err.Error()
+}
+
+// openArtifact opens the regular file at rel inside dir, and returns it
+// with its size; a path that leaves dir, through ".." or a symbolic
+// link, is refused.
+func openArtifact(dir, rel string) (*os.File, int64, error) {
 	if !filepath.IsLocal(rel) {
-		return "", 0, fmt.Errorf("path %q is not inside NODELANE_OUTPUT_DIR", rel)
+		return nil, 0, fmt.Errorf("path %q is not inside NODELANE_OUTPUT_DIR", rel)
 	}
 	root, err := os.OpenRoot(dir)
 	if err != nil {
-		return "", 0, err
+		return nil, 0, err
 	}
 	defer root.Close()
 	// O_NONBLOCK: a FIFO must not hang the worker; it is refused below.
 	f, err := root.OpenFile(rel, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if err != nil {
-		return "", 0, err
+		return nil, 0, err
 	}
-	defer f.Close()
 	fi, err := f.Stat()
 	if err != nil {
-		return "", 0, err
+		f.Close()
+		return nil, 0, err
 	}
 	if !fi.Mode().IsRegular() {
-		return "", 0, fmt.Errorf("path %q is not a regular file", rel)
+		f.Close()
+		return nil, 0, fmt.Errorf("path %q is not a regular file", rel)
 	}
+	return f, fi.Size(), nil
+}
+
+// digest returns the SHA-256 (lowercase hex) of the size bytes of f.
+func digest(ctx context.Context, f *os.File, size int64) (string, error) {
 	h := sha256.New()
-	n, err := io.Copy(h, f)
+	n, err := io.Copy(h, ctxReader{ctx, io.NewSectionReader(f, 0, size)})
 	if err != nil {
-		return "", 0, fmt.Errorf("reading %q: %w", rel, err)
+		return "", fmt.Errorf("reading %s: %w", filepath.Base(f.Name()), err)
 	}
-	return hex.EncodeToString(h.Sum(nil)), n, nil
+	if n != size {
+		return "", fmt.Errorf("%s changed while it was read", filepath.Base(f.Name()))
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// ctxReader is a reader that fails once ctx ends.
+type ctxReader struct {
+	ctx context.Context
+	r   io.Reader
+}
+
+func (r ctxReader) Read(p []byte) (int, error) {
+	if err := r.ctx.Err(); err != nil {
+		return 0, context.Cause(r.ctx)
+	}
+	return r.r.Read(p)
 }
 
 // readResult reads outDir/result.json, if present: a JSON object of at

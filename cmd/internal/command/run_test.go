@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -32,9 +33,23 @@ type recorder struct {
 	progress  []map[string]any
 	messages  []string
 	artifacts []client.ArtifactInfo
-	outputURI string
-	metrics   any
-	final     string
+	// store makes UploadArtifactFrom keep the bytes in uploads; without
+	// it, it answers artifact_storage_off.
+	store   bool
+	uploads []upload
+	// checkpoint is what DownloadCheckpoint writes, or checkpointErr its
+	// error.
+	checkpoint    []byte
+	checkpointErr error
+	outputURI     string
+	metrics       any
+	final         string
+}
+
+// upload is an artifact the recorder stored.
+type upload struct {
+	a     client.ArtifactFile
+	bytes []byte
 }
 
 func (r *recorder) Log(message string, payload any) {
@@ -58,6 +73,36 @@ func (r *recorder) Artifact(ctx context.Context, a client.ArtifactInfo) (*wire.A
 	defer r.mu.Unlock()
 	r.artifacts = append(r.artifacts, a)
 	return &wire.ArtifactResponse{}, nil
+}
+
+// UploadArtifactFrom keeps the bytes when the recorder stores them, and
+// else answers as a control plane without storage.
+func (r *recorder) UploadArtifactFrom(ctx context.Context, src io.ReaderAt, size int64, a client.ArtifactFile) (*wire.ArtifactResponse, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.store {
+		return nil, fmt.Errorf("%w: 404 artifact_storage_off", client.ErrArtifactStorageOff)
+	}
+	b, err := io.ReadAll(io.NewSectionReader(src, 0, size))
+	if err != nil {
+		return nil, err
+	}
+	if sum := sha256.Sum256(b); hex.EncodeToString(sum[:]) != a.SHA256 {
+		return nil, errors.New("artifact_mismatch")
+	}
+	r.uploads = append(r.uploads, upload{a: a, bytes: b})
+	return &wire.ArtifactResponse{Stored: true}, nil
+}
+
+// DownloadCheckpoint writes the recorder's checkpoint into dir.
+func (r *recorder) DownloadCheckpoint(ctx context.Context, dir string) (string, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.checkpointErr != nil {
+		return "", r.checkpointErr
+	}
+	path := filepath.Join(dir, "ckpt.bin")
+	return path, os.WriteFile(path, r.checkpoint, 0o600)
 }
 
 func (r *recorder) SetOutput(uri string, metrics any, final string) {
@@ -490,5 +535,79 @@ echo left`, "gpus = 0", nil)
 	}
 	if !rec.logged("left") {
 		t.Errorf("logs %q", rec.logs)
+	}
+}
+
+// TestRunUploadsArtifacts checks that with storage on, an artifact
+// line's file is uploaded (its bytes, sum and name) rather than reported
+// as metadata, before Run returns; and that a run whose upload fails is
+// failed as retryable.
+func TestRunUploadsArtifacts(t *testing.T) {
+	t.Parallel()
+	e := executor(t, `
+head -c 300000 /dev/urandom > "$NODELANE_OUTPUT_DIR/model.bin"
+echo 'nodelane:artifact {"path": "model.bin", "kind": "checkpoint", "metadata": {"step": 3}}'
+`, "gpus = 0", nil)
+	rec := &recorder{store: true}
+	if err := e.Run(context.Background(), testJob(), rec); err != nil {
+		t.Fatal(err)
+	}
+	if len(rec.artifacts) != 0 || len(rec.uploads) != 1 {
+		t.Fatalf("metadata reports %+v, uploads %d", rec.artifacts, len(rec.uploads))
+	}
+	u := rec.uploads[0]
+	if u.a.Name != "model.bin" || u.a.Type != "checkpoint" || len(u.bytes) != 300000 || string(u.a.Metadata.(json.RawMessage)) != `{"step": 3}` {
+		t.Errorf("upload %+v (%d bytes)", u.a, len(u.bytes))
+	}
+	// A failed upload fails the run, retryable.
+	e2 := executor(t, `
+printf x > "$NODELANE_OUTPUT_DIR/a"
+echo 'nodelane:artifact {"path": "a"}'
+`, "gpus = 0", nil)
+	bad := &failingUploads{recorder: recorder{store: true}}
+	f := failure(t, e2.Run(context.Background(), testJob(), bad))
+	if f.Code != "artifact_not_reported" || !f.Retryable || !bad.logged("artifact a not reported: lease_lost") {
+		t.Errorf("failure %+v; logs %q", f, bad.logs)
+	}
+}
+
+// failingUploads refuses every upload as lease_lost.
+type failingUploads struct{ recorder }
+
+func (r *failingUploads) UploadArtifactFrom(context.Context, io.ReaderAt, int64, client.ArtifactFile) (*wire.ArtifactResponse, error) {
+	return nil, &client.APIError{Status: 409, Code: wire.CodeLeaseLost}
+}
+
+// TestRunResumesFromCheckpoint checks NODELANE_RESUME_FROM: set to the
+// downloaded checkpoint when the grant names one, absent otherwise; a
+// download that may succeed later fails the attempt as retryable, one
+// that cannot starts the command without it.
+func TestRunResumesFromCheckpoint(t *testing.T) {
+	t.Parallel()
+	e := executor(t, `
+if [ -n "$NODELANE_RESUME_FROM" ]; then cp "$NODELANE_RESUME_FROM" "$NODELANE_OUTPUT_DIR/resumed"; else echo fresh; fi
+`, "gpus = 0", nil)
+	job := testJob()
+	job.ResumeFrom = &wire.ResumeFrom{ArtifactID: "art_1", Name: "ckpt.bin", SizeBytes: 5}
+	rec := &recorder{checkpoint: []byte("state")}
+	if err := e.Run(context.Background(), job, rec); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(strings.TrimPrefix(rec.outputURI, "file://"), "resumed"))
+	if err != nil || string(b) != "state" || !rec.logged("resuming from checkpoint art_1") {
+		t.Errorf("resumed %q %v; logs %q", b, err, rec.logs)
+	}
+
+	rec = &recorder{checkpointErr: &client.APIError{Status: 503, Code: wire.CodeUnavailable}}
+	if f := failure(t, e.Run(context.Background(), job, rec)); f.Code != "resume_failed" || !f.Retryable {
+		t.Errorf("unavailable: %+v", f)
+	}
+	rec = &recorder{checkpointErr: fmt.Errorf("%w: wrong bytes", client.ErrChecksumMismatch)}
+	if err := e.Run(context.Background(), job, rec); err != nil || !rec.logged("fresh") || !rec.logged("not downloaded") {
+		t.Errorf("mismatch: %v; logs %q", err, rec.logs)
+	}
+	rec = &recorder{checkpoint: []byte("unused")}
+	if err := e.Run(context.Background(), testJob(), rec); err != nil || !rec.logged("fresh") {
+		t.Errorf("no checkpoint: %v; logs %q", err, rec.logs)
 	}
 }

@@ -74,6 +74,9 @@ type Options struct {
 	Metrics workerapi.Metrics
 	// Now is the clock, for tests. Defaults to time.Now.
 	Now func() time.Time
+	// Artifacts is workerapi.Config.Artifacts: the store of artifact
+	// bytes and its limits. The zero value keeps no bytes.
+	Artifacts workerapi.ArtifactConfig
 }
 
 // ControlPlane is an open control plane. Close it when done.
@@ -137,6 +140,7 @@ func Open(ctx context.Context, o Options) (*ControlPlane, error) {
 		Logger:           o.Logger,
 		Metrics:          o.Metrics,
 		Now:              o.Now,
+		Artifacts:        o.Artifacts,
 	})
 	if err != nil {
 		n.Close()

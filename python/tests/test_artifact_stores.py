@@ -70,9 +70,9 @@ def test_presigned_parts_and_checkpoint_through_s3(start_server, tmp_path):
 
 
 def test_a_server_without_storage_keeps_metadata_only(start_server, tmp_path):
-    """-artifact-store none: ctx.upload raises ArtifactStorageOff, or, given a uri, reports the artifact as
+    """-artifact-store off: ctx.upload raises ArtifactStorageOff, or, given a uri, reports the artifact as
     metadata only, as ctx.artifact does."""
-    s = start_server("-artifact-store", "none")
+    s = start_server("-artifact-store", "off")
     op = nodelane.Operator(s.url, s.operator_token)
     nodelane.client.expect(op.post("/operator/envelope/activate", {"reason": "python storage-off test"}),
                            "/operator/envelope/activate", 200)

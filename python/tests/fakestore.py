@@ -39,6 +39,7 @@ class FakeStore:
         self.finished: List[Dict[str, Any]] = []
         self.puts: List[Tuple[int, Dict[str, str], int]] = []  # (part, headers, bytes received)
         self.cut_parts: Dict[int, int] = {}  # part -> times to cut its connection mid-body
+        self.busy_parts: Dict[int, int] = {}  # part -> times to answer 429 too_many_uploads (Retry-After: 1)
         self.bucket_delay = 0.0
         self.bucket_error: Optional[Tuple[int, bytes]] = None  # what the bucket answers every PUT
         self.content = b""
@@ -135,6 +136,21 @@ class FakeStore:
                     if (h.get("content-type") != "application/octet-stream" or h.get("nodelane-lease-token") != LEASE
                             or "signature" not in h or not h.get("authorization", "").startswith("Bearer ")):
                         return self.error(400, "invalid_request", "headers: %r" % sorted(h))
+                with srv.mu:
+                    busy = srv.busy_parts.get(n, 0) > 0
+                    if busy:
+                        srv.busy_parts[n] -= 1
+                        srv.puts.append((n, h, 0))
+                if busy:
+                    self.rfile.read(length)
+                    raw = b'{"error":{"code":"too_many_uploads","message":"busy"}}'
+                    self.send_response(429)
+                    self.send_header("Retry-After", "1")
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(raw)))
+                    self.end_headers()
+                    self.wfile.write(raw)
+                    return
                 with srv.mu:
                     cut = srv.cut_parts.get(n, 0) > 0
                     if cut:

@@ -152,6 +152,16 @@ def test_tries_are_bounded(client_of, tmp_path):
     assert store.finished == []
 
 
+def test_too_many_uploads_is_waited_out_without_using_a_try(client_of, tmp_path):
+    store, client = client_of(part_size=1 << 16)
+    path, data = data_file(tmp_path, 2 << 16)
+    store.busy_parts[1] = 3  # more 429s than the two tries allowed
+    t0 = time.monotonic()
+    upload_file(client, "job_1", LEASE, path, name="x", artifact_type="file", part_attempts=2)
+    assert time.monotonic() - t0 >= 3  # Retry-After: 1, three times
+    assert [p for p, _, _ in store.puts] == [1, 1, 1, 1, 2] and store.stored() == data
+
+
 def test_stop_cuts_an_upload_in_flight(client_of, tmp_path):
     store, client = client_of(part_size=1 << 16, direct=True)
     store.bucket_delay = 30  # the bucket holds the first part's answer

@@ -526,7 +526,9 @@ class JobContext:
         rf = self.job.get("resume_from")
         if not isinstance(rf, dict) or not rf.get("artifact_id"):
             return
-        dest = os.path.join(self.scratch_dir, _safe(rf.get("name") or "") or "checkpoint")
+        d = os.path.join(self.scratch_dir, "resume")  # apart from what the handler writes in scratch_dir
+        os.makedirs(d, mode=0o700, exist_ok=True)
+        dest = os.path.join(d, _safe(rf.get("name") or "") or "checkpoint")
         self._w.log.info("job %s: downloading checkpoint %s (%s bytes) to resume from", self.job_id,
                          rf.get("artifact_id"), rf.get("size_bytes"))
         try:

@@ -114,7 +114,7 @@ class FileSlice:
         self.sent = 0
 
     def read(self, n: int = -1) -> bytes:
-        """Up to n bytes (all that are left when n < 0); b"" at the end of the slice."""
+        """Up to n bytes, at most one block (STREAM_BLOCK); b"" at the end of the slice."""
         if self._stop is not None:
             self._stop.check()
         if self._left <= 0:

@@ -100,3 +100,40 @@ def test_a_server_without_storage_keeps_metadata_only(start_server, tmp_path):
     with pytest.raises(APIError) as ei:
         op.download(got["ans"]["artifact_id"], str(tmp_path / "none"))
     assert (ei.value.status, ei.value.code) == (404, "not_found")
+
+
+def test_a_checkpoint_that_does_not_verify_fails_the_attempt(start_server, tmp_path):
+    """The checkpoint's bytes are damaged in the server's directory store after they were stored: the next
+    attempt's download does not match its SHA-256, and the attempt fails (resume_unavailable, retryable)
+    instead of starting over silently; its handler never runs."""
+    s = start_server("-retry-base", "100ms")
+    op = nodelane.Operator(s.url, s.operator_token)
+    nodelane.client.expect(op.post("/operator/envelope/activate", {"reason": "python resume test"}),
+                           "/operator/envelope/activate", 200)
+    path = str(tmp_path / "ckpt.bin")
+    write_random(path, 100_000)
+    store_dir = os.path.join(s.dir, "artifacts")  # the default store: a directory beside the database
+    jt = unique("badckpt")
+    w = new_worker(s)
+    attempts = []
+
+    @w.job(jt)
+    def train(ctx: JobContext) -> None:
+        attempts.append(ctx.attempt)
+        ctx.upload(path, kind="checkpoint")
+        parts = [os.path.join(d, f) for d, _, fs in os.walk(os.path.join(store_dir, "jobs", ctx.job_id))
+                 for f in fs if f == "000001"]  # part 1 (beside it: its .attrs and its .sum chain record)
+        assert len(parts) == 1, parts
+        with open(parts[0], "r+b") as f:  # same size, other bytes
+            f.seek(1000)
+            f.write(b"\0" * 100)
+        raise nodelane.JobError("preempted", code="preempted", retryable=True)
+
+    with running(w) as ends:
+        jid = op.dispatch(jt, {}, max_attempts=2)["job"]["id"]
+        wait_for(lambda: len(ends) == 2, 60, "both attempts to end")
+    assert attempts == [1]
+    job = op.job(jid)["job"]
+    assert job["state"] == "failed" and job["attempt"] == 2, job
+    assert job["last_error"]["code"] == "resume_unavailable", job["last_error"]
+    assert "sha256" in job["last_error"]["message"]

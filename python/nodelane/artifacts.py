@@ -255,7 +255,8 @@ def upload_file(client: Client, job_id: str, lease_token: str, path: str, *, nam
     Raises ArtifactStorageOff (the control plane stores no bytes), ArtifactMismatch
     (the bytes stored are not those hashed: the file changed during the upload),
     LeaseLost, Cancelled (stop), APIError or TransportError (a part's tries spent).
-    on_answer gets every answer that carries the lease's expires_at; on_hashed
+    An upload that outlives its upload_id (409 upload_expired) is asked for and
+    sent again, once. on_answer gets every answer that carries the lease's expires_at; on_hashed
     (a test's hook) is called with the checksum and size once the file is hashed.
     """
     if part_attempts < 1:
@@ -264,6 +265,22 @@ def upload_file(client: Client, job_id: str, lease_token: str, path: str, *, nam
     checksum, size = file_digest(path, stop)
     if on_hashed is not None:
         on_hashed(checksum, size)
+    for turn in (1, 2):
+        try:
+            return _upload_once(client, job_id, lease_token, path, checksum, size, name, artifact_type, metadata,
+                                uri, stop, part_attempts, on_answer)
+        except APIError as e:
+            if e.code != "upload_expired" or turn == 2:
+                raise
+            # the upload outlived its upload_id (UploadTTL): ask again, once, and send every part anew
+            _log.warning("the upload of %s for job %s expired; starting it again", name, job_id)
+    raise AssertionError("unreachable")
+
+
+def _upload_once(client: Client, job_id: str, lease_token: str, path: str, checksum: str, size: int, name: str,
+                 artifact_type: str, metadata: Optional[Dict[str, Any]], uri: Optional[str], stop: Stop,
+                 part_attempts: int, on_answer: Optional[Callable[[Dict[str, Any]], None]]) -> Dict[str, Any]:
+    """Ask for an upload, send its parts, finish it."""
     try:
         ans = client.request_upload(job_id, lease_token, artifact_type, name, size, checksum)
     except APIError as e:

@@ -39,6 +39,8 @@ class FakeStore:
         self.finished: List[Dict[str, Any]] = []
         self.puts: List[Tuple[int, Dict[str, str], int]] = []  # (part, headers, bytes received)
         self.cut_parts: Dict[int, int] = {}  # part -> times to cut its connection mid-body
+        self.expire_at_part = 0  # answer 409 upload_expired to this part of the first upload
+        self.uploads = 0
         self.busy_parts: Dict[int, int] = {}  # part -> times to answer 429 too_many_uploads (Retry-After: 1)
         self.bucket_delay = 0.0
         self.bucket_error: Optional[Tuple[int, bytes]] = None  # what the bucket answers every PUT
@@ -95,6 +97,8 @@ class FakeStore:
                         break
                 with srv.mu:
                     srv.upload = dict(body)
+                    srv.uploads += 1
+                    srv.parts.clear()
                 self.answer(201, {"upload_id": "upl_x", "part_size": srv.part_size, "direct": srv.direct,
                                   "expires_at": "2099-01-01T00:00:00Z", "parts": parts})
 
@@ -136,6 +140,11 @@ class FakeStore:
                     if (h.get("content-type") != "application/octet-stream" or h.get("nodelane-lease-token") != LEASE
                             or "signature" not in h or not h.get("authorization", "").startswith("Bearer ")):
                         return self.error(400, "invalid_request", "headers: %r" % sorted(h))
+                with srv.mu:
+                    expired = srv.uploads == 1 and n == srv.expire_at_part
+                if expired:
+                    self.rfile.read(length)
+                    return self.error(409, "upload_expired", "the upload_id expired")
                 with srv.mu:
                     busy = srv.busy_parts.get(n, 0) > 0
                     if busy:

@@ -81,6 +81,15 @@ def test_memory_stays_bounded_whatever_the_file_size(client_of, tmp_path):
     assert peak < 6 << 20, "peak %d bytes" % peak
 
 
+def test_an_expired_upload_is_asked_for_again_once(client_of, tmp_path):
+    store, client = client_of(part_size=1 << 16)
+    path, data = data_file(tmp_path, 3 << 16)
+    store.expire_at_part = 2
+    assert upload_file(client, "job_1", LEASE, path, name="x", artifact_type="file")["stored"]
+    assert store.uploads == 2 and store.stored() == data
+    assert [p for p, _, _ in store.puts] == [1, 1, 2, 3]  # the expired answer is no put; all parts anew
+
+
 def test_an_empty_file_is_one_empty_part(client_of, tmp_path):
     store, client = client_of()
     path, _ = data_file(tmp_path, 0)

@@ -58,6 +58,17 @@ func TestNewFailsFast(t *testing.T) {
 		{"negative SequenceBatch", func(_ *workerapi.Stores, c *workerapi.Config) { c.SequenceBatch = -1 }, "SequenceBatch"},
 		{"negative Retention", func(_ *workerapi.Stores, c *workerapi.Config) { c.Lease.Retention = -time.Hour }, "Retention"},
 		{"negative BodyLimit", func(_ *workerapi.Stores, c *workerapi.Config) { c.BodyLimit = -1 }, "BodyLimit"},
+		{"negative Artifacts.MaxBytes", func(_ *workerapi.Stores, c *workerapi.Config) { c.Artifacts.MaxBytes = -1 }, "Artifacts.MaxBytes"},
+		{"negative Artifacts.MaxPerJob", func(_ *workerapi.Stores, c *workerapi.Config) { c.Artifacts.MaxPerJob = -1 }, "Artifacts.MaxPerJob"},
+		{"Artifacts.MaxPerJob over a page", func(_ *workerapi.Stores, c *workerapi.Config) { c.Artifacts.MaxPerJob = 1000 }, "Artifacts.MaxPerJob"},
+		{"negative Artifacts.MaxUploadsPerWorker", func(_ *workerapi.Stores, c *workerapi.Config) { c.Artifacts.MaxUploadsPerWorker = -1 }, "Artifacts.MaxUploadsPerWorker"},
+		{"negative Artifacts.PartSize", func(_ *workerapi.Stores, c *workerapi.Config) { c.Artifacts.PartSize = -1 }, "Artifacts.PartSize"},
+		{"Artifacts.PartSize under 1 MiB", func(_ *workerapi.Stores, c *workerapi.Config) { c.Artifacts.PartSize = 1000 }, "Artifacts.PartSize"},
+		{"Artifacts.MaxBytes in too many parts", func(_ *workerapi.Stores, c *workerapi.Config) {
+			c.Artifacts.PartSize, c.Artifacts.MaxBytes = workerapi.MinPartSize, workerapi.MaxUploadParts*workerapi.MinPartSize+1
+		}, "Artifacts.MaxBytes"},
+		{"negative Artifacts.UploadTTL", func(_ *workerapi.Stores, c *workerapi.Config) { c.Artifacts.UploadTTL = -1 }, "Artifacts.UploadTTL"},
+		{"negative Artifacts.SweepInterval", func(_ *workerapi.Stores, c *workerapi.Config) { c.Artifacts.SweepInterval = -1 }, "Artifacts.SweepInterval"},
 		{"negative MaxLeasesPerWorker", func(_ *workerapi.Stores, c *workerapi.Config) { c.Lease.MaxLeasesPerWorker = -1 }, "MaxLeasesPerWorker"},
 		{"negative OfflineAfter", func(_ *workerapi.Stores, c *workerapi.Config) { c.Lease.OfflineAfter = -time.Second }, "OfflineAfter"},
 		{"OfflineAfter below HeartbeatInterval", func(_ *workerapi.Stores, c *workerapi.Config) {
@@ -127,4 +138,20 @@ func TestNewFailsFast(t *testing.T) {
 			t.Fatalf("New: %v, want ErrConfig naming PublicOrigin without the password", err)
 		}
 	})
+}
+
+// ArtifactConfig's defaults are the documented ones.
+func TestArtifactConfigDefaults(t *testing.T) {
+	t.Parallel()
+	c, err := workerapi.ArtifactConfig{}.WithDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := workerapi.ArtifactConfig{
+		MaxBytes: 10 << 30, MaxPerJob: 100, MaxUploadsPerWorker: 4, PartSize: 64 << 20,
+		UploadTTL: time.Hour, SweepInterval: 10 * time.Minute,
+	}
+	if c != want {
+		t.Errorf("WithDefaults = %+v, want %+v", c, want)
+	}
 }

@@ -492,6 +492,11 @@ var oasWireSchemas = []struct {
 	{"AuditEvent", wire.AuditEvent{}, false},
 	{"AuditRequest", wire.AuditRequest{}, false},
 	{"AuditResponse", wire.AuditResponse{}, true},
+	{"UploadRequest", wire.UploadRequest{}, false},
+	{"UploadResponse", wire.UploadResponse{}, true},
+	{"UploadPart", wire.UploadPart{}, true},
+	{"UploadPartResponse", wire.UploadPartResponse{}, true},
+	{"ResumeFrom", wire.ResumeFrom{}, true},
 	{"Receipt", receipts.WireReceipt{}, true},
 	{"Proof", receipts.Proof{}, true},
 	// Operator routes.
@@ -632,7 +637,7 @@ func oasCheckStruct(t *testing.T, doc map[string]any, where string, typ reflect.
 			t.Errorf("%s: field %s.%s (%s) is not a property of the schema", where, typ, f.name, f.typ)
 			continue
 		}
-		oasCheckField(t, doc, where+"."+f.name, f.typ, p, response, slices.Contains(required, f.name))
+		oasCheckField(t, doc, where+"."+f.name, f.typ, p, response, slices.Contains(required, f.name), f.omitempty)
 		if response && !slices.Contains(required, f.name) && !f.omitempty {
 			t.Errorf("%s: %s is always present but not required", where, f.name)
 		}
@@ -666,14 +671,20 @@ func oasUnwrap(doc map[string]any, s any) (types []string, inner any) {
 // oasCheckField checks the schema of one field of Go type typ. A
 // pointer is nullable, except in a request where it tells a required
 // field's presence.
-func oasCheckField(t *testing.T, doc map[string]any, where string, typ reflect.Type, ref any, response, required bool) {
+//
+// A pointer with omitempty is absent, never null: its schema need not be
+// nullable, and it may not be required.
+func oasCheckField(t *testing.T, doc map[string]any, where string, typ reflect.Type, ref any, response, required, omitempty bool) {
 	t.Helper()
 	types, inner := oasUnwrap(doc, ref)
 	innerRef, _ := oasDig(inner, "$ref").(string)
 	innerV := oasDeref(doc, inner)
 	nullable := slices.Contains(types, "null")
 	if typ.Kind() == reflect.Pointer {
-		if !nullable && (response || !required) {
+		switch {
+		case omitempty && required:
+			t.Errorf("%s: %s is omitted when nil but the schema requires it", where, typ)
+		case !nullable && !omitempty && (response || !required):
 			t.Errorf("%s: %s is a pointer but the schema is not nullable (%v)", where, typ, types)
 		}
 		typ = typ.Elem()
@@ -707,13 +718,18 @@ func oasCheckField(t *testing.T, doc map[string]any, where string, typ reflect.T
 		is("boolean")
 	case typ.Kind() >= reflect.Int && typ.Kind() <= reflect.Uint64:
 		is("integer")
+	case typ.Kind() == reflect.Map && typ.Key().Kind() == reflect.String && typ.Elem().Kind() == reflect.String:
+		is("object")
+		if oasDig(innerV, "additionalProperties", "type") != "string" {
+			t.Errorf("%s: a map of strings without additionalProperties {type: string}", where)
+		}
 	case typ.Kind() == reflect.Slice:
 		is("array")
 		if innerV["items"] == nil {
 			t.Errorf("%s: array without items", where)
 			return
 		}
-		oasCheckField(t, doc, where+"[]", typ.Elem(), innerV["items"], response, false)
+		oasCheckField(t, doc, where+"[]", typ.Elem(), innerV["items"], response, false, false)
 	case typ.Kind() == reflect.Struct:
 		if innerRef == "" {
 			t.Errorf("%s: struct %s is not a $ref", where, typ)

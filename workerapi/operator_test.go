@@ -30,7 +30,7 @@ var (
 		"created_at", "scheduled_at", "leased_at", "accepted_at", "finished_at", "receipt_id", "cancel_requested",
 		"last_error", "worker_id", "policy_version", "actual_ms", "actual_hours", "actual_cost_usd", "actual_cost_micro_usd"}
 	artifactKeys = []string{"artifact_id", "artifact_type", "name", "uri", "checksum_sha256", "size_bytes", "metadata",
-		"receipt_id", "created_at", "worker_id", "lease_epoch", "job_id", "job_type", "job_state", "status"}
+		"receipt_id", "created_at", "worker_id", "lease_epoch", "job_id", "job_type", "job_state", "status", "stored", "content_url"}
 	eventKeys  = []string{"id", "kind", "event_type", "message", "payload", "seq", "lease_epoch", "created_at"}
 	workerKeys = []string{"worker_id", "node_id", "name", "hostname", "endpoint_url", "role", "tags", "version",
 		"heartbeat_interval_seconds", "capabilities", "governor_limits", "policy_version", "status",

@@ -1,6 +1,7 @@
 package workerapi_test
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -12,7 +13,10 @@ import (
 	"github.com/google/go-cmp/cmp/cmpopts"
 
 	"github.com/nodelane/nodelane/internal/apitest"
+	"github.com/nodelane/nodelane/lease"
 	"github.com/nodelane/nodelane/receipts"
+	"github.com/nodelane/nodelane/workerapi"
+	"github.com/nodelane/nodelane/workerapi/artifacttest"
 	"github.com/nodelane/nodelane/workerapi/wire"
 )
 
@@ -73,13 +77,25 @@ func operatorGETs(t *testing.T, env *apitest.Env, ids map[string]string) map[str
 func TestOperatorUnknownQueryParameters(t *testing.T) {
 	t.Parallel()
 	onDialects(t, func(t *testing.T, d string) {
-		env := newOpEnv(t, d)
+		store := artifacttest.NewMemory()
+		env := newOpEnv(t, d, apitest.WithConfig(func(c *workerapi.Config) { c.Artifacts.Store = store }))
 		n := opGPUNode(t, env, "gpu-1", 1)
 		dispatchJob(t, env, obj{"job_type": "status_check"})
 		jobID, tok := runOne(t, n, "status_check")
+		// A stored artifact, for its content route.
+		ctx := context.Background()
+		if err := store.Put(ctx, "jobs/"+jobID+"/u/000001", strings.NewReader("abc"), nil); err != nil {
+			t.Fatal(err)
+		}
+		art, err := env.Server.Leases().AddArtifact(ctx, lease.Ref{JobID: jobID, WorkerID: n.WorkerID, Token: tok}, lease.Artifact{
+			Type: "adapter", Name: "a", SHA256: strings.Repeat("0", 64), SizeBytes: 3, Object: "jobs/" + jobID + "/u/", PartSize: 3,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
 		completeJob(t, n, jobID, tok)
 		rid := env.Job(t, jobID).ReceiptID
-		routes := operatorGETs(t, env, map[string]string{"jobs": jobID, "workers": n.WorkerID, "receipts": rid})
+		routes := operatorGETs(t, env, map[string]string{"jobs": jobID, "workers": n.WorkerID, "receipts": rid, "artifacts": art.ID})
 		if len(routes) < 12 {
 			t.Fatalf("only %d operator GET routes in the document: %v", len(routes), routes)
 		}

@@ -13,7 +13,6 @@ import (
 	"net/http"
 	"strconv"
 	"sync"
-	"time"
 
 	"github.com/nodelane/nodelane/lease"
 	"github.com/nodelane/nodelane/replay"
@@ -146,7 +145,7 @@ func (s *Server) uploads(ctx context.Context, c *call) (int, any, error) {
 			URL: wire.UploadPartPath(j.ID, id, n), Headers: map[string]string{},
 		}
 		if direct {
-			url, h, err := pre.PresignPut(ctx, partKey(u.prefix(), n), time.Until(u.expiresAt()))
+			url, h, err := pre.PresignPut(ctx, partKey(u.prefix(), n), u.expiresAt().Sub(s.now()))
 			if err != nil {
 				return 0, nil, fmt.Errorf("workerapi: presigning part %d: %w", n, err)
 			}

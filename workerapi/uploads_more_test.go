@@ -412,3 +412,75 @@ func TestSweepArtifacts(t *testing.T) {
 		})
 	}
 }
+
+// A lease that expired (its worker vanished) leaves its checkpoint to the
+// next lease of the job, whichever worker takes it.
+func TestResumeFromAfterExpiry(t *testing.T) {
+	t.Parallel()
+	f := setupUploads(t, "sqlite")
+	f.env.Clock.Set(time.Now())
+	f.node.Now = f.env.Clock.Now
+	id, tok := f.running(t, "status_check")
+	ckpt := randomBytes(1234)
+	u := f.ask(t, id, tok, ckpt)
+	for _, p := range u.Parts {
+		f.send(t, tok, p, ckpt)
+	}
+	size, sum := int64(len(ckpt)), sha(ckpt)
+	stored := apitest.Post[wire.ArtifactResponse](t, f.node, wire.JobPath(id, wire.ActionArtifacts), wire.ArtifactRequest{
+		LeaseToken: tok, ArtifactType: wire.CheckpointType, Name: "ckpt", ChecksumSHA256: &sum, SizeBytes: &size, UploadID: u.UploadID,
+	}, http.StatusCreated)
+	f.env.Clock.Advance(lease.DefaultLeaseTTL + time.Minute)
+	if _, err := f.env.Server.Leases().Expire(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	other := f.env.NewNode(t, "studio-gpu-2")
+	other.Now = f.env.Clock.Now
+	other.Register(t, registerRequest())
+	f.env.Clock.Advance(time.Hour) // past the retry backoff
+	lr := apitest.Post[wire.LeaseResponse](t, other, wire.PathLease, wire.LeaseRequest{SupportedJobTypes: []string{"status_check"}}, http.StatusOK)
+	if lr.Job == nil || lr.Job.ID != id || lr.Job.ResumeFrom == nil || lr.Job.ResumeFrom.ArtifactID != stored.ArtifactID {
+		t.Fatalf("lease after expiry: %+v", lr.Job)
+	}
+	req := other.Request(t, http.MethodGet, wire.ArtifactContentPath(id, stored.ArtifactID), nil)
+	req.Header.Set(wire.HeaderLeaseToken, *lr.LeaseToken)
+	if resp, got := other.Raw(t, req); resp.StatusCode != http.StatusOK || !bytes.Equal(got, ckpt) {
+		t.Errorf("the checkpoint on the other worker: %d, %d bytes", resp.StatusCode, len(got))
+	}
+}
+
+// An upload asked again under its idempotency_key is the same upload;
+// a finish must declare the upload's size and checksum.
+func TestUploadIdempotentAndDeclared(t *testing.T) {
+	t.Parallel()
+	f := setupUploads(t, "sqlite")
+	id, tok := f.running(t, "status_check")
+	data := randomBytes(1500)
+	size := int64(len(data))
+	req := wire.UploadRequest{LeaseToken: tok, ArtifactType: "adapter", Name: "a", SizeBytes: &size, ChecksumSHA256: sha(data), IdempotencyKey: "upload-key-0001-abcdef"}
+	first := apitest.Post[wire.UploadResponse](t, f.node, wire.JobPath(id, wire.ActionUploads), req, http.StatusCreated)
+	again := apitest.Post[wire.UploadResponse](t, f.node, wire.JobPath(id, wire.ActionUploads), req, http.StatusCreated)
+	if first.UploadID != again.UploadID {
+		t.Errorf("a repeat under the key got another upload")
+	}
+	req.Name = "b"
+	if st, b := post(t, f.node, wire.JobPath(id, wire.ActionUploads), req); st != http.StatusUnprocessableEntity || errCode(t, b) != wire.CodeIdempotencyMismatch {
+		t.Errorf("another body under the key: %d %s", st, b)
+	}
+	for _, p := range first.Parts {
+		f.send(t, tok, p, data)
+	}
+	other := append(bytes.Clone(data), 'x')
+	if st, b := f.finish(t, id, tok, first.UploadID, other); st != http.StatusBadRequest || !strings.Contains(string(b), "upload") {
+		t.Errorf("a finish declaring other bytes: %d %s", st, b)
+	}
+	sum := sha(data)
+	if st, b := post(t, f.node, wire.JobPath(id, wire.ActionArtifacts), wire.ArtifactRequest{
+		LeaseToken: tok, ArtifactType: "adapter", Name: "a", ChecksumSHA256: &sum, UploadID: first.UploadID,
+	}); st != http.StatusBadRequest || !strings.Contains(string(b), "size_bytes") {
+		t.Errorf("a finish without size_bytes: %d %s", st, b)
+	}
+	if st, b := f.finish(t, id, tok, first.UploadID, data); st != http.StatusCreated {
+		t.Errorf("finish: %d %s", st, b)
+	}
+}

@@ -14,6 +14,7 @@ import (
 var eventTests = []test{
 	{"LogSeqIdempotent", testLogSeq},
 	{"Artifacts", testArtifacts},
+	{"StoredArtifact", testStoredArtifact},
 }
 
 func testLogSeq(t *testing.T, f *fixture) {
@@ -113,4 +114,57 @@ func testArtifacts(t *testing.T, f *fixture) {
 		_, err := f.m.AddArtifact(f.ctx, r1, b)
 		wantErr(t, fmt.Sprintf("artifact %+v", b), err, lease.ErrInvalidArgument)
 	}
+}
+
+// testStoredArtifact: an artifact's Object and PartSize (where its bytes
+// are stored) round-trip through AddArtifact, GetArtifact and
+// ListArtifacts, a part size past 32 bits included; a metadata-only
+// artifact reads back without them; an unknown id is ErrNotFound.
+func testStoredArtifact(t *testing.T, f *fixture) {
+	w := f.defaultWorker("w")
+	j := f.enqueue("lora_train")
+	_, ref := f.leaseOne(w)
+	f.accept(ref)
+	sum := "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
+	object := "jobs/" + j.ID + "/0123456789abcdef0123456789abcdef/"
+	stored, err := f.m.AddArtifact(f.ctx, ref, lease.Artifact{
+		Type: "checkpoint", Name: "step-100.ckpt", SHA256: sum, SizeBytes: 10 << 30, Object: object, PartSize: 5 << 30, ReceiptID: "rcp_s",
+	})
+	if err != nil {
+		t.Fatalf("AddArtifact(stored) = %v", err)
+	}
+	meta, err := f.m.AddArtifact(f.ctx, ref, lease.Artifact{Type: "log", Name: "out.txt", URI: "s3://b/out.txt"})
+	if err != nil {
+		t.Fatalf("AddArtifact(metadata) = %v", err)
+	}
+	for _, want := range []*lease.Artifact{stored, meta} {
+		got, err := f.store.GetArtifact(f.ctx, want.ID)
+		if err != nil {
+			t.Fatalf("GetArtifact(%s) = %v", want.ID, err)
+		}
+		if d := cmp.Diff(want, got); d != "" {
+			t.Errorf("GetArtifact(%s) (-added +stored):\n%s", want.ID, d)
+		}
+		if got, err := f.m.Artifact(f.ctx, want.ID); err != nil || got.Object != want.Object || got.PartSize != want.PartSize {
+			t.Errorf("Manager.Artifact(%s) = %+v, %v", want.ID, got, err)
+		}
+	}
+	list, err := f.m.Artifacts(f.ctx, lease.ArtifactFilter{JobID: j.ID})
+	if err != nil || len(list) != 2 {
+		t.Fatalf("Artifacts = %v, %v", list, err)
+	}
+	want := []*lease.Artifact{stored, meta}
+	if meta.ID < stored.ID { // ids made in the same millisecond
+		want = []*lease.Artifact{meta, stored}
+	}
+	if d := cmp.Diff(want, list); d != "" {
+		t.Errorf("ListArtifacts (-added +listed):\n%s", d)
+	}
+	if meta.Object != "" || meta.PartSize != 0 {
+		t.Errorf("a metadata-only artifact has Object %q, PartSize %d", meta.Object, meta.PartSize)
+	}
+	_, err = f.store.GetArtifact(f.ctx, "art_unknown")
+	wantErr(t, "GetArtifact(unknown)", err, lease.ErrNotFound)
+	_, err = f.m.Artifact(f.ctx, "art_unknown")
+	wantErr(t, "Manager.Artifact(unknown)", err, lease.ErrNotFound)
 }

@@ -1,7 +1,10 @@
 package operator_test
 
 import (
+	"bytes"
+	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"strings"
 	"sync"
@@ -9,8 +12,10 @@ import (
 	"time"
 
 	"github.com/nodelane/nodelane/internal/apitest"
+	"github.com/nodelane/nodelane/lease"
 	"github.com/nodelane/nodelane/receipts"
 	"github.com/nodelane/nodelane/workerapi"
+	"github.com/nodelane/nodelane/workerapi/artifacttest"
 	"github.com/nodelane/nodelane/workerapi/operator"
 	"github.com/nodelane/nodelane/workerapi/wire"
 )
@@ -46,24 +51,27 @@ func (r *recorder) requests() []string {
 // fixture is a control plane and a Client of it with the operator token,
 // whose requests are recorded.
 type fixture struct {
-	env *apitest.Env
-	api *operator.Client
-	rec *recorder
+	env   *apitest.Env
+	api   *operator.Client
+	rec   *recorder
+	store *artifacttest.Memory
 }
 
 // newFixture starts a control plane (its maintainer running, so receipts
 // are sequenced) that prices rtx-4090 at $1.80 per GPU-hour.
 func newFixture(t *testing.T) *fixture {
 	t.Helper()
+	store := artifacttest.NewMemory()
 	env := apitest.New(t, "sqlite", apitest.Started(), apitest.WithConfig(func(c *workerapi.Config) {
 		c.Prices = receipts.Prices{BySKU: map[string]int64{"rtx-4090": 1_800_000}}
+		c.Artifacts.Store = store
 	}))
 	rec := &recorder{}
 	api, err := operator.New(env.URL, env.OperatorToken, &operator.Config{HTTPClient: &http.Client{Transport: rec}})
 	if err != nil {
 		t.Fatalf("operator.New: %v", err)
 	}
-	return &fixture{env: env, api: api, rec: rec}
+	return &fixture{env: env, api: api, rec: rec, store: store}
 }
 
 // node registers a worker node with an rtx-4090 that runs status_check
@@ -112,4 +120,34 @@ func (f *fixture) run(t *testing.T, n *apitest.Node, id string, logs int) {
 	if done.Job.State != "succeeded" {
 		t.Fatalf("complete = %+v", done)
 	}
+}
+
+// stored leases a new job on n and records an artifact of it whose bytes
+// are data, stored in two parts, declaring sum as their sha256; it
+// returns the artifact's id.
+func (f *fixture) stored(t *testing.T, n *apitest.Node, data []byte, sum string) string {
+	t.Helper()
+	ctx := context.Background()
+	j, err := f.env.Server.Leases().Enqueue(ctx, lease.NewJob{Type: "status_check", Requirements: lease.Requirements{GPUSKU: "rtx-4090", GPUCount: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := apitest.Post[wire.LeaseResponse](t, n, wire.PathLease, wire.LeaseRequest{SupportedJobTypes: []string{"status_check"}, SupportedGPUSKUs: []string{"rtx-4090"}, MaxJobs: 1}, http.StatusOK)
+	if l.Job == nil || l.Job.ID != j.ID {
+		t.Fatalf("lease = %+v, want job %s", l, j.ID)
+	}
+	half := int64(len(data)+1) / 2
+	prefix := "jobs/" + j.ID + "/u/"
+	for i, part := range [][]byte{data[:half], data[half:]} {
+		if err := f.store.Put(ctx, fmt.Sprintf("%s%06d", prefix, i+1), bytes.NewReader(part), nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a, err := f.env.Server.Leases().AddArtifact(ctx, lease.Ref{JobID: j.ID, WorkerID: n.WorkerID, Token: *l.LeaseToken}, lease.Artifact{
+		Type: "adapter", Name: "adapter.safetensors", SHA256: sum, SizeBytes: int64(len(data)), Object: prefix, PartSize: half,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a.ID
 }

@@ -3,6 +3,7 @@ package operator_test
 import (
 	"context"
 	"encoding/json"
+	"io"
 	"os"
 	"slices"
 	"strings"
@@ -36,7 +37,7 @@ func operatorRoutes(t *testing.T) []string {
 		}
 		for m := range ops {
 			switch m {
-			case "get", "post", "put", "patch", "delete":
+			case "get", "head", "post", "put", "patch", "delete":
 				out = append(out, strings.ToUpper(m)+" "+p)
 			}
 		}
@@ -110,6 +111,7 @@ func TestEveryRouteHasAMethod(t *testing.T) {
 		jobID, credID, receiptID string
 		size                     int64
 	)
+	artifactID := f.stored(t, n, []byte("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad")
 	// In order: each call may use what one before it made.
 	calls := []struct {
 		route string
@@ -126,6 +128,14 @@ func TestEveryRouteHasAMethod(t *testing.T) {
 		{"GET /operator/jobs/{id}", func(c *operator.Client) error { _, err := c.Job(ctx, jobID, 0); return err }},
 		{"GET /operator/artifacts", func(c *operator.Client) error {
 			_, err := c.ListArtifacts(ctx, operator.ArtifactQuery{JobID: jobID})
+			return err
+		}},
+		{"GET /operator/artifacts/{id}/content", func(c *operator.Client) error {
+			_, err := c.DownloadArtifact(ctx, artifactID, io.Discard)
+			return err
+		}},
+		{"HEAD /operator/artifacts/{id}/content", func(c *operator.Client) error {
+			_, err := c.StatArtifactContent(ctx, artifactID)
 			return err
 		}},
 		{"POST /operator/jobs/{id}/cancel", func(c *operator.Client) error { _, err := c.CancelJob(ctx, jobID); return err }},

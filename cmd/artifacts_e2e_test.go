@@ -136,18 +136,23 @@ func TestE2EArtifactUpload(t *testing.T) {
 		t.Run(d.Name, func(t *testing.T) {
 			t.Parallel()
 			c := artifactCluster(t, d, "")
-			checkUpload(t, c)
+			checkUpload(t, c, false)
 		})
 	}
 }
 
 // checkUpload runs bigScript on a worker of c and checks what the
 // control plane serves.
-func checkUpload(t *testing.T, c *cluster) {
+//
+// With direct, the parts must go to the store's presigned URLs: none
+// passes through the control plane.
+func checkUpload(t *testing.T, c *cluster, direct bool) {
 	t.Helper()
 	dir := t.TempDir()
 	big := script(t, dir, "big.sh", bigScript)
-	c.startCommandWorker("art-node", fmt.Sprintf("[[job]]\ntype = \"art_big\"\ncommand = [%q]\ngpus = 0\n", big), "-gpu", "rtx-4090:24576")
+	p := newCutProxy(t, c.base(), -1)
+	c.startCommandWorker("art-node", fmt.Sprintf("[[job]]\ntype = \"art_big\"\ncommand = [%q]\ngpus = 0\n", big),
+		"-gpu", "rtx-4090:24576", "-server", p.URL)
 	d := c.dispatch("art_big", nil)
 	jd := c.waitDone(d.Job.ID, "succeeded")
 	want := c.runFile("art-node", d.Job.ID, 1, "weights.bin")
@@ -185,22 +190,34 @@ func checkUpload(t *testing.T, c *cluster) {
 		resp.Header.Get("Content-Range") != fmt.Sprintf("bytes 40000000-40099999/%d", len(want)) {
 		t.Errorf("Range: %d, %d bytes, Content-Range %q", resp.StatusCode, len(part), resp.Header.Get("Content-Range"))
 	}
-	// The worker uploaded it: no file:// URI on the box is the record.
-	if strings.HasPrefix(a.URI, "file://") {
-		t.Errorf("the stored artifact's uri is the worker's path %q", a.URI)
+	if puts, _ := p.requests(); direct != (len(puts) == 0) {
+		t.Errorf("part PUTs through the control plane: %q (direct %v)", puts, direct)
+	}
+	// Its uri says where it was written on the box.
+	if !strings.HasPrefix(a.URI, "file://") || !strings.HasSuffix(a.URI, "/output/weights.bin") {
+		t.Errorf("the stored artifact's uri %q", a.URI)
 	}
 }
 
 // cutProxy passes requests to the control plane unchanged, Host
-// included (the worker's signatures cover @authority), except the first
-// PUT of an upload part: the control plane gets its first cutAfter bytes
-// and then a broken body, and the worker's connection is closed with no
-// answer, as a connection dropped mid-upload.
+// included (the worker's signatures cover @authority), and counts the
+// part PUTs and the content GETs; with cutAfter 0 or more it cuts the
+// first PUT of an upload part: the control plane gets its first cutAfter
+// bytes and then a broken body, and the worker's connection is closed
+// with no answer, as a connection dropped mid-upload.
 type cutProxy struct {
 	URL string
 
 	mu   sync.Mutex
 	puts []string
+	gets []string // GETs of the worker content route
+}
+
+// requests returns the part PUTs and content GETs the proxy passed.
+func (p *cutProxy) requests() (puts, gets []string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.puts), slices.Clone(p.gets)
 }
 
 func newCutProxy(t *testing.T, target string, cutAfter int64) *cutProxy {
@@ -213,6 +230,11 @@ func newCutProxy(t *testing.T, target string, cutAfter int64) *cutProxy {
 	rp := httputil.NewSingleHostReverseProxy(u) // keeps the incoming Host
 	rp.ErrorLog = log.New(io.Discard, "", 0)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodGet && strings.HasSuffix(r.URL.Path, "/content") {
+			p.mu.Lock()
+			p.gets = append(p.gets, r.URL.Path)
+			p.mu.Unlock()
+		}
 		if r.Method != http.MethodPut || !strings.Contains(r.URL.Path, "/parts/") {
 			rp.ServeHTTP(w, r)
 			return
@@ -221,7 +243,7 @@ func newCutProxy(t *testing.T, target string, cutAfter int64) *cutProxy {
 		p.puts = append(p.puts, r.URL.Path)
 		first := len(p.puts) == 1
 		p.mu.Unlock()
-		if !first {
+		if !first || cutAfter < 0 {
 			rp.ServeHTTP(w, r)
 			return
 		}
@@ -297,18 +319,22 @@ func TestE2ECheckpointResume(t *testing.T) {
 		t.Run(d.Name, func(t *testing.T) {
 			t.Parallel()
 			c := artifactCluster(t, d, "")
-			checkResume(t, c)
+			checkResume(t, c, false)
 		})
 	}
 }
 
-func checkResume(t *testing.T, c *cluster) {
+// checkResume runs resumeScript on a worker of c that is killed after
+// the checkpoint is stored and started again. With direct, the
+// checkpoint must go and come back by presigned URLs.
+func checkResume(t *testing.T, c *cluster, direct bool) {
 	t.Helper()
 	dir := t.TempDir()
 	s := script(t, dir, "resume.sh", resumeScript)
 	want := sha(bytes.Repeat([]byte("c"), ckptSize))
 	cfg := fmt.Sprintf("[[job]]\ntype = \"art_resume\"\ncommand = [%q, %q]\ngpus = 0\nretry_on_exit = [75]\n", s, want)
-	w := c.startCommandWorker("resume-node", cfg, "-gpu", "rtx-4090:24576")
+	p := newCutProxy(t, c.base(), -1)
+	w := c.startCommandWorker("resume-node", cfg, "-gpu", "rtx-4090:24576", "-server", p.URL)
 	d := c.dispatch("art_resume", nil)
 	a := c.storedArtifact(d.Job.ID, "step-100.ckpt")
 	if a.ArtifactType != wire.CheckpointType || a.ChecksumSHA256 == nil || *a.ChecksumSHA256 != want {
@@ -321,8 +347,11 @@ func checkResume(t *testing.T, c *cluster) {
 		t.Fatal(err)
 	}
 	<-w.done
-	c.startCommandWorker("resume-node", cfg, "-gpu", "rtx-4090:24576")
+	c.startCommandWorker("resume-node", cfg, "-gpu", "rtx-4090:24576", "-server", p.URL)
 	jd := c.waitDone(d.Job.ID, "succeeded")
+	if puts, gets := p.requests(); direct != (len(puts) == 0) || direct != (len(gets) == 0) {
+		t.Errorf("through the control plane: part PUTs %q, content GETs %q (direct %v)", puts, gets, direct)
+	}
 	if jd.Job.Attempt != 2 {
 		t.Errorf("the job succeeded at attempt %d, want 2", jd.Job.Attempt)
 	}
@@ -348,12 +377,12 @@ func TestE2EArtifactsS3(t *testing.T) {
 	t.Run("upload", func(t *testing.T) {
 		t.Parallel()
 		c := artifactCluster(t, d, s3Store(t, s3))
-		checkUpload(t, c)
+		checkUpload(t, c, true)
 	})
 	t.Run("resume", func(t *testing.T) {
 		t.Parallel()
 		c := artifactCluster(t, d, s3Store(t, s3))
-		checkResume(t, c)
+		checkResume(t, c, true)
 	})
 }
 

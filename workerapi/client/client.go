@@ -553,6 +553,11 @@ func (c *Client) once(ctx context.Context, cl *call, token string) (int, error) 
 		req.ContentLength = cl.stream.Size()
 		if req.ContentLength == 0 {
 			req.Body = http.NoBody
+		} else {
+			// The body follows once the server, having checked the
+			// headers, reads it: a refusal (lease_lost, too_many_uploads)
+			// costs no part's bytes.
+			req.Header.Set("Expect", "100-continue")
 		}
 	}
 	for k, v := range cl.header {

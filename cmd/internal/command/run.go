@@ -248,7 +248,7 @@ func (e *Executor) Run(ctx context.Context, job *wire.Job, rep Reporter) error {
 }
 
 // resume downloads the checkpoint job's grant names, if any, into
-// runDir and returns its path. A download that may succeed later fails
+// runDir/resume/ and returns its path. A download that may succeed later fails
 // the attempt as retryable (error_code resume_failed); one that cannot
 // (the bytes are not the checkpoint's, or it is gone) is logged, and the
 // command starts without a checkpoint.
@@ -257,7 +257,13 @@ func (e *Executor) resume(ctx context.Context, job *wire.Job, rep Reporter, runD
 	if rf == nil {
 		return "", nil
 	}
-	path, err := rep.DownloadCheckpoint(ctx, runDir)
+	// A directory of its own: no checkpoint name can take the place of
+	// payload.json or output/.
+	dir := filepath.Join(runDir, "resume")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return "", fail("workdir", true, err)
+	}
+	path, err := rep.DownloadCheckpoint(ctx, dir)
 	switch {
 	case err == nil:
 		rep.Log(fmt.Sprintf("resuming from checkpoint %s (%s, %d bytes) at %s", rf.ArtifactID, rf.Name, rf.SizeBytes, path), nil)
@@ -540,7 +546,8 @@ func (r *run) progress(ctx context.Context, p *Progress) {
 
 // artifact reports an artifact line's file: its bytes are uploaded when
 // the control plane stores them, else (artifact_storage_off) it is
-// reported as metadata only, with its file:// URI.
+// reported as metadata only. Either way its uri is the file's file://
+// URI on this box.
 func (r *run) artifact(ctx context.Context, a *Artifact) {
 	f, size, err := openArtifact(r.outDir, a.Path)
 	if err != nil {
@@ -557,14 +564,15 @@ func (r *run) artifact(ctx context.Context, a *Artifact) {
 	if len(a.Metadata) > 0 && string(a.Metadata) != "null" {
 		md = a.Metadata
 	}
-	_, err = r.rep.UploadArtifactFrom(ctx, f, size, client.ArtifactFile{Type: a.Kind, Name: a.Name, Metadata: md, SHA256: sum})
+	uri := fileURI(filepath.Join(r.outDir, a.Path))
+	_, err = r.rep.UploadArtifactFrom(ctx, f, size, client.ArtifactFile{Type: a.Kind, Name: a.Name, Metadata: md, URI: uri, SHA256: sum})
 	if errors.Is(err, client.ErrArtifactStorageOff) {
 		if r.e.storageOffLogged.CompareAndSwap(false, true) {
 			r.e.opts.Logger.Info("the control plane stores no artifact bytes: artifacts are reported as metadata only, with their file:// URIs",
 				"job", r.job.ID)
 		}
 		_, err = r.rep.Artifact(ctx, client.ArtifactInfo{Type: a.Kind, Name: a.Name,
-			URI: fileURI(filepath.Join(r.outDir, a.Path)), SHA256: sum, SizeBytes: size, Metadata: md})
+			URI: uri, SHA256: sum, SizeBytes: size, Metadata: md})
 	}
 	if err != nil && ctx.Err() == nil {
 		r.rep.Log(fmt.Sprintf("artifact %s not reported: %s", a.Name, errorText(err)), map[string]any{"warning": "artifact not reported"})

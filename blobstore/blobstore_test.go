@@ -28,7 +28,7 @@ import (
 const s3Env = "NODELANE_TEST_S3"
 
 // open opens url, closing the bucket when the test ends.
-func open(t *testing.T, url string) workerapi.ArtifactStore {
+func open(t testing.TB, url string) workerapi.ArtifactStore {
 	t.Helper()
 	s, b, err := blobstore.Open(t.Context(), url, blobstore.Options{})
 	if err != nil {

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -20,6 +21,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nodelane/nodelane/internal/syncbuf"
 	"github.com/nodelane/nodelane/internal/waitfor"
 	"github.com/nodelane/nodelane/workerapi/client"
 	"github.com/nodelane/nodelane/workerapi/wire"
@@ -610,5 +612,43 @@ if [ -n "$NODELANE_RESUME_FROM" ]; then cp "$NODELANE_RESUME_FROM" "$NODELANE_OU
 	rec = &recorder{checkpoint: []byte("unused")}
 	if err := e.Run(context.Background(), testJob(), rec); err != nil || !rec.logged("fresh") {
 		t.Errorf("no checkpoint: %v; logs %q", err, rec.logs)
+	}
+}
+
+// TestRunStorageOffLogsOnce checks the fallback of a control plane that
+// stores no bytes: each artifact is reported as metadata only, and the
+// executor says so in its log once, whatever the runs and artifacts.
+func TestRunStorageOffLogsOnce(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	path := filepath.Join(dir, "job.sh")
+	if err := os.WriteFile(path, []byte(`
+printf a > "$NODELANE_OUTPUT_DIR/a"
+printf bb > "$NODELANE_OUTPUT_DIR/b"
+echo 'nodelane:artifact {"path": "a"}'
+echo 'nodelane:artifact {"path": "b"}'
+`), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := Parse(fmt.Sprintf("[[job]]\ntype = \"t\"\ncommand = [\"/bin/sh\", %q]\ngpus = 0\n", path), dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var log syncbuf.Buffer
+	e, err := NewExecutor(cfg, nil, &Options{Workdir: filepath.Join(dir, "work"), Logger: slog.New(slog.NewTextHandler(&log, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		rec := &recorder{}
+		if err := e.Run(context.Background(), testJob(), rec); err != nil {
+			t.Fatal(err)
+		}
+		if len(rec.artifacts) != 2 || len(rec.uploads) != 0 || rec.artifacts[1].SizeBytes != 2 {
+			t.Fatalf("artifacts %+v, uploads %d", rec.artifacts, len(rec.uploads))
+		}
+	}
+	if n := strings.Count(log.String(), "stores no artifact bytes"); n != 1 {
+		t.Errorf("the fallback logged %d times, want once:\n%s", n, log.String())
 	}
 }

@@ -127,8 +127,8 @@ func BenchmarkArtifactUpload(b *testing.B) {
 	b.ReportMetric(float64(high)/(1<<20), "rss-peak-MiB")
 	// CPU per GiB, which the machine's other load does not change: the
 	// throughput one core each would give is 1 GiB / the larger of the two.
-	b.ReportMetric((serverCPU1 - serverCPU0).Seconds()/gib, "server-cpu-s/GiB")
-	b.ReportMetric((selfCPU() - clientCPU0).Seconds()/gib, "client-cpu-s/GiB")
+	b.ReportMetric((serverCPU1-serverCPU0).Seconds()/gib, "server-cpu-s/GiB")
+	b.ReportMetric((selfCPU()-clientCPU0).Seconds()/gib, "client-cpu-s/GiB")
 }
 
 // cpu returns the CPU time (user and system) the server has used.

@@ -107,7 +107,10 @@ var (
 
 // New returns a store on b: a PresigningStore if b signs a URL (New tries
 // one, and o.NoPresign is false), else a *Store. The caller keeps b and
-// closes it after the store's last use.
+// closes it after the store's last use. The bucket must keep metadata (a
+// fileblob bucket not opened with metadata=skip). A file:// store Open
+// opens is faster than New on a fileblob bucket: it writes the metadata
+// sidecar without fileblob's MD5 of every byte.
 func New(b *blob.Bucket, o Options) workerapi.ArtifactStore {
 	var fi os.FileInfo
 	s := &Store{b: b, o: o, walk: b.As(&fi)}

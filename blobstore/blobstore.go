@@ -29,12 +29,12 @@ import (
 	"fmt"
 	"io"
 	"iter"
-	"math"
 	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"time"
 
 	"gocloud.dev/blob"
@@ -53,6 +53,9 @@ import (
 // ContentType is the Content-Type of every object the Store writes, and
 // the header a worker sends with a presigned PUT.
 const ContentType = "application/octet-stream"
+
+// walkPage is the page of a file:// store's listing of one level.
+const walkPage = 1 << 16
 
 // probeTimeout bounds New's trial of the bucket's URL signing, which
 // some drivers (GCS without a private key) do over the network.
@@ -86,6 +89,9 @@ type Store struct {
 	// walk: the bucket lists in directory order (fileblob), so List sorts
 	// each level itself.
 	walk bool
+	// root is the directory of a file:// store Open opened, whose empty
+	// directories Delete removes.
+	root string
 }
 
 // PresigningStore is a Store whose bucket signs URLs: a
@@ -101,7 +107,10 @@ var (
 
 // New returns a store on b: a PresigningStore if b signs a URL (New tries
 // one, and o.NoPresign is false), else a *Store. The caller keeps b and
-// closes it after the store's last use.
+// closes it after the store's last use. The bucket must keep metadata (a
+// fileblob bucket not opened with metadata=skip). A file:// store Open
+// opens is faster than New on a fileblob bucket: it writes the metadata
+// sidecar without fileblob's MD5 of every byte.
 func New(b *blob.Bucket, o Options) workerapi.ArtifactStore {
 	var fi os.FileInfo
 	s := &Store{b: b, o: o, walk: b.As(&fi)}
@@ -150,7 +159,10 @@ func Open(ctx context.Context, rawURL string, o Options) (workerapi.ArtifactStor
 		if err := os.MkdirAll(dir, 0o700); err != nil {
 			return nil, nil, fmt.Errorf("blobstore: %w", err)
 		}
-		b, err = fileblob.OpenBucket(dir, &fileblob.Options{DirFileMode: 0o700, NoTempDir: true})
+		// MetadataDontWrite: fileblob would hash every byte with MD5 for
+		// its sidecar file, the larger part of an upload's cost; Put
+		// writes the sidecar itself (sidecar.go).
+		b, err = fileblob.OpenBucket(dir, &fileblob.Options{DirFileMode: 0o700, NoTempDir: true, Metadata: fileblob.MetadataDontWrite})
 		if err != nil {
 			return nil, nil, fmt.Errorf("blobstore: %w", err)
 		}
@@ -181,7 +193,14 @@ func Open(ctx context.Context, rawURL string, o Options) (workerapi.ArtifactStor
 			return nil, nil, fmt.Errorf("blobstore: opening the %s bucket %q: %w", u.Scheme, u.Host, err)
 		}
 	}
-	return New(b, o), b, nil
+	s := New(b, o)
+	if u.Scheme == "file" {
+		dir, _ := fileDir(u)
+		if root, err := filepath.Abs(dir); err == nil {
+			s.(*Store).root = root
+		}
+	}
+	return s, b, nil
 }
 
 // fileDir returns the directory of a file:// URL.
@@ -237,11 +256,17 @@ func (g *guardedReader) Read(p []byte) (int, error) {
 func (s *Store) Put(ctx context.Context, key string, r io.Reader, metadata map[string]string) error {
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	w, err := s.b.NewWriter(wctx, key, &blob.WriterOptions{
+	opts := &blob.WriterOptions{
 		ContentType: ContentType,
 		Metadata:    metadata,
 		BufferSize:  s.o.BufferSize,
-	})
+	}
+	var sc *sidecar
+	if s.root != "" {
+		sc = &sidecar{root: s.root}
+		opts.Metadata, opts.BeforeWrite = nil, sc.beforeWrite
+	}
+	w, err := s.b.NewWriter(wctx, key, opts)
 	if err != nil {
 		return fmt.Errorf("blobstore: put %s: %w", key, err)
 	}
@@ -259,7 +284,17 @@ func (s *Store) Put(ctx context.Context, key string, r io.Reader, metadata map[s
 		}
 		return fmt.Errorf("blobstore: put %s: %w", key, err)
 	}
+	if sc != nil {
+		if err := sc.write(metadata); err != nil {
+			cancel()
+			_ = w.Close()
+			return fmt.Errorf("blobstore: put %s: %w", key, err)
+		}
+	}
 	if err := w.Close(); err != nil {
+		if sc != nil {
+			sc.remove()
+		}
 		if ctx.Err() != nil {
 			err = ctx.Err()
 		}
@@ -293,10 +328,22 @@ func (s *Store) Stat(ctx context.Context, key string) (workerapi.ObjectInfo, err
 	return workerapi.ObjectInfo{Key: key, Size: a.Size, ModTime: a.ModTime, Metadata: a.Metadata}, nil
 }
 
-// Delete implements workerapi.ArtifactStore.
+// Delete implements workerapi.ArtifactStore. In a directory Open
+// opened (file://), it also removes the directories the object leaves
+// empty, so that swept uploads and jobs leave no trace to walk.
 func (s *Store) Delete(ctx context.Context, key string) error {
 	if err := s.b.Delete(ctx, key); err != nil && gcerrors.Code(err) != gcerrors.NotFound {
 		return fmt.Errorf("blobstore: delete %s: %w", key, err)
+	}
+	if s.root != "" {
+		// os.Remove removes only an empty directory: one another Put is
+		// writing to stays. (A Put that made its directory just before
+		// fails, and its part is sent again.)
+		for dir := filepath.Dir(filepath.Join(s.root, filepath.FromSlash(key))); strings.HasPrefix(dir, s.root+string(filepath.Separator)); dir = filepath.Dir(dir) {
+			if os.Remove(dir) != nil {
+				break
+			}
+		}
 	}
 	return nil
 }
@@ -338,11 +385,27 @@ func (s *Store) List(ctx context.Context, prefix string) iter.Seq2[workerapi.Obj
 // entries (files and directories) and descending in that order yields
 // all keys in byte order.
 func (s *Store) walkLevel(ctx context.Context, prefix string, yield func(workerapi.ObjectInfo, error) bool) bool {
-	// One page of every entry: fileblob's page tokens assume the order
-	// it does not keep, so a second page could miss entries.
-	entries, _, err := s.b.ListPage(ctx, blob.FirstPageToken, math.MaxInt32, &blob.ListOptions{Prefix: prefix, Delimiter: "/"})
-	if err != nil {
-		return yield(workerapi.ObjectInfo{}, fmt.Errorf("blobstore: list %s: %w", prefix, err))
+	// Large pages: fileblob's page token assumes the byte order it does
+	// not keep, so a level of more than one page whose names hold '-' or
+	// '.' could lose entries at a page's end. (The Server's own names,
+	// "job_<hex>", "<hex>", "<digits>", walk in byte order.)
+	var entries []*blob.ListObject
+	seen := map[string]bool{}
+	for token := blob.FirstPageToken; ; {
+		page, next, err := s.b.ListPage(ctx, token, walkPage, &blob.ListOptions{Prefix: prefix, Delimiter: "/"})
+		if err != nil {
+			return yield(workerapi.ObjectInfo{}, fmt.Errorf("blobstore: list %s: %w", prefix, err))
+		}
+		for _, e := range page {
+			if !seen[e.Key] {
+				seen[e.Key] = true
+				entries = append(entries, e)
+			}
+		}
+		if len(next) == 0 {
+			break
+		}
+		token = next
 	}
 	slices.SortFunc(entries, func(a, b *blob.ListObject) int { return cmp.Compare(a.Key, b.Key) })
 	for _, e := range entries {

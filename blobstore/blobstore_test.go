@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"io"
 	"io/fs"
 	"net/http"
@@ -209,6 +210,20 @@ func TestFileOnDisk(t *testing.T) {
 	}
 	if !slices.Equal(keys, []string{"jobs/job_1/up/000001"}) {
 		t.Errorf("List = %q, want only the object", keys)
+	}
+	// Deleting the last object of a directory removes the directories it
+	// leaves empty, up to the store's own.
+	if err := s.Put(ctx, "jobs/job_2/up/000001", strings.NewReader("x"), nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Delete(ctx, "jobs/job_2/up/000001"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "jobs", "job_2")); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("the directory of a deleted job's last object is still there: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "jobs", "job_1", "up", "000001")); err != nil {
+		t.Errorf("deleting another job's object removed this one: %v", err)
 	}
 	before := files(t, dir)
 	err := s.Put(ctx, "jobs/job_1/up/000002", io.MultiReader(strings.NewReader("some bytes"), failing{}), nil)

@@ -8,8 +8,12 @@
 // the operator client (workerapi/operator, over its HandlerTransport) and
 // carrying the signed-in operator's bearer token, so each is
 // authenticated, scope-checked, validated and receipted exactly as the
-// API is; a refusal is shown as the API's message. It imports the
-// standard library, workerapi/operator, workerapi/wire and receipts only.
+// API is; a refusal is shown as the API's message. (An artifact's bytes,
+// which may be gigabytes, are the one read made without the client,
+// whose in-process transport buffers an answer: the download calls
+// Config.API itself with the same token and streams its answer.) It
+// imports the standard library, workerapi/operator, workerapi/wire and
+// receipts only.
 //
 // Pages are server-rendered with html/template and readable without
 // JavaScript; one small embedded script makes a job's logs follow live.
@@ -211,6 +215,7 @@ func (c *Console) routes() http.Handler {
 	page("GET /jobs/{id}", c.job)
 	page("GET /jobs/{id}/events", c.jobEvents)
 	page("POST /jobs/{id}/cancel", c.cancel)
+	page("GET /artifacts/{id}/download", c.artifactDownload)
 	page("GET /envelope", c.envelope)
 	page("POST /envelope/{action}", c.envelopeAction)
 	page("GET /receipts", c.receiptsPage)

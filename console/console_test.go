@@ -371,6 +371,7 @@ func TestPages(t *testing.T) {
 			`id="job-state" class="state-succeeded">succeeded`,
 			"progress", "half way", "epoch 1 &lt;b&gt;loss&lt;/b&gt;", "epoch 2", // the timeline and logs, escaped
 			"adapter.safetensors", "file:///models/adapter.safetensors", job.artifactReceipt,
+			`<td class="num" title="4 bytes">4 B</td><td><span class="note">metadata only</span></td>`, // no Download link
 			"USD for", "GPU-hours", "on rtx-4090 at 1.800000 USD per GPU-hour",
 			"job_completed", "job_charged", "artifact_reported",
 			"✔ verified: included in the current signed checkpoint",

@@ -90,6 +90,7 @@ var funcs = template.FuncMap{
 	"path":   url.PathEscape,
 	"query":  url.QueryEscape,
 	"ended":  func(state string) bool { return state == "succeeded" || state == "failed" || state == "canceled" },
+	"size":   humanBytes,
 }
 
 var pageNames = []string{"signin", "error", "overview", "workers", "worker", "jobs", "job", "envelope", "receipts", "receipt", "credentials"}

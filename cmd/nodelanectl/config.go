@@ -228,3 +228,17 @@ func httpClient(s *settings) (*http.Client, error) {
 	return &http.Client{Timeout: 60 * time.Second, Transport: answerTap{t},
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}, nil
 }
+
+// streamClient is httpClient for an answer that may take hours to read
+// (an artifact's bytes): no deadline on the whole request, but 60 s for
+// the answer's headers; the reader bounds the wait for each byte.
+func streamClient(s *settings) (*http.Client, error) {
+	hc, err := httpClient(s)
+	if err != nil {
+		return nil, err
+	}
+	t := hc.Transport.(answerTap).next.(*http.Transport)
+	t.ResponseHeaderTimeout = hc.Timeout
+	hc.Timeout = 0
+	return hc, nil
+}

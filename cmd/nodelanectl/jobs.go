@@ -221,9 +221,13 @@ func jobsShow(a *app, args []string) error {
 	if len(d.Artifacts) > 0 {
 		fmt.Fprintln(a.stdout)
 		t = newTable(a.stdout)
-		t.row("ARTIFACT", "TYPE", "STATUS", "SIZE", "URI")
+		t.row("ARTIFACT", "TYPE", "STATUS", "SIZE", "BYTES", "URI")
 		for _, x := range d.Artifacts {
-			t.row(x.ArtifactID, x.ArtifactType, x.Status, strconv.FormatInt(x.SizeBytes, 10), x.URI)
+			bytes := "metadata"
+			if x.Stored {
+				bytes = "stored"
+			}
+			t.row(x.ArtifactID, x.ArtifactType, x.Status, strconv.FormatInt(x.SizeBytes, 10), bytes, x.URI)
 		}
 		t.flush()
 	}

@@ -7,7 +7,8 @@
 //	nodelanectl [-server URL] [-token-file FILE] [-config FILE] [-o table|json] GROUP VERB [flags] [args]
 //
 // The groups and verbs are jobs (submit, list, show, cancel, logs),
-// workers (list, show, ban, unban, approve, retire, drain, resume), envelope (status,
+// artifacts (list, download: the stored bytes, verified against the
+// artifact's sha256 before they replace the file), workers (list, show, ban, unban, approve, retire, drain, resume), envelope (status,
 // activate, deactivate), credentials (mint, list, revoke), receipts
 // (export, verify) and cost (report); `nodelanectl help` lists them. The
 // common flags may also follow the verb.
@@ -32,9 +33,11 @@
 // to 1 minute (1 s by default); every request times out after 60 s.
 //
 // Output is aligned tables, or with -o json the API's JSON answer as it
-// came (jobs logs writes one JSON event a line). The exit status is 0 on
-// success, 1 when the server refuses or cannot be reached, an export does
-// not verify or a cost check fails, 2 for a usage error, and 130 when
+// came (jobs logs writes one JSON event a line). After artifacts
+// download, -o names the file to write the artifact's bytes to (- for
+// standard output); its report goes to standard error. The exit status is 0 on
+// success, 1 when the server refuses or cannot be reached, an export or
+// a download does not verify or a cost check fails, 2 for a usage error, and 130 when
 // interrupted.
 package main
 
@@ -48,6 +51,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"slices"
 	"sort"
 	"strings"
 	"syscall"
@@ -101,6 +105,9 @@ type app struct {
 	common common
 	// now is the clock; tests of the package may set it.
 	now func() time.Time
+	// stallTimeout is how long a download waits for its next byte;
+	// 0 means stallTimeout. Tests of the package may set it.
+	stallTimeout time.Duration
 	// settings once resolved.
 	cfg *settings
 	// api is the operator client once made.
@@ -123,6 +130,10 @@ var groups = map[string]map[string]command{
 		"show":   {"show a job, its result, events and artifacts", jobsShow},
 		"cancel": {"cancel a job", jobsCancel},
 		"logs":   {"print a job's events; -follow until it ends", jobsLogs},
+	},
+	"artifacts": {
+		"list":     {"list artifacts, stored (bytes downloadable) or metadata only; -job for one job's", artifactsList},
+		"download": {"download an artifact's stored bytes to -o FILE, verified against its sha256", artifactsDownload},
 	},
 	"workers": {
 		"list":    {"list workers", workersList},
@@ -154,7 +165,16 @@ var groups = map[string]map[string]command{
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) int {
-	a := &app{ctx: ctx, stdout: stdout, stderr: stderr, getenv: getenv, now: time.Now, common: common{output: "table"}}
+	return newApp(ctx, stdout, stderr, getenv).run(args)
+}
+
+func newApp(ctx context.Context, stdout, stderr io.Writer, getenv func(string) string) *app {
+	return &app{ctx: ctx, stdout: stdout, stderr: stderr, getenv: getenv, now: time.Now, common: common{output: "table"}}
+}
+
+// run runs the command line args and returns the exit status.
+func (a *app) run(args []string) int {
+	ctx, stderr := a.ctx, a.stderr
 	err := a.dispatch(args)
 	var ue *usageError
 	var we *wire.Error
@@ -241,25 +261,32 @@ func sortedKeys[V any](m map[string]V) []string {
 	return keys
 }
 
-// bindCommon defines the common flags on fs, over what earlier flags set.
-func (a *app) bindCommon(fs *flag.FlagSet) {
+// bindCommon defines the common flags on fs, over what earlier flags set,
+// but those named in but.
+func (a *app) bindCommon(fs *flag.FlagSet, but ...string) {
 	fs.StringVar(&a.common.server, "server", a.common.server, "the control plane's base `URL`")
 	fs.StringVar(&a.common.tokenFile, "token-file", a.common.tokenFile, "the `file` holding the operator token")
 	fs.StringVar(&a.common.config, "config", a.common.config, "the config `file`")
-	fs.StringVar(&a.common.output, "o", a.common.output, "output: table or json")
+	if !slices.Contains(but, "o") {
+		fs.StringVar(&a.common.output, "o", a.common.output, "output: table or json")
+	}
 	fs.StringVar(&a.common.caFile, "ca-file", a.common.caFile, "PEM `file` of the certificate authorities to trust for an https server, instead of the system's")
 	fs.BoolVar(&a.common.insecureHTTP, "insecure-http", a.common.insecureHTTP, "allow an http:// server that is not this machine (the token crosses the network in clear)")
 }
 
 // flags returns the FlagSet of a command, with the common flags.
-func (a *app) flags(name, args string) *flag.FlagSet {
+func (a *app) flags(name, args string) *flag.FlagSet { return a.flagsBut(name, args) }
+
+// flagsBut returns the FlagSet of a command, with the common flags but
+// those named in but, which the command defines its own way.
+func (a *app) flagsBut(name, args string, but ...string) *flag.FlagSet {
 	fs := flag.NewFlagSet("nodelanectl "+name, flag.ContinueOnError)
 	fs.SetOutput(a.stderr)
 	fs.Usage = func() {
 		fmt.Fprintf(a.stderr, "usage: nodelanectl %s [flags] %s\n", name, args)
 		fs.PrintDefaults()
 	}
-	a.bindCommon(fs)
+	a.bindCommon(fs, but...)
 	return fs
 }
 

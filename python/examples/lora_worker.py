@@ -8,8 +8,9 @@ It registers its GPUs (--gpu SKU:VRAM_MB, repeatable; one rtx-4090:24576 by
 default) and the job type lora_train, and runs each lora_train job as train.py does under
 `cmd/worker -config cmd/commands/worker.toml`: the same payload
 ({"epochs": 2, "step_seconds": 0.2, "rank": 8}), a progress event per epoch,
-an adapter file in a fresh output directory per job, reported as an artifact
-(its SHA-256 and size read from the file), and the metrics {"loss", "epochs"}.
+an adapter file in a fresh output directory per job, uploaded as an artifact
+(its bytes stored by the control plane, or, when it stores none, its URI,
+SHA-256 and size reported), and the metrics {"loss", "epochs"}.
 It trains nothing. A cancel stops it within a step; SIGTERM drains it. Standard
 library and the SDK only.
 """
@@ -52,9 +53,10 @@ def lora_train(ctx: JobContext, workdir: str) -> Result:
     os.makedirs(os.path.dirname(path))
     with open(path, "wb") as f:
         f.write(b"simulated LoRA adapter, rank %d, loss %.6f\n" % (rank, loss))
-    # path= makes the SDK read the file for its SHA-256 and size.
-    ctx.artifact("adapter", "adapter_model.safetensors", "file://" + path, path=path,
-                 metadata={"rank": rank, "epochs": epochs})
+    # The bytes go to the control plane's artifact store (checked against their SHA-256 there); a
+    # control plane that stores none gets the file's URI, SHA-256 and size only.
+    ctx.upload(path, name="adapter_model.safetensors", kind="adapter", metadata={"rank": rank, "epochs": epochs},
+               uri="file://" + path)
     return Result(output_uri="file://" + out, metrics={"loss": loss, "epochs": epochs})
 
 

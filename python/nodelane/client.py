@@ -11,6 +11,7 @@ operator routes (§13) a test or a verifier needs.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import email.utils
 import http.client
@@ -25,9 +26,9 @@ import threading
 import time
 import urllib.parse
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, BinaryIO, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from .errors import APIError, ConfigError, LeaseLost, TransportError
+from .errors import APIError, ArtifactMismatch, ArtifactStorageOff, ConfigError, LeaseLost, TransportError
 from .identity import Identity
 from .times import parse_api_time, unix_seconds
 from .signing import CONTENT_TYPE, Signer, authority_for_signing, b64url_nopad, sign_request
@@ -45,6 +46,12 @@ MAX_CLOCK_OFFSET = 3600.0
 MAX_RETRY_AFTER = 300.0
 #: The most bytes of an answer read.
 MAX_ANSWER_BYTES = 16 << 20
+#: The block size a streamed body (an artifact's part) is sent in.
+STREAM_BLOCK = 1 << 20
+#: The header that carries the lease token on the routes whose body is not JSON (PROTOCOL.md §5.20).
+LEASE_TOKEN_HEADER = "Nodelane-Lease-Token"
+#: The Content-Type of an artifact's bytes.
+OCTET_STREAM = "application/octet-stream"
 #: The User-Agent sent.
 USER_AGENT = "nodelane-python/0.1"
 
@@ -153,16 +160,36 @@ class Connection:
         """The request-target of a route path: the mount prefix, then path."""
         return self.prefix + path
 
-    def send(self, method: str, target: str, body: Optional[bytes] = None,
+    def send(self, method: str, target: str, body: "Optional[bytes | BinaryIO]" = None,
              headers: Optional[Dict[str, str]] = None, timeout: Optional[float] = None,
-             abort: Optional[Abort] = None) -> Response:
-        """Send exactly these bytes once and read the answer; raise OSError/HTTPException on no answer."""
+             abort: Optional[Abort] = None, length: Optional[int] = None) -> Response:
+        """Send exactly these bytes once and read the answer; raise OSError/HTTPException on no answer.
+
+        body is bytes, or a reader streamed in blocks whose length must then be given.
+        """
+        with self.exchange(method, target, body, headers, timeout, abort, length) as r:
+            raw = r.read(MAX_ANSWER_BYTES)
+            return Response(r.status, {k.lower(): v for k, v in r.getheaders()}, raw)
+
+    @contextlib.contextmanager
+    def exchange(self, method: str, target: str, body: "Optional[bytes | BinaryIO]" = None,
+                 headers: Optional[Dict[str, str]] = None, timeout: Optional[float] = None,
+                 abort: Optional[Abort] = None, length: Optional[int] = None) -> Iterator[http.client.HTTPResponse]:
+        """Send one request and yield its answer unread (a download streams it); the connection
+        is closed at exit. body is bytes, or a reader (read(n)) of exactly length bytes, sent in
+        blocks of STREAM_BLOCK bytes and never held whole."""
         t = timeout if timeout is not None else self.timeout
         if self.scheme == "https":
             conn: http.client.HTTPConnection = http.client.HTTPSConnection(
-                self.host, self.port, timeout=t, context=self.ssl_context or ssl.create_default_context())
+                self.host, self.port, timeout=t, context=self.ssl_context or ssl.create_default_context(),
+                blocksize=STREAM_BLOCK)
         else:
-            conn = http.client.HTTPConnection(self.host, self.port, timeout=t)
+            conn = http.client.HTTPConnection(self.host, self.port, timeout=t, blocksize=STREAM_BLOCK)
+        if body is not None and not isinstance(body, (bytes, bytearray)):
+            if length is None:
+                raise ConfigError("a streamed body needs its length")
+        elif body is not None:
+            length = len(body)
         try:
             conn.connect()
             if abort is not None:
@@ -172,11 +199,9 @@ class Connection:
             for k, v in (headers or {}).items():
                 conn.putheader(k, v)
             if body is not None:
-                conn.putheader("Content-Length", str(len(body)))
+                conn.putheader("Content-Length", str(length))
             conn.endheaders(body)
-            r = conn.getresponse()
-            raw = r.read(MAX_ANSWER_BYTES)
-            return Response(r.status, {k.lower(): v for k, v in r.getheaders()}, raw)
+            yield conn.getresponse()
         finally:
             if abort is not None:
                 abort._set(None)
@@ -198,6 +223,11 @@ def _retry_after(v: Optional[str], now: float) -> float:
     return min(max(d, 0.0), MAX_RETRY_AFTER)
 
 
+#: The APIError subclasses of the codes a caller tells apart with except.
+_ERROR_CLASSES = {"lease_lost": LeaseLost, "artifact_storage_off": ArtifactStorageOff,
+                  "artifact_mismatch": ArtifactMismatch}
+
+
 def api_error(resp: Response, route: str, now: float) -> APIError:
     """The APIError of an error answer (a LeaseLost for 409 lease_lost)."""
     code = message = server_time = ""
@@ -207,7 +237,7 @@ def api_error(resp: Response, route: str, now: float) -> APIError:
         server_time = str(err.get("server_time", "") or "")
     except (ValueError, KeyError, TypeError, AttributeError):
         message = resp.raw[:200].decode("utf-8", "replace").strip()
-    cls = LeaseLost if code == "lease_lost" else APIError
+    cls = _ERROR_CLASSES.get(code, APIError)
     return cls(resp.status, code, message, route=route, request_id=resp.headers.get("x-request-id", ""),
                server_time=server_time, retry_after=_retry_after(resp.headers.get("retry-after"), now),
                body=resp.raw)
@@ -363,20 +393,27 @@ class Client:
 
     # -- requests ---------------------------------------------------------
 
-    def prepare(self, path: str, obj: Any, bearer: Optional[str] = None, created: Optional[int] = None,
-                nonce: Optional[str] = None) -> Tuple[str, bytes, Dict[str, str]]:
-        """Build one signed request (target, body, headers) for a worker route, without sending it."""
-        target = self.conn.target(path)
-        body = dumps(obj)
-        sh = sign_request(self.signer, "POST", self.conn.authority, target, body, created=created,
-                          nonce=nonce, now=self.server_now())
+    def signed_headers(self, method: str, target: str, body: Optional[bytes] = None, digest: Optional[str] = None,
+                       content_type: str = CONTENT_TYPE, bearer: Optional[str] = None,
+                       created: Optional[int] = None, nonce: Optional[str] = None) -> Dict[str, str]:
+        """The headers of one signed request to target: signature (§4), Accept, User-Agent and the
+        bearer token. The body is given as bytes, or, for one streamed later, as its Content-Digest."""
+        sh = sign_request(self.signer, method, self.conn.authority, target, body, content_type=content_type,
+                          created=created, nonce=nonce, now=self.server_now(), digest=digest)
         headers = dict(sh.headers)
         headers["Accept"] = "application/json"
         headers["User-Agent"] = USER_AGENT
         tok = bearer if bearer is not None else self.identity.token
         if tok:
             headers["Authorization"] = "Bearer " + tok
-        return target, body, headers
+        return headers
+
+    def prepare(self, path: str, obj: Any, bearer: Optional[str] = None, created: Optional[int] = None,
+                nonce: Optional[str] = None) -> Tuple[str, bytes, Dict[str, str]]:
+        """Build one signed request (target, body, headers) for a worker route, without sending it."""
+        target = self.conn.target(path)
+        body = dumps(obj)
+        return target, body, self.signed_headers("POST", target, body, bearer=bearer, created=created, nonce=nonce)
 
     def post(self, path: str, obj: Any, bearer: Optional[str] = None, timeout: Optional[float] = None,
              created: Optional[int] = None, nonce: Optional[str] = None,
@@ -387,9 +424,20 @@ class Client:
         when there is no answer.
         """
         target, body, headers = self.prepare(path, obj, bearer=bearer, created=created, nonce=nonce)
+        return self.send_signed(path, "POST", target, body, headers, timeout=timeout, abort=abort)
+
+    def send_signed(self, path: str, method: str, target: str, body: "Optional[bytes | BinaryIO]",
+                    headers: Dict[str, str], timeout: Optional[float] = None, abort: Optional[Abort] = None,
+                    length: Optional[int] = None) -> Response:
+        """Send one signed request made with signed_headers and return the answer, whatever its status.
+
+        body is bytes, or a reader of length bytes streamed in blocks. The
+        answer's clock is observed (a 2xx answer, or a stale_timestamp refusal).
+        Raises TransportError when there is no answer.
+        """
         sent = self.clock()
         try:
-            resp = self.conn.send("POST", target, body, headers, timeout=timeout, abort=abort)
+            resp = self.conn.send(method, target, body, headers, timeout=timeout, abort=abort, length=length)
         except (OSError, http.client.HTTPException) as e:
             raise TransportError(path, e) from e
         recv = self.clock()
@@ -645,20 +693,83 @@ class Client:
         body = {"lease_token": lease_token, "entries": entries, "idempotency_key": idempotency_key or new_key()}
         return self.call(_job(job_id, "logs"), body)[1]
 
-    def artifact(self, job_id: str, lease_token: str, artifact_type: str, name: str, uri: str,
+    def artifact(self, job_id: str, lease_token: str, artifact_type: str, name: str, uri: Optional[str],
                  checksum_sha256: Optional[str] = None, size_bytes: Optional[int] = None,
                  metadata: Optional[Dict[str, Any]] = None,
-                 idempotency_key: Optional[str] = None) -> Dict[str, Any]:
-        """Report an artifact (§5.7); mints an artifact_reported receipt."""
+                 idempotency_key: Optional[str] = None, upload_id: Optional[str] = None,
+                 wait: float = 0.0) -> Dict[str, Any]:
+        """Report an artifact (§5.7); mints an artifact_reported receipt.
+
+        With upload_id (an upload whose parts were all sent, §5.19), it finishes
+        the upload: the control plane checks the stored bytes against
+        checksum_sha256 and size_bytes (both required then; uri optional) and
+        records the artifact as stored, or refuses with ArtifactMismatch.
+        wait adds to the call's timeout (the check may read the bytes back).
+        """
         body: Dict[str, Any] = {"lease_token": lease_token, "artifact_type": artifact_type, "name": name,
-                                "uri": uri, "idempotency_key": idempotency_key or new_key()}
+                                "idempotency_key": idempotency_key or new_key()}
+        if uri:
+            body["uri"] = uri
+        if upload_id is not None:
+            if checksum_sha256 is None or size_bytes is None:
+                raise ConfigError("finishing an upload needs its checksum_sha256 and size_bytes")
+            body["upload_id"] = upload_id
         if checksum_sha256 is not None:
             body["checksum_sha256"] = checksum_sha256
         if size_bytes is not None:
             body["size_bytes"] = size_bytes
         if metadata is not None:
             body["metadata"] = metadata
-        return self.call(_job(job_id, "artifacts"), body, ok=(201,))[1]
+        return self.call(_job(job_id, "artifacts"), body, ok=(201,), wait=wait)[1]
+
+    def request_upload(self, job_id: str, lease_token: str, artifact_type: str, name: str, size_bytes: int,
+                       checksum_sha256: str, idempotency_key: Optional[str] = None) -> Dict[str, Any]:
+        """Ask where to put an artifact's bytes (POST /workers/jobs/{id}/uploads, §5.19).
+
+        The answer: upload_id, part_size, expires_at, direct, and parts (each
+        part_number, offset, size_bytes, method, url, headers). Raises
+        ArtifactStorageOff when the control plane stores no bytes.
+        """
+        body: Dict[str, Any] = {"lease_token": lease_token, "artifact_type": artifact_type, "name": name,
+                                "size_bytes": size_bytes, "checksum_sha256": checksum_sha256,
+                                "idempotency_key": idempotency_key or new_key()}
+        return self.call(_job(job_id, "uploads"), body, ok=(201,))[1]
+
+    def put_part(self, url: str, lease_token: str, body: BinaryIO, length: int, digest: str,
+                 timeout: Optional[float] = None, abort: Optional[Abort] = None) -> Response:
+        """Send one part of an upload to the control plane, once (PUT url, §5.20); return the answer.
+
+        url is the part's route (a path under the base URL, from request_upload);
+        body a reader of exactly length bytes, streamed; digest its Content-Digest
+        (signing.digest_header). The lease token goes in the Nodelane-Lease-Token
+        header. Raises TransportError when there is no answer.
+        """
+        if not url.startswith("/workers/jobs/"):
+            raise ConfigError("a control-plane part URL is a worker route, not %r" % url[:80])
+        target = self.conn.target(url)
+        headers = self.signed_headers("PUT", target, digest=digest, content_type=OCTET_STREAM)
+        headers[LEASE_TOKEN_HEADER] = lease_token
+        route = url.split("/uploads/", 1)[0] + "/uploads/{id}/parts"  # the upload id stays out of errors
+        return self.send_signed(route, "PUT", target, body, headers, timeout=timeout, abort=abort, length=length)
+
+    @contextlib.contextmanager
+    def artifact_content(self, job_id: str, lease_token: str, artifact_id: str, offset: int = 0,
+                         abort: Optional[Abort] = None) -> Iterator[http.client.HTTPResponse]:
+        """GET a stored artifact of the job (a checkpoint to resume from, §5.21), signed; yield the
+        answer unread (200, or 206 from offset when offset > 0). Raises TransportError when there
+        is no answer; an error answer is yielded as it came."""
+        path = _job(job_id, "artifacts/" + urllib.parse.quote(artifact_id, safe="") + "/content")
+        target = self.conn.target(path)
+        headers = self.signed_headers("GET", target, b"")
+        headers[LEASE_TOKEN_HEADER] = lease_token
+        headers["Accept"] = "application/octet-stream, application/json"
+        if offset > 0:
+            headers["Range"] = "bytes=%d-" % offset
+        try:
+            with self.conn.exchange("GET", target, None, headers, abort=abort) as r:
+                yield r
+        except (OSError, http.client.HTTPException) as e:
+            raise TransportError(_job(job_id, "artifacts/{id}/content"), e) from e
 
     def complete(self, job_id: str, lease_token: str, output_uri: Optional[str] = None,
                  metrics: Optional[Dict[str, Any]] = None, final_message: Optional[str] = None,
@@ -732,6 +843,30 @@ class Operator:
         """Cancel a job (POST /operator/jobs/{id}/cancel)."""
         p = "/operator/jobs/%s/cancel" % urllib.parse.quote(job_id, safe="")
         return expect(self.post(p, {}), p, 200)
+
+    def download(self, artifact_id: str, dest: "str | BinaryIO", range_header: Optional[str] = None) -> Response:
+        """Stream a stored artifact's bytes (GET /operator/artifacts/{id}/content) into dest (a path or a
+        binary file); return the answer's status and headers (raw empty). An error answer raises APIError."""
+        p = "/operator/artifacts/%s/content" % urllib.parse.quote(artifact_id, safe="")
+        h = self._h(False)
+        h["Accept"] = "application/octet-stream, application/json"
+        if range_header:
+            h["Range"] = range_header
+        with self.conn.exchange("GET", self.conn.target(p), None, h) as r:
+            headers = {k.lower(): v for k, v in r.getheaders()}
+            if r.status not in (200, 206):
+                expect(Response(r.status, headers, r.read(MAX_ANSWER_BYTES)), p, 200, 206)
+            out = open(dest, "wb") if isinstance(dest, str) else dest
+            try:
+                while True:
+                    b = r.read(STREAM_BLOCK)
+                    if not b:
+                        break
+                    out.write(b)
+            finally:
+                if isinstance(dest, str):
+                    out.close()
+            return Response(r.status, headers, b"")
 
     def checkpoint(self) -> str:
         """The latest signed checkpoint note."""

@@ -77,6 +77,17 @@ class LeaseLost(APIError):
     """409 lease_lost: the lease token is not the job's live lease; stop working on the job."""
 
 
+class ArtifactStorageOff(APIError):
+    """404 artifact_storage_off: the control plane stores no artifact bytes (it was started without
+    an artifact store), or predates the upload route. Report the artifact as metadata only
+    (JobContext.artifact), or pass uri to JobContext.upload."""
+
+
+class ArtifactMismatch(APIError):
+    """422 artifact_mismatch: the bytes the control plane stored are not the declared size or SHA-256
+    (the file changed while it was uploaded); nothing was recorded and the stored parts were deleted."""
+
+
 class Cancelled(NodelaneError):
     """Raised by JobContext.check() once the job must stop.
 

@@ -135,7 +135,14 @@ def new_nonce(nbytes: int = 16) -> str:
 
 def content_digest(body: bytes) -> str:
     """The Content-Digest of body: sha-256=:<base64>: (§4.2)."""
-    return "sha-256=:" + b64std(hashlib.sha256(body).digest()) + ":"
+    return digest_header(hashlib.sha256(body).digest())
+
+
+def digest_header(sha256: bytes) -> str:
+    """The Content-Digest of a body whose 32-byte SHA-256 is sha256 (a body hashed while streamed)."""
+    if len(sha256) != 32:
+        raise ValueError("a SHA-256 has 32 bytes, not %d" % len(sha256))
+    return "sha-256=:" + b64std(sha256) + ":"
 
 
 def signature_params(created: int, expires: int, nonce: str, keyid: str) -> str:
@@ -219,24 +226,29 @@ class SignedHeaders:
     nonce: str
 
 
-def sign_request(signer: Signer, method: str, authority: str, target: str, body: bytes,
+def sign_request(signer: Signer, method: str, authority: str, target: str, body: Optional[bytes],
                  content_type: str = CONTENT_TYPE, created: Optional[int] = None,
                  expires: Optional[int] = None, nonce: Optional[str] = None,
-                 now: Optional[float] = None) -> SignedHeaders:
+                 now: Optional[float] = None, digest: Optional[str] = None) -> SignedHeaders:
     """Sign one request: return its Content-Type, Content-Digest, Signature-Input and Signature.
 
     created defaults to `now` (the caller's estimate of the server's clock, in
     Unix seconds; the local clock when None), expires to created + 300, nonce to
     16 fresh random bytes. The method, authority (the Host header as sent) and
-    target (the request-target as sent) must be those of the request.
+    target (the request-target as sent) must be those of the request. A body
+    streamed from a file rather than held in memory is signed by its
+    Content-Digest: pass digest (digest_header of its SHA-256) and body None.
     """
+    if (digest is None) == (body is None):
+        raise ValueError("sign_request takes a body or the digest of one, not both")
     if created is None:
         created = int(now if now is not None else time.time())
     if expires is None:
         expires = created + VALIDITY_SECONDS
     if nonce is None:
         nonce = new_nonce()
-    digest = content_digest(body)
+    if digest is None:
+        digest = content_digest(body)
     params = signature_params(created, expires, nonce, signer.keyid)
     base = signature_base(method, authority, target, digest, content_type, params)
     headers = {

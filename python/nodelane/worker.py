@@ -40,16 +40,22 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import random
+import shutil
 import signal
 import socket
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional
 
+from . import artifacts
+from .artifacts import Stop
 from .client import USER_AGENT, Abort, Client, unix_seconds
-from .errors import APIError, Cancelled, ConfigError, JobError, LeaseLost, NodelaneError, TransportError
+from .errors import (APIError, ArtifactStorageOff, Cancelled, ConfigError, JobError, LeaseLost, NodelaneError,
+                     TransportError)
 from .identity import Identity
 
 #: Defaults of Worker's settings (seconds, or counts), as the Go runner's.
@@ -188,6 +194,14 @@ class JobContext:
         self._dropped = 0
         self._send_mu = threading.Lock()
         self._kick = threading.Event()
+        # artifact bytes: transfers stop with the job; uploads in flight hold its completion
+        self._transfers = Stop(self.cancel_event, lambda: self.reason)
+        self._uploads = 0
+        self._uploads_done = threading.Condition(self._mu)
+        self._scratch: Optional[str] = None
+        #: The local path of the checkpoint this attempt resumes from (a grant's resume_from,
+        #: downloaded and verified before the handler runs), or None.
+        self.resume_from: Optional[str] = None
 
     # -- the job ------------------------------------------------------------
 
@@ -233,6 +247,7 @@ class JobContext:
             if self.reason is None:
                 self.reason = reason
         self.cancel_event.set()
+        self._transfers.stop()  # cut the uploads and downloads in flight
 
     def _cancel(self) -> None:
         """The control plane says the job's cancel was requested: stop it, and remember it was said."""
@@ -432,6 +447,108 @@ class JobContext:
             self.job_id, self.lease_token, artifact_type, name, uri, checksum_sha256=checksum_sha256,
             size_bytes=size_bytes, metadata=md, idempotency_key=idempotency_key))
 
+    def upload(self, path: str, name: Optional[str] = None, kind: str = "file",
+               metadata: Optional[Dict[str, Any]] = None, uri: Optional[str] = None) -> Dict[str, Any]:
+        """Upload a file's bytes to the control plane's artifact store and record it as an artifact of
+        the job; return once the bytes are stored and checked: {"artifact_id", "receipt_id", "stored", ...}.
+
+        name defaults to the file's base name; kind is the artifact_type ("checkpoint"
+        for one a later attempt resumes from, see resume_from). The file is read in
+        blocks (hashed, then each part read once for its digest and once as it is
+        sent), never held whole in memory; a part whose connection fails is sent
+        again, alone (see Worker's upload_part_attempts). It must not change
+        until upload returns.
+
+        uri, when given, is where else the file is known (file://, s3://...),
+        recorded as the artifact's uri beside its stored bytes.
+
+        The job completes only after the uploads it started have ended, and a
+        cancel, lease loss or drain cuts them (Cancelled). Raises
+        ArtifactStorageOff when the control plane stores no bytes, unless uri
+        is given: the artifact is then reported as metadata only, as
+        artifact() does (uri, the file's SHA-256 and size; "stored": False).
+        ArtifactMismatch means the stored bytes were not those hashed (the file
+        changed): nothing was recorded.
+        """
+        if name is None:
+            name = os.path.basename(path)
+        for field, v in (("kind", kind), ("name", name)):
+            if not isinstance(v, str) or not v or len(v.encode("utf-8")) > MAX_NAME_BYTES:
+                raise ConfigError("%s is 1 to %d bytes" % (field, MAX_NAME_BYTES))
+        if uri is not None and (not isinstance(uri, str) or not uri or len(uri.encode("utf-8")) > 2048):
+            raise ConfigError("uri is 1 to 2048 bytes")
+        md = object_payload(metadata)
+        with self._mu:
+            self._uploads += 1
+        try:
+            return artifacts.upload_file(self._w.client, self.job_id, self.lease_token, path, name=name,
+                                         artifact_type=kind, metadata=md, uri=uri, stop=self._transfers,
+                                         part_attempts=self._w.upload_part_attempts, on_answer=self._answered)
+        except LeaseLost:
+            self._lose()
+            raise
+        except ArtifactStorageOff as e:
+            if uri is None:
+                raise
+            self._w._storage_off(e)
+            ans = self.artifact(kind, name, uri, path=path, metadata=metadata)
+            ans["stored"] = False
+            return ans
+        finally:
+            with self._mu:
+                self._uploads -= 1
+                self._uploads_done.notify_all()
+
+    def _answered(self, ans: Dict[str, Any]) -> None:
+        self._extend(ans.get("expires_at"))
+        if ans.get("cancel_requested"):
+            self._cancel()
+
+    def _wait_uploads(self) -> None:
+        """Wait until the uploads started from any thread have ended (stored, failed or cut)."""
+        with self._mu:
+            while self._uploads:
+                self._uploads_done.wait(1.0)
+
+    @property
+    def scratch_dir(self) -> str:
+        """A directory of this job's attempt (0700, under Worker's scratch_dir), removed when the job ends."""
+        with self._mu:
+            if self._scratch is None:
+                if self._w.scratch_dir:
+                    os.makedirs(self._w.scratch_dir, mode=0o700, exist_ok=True)
+                self._scratch = tempfile.mkdtemp(prefix="nodelane-%s-" % _safe(self.job_id),
+                                                 dir=self._w.scratch_dir)
+            return self._scratch
+
+    def _fetch_resume(self) -> None:
+        """Download and verify the checkpoint the job's resume_from names into scratch_dir, if any."""
+        rf = self.job.get("resume_from")
+        if not isinstance(rf, dict) or not rf.get("artifact_id"):
+            return
+        d = os.path.join(self.scratch_dir, "resume")  # apart from what the handler writes in scratch_dir
+        os.makedirs(d, mode=0o700, exist_ok=True)
+        dest = os.path.join(d, _safe(rf.get("name") or "") or "checkpoint")
+        self._w.log.info("job %s: downloading checkpoint %s (%s bytes) to resume from", self.job_id,
+                         rf.get("artifact_id"), rf.get("size_bytes"))
+        try:
+            self.resume_from = artifacts.download_file(self._w.client, self.job_id, self.lease_token, rf, dest,
+                                                       stop=self._transfers)
+        except LeaseLost:
+            self._lose()
+            raise
+        except Cancelled:
+            raise
+        except NodelaneError as e:
+            raise JobError("the checkpoint to resume from (%s) could not be fetched: %s" % (
+                rf.get("artifact_id"), e), code="resume_unavailable", retryable=True) from e
+
+    def _cleanup(self) -> None:
+        with self._mu:
+            d, self._scratch = self._scratch, None
+        if d is not None:
+            shutil.rmtree(d, ignore_errors=True)
+
     def set_output(self, output_uri: Optional[str] = None, metrics: Optional[Dict[str, Any]] = None,
                    final_message: Optional[str] = None) -> None:
         """Set what the completion reports if the handler returns None."""
@@ -447,6 +564,13 @@ class JobContext:
                 self.flush()
             except NodelaneError as e:
                 self._w.log.debug("log flush failed; the lines stay buffered: %s", e)
+
+
+def _safe(name: str) -> str:
+    """name reduced to a file name: its base name, letters, digits and ._- only, at most 100 bytes."""
+    base = os.path.basename(name.replace("\\", "/"))
+    out = "".join(c if c.isascii() and (c.isalnum() or c in "._-") else "_" for c in base)[:100]
+    return "" if out.strip(".") == "" else out
 
 
 def _entry_size(e: Dict[str, Any]) -> int:
@@ -469,7 +593,10 @@ class Worker:
     (register, or start for a node with a token), so a new handler, tag or
     limit takes effect at the next run. signals_wait is how long the control
     long-poll waits (1 to 60 s; None: no long-poll, signals come with
-    heartbeats only). Times are seconds.
+    heartbeats only). scratch_dir is where each job's JobContext.scratch_dir
+    is made (a checkpoint it resumes from is downloaded there; the system's
+    temporary directory by default); upload_part_attempts bounds the tries of
+    one part of an upload (JobContext.upload). Times are seconds.
     """
 
     def __init__(self, url: str, identity: "Identity | str | None" = None, *,
@@ -483,6 +610,8 @@ class Worker:
                  token_renew_before: float = DEFAULT_TOKEN_RENEW_BEFORE,
                  signals_wait: Optional[int] = DEFAULT_SIGNALS_WAIT,
                  supported_gpu_skus: Optional[List[str]] = None,
+                 scratch_dir: Optional[str] = None,
+                 upload_part_attempts: int = artifacts.DEFAULT_PART_ATTEMPTS,
                  metrics: Optional[Callable[[], Dict[str, Any]]] = None,
                  on_job_end: Optional[Callable[[JobEnd], None]] = None,
                  client: Optional[Client] = None, logger: Optional[logging.Logger] = None,
@@ -501,6 +630,8 @@ class Worker:
                         ("token_renew_before", token_renew_before)):
             if v < 0:
                 raise ConfigError("%s is negative" % name)
+        if upload_part_attempts < 1:
+            raise ConfigError("upload_part_attempts is at least 1")
         if heartbeat_interval is not None and heartbeat_interval <= 0:
             raise ConfigError("heartbeat_interval must be positive")
         if signals_wait is not None and (isinstance(signals_wait, bool) or not 1 <= signals_wait <= 60):
@@ -525,6 +656,8 @@ class Worker:
         self.token_renew_before = token_renew_before
         self.signals_wait = signals_wait
         self.supported_gpu_skus = supported_gpu_skus
+        self.scratch_dir = scratch_dir
+        self.upload_part_attempts = upload_part_attempts
         self.metrics = metrics
         self.on_job_end = on_job_end
         self.log = logger or _log
@@ -554,6 +687,7 @@ class Worker:
         self._signals_abort: Optional[Abort] = None
         self._signals_jobs: "set[str]" = set()  # the jobs the open long-poll watches
         self._signals_restart = False
+        self._storage_off_logged = False
         #: The answer of run()'s start (or register), for a caller to look at.
         self.start_answer: Optional[Dict[str, Any]] = None
         #: Set once run() registered or started, and leases.
@@ -688,6 +822,14 @@ class Worker:
                 signal.signal(sig, h)
         if fatal is not None:
             raise fatal
+
+    def _storage_off(self, err: APIError) -> None:
+        """Log, once per worker, that the control plane stores no artifact bytes."""
+        with self._mu:
+            first, self._storage_off_logged = not self._storage_off_logged, True
+        if first:
+            self.log.warning("the control plane stores no artifact bytes (%s): uploads with a uri are reported "
+                             "as metadata only", err.message or err.code)
 
     def _set_fatal(self, err: BaseException) -> None:
         with self._mu:
@@ -1244,6 +1386,7 @@ class Worker:
             self._run_job_inner(ctx, handler, end)
         finally:
             ctx.cancel_event.set()
+            ctx._cleanup()
             self._remove(ctx)
             if end.outcome:
                 self._ended(end)
@@ -1286,11 +1429,13 @@ class Worker:
             herr = Cancelled(ctx.reason or CANCELED)
         else:
             try:
+                ctx._fetch_resume()
                 result = handler(ctx)
             except Exception as e:  # the handler's failure is the job's
                 herr = e
                 if not isinstance(e, (Cancelled, JobError)):
                     self.log.warning("handler of job %s raised %s: %s", ctx.job_id, type(e).__name__, e)
+            ctx._wait_uploads()  # an upload the handler started in another thread is part of the job
         stop_flusher.set()
         ctx._kick.set()
         flusher.join()

@@ -4,8 +4,10 @@ It forwards each request unchanged (Host included, so signatures still
 verify) and, for the first `count` requests whose path contains `match`,
 injects a fault: "drop" forwards the request and then closes the client's
 connection without the answer (the server acted, the answer was lost);
-"503" answers 503 unavailable with Retry-After without forwarding. The
-first `skip` matching requests pass untouched.
+"503" answers 503 unavailable with Retry-After without forwarding; "cut"
+forwards the head and half the body, then closes both connections (a
+connection lost mid-upload: the server gets a short body, the client no
+answer). The first `skip` matching requests pass untouched.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ class FaultProxy:
 
     def __init__(self, upstream_port: int, match: str, fault: str = "drop", count: int = 1,
                  retry_after: int = 1, skip: int = 0):
-        assert fault in ("drop", "503")
+        assert fault in ("drop", "503", "cut")
         self.upstream_port = upstream_port
         self.match, self.fault, self.left, self.retry_after = match, fault, count, retry_after
         self.skip = skip  # matching requests passed through before the faults begin
@@ -50,13 +52,14 @@ class FaultProxy:
 
     def _serve(self, c: socket.socket) -> None:
         try:
-            data = b""
+            data = bytearray()
             while b"\r\n\r\n" not in data:
                 chunk = c.recv(65536)
                 if not chunk:
                     return
                 data += chunk
-            head, _, body = data.partition(b"\r\n\r\n")
+            head, _, rest = bytes(data).partition(b"\r\n\r\n")
+            body = bytearray(rest)
             lines = head.split(b"\r\n")
             length = 0
             for line in lines[1:]:
@@ -85,11 +88,19 @@ class FaultProxy:
                           % (self.retry_after, len(msg), msg))
                 return
             req = lines[0] + b"\r\nConnection: close\r\n" + b"\r\n".join(
-                ln for ln in lines[1:] if not ln.lower().startswith(b"connection:")) + b"\r\n\r\n" + body
+                ln for ln in lines[1:] if not ln.lower().startswith(b"connection:")) + b"\r\n\r\n"
             up = socket.create_connection(("127.0.0.1", self.upstream_port), timeout=90)
+            if inject and self.fault == "cut":
+                try:
+                    up.sendall(req)
+                    up.sendall(memoryview(body)[:len(body) // 2])
+                finally:
+                    up.close()
+                return
             try:
                 up.sendall(req)
-                answer = b""
+                up.sendall(body)
+                answer = bytearray()
                 while True:
                     chunk = up.recv(65536)
                     if not chunk:

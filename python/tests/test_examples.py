@@ -143,6 +143,11 @@ def test_lora_worker_runs_the_job_of_train_py(server, operator, example_worker, 
     content = open(path, "rb").read()
     assert content == b"simulated LoRA adapter, rank 8, loss 0.500000\n"
     assert a["checksum_sha256"] == hashlib.sha256(content).hexdigest() and a["size_bytes"] == len(content)
+    # and its bytes, uploaded to the control plane's store (by default a directory beside its database)
+    assert a["stored"] is True, a
+    back = tmp_path / "adapter-from-the-control-plane"
+    assert operator.download(a["artifact_id"], str(back)).status == 200
+    assert back.read_bytes() == content
 
     result = jv["result"]
     assert result["metrics"] == {"loss": 0.5, "epochs": 2}

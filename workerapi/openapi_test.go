@@ -244,6 +244,13 @@ func TestOpenAPIEnums(t *testing.T) {
 		t.Fatal("openapi.json has no components/responses")
 	}
 	for name, ref := range responses {
+		if name == "RangeNotSatisfiable" {
+			// http.ServeContent's 416: plain text, no error object.
+			if _, ok := oasDeref(doc, ref)["content"]; ok {
+				t.Errorf("response %s: describes a body, but net/http writes its own text", name)
+			}
+			continue
+		}
 		s := oasDeref(doc, oasDig(oasDeref(doc, ref), "content", "application/json", "schema"))
 		allOf, _ := s["allOf"].([]any)
 		if len(allOf) != 2 {

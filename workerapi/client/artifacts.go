@@ -284,8 +284,9 @@ func (r ctxReader) Read(p []byte) (int, error) {
 // DownloadArtifact writes the bytes of a stored artifact of the job
 // leased with leaseToken to the file dst (created 0600, or truncated),
 // such as the checkpoint of a grant's Job.ResumeFrom: from its presigned
-// URL when it has one (a plain GET, no credential), else by a signed GET
-// of /workers/jobs/{id}/artifacts/{artifact_id}/content. A transfer cut
+// URL when it has one (a plain GET, no credential), else, or when the
+// store refuses the URL (it expired), by a signed GET of
+// /workers/jobs/{id}/artifacts/{artifact_id}/content. A transfer cut
 // short goes on where it stopped (a Range request), up to
 // Config.MaxAttempts times. The bytes are checked against from's size and
 // sha256 as they are written; on a mismatch dst is removed and the error
@@ -308,9 +309,19 @@ func (c *Client) DownloadArtifact(ctx context.Context, jobID, leaseToken string,
 	}()
 	d := &download{f: f, h: sha256.New(), size: from.SizeBytes}
 	route := wire.ArtifactContentPath(jobID, from.ArtifactID)
+	direct := from.URL != ""
 	for attempt := 1; ; attempt++ {
-		if from.URL != "" {
+		if direct {
 			err = c.getDirect(ctx, from.URL, d)
+			var ae *APIError
+			if errors.As(err, &ae) && !ae.Temporary() {
+				// The store refuses the URL (it expired, say): the
+				// control plane serves the same bytes.
+				c.log.Info("the presigned URL of an artifact was refused: reading it from the control plane", "artifact", from.ArtifactID, "err", err)
+				direct = false
+				attempt--
+				continue
+			}
 		} else {
 			h := http.Header{}
 			if d.off > 0 {

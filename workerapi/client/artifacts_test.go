@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -22,6 +23,7 @@ import (
 	"time"
 
 	"github.com/nodelane/nodelane/internal/apitest"
+	"github.com/nodelane/nodelane/internal/syncbuf"
 	"github.com/nodelane/nodelane/internal/waitfor"
 	"github.com/nodelane/nodelane/lease"
 	"github.com/nodelane/nodelane/workerapi"
@@ -50,7 +52,11 @@ type upProxy struct {
 	cutAfter int64
 	// gone ends the paths the proxy answers 404 not_found, as a server
 	// without the route.
-	gone  string
+	gone string
+	// hold, when set, ends the paths of PUTs the proxy holds unanswered
+	// until their client goes away; held is told of each.
+	hold  string
+	held  chan string
 	seen  map[string]int // requests by method and path
 	order []string
 }
@@ -78,6 +84,17 @@ func newUpProxy(t *testing.T, store workerapi.ArtifactStore) *upProxy {
 		after := p.cutAfter
 		gone := p.gone != "" && strings.HasSuffix(r.URL.Path, p.gone)
 		p.mu.Unlock()
+		if r.Method == http.MethodPut && p.hold != "" && strings.HasSuffix(r.URL.Path, p.hold) {
+			select {
+			case p.held <- r.URL.Path:
+			default:
+			}
+			// Read the body, so that the server notices when the client
+			// goes away.
+			_, _ = io.Copy(io.Discard, r.Body)
+			<-r.Context().Done()
+			return
+		}
 		if gone {
 			w.Header().Set("Content-Type", "application/json")
 			w.WriteHeader(http.StatusNotFound)
@@ -468,9 +485,9 @@ func TestDownloadCheckpoint(t *testing.T) {
 
 // TestUploadArtifactDirect uploads through presigned URLs: the parts go
 // to the bucket with the headers it asked for and no credential of the
-// node (one bucket error echoing its signature stays out of the error),
-// and a checkpoint comes back by its presigned GET, a cut transfer
-// resumed.
+// node, and a checkpoint comes back by its presigned GET, a cut transfer
+// resumed, or from the control plane when the bucket refuses the URL
+// (whose error, echoing its signature, stays out of the log).
 func TestUploadArtifactDirect(t *testing.T) {
 	t.Parallel()
 	store := newPresignStore(t)
@@ -478,7 +495,10 @@ func TestUploadArtifactDirect(t *testing.T) {
 	// A checkpoint of one part comes back by a presigned GET (one part
 	// is one object).
 	ckpt := randomBytes("direct", partSize/2)
-	c, g, out := checkpointed(t, p, "node-direct", ckpt, nil)
+	var logs syncbuf.Buffer
+	c, g, out := checkpointed(t, p, "node-direct", ckpt, func(cfg *client.Config) {
+		cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	})
 	if _, got := storedBytes(t, p.env, out.ArtifactID); !bytes.Equal(got, ckpt) {
 		t.Fatalf("stored %d bytes, not the %d sent", len(got), len(ckpt))
 	}
@@ -514,14 +534,23 @@ func TestUploadArtifactDirect(t *testing.T) {
 	if n := p.countPart(t, g.Job.ID, 1); n != 0 {
 		t.Errorf("%d parts sent to the control plane", n)
 	}
-	// A bucket that refuses the signature: its error names the code,
-	// never the URL's signature nor what the bucket echoes.
+	// A URL the bucket refuses (expired, say): the bytes come from the
+	// control plane instead.
 	bad := *g.Job.ResumeFrom
 	bad.URL = strings.Replace(bad.URL, "sig=", "sig=0", 1)
-	err = c.DownloadArtifact(context.Background(), g.Job.ID, g.LeaseToken, &bad, dst)
-	if err == nil || !strings.Contains(err.Error(), "SignatureDoesNotMatch") || strings.Contains(err.Error(), "secret") ||
-		strings.Contains(err.Error(), "sig=") {
-		t.Errorf("a refused presigned GET: %v", err)
+	route := wire.ArtifactContentPath(g.Job.ID, bad.ArtifactID)
+	before := p.count(http.MethodGet, route)
+	if err := c.DownloadArtifact(context.Background(), g.Job.ID, g.LeaseToken, &bad, dst); err != nil {
+		t.Fatalf("a refused presigned GET: %v", err)
+	}
+	if b, _ := os.ReadFile(dst); !bytes.Equal(b, ckpt) || p.count(http.MethodGet, route) != before+1 {
+		t.Errorf("after a refused presigned GET: %d bytes, %d GETs of the control plane", len(b), p.count(http.MethodGet, route)-before)
+	}
+	// The bucket's refusal, logged, names its code, never the URL's
+	// signature nor what the bucket echoes.
+	logged := logs.String()
+	if !strings.Contains(logged, "SignatureDoesNotMatch") || strings.Contains(logged, "secret") || strings.Contains(logged, "sig=") {
+		t.Errorf("the client's log:\n%s", logged)
 	}
 }
 
@@ -694,5 +723,40 @@ func TestUploadArtifactRefusesBadAnswers(t *testing.T) {
 	mu.Unlock()
 	if client.ErrorCode(err) != wire.CodeUnavailable || n != 3 {
 		t.Errorf("a part refused unavailable: %v, %d PUTs, want 3", err, n)
+	}
+}
+
+// TestRunnerCancelAbortsUpload cancels a job whose handler is uploading:
+// the part in flight is abandoned at once, the upload returns the job's
+// cause, and the job ends canceled with no artifact recorded.
+func TestRunnerCancelAbortsUpload(t *testing.T) {
+	t.Parallel()
+	p := newUpProxy(t, artifacttest.NewMemory())
+	p.hold, p.held = "/parts/1", make(chan string, 1)
+	path := filepath.Join(t.TempDir(), "big.bin")
+	if err := os.WriteFile(path, randomBytes("cancel", 2*partSize), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	uploadErr := make(chan error, 1)
+	cw := startClWorker(t, &clProxy{env: p.env, URL: p.URL}, "node-abort", nil, map[string]client.HandlerFunc{
+		"status_check": func(ctx context.Context, job *wire.Job, r *client.Reporter) error {
+			_, err := r.UploadArtifact(ctx, path, client.ArtifactFile{})
+			uploadErr <- err
+			return err
+		},
+	})
+	j := p.env.Enqueue(t, lease.NewJob{Type: "status_check"})
+	clWait(t, p.held, "the first part's PUT")
+	if _, err := p.env.Server.Leases().Cancel(context.Background(), j.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := clWait(t, uploadErr, "the upload to end"); !errors.Is(err, client.ErrJobCanceled) {
+		t.Errorf("the upload ended with %v, want the job's cause", err)
+	}
+	if e := cw.end(t, j.ID); e.Outcome != client.JobCanceled {
+		t.Errorf("the job ended %s: %v", e.Outcome, e.Err)
+	}
+	if arts, err := p.env.Server.Leases().Artifacts(context.Background(), lease.ArtifactFilter{JobID: j.ID}); err != nil || len(arts) != 0 {
+		t.Errorf("artifacts recorded: %+v %v", arts, err)
 	}
 }

@@ -9,17 +9,22 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/nodelane/nodelane/cmd/internal/controlplane"
 	"github.com/nodelane/nodelane/internal/testdb"
 	"github.com/nodelane/nodelane/internal/testpki"
+	"github.com/nodelane/nodelane/workerapi/wire"
 )
 
 // startServer starts a control plane on db over loopback, as
@@ -333,5 +338,44 @@ func TestUsage(t *testing.T) {
 	t.Setenv(provisioningEnv, "nlc_prov")
 	if _, err := parseFlags([]string{"-mode", "fleet"}, io.Discard); err != nil {
 		t.Errorf("fleet with the provisioning token in the environment: %v", err)
+	}
+}
+
+// TestRunBatchRefused runs the batched flow through a proxy that answers
+// the batch complete route 404, as a server older than it would: every
+// job fails, the report says why, and the run fails.
+func TestRunBatchRefused(t *testing.T) {
+	t.Parallel()
+	base, tokens := startServer(t, testdb.SQLite(t))
+	u, err := url.Parse(base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rp := httputil.NewSingleHostReverseProxy(u) // keeps the incoming Host, which the signature covers
+	var refused atomic.Int64
+	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == wire.PathCompleteBatch {
+			refused.Add(1)
+			http.NotFound(w, r)
+			return
+		}
+		rp.ServeHTTP(w, r)
+	}))
+	t.Cleanup(proxy.Close)
+	var out bytes.Buffer
+	err = run(t.Context(), []string{"-server", proxy.URL, "-tokens-file", tokens, "-nodes", "2", "-jobs", "10", "-max-jobs", "5",
+		"-wait-seconds", "2", "-timeout", "1m", "-flow", flowBatched}, &out, io.Discard)
+	t.Logf("output:\n%s", out.String())
+	if !errors.Is(err, errChecksFailed) {
+		t.Errorf("run: %v, want %v", err, errChecksFailed)
+	}
+	got := out.String()
+	for _, want := range []string{", 0 completed, 10 failed", "first complete (batch) error: ", "check exactly once: FAILED: "} {
+		if !strings.Contains(got, want) {
+			t.Errorf("the output does not say %q", want)
+		}
+	}
+	if refused.Load() == 0 {
+		t.Error("no batch complete reached the proxy")
 	}
 }

@@ -31,8 +31,9 @@
 //     PostgreSQL backends of the server's database, with -pg (each
 //     backend pg_stat_activity lists for it, sampled every 200 ms from
 //     /proc/PID/stat: PostgreSQL must run on this machine; its shared
-//     processes, WAL writer and checkpointer, are not counted); and of
-//     loadgen itself. Measured from the end of registration to the last
+//     processes, WAL writer and checkpointer, are not counted, and every
+//     backend of the database is, so give the server a database of its
+//     own); and of loadgen itself. Measured from the end of registration to the last
 //     answer; with the load average;
 //   - the server's resident memory, with -server-pid (Linux);
 //   - PostgreSQL commits per job (pg_stat_database.xact_commit), and

@@ -36,7 +36,7 @@ func runFleet(ctx context.Context, cfg *config, log *slog.Logger, out io.Writer)
 	if err != nil {
 		return err
 	}
-	mem := startMemSampler(cfg.serverPID, time.Second)
+	mem := startMemSampler(cfg.serverPIDs, time.Second)
 
 	var (
 		released atomic.Int64

@@ -9,17 +9,22 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/nodelane/nodelane/cmd/internal/controlplane"
 	"github.com/nodelane/nodelane/internal/testdb"
 	"github.com/nodelane/nodelane/internal/testpki"
+	"github.com/nodelane/nodelane/workerapi/wire"
 )
 
 // startServer starts a control plane on db over loopback, as
@@ -118,98 +123,137 @@ func TestRunTLS(t *testing.T) {
 	}
 }
 
-// TestRun runs a small load on each database and checks its counts and
-// checks; then it breaks a record of the run and sees each check fail.
+// TestRun runs a small load of each flow on each database and checks its
+// counts and checks; then it breaks a record of the run and sees each
+// check fail.
 func TestRun(t *testing.T) {
 	t.Parallel()
 	for _, d := range testdb.Dialects() {
-		t.Run(d.Name, func(t *testing.T) {
-			t.Parallel()
-			db := d.New(t)
-			base, tokens := startServer(t, db)
-			args := []string{"-server", base, "-tokens-file", tokens, "-nodes", "4", "-jobs", "60", "-max-jobs", "5",
-				"-wait-seconds", "2", "-timeout", "2m", "-server-pid", strconv.Itoa(os.Getpid())}
-			if db.Dialect == "postgres" {
-				args = append(args, "-pg", db.DSN, "-pg-settle", "0")
-			}
-			cfg, err := parseFlags(args, io.Discard)
-			if err != nil {
-				t.Fatal(err)
-			}
-			l, err := newLoad(cfg, slog.New(slog.DiscardHandler))
-			if err != nil {
-				t.Fatal(err)
-			}
-			var out bytes.Buffer
-			err = l.run(t.Context(), &out)
-			t.Logf("output:\n%s", out.String())
-			if err != nil {
-				t.Fatalf("run: %v", err)
-			}
-			got := out.String()
-			if n := intAfter(t, got, `jobs: (\d+) dispatched`); n != 60 {
-				t.Errorf("%d jobs dispatched, want 60", n)
-			}
-			if n := intAfter(t, got, `, (\d+) completed, 0 failed`); n != 60 {
-				t.Errorf("%d jobs completed, want 60", n)
-			}
-			if n := intAfter(t, got, `check receipts: ok: (\d+) receipts of 60 completions verified`); n != 120 {
-				t.Errorf("%d receipts verified, want 120", n)
-			}
-			for _, want := range []string{
-				"registered 4 nodes",
-				"(0 dispatch errors)",
-				"check exactly once: ok: 60 jobs dispatched, each completed once",
-				"server RSS: ",
-				"dispatch→lease",
-			} {
-				if !strings.Contains(got, want) {
-					t.Errorf("the output does not say %q", want)
-				}
-			}
-			if db.Dialect == "postgres" && !regexp.MustCompile(`postgres: \d+ commits \([0-9.]+ per job\)`).MatchString(got) {
-				t.Errorf("the output does not count commits per job")
-			}
-			for _, row := range []string{rowRegister, rowHeartbeat, rowDispatch, rowLease, rowAccept, rowComplete, rowDispatchLease} {
-				if m := l.stats.get(row); m.n == 0 || m.errs != 0 {
-					t.Errorf("%s: %d calls, %d errors", row, m.n, m.errs)
-				}
-			}
+		for _, flow := range []string{flowV02, flowBatched} {
+			t.Run(d.Name+"/"+flow, func(t *testing.T) {
+				t.Parallel()
+				testRun(t, d.New(t), flow)
+			})
+		}
+	}
+}
 
-			// The checks must be able to fail: tamper with the records.
-			ctx := t.Context()
-			ours, _ := l.snapshot()
-			twice, tampered := ours[0], ours[1]
-			l.mu.Lock()
-			l.jobs[twice].completes = 2
-			body := l.jobs[tampered].answer.Receipts[1].Body
-			body[len(body)-2] ^= 1
-			l.mu.Unlock()
-			if res := l.exactlyOnce(ctx); len(res.problems) != 1 || !strings.Contains(res.problems[0], twice+": completed 2 times") {
-				t.Errorf("exactly once with a job completed twice: %q", res.problems)
-			}
-			if res := l.verifyReceipts(ctx); len(res.problems) != 1 || !strings.Contains(res.problems[0], tampered) {
-				t.Errorf("receipts with a body changed: %q", res.problems)
-			}
-			l.mu.Lock()
-			l.jobs[twice].completes = 1
-			l.jobs[tampered].answer.Receipts[1].Body[len(body)-2] ^= 1
-			l.jobs[tampered].answer.Proofs = nil // read the proofs from GET /operator/receipts/{id}
-			l.mu.Unlock()
-			if res := l.verifyReceipts(ctx); len(res.problems) != 0 || !strings.Contains(res.summary, "(2 proofs read from GET") {
-				t.Errorf("receipts after the fix: %q, %s", res.problems, res.summary)
-			}
-			// A job the server does not know, as if its dispatch had been lost.
-			l.mu.Lock()
-			l.ours = append(l.ours, "job_ffffffffffffffffffffffffffffffff")
-			l.jobs["job_ffffffffffffffffffffffffffffffff"] = &jobRecord{dispatchedAt: time.Now()}
-			l.mu.Unlock()
-			res := l.exactlyOnce(ctx)
-			if len(res.problems) != 2 || !strings.Contains(res.problems[0], "not completed: "+errNotLeased.Error()) ||
-				!strings.Contains(res.problems[1], "not listed by GET /operator/jobs") {
-				t.Errorf("exactly once with a job lost: %q", res.problems)
-			}
-		})
+// testRun is one case of TestRun.
+func testRun(t *testing.T, db testdb.DB, flow string) {
+	base, tokens := startServer(t, db)
+	args := []string{"-server", base, "-tokens-file", tokens, "-nodes", "4", "-jobs", "60", "-max-jobs", "5",
+		"-wait-seconds", "2", "-timeout", "2m", "-server-pid", strconv.Itoa(os.Getpid()), "-flow", flow}
+	if db.Dialect == "postgres" {
+		args = append(args, "-pg", db.DSN, "-pg-settle", "0")
+	}
+	cfg, err := parseFlags(args, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := newLoad(cfg, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	err = l.run(t.Context(), &out)
+	t.Logf("output:\n%s", out.String())
+	if err != nil {
+		t.Fatalf("run: %v", err)
+	}
+	got := out.String()
+	if n := intAfter(t, got, `jobs: (\d+) dispatched`); n != 60 {
+		t.Errorf("%d jobs dispatched, want 60", n)
+	}
+	if n := intAfter(t, got, `, (\d+) completed, 0 failed`); n != 60 {
+		t.Errorf("%d jobs completed, want 60", n)
+	}
+	if n := intAfter(t, got, `check receipts: ok: (\d+) receipts of 60 completions verified`); n != 120 {
+		t.Errorf("%d receipts verified, want 120", n)
+	}
+	for _, want := range []string{
+		"registered 4 nodes",
+		"(0 dispatch errors)",
+		"check exactly once: ok: 60 jobs dispatched, each completed once",
+		"server RSS: ",
+		"dispatch→lease",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("the output does not say %q", want)
+		}
+	}
+	if db.Dialect == "postgres" && !regexp.MustCompile(`postgres: \d+ commits \([0-9.]+ per job\)`).MatchString(got) {
+		t.Errorf("the output does not count commits per job")
+	}
+	// The server runs in this process: its CPU time is this
+	// process's, which cannot be zero after 60 jobs.
+	if m := regexp.MustCompile(`CPU: server ([0-9.]+) s \([0-9.]+ ms per job, pid \d+\); `).FindStringSubmatch(got); m == nil || m[1] == "0.00" {
+		t.Errorf("the output does not give the server's CPU time: %q", m)
+	}
+	if db.Dialect == "postgres" {
+		m := regexp.MustCompile(`; postgres ([0-9.]+) s in (\d+) backends of the database \([0-9.]+ ms per job\)`).FindStringSubmatch(got)
+		if m == nil || m[1] == "0.00" || m[2] == "0" {
+			t.Errorf("the output does not give PostgreSQL's CPU time: %q", m)
+		}
+	} else if !strings.Contains(got, "; postgres not read (give -pg)") {
+		t.Errorf("the output does not say PostgreSQL's CPU time was not read")
+	}
+	rows := []string{rowRegister, rowHeartbeat, rowDispatch, rowLease, rowAccept, rowComplete, rowDispatchLease}
+	none := []string{rowCompleteBatch}
+	if flow == flowBatched {
+		// The lease accepts every grant: no accept, no complete
+		// alone.
+		rows = []string{rowRegister, rowHeartbeat, rowDispatch, rowLease, rowCompleteBatch, rowDispatchLease}
+		none = []string{rowAccept, rowComplete}
+		if !strings.Contains(got, "grants the lease left leased, accepted one by one: 0\n") {
+			t.Errorf("the output does not say that the lease accepted every grant")
+		}
+		if m := l.stats.get(rowCompleteBatch); m.n >= 60 {
+			t.Errorf("%d batch completes for 60 jobs leased 5 at a time", m.n)
+		}
+	}
+	for _, row := range rows {
+		if m := l.stats.get(row); m.n == 0 || m.errs != 0 {
+			t.Errorf("%s: %d calls, %d errors", row, m.n, m.errs)
+		}
+	}
+	for _, row := range none {
+		if m := l.stats.get(row); m.n != 0 || m.errs != 0 {
+			t.Errorf("flow %s: %s: %d calls, %d errors, want none", flow, row, m.n, m.errs)
+		}
+	}
+
+	// The checks must be able to fail: tamper with the records.
+	ctx := t.Context()
+	ours, _ := l.snapshot()
+	twice, tampered := ours[0], ours[1]
+	l.mu.Lock()
+	l.jobs[twice].completes = 2
+	body := l.jobs[tampered].answer.Receipts[1].Body
+	body[len(body)-2] ^= 1
+	l.mu.Unlock()
+	if res := l.exactlyOnce(ctx); len(res.problems) != 1 || !strings.Contains(res.problems[0], twice+": completed 2 times") {
+		t.Errorf("exactly once with a job completed twice: %q", res.problems)
+	}
+	if res := l.verifyReceipts(ctx); len(res.problems) != 1 || !strings.Contains(res.problems[0], tampered) {
+		t.Errorf("receipts with a body changed: %q", res.problems)
+	}
+	l.mu.Lock()
+	l.jobs[twice].completes = 1
+	l.jobs[tampered].answer.Receipts[1].Body[len(body)-2] ^= 1
+	l.jobs[tampered].answer.Proofs = nil // read the proofs from GET /operator/receipts/{id}
+	l.mu.Unlock()
+	if res := l.verifyReceipts(ctx); len(res.problems) != 0 || !strings.Contains(res.summary, "(2 proofs read from GET") {
+		t.Errorf("receipts after the fix: %q, %s", res.problems, res.summary)
+	}
+	// A job the server does not know, as if its dispatch had been lost.
+	l.mu.Lock()
+	l.ours = append(l.ours, "job_ffffffffffffffffffffffffffffffff")
+	l.jobs["job_ffffffffffffffffffffffffffffffff"] = &jobRecord{dispatchedAt: time.Now()}
+	l.mu.Unlock()
+	res := l.exactlyOnce(ctx)
+	if len(res.problems) != 2 || !strings.Contains(res.problems[0], "not completed: "+errNotLeased.Error()) ||
+		!strings.Contains(res.problems[1], "not listed by GET /operator/jobs") {
+		t.Errorf("exactly once with a job lost: %q", res.problems)
 	}
 }
 
@@ -265,6 +309,9 @@ func TestUsage(t *testing.T) {
 		want string
 	}{
 		{"mode", []string{"-mode", "burst", "-tokens-file", tokens}, "-mode is run or fleet"},
+		{"flow", []string{"-flow", "v03", "-tokens-file", tokens}, "-flow is v02 or batched"},
+		{"server pid", []string{"-server-pid", "12,x", "-tokens-file", tokens}, `"x" is not a process id`},
+		{"server pid zero", []string{"-server-pid", "0", "-tokens-file", tokens}, `"0" is not a process id`},
 		{"nodes", []string{"-nodes", "0", "-tokens-file", tokens}, "-nodes must be at least 1"},
 		{"max jobs", []string{"-max-jobs", "33", "-tokens-file", tokens}, "-max-jobs is 1 to 32"},
 		{"wait", []string{"-wait-seconds", "61", "-tokens-file", tokens}, "-wait-seconds is 0 to 60"},
@@ -291,5 +338,44 @@ func TestUsage(t *testing.T) {
 	t.Setenv(provisioningEnv, "nlc_prov")
 	if _, err := parseFlags([]string{"-mode", "fleet"}, io.Discard); err != nil {
 		t.Errorf("fleet with the provisioning token in the environment: %v", err)
+	}
+}
+
+// TestRunBatchRefused runs the batched flow through a proxy that answers
+// the batch complete route 404, as a server older than it would: every
+// job fails, the report says why, and the run fails.
+func TestRunBatchRefused(t *testing.T) {
+	t.Parallel()
+	base, tokens := startServer(t, testdb.SQLite(t))
+	u, err := url.Parse(base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rp := httputil.NewSingleHostReverseProxy(u) // keeps the incoming Host, which the signature covers
+	var refused atomic.Int64
+	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == wire.PathCompleteBatch {
+			refused.Add(1)
+			http.NotFound(w, r)
+			return
+		}
+		rp.ServeHTTP(w, r)
+	}))
+	t.Cleanup(proxy.Close)
+	var out bytes.Buffer
+	err = run(t.Context(), []string{"-server", proxy.URL, "-tokens-file", tokens, "-nodes", "2", "-jobs", "10", "-max-jobs", "5",
+		"-wait-seconds", "2", "-timeout", "1m", "-flow", flowBatched}, &out, io.Discard)
+	t.Logf("output:\n%s", out.String())
+	if !errors.Is(err, errChecksFailed) {
+		t.Errorf("run: %v, want %v", err, errChecksFailed)
+	}
+	got := out.String()
+	for _, want := range []string{", 0 completed, 10 failed", "first complete (batch) error: ", "check exactly once: FAILED: "} {
+		if !strings.Contains(got, want) {
+			t.Errorf("the output does not say %q", want)
+		}
+	}
+	if refused.Load() == 0 {
+		t.Error("no batch complete reached the proxy")
 	}
 }

@@ -8,24 +8,40 @@
 // own Ed25519 key generated in memory, so every worker request is signed
 // and nonce-checked. It dispatches -jobs jobs of -job-type through POST
 // /operator/jobs (-dispatchers at once) while the nodes lease them (up to
-// -max-jobs per lease request, long-polling -wait-seconds), accept and
-// complete them: lease, then accept and complete per job, as a worker
-// does, -job-concurrency jobs of a node at once (all it leased, by
-// default). It prints:
+// -max-jobs per lease request, long-polling -wait-seconds) and run them
+// in one of two flows. -flow v02, the default and the seed's contract:
+// lease, then accept and complete per job, -job-concurrency jobs of a node
+// at once (all it leased, by default). -flow batched: lease with accept:
+// true, then complete every job of the lease answer with one POST
+// /workers/jobs/complete (accepting alone any grant the lease left
+// leased). It prints:
 //
 //   - jobs/s end to end, from the first dispatch sent to the last
 //     completion answered;
 //   - p50, p99 and max per route (register, heartbeat, dispatch, lease,
-//     accept, complete), and the dispatch→lease latency: from a job's
+//     accept, complete, and "complete (batch)": one call per lease answer),
+//     and the dispatch→lease latency: from a job's
 //     dispatch answer to the lease answer that carried it. A call's time
 //     includes the client's retries; "lease" is the lease answers that
 //     carried jobs, their long-poll wait included, and "lease (no job)"
 //     the others;
 //   - the HTTP requests per job, and the answers that were retried;
+//   - CPU time per job: of the server, with -server-pid (a comma-separated
+//     list sums several processes; /proc/PID/stat, all threads); of the
+//     PostgreSQL backends of the server's database, with -pg (each
+//     backend pg_stat_activity lists for it, sampled every 200 ms from
+//     /proc/PID/stat: PostgreSQL must run on this machine; its shared
+//     processes, WAL writer and checkpointer, are not counted, and every
+//     backend of the database is, so give the server a database of its
+//     own); and of loadgen itself. Measured from the end of registration to the last
+//     answer; with the load average;
 //   - the server's resident memory, with -server-pid (Linux);
-//   - PostgreSQL commits per job, and statements per job when
-//     pg_stat_statements is loaded, with -pg (the DSN of the server's
-//     database).
+//   - PostgreSQL commits per job (pg_stat_database.xact_commit), and
+//     statements per job when pg_stat_statements is loaded
+//     (shared_preload_libraries) and created in the database, with -pg
+//     (the DSN of the server's database). loadgen's own queries are not
+//     counted among them: its CPU sampler queries inside one read-only
+//     transaction that it rolls back (one of the rollbacks reported).
 //
 // Then it checks that every dispatched job ended succeeded, completed
 // exactly once (counted on the nodes' side, and its state and receipt id
@@ -77,6 +93,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime/pprof"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -123,6 +140,7 @@ type config struct {
 	server     string
 	roots      *x509.CertPool // -ca-file's, or nil: the system's
 	mode       string
+	flow       string // run: flowV02 or flowBatched
 	nodes      int
 	jobs       int
 	jobType    string
@@ -137,7 +155,7 @@ type config struct {
 	duration   time.Duration
 	pgDSN      string
 	pgSettle   time.Duration
-	serverPID  int
+	serverPIDs []int
 	checkRcpts bool
 	origin     string
 	verbose    bool
@@ -164,6 +182,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.StringVar(&cfg.server, "server", "http://127.0.0.1:8080", "control plane base URL")
 	caFile := fs.String("ca-file", "", "PEM file of the certificate authorities to trust for an https -server, instead of the system's")
 	fs.StringVar(&cfg.mode, "mode", "run", "run (dispatch and run jobs) or fleet (heartbeats and idle long-polls)")
+	fs.StringVar(&cfg.flow, "flow", flowV02, "run: "+flowV02+" (lease, then accept and complete per job) or "+flowBatched+" (lease with accept: true, then one batch complete per lease answer)")
 	fs.IntVar(&cfg.nodes, "nodes", 32, "worker nodes to register, each with its own key")
 	fs.IntVar(&cfg.jobs, "jobs", 3000, "run: jobs to dispatch and run")
 	fs.StringVar(&cfg.jobType, "job-type", "status_check", "the job type dispatched, and the one the nodes register")
@@ -178,7 +197,11 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.DurationVar(&cfg.duration, "duration", 2*time.Minute, "fleet: how long the fleet heartbeats")
 	fs.StringVar(&cfg.pgDSN, "pg", "", "DSN of the server's PostgreSQL database, to count commits (and statements, with pg_stat_statements) per job")
 	fs.DurationVar(&cfg.pgSettle, "pg-settle", 11*time.Second, "with -pg: wait this long before each read of the counters (PostgreSQL reports an idle session's counts up to 10 s late)")
-	fs.IntVar(&cfg.serverPID, "server-pid", 0, "process id of the server, to read its resident memory (/proc/PID/status)")
+	fs.Func("server-pid", "process id of the server, to read its resident memory and CPU time (/proc/PID/status and stat); a comma-separated list sums several processes", func(s string) error {
+		pids, err := parsePIDs(s)
+		cfg.serverPIDs = pids
+		return err
+	})
 	fs.BoolVar(&cfg.checkRcpts, "check-receipts", true, "run: verify every completion's receipts (needs the receipt verifier key)")
 	fs.StringVar(&cfg.origin, "origin", receipts.DefaultOrigin, "the receipt log's checkpoint origin")
 	fs.BoolVar(&cfg.verbose, "v", false, "log the clients' retries to standard error")
@@ -232,6 +255,8 @@ func (c *config) check() error {
 	switch {
 	case c.mode != "run" && c.mode != "fleet":
 		return fmt.Errorf("-mode is run or fleet, not %q", c.mode)
+	case c.flow != flowV02 && c.flow != flowBatched:
+		return fmt.Errorf("-flow is %s or %s, not %q", flowV02, flowBatched, c.flow)
 	case c.nodes < 1:
 		return errors.New("-nodes must be at least 1")
 	case c.mode == "run" && c.jobs < 1:
@@ -260,14 +285,35 @@ func (c *config) check() error {
 		return errors.New("-duration must be positive")
 	case c.pgSettle < 0:
 		return errors.New("-pg-settle must not be negative")
-	case c.serverPID < 0:
-		return errors.New("-server-pid must not be negative")
 	}
 	c.longPolls = min(c.longPolls, c.nodes)
 	if c.perNode == 0 || c.perNode > c.maxJobs {
 		c.perNode = c.maxJobs
 	}
 	return nil
+}
+
+// The flows of run mode (-flow).
+const (
+	// flowV02 is the seed's contract: lease, then accept and complete
+	// each job with a request of its own.
+	flowV02 = "v02"
+	// flowBatched leases with accept: true and completes the jobs of a
+	// lease answer with one POST /workers/jobs/complete.
+	flowBatched = "batched"
+)
+
+// parsePIDs parses -server-pid: process ids, separated by commas.
+func parsePIDs(s string) ([]int, error) {
+	var pids []int
+	for f := range strings.SplitSeq(s, ",") {
+		pid, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || pid < 1 {
+			return nil, fmt.Errorf("%q is not a process id", f)
+		}
+		pids = append(pids, pid)
+	}
+	return pids, nil
 }
 
 // maxTokenFile bounds what is read of a token or tokens file.

@@ -12,7 +12,9 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nodelane/nodelane/workerapi/client"
@@ -164,6 +166,9 @@ type load struct {
 	first, last  time.Time // the first dispatch sent, the last completion answered
 	finished     chan struct{}
 	closed       bool
+	// leftLeased counts the grants of the batched flow that the lease
+	// did not accept.
+	leftLeased atomic.Int64
 }
 
 // newLoad prepares a run: its HTTP clients and records.
@@ -216,8 +221,8 @@ func (l *load) maybeFinishLocked() {
 // failed.
 func (l *load) run(ctx context.Context, out io.Writer) error {
 	cfg := l.cfg
-	fmt.Fprintf(out, "loadgen run: %d nodes, %d jobs of %s, max_jobs %d, %d jobs at once per node, wait_seconds %d, %d dispatchers, server %s\n",
-		cfg.nodes, cfg.jobs, cfg.jobType, cfg.maxJobs, cfg.perNode, cfg.wait, cfg.dispatch, cfg.server)
+	fmt.Fprintf(out, "loadgen run: flow %s, %d nodes, %d jobs of %s, max_jobs %d, %d jobs at once per node, wait_seconds %d, %d dispatchers, server %s\n",
+		cfg.flow, cfg.nodes, cfg.jobs, cfg.jobType, cfg.maxJobs, cfg.perNode, cfg.wait, cfg.dispatch, cfg.server)
 	pg, err := openPG(ctx, cfg.pgDSN, cfg.pgSettle)
 	if err != nil {
 		return err
@@ -228,8 +233,12 @@ func (l *load) run(ctx context.Context, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	mem := startMemSampler(cfg.serverPID, 500*time.Millisecond)
+	mem := startMemSampler(cfg.serverPIDs, 500*time.Millisecond)
 	reqBefore := l.workerHTTP.requests.Load()
+	cpuBefore := markCPU(cfg.serverPIDs)
+	if pg != nil {
+		pg.cpu.start(ctx)
+	}
 
 	runCtx, cancel := context.WithTimeout(ctx, cfg.timeout)
 	defer cancel()
@@ -245,6 +254,11 @@ func (l *load) run(ctx context.Context, out io.Writer) error {
 	stopped := context.Cause(runCtx)
 	cancel()
 	workers.Wait()
+	cpuAfter := markCPU(cfg.serverPIDs)
+	pgCPU, pgBackends, pgCPUErr := time.Duration(0), 0, errNoPG
+	if pg != nil {
+		pgCPU, pgBackends, pgCPUErr = pg.cpu.finish(ctx)
+	}
 	memLine := mem.finish()
 	var pgAfter pgCounters
 	if pg != nil {
@@ -292,6 +306,10 @@ func (l *load) run(ctx context.Context, out io.Writer) error {
 		fmt.Fprintf(out, "; %.2f requests per job after registration", float64(reqs)/float64(completed))
 	}
 	fmt.Fprintf(out, "\noperator HTTP: %s\n", l.opHTTP)
+	if cfg.flow == flowBatched {
+		fmt.Fprintf(out, "grants the lease left leased, accepted one by one: %d\n", l.leftLeased.Load())
+	}
+	fmt.Fprintln(out, cpuLine(cfg.serverPIDs, cpuBefore, cpuAfter, pgCPU, pgBackends, pgCPUErr, completed, "job"))
 	fmt.Fprintln(out, memLine)
 	if pg != nil {
 		fmt.Fprintln(out, pgLine(pgBefore, pgAfter, completed, "job"))
@@ -401,7 +419,8 @@ func (l *load) work(ctx context.Context, n *node) {
 	})
 	for ctx.Err() == nil {
 		start := time.Now()
-		resp, err := n.c.Lease(ctx, wire.LeaseRequest{SupportedJobTypes: []string{l.cfg.jobType}, MaxJobs: l.cfg.maxJobs, WaitSeconds: l.cfg.wait})
+		resp, err := n.c.Lease(ctx, wire.LeaseRequest{SupportedJobTypes: []string{l.cfg.jobType}, MaxJobs: l.cfg.maxJobs, WaitSeconds: l.cfg.wait,
+			Accept: l.cfg.flow == flowBatched})
 		at := time.Now()
 		switch {
 		case ctx.Err() != nil:
@@ -415,6 +434,13 @@ func (l *load) work(ctx context.Context, n *node) {
 			continue
 		}
 		l.stats.add(rowLease, at.Sub(start), nil)
+		if l.cfg.flow == flowBatched {
+			for _, g := range resp.Leases {
+				l.update(g.Job.ID, func(r *jobRecord) { r.leasedAt = append(r.leasedAt, at) })
+			}
+			l.finishBatch(ctx, n, resp.Leases)
+			continue
+		}
 		var jobs sync.WaitGroup
 		sem := make(chan struct{}, l.cfg.perNode)
 		for _, g := range resp.Leases {
@@ -465,6 +491,77 @@ func (l *load) finish(ctx context.Context, n *node, g wire.Grant) {
 		l.last = at
 	}
 	l.mu.Unlock()
+}
+
+// finishBatch completes the jobs of one lease answer of the batched
+// flow: it accepts, one by one, the grants the lease left leased (none,
+// unless the server is older than accept: true or its envelope refused
+// the accept), then completes the jobs accepted with POST
+// /workers/jobs/complete, wire.MaxBatchComplete at a time.
+func (l *load) finishBatch(ctx context.Context, n *node, grants []wire.Grant) {
+	fail := func(id string, err error) {
+		l.update(id, func(r *jobRecord) {
+			if r.err == nil {
+				r.err = err
+			}
+		})
+	}
+	running := make([]wire.Grant, 0, len(grants))
+	for _, g := range grants {
+		if g.Job.State == wire.JobStateLeased {
+			l.leftLeased.Add(1)
+			start := time.Now()
+			_, err := n.c.Accept(ctx, g.Job.ID, wire.TokenRequest{LeaseToken: g.LeaseToken})
+			l.stats.add(rowAccept, time.Since(start), err)
+			if err != nil {
+				fail(g.Job.ID, fmt.Errorf("accept by %s: %w", n.workerID, err))
+				continue
+			}
+		}
+		running = append(running, g)
+	}
+	for chunk := range slices.Chunk(running, wire.MaxBatchComplete) {
+		req := wire.CompleteBatchRequest{Completions: make([]wire.Completion, len(chunk))}
+		for i, g := range chunk {
+			req.Completions[i] = wire.Completion{JobID: g.Job.ID,
+				CompleteRequest: wire.CompleteRequest{LeaseToken: g.LeaseToken, Metrics: json.RawMessage(`{"loadgen":1}`)}}
+		}
+		start := time.Now()
+		resp, err := n.c.CompleteBatch(ctx, req)
+		at := time.Now()
+		l.stats.add(rowCompleteBatch, at.Sub(start), err)
+		if err != nil {
+			for _, g := range chunk {
+				fail(g.Job.ID, fmt.Errorf("batch complete by %s: %w", n.workerID, err))
+			}
+			continue
+		}
+		for i, res := range resp.Results {
+			g := chunk[i]
+			if err := client.CompletionError(&res); err != nil {
+				fail(g.Job.ID, fmt.Errorf("batch complete by %s: %w", n.workerID, err))
+				continue
+			}
+			// A batch answers no job: this is the answer complete of the
+			// job alone would have given but for its job, which the
+			// exactly-once check reads back from the server.
+			c := res.Completed
+			answer := &wire.CompleteResponse{Job: wire.Job{ID: g.Job.ID, State: stateSucceeded},
+				ActualMS: c.ActualMS, ActualHours: c.ActualHours, ActualCostUSD: c.ActualCostUSD,
+				ReceiptID: c.ReceiptID, Receipts: c.Receipts, Proofs: c.Proofs, Checkpoint: c.Checkpoint}
+			l.update(g.Job.ID, func(r *jobRecord) {
+				r.completes++
+				if r.answer == nil {
+					r.answer, r.workerID, r.leaseID = answer, n.workerID, g.LeaseID
+				}
+			})
+		}
+		l.mu.Lock()
+		if at.After(l.last) {
+			l.last = at
+		}
+		l.mu.Unlock()
+	}
 }
 
 // sleep waits d or until ctx ends; it reports whether d passed.

@@ -27,11 +27,12 @@ const (
 	rowLeaseEmpty    = "lease (no job)"
 	rowAccept        = "accept"
 	rowComplete      = "complete"
+	rowCompleteBatch = "complete (batch)"
 	rowRelease       = "release"
 	rowDispatchLease = "dispatch→lease"
 )
 
-var rowOrder = []string{rowRegister, rowHeartbeat, rowDispatch, rowLease, rowLeaseEmpty, rowAccept, rowComplete, rowRelease, rowDispatchLease}
+var rowOrder = []string{rowRegister, rowHeartbeat, rowDispatch, rowLease, rowLeaseEmpty, rowAccept, rowComplete, rowCompleteBatch, rowRelease, rowDispatchLease}
 
 // series is the durations and errors of one row.
 type series struct {
@@ -208,10 +209,10 @@ func readMemory(pid int) (memory, error) {
 	return m, nil
 }
 
-// memSampler samples a process's resident memory at an interval, keeping
-// the first sample, the largest and the last.
+// memSampler samples the resident memory of processes at an interval,
+// summed over them, keeping the first sample, the largest and the last.
 type memSampler struct {
-	pid  int
+	pids []int
 	stop chan struct{}
 	done chan struct{}
 
@@ -220,11 +221,11 @@ type memSampler struct {
 	err               error
 }
 
-// startMemSampler samples pid every interval until stop; with pid 0 it
-// does nothing.
-func startMemSampler(pid int, every time.Duration) *memSampler {
-	s := &memSampler{pid: pid, stop: make(chan struct{}), done: make(chan struct{})}
-	if pid == 0 {
+// startMemSampler samples pids every interval until stop; with no pids
+// it does nothing.
+func startMemSampler(pids []int, every time.Duration) *memSampler {
+	s := &memSampler{pids: pids, stop: make(chan struct{}), done: make(chan struct{})}
+	if len(pids) == 0 {
 		close(s.done)
 		return s
 	}
@@ -247,7 +248,16 @@ func startMemSampler(pid int, every time.Duration) *memSampler {
 }
 
 func (s *memSampler) sample() {
-	m, err := readMemory(s.pid)
+	var rss int64
+	var err error
+	for _, pid := range s.pids {
+		m, e := readMemory(pid)
+		if e != nil {
+			err = e
+			break
+		}
+		rss += m.rss
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err != nil {
@@ -257,14 +267,14 @@ func (s *memSampler) sample() {
 		return
 	}
 	if s.first == 0 {
-		s.first = m.rss
+		s.first = rss
 	}
-	s.last, s.most = m.rss, max(s.most, m.rss)
+	s.last, s.most = rss, max(s.most, rss)
 }
 
 // finish takes a last sample and returns the report line.
 func (s *memSampler) finish() string {
-	if s.pid == 0 {
+	if len(s.pids) == 0 {
 		return "server RSS: not read (give -server-pid)"
 	}
 	select {
@@ -278,7 +288,7 @@ func (s *memSampler) finish() string {
 	if s.first == 0 {
 		return fmt.Sprintf("server RSS: not read: %v", s.err)
 	}
-	return fmt.Sprintf("server RSS: %s at the start, %s at most, %s at the end (pid %d)", mb(s.first), mb(s.most), mb(s.last), s.pid)
+	return fmt.Sprintf("server RSS: %s at the start, %s at most, %s at the end (pid %s)", mb(s.first), mb(s.most), mb(s.last), joinInts(s.pids))
 }
 
 // mb formats a byte count in MiB.
@@ -288,7 +298,8 @@ func mb(n int64) string { return strconv.FormatFloat(float64(n)/(1<<20), 'f', 1,
 type pgCounters struct {
 	commits, rollbacks int64
 	// statements is the calls pg_stat_statements counted in the
-	// database, when hasStatements.
+	// database, when hasStatements, but those of loadgen's probes (every
+	// statement that names a pg_stat view or function).
 	statements    int64
 	hasStatements bool
 }
@@ -297,6 +308,9 @@ type pgCounters struct {
 type pgProbe struct {
 	conn   *pgx.Conn
 	settle time.Duration
+	// cpu measures the CPU time of the database's backends, on a
+	// connection of its own.
+	cpu *backendCPU
 }
 
 // openPG connects to dsn; with dsn "" it returns nil, nil.
@@ -308,13 +322,20 @@ func openPG(ctx context.Context, dsn string, settle time.Duration) (*pgProbe, er
 	if err != nil {
 		return nil, fmt.Errorf("-pg: %w", err)
 	}
-	return &pgProbe{conn: conn, settle: settle}, nil
+	cpuConn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		_ = conn.Close(ctx)
+		return nil, fmt.Errorf("-pg: %w", err)
+	}
+	exclude := []int{int(conn.PgConn().PID()), int(cpuConn.PgConn().PID())}
+	return &pgProbe{conn: conn, settle: settle, cpu: newBackendCPU(ctx, cpuConn, exclude, 200*time.Millisecond)}, nil
 }
 
 // close closes the connection.
 func (p *pgProbe) close() {
 	if p != nil {
 		_ = p.conn.Close(context.Background())
+		_ = p.cpu.conn.Close(context.Background())
 	}
 }
 
@@ -334,7 +355,8 @@ func (p *pgProbe) read(ctx context.Context) (pgCounters, error) {
 	}
 	// pg_stat_statements is there only if it is loaded and created.
 	err = p.conn.QueryRow(ctx,
-		`SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())`).Scan(&c.statements)
+		`SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_statements
+		 WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) AND query NOT LIKE '%pg_stat%'`).Scan(&c.statements)
 	c.hasStatements = err == nil
 	return c, nil
 }

@@ -107,11 +107,17 @@ func (m *Manager) fastComplete(ctx context.Context, ref Ref, res Result) (*Job, 
 // never leased), SKU its Requirements.GPUSKU or, when it names none,
 // DefaultSKU, and PriceMicroUSD Prices[SKU] (0 for a SKU not listed);
 // its State becomes leased, LeasedAt the claim's Now, AcceptedAt nil, and
-// Rev Rev+1.
+// Rev Rev+1. With Accept, the same write accepts the job too: its State
+// becomes running, AcceptedAt the claim's Now, and its lease's ExpiresAt
+// the lesser of the prepared one and the claim's Now plus the job's max
+// runtime (Requirements.MaxRuntimeSeconds, or MaxRuntime when it has
+// none), as AcceptWrite would; Rev still only Rev+1.
 type LeaseClaim struct {
 	Leases     []Lease
 	DefaultSKU string
 	Prices     map[string]int64
+	Accept     bool
+	MaxRuntime time.Duration
 }
 
 // ClaimingStore is a Store that reads the worker and claims jobs for it in

@@ -240,12 +240,24 @@ type LeaseRequest struct {
 	// Price, when set, gives the price per GPU-hour in micro-USD of a SKU;
 	// it is snapshotted on each lease.
 	Price func(sku string) int64
+	// Accept claims the jobs straight into running, in the claim's one
+	// write, as Accept would right after the lease: AcceptedAt is the
+	// claim's time and the lease expires at the lesser of LeaseTTL and the
+	// job's max runtime from then. Allow gates the types before the claim;
+	// nothing is checked again between the lease and the accept.
+	Accept bool
 }
 
 // Grant is one leased job and its token. The token is returned only here.
 type Grant struct {
 	Job   *Job
 	Token string
+	// Leased is, for a job claimed with LeaseRequest.Accept, the job as a
+	// lease without accept would have left it (leased, not accepted, its
+	// lease expiring LeaseTTL after the claim, Rev one below Job's): what
+	// a caller that reports a lease then an accept reports first. It is
+	// nil otherwise.
+	Leased *Job
 }
 
 // Lease claims up to MaxJobs queued jobs that the worker can run: the
@@ -329,7 +341,9 @@ func (m *Manager) Lease(ctx context.Context, req LeaseRequest) ([]Grant, error) 
 			if !ok || err != nil {
 				return q, LeaseClaim{}, false, err
 			}
-			return q, m.leaseClaim(w, q, leases, req.Price), true, nil
+			c := m.leaseClaim(w, q, leases, req.Price)
+			c.Accept, c.MaxRuntime = req.Accept, m.cfg.MaxRuntime
+			return q, c, true, nil
 		})
 		if err != nil {
 			return nil, err
@@ -365,8 +379,24 @@ func (m *Manager) Lease(ctx context.Context, req LeaseRequest) ([]Grant, error) 
 		}
 		used[k] = true
 		grants[i] = Grant{Job: j, Token: tokens[k]}
+		if req.Accept {
+			grants[i].Leased = m.leasedView(j)
+		}
 	}
 	return grants, nil
+}
+
+// leasedView is j, claimed with accept, as the claim would have left it
+// without: leased, not accepted, its lease expiring LeaseTTL after the
+// claim, one revision earlier.
+func (m *Manager) leasedView(j *Job) *Job {
+	v, l := *j, *j.Lease
+	v.State, v.AcceptedAt, v.Rev = StateLeased, nil, j.Rev-1
+	if j.LeasedAt != nil {
+		l.ExpiresAt = j.LeasedAt.Add(m.cfg.LeaseTTL)
+	}
+	v.Lease = &l
+	return &v
 }
 
 // leaseClaim is what a ClaimingStore writes for the leases prepared for
@@ -418,6 +448,10 @@ func (m *Manager) claimJobs(ctx context.Context, q ClaimQuery, w *Worker, leases
 		j.State = StateLeased
 		j.LeasedAt = &now
 		j.AcceptedAt = nil
+		if req.Accept {
+			j.State, j.AcceptedAt = StateRunning, &now
+			m.extend(j, now)
+		}
 		j.Rev++
 	})
 }

@@ -8,7 +8,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/uptrace/bun"
 
@@ -394,45 +393,11 @@ func (db *DB) claimInSQLite(ctx context.Context, calls []claimCall) ([]claimResu
 		if len(c.Leases) == 0 {
 			continue
 		}
-		if out[i].jobs, err = s.ClaimJobs(ctx, q, grantFrom(q, c)); err != nil {
+		if out[i].jobs, err = s.ClaimJobs(ctx, q, c.Grant(q.Now)); err != nil {
 			return nil, err
 		}
 	}
 	return out, nil
-}
-
-// grantFrom is the grant of ClaimJobs that writes the leases of c as
-// lease.LeaseClaim says: the k-th job granted gets c.Leases[k] (round
-// robin, should a rolled-back attempt have called it before).
-func grantFrom(q lease.ClaimQuery, c lease.LeaseClaim) func(*lease.Job) {
-	calls := 0
-	return func(j *lease.Job) {
-		l := c.Leases[calls%len(c.Leases)]
-		calls++
-		l.JobID = j.ID
-		l.Epoch = 1
-		if j.Lease != nil {
-			l.Epoch = j.Lease.Epoch + 1
-		}
-		l.SKU = j.Requirements.GPUSKU
-		if l.SKU == "" {
-			l.SKU = c.DefaultSKU
-		}
-		l.PriceMicroUSD = c.Prices[l.SKU]
-		now := q.Now
-		j.Lease, j.State, j.LeasedAt, j.AcceptedAt = &l, lease.StateLeased, &now, nil
-		if c.Accept {
-			j.State, j.AcceptedAt = lease.StateRunning, &now
-			rt := c.MaxRuntime
-			if s := j.Requirements.MaxRuntimeSeconds; s > 0 {
-				rt = time.Duration(s) * time.Second
-			}
-			if end := now.Add(rt); end.Before(l.ExpiresAt) {
-				j.Lease.ExpiresAt = end
-			}
-		}
-		j.Rev++
-	}
 }
 
 // Tags (lease.Requirements.Tags, migration 0016). A job's tags are stored

@@ -120,6 +120,49 @@ type LeaseClaim struct {
 	MaxRuntime time.Duration
 }
 
+// Grant is the grant function of a ClaimJobs call that claims c at now:
+// it writes on each job it is given what LeaseClaim says, the k-th job
+// getting c.Leases[k]. A store that retries after a rollback calls it
+// again, for the same jobs or others: it takes the leases round-robin,
+// so any len(c.Leases) consecutive calls get distinct leases and the
+// attempt that commits, which claims at most that many jobs, gets
+// distinct ones whatever rolled-back attempts took.
+func (c LeaseClaim) Grant(now time.Time) func(*Job) {
+	calls := 0
+	return func(j *Job) {
+		l := c.Leases[calls%len(c.Leases)]
+		calls++
+		l.JobID = j.ID
+		l.Epoch = 1
+		if j.Lease != nil {
+			l.Epoch = j.Lease.Epoch + 1
+		}
+		l.SKU = j.Requirements.GPUSKU
+		if l.SKU == "" {
+			l.SKU = c.DefaultSKU
+		}
+		l.PriceMicroUSD = c.Prices[l.SKU]
+		j.State, j.LeasedAt, j.AcceptedAt = StateLeased, &now, nil
+		if c.Accept {
+			rt := c.MaxRuntime
+			if s := j.Requirements.MaxRuntimeSeconds; s > 0 {
+				rt = time.Duration(s) * time.Second
+			}
+			j.State, j.AcceptedAt, l.ExpiresAt = StateRunning, &now, minTime(l.ExpiresAt, now.Add(rt))
+		}
+		j.Lease = &l
+		j.Rev++
+	}
+}
+
+// minTime is the earlier of a and b.
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
+}
+
 // ClaimingStore is a Store that reads the worker and claims jobs for it in
 // one transaction, and claims and writes their leases in one statement, as
 // ClaimJobs does with a grant the Manager would make. ClaimLeases reads

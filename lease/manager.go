@@ -341,9 +341,7 @@ func (m *Manager) Lease(ctx context.Context, req LeaseRequest) ([]Grant, error) 
 			if !ok || err != nil {
 				return q, LeaseClaim{}, false, err
 			}
-			c := m.leaseClaim(w, q, leases, req.Price)
-			c.Accept, c.MaxRuntime = req.Accept, m.cfg.MaxRuntime
-			return q, c, true, nil
+			return q, m.leaseClaim(w, q, leases, req), true, nil
 		})
 		if err != nil {
 			return nil, err
@@ -360,7 +358,7 @@ func (m *Manager) Lease(ctx context.Context, req LeaseRequest) ([]Grant, error) 
 		if err := m.sweep(ctx); err != nil {
 			return nil, err
 		}
-		if jobs, err = m.claimJobs(ctx, q, w, leases, req); err != nil {
+		if jobs, err = m.store.ClaimJobs(ctx, q, m.leaseClaim(w, q, leases, req).Grant(q.Now)); err != nil {
 			return nil, err
 		}
 	}
@@ -399,61 +397,24 @@ func (m *Manager) leasedView(j *Job) *Job {
 	return &v
 }
 
-// leaseClaim is what a ClaimingStore writes for the leases prepared for
-// w: the SKU of a job that names none is the worker's first GPU's, and
-// prices are looked up for every SKU a claimed job can have.
-func (m *Manager) leaseClaim(w *Worker, q ClaimQuery, leases []Lease, price func(sku string) int64) LeaseClaim {
-	c := LeaseClaim{Leases: leases}
+// leaseClaim is what the claim writes for the leases prepared for w, as
+// req asks: the SKU of a job that names none is the worker's first GPU's,
+// and prices are looked up for every SKU a claimed job can have (its own,
+// which one of q.Fits names, or that default).
+func (m *Manager) leaseClaim(w *Worker, q ClaimQuery, leases []Lease, req LeaseRequest) LeaseClaim {
+	c := LeaseClaim{Leases: leases, Accept: req.Accept, MaxRuntime: m.cfg.MaxRuntime}
 	if len(w.Capabilities.GPUs) > 0 {
 		c.DefaultSKU = w.Capabilities.GPUs[0].SKU
 	}
-	if price != nil {
-		c.Prices = map[string]int64{c.DefaultSKU: price(c.DefaultSKU)}
+	if req.Price != nil {
+		c.Prices = map[string]int64{c.DefaultSKU: req.Price(c.DefaultSKU)}
 		for _, f := range q.Fits {
 			if _, ok := c.Prices[f.SKU]; !ok {
-				c.Prices[f.SKU] = price(f.SKU)
+				c.Prices[f.SKU] = req.Price(f.SKU)
 			}
 		}
 	}
 	return c
-}
-
-// claimJobs claims through Store.ClaimJobs, granting each job one of
-// leases.
-func (m *Manager) claimJobs(ctx context.Context, q ClaimQuery, w *Worker, leases []Lease, req LeaseRequest) ([]*Job, error) {
-	n := len(leases)
-	now := q.Now
-	// A store that retries after a rollback calls grant again, for the
-	// same jobs or others. Taking the prepared leases round-robin keeps any
-	// n consecutive calls on distinct leases, so the attempt that commits,
-	// which claims at most n jobs, gets distinct ones whatever earlier,
-	// rolled-back attempts took; nothing they did is kept.
-	calls := 0
-	return m.store.ClaimJobs(ctx, q, func(j *Job) {
-		l := leases[calls%n]
-		calls++
-		l.JobID = j.ID
-		if j.Lease != nil {
-			l.Epoch = j.Lease.Epoch
-		}
-		l.Epoch++
-		l.SKU = j.Requirements.GPUSKU
-		if l.SKU == "" && len(w.Capabilities.GPUs) > 0 {
-			l.SKU = w.Capabilities.GPUs[0].SKU
-		}
-		if req.Price != nil {
-			l.PriceMicroUSD = req.Price(l.SKU)
-		}
-		j.Lease = &l
-		j.State = StateLeased
-		j.LeasedAt = &now
-		j.AcceptedAt = nil
-		if req.Accept {
-			j.State, j.AcceptedAt = StateRunning, &now
-			m.extend(j, now)
-		}
-		j.Rev++
-	})
 }
 
 // sweepEvery is how often, at most, Lease sweeps due expiries itself. A

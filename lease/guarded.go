@@ -142,13 +142,15 @@ func (c LeaseClaim) Grant(now time.Time) func(*Job) {
 			l.SKU = c.DefaultSKU
 		}
 		l.PriceMicroUSD = c.Prices[l.SKU]
-		j.State, j.LeasedAt, j.AcceptedAt = StateLeased, &now, nil
+		at := now
+		j.State, j.LeasedAt, j.AcceptedAt = StateLeased, &at, nil
 		if c.Accept {
 			rt := c.MaxRuntime
 			if s := j.Requirements.MaxRuntimeSeconds; s > 0 {
 				rt = time.Duration(s) * time.Second
 			}
-			j.State, j.AcceptedAt, l.ExpiresAt = StateRunning, &now, minTime(l.ExpiresAt, now.Add(rt))
+			acc := now
+			j.State, j.AcceptedAt, l.ExpiresAt = StateRunning, &acc, minTime(l.ExpiresAt, now.Add(rt))
 		}
 		j.Lease = &l
 		j.Rev++

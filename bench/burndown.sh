@@ -6,9 +6,9 @@
 #
 #   A = River (RIVER_DIR, default ../shared/bench/river):
 #         go run . -n N        (no-op jobs, database riverbench)
-#   B = nodelane:
+#   B = nodelane, River's shape (Lease with accept, then Complete):
 #         go test ./bunstore -run '^$' \
-#           -bench 'BenchmarkLeaseAcceptComplete/postgres/claimers=K/max_jobs=B' \
+#           -bench 'BenchmarkLeaseAcceptComplete/postgres/claimers=K/max_jobs=B/accept=lease' \
 #           -benchtime Nx -count 1
 #
 # Both programs are built once before the first round and the binaries are
@@ -45,7 +45,7 @@ case $RIVER_DIR in
 *) RIVER_DIR=$root/$RIVER_DIR ;;
 esac
 RIVER_DIR=$(cd "$RIVER_DIR" && pwd)
-bench="BenchmarkLeaseAcceptComplete/postgres/claimers=$CLAIMERS/max_jobs=$MAX_JOBS"
+bench="BenchmarkLeaseAcceptComplete/postgres/claimers=$CLAIMERS/max_jobs=$MAX_JOBS/accept=lease"
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT

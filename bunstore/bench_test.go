@@ -16,7 +16,10 @@ import (
 // through lease.Manager: each claimer is a worker of its own that leases
 // up to max_jobs jobs at a time, accepts and completes each (the jobs of
 // one lease at once, as a worker with max_jobs slots runs them), until
-// the queue is empty. One op is one job; jobs/s is the throughput.
+// the queue is empty. With accept=lease the lease accepts them
+// (LeaseRequest.Accept: Lease then Complete, River's shape); with
+// accept=call each job is accepted by a call of its own (Lease, Accept,
+// Complete). One op is one job; jobs/s is the throughput.
 //
 // It also reports, for the timed part only (the drain, not the enqueue),
 // stmts/job, the SQL statements sent through bun per job, and
@@ -32,16 +35,18 @@ func BenchmarkLeaseAcceptComplete(b *testing.B) {
 		b.Run(d.Name, func(b *testing.B) {
 			for _, claimers := range []int{1, 8, 32} {
 				for _, maxJobs := range []int{1, 10} {
-					b.Run(fmt.Sprintf("claimers=%d/max_jobs=%d", claimers, maxJobs), func(b *testing.B) {
-						benchmarkDrain(b, d.New(b), claimers, maxJobs)
-					})
+					for _, accept := range []string{"lease", "call"} {
+						b.Run(fmt.Sprintf("claimers=%d/max_jobs=%d/accept=%s", claimers, maxJobs, accept), func(b *testing.B) {
+							benchmarkDrain(b, d.New(b), claimers, maxJobs, accept == "lease")
+						})
+					}
 				}
 			}
 		})
 	}
 }
 
-func benchmarkDrain(b *testing.B, tdb testdb.DB, claimers, maxJobs int) {
+func benchmarkDrain(b *testing.B, tdb testdb.DB, claimers, maxJobs int, accept bool) {
 	ctx := context.Background()
 	qc := &queryCounter{}
 	// A DB over the same pool whose bun.DB carries the counting hook.
@@ -87,7 +92,7 @@ func benchmarkDrain(b *testing.B, tdb testdb.DB, claimers, maxJobs int) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			ids, err := drain(ctx, m, w, maxJobs, b.N/claimers+maxJobs)
+			ids, err := drain(ctx, m, w, maxJobs, accept, b.N/claimers+maxJobs)
 			done[i] = ids
 			if err != nil {
 				errs <- err
@@ -165,10 +170,11 @@ var serialDrain = flag.Bool("serial", false, "burn-down: run the jobs of a lease
 // a worker with max_jobs slots, it runs the jobs of one lease at once
 // (accept, then complete, each job on a goroutine of its own; with
 // -serial, one after another) and leases again when all of them are done.
-func drain(ctx context.Context, m *lease.Manager, w *lease.Worker, maxJobs, capHint int) ([]string, error) {
+// With accept, the lease accepts the jobs and none is accepted again.
+func drain(ctx context.Context, m *lease.Manager, w *lease.Worker, maxJobs int, accept bool, capHint int) ([]string, error) {
 	ids := make([]string, 0, capHint)
 	for {
-		gs, err := m.Lease(ctx, lease.LeaseRequest{WorkerID: w.ID, MaxJobs: maxJobs})
+		gs, err := m.Lease(ctx, lease.LeaseRequest{WorkerID: w.ID, MaxJobs: maxJobs, Accept: accept})
 		if err != nil {
 			return ids, err
 		}
@@ -184,9 +190,15 @@ func drain(ctx context.Context, m *lease.Manager, w *lease.Worker, maxJobs, capH
 			}
 			run(func() {
 				ref := lease.Ref{JobID: g.Job.ID, WorkerID: w.ID, Token: g.Token}
-				if _, err := m.Accept(ctx, ref); err != nil {
-					errs[i] = err
+				if accept && g.Job.State != lease.StateRunning {
+					errs[i] = fmt.Errorf("lease with accept granted %s %s, want running", g.Job.ID, g.Job.State)
 					return
+				}
+				if !accept {
+					if _, err := m.Accept(ctx, ref); err != nil {
+						errs[i] = err
+						return
+					}
 				}
 				j, repeated, err := m.Complete(ctx, ref, lease.Result{})
 				if err == nil && (repeated || j == nil || j.State != lease.StateSucceeded) {

@@ -290,7 +290,9 @@ func claimKey(q lease.ClaimQuery) string {
 // share job types, shapes and tags, and its arguments: it locks as many
 // candidates as the calls may take, in claim order, and gives the k-th
 // of them the k-th lease of the calls' leases (each lease's fields one
-// array, zipped with the candidates by a many-argument unnest).
+// array, zipped with the candidates by a many-argument unnest). A call
+// with accept (lease.LeaseClaim.Accept) claims into running in the same
+// write: ak and maxrt are its arrays.
 func (db *DB) claimStatement(g []planned) (string, []any, error) {
 	type priceArg struct {
 		W     string `json:"w"`
@@ -301,7 +303,8 @@ func (db *DB) claimStatement(g []planned) (string, []any, error) {
 		lid, w, dsku []string
 		th           [][]byte
 		now, exp     []int64
-		acc, pv      []int64
+		acc, pv, mrt []int64
+		ak           []bool
 		ps           = []priceArg{} // JSON [], not null, when no call has prices
 	)
 	oldest := g[0].q.Now
@@ -315,6 +318,7 @@ func (db *DB) claimStatement(g []planned) (string, []any, error) {
 			exp = append(exp, micros(l.ExpiresAt))
 			acc = append(acc, micros(l.AcceptBy))
 			pv = append(pv, l.PolicyVersion)
+			ak, mrt = append(ak, p.c.Accept), append(mrt, p.c.MaxRuntime.Microseconds())
 		}
 		for sku, price := range p.c.Prices {
 			ps = append(ps, priceArg{p.q.WorkerID, sku, price})
@@ -340,13 +344,15 @@ func (db *DB) claimStatement(g []planned) (string, []any, error) {
 	// queued index in claim order (claimSettings); an array keeps their
 	// order.
 	query := "WITH p AS MATERIALIZED (SELECT * FROM json_to_recordset(?::json) AS p(w text, sku text, price bigint)) " +
-		"UPDATE nodelane_jobs AS j SET state = 'leased', leased_at = b.now, accepted_at = NULL, lease_id = b.lid, lease_job_id = j.id, " +
+		"UPDATE nodelane_jobs AS j SET state = CASE WHEN b.ak THEN 'running' ELSE 'leased' END, leased_at = b.now, " +
+		"accepted_at = CASE WHEN b.ak THEN b.now END, lease_id = b.lid, lease_job_id = j.id, " +
 		"lease_worker_id = b.w, lease_epoch = COALESCE(j.lease_epoch, 0) + 1, lease_token_hash = b.th, " +
-		"lease_expires_at = b.exp, lease_accept_by = b.acc, lease_sku = " + sku +
+		"lease_expires_at = CASE WHEN b.ak THEN LEAST(b.exp, b.now + " + maxRuntime + ") ELSE b.exp END, lease_accept_by = b.acc, lease_sku = " + sku +
 		", lease_price_micro_usd = COALESCE((SELECT p.price FROM p WHERE p.w = b.w AND p.sku = " + sku + "), 0), lease_policy_version = b.pv, rev = j.rev + 1 " +
 		"FROM unnest(ARRAY(SELECT id FROM nodelane_jobs WHERE state = 'queued' AND type IN (" + strings.Repeat("?, ", len(q.Types)-1) + "?) AND scheduled_at <= ? AND (" +
 		strings.Join(fits, " OR ") + ") AND " + db.tagsMatch() + " ORDER BY priority DESC, created_at, id LIMIT " + strconv.Itoa(len(lid)) + " FOR UPDATE SKIP LOCKED), " +
-		"?::text[], ?::text[], ?::text[], ?::bytea[], ?::bigint[], ?::bigint[], ?::bigint[], ?::bigint[]) AS b(id, lid, w, dsku, th, now, exp, acc, pv) " +
+		"?::text[], ?::text[], ?::text[], ?::bytea[], ?::bigint[], ?::bigint[], ?::bigint[], ?::bigint[], ?::boolean[], ?::bigint[]) " +
+		"AS b(id, lid, w, dsku, th, now, exp, acc, pv, ak, maxrt) " +
 		"WHERE j.id = b.id RETURNING j.*"
 	// The arguments in the order of the placeholders.
 	args := []any{string(pj)}
@@ -356,7 +362,7 @@ func (db *DB) claimStatement(g []planned) (string, []any, error) {
 	args = append(args, micros(oldest))
 	args = append(args, fitArgs...)
 	args = append(args, tagsArg(q.Tags))
-	args = append(args, lid, w, dsku, th, now, exp, acc, pv)
+	args = append(args, lid, w, dsku, th, now, exp, acc, pv, ak, mrt)
 	return query, args, nil
 }
 
@@ -387,35 +393,11 @@ func (db *DB) claimInSQLite(ctx context.Context, calls []claimCall) ([]claimResu
 		if len(c.Leases) == 0 {
 			continue
 		}
-		if out[i].jobs, err = s.ClaimJobs(ctx, q, grantFrom(q, c)); err != nil {
+		if out[i].jobs, err = s.ClaimJobs(ctx, q, c.Grant(q.Now)); err != nil {
 			return nil, err
 		}
 	}
 	return out, nil
-}
-
-// grantFrom is the grant of ClaimJobs that writes the leases of c as
-// lease.LeaseClaim says: the k-th job granted gets c.Leases[k] (round
-// robin, should a rolled-back attempt have called it before).
-func grantFrom(q lease.ClaimQuery, c lease.LeaseClaim) func(*lease.Job) {
-	calls := 0
-	return func(j *lease.Job) {
-		l := c.Leases[calls%len(c.Leases)]
-		calls++
-		l.JobID = j.ID
-		l.Epoch = 1
-		if j.Lease != nil {
-			l.Epoch = j.Lease.Epoch + 1
-		}
-		l.SKU = j.Requirements.GPUSKU
-		if l.SKU == "" {
-			l.SKU = c.DefaultSKU
-		}
-		l.PriceMicroUSD = c.Prices[l.SKU]
-		now := q.Now
-		j.Lease, j.State, j.LeasedAt, j.AcceptedAt = &l, lease.StateLeased, &now, nil
-		j.Rev++
-	}
 }
 
 // Tags (lease.Requirements.Tags, migration 0016). A job's tags are stored

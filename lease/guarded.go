@@ -107,11 +107,62 @@ func (m *Manager) fastComplete(ctx context.Context, ref Ref, res Result) (*Job, 
 // never leased), SKU its Requirements.GPUSKU or, when it names none,
 // DefaultSKU, and PriceMicroUSD Prices[SKU] (0 for a SKU not listed);
 // its State becomes leased, LeasedAt the claim's Now, AcceptedAt nil, and
-// Rev Rev+1.
+// Rev Rev+1. With Accept, the same write accepts the job too: its State
+// becomes running, AcceptedAt the claim's Now, and its lease's ExpiresAt
+// the lesser of the prepared one and the claim's Now plus the job's max
+// runtime (Requirements.MaxRuntimeSeconds, or MaxRuntime when it has
+// none), as AcceptWrite would; Rev still only Rev+1.
 type LeaseClaim struct {
 	Leases     []Lease
 	DefaultSKU string
 	Prices     map[string]int64
+	Accept     bool
+	MaxRuntime time.Duration
+}
+
+// Grant is the grant function of a ClaimJobs call that claims c at now:
+// it writes on each job it is given what LeaseClaim says, the k-th job
+// getting c.Leases[k]. A store that retries after a rollback calls it
+// again, for the same jobs or others: it takes the leases round-robin,
+// so any len(c.Leases) consecutive calls get distinct leases and the
+// attempt that commits, which claims at most that many jobs, gets
+// distinct ones whatever rolled-back attempts took.
+func (c LeaseClaim) Grant(now time.Time) func(*Job) {
+	calls := 0
+	return func(j *Job) {
+		l := c.Leases[calls%len(c.Leases)]
+		calls++
+		l.JobID = j.ID
+		l.Epoch = 1
+		if j.Lease != nil {
+			l.Epoch = j.Lease.Epoch + 1
+		}
+		l.SKU = j.Requirements.GPUSKU
+		if l.SKU == "" {
+			l.SKU = c.DefaultSKU
+		}
+		l.PriceMicroUSD = c.Prices[l.SKU]
+		at := now
+		j.State, j.LeasedAt, j.AcceptedAt = StateLeased, &at, nil
+		if c.Accept {
+			rt := c.MaxRuntime
+			if s := j.Requirements.MaxRuntimeSeconds; s > 0 {
+				rt = time.Duration(s) * time.Second
+			}
+			acc := now
+			j.State, j.AcceptedAt, l.ExpiresAt = StateRunning, &acc, minTime(l.ExpiresAt, now.Add(rt))
+		}
+		j.Lease = &l
+		j.Rev++
+	}
+}
+
+// minTime is the earlier of a and b.
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
 }
 
 // ClaimingStore is a Store that reads the worker and claims jobs for it in

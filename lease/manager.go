@@ -240,12 +240,24 @@ type LeaseRequest struct {
 	// Price, when set, gives the price per GPU-hour in micro-USD of a SKU;
 	// it is snapshotted on each lease.
 	Price func(sku string) int64
+	// Accept claims the jobs straight into running, in the claim's one
+	// write, as Accept would right after the lease: AcceptedAt is the
+	// claim's time and the lease expires at the lesser of LeaseTTL and the
+	// job's max runtime from then. Allow gates the types before the claim;
+	// nothing is checked again between the lease and the accept.
+	Accept bool
 }
 
 // Grant is one leased job and its token. The token is returned only here.
 type Grant struct {
 	Job   *Job
 	Token string
+	// Leased is, for a job claimed with LeaseRequest.Accept, the job as a
+	// lease without accept would have left it (leased, not accepted, its
+	// lease expiring LeaseTTL after the claim, Rev one below Job's): what
+	// a caller that reports a lease then an accept reports first. It is
+	// nil otherwise.
+	Leased *Job
 }
 
 // Lease claims up to MaxJobs queued jobs that the worker can run: the
@@ -329,7 +341,7 @@ func (m *Manager) Lease(ctx context.Context, req LeaseRequest) ([]Grant, error) 
 			if !ok || err != nil {
 				return q, LeaseClaim{}, false, err
 			}
-			return q, m.leaseClaim(w, q, leases, req.Price), true, nil
+			return q, m.leaseClaim(w, q, leases, req), true, nil
 		})
 		if err != nil {
 			return nil, err
@@ -346,7 +358,7 @@ func (m *Manager) Lease(ctx context.Context, req LeaseRequest) ([]Grant, error) 
 		if err := m.sweep(ctx); err != nil {
 			return nil, err
 		}
-		if jobs, err = m.claimJobs(ctx, q, w, leases, req); err != nil {
+		if jobs, err = m.store.ClaimJobs(ctx, q, m.leaseClaim(w, q, leases, req).Grant(q.Now)); err != nil {
 			return nil, err
 		}
 	}
@@ -365,61 +377,44 @@ func (m *Manager) Lease(ctx context.Context, req LeaseRequest) ([]Grant, error) 
 		}
 		used[k] = true
 		grants[i] = Grant{Job: j, Token: tokens[k]}
+		if req.Accept {
+			grants[i].Leased = m.leasedView(j)
+		}
 	}
 	return grants, nil
 }
 
-// leaseClaim is what a ClaimingStore writes for the leases prepared for
-// w: the SKU of a job that names none is the worker's first GPU's, and
-// prices are looked up for every SKU a claimed job can have.
-func (m *Manager) leaseClaim(w *Worker, q ClaimQuery, leases []Lease, price func(sku string) int64) LeaseClaim {
-	c := LeaseClaim{Leases: leases}
+// leasedView is j, claimed with accept, as the claim would have left it
+// without: leased, not accepted, its lease expiring LeaseTTL after the
+// claim, one revision earlier.
+func (m *Manager) leasedView(j *Job) *Job {
+	v, l := *j, *j.Lease
+	v.State, v.AcceptedAt, v.Rev = StateLeased, nil, j.Rev-1
+	if j.LeasedAt != nil {
+		l.ExpiresAt = j.LeasedAt.Add(m.cfg.LeaseTTL)
+	}
+	v.Lease = &l
+	return &v
+}
+
+// leaseClaim is what the claim writes for the leases prepared for w, as
+// req asks: the SKU of a job that names none is the worker's first GPU's,
+// and prices are looked up for every SKU a claimed job can have (its own,
+// which one of q.Fits names, or that default).
+func (m *Manager) leaseClaim(w *Worker, q ClaimQuery, leases []Lease, req LeaseRequest) LeaseClaim {
+	c := LeaseClaim{Leases: leases, Accept: req.Accept, MaxRuntime: m.cfg.MaxRuntime}
 	if len(w.Capabilities.GPUs) > 0 {
 		c.DefaultSKU = w.Capabilities.GPUs[0].SKU
 	}
-	if price != nil {
-		c.Prices = map[string]int64{c.DefaultSKU: price(c.DefaultSKU)}
+	if req.Price != nil {
+		c.Prices = map[string]int64{c.DefaultSKU: req.Price(c.DefaultSKU)}
 		for _, f := range q.Fits {
 			if _, ok := c.Prices[f.SKU]; !ok {
-				c.Prices[f.SKU] = price(f.SKU)
+				c.Prices[f.SKU] = req.Price(f.SKU)
 			}
 		}
 	}
 	return c
-}
-
-// claimJobs claims through Store.ClaimJobs, granting each job one of
-// leases.
-func (m *Manager) claimJobs(ctx context.Context, q ClaimQuery, w *Worker, leases []Lease, req LeaseRequest) ([]*Job, error) {
-	n := len(leases)
-	now := q.Now
-	// A store that retries after a rollback calls grant again, for the
-	// same jobs or others. Taking the prepared leases round-robin keeps any
-	// n consecutive calls on distinct leases, so the attempt that commits,
-	// which claims at most n jobs, gets distinct ones whatever earlier,
-	// rolled-back attempts took; nothing they did is kept.
-	calls := 0
-	return m.store.ClaimJobs(ctx, q, func(j *Job) {
-		l := leases[calls%n]
-		calls++
-		l.JobID = j.ID
-		if j.Lease != nil {
-			l.Epoch = j.Lease.Epoch
-		}
-		l.Epoch++
-		l.SKU = j.Requirements.GPUSKU
-		if l.SKU == "" && len(w.Capabilities.GPUs) > 0 {
-			l.SKU = w.Capabilities.GPUs[0].SKU
-		}
-		if req.Price != nil {
-			l.PriceMicroUSD = req.Price(l.SKU)
-		}
-		j.Lease = &l
-		j.State = StateLeased
-		j.LeasedAt = &now
-		j.AcceptedAt = nil
-		j.Rev++
-	})
 }
 
 // sweepEvery is how often, at most, Lease sweeps due expiries itself. A

@@ -40,8 +40,8 @@ type leaseBody struct {
 // request's transaction. If it grants nothing and the worker asked to
 // wait, the wait runs after the commit and holds no transaction: each
 // notification (or a tick, or the deadline) makes one more attempt in a
-// transaction of its own. With accept, each attempt accepts what it
-// grants in its own transaction (acceptGranted).
+// transaction of its own. With accept, each attempt claims straight into
+// running (leaseOnce).
 func (s *Server) lease(ctx context.Context, c *call) (int, any, error) {
 	var req leaseBody
 	if err := c.decode(&req); err != nil {
@@ -171,8 +171,11 @@ func (s *Server) rememberLease(ctx context.Context, c *call, k *keyed, out *wire
 }
 
 // leaseOnce makes one attempt to lease jobs under a fresh envelope
-// snapshot, for a worker that is not banned (checkGranted), and, with explain, says why none was granted. With accept, it
-// accepts each job granted (acceptGranted).
+// snapshot, for a worker that is not banned (checkGranted), and, with
+// explain, says why none was granted. With accept, the claim accepts the
+// jobs it grants in the same write (lease.LeaseRequest.Accept): the
+// snapshot gates their types before the claim, for the lease and the
+// accept at once.
 func (s *Server) leaseOnce(ctx context.Context, c *call, lr lease.LeaseRequest, accept, explain bool) (*wire.LeaseResponse, error) {
 	// A ban or a retirement committed since the request's credential
 	// was verified (during a long-poll's wait) is seen here, in the
@@ -188,6 +191,7 @@ func (s *Server) leaseOnce(ctx context.Context, c *call, lr lease.LeaseRequest, 
 	lr.Allow = func(t string) bool { return snap.Allow(t) == nil }
 	lr.PolicyVersion = snap.Version()
 	lr.Price = prices.Rate
+	lr.Accept = accept
 	grants, err := s.leases.Lease(ctx, lr)
 	if err != nil {
 		return nil, err
@@ -213,31 +217,19 @@ func (s *Server) leaseOnce(ctx context.Context, c *call, lr lease.LeaseRequest, 
 	}
 	// Read after the claim: at or after every grant's time (leases_through).
 	out := &wire.LeaseResponse{Leases: []wire.Grant{}, ServerTime: s.now()}
-	var (
-		asked    *envelope.Snapshot // the envelope at accept
-		accepted int
-		refused  []string // why grants were not accepted
-	)
-	if accept && len(grants) > 0 {
-		if asked, err = s.gate.Snapshot(ctx); err != nil {
-			return nil, err
-		}
-	}
 	for _, g := range grants {
-		if err := s.jobChanged(ctx, c, lease.StateQueued, g.Job); err != nil {
-			return nil, err
-		}
 		j := g.Job
-		if accept {
-			var why error
-			if j, why, err = s.acceptGranted(ctx, c, asked, g); err != nil {
+		// A grant accepted in the claim is reported as a lease then an
+		// accept would report it: queued>leased, then leased>running.
+		from := lease.StateQueued
+		if g.Leased != nil {
+			if err := s.jobChanged(ctx, c, from, g.Leased); err != nil {
 				return nil, err
 			}
-			if why != nil {
-				refused = append(refused, fmt.Sprintf("job %s: %s", j.ID, publicMessage(why.Error())))
-			} else {
-				accepted++
-			}
+			from = lease.StateLeased
+		}
+		if err := s.jobChanged(ctx, c, from, j); err != nil {
+			return nil, err
 		}
 		wj, err := s.grantJob(ctx, j)
 		if err != nil {
@@ -252,12 +244,8 @@ func (s *Server) leaseOnce(ctx context.Context, c *call, lr lease.LeaseRequest, 
 		f := out.Leases[0]
 		out.LeaseID, out.LeaseToken, out.Job, out.ExpiresAt, out.AcceptBy = &f.LeaseID, &f.LeaseToken, &f.Job, &f.ExpiresAt, &f.AcceptBy
 		out.Message = "leased " + jobCount(len(grants))
-		switch {
-		case accept && len(refused) == 0:
+		if lr.Accept {
 			out.Message = "leased and accepted " + jobCount(len(grants))
-		case accept:
-			out.Message += fmt.Sprintf(", accepted %d; not accepted (accept them, or they lapse at accept_by): %s",
-				accepted, strings.Join(refused, "; "))
 		}
 		return out, nil
 	}
@@ -273,28 +261,6 @@ func jobCount(n int) string {
 		return "1 job"
 	}
 	return fmt.Sprintf("%d jobs", n)
-}
-
-// acceptGranted accepts a job the caller was just granted, in the
-// lease's transaction, as accept would: the envelope as it is at accept
-// (snap) must allow the job's type. A type it refuses is not accepted:
-// the job is returned leased, with why, and the grant answers it so (its
-// job.state leased), so the worker learns it as it would from accept,
-// and nothing is lost: the job's lease lapses at accept_by, without
-// using an attempt, as a lease never accepted does. Any other error fails
-// the attempt, and its transaction takes the grants back.
-func (s *Server) acceptGranted(ctx context.Context, c *call, snap *envelope.Snapshot, g lease.Grant) (j *lease.Job, why, err error) {
-	if why := snap.Allow(g.Job.Type); why != nil {
-		return g.Job, why, nil
-	}
-	j, err = s.leases.Accept(ctx, lease.Ref{JobID: g.Job.ID, WorkerID: c.principal.ID, Token: g.Token})
-	if err != nil {
-		return nil, nil, err
-	}
-	if err := s.jobChanged(ctx, c, lease.StateLeased, j); err != nil {
-		return nil, nil, err
-	}
-	return j, nil, nil
 }
 
 // whyNoJob explains an empty lease with lease.Manager.ExplainLease: a

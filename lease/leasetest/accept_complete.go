@@ -2,6 +2,8 @@ package leasetest
 
 import (
 	"encoding/json"
+	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -18,6 +20,8 @@ var acceptCompleteTests = []test{
 	{"CompleteWithReceipt", testCompleteWithReceipt},
 	{"Release", testRelease},
 	{"ClockMovedBack", testClockMovedBack},
+	{"LeaseWithAccept", testLeaseWithAccept},
+	{"LeaseWithAcceptMixed", testLeaseWithAcceptMixed},
 }
 
 func testHappyPath(t *testing.T, f *fixture) {
@@ -185,5 +189,128 @@ func testClockMovedBack(t *testing.T, f *fixture) {
 		}
 		f.same(j)
 		f.clock.Advance(time.Second)
+	}
+}
+
+// Lease with Accept claims straight into running in one write: each job
+// is as Lease then Accept at the same instant would leave it, but for its
+// ids, its token and one revision less; the grant's Leased is the job as
+// the lease alone would have left it.
+func testLeaseWithAccept(t *testing.T, f *fixture) {
+	short := func(nj *lease.NewJob) { nj.Requirements.MaxRuntimeSeconds = 60 } // under the TTL
+	// The reference: Lease then Accept, on a store of its own.
+	ref := f.fresh(t)
+	rw := ref.defaultWorker("studio-gpu")
+	ref.enqueue("status_check")
+	ref.enqueue("lora_train", short)
+	var want []*lease.Job
+	var leased []*lease.Job
+	for _, g := range ref.lease(rw, 2) {
+		leased = append(leased, g.Job)
+		want = append(want, ref.accept(lease.Ref{JobID: g.Job.ID, WorkerID: rw.ID, Token: g.Token}))
+	}
+
+	w := f.defaultWorker("studio-gpu")
+	enq := []*lease.Job{f.enqueue("status_check"), f.enqueue("lora_train", short)}
+	gs, err := f.m.Lease(f.ctx, lease.LeaseRequest{WorkerID: w.ID, MaxJobs: 2, Accept: true})
+	if err != nil || len(gs) != 2 {
+		t.Fatalf("Lease with accept = %d grants, %v; want 2", len(gs), err)
+	}
+	now := f.now()
+	ignore := cmp.Options{
+		cmpopts.IgnoreFields(lease.Job{}, "ID", "Rev"),
+		cmpopts.IgnoreFields(lease.Lease{}, "ID", "JobID", "WorkerID", "TokenHash"),
+		cmpopts.EquateEmpty(),
+	}
+	for i, g := range gs {
+		j := g.Job
+		if j.ID != enq[i].ID || j.State != lease.StateRunning || j.AcceptedAt == nil || !j.AcceptedAt.Equal(now) ||
+			!j.LeasedAt.Equal(now) || j.Rev != enq[i].Rev+1 || j.Lease.JobID != j.ID {
+			t.Fatalf("grant %d: job %+v, want %s running, accepted now, rev %d", i, j, enq[i].ID, enq[i].Rev+1)
+		}
+		if wantExp := now.Add(min(ttl, []time.Duration{maxRuntime, time.Minute}[i])); !j.Lease.ExpiresAt.Equal(wantExp) ||
+			!j.Lease.AcceptBy.Equal(now.Add(acceptTTL)) {
+			t.Errorf("grant %d: lease %+v, want expiry %v, accept_by %v", i, j.Lease, wantExp, now.Add(acceptTTL))
+		}
+		if d := cmp.Diff(want[i], j, ignore); d != "" {
+			t.Errorf("grant %d differs from Lease then Accept (-then +with accept):\n%s", i, d)
+		}
+		if d := cmp.Diff(leased[i], g.Leased, ignore); d != "" || g.Leased.Rev != j.Rev-1 {
+			t.Errorf("grant %d: Leased differs from the lease alone (-lease +Leased, rev %d):\n%s", i, g.Leased.Rev, d)
+		}
+		f.same(j)
+	}
+	// Each lease works as an accepted one: accept again changes nothing,
+	// complete succeeds.
+	for _, g := range gs {
+		j := g.Job
+		r := lease.Ref{JobID: j.ID, WorkerID: w.ID, Token: g.Token}
+		if aj := f.accept(r); aj.Rev != j.Rev || aj.State != lease.StateRunning {
+			t.Errorf("Accept again = %+v, want it unchanged", aj)
+		}
+		f.same(j)
+		f.clock.Advance(time.Second)
+		if cj := f.complete(r, lease.Result{}); cj.State != lease.StateSucceeded || !cj.FinishedAt.Equal(f.now()) {
+			t.Errorf("Complete = %+v", cj)
+		}
+	}
+
+	// Without accept nothing changes: leased, Leased nil.
+	f.enqueue("status_check")
+	g := f.lease(w, 1)
+	if len(g) != 1 || g[0].Job.State != lease.StateLeased || g[0].Job.AcceptedAt != nil || g[0].Leased != nil {
+		t.Fatalf("Lease without accept = %+v", g)
+	}
+
+	// A running job counts against the worker's live leases as an accepted
+	// one does: with 1 live and MaxJobs 4, 3 of 5 queued are claimed.
+	for range 5 {
+		f.enqueue("status_check")
+	}
+	gs, err = f.m.Lease(f.ctx, lease.LeaseRequest{WorkerID: w.ID, MaxJobs: 10, Accept: true})
+	if err != nil || len(gs) != 3 {
+		t.Fatalf("Lease with accept at the limit = %d grants, %v; want 3", len(gs), err)
+	}
+}
+
+// Concurrent Lease calls with and without accept, which a store may
+// claim in one statement, each get what they asked for.
+func testLeaseWithAcceptMixed(t *testing.T, f *fixture) {
+	const workers, each = 8, 3
+	ws := make([]*lease.Worker, workers)
+	for i := range ws {
+		ws[i] = f.worker(fmt.Sprintf("node-%d", i), []lease.GPU{{SKU: "rtx-4090", VRAMMB: 24576}}, []string{"status_check"}, lease.Governor{MaxJobs: each})
+	}
+	for range workers * each {
+		f.enqueue("status_check")
+	}
+	got := make([][]lease.Grant, workers)
+	errs := make([]error, workers)
+	var wg sync.WaitGroup
+	for i, w := range ws {
+		wg.Go(func() {
+			got[i], errs[i] = f.m.Lease(f.ctx, lease.LeaseRequest{WorkerID: w.ID, MaxJobs: each, Accept: i%2 == 0})
+		})
+	}
+	wg.Wait()
+	seen := map[string]bool{}
+	for i, gs := range got {
+		if errs[i] != nil || len(gs) != each {
+			t.Fatalf("worker %d: %d grants, %v; want %d", i, len(gs), errs[i], each)
+		}
+		want := lease.StateLeased
+		if i%2 == 0 {
+			want = lease.StateRunning
+		}
+		for _, g := range gs {
+			if seen[g.Job.ID] {
+				t.Fatalf("job %s granted twice", g.Job.ID)
+			}
+			seen[g.Job.ID] = true
+			if g.Job.State != want || (g.Job.AcceptedAt != nil) != (i%2 == 0) || (g.Leased != nil) != (i%2 == 0) || g.Job.Lease.WorkerID != ws[i].ID {
+				t.Errorf("worker %d: job %s %s, lease %+v; want %s", i, g.Job.ID, g.Job.State, g.Job.Lease, want)
+			}
+			f.same(g.Job)
+		}
 	}
 }

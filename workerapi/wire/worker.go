@@ -215,10 +215,10 @@ type LeaseRequest struct {
 	// Accept, when true, accepts every job granted in the same request,
 	// saving an accept call per job: such a grant's job.state is
 	// JobStateRunning and its expires_at the accepted lease's expiry.
-	// A grant whose type the envelope refuses at accept comes back
-	// leased (job.state JobStateLeased), as without Accept. A server
-	// older than this field ignores it, so a client checks each grant's
-	// job.state and accepts the leased ones. Omitted (false) leases
+	// The lease and the accept are one transition, under one reading of
+	// the envelope. A server older than this field ignores it (and one
+	// of issue 27 could grant a job leased with it), so a client checks
+	// each grant's job.state and accepts the leased ones. Omitted (false) leases
 	// without accepting.
 	Accept bool `json:"accept,omitempty"`
 	// RequestID, when set, makes the lease repeatable: a repeat with the

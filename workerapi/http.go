@@ -282,7 +282,12 @@ func (s *Server) run(ctx context.Context, c *call, rt route) (int, any, error) {
 	if err != nil {
 		return 0, nil, err
 	}
+	done, err := s.turn(ctx)
+	if err != nil {
+		return 0, nil, err
+	}
 	p, cred, err := s.issuer.Verify(ctx, token, rt.scope)
+	done()
 	if err != nil {
 		return 0, nil, err
 	}
@@ -427,6 +432,15 @@ func (s *Server) signed(ctx context.Context, c *call, pub ed25519.PublicKey, rt 
 			return 0, nil, err
 		}
 	}
+	// A stream route's transaction reads the body as it streams: it
+	// would hold its turn for as long as the client takes to send it.
+	done := func() {}
+	if !rt.stream {
+		if done, err = s.turn(ctx); err != nil {
+			return 0, nil, err
+		}
+		defer done()
+	}
 	handle := rt.handle
 	var (
 		code    int
@@ -491,6 +505,7 @@ func (s *Server) signed(ctx context.Context, c *call, pub ed25519.PublicKey, rt 
 		return 0, nil, err
 	}
 	c.committed = true
+	done()
 	if c.then != nil {
 		return c.then(ctx)
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nodelane/nodelane/lease"
@@ -78,6 +79,23 @@ func (s *Server) LongPolls() int { return int(s.parked.Load()) }
 func (s *Server) park() func() {
 	s.parked.Add(1)
 	return func() { s.parked.Add(-1) }
+}
+
+// turn waits, in arrival order, until fewer than Config.MaxActiveRequests
+// requests run their database work, and returns the function that ends
+// this one's turn (once; later calls do nothing). It fails only when ctx
+// ends first.
+func (s *Server) turn(ctx context.Context) (func(), error) {
+	if s.turns == nil {
+		return func() {}, nil
+	}
+	select {
+	case s.turns <- struct{}{}:
+	case <-ctx.Done():
+		return nil, context.Cause(ctx)
+	}
+	var once sync.Once
+	return func() { once.Do(func() { <-s.turns }) }, nil
 }
 
 // events returns the Metrics' EventMetrics, or nil.

@@ -115,6 +115,11 @@ func (s *Server) lease(ctx context.Context, c *call) (int, any, error) {
 			case <-ctx.Done():
 				return 0, nil, context.Cause(ctx)
 			case <-timer.C:
+				done, err := s.turn(ctx)
+				if err != nil {
+					return 0, nil, err
+				}
+				defer done()
 				snap, err := s.gate.Snapshot(ctx)
 				if err != nil {
 					return 0, nil, err
@@ -133,13 +138,18 @@ func (s *Server) lease(ctx context.Context, c *call) (int, any, error) {
 			tick.Reset(every)
 			var next *wire.LeaseResponse
 			queued, noted, granted := len(c.hooks), len(c.notes), len(c.jobIDs)
-			err := s.st.Tx.InTx(ctx, func(ctx context.Context) error {
+			done, err := s.turn(ctx)
+			if err != nil {
+				return 0, nil, err
+			}
+			err = s.st.Tx.InTx(ctx, func(ctx context.Context) error {
 				var err error
 				if next, err = s.leaseOnce(ctx, c, lr, req.Accept, false); err != nil {
 					return err
 				}
 				return s.rememberLease(ctx, c, k, next)
 			})
+			done()
 			if err != nil {
 				// They did not commit.
 				c.hooks, c.notes, c.jobIDs = c.hooks[:queued], c.notes[:noted], c.jobIDs[:granted]

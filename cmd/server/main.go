@@ -86,6 +86,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
 	"github.com/nodelane/nodelane/cmd/internal/controlplane"
 	"github.com/nodelane/nodelane/cmd/internal/tlsserve"
 	"github.com/nodelane/nodelane/console"
@@ -112,6 +114,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var (
 		addr          = fs.String("addr", "127.0.0.1:8080", "listen address")
 		dsn           = fs.String("db", "sqlite:nodelane.db", "database: sqlite:PATH or postgres://...")
+		dbMaxConns    = fs.Int("db-max-conns", 0, "the database connections this server holds at most (0: 20 on PostgreSQL, where the replicas' together must stay under its max_connections; no limit on SQLite); a request waiting for one is served in no particular order, so a pool too small for the load shows as a long tail of latency")
 		leaseTTL      = fs.Duration("lease-ttl", workerapi.DefaultLeaseTTL, "lease lifetime without an extension")
 		acceptTimeout = fs.Duration("accept-timeout", workerapi.DefaultAcceptTimeout, "time a worker has to accept a lease")
 		secretsFile   = fs.String("secrets-file", "nodelane-secrets.json", "pepper and receipt signing key, created 0600 on first start; replicas share it")
@@ -211,7 +214,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	defer artStore.Close()
 
 	cp, err := controlplane.Open(ctx, controlplane.Options{
-		DB: *dsn, SecretsFile: *secretsFile, LeaseTTL: *leaseTTL, AcceptTimeout: *acceptTimeout,
+		DB: *dsn, DBMaxConns: *dbMaxConns, SecretsFile: *secretsFile, LeaseTTL: *leaseTTL, AcceptTimeout: *acceptTimeout,
 		Prices: prices, ApproveNodes: *approveNodes, MaxLeasesPerWorker: *maxLeases,
 		CancelGrace: *cancelGrace, MaxRuntime: *maxRuntime, RetryBase: *retryBase, Retention: *retention,
 		HeartbeatInterval: *hbInterval, OfflineAfter: *offlineAfter,
@@ -262,6 +265,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 
 	// Not a ServeMux: it would redirect paths that are not clean, which
 	// the Handler answers 404 in JSON.
+	met.reg.MustRegister(collectors.NewDBStatsCollector(cp.DB.Bun().DB, "nodelane"))
 	ops, api := opsHandlers(cp.Server, met, log), cp.Server.Handler()
 	ccfg := console.Config{API: cp.Server.OperatorHandler(), VerifierKey: cp.Server.ReceiptVerifierKey()}
 	if *publicURL != "" {

@@ -30,6 +30,10 @@ import (
 type Options struct {
 	// DB is a bunstore DSN: sqlite:PATH or postgres://...
 	DB string
+	// DBMaxConns is bunstore.Config.MaxOpenConns: the connections the
+	// database pool holds at most (0: bunstore's default, 20 on
+	// PostgreSQL and no limit on SQLite; negative: no limit).
+	DBMaxConns int
 	// SecretsFile holds the pepper and the receipt signing key; it is
 	// created 0600 on first use. Replicas share it: the Server refuses to
 	// start on secrets other than the database's (see
@@ -100,7 +104,7 @@ func Open(ctx context.Context, o Options) (*ControlPlane, error) {
 	if err != nil {
 		return nil, err
 	}
-	db, err := bunstore.Open(ctx, o.DB, nil)
+	db, err := bunstore.Open(ctx, o.DB, &bunstore.Config{MaxOpenConns: o.DBMaxConns})
 	if err != nil {
 		return nil, err
 	}

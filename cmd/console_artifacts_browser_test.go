@@ -45,28 +45,9 @@ func browserArtifactJob(t *testing.T, env *apitest.Env, content []byte) (jobID, 
 	}
 	tok := *l.LeaseToken
 	apitest.Post[wire.AcceptResponse](t, n, wire.JobPath(jobID, "accept"), wire.TokenRequest{LeaseToken: tok}, http.StatusOK)
+	stored = n.Upload(t, jobID, tok, "adapter", "adapter.safetensors", content).ArtifactID
 	h := sha256.Sum256(content)
-	sum, size := hex.EncodeToString(h[:]), int64(len(content))
-	up := apitest.Post[wire.UploadResponse](t, n, wire.JobPath(jobID, wire.ActionUploads), wire.UploadRequest{
-		LeaseToken: tok, ArtifactType: "adapter", Name: "adapter.safetensors", SizeBytes: &size, ChecksumSHA256: sum,
-	}, http.StatusCreated)
-	for _, p := range up.Parts {
-		body := content[p.Offset : p.Offset+p.SizeBytes]
-		req, err := http.NewRequest(http.MethodPut, env.URL+p.URL, bytes.NewReader(body))
-		if err != nil {
-			t.Fatal(err)
-		}
-		req.Header.Set("Content-Type", "application/octet-stream")
-		req.Header.Set("Authorization", "Bearer "+n.Token)
-		req.Header.Set(wire.HeaderLeaseToken, tok)
-		n.Sign(t, req, body)
-		if resp, b := n.Raw(t, req); resp.StatusCode != http.StatusOK {
-			t.Fatalf("part %d: %d %s", p.PartNumber, resp.StatusCode, b)
-		}
-	}
-	stored = apitest.Post[wire.ArtifactResponse](t, n, wire.JobPath(jobID, wire.ActionArtifacts), wire.ArtifactRequest{
-		LeaseToken: tok, ArtifactType: "adapter", Name: "adapter.safetensors", UploadID: up.UploadID, ChecksumSHA256: &sum, SizeBytes: &size,
-	}, http.StatusCreated).ArtifactID
+	sum := hex.EncodeToString(h[:])
 	logSize := int64(123_456_789)
 	apitest.Post[wire.ArtifactResponse](t, n, wire.JobPath(jobID, wire.ActionArtifacts), wire.ArtifactRequest{
 		LeaseToken: tok, ArtifactType: "log", Name: "train-" + strings.Repeat("x", 120) + ".log",

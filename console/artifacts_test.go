@@ -48,35 +48,10 @@ func storedFixture(t *testing.T) *fixture {
 // finish. It returns the artifact's id.
 func upload(t *testing.T, n *apitest.Node, id, tok, name string, content []byte) string {
 	t.Helper()
-	sum := sumHex(content)
-	size := int64(len(content))
-	up := apitest.Post[wire.UploadResponse](t, n, wire.JobPath(id, wire.ActionUploads), wire.UploadRequest{
-		LeaseToken: tok, ArtifactType: "adapter", Name: name, SizeBytes: &size, ChecksumSHA256: sum,
-	}, http.StatusCreated)
-	if up.Direct || len(up.Parts) < 2 {
-		t.Fatalf("upload = %+v, want parts to the control plane", up)
+	if len(content) <= workerapi.MinPartSize {
+		t.Fatalf("upload: %d bytes make one part; the tests want several", len(content))
 	}
-	for _, p := range up.Parts {
-		body := content[p.Offset : p.Offset+p.SizeBytes]
-		req, err := http.NewRequest(http.MethodPut, n.Env().URL+p.URL, bytes.NewReader(body))
-		if err != nil {
-			t.Fatal(err)
-		}
-		req.Header.Set("Content-Type", "application/octet-stream")
-		req.Header.Set("Authorization", "Bearer "+n.Token)
-		req.Header.Set(wire.HeaderLeaseToken, tok)
-		n.Sign(t, req, body)
-		if resp, b := n.Raw(t, req); resp.StatusCode != http.StatusOK {
-			t.Fatalf("part %d: %d %s", p.PartNumber, resp.StatusCode, b)
-		}
-	}
-	art := apitest.Post[wire.ArtifactResponse](t, n, wire.JobPath(id, wire.ActionArtifacts), wire.ArtifactRequest{
-		LeaseToken: tok, ArtifactType: "adapter", Name: name, UploadID: up.UploadID, ChecksumSHA256: &sum, SizeBytes: &size,
-	}, http.StatusCreated)
-	if !art.Stored {
-		t.Fatalf("finish = %+v, want stored", art)
-	}
-	return art.ArtifactID
+	return n.Upload(t, id, tok, "adapter", name, content).ArtifactID
 }
 
 func sumHex(b []byte) string {

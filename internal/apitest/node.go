@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"crypto/ed25519"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
 	"net/http"
 	"testing"
@@ -144,4 +146,42 @@ func Post[T any](t testing.TB, n *Node, path string, body any, want int) T {
 		t.Fatalf("%s: %v in %s", path, err, b)
 	}
 	return v
+}
+
+// Upload stores content as an artifact of job jobID, leased with tok,
+// through the control plane as a worker does: the upload, each part as a
+// signed PUT, then the finish. It fails the test unless every step
+// succeeds and the parts went to the control plane, not to a presigned
+// URL, and returns the finish's answer.
+func (n *Node) Upload(t testing.TB, jobID, tok, artifactType, name string, content []byte) wire.ArtifactResponse {
+	t.Helper()
+	h := sha256.Sum256(content)
+	sum, size := hex.EncodeToString(h[:]), int64(len(content))
+	up := Post[wire.UploadResponse](t, n, wire.JobPath(jobID, wire.ActionUploads), wire.UploadRequest{
+		LeaseToken: tok, ArtifactType: artifactType, Name: name, SizeBytes: &size, ChecksumSHA256: sum,
+	}, http.StatusCreated)
+	if up.Direct {
+		t.Fatalf("apitest: upload = %+v, want parts to the control plane", up)
+	}
+	for _, p := range up.Parts {
+		body := content[p.Offset : p.Offset+p.SizeBytes]
+		req, err := http.NewRequest(http.MethodPut, n.env.URL+p.URL, bytes.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Content-Type", "application/octet-stream")
+		req.Header.Set("Authorization", "Bearer "+n.Token)
+		req.Header.Set(wire.HeaderLeaseToken, tok)
+		n.Sign(t, req, body)
+		if resp, b := n.Raw(t, req); resp.StatusCode != http.StatusOK {
+			t.Fatalf("apitest: part %d: %d %s", p.PartNumber, resp.StatusCode, b)
+		}
+	}
+	art := Post[wire.ArtifactResponse](t, n, wire.JobPath(jobID, wire.ActionArtifacts), wire.ArtifactRequest{
+		LeaseToken: tok, ArtifactType: artifactType, Name: name, UploadID: up.UploadID, ChecksumSHA256: &sum, SizeBytes: &size,
+	}, http.StatusCreated)
+	if !art.Stored {
+		t.Fatalf("apitest: finish = %+v, want stored", art)
+	}
+	return art
 }

@@ -1,9 +1,15 @@
-"""Helpers of the tests: a Worker running in a thread, waiting for a condition, unique names."""
+"""Helpers of the tests: a Worker running in a thread, a worker script in a process of its own, waiting
+for a condition, unique names."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import queue
+import signal
+import subprocess
+import sys
 import threading
 import time
 from typing import Any, Callable, Dict, Iterator, List
@@ -70,3 +76,57 @@ def running(worker: nodelane.Worker) -> Iterator[List[nodelane.JobEnd]]:
         assert not t.is_alive(), "the worker did not stop"
     if errors:
         raise errors[0]
+
+
+class ScriptWorker:
+    """python3 SCRIPT SERVER_URL TOKEN_FILE ARGS… in a process of its own (a worker script of this
+    directory that prints one JSON object a line, each with an "event"), those lines in a queue. The
+    provisioning token goes in a 0600 file, never on the command line."""
+
+    def __init__(self, server: Any, tmp_path: Any, script: str, *args: str, expect_timeout: float = 30):
+        tok = tmp_path / "provisioning-token"
+        tok.write_text(server.provisioning_token)
+        tok.chmod(0o600)
+        here = os.path.dirname(os.path.abspath(__file__))
+        self.expect_timeout = expect_timeout
+        self.proc = subprocess.Popen(
+            [sys.executable, os.path.join(here, script), server.url, str(tok)] + list(args),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.events: "queue.Queue[Dict[str, Any]]" = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.events.put(json.loads(line))
+
+    def expect(self, event: str, timeout: float = 0) -> Dict[str, Any]:
+        """The next line whose event is event (earlier ones are dropped), within timeout seconds
+        (expect_timeout when 0)."""
+        timeout = timeout or self.expect_timeout
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                e = self.events.get(timeout=max(0.01, deadline - time.monotonic()))
+            except queue.Empty:
+                raise AssertionError("no %s event within %.0fs; stderr: %s" % (event, timeout, self.stderr()))
+            if e["event"] == event:
+                return e
+
+    def stderr(self) -> str:
+        if self.proc.poll() is None:
+            return "(still running)"
+        return self.proc.stderr.read()
+
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL if it is not gone within 30 s."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()

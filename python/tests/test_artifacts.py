@@ -5,12 +5,7 @@ after its worker was killed (ctx.resume_from)."""
 from __future__ import annotations
 
 import hashlib
-import json
 import os
-import queue
-import signal
-import subprocess
-import sys
 import threading
 import time
 from typing import Any, Dict
@@ -21,9 +16,8 @@ import nodelane
 from nodelane import APIError, ArtifactMismatch, Client, Identity, JobContext, Signer, download_file, upload_file
 
 from faultproxy import FaultProxy
-from helpers import job_state, new_worker, running, unique, wait_for
+from helpers import ScriptWorker, job_state, new_worker, running, unique, wait_for
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 GPUS = {"gpus": [{"sku": "rtx-4090", "vram_mb": 24576}]}
 MiB = 1 << 20
 
@@ -262,48 +256,6 @@ def test_a_drain_or_cancel_cuts_an_upload_in_flight(server, operator, tmp_path, 
         proxy.close()
 
 
-class ArtifactWorker:
-    """python3 artifact_worker.py, its JSON lines in a queue."""
-
-    def __init__(self, server: Any, tmp_path: Any, identity: str, node_id: str, job_type: str, scratch: str):
-        tok = tmp_path / "provisioning-token"
-        tok.write_text(server.provisioning_token)
-        tok.chmod(0o600)
-        self.proc = subprocess.Popen(
-            [sys.executable, os.path.join(HERE, "artifact_worker.py"), server.url, str(tok), identity, node_id,
-             job_type, scratch], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        self.events: "queue.Queue[Dict[str, Any]]" = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        for line in self.proc.stdout:
-            self.events.put(json.loads(line))
-
-    def expect(self, event: str, timeout: float = 60) -> Dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                e = self.events.get(timeout=max(0.01, deadline - time.monotonic()))
-            except queue.Empty:
-                raise AssertionError("no %s event within %.0fs; stderr: %s" % (event, timeout, self.stderr()))
-            if e["event"] == event:
-                return e
-
-    def stderr(self) -> str:
-        if self.proc.poll() is None:
-            return "(still running)"
-        return self.proc.stderr.read()
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-
 def test_the_next_attempt_resumes_from_the_checkpoint_of_a_killed_worker(server, operator, tmp_path):
     """The first attempt stores a checkpoint, then its worker is SIGKILLed; the worker starts again (same
     identity: the job is requeued at once), and the second attempt's ctx.resume_from holds the
@@ -311,7 +263,7 @@ def test_the_next_attempt_resumes_from_the_checkpoint_of_a_killed_worker(server,
     jt = unique("ckpt")
     ident, node = str(tmp_path / "identity.json"), unique("py-ckpt")
     scratch = str(tmp_path / "scratch")
-    first = ArtifactWorker(server, tmp_path, ident, node, jt, scratch)
+    first = ScriptWorker(server, tmp_path, "artifact_worker.py", ident, node, jt, scratch, expect_timeout=60)
     second = None
     try:
         first.expect("started")
@@ -323,7 +275,7 @@ def test_the_next_attempt_resumes_from_the_checkpoint_of_a_killed_worker(server,
         first.proc.kill()  # SIGKILL: mid-job, after the checkpoint was stored
         first.proc.wait(timeout=10)
 
-        second = ArtifactWorker(server, tmp_path, ident, node, jt, scratch)
+        second = ScriptWorker(server, tmp_path, "artifact_worker.py", ident, node, jt, scratch, expect_timeout=60)
         e = second.expect("job")
         assert (e["job"], e["attempt"]) == (jid, 2)
         assert e["resumed"] is not None, "the second attempt got no resume_from"

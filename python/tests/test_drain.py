@@ -2,61 +2,15 @@
 
 from __future__ import annotations
 
-import json
-import os
-import queue
 import signal
-import subprocess
-import sys
-import threading
 import time
-from typing import Any, Dict
 
-from helpers import job_state, unique
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-class WorkerProcess:
-    def __init__(self, server: Any, tmp_path: Any, job_type: str, job_seconds: float, drain_timeout: float):
-        tok = tmp_path / "provisioning-token"
-        tok.write_text(server.provisioning_token)
-        tok.chmod(0o600)
-        self.proc = subprocess.Popen(
-            [sys.executable, os.path.join(HERE, "drain_worker.py"), server.url, str(tok), job_type,
-             str(job_seconds), str(drain_timeout)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        self.events: "queue.Queue[Dict[str, Any]]" = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        for line in self.proc.stdout:
-            self.events.put(json.loads(line))
-
-    def expect(self, event: str, timeout: float = 30) -> Dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                e = self.events.get(timeout=max(0.01, deadline - time.monotonic()))
-            except queue.Empty:
-                raise AssertionError("no %s event; stderr: %s" % (event, self.stderr()))
-            if e["event"] == event:
-                return e
-
-    def stderr(self) -> str:
-        if self.proc.poll() is None:
-            return "(still running)"
-        return self.proc.stderr.read()
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
+from helpers import ScriptWorker, job_state, unique
 
 
 def test_sigterm_lets_the_running_job_finish(server, operator, tmp_path):
     jt = unique("drain")
-    wp = WorkerProcess(server, tmp_path, jt, job_seconds=3, drain_timeout=20)
+    wp = ScriptWorker(server, tmp_path, "drain_worker.py", jt, "3", "20")
     try:
         wp.expect("running")
         jid = operator.dispatch(jt, {})["job"]["id"]
@@ -81,7 +35,7 @@ def test_sigterm_lets_the_running_job_finish(server, operator, tmp_path):
 
 def test_drain_timeout_cancels_and_releases(server, operator, tmp_path):
     jt = unique("drain_timeout")
-    wp = WorkerProcess(server, tmp_path, jt, job_seconds=600, drain_timeout=1)
+    wp = ScriptWorker(server, tmp_path, "drain_worker.py", jt, "600", "1")
     try:
         wp.expect("running")
         jid = operator.dispatch(jt, {})["job"]["id"]

@@ -3,12 +3,6 @@ follow the box, and the control long-poll (cancel, drain, ban within seconds).""
 
 from __future__ import annotations
 
-import json
-import os
-import queue
-import signal
-import subprocess
-import sys
 import threading
 import time
 from typing import Any, Dict, List
@@ -16,52 +10,9 @@ from typing import Any, Dict, List
 import nodelane
 from nodelane import APIError, Client, Identity, Signer
 
-from helpers import job_state, new_worker, running, unique, wait_for
+from helpers import ScriptWorker, job_state, new_worker, running, unique, wait_for
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 GPUS = {"gpus": [{"sku": "rtx-4090", "vram_mb": 24576}]}
-
-
-class WorkerProcess:
-    """python3 restart_worker.py, its JSON lines in a queue."""
-
-    def __init__(self, server: Any, tmp_path: Any, identity: str, node_id: str, *types: str):
-        tok = tmp_path / "provisioning-token"
-        tok.write_text(server.provisioning_token)
-        tok.chmod(0o600)
-        self.proc = subprocess.Popen(
-            [sys.executable, os.path.join(HERE, "restart_worker.py"), server.url, str(tok), identity, node_id]
-            + list(types), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        self.events: "queue.Queue[Dict[str, Any]]" = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        for line in self.proc.stdout:
-            self.events.put(json.loads(line))
-
-    def expect(self, event: str, timeout: float = 30) -> Dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                e = self.events.get(timeout=max(0.01, deadline - time.monotonic()))
-            except queue.Empty:
-                raise AssertionError("no %s event within %.0fs; stderr: %s" % (event, timeout, self.stderr()))
-            if e["event"] == event:
-                return e
-
-    def stderr(self) -> str:
-        if self.proc.poll() is None:
-            return "(still running)"
-        return self.proc.stderr.read()
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
 
 
 def test_sigkill_and_restart_requeues_the_job_at_once(server, operator, tmp_path):
@@ -69,7 +20,7 @@ def test_sigkill_and_restart_requeues_the_job_at_once(server, operator, tmp_path
     (not at its lease's expiry), and completes exactly once."""
     jt = unique("crash")
     ident, node = str(tmp_path / "identity.json"), unique("py-crash")
-    first = WorkerProcess(server, tmp_path, ident, node, jt)
+    first = ScriptWorker(server, tmp_path, "restart_worker.py", ident, node, jt)
     try:
         first.expect("started")
         jid = operator.dispatch(jt, {"block_first": True}, max_attempts=3)["job"]["id"]
@@ -79,7 +30,7 @@ def test_sigkill_and_restart_requeues_the_job_at_once(server, operator, tmp_path
         first.proc.wait(timeout=10)
         assert job_state(operator, jid) == "running"
         t0 = time.monotonic()
-        second = WorkerProcess(server, tmp_path, ident, node, jt)
+        second = ScriptWorker(server, tmp_path, "restart_worker.py", ident, node, jt)
         try:
             started = second.expect("started")["answer"]
             # the start says the process holds nothing: the server ends the dead process's lease

@@ -484,7 +484,8 @@ type CompletionResult struct {
 // CompletedJob is what a batch answers for a job it completed: the
 // fields of CompleteResponse but Job, whose payload a batch would echo
 // once per job. Its receipts and proofs are as in CompleteResponse, every
-// proof of a batch against the one checkpoint, repeated in each result.
+// proof of a batch against the one checkpoint, repeated in each result
+// that has proofs.
 type CompletedJob struct {
 	ReceiptID     string                 `json:"receipt_id"`
 	ActualMS      int64                  `json:"actual_ms"`

@@ -106,7 +106,7 @@ func (n *browserNode) run(t *testing.T, id string) {
 	// The job runs for a while, as a job does: its cost is for a run
 	// time above 0 ms. The sleep is the run, not a wait for something.
 	time.Sleep(5 * time.Millisecond)
-	done, err := n.cl.Complete(ctx, id, wire.CompleteRequest{LeaseToken: tok, Metrics: json.RawMessage(`{"loss":0.12}`)})
+	done, err := n.cl.Complete(ctx, id, wire.CompleteRequest{LeaseToken: tok, Metrics: json.RawMessage(`{"loss":0.12}`), WaitForProofs: true})
 	must("complete", err)
 	if done.Job.State != wire.JobStateSucceeded || done.Checkpoint == "" {
 		t.Fatalf("complete = %+v", done)

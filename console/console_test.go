@@ -324,7 +324,7 @@ func runJob(t *testing.T, n *apitest.Node, id string) ranJob {
 		ChecksumSHA256: &sum, SizeBytes: &size,
 	}, http.StatusCreated)
 	n.Env().Clock.Advance(5 * time.Millisecond) // a run time above 0 ms
-	done := apitest.Post[wire.CompleteResponse](t, n, p+"/complete", wire.CompleteRequest{LeaseToken: tok, Metrics: json.RawMessage(`{"loss":0.12}`)}, http.StatusOK)
+	done := apitest.Post[wire.CompleteResponse](t, n, p+"/complete", wire.CompleteRequest{LeaseToken: tok, Metrics: json.RawMessage(`{"loss":0.12}`), WaitForProofs: true}, http.StatusOK)
 	if done.Job.State != "succeeded" || done.Checkpoint == "" {
 		t.Fatalf("complete = %+v", done)
 	}

@@ -30,6 +30,8 @@ import (
 type batchItem struct {
 	ref lease.Ref
 	res lease.Result
+	// wait is the completion's wait_for_proofs.
+	wait bool
 	// Once completed: out, or err, why it was refused.
 	out *wire.CompleteResponse
 	err error
@@ -69,6 +71,7 @@ func (s *Server) completeBatch(ctx context.Context, c *call) (int, any, error) {
 		if err == nil {
 			items[i].res, err = completeResult(&cp.CompleteRequest)
 		}
+		items[i].wait = cp.WaitForProofs
 		if err != nil {
 			return 0, nil, itemInvalid(i, err)
 		}
@@ -102,13 +105,20 @@ func (s *Server) runBatch(ctx context.Context, c *call, items []batchItem) *wire
 			s.completeAlone(ctx, c, &items[i])
 		}
 	}
-	var outs []*wire.CompleteResponse
-	for i := range items {
-		if items[i].out != nil {
-			outs = append(outs, items[i].out)
+	// The completions that ask for proofs wait for them, and those whose
+	// receipts are sequenced already (repeats) get them too, all against
+	// one checkpoint; the others are answered with their receipts alone.
+	var (
+		outs []*wire.CompleteResponse
+		wait bool
+	)
+	for _, it := range items {
+		if it.out != nil && (it.wait || sequenced(it.out)) {
+			outs = append(outs, it.out)
+			wait = wait || it.wait
 		}
 	}
-	s.proofs(ctx, outs...)
+	s.proofs(ctx, wait, outs...)
 	resp := &wire.CompleteBatchResponse{Results: make([]wire.CompletionResult, len(items))}
 	for i, it := range items {
 		r := &resp.Results[i]

@@ -137,6 +137,55 @@ func wantCompleted(t *testing.T, f *fx, r wire.CompletionResult, id string, ms i
 	}
 }
 
+// wantNoProofs checks an OK result of a completion that did not wait for
+// its proofs: its two receipts, without index, proof or checkpoint.
+func wantNoProofs(t *testing.T, r wire.CompletionResult, id string) {
+	t.Helper()
+	if r.JobID != id || !r.OK || r.Completed == nil {
+		t.Fatalf("result %+v, want job %s completed", r, id)
+	}
+	c := r.Completed
+	if len(c.Receipts) != 2 || c.Receipts[0].ID != c.ReceiptID || c.Receipts[1].ID != c.ReceiptID+".charge" ||
+		c.Proofs == nil || len(c.Proofs) != 0 || c.Checkpoint != "" {
+		t.Fatalf("job %s: completed %+v, want its receipts and no proofs", id, c)
+	}
+	for _, wr := range c.Receipts {
+		if wr.Index != nil {
+			t.Errorf("job %s: receipt %s has index %d before it was sequenced", id, wr.ID, *wr.Index)
+		}
+	}
+}
+
+// waitSequenced waits until the latest signed checkpoint covers the
+// receipts ids: the background sequencer's work, since GetReceipt and
+// LatestCheckpoint sequence nothing.
+func waitSequenced(t *testing.T, env *apitest.Env, ids ...string) {
+	t.Helper()
+	st := env.DB.ReceiptStore()
+	waitfor.Until(t, "the sequencer to sign a checkpoint of the receipts", func() bool {
+		cp, err := st.LatestCheckpoint(context.Background())
+		if err != nil {
+			return false
+		}
+		for _, id := range ids {
+			r, err := st.GetReceipt(context.Background(), id)
+			if err != nil || !r.Sequenced || r.Index >= cp.Size {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// bodies returns the receipts' bodies.
+func bodies(rs []receipts.WireReceipt) [][]byte {
+	var out [][]byte
+	for _, r := range rs {
+		out = append(out, r.Body)
+	}
+	return out
+}
+
 // wantRefused checks a refused result.
 func wantRefused(t *testing.T, r wire.CompletionResult, id string, status int, code string) {
 	t.Helper()
@@ -167,6 +216,7 @@ func TestCompleteBatch(t *testing.T) {
 				for i, g := range gs {
 					cs = append(cs, wire.Completion{JobID: g.id, CompleteRequest: wire.CompleteRequest{
 						LeaseToken: g.token, Metrics: []byte(fmt.Sprintf(`{"i":%d}`, i)), FinalMessage: ptr("done"),
+						WaitForProofs: true,
 					}})
 				}
 				out := f.completeBatch(t, wire.CompleteBatchRequest{Completions: cs})
@@ -219,7 +269,7 @@ func TestCompleteBatch(t *testing.T) {
 				}
 				n := f.env.Receipts(t)
 				c := func(id, tok string) wire.Completion {
-					return wire.Completion{JobID: id, CompleteRequest: wire.CompleteRequest{LeaseToken: tok}}
+					return wire.Completion{JobID: id, CompleteRequest: wire.CompleteRequest{LeaseToken: tok, WaitForProofs: true}}
 				}
 				body := wire.CompleteBatchRequest{Completions: []wire.Completion{
 					c(good1.id, good1.token),
@@ -301,6 +351,43 @@ func TestCompleteBatch(t *testing.T) {
 				})
 			})
 
+			t.Run("without waiting", func(t *testing.T) {
+				gs := f.runningJobs(t, 3)
+				f.env.Clock.Advance(time.Second)
+				body := wire.CompleteBatchRequest{}
+				for i, g := range gs {
+					body.Completions = append(body.Completions, wire.Completion{JobID: g.id,
+						CompleteRequest: wire.CompleteRequest{LeaseToken: g.token, WaitForProofs: i == 1}})
+				}
+				out := f.completeBatch(t, body)
+				// Only the completion that asked waited for its proofs.
+				wantCompleted(t, f, out.Results[1], gs[1].id, 1000)
+				var ids []string
+				for _, i := range []int{0, 2} {
+					wantNoProofs(t, out.Results[i], gs[i].id)
+					for _, r := range out.Results[i].Completed.Receipts {
+						ids = append(ids, r.ID)
+					}
+				}
+				// The background sequencer integrates them all the same;
+				// the batch sent again then answers every proof, against
+				// one checkpoint, without asking to wait.
+				waitSequenced(t, f.env, ids...)
+				for i := range body.Completions {
+					body.Completions[i].WaitForProofs = false
+				}
+				again := f.completeBatch(t, body)
+				for i, g := range gs {
+					wantCompleted(t, f, again.Results[i], g.id, 1000)
+					if !slices.EqualFunc(bodies(out.Results[i].Completed.Receipts), bodies(again.Results[i].Completed.Receipts), bytes.Equal) {
+						t.Errorf("job %s: the receipts answered again differ", g.id)
+					}
+				}
+				if cp := again.Results[0].Completed.Checkpoint; again.Results[1].Completed.Checkpoint != cp || again.Results[2].Completed.Checkpoint != cp {
+					t.Errorf("the results' proofs are not against one checkpoint")
+				}
+			})
+
 			t.Run("refused whole", func(t *testing.T) {
 				g := f.runningJobs(t, 1)[0]
 				good := fmt.Sprintf(`{"job_id":%q,"lease_token":%q}`, g.id, g.token)
@@ -317,6 +404,7 @@ func TestCompleteBatch(t *testing.T) {
 					{"output_uri over its limit", `{"completions":[{"job_id":"` + g.id + `","lease_token":"` + g.token + `","output_uri":"` + strings.Repeat("u", wire.MaxURIBytes+1) + `"}]}`, "completions[0]: output_uri is 2049 bytes"},
 					{"job_id over its limit", `{"completions":[` + good + `,{"job_id":"` + strings.Repeat("j", wire.MaxNameBytes+1) + `","lease_token":"` + g.token + `"}]}`, "completions[1]: job_id is 256 bytes"},
 					{"output_uri a number", `{"completions":[{"job_id":"` + g.id + `","lease_token":"` + g.token + `","output_uri":5}]}`, "output_uri"},
+					{"wait_for_proofs a string", `{"completions":[{"job_id":"` + g.id + `","lease_token":"` + g.token + `","wait_for_proofs":"yes"}]}`, "wait_for_proofs"},
 					{"completions an object", `{"completions":{}}`, "completions"},
 				} {
 					t.Run(tc.name, func(t *testing.T) {

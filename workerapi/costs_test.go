@@ -46,6 +46,11 @@ type charged struct {
 // kind filter, and the job type of each from its job_completed receipt.
 func chargedReceipts(t *testing.T, env *apitest.Env) []charged {
 	t.Helper()
+	// Completions do not wait for their receipts to be sequenced, and
+	// the log lists the sequenced ones: sequence what is pending first.
+	if _, err := env.Server.Sequence(context.Background()); err != nil {
+		t.Fatal(err)
+	}
 	var out []charged
 	after := ""
 	for {

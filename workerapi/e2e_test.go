@@ -1,11 +1,14 @@
 package workerapi_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -147,7 +150,7 @@ func TestSeedStory(t *testing.T) {
 			LeaseToken: tok, ArtifactType: "adapter", Name: "adapter.safetensors", URI: "file:///models/adapter.safetensors",
 			ChecksumSHA256: &sum, SizeBytes: &size, Metadata: json.RawMessage(`{"rank":8}`),
 		}, http.StatusCreated)
-		done := nodeCall[wire.CompleteResponse](t, node, "complete", jobPath+"/complete", wire.CompleteRequest{LeaseToken: tok, Metrics: json.RawMessage(`{"loss":0.12}`)}, http.StatusOK)
+		done := nodeCall[wire.CompleteResponse](t, node, "complete", jobPath+"/complete", wire.CompleteRequest{LeaseToken: tok, Metrics: json.RawMessage(`{"loss":0.12}`), WaitForProofs: true}, http.StatusOK)
 		if done.Job.State != "succeeded" || done.ReceiptID == "" || done.Checkpoint == "" || len(done.Receipts) != 2 || len(done.Proofs) != 2 {
 			t.Fatalf("complete = %+v", done)
 		}
@@ -202,6 +205,48 @@ func TestSeedStory(t *testing.T) {
 	})
 }
 
+// TestCompleteWithoutWaitingE2E checks that completions that do not ask
+// for their proofs are answered at once with their receipts and no
+// proofs, that the background sequencer integrates those receipts all the
+// same, and that each then comes with its proof from GET
+// /operator/receipts/{id}, verified offline against its signed checkpoint.
+func TestCompleteWithoutWaitingE2E(t *testing.T) {
+	t.Parallel()
+	forDialects(t, func(t *testing.T, dialect string) {
+		env := apitest.New(t, dialect, apitest.Started())
+		node := env.NewNode(t, "studio-gpu-1")
+		node.Register(t, studioGPU())
+		poll := wire.LeaseRequest{MaxJobs: 1, Accept: true}
+		answered := map[string][]byte{} // receipt id -> body answered by complete
+		for range 5 {
+			job := env.Enqueue(t, lease.NewJob{Type: "status_check"})
+			l := nodeCall[wire.LeaseResponse](t, node, "lease", "/workers/jobs/lease", poll, http.StatusOK)
+			if l.Job == nil || l.Job.ID != job.ID {
+				t.Fatalf("lease = %+v", l)
+			}
+			done := nodeCall[wire.CompleteResponse](t, node, "complete", "/workers/jobs/"+job.ID+"/complete", wire.CompleteRequest{LeaseToken: *l.LeaseToken}, http.StatusOK)
+			if done.Job.State != wire.JobStateSucceeded || len(done.Receipts) != 2 || done.Proofs == nil || len(done.Proofs) != 0 || done.Checkpoint != "" {
+				t.Fatalf("complete = %+v, want its receipts and no proofs", done)
+			}
+			for _, r := range done.Receipts {
+				answered[r.ID] = r.Body
+			}
+		}
+		waitSequenced(t, env, slices.Collect(maps.Keys(answered))...)
+		key, origin := env.Server.ReceiptVerifierKey(), env.Config.Origin
+		for id, body := range answered {
+			code, b := env.Operator(t, http.MethodGet, "/operator/receipts/"+id, nil)
+			got := decodeAs[wire.ReceiptResponse](t, "receipt "+id, code, http.StatusOK, b)
+			if got.Proof == nil || got.Checkpoint == nil || !bytes.Equal(got.Receipt.Body, body) {
+				t.Fatalf("receipt %s: %s, want the body complete answered with a proof", id, b)
+			}
+			if rc, err := receipts.Verify(key, origin, got.Receipt.Body, *got.Proof, []byte(*got.Checkpoint)); err != nil || rc.ID != id {
+				t.Fatalf("receipt %s does not verify offline: %+v, %v", id, rc, err)
+			}
+		}
+	})
+}
+
 // A worker stalls past its TTL; the job goes to another worker; the first
 // worker's late complete gets 409 lease_lost and no second receipt exists.
 func TestLeaseLossE2E(t *testing.T) {
@@ -236,6 +281,11 @@ func TestLeaseLossE2E(t *testing.T) {
 		wantCode(t, "a's late complete", resp.StatusCode, body, http.StatusConflict, wire.CodeLeaseLost)
 		if after := env.Receipts(t); after != before {
 			t.Fatalf("the late complete minted %d receipts", after-before)
+		}
+		// The log lists sequenced receipts, and completions do not wait
+		// for theirs: sequence what is pending first.
+		if _, err := env.Server.Sequence(context.Background()); err != nil {
+			t.Fatal(err)
 		}
 		code, rb := env.Operator(t, http.MethodGet, "/operator/receipts?limit=1000", nil)
 		list := decodeAs[wire.ReceiptListResponse](t, "receipts", code, http.StatusOK, rb)

@@ -13,12 +13,16 @@ import (
 
 // complete: POST /workers/jobs/{id}/complete. It mints the job_completed
 // receipt and the job_charged receipt (id: the job_completed id and
-// ".charge") with the state change; after the commit it sequences them and
-// answers with their proofs. Completing again with the same lease token
-// mints nothing and rebuilds the same answer from what was stored. A job
-// whose cancel was requested ends canceled instead (completeCanceled).
-// The batch complete (complete_batch.go) completes each of its jobs with
-// the same completeJob.
+// ".charge") with the state change, and answers with them once it
+// commits; the background sequencer integrates them at its next cycle.
+// Only with wait_for_proofs does it wait for that cycle, to answer with
+// their proofs too: the sequencer's durable commit and signature are not
+// in the latency of every completion. Completing again with the same
+// lease token mints nothing and rebuilds the same answer from what was
+// stored, with the proofs if the receipts are sequenced by then (see
+// proofs). A job whose cancel was requested ends canceled instead
+// (completeCanceled). The batch complete (complete_batch.go) completes
+// each of its jobs with the same completeJob.
 func (s *Server) complete(ctx context.Context, c *call) (int, any, error) {
 	var req wire.CompleteRequest
 	ref, err := c.decodeLeased(&req, &req.LeaseToken)
@@ -35,9 +39,11 @@ func (s *Server) complete(ctx context.Context, c *call) (int, any, error) {
 		// the job's end commits.
 		return 0, nil, err
 	}
-	c.then = func(ctx context.Context) (int, any, error) {
-		s.proofs(ctx, out)
-		return http.StatusOK, *out, nil
+	if req.WaitForProofs || sequenced(out) {
+		c.then = func(ctx context.Context) (int, any, error) {
+			s.proofs(ctx, req.WaitForProofs, out)
+			return http.StatusOK, *out, nil
+		}
 	}
 	return http.StatusOK, *out, nil
 }
@@ -59,8 +65,8 @@ func completeResult(req *wire.CompleteRequest) (lease.Result, error) {
 }
 
 // completeJob completes ref's job with res in the transaction of ctx, and
-// returns the answer without its proofs (proofs adds them after the
-// commit). A repeat under the same lease token mints nothing and rebuilds
+// returns the answer with its receipts but without their proofs (proofs
+// adds them after the commit). A repeat under the same lease token mints nothing and rebuilds
 // the first answer. A job whose cancel was requested ends canceled
 // (completeCanceled, which sets c.then to answer the refusal): completeJob
 // then returns that refusal (lease.ErrCanceled), to be committed with the
@@ -83,23 +89,25 @@ func (s *Server) completeJob(ctx context.Context, c *call, ref lease.Ref, res le
 	}
 	var (
 		completedID string
-		charge      *receipts.Receipt
+		// minted are the job_completed and job_charged receipts, as stored.
+		minted []*receipts.Stored
 	)
 	if repeated {
 		if completedID = j.ReceiptID; completedID == "" {
 			return nil, nil, fmt.Errorf("workerapi: completed job %s has no receipt", j.ID)
 		}
-		st, err := s.receipts.Get(ctx, chargeID(completedID))
-		if err != nil {
-			return nil, nil, err
-		}
-		if charge, err = st.Receipt(); err != nil {
-			return nil, nil, err
+		for _, id := range []string{completedID, chargeID(completedID)} {
+			st, err := s.receipts.Get(ctx, id)
+			if err != nil {
+				return nil, nil, err
+			}
+			minted = append(minted, st)
 		}
 	} else {
-		if completedID, charge, err = s.settle(ctx, c, j, res.ReceiptID); err != nil {
+		if minted, err = s.settle(ctx, c, j, res.ReceiptID); err != nil {
 			return nil, nil, err
 		}
+		completedID = minted[0].ID
 		if j.ReceiptID != completedID {
 			// A lease.Store that does not write Result.ReceiptID.
 			if j, err = s.leases.SetReceipt(ctx, j.ID, completedID); err != nil {
@@ -110,29 +118,33 @@ func (s *Server) completeJob(ctx context.Context, c *call, ref lease.Ref, res le
 			return nil, nil, err
 		}
 	}
+	charge, err := minted[1].Receipt()
+	if err != nil {
+		return nil, nil, err
+	}
 	return &wire.CompleteResponse{
 		Job:           wireJob(j),
 		ActualMS:      charge.ActualMS,
 		ActualHours:   receipts.Hours(charge.ActualMS),
 		ActualCostUSD: receipts.FormatMicros(charge.CostMicros),
 		ReceiptID:     completedID,
-		Receipts:      []receipts.WireReceipt{},
+		Receipts:      []receipts.WireReceipt{minted[0].Wire(), minted[1].Wire()},
 		Proofs:        []receipts.Proof{},
 	}, nil, nil
 }
 
-// settle mints the receipts of a completion: job_completed, with id, and
-// job_charged for the time from accept to completion on the job's GPUs
-// (its gpu_count, or 1 for a job with none that ran on a GPU SKU) at the
-// price snapshotted on its lease.
-func (s *Server) settle(ctx context.Context, c *call, j *lease.Job, id string) (string, *receipts.Receipt, error) {
+// settle mints the receipts of a completion, and returns them as stored:
+// job_completed, with id, and job_charged for the time from accept to
+// completion on the job's GPUs (its gpu_count, or 1 for a job with none
+// that ran on a GPU SKU) at the price snapshotted on its lease.
+func (s *Server) settle(ctx context.Context, c *call, j *lease.Job, id string) ([]*receipts.Stored, error) {
 	ch, err := jobCharge(j)
 	if err != nil {
-		return "", nil, err
+		return nil, err
 	}
 	snap, err := s.gate.Snapshot(ctx)
 	if err != nil {
-		return "", nil, err
+		return nil, err
 	}
 	done := receipts.Receipt{
 		ID: id, Kind: receipts.KindJobCompleted,
@@ -144,53 +156,71 @@ func (s *Server) settle(ctx context.Context, c *call, j *lease.Job, id string) (
 		done.OutputURI = r.OutputURI
 		if len(r.Metrics) > 0 {
 			if done.MetricsSHA256, err = payloadHash(r.Metrics); err != nil {
-				return "", nil, err
+				return nil, err
 			}
 		}
 	}
 	cr := ch.Receipt(j.ID, j.Lease.WorkerID, j.Lease.SKU)
 	cr.ID, cr.LeaseID = chargeID(id), j.Lease.ID
-	if _, err := s.mintAllFor(ctx, c, snap, done, cr); err != nil {
-		return "", nil, err
-	}
-	return id, &cr, nil
+	return s.mintAllFor(ctx, c, snap, done, cr)
 }
 
-// proofs waits (awaitProofs: the background sequencer, woken, or this
-// request itself without Start) up to Config.ProofWait for the proofs of
-// the receipts of the completions outs against one signed checkpoint,
-// which it adds to each. If the wait runs out the
-// answers carry the receipts without index, proof or checkpoint: the
-// completions committed, and repeating them returns them.
-func (s *Server) proofs(ctx context.Context, outs ...*wire.CompleteResponse) {
-	if len(outs) == 0 {
-		return
-	}
-	ids := make([]string, 0, 2*len(outs))
+// proofs adds to the answers outs the proofs of their receipts, all
+// against one signed checkpoint, after the completions committed. With
+// wait it waits for them (awaitProofs: the background sequencer, woken,
+// or this request itself without Start) up to Config.ProofWait; if the
+// wait runs out the answers keep their receipts without proofs: the
+// completions committed, and repeating them returns them. Without wait
+// it reads the proofs from the store once, if every receipt of outs is
+// sequenced already (a repeat, see sequenced), and adds nothing if they
+// are not all covered by the latest checkpoint.
+func (s *Server) proofs(ctx context.Context, wait bool, outs ...*wire.CompleteResponse) {
+	var ids []string
 	for _, out := range outs {
-		ids = append(ids, out.ReceiptID, chargeID(out.ReceiptID))
+		for _, r := range out.Receipts {
+			ids = append(ids, r.ID)
+		}
 	}
-	ss, ps, cp, err := s.awaitProofs(ctx, ids)
-	if err == nil {
-		for i, out := range outs {
-			for k := 2 * i; k < 2*i+2; k++ {
-				out.Receipts = append(out.Receipts, ss[k].Wire())
-				out.Proofs = append(out.Proofs, ps[k])
-			}
-			out.Checkpoint = string(cp.Note)
+	if len(ids) == 0 {
+		return
+	}
+	var (
+		ss  []*receipts.Stored
+		ps  []receipts.Proof
+		cp  *receipts.Checkpoint
+		err error
+	)
+	if wait {
+		ss, ps, cp, err = s.awaitProofs(ctx, ids)
+	} else {
+		ss, ps, cp, err = s.receipts.ProveAll(ctx, ids...)
+	}
+	if err != nil {
+		if wait || !errors.Is(err, receipts.ErrNotSequenced) {
+			s.log.Warn("answering a completion without proofs", "receipts", ids, "err", err)
 		}
 		return
 	}
-	s.log.Warn("answering a completion without proofs", "receipts", ids, "err", err)
-	for i, id := range ids {
-		st, err := s.receipts.Get(context.WithoutCancel(ctx), id)
-		if err != nil {
-			s.log.Error("reading a minted receipt", "receipt", id, "err", err)
-			continue
+	k := 0
+	for _, out := range outs {
+		for i := range out.Receipts {
+			out.Receipts[i] = ss[k].Wire()
+			out.Proofs = append(out.Proofs, ps[k])
+			k++
 		}
-		out := outs[i/2]
-		out.Receipts = append(out.Receipts, st.Wire())
+		out.Checkpoint = string(cp.Note)
 	}
+}
+
+// sequenced reports whether every receipt of out has its index: those of
+// a repeated completion, which proofs can prove without waiting.
+func sequenced(out *wire.CompleteResponse) bool {
+	for _, r := range out.Receipts {
+		if r.Index == nil {
+			return false
+		}
+	}
+	return len(out.Receipts) > 0
 }
 
 // failJob: POST /workers/jobs/{id}/fail. No charge: a job_failed receipt

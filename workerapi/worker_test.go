@@ -1015,9 +1015,9 @@ func receiptOf(t *testing.T, env *apitest.Env, id string) *receipts.Receipt {
 	return r
 }
 
-// completeFlow completes a job that ran 1234 ms on one rtx-4090 and
-// checks the answer, its receipts and proofs, and that completing again
-// returns the same JSON.
+// completeFlow completes a job that ran 1234 ms on one rtx-4090, waiting
+// for its proofs, and checks the answer, its receipts and proofs, and that
+// completing again, without asking to wait, returns the same JSON.
 func completeFlow(t *testing.T, f *fx) {
 	t.Helper()
 	f.env.Clock.Set(time.Now().UTC().Truncate(time.Millisecond))
@@ -1028,6 +1028,7 @@ func completeFlow(t *testing.T, f *fx) {
 	path := "/workers/jobs/" + id + "/complete"
 	r := f.node.Request(t, http.MethodPost, path, map[string]any{
 		"lease_token": tok, "output_uri": nil, "metrics": map[string]any{"loss": 0.12}, "final_message": "done",
+		"wait_for_proofs": true,
 	})
 	resp, b := f.env.Raw(t, r)
 	if resp.StatusCode != http.StatusOK {
@@ -1097,6 +1098,81 @@ func completeFlow(t *testing.T, f *fx) {
 	})
 }
 
+// TestCompleteWithoutWaiting checks that a complete that does not ask for
+// its proofs answers at once with its receipts, without index, proof or
+// checkpoint, and sequences nothing; that completing again without asking
+// answers the same until the receipts are sequenced, and then with their
+// proofs; and that a wait_for_proofs that is not a boolean is refused.
+func TestCompleteWithoutWaiting(t *testing.T) {
+	t.Parallel()
+	f := setup(t, "sqlite")
+	ctx := context.Background()
+	id, tok := f.running(t, "status_check")
+	path := "/workers/jobs/" + id + "/complete"
+	f.unchanged(t, id, func() {
+		st, b := post(t, f.node, path, `{"lease_token":"`+tok+`","wait_for_proofs":1}`)
+		wantErr(t, st, b, http.StatusBadRequest, wire.CodeInvalidRequest)
+		if !strings.Contains(string(b), `\"wait_for_proofs\" must be bool`) {
+			t.Errorf("the message does not name wait_for_proofs: %s", b)
+		}
+	})
+	st, first := post(t, f.node, path, map[string]any{"lease_token": tok})
+	if st != http.StatusOK {
+		t.Fatalf("complete: %d %s", st, first)
+	}
+	m := asMap(t, first)
+	wantKeys(t, "complete", m, "job", "actual_ms", "actual_hours", "actual_cost_usd", "receipt_id", "receipts", "proofs", "checkpoint")
+	if ps, ok := m["proofs"].([]any); !ok || len(ps) != 0 || m["checkpoint"] != "" {
+		t.Fatalf("proofs %v, checkpoint %v: want [] and \"\"", m["proofs"], m["checkpoint"])
+	}
+	out := decode[wire.CompleteResponse](t, first)
+	if out.Job.State != wire.JobStateSucceeded || len(out.Receipts) != 2 || out.Receipts[0].ID != out.ReceiptID || out.Receipts[1].ID != out.ReceiptID+".charge" {
+		t.Fatalf("complete = %+v", out)
+	}
+	for _, r := range out.Receipts {
+		if r.Index != nil {
+			t.Errorf("receipt %s answered with index %d", r.ID, *r.Index)
+		}
+		// The request sequenced nothing: no Start, and it did not wait.
+		if got, err := f.env.DB.ReceiptStore().GetReceipt(ctx, r.ID); err != nil || got.Sequenced || !bytes.Equal(got.Body, r.Body) {
+			t.Fatalf("receipt %s as stored: %+v, %v", r.ID, got, err)
+		}
+	}
+	// Completing again before they are sequenced: the same answer.
+	f.unchanged(t, id, func() {
+		if st, again := post(t, f.node, path, map[string]any{"lease_token": tok}); st != http.StatusOK || !bytes.Equal(again, first) {
+			t.Errorf("complete again: %d\n%s\nwant\n%s", st, again, first)
+		}
+	})
+	if _, err := f.env.Server.Sequence(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Once they are: the proofs, without asking to wait, and the same
+	// again when asking.
+	var withProofs []byte
+	f.unchanged(t, id, func() {
+		st, withProofs = post(t, f.node, path, map[string]any{"lease_token": tok})
+	})
+	again := decode[wire.CompleteResponse](t, withProofs)
+	if st != http.StatusOK || len(again.Proofs) != 2 || again.Checkpoint == "" {
+		t.Fatalf("complete after sequencing: %d %s", st, withProofs)
+	}
+	for i, r := range again.Receipts {
+		if !bytes.Equal(r.Body, out.Receipts[i].Body) || r.ID != out.Receipts[i].ID {
+			t.Errorf("receipt %d: %s, first %s", i, r.ID, out.Receipts[i].ID)
+		}
+		if _, err := receipts.Verify(f.env.Server.ReceiptVerifierKey(), f.env.Config.Origin, r.Body, again.Proofs[i], []byte(again.Checkpoint)); err != nil {
+			t.Errorf("receipt %s: %v", r.ID, err)
+		}
+	}
+	f.unchanged(t, id, func() {
+		st, b := post(t, f.node, path, map[string]any{"lease_token": tok, "wait_for_proofs": true})
+		if st != http.StatusOK || !bytes.Equal(b, withProofs) {
+			t.Errorf("complete again, waiting: %d\n%s\nwant\n%s", st, b, withProofs)
+		}
+	})
+}
+
 func TestComplete(t *testing.T) {
 	t.Parallel()
 	f := setup(t, "sqlite")
@@ -1133,9 +1209,10 @@ func TestComplete(t *testing.T) {
 	t.Run("invalid", func(t *testing.T) {
 		id, tok := f.running(t, "status_check")
 		for name, body := range map[string]string{
-			"no token":          `{}`,
-			"metrics an array":  `{"lease_token":"` + tok + `","metrics":[1]}`,
-			"output_uri number": `{"lease_token":"` + tok + `","output_uri":5}`,
+			"no token":                 `{}`,
+			"metrics an array":         `{"lease_token":"` + tok + `","metrics":[1]}`,
+			"output_uri number":        `{"lease_token":"` + tok + `","output_uri":5}`,
+			"wait_for_proofs a string": `{"lease_token":"` + tok + `","wait_for_proofs":"yes"}`,
 		} {
 			t.Run(name, func(t *testing.T) {
 				f.unchanged(t, id, func() {

@@ -1,8 +1,12 @@
 import re,glob,statistics as st,sys
+# table.py [DIR]: the table of one.sh's outputs DIR/[VARIANT-]DB-FLOW-N.txt (default /tmp/lgb/out),
+# by [variant,] database and flow, with medians.
+out=sys.argv[1] if len(sys.argv)>1 else '/tmp/lgb/out'
 rows={}
-for f in sorted(glob.glob('/tmp/lgb/out/*-[1-9].txt')):
+for f in sorted(glob.glob(out+'/*-*[0-9].txt')):
     s=open(f).read()
-    db,flow,n=f.split('/')[-1][:-4].split('-')
+    *v,db,flow,n=f.split('/')[-1][:-4].split('-')
+    db=' '.join(v+[db])
     g=lambda p: (lambda m: m.group(1) if m else None)(re.search(p,s))
     comp='complete \\(batch\\)' if flow=='batched' else 'complete'
     m=re.search(r'\n\s*'+comp+r'\s+\d+\s+\d+\s+([0-9.]+)ms\s+([0-9.]+)ms',s)

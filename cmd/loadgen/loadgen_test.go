@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -125,7 +126,9 @@ func TestRunTLS(t *testing.T) {
 
 // TestRun runs a small load of each flow on each database and checks its
 // counts and checks; then it breaks a record of the run and sees each
-// check fail.
+// check fail. The v02 flow's completions wait for their proofs
+// (-wait-for-proofs), the batched flow's do not: its receipt check reads
+// every proof from GET /operator/receipts/{id}.
 func TestRun(t *testing.T) {
 	t.Parallel()
 	for _, d := range testdb.Dialects() {
@@ -145,6 +148,10 @@ func testRun(t *testing.T, db testdb.DB, flow string) {
 		"-wait-seconds", "2", "-timeout", "2m", "-server-pid", strconv.Itoa(os.Getpid()), "-flow", flow}
 	if db.Dialect == "postgres" {
 		args = append(args, "-pg", db.DSN, "-pg-settle", "0")
+	}
+	wait := flow == flowV02
+	if wait {
+		args = append(args, "-wait-for-proofs")
 	}
 	cfg, err := parseFlags(args, io.Discard)
 	if err != nil {
@@ -169,6 +176,14 @@ func testRun(t *testing.T, db testdb.DB, flow string) {
 	}
 	if n := intAfter(t, got, `check receipts: ok: (\d+) receipts of 60 completions verified`); n != 120 {
 		t.Errorf("%d receipts verified, want 120", n)
+	}
+	// The proofs came with the answers only when they waited for them.
+	fetched := 120
+	if wait {
+		fetched = 0
+	}
+	if n := intAfter(t, got, `\((\d+) proofs read from GET /operator/receipts/\{id\}\)`); n != fetched {
+		t.Errorf("%d proofs read from GET /operator/receipts/{id}, want %d", n, fetched)
 	}
 	for _, want := range []string{
 		"registered 4 nodes",
@@ -242,7 +257,10 @@ func testRun(t *testing.T, db testdb.DB, flow string) {
 	l.jobs[tampered].answer.Receipts[1].Body[len(body)-2] ^= 1
 	l.jobs[tampered].answer.Proofs = nil // read the proofs from GET /operator/receipts/{id}
 	l.mu.Unlock()
-	if res := l.verifyReceipts(ctx); len(res.problems) != 0 || !strings.Contains(res.summary, "(2 proofs read from GET") {
+	if wait {
+		fetched = 2
+	}
+	if res := l.verifyReceipts(ctx); len(res.problems) != 0 || !strings.Contains(res.summary, fmt.Sprintf("(%d proofs read from GET", fetched)) {
 		t.Errorf("receipts after the fix: %q, %s", res.problems, res.summary)
 	}
 	// A job the server does not know, as if its dispatch had been lost.

@@ -157,6 +157,8 @@ type config struct {
 	pgSettle   time.Duration
 	serverPIDs []int
 	checkRcpts bool
+	// waitProofs is each completion's wait_for_proofs.
+	waitProofs bool
 	origin     string
 	verbose    bool
 	cpuProfile string
@@ -202,6 +204,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 		cfg.serverPIDs = pids
 		return err
 	})
+	fs.BoolVar(&cfg.waitProofs, "wait-for-proofs", false, "run: completions ask to wait for their receipts' proofs (wait_for_proofs); without it they are answered at once and -check-receipts reads the proofs from GET /operator/receipts/{id}")
 	fs.BoolVar(&cfg.checkRcpts, "check-receipts", true, "run: verify every completion's receipts (needs the receipt verifier key)")
 	fs.StringVar(&cfg.origin, "origin", receipts.DefaultOrigin, "the receipt log's checkpoint origin")
 	fs.BoolVar(&cfg.verbose, "v", false, "log the clients' retries to standard error")

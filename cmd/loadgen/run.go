@@ -473,7 +473,7 @@ func (l *load) finish(ctx context.Context, n *node, g wire.Grant) {
 		return
 	}
 	start = time.Now()
-	resp, err := n.c.Complete(ctx, id, wire.CompleteRequest{LeaseToken: g.LeaseToken, Metrics: json.RawMessage(`{"loadgen":1}`)})
+	resp, err := n.c.Complete(ctx, id, wire.CompleteRequest{LeaseToken: g.LeaseToken, Metrics: json.RawMessage(`{"loadgen":1}`), WaitForProofs: l.cfg.waitProofs})
 	at := time.Now()
 	l.stats.add(rowComplete, at.Sub(start), err)
 	if err != nil {
@@ -524,7 +524,7 @@ func (l *load) finishBatch(ctx context.Context, n *node, grants []wire.Grant) {
 		req := wire.CompleteBatchRequest{Completions: make([]wire.Completion, len(chunk))}
 		for i, g := range chunk {
 			req.Completions[i] = wire.Completion{JobID: g.Job.ID,
-				CompleteRequest: wire.CompleteRequest{LeaseToken: g.LeaseToken, Metrics: json.RawMessage(`{"loadgen":1}`)}}
+				CompleteRequest: wire.CompleteRequest{LeaseToken: g.LeaseToken, Metrics: json.RawMessage(`{"loadgen":1}`), WaitForProofs: l.cfg.waitProofs}}
 		}
 		start := time.Now()
 		resp, err := n.c.CompleteBatch(ctx, req)

@@ -150,6 +150,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		insecureHTTP = fs.Bool("insecure-http", false, "allow an http:// -server that is not this machine (its tokens cross the network in clear)")
 		caFile       = fs.String("ca-file", "", "PEM file of the certificate authorities to trust for an https -server, instead of the system's (a private PKI)")
 		simulateGPU  = fs.Bool("simulate-gpu", false, "register one simulated rtx-4090:24576 instead of real GPUs (tests and demos; exclusive with -gpu)")
+		waitProofs   = fs.Bool("wait-for-proofs", false, "completions wait for their receipts' proofs and checkpoint (wait_for_proofs); by default they are answered at once with the receipts alone")
 		connect      = fs.String("connect", "", "HOST:PORT to connect to instead of the -server URL's host; TLS and signatures still use the URL's host (as curl --connect-to)")
 		gpus         gpuFlags
 		tags         tagFlags
@@ -291,6 +292,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		WaitSeconds:       *waitSeconds,
 		HeartbeatInterval: *hbInterval,
 		DrainTimeout:      *drainTimeout,
+		WaitForProofs:     *waitProofs,
 		Metrics:           metrics,
 		Logger:            log,
 	})

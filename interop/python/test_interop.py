@@ -264,7 +264,8 @@ def test_full_flow(server):
 
     # 6. complete (§5.8) and verify offline (§11) with only receipt_public_key
     metrics = {"loss": 0.12, "acc": 1}
-    ans = w.complete(jid, tok, output_uri="file:///tmp/out", metrics=metrics, final_message="done")
+    ans = w.complete(jid, tok, output_uri="file:///tmp/out", metrics=metrics, final_message="done",
+                     wait_for_proofs=True)
     assert ans["job"]["state"] == "succeeded" and ans["job"]["receipt_id"] == ans["receipt_id"]
     assert ans["proofs"] and ans["checkpoint"], "no proofs after retries"
     v = vf.verify_completion(json.loads(json.dumps(ans)), vkey_s, ORIGIN, job_id=jid, worker_id=w.worker_id,
@@ -279,6 +280,7 @@ def test_full_flow(server):
     again = w.complete(jid, tok)  # same token: same answer, nothing minted
     assert again["receipt_id"] == ans["receipt_id"]
     assert [x["body"] for x in again["receipts"]] == [x["body"] for x in ans["receipts"]]
+    assert again["proofs"] and again["checkpoint"]  # sequenced by now: the repeat answers them without waiting
 
     # 7. tampering is refused
     for i in (0, 1):

@@ -35,7 +35,8 @@ def run_once(url: str, provisioning_token: str, receipt_public_key: str, origin:
     c.status(job["id"], tok, "progress", "started", {"step": 1})
     c.log(job["id"], tok, 1, "hello from python")
     metrics = {"ok": 1}
-    ans = c.complete(job["id"], tok, output_uri="file:///dev/null", metrics=metrics, final_message="done")
+    ans = c.complete(job["id"], tok, output_uri="file:///dev/null", metrics=metrics, final_message="done",
+                     wait_for_proofs=True)
     v = verify_completion(ans, receipt_public_key, origin, job_id=job["id"], worker_id=c.worker_id,
                           lease_id=lease["lease_id"], metrics=metrics)
     log("completed %s; receipts verified against checkpoint size %d" % (job["id"], v.checkpoint.size))

@@ -773,18 +773,21 @@ class Client:
 
     def complete(self, job_id: str, lease_token: str, output_uri: Optional[str] = None,
                  metrics: Optional[Dict[str, Any]] = None, final_message: Optional[str] = None,
-                 proof_retries: int = 5) -> Dict[str, Any]:
-        """Complete a running job (§5.8); the answer carries its receipts, proofs and checkpoint.
+                 wait_for_proofs: bool = False, proof_retries: int = 5) -> Dict[str, Any]:
+        """Complete a running job (§5.8); the answer carries its receipts.
 
-        If the answer has no proofs yet, complete is sent again (it mints
-        nothing) up to proof_retries times, half a second apart.
+        By default it comes at once, without proofs ("proofs" [], "checkpoint"
+        ""): complete again with the same token later, or read
+        GET /operator/receipts/{id}, for them. With wait_for_proofs the server
+        waits for them, and if the answer still has none, complete is sent
+        again (it mints nothing) up to proof_retries times, half a second apart.
         """
         body = {"lease_token": lease_token, "output_uri": output_uri, "metrics": metrics,
-                "final_message": final_message}
+                "final_message": final_message, "wait_for_proofs": wait_for_proofs}
         route = _job(job_id, "complete")
         ans = self.call(route, body, wait=15)[1]
         tries = 0
-        while (not ans.get("proofs") or not ans.get("checkpoint")) and tries < proof_retries:
+        while wait_for_proofs and (not ans.get("proofs") or not ans.get("checkpoint")) and tries < proof_retries:
             tries += 1
             time.sleep(0.5)
             ans = self.call(route, body, wait=15)[1]

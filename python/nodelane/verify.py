@@ -497,7 +497,15 @@ def verify_completion(answer: Dict[str, Any], receipt_public_key: str, origin: O
                       job_id: Optional[str] = None, worker_id: Optional[str] = None,
                       lease_id: Optional[str] = None,
                       metrics: Any = None) -> VerifiedCompletion:
-    """Verify a complete answer offline, with only the verifier key (and what we sent)."""
+    """Verify a complete answer offline, with only the verifier key (and what we sent).
+
+    The answer must carry its proofs: a completion answered at once has none
+    (§5.8), and VerificationError says so; complete with wait_for_proofs, or
+    verify each receipt from GET /operator/receipts/{id}
+    (verify_receipt_response)."""
+    if not answer.get("proofs") and not answer.get("checkpoint"):
+        raise VerificationError("the answer carries no proofs yet: complete with wait_for_proofs, or read "
+                                "each receipt from GET /operator/receipts/{id}")
     vkey = parse_verifier_key(receipt_public_key, origin)
     cp = verify_checkpoint(answer.get("checkpoint", ""), vkey, origin)
     receipts, proofs = answer.get("receipts"), answer.get("proofs")

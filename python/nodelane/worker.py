@@ -596,7 +596,10 @@ class Worker:
     heartbeats only). scratch_dir is where each job's JobContext.scratch_dir
     is made (a checkpoint it resumes from is downloaded there; the system's
     temporary directory by default); upload_part_attempts bounds the tries of
-    one part of an upload (JobContext.upload). Times are seconds.
+    one part of an upload (JobContext.upload). wait_for_proofs makes each
+    completion wait for its receipts' proofs, so that JobEnd.answer carries
+    them; by default it is answered at once without them (§5.8). Times are
+    seconds.
     """
 
     def __init__(self, url: str, identity: "Identity | str | None" = None, *,
@@ -612,6 +615,7 @@ class Worker:
                  supported_gpu_skus: Optional[List[str]] = None,
                  scratch_dir: Optional[str] = None,
                  upload_part_attempts: int = artifacts.DEFAULT_PART_ATTEMPTS,
+                 wait_for_proofs: bool = False,
                  metrics: Optional[Callable[[], Dict[str, Any]]] = None,
                  on_job_end: Optional[Callable[[JobEnd], None]] = None,
                  client: Optional[Client] = None, logger: Optional[logging.Logger] = None,
@@ -658,6 +662,7 @@ class Worker:
         self.supported_gpu_skus = supported_gpu_skus
         self.scratch_dir = scratch_dir
         self.upload_part_attempts = upload_part_attempts
+        self.wait_for_proofs = wait_for_proofs
         self.metrics = metrics
         self.on_job_end = on_job_end
         self.log = logger or _log
@@ -1474,7 +1479,7 @@ class Worker:
             try:
                 end.answer = self._persist(ctx, "complete", False, lambda: self.client.complete(
                     ctx.job_id, ctx.lease_token, output_uri=out.output_uri, metrics=object_payload(out.metrics),
-                    final_message=out.final_message))
+                    final_message=out.final_message, wait_for_proofs=self.wait_for_proofs))
                 end.outcome = "succeeded"
             except NodelaneError as e:
                 end.error = e

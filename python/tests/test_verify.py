@@ -27,7 +27,7 @@ def finished(server):
     """A job run to completion by a Worker, with an artifact: the complete answer and its receipt ids."""
     op = nodelane.Operator(server.url, server.operator_token)
     jt = unique("verify")
-    w = new_worker(server)
+    w = new_worker(server, wait_for_proofs=True)
     art = {}
 
     @w.job(jt)
@@ -61,6 +61,27 @@ def test_receipts_fetched_and_verified_offline(server, finished):
     first = w.update(ans["checkpoint"], op.consistency)
     latest = w.update(op.checkpoint(), op.consistency)
     assert latest.size >= first.size
+
+
+def test_completion_without_waiting_verified_from_the_receipt_route(server):
+    """By default a completion is answered at once, without proofs; its receipts verify from GET /operator/receipts/{id}."""
+    vkey = server.receipt_public_key
+    op = nodelane.Operator(server.url, server.operator_token)
+    jt = unique("nowait")
+    w = new_worker(server)
+    w.job(jt)(lambda ctx: {"loss": 0.5})
+    with running(w) as ends:
+        op.dispatch(jt, {})
+        wait_for(lambda: ends, 30, "the job to end")
+    ans = ends[0].answer
+    assert ends[0].outcome == "succeeded"
+    assert len(ans["receipts"]) == 2 and ans["proofs"] == [] and ans["checkpoint"] == ""
+    with pytest.raises(VerificationError, match="no proofs yet"):
+        nodelane.verify_completion(ans, vkey, DEFAULT_ORIGIN)
+    for i, rid in enumerate((ans["receipt_id"], ans["receipt_id"] + ".charge")):
+        rc = op.receipt(rid)
+        assert rc["receipt"]["body"] == ans["receipts"][i]["body"]
+        assert verify_receipt_response(rc, vkey, DEFAULT_ORIGIN)["id"] == rid
 
 
 def test_tampering_is_rejected(server, finished):

@@ -16,7 +16,8 @@ from helpers import job_state, new_worker, running, unique, wait_for
 
 def test_job_runs_end_to_end(server, operator, tmp_path):
     jt = unique("lora_train")
-    w = new_worker(server, identity=str(tmp_path / "node" / "identity.json"))
+    # it verifies the completion from its answer: the answer waits for the proofs
+    w = new_worker(server, identity=str(tmp_path / "node" / "identity.json"), wait_for_proofs=True)
     seen = {}
     art = tmp_path / "adapter.bin"
     art.write_bytes(b"weights" * 1000)

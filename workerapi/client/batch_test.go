@@ -18,6 +18,7 @@ import (
 	"github.com/nodelane/nodelane/internal/apitest"
 	"github.com/nodelane/nodelane/internal/waitfor"
 	"github.com/nodelane/nodelane/lease"
+	"github.com/nodelane/nodelane/receipts"
 	"github.com/nodelane/nodelane/replay"
 	"github.com/nodelane/nodelane/workerapi/client"
 	"github.com/nodelane/nodelane/workerapi/wire"
@@ -143,22 +144,33 @@ func wantSucceeded(t *testing.T, cw *clWorker, env *apitest.Env, jobs []*lease.J
 	}
 }
 
-func TestClientRunnerLeasesAcceptingAndBatchesCompletes(t *testing.T) {
-	t.Parallel()
-	const n = 8
+// runTogether starts a Runner of node that runs n status_check jobs at
+// once, each ending when all have started, with mod applied to its
+// config, enqueues n jobs and waits for them to succeed.
+func runTogether(t *testing.T, node string, n int, mod func(*client.RunnerConfig)) (*clProxy, *clWorker, []*lease.Job) {
+	t.Helper()
 	p := newClProxy(t)
 	b := newClBarrier(n)
-	cw := startClWorker(t, p, "node-runner-batch", func(c *client.RunnerConfig) {
+	cw := startClWorker(t, p, node, func(c *client.RunnerConfig) {
 		c.MaxConcurrent = n
 		c.Registration.GovernorLimits.MaxJobs = n
-		// Wide, so that the jobs that end together surely share a batch.
-		c.CompleteWindow = 200 * time.Millisecond
+		mod(c)
 	}, map[string]client.HandlerFunc{"status_check": b.handler})
 	var jobs []*lease.Job
 	for range n {
 		jobs = append(jobs, p.env.Enqueue(t, lease.NewJob{Type: "status_check"}))
 	}
 	wantSucceeded(t, cw, p.env, jobs)
+	return p, cw, jobs
+}
+
+func TestClientRunnerLeasesAcceptingAndBatchesCompletes(t *testing.T) {
+	t.Parallel()
+	const n = 8
+	p, cw, jobs := runTogether(t, "node-runner-batch", n, func(c *client.RunnerConfig) {
+		// Wide, so that the jobs that end together surely share a batch.
+		c.CompleteWindow = 200 * time.Millisecond
+	})
 	if got := p.requests("/accept"); len(got) != 0 {
 		t.Errorf("the Runner accepted %d jobs that the lease accepted", len(got))
 	}
@@ -175,6 +187,32 @@ func TestClientRunnerLeasesAcceptingAndBatchesCompletes(t *testing.T) {
 	}
 	if batches == 0 || batches+singles >= n {
 		t.Errorf("%d jobs completed in %d batch and %d single requests: not batched", n, batches, singles)
+	}
+	// By default a completion does not wait for its proofs.
+	for _, j := range jobs {
+		if c := cw.end(t, j.ID).Complete; len(c.Receipts) != 2 || len(c.Proofs) != 0 || c.Checkpoint != "" {
+			t.Errorf("job %s: %d receipts, %d proofs, checkpoint %q: want its receipts and no proofs", j.ID, len(c.Receipts), len(c.Proofs), c.Checkpoint)
+		}
+	}
+}
+
+// TestClientRunnerWaitsForProofs checks that RunnerConfig.WaitForProofs
+// makes every completion, alone or in a batch, come with the proofs of
+// its receipts, which verify offline.
+func TestClientRunnerWaitsForProofs(t *testing.T) {
+	t.Parallel()
+	p, cw, jobs := runTogether(t, "node-runner-proofs", 4, func(c *client.RunnerConfig) { c.WaitForProofs = true })
+	key, origin := p.env.Server.ReceiptVerifierKey(), p.env.Config.Origin
+	for _, j := range jobs {
+		c := cw.end(t, j.ID).Complete
+		if len(c.Receipts) != 2 || len(c.Proofs) != 2 || c.Checkpoint == "" {
+			t.Fatalf("job %s: %d receipts, %d proofs, checkpoint %q: want proofs", j.ID, len(c.Receipts), len(c.Proofs), c.Checkpoint)
+		}
+		for i, r := range c.Receipts {
+			if rc, err := receipts.Verify(key, origin, r.Body, c.Proofs[i], []byte(c.Checkpoint)); err != nil || rc.JobID != j.ID {
+				t.Errorf("job %s: receipt %s: %+v, %v", j.ID, r.ID, rc, err)
+			}
+		}
 	}
 }
 

@@ -203,6 +203,12 @@ type RunnerConfig struct {
 	// batches; a server without the batch route gets each completion
 	// alone. Defaults to DefaultCompleteWindow.
 	CompleteWindow time.Duration
+	// WaitForProofs makes each completion ask the server to wait for its
+	// receipts' proofs (wait_for_proofs), so that JobEnd.Complete carries
+	// them and their checkpoint. By default a completion is answered at
+	// once, with its receipts but no proofs (PROTOCOL.md §5.8), and the
+	// job's slot is free sooner.
+	WaitForProofs bool
 	// ReportPatience bounds how long a job's result (complete, fail) is
 	// retried while the server is out of reach; the lease's expiry bounds it
 	// too. Defaults to DefaultReportPatience.

@@ -284,12 +284,14 @@ func (t *task) run(h HandlerFunc) {
 	switch {
 	case herr == nil:
 		var out *wire.CompleteResponse
+		req := t.rep.completeRequest()
+		req.WaitForProofs = w.cfg.WaitForProofs
 		err := t.persist("complete", false, func(ctx context.Context) error {
 			var err error
 			if w.completes != nil {
-				out, err = w.completes.complete(ctx, t.id, t.rep.completeRequest())
+				out, err = w.completes.complete(ctx, t.id, req)
 			} else {
-				out, err = w.c.Complete(ctx, t.id, t.rep.completeRequest())
+				out, err = w.c.Complete(ctx, t.id, req)
 			}
 			return err
 		})

@@ -421,10 +421,18 @@ type CompleteRequest struct {
 	OutputURI    *string         `json:"output_uri"`
 	Metrics      json.RawMessage `json:"metrics"`
 	FinalMessage *string         `json:"final_message"`
+	// WaitForProofs asks the control plane to wait (a bounded time) for
+	// the receipts to be sequenced, and to answer with their proofs and
+	// checkpoint. Without it the answer comes at once, with the receipts
+	// but no proofs (Proofs empty, Checkpoint ""), unless they were
+	// sequenced already (a repeat); repeat the completion, or read GET
+	// /operator/receipts/{id}, for them later (PROTOCOL.md §5.8).
+	WaitForProofs bool `json:"wait_for_proofs,omitempty"`
 }
 
 // CompleteResponse answers a completion; repeating the completion with
-// the same lease token returns the same answer.
+// the same lease token returns the same job, amounts and receipts, with
+// the proofs once they exist.
 type CompleteResponse struct {
 	Job           Job                    `json:"job"`
 	ActualMS      int64                  `json:"actual_ms"`
@@ -476,7 +484,8 @@ type CompletionResult struct {
 // CompletedJob is what a batch answers for a job it completed: the
 // fields of CompleteResponse but Job, whose payload a batch would echo
 // once per job. Its receipts and proofs are as in CompleteResponse, every
-// proof of a batch against the one checkpoint, repeated in each result.
+// proof of a batch against the one checkpoint, repeated in each result
+// that has proofs.
 type CompletedJob struct {
 	ReceiptID     string                 `json:"receipt_id"`
 	ActualMS      int64                  `json:"actual_ms"`

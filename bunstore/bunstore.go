@@ -127,6 +127,8 @@ type DB struct {
 	// claims gathers, on PostgreSQL, the claims that run outside a
 	// transaction (see claim.go).
 	claims *batcher[claimCall, claimResult]
+	// shared gathers the transactions of InSharedTx (group.go).
+	shared *batcher[sharedCall, error]
 	// observer, set by tests, sees every statement run past bun.
 	observer func(ctx context.Context, query string)
 	// cache keeps credentials, principals and the envelope state
@@ -160,6 +162,7 @@ func newDB(b *bun.DB, name dialect.Name, cfg Config, owned bool) *DB {
 		return db.guardedTx(ctx, func(ctx context.Context, tx bun.IDB) ([]*lease.Job, error) { return db.completeRunning(ctx, tx, ws) })
 	})
 	db.claims = newBatcher(maxClaimBatch, parallel, gatherWait, db.claimTx)
+	db.shared = newBatcher(maxShared, parallel, gatherWait, db.runShared)
 	return db
 }
 

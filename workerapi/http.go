@@ -448,7 +448,11 @@ func (s *Server) signed(ctx context.Context, c *call, pub ed25519.PublicKey, rt 
 		refused bool // the nonce store refused the nonce: a replay or over quota
 		handled bool // the handler and the nonce succeeded: only the commit was left
 	)
-	err = s.st.Tx.InTx(ctx, func(ctx context.Context) error {
+	inTx := s.st.Tx.InTx
+	if !rt.stream {
+		inTx = s.sharedTx
+	}
+	err = inTx(ctx, func(ctx context.Context) error {
 		refused, handled = false, false
 		var err error
 		if code, out, err = handle(ctx, c); err != nil {
@@ -510,6 +514,15 @@ func (s *Server) signed(ctx context.Context, c *call, pub ed25519.PublicKey, rt 
 		return c.then(ctx)
 	}
 	return code, out, nil
+}
+
+// sharedTx runs fn in a transaction of Stores.Tx that it may share with
+// concurrent requests (SharedTransactor), or else in one of its own.
+func (s *Server) sharedTx(ctx context.Context, fn func(ctx context.Context) error) error {
+	if st, ok := s.st.Tx.(SharedTransactor); ok {
+		return st.InSharedTx(ctx, fn)
+	}
+	return s.st.Tx.InTx(ctx, fn)
 }
 
 // nonceRefused reports whether the nonce store refused a nonce, as

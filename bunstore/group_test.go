@@ -1,0 +1,222 @@
+package bunstore_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+
+	"github.com/uptrace/bun"
+
+	"github.com/nodelane/nodelane/bunstore"
+	"github.com/nodelane/nodelane/internal/waitfor"
+	"github.com/nodelane/nodelane/lease"
+)
+
+// grouped runs fns through db.InSharedTx, each from a goroutine of its
+// own, as one shared transaction: blockers hold every running slot of
+// the batcher until all of fns queue behind them, so that one call leads
+// them all. It returns each call's error (a panic's value as an error
+// "panic: v"), and the counts of what the database was sent meanwhile,
+// the blockers' own transactions excluded.
+func grouped(t *testing.T, db *bunstore.DB, fns []func(ctx context.Context) error, ctxs []context.Context) ([]error, queryCounts) {
+	t.Helper()
+	qc := &queryCounter{}
+	db.Bun().AddQueryHook(qc)
+	release := make(chan struct{})
+	entered := make(chan struct{})
+	blockers := make(chan error, bunstore.SharedParallel(db))
+	for range bunstore.SharedParallel(db) {
+		go func() {
+			blockers <- db.InSharedTx(context.Background(), func(context.Context) error {
+				entered <- struct{}{}
+				<-release
+				return nil
+			})
+		}()
+		<-entered
+	}
+	errs := make([]error, len(fns))
+	var wg sync.WaitGroup
+	for i, fn := range fns {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() {
+				if v := recover(); v != nil {
+					errs[i] = fmt.Errorf("panic: %v", v)
+				}
+			}()
+			errs[i] = db.InSharedTx(ctxs[i], fn)
+		}()
+	}
+	waitfor.Until(t, "the calls to queue", func() bool { return bunstore.SharedQueued(db) == len(fns) })
+	before := qc.snapshot()
+	close(release)
+	for range bunstore.SharedParallel(db) {
+		if err := <-blockers; err != nil {
+			t.Fatalf("blocker: %v", err)
+		}
+	}
+	wg.Wait()
+	counts := qc.snapshot().sub(before)
+	// The blockers' commits (their BEGINs came before).
+	counts.TxCommits -= int64(bunstore.SharedParallel(db))
+	return errs, counts
+}
+
+type groupKey struct{}
+
+// Concurrent InSharedTx calls share one transaction and one commit; each
+// keeps its own outcome: a failing call's writes are gone, a panicking
+// call's panic reaches its own caller, a call whose context ended before
+// its turn does not run, and a call whose context ends while it runs
+// finishes its work, the others' transaction unharmed.
+func TestInSharedTx(t *testing.T) {
+	t.Parallel()
+	for _, d := range bunstore.MigratedDialects() {
+		t.Run(d.Name, func(t *testing.T) {
+			t.Parallel()
+			db := open(t, d.New(t))
+			s := db.LeaseStore()
+			errBoom := errors.New("boom")
+			ctxs := make([]context.Context, 9)
+			for i := range ctxs {
+				ctxs[i] = context.WithValue(context.Background(), groupKey{}, i)
+			}
+			var cancelEarly, cancelLate context.CancelFunc
+			ctxs[4], cancelEarly = context.WithCancel(ctxs[4])
+			cancelEarly()
+			ctxs[5], cancelLate = context.WithCancel(ctxs[5])
+			fns := []func(ctx context.Context) error{
+				create(s, "ok_0"),
+				func(ctx context.Context) error {
+					if err := create(s, "failed_1")(ctx); err != nil {
+						return err
+					}
+					return errBoom
+				},
+				create(s, "ok_2"),
+				func(ctx context.Context) error {
+					if err := create(s, "panicked_3")(ctx); err != nil {
+						return err
+					}
+					panic("boom 3")
+				},
+				create(s, "canceled_4"),
+				func(ctx context.Context) error {
+					// Its caller goes away while it runs: its statements
+					// still run, on a connection the others still use.
+					cancelLate()
+					if ctx.Err() != nil {
+						return fmt.Errorf("the call's context: %w", ctx.Err())
+					}
+					if got := ctx.Value(groupKey{}); got != 5 {
+						return fmt.Errorf("the call's context carries %v, want its own 5", got)
+					}
+					return create(s, "late_5")(ctx)
+				},
+				create(s, "ok_6"),
+				// A statement that fails (on PostgreSQL, failing the
+				// transaction until the savepoint's rollback).
+				func(ctx context.Context) error {
+					if err := create(s, "bad_7")(ctx); err != nil {
+						return err
+					}
+					_, err := db.Bun().NewRaw("SELECT * FROM no_such_table").Conn(txOf(ctx)).Exec(ctx)
+					return err
+				},
+				// The same, its error ignored: on PostgreSQL, RELEASE
+				// SAVEPOINT fails.
+				func(ctx context.Context) error {
+					db.Bun().NewRaw("SELECT * FROM no_such_table").Conn(txOf(ctx)).Exec(ctx)
+					return nil
+				},
+			}
+			pg := d.Name == "postgres"
+			errs, counts := grouped(t, db, fns, ctxs)
+			want := []error{nil, errBoom, nil, nil, context.Canceled, nil, nil, nil, nil}
+			for i, err := range errs {
+				switch {
+				case i == 3:
+					if err == nil || err.Error() != "panic: boom 3" {
+						t.Errorf("call 3 = %v, want its panic", err)
+					}
+				case i == 7 || i == 8 && pg:
+					if err == nil {
+						t.Errorf("call %d = nil, want its statement's error", i)
+					}
+				case !errors.Is(err, want[i]):
+					t.Errorf("call %d = %v, want %v", i, err, want[i])
+				}
+			}
+			for id, kept := range map[string]bool{"ok_0": true, "failed_1": false, "ok_2": true, "panicked_3": false, "canceled_4": false, "late_5": true, "ok_6": true, "bad_7": false} {
+				_, err := s.GetJob(context.Background(), id)
+				if got := err == nil; got != kept || err != nil && !errors.Is(err, lease.ErrNotFound) {
+					t.Errorf("job %s: %v; want kept %v", id, err, kept)
+				}
+			}
+			if counts.Begins != 1 || counts.TxCommits != 1 || counts.Rollbacks != 0 {
+				t.Errorf("%d calls: %d BEGIN, %d COMMIT, %d ROLLBACK; want one transaction", len(fns), counts.Begins, counts.TxCommits, counts.Rollbacks)
+			}
+		})
+	}
+}
+
+// A commit that fails is the error of every call in the transaction,
+// those whose own work succeeded included, and the DB goes on working.
+func TestInSharedTxCommitFails(t *testing.T) {
+	t.Parallel()
+	for _, d := range bunstore.MigratedDialects() {
+		t.Run(d.Name, func(t *testing.T) {
+			t.Parallel()
+			db := open(t, d.New(t))
+			s := db.LeaseStore()
+			ctx := context.Background()
+			ok := func(ctx context.Context) error {
+				return s.CreateJob(ctx, newJob(fmt.Sprint("committed_", ctx.Value(groupKey{}))))
+			}
+			// A deferred foreign key fails the commit, not the statement.
+			orphan := func(ctx context.Context) error {
+				tx, _ := bunstore.TxFrom(ctx)
+				for _, q := range []string{
+					"CREATE TEMP TABLE group_parent (id INTEGER PRIMARY KEY)",
+					"CREATE TEMP TABLE group_child (parent INTEGER REFERENCES group_parent (id) DEFERRABLE INITIALLY DEFERRED)",
+					"INSERT INTO group_child VALUES (1)",
+				} {
+					if _, err := tx.ExecContext(ctx, q); err != nil {
+						return err
+					}
+				}
+				return nil
+			}
+			ctxs := []context.Context{context.WithValue(ctx, groupKey{}, 0), ctx, context.WithValue(ctx, groupKey{}, 2)}
+			errs, _ := grouped(t, db, []func(ctx context.Context) error{ok, orphan, ok}, ctxs)
+			for i, err := range errs {
+				if err == nil || err.Error() != errs[0].Error() {
+					t.Errorf("call %d = %v, want the commit's error", i, err)
+				}
+			}
+			for _, id := range []string{"committed_0", "committed_2"} {
+				if _, err := s.GetJob(ctx, id); !errors.Is(err, lease.ErrNotFound) {
+					t.Errorf("job %s after the failed commit: %v, want ErrNotFound", id, err)
+				}
+			}
+			for i := range 3 {
+				if err := db.InSharedTx(ctx, create(s, fmt.Sprintf("after_%d", i))); err != nil {
+					t.Fatalf("a transaction after the failed commit: %v", err)
+				}
+			}
+		})
+	}
+}
+
+func txOf(ctx context.Context) bun.Tx {
+	tx, _ := bunstore.TxFrom(ctx)
+	return tx
+}
+
+func create(s lease.Store, id string) func(ctx context.Context) error {
+	return func(ctx context.Context) error { return s.CreateJob(ctx, newJob(id)) }
+}

@@ -127,8 +127,8 @@ type DB struct {
 	// claims gathers, on PostgreSQL, the claims that run outside a
 	// transaction (see claim.go).
 	claims *batcher[claimCall, claimResult]
-	// shared gathers the transactions of InSharedTx (group.go).
-	shared *batcher[sharedCall, error]
+	// shared are the lanes of InSharedTx's transactions (group.go).
+	shared []*batcher[sharedCall, error]
 	// observer, set by tests, sees every statement run past bun.
 	observer func(ctx context.Context, query string)
 	// cache keeps credentials, principals and the envelope state
@@ -151,9 +151,9 @@ func newDB(b *bun.DB, name dialect.Name, cfg Config, owned bool) *DB {
 	}
 	// On PostgreSQL two batches of a kind run at once, so that the
 	// database works on one while the next gathers; SQLite has one writer.
-	parallel := 2
+	parallel, lanes := 2, sharedLanes
 	if name == dialect.SQLite {
-		parallel = 1
+		parallel, lanes = 1, 1
 	}
 	db.accepts = newBatcher(maxBatch, parallel, gatherWait, func(ctx context.Context, ws []lease.AcceptWrite) ([]*lease.Job, error) {
 		return db.guardedTx(ctx, func(ctx context.Context, tx bun.IDB) ([]*lease.Job, error) { return db.acceptLeased(ctx, tx, ws) })
@@ -162,7 +162,9 @@ func newDB(b *bun.DB, name dialect.Name, cfg Config, owned bool) *DB {
 		return db.guardedTx(ctx, func(ctx context.Context, tx bun.IDB) ([]*lease.Job, error) { return db.completeRunning(ctx, tx, ws) })
 	})
 	db.claims = newBatcher(maxClaimBatch, parallel, gatherWait, db.claimTx)
-	db.shared = newBatcher(maxShared, parallel, gatherWait, db.runShared)
+	for range lanes {
+		db.shared = append(db.shared, newBatcher(maxShared, 1, 0, db.runShared))
+	}
 	return db
 }
 

@@ -15,28 +15,24 @@ import (
 )
 
 // grouped runs fns through db.InSharedTx, each from a goroutine of its
-// own, as one shared transaction: blockers hold every running slot of
-// the batcher until all of fns queue behind them, so that one call leads
+// own and all with one key, as one shared transaction: a blocker holds
+// the key's lane until all of fns queue behind it, so that one call leads
 // them all. It returns each call's error (a panic's value as an error
 // "panic: v"), and the counts of what the database was sent meanwhile,
-// the blockers' own transactions excluded.
+// the blocker's commit excluded.
 func grouped(t *testing.T, db *bunstore.DB, fns []func(ctx context.Context) error, ctxs []context.Context) ([]error, queryCounts) {
 	t.Helper()
 	qc := &queryCounter{}
 	db.Bun().AddQueryHook(qc)
-	release := make(chan struct{})
-	entered := make(chan struct{})
-	blockers := make(chan error, bunstore.SharedParallel(db))
-	for range bunstore.SharedParallel(db) {
-		go func() {
-			blockers <- db.InSharedTx(context.Background(), func(context.Context) error {
-				entered <- struct{}{}
-				<-release
-				return nil
-			})
-		}()
-		<-entered
-	}
+	release, entered, blocker := make(chan struct{}), make(chan struct{}), make(chan error, 1)
+	go func() {
+		blocker <- db.InSharedTx(context.Background(), "k", func(context.Context) error {
+			close(entered)
+			<-release
+			return nil
+		})
+	}()
+	<-entered
 	errs := make([]error, len(fns))
 	var wg sync.WaitGroup
 	for i, fn := range fns {
@@ -48,21 +44,18 @@ func grouped(t *testing.T, db *bunstore.DB, fns []func(ctx context.Context) erro
 					errs[i] = fmt.Errorf("panic: %v", v)
 				}
 			}()
-			errs[i] = db.InSharedTx(ctxs[i], fn)
+			errs[i] = db.InSharedTx(ctxs[i], "k", fn)
 		}()
 	}
-	waitfor.Until(t, "the calls to queue", func() bool { return bunstore.SharedQueued(db) == len(fns) })
+	waitfor.Until(t, "the calls to queue", func() bool { return bunstore.SharedQueued(db, "k") == len(fns) })
 	before := qc.snapshot()
 	close(release)
-	for range bunstore.SharedParallel(db) {
-		if err := <-blockers; err != nil {
-			t.Fatalf("blocker: %v", err)
-		}
+	if err := <-blocker; err != nil {
+		t.Fatalf("blocker: %v", err)
 	}
 	wg.Wait()
 	counts := qc.snapshot().sub(before)
-	// The blockers' commits (their BEGINs came before).
-	counts.TxCommits -= int64(bunstore.SharedParallel(db))
+	counts.TxCommits-- // the blocker's (its BEGIN came before)
 	return errs, counts
 }
 
@@ -204,7 +197,7 @@ func TestInSharedTxCommitFails(t *testing.T) {
 				}
 			}
 			for i := range 3 {
-				if err := db.InSharedTx(ctx, create(s, fmt.Sprintf("after_%d", i))); err != nil {
+				if err := db.InSharedTx(ctx, "k", create(s, fmt.Sprintf("after_%d", i))); err != nil {
 					t.Fatalf("a transaction after the failed commit: %v", err)
 				}
 			}

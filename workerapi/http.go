@@ -450,7 +450,7 @@ func (s *Server) signed(ctx context.Context, c *call, pub ed25519.PublicKey, rt 
 	)
 	inTx := s.st.Tx.InTx
 	if !rt.stream {
-		inTx = s.sharedTx
+		inTx = func(ctx context.Context, fn func(ctx context.Context) error) error { return s.sharedTx(ctx, c, fn) }
 	}
 	err = inTx(ctx, func(ctx context.Context) error {
 		refused, handled = false, false
@@ -516,11 +516,12 @@ func (s *Server) signed(ctx context.Context, c *call, pub ed25519.PublicKey, rt 
 	return code, out, nil
 }
 
-// sharedTx runs fn in a transaction of Stores.Tx that it may share with
-// concurrent requests (SharedTransactor), or else in one of its own.
-func (s *Server) sharedTx(ctx context.Context, fn func(ctx context.Context) error) error {
+// sharedTx runs fn, c's work, in a transaction of Stores.Tx that it may
+// share with concurrent requests (SharedTransactor), or else in one of
+// its own.
+func (s *Server) sharedTx(ctx context.Context, c *call, fn func(ctx context.Context) error) error {
 	if st, ok := s.st.Tx.(SharedTransactor); ok {
-		return st.InSharedTx(ctx, fn)
+		return st.InSharedTx(ctx, c.principal.ID, fn)
 	}
 	return s.st.Tx.InTx(ctx, fn)
 }

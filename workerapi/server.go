@@ -41,10 +41,15 @@ type SharedTransactor interface {
 	// callers of InSharedTx. fn's writes are atomic (a savepoint): fn's
 	// error undoes only fn's writes and is returned to this caller only.
 	// It returns once the shared transaction has ended; a failed commit
-	// is every caller's error. fn runs with ctx's values, but ctx's
-	// cancellation need not reach it once it has begun. If ctx already
-	// carries a transaction, fn joins it, as in InTx.
-	InSharedTx(ctx context.Context, fn func(ctx context.Context) error) error
+	// is every caller's error. key names what fn locks that other calls
+	// with the same key lock too (the Server passes the node's id: each
+	// request of a node writes the node's nonce row); an implementation
+	// that runs several shared transactions at once keeps a key's calls
+	// in one at a time, so that two never wait for each other there in
+	// opposite orders. fn runs with ctx's values, but ctx's cancellation
+	// need not reach it once it has begun. If ctx already carries a
+	// transaction, fn joins it, as in InTx.
+	InSharedTx(ctx context.Context, key string, fn func(ctx context.Context) error) error
 }
 
 // Notifier wakes long-polls, on every replica, when jobs may have become

@@ -1,17 +1,24 @@
 package bunstore_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
+	"slices"
 	"sync"
 	"testing"
 
 	"github.com/uptrace/bun"
 
 	"github.com/nodelane/nodelane/bunstore"
+	"github.com/nodelane/nodelane/internal/apitest"
 	"github.com/nodelane/nodelane/internal/waitfor"
 	"github.com/nodelane/nodelane/lease"
+	"github.com/nodelane/nodelane/workerapi"
+	"github.com/nodelane/nodelane/workerapi/wire"
 )
 
 // grouped runs fns through db.InSharedTx, each from a goroutine of its
@@ -212,4 +219,117 @@ func txOf(ctx context.Context) bun.Tx {
 
 func create(s lease.Store, id string) func(ctx context.Context) error {
 	return func(ctx context.Context) error { return s.CreateJob(ctx, newJob(id)) }
+}
+
+// errInjected is the failure failingEvents injects.
+var errInjected = errors.New("injected failure after the write")
+
+// failingEvents is a lease.Store whose AddEvents fails, after its write,
+// for the events of one job.
+type failingEvents struct {
+	lease.Store
+	job string
+}
+
+func (s failingEvents) AddEvents(ctx context.Context, evs []*lease.Event) (int, error) {
+	n, err := s.Store.AddEvents(ctx, evs)
+	if err == nil && len(evs) > 0 && evs[0].JobID == s.job {
+		return 0, errInjected
+	}
+	return n, err
+}
+
+// A node's concurrent signed requests, over HTTP, share one transaction
+// of DB.InSharedTx: a request whose handler fails after writing has its
+// write undone and its nonce consumed (its replay is refused), while
+// the others in its transaction commit.
+func TestSignedRequestsShareTx(t *testing.T) {
+	t.Parallel()
+	for _, d := range []string{"sqlite", "postgres"} {
+		t.Run(d, func(t *testing.T) {
+			t.Parallel()
+			fail := &failingEvents{}
+			env := apitest.New(t, d, apitest.WithStores(func(st workerapi.Stores) workerapi.Stores {
+				fail.Store = st.Leases
+				st.Leases = fail
+				return st
+			}))
+			ctx := context.Background()
+			n := env.NewNode(t, "gpu-group")
+			n.Register(t, wire.RegisterRequest{
+				Name: "group", Capabilities: wire.Capabilities{JobTypes: []string{"status_check"}},
+				GovernorLimits: wire.GovernorLimits{MaxJobs: 3}, HeartbeatIntervalSeconds: 30,
+			})
+			for range 3 {
+				env.Enqueue(t, lease.NewJob{Type: "status_check"})
+			}
+			out := apitest.Post[wire.LeaseResponse](t, n, wire.PathLease, wire.LeaseRequest{SupportedJobTypes: []string{"status_check"}, MaxJobs: 3, Accept: true}, http.StatusOK)
+			if len(out.Leases) != 3 {
+				t.Fatalf("leased %d jobs, want 3", len(out.Leases))
+			}
+			fail.job = out.Leases[1].Job.ID
+			reqs := make([]*http.Request, 3)
+			bodies := make([][]byte, 3)
+			for i, g := range out.Leases {
+				bodies[i] = apitest.Body(t, wire.LogsRequest{LeaseToken: g.LeaseToken, Entries: []wire.LogEntry{{Seq: 1, Message: "shared"}}})
+				reqs[i] = n.Request(t, http.MethodPost, "/workers/jobs/"+g.Job.ID+"/logs", bodies[i])
+			}
+
+			// The node's lane is held until the three requests queue in it.
+			qc := &queryCounter{}
+			env.DB.Bun().AddQueryHook(qc)
+			release, entered, blocker := make(chan struct{}), make(chan struct{}), make(chan error, 1)
+			go func() {
+				blocker <- env.DB.InSharedTx(ctx, n.WorkerID, func(context.Context) error {
+					close(entered)
+					<-release
+					return nil
+				})
+			}()
+			<-entered
+			codes := make([]int, 3)
+			var wg sync.WaitGroup
+			for i, r := range reqs {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					resp, b := n.Raw(t, r)
+					codes[i] = resp.StatusCode
+					t.Logf("logs of job %d: %d %s", i, resp.StatusCode, b)
+				}()
+			}
+			waitfor.Until(t, "the requests to queue", func() bool { return bunstore.SharedQueued(env.DB, n.WorkerID) == 3 })
+			before := qc.snapshot()
+			close(release)
+			if err := <-blocker; err != nil {
+				t.Fatal(err)
+			}
+			wg.Wait()
+			counts := qc.snapshot().sub(before)
+
+			if want := []int{http.StatusOK, http.StatusServiceUnavailable, http.StatusOK}; !slices.Equal(codes, want) {
+				t.Errorf("statuses %v, want %v", codes, want)
+			}
+			for i, g := range out.Leases {
+				evs, err := env.DB.LeaseStore().ListEvents(ctx, g.Job.ID, 0, 10)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got, want := len(evs), map[bool]int{true: 0, false: 1}[i == 1]; got != want {
+					t.Errorf("job %d has %d log events, want %d", i, got, want)
+				}
+			}
+			// One transaction for the three (the blocker's commit came
+			// first; the failed request's nonce was consumed outside any).
+			if counts.Begins != 1 || counts.TxCommits != 2 {
+				t.Errorf("%d BEGIN, %d COMMIT, want 1 and 2 (the blocker's and the three requests')", counts.Begins, counts.TxCommits)
+			}
+			// The failed request's bytes never run again.
+			replayed := reqs[1].Clone(ctx)
+			replayed.Body = io.NopCloser(bytes.NewReader(bodies[1]))
+			if resp, b := n.Raw(t, replayed); resp.StatusCode != http.StatusUnauthorized || !bytes.Contains(b, []byte(`"replayed_nonce"`)) {
+				t.Errorf("replay of the failed request: %d %s, want 401 replayed_nonce", resp.StatusCode, b)
+			}
+		})
+	}
 }

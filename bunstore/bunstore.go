@@ -2,7 +2,8 @@
 // bun. One [DB] implements every core Store (see [DB.LeaseStore]) on one
 // *bun.DB, runs nodelane's own migrations under its own table names, and
 // carries a transaction in the context so that several store calls commit
-// together ([DB.InTx], [WithTx]).
+// together ([DB.InTx], [WithTx]), or concurrent callers' calls commit
+// together, each caller's atomically ([DB.InSharedTx]).
 //
 // Every time is stored as a BIGINT of unix microseconds (UTC), so times
 // compare and round-trip exactly in both dialects; JSON payloads are stored

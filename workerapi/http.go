@@ -389,9 +389,11 @@ func sameForEveryProbe(err error) error {
 }
 
 // signed checks the request's signature against pub, then runs handle in
-// one transaction that ends by consuming the nonce. If the transaction
-// fails after the signature verified, the nonce is consumed in a commit of
-// its own: a verified request never runs twice, whatever its outcome.
+// one transaction that ends by consuming the nonce: one it may share with
+// concurrent requests (sharedTx), each atomic in it, unless the route
+// streams its body. If the transaction fails after the signature
+// verified, the nonce is consumed in a commit of its own: a verified
+// request never runs twice, whatever its outcome.
 //
 // The nonce goes last so that the lock the nonce store may take for the
 // node's quota (bunstore's, on PostgreSQL) is held only for the commit,

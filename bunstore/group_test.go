@@ -27,10 +27,8 @@ import (
 // them all. It returns each call's error (a panic's value as an error
 // "panic: v"), and the counts of what the database was sent meanwhile,
 // the blocker's commit excluded.
-func grouped(t *testing.T, db *bunstore.DB, fns []func(ctx context.Context) error, ctxs []context.Context) ([]error, queryCounts) {
+func grouped(t *testing.T, db *bunstore.DB, qc *queryCounter, fns []func(ctx context.Context) error, ctxs []context.Context) ([]error, queryCounts) {
 	t.Helper()
-	qc := &queryCounter{}
-	db.Bun().AddQueryHook(qc)
 	release, entered, blocker := make(chan struct{}), make(chan struct{}), make(chan error, 1)
 	go func() {
 		blocker <- db.InSharedTx(context.Background(), "k", func(context.Context) error {
@@ -66,6 +64,17 @@ func grouped(t *testing.T, db *bunstore.DB, fns []func(ctx context.Context) erro
 	return errs, counts
 }
 
+// counted returns a DB on db's connections whose queries qc counts.
+func counted(t *testing.T, db *bunstore.DB) (*bunstore.DB, *queryCounter) {
+	t.Helper()
+	qc := &queryCounter{}
+	hooked, err := bunstore.New(db.Bun().WithQueryHook(qc), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return hooked, qc
+}
+
 type groupKey struct{}
 
 // Concurrent InSharedTx calls share one transaction and one commit; each
@@ -78,7 +87,7 @@ func TestInSharedTx(t *testing.T) {
 	for _, d := range bunstore.MigratedDialects() {
 		t.Run(d.Name, func(t *testing.T) {
 			t.Parallel()
-			db := open(t, d.New(t))
+			db, qc := counted(t, open(t, d.New(t)))
 			s := db.LeaseStore()
 			errBoom := errors.New("boom")
 			ctxs := make([]context.Context, 9)
@@ -135,7 +144,7 @@ func TestInSharedTx(t *testing.T) {
 				},
 			}
 			pg := d.Name == "postgres"
-			errs, counts := grouped(t, db, fns, ctxs)
+			errs, counts := grouped(t, db, qc, fns, ctxs)
 			want := []error{nil, errBoom, nil, nil, context.Canceled, nil, nil, nil, nil}
 			for i, err := range errs {
 				switch {
@@ -192,7 +201,7 @@ func TestInSharedTxCommitFails(t *testing.T) {
 				return nil
 			}
 			ctxs := []context.Context{context.WithValue(ctx, groupKey{}, 0), ctx, context.WithValue(ctx, groupKey{}, 2)}
-			errs, _ := grouped(t, db, []func(ctx context.Context) error{ok, orphan, ok}, ctxs)
+			errs, _ := grouped(t, db, &queryCounter{}, []func(ctx context.Context) error{ok, orphan, ok}, ctxs)
 			for i, err := range errs {
 				if err == nil || err.Error() != errs[0].Error() {
 					t.Errorf("call %d = %v, want the commit's error", i, err)
@@ -248,10 +257,18 @@ func TestSignedRequestsShareTx(t *testing.T) {
 	for _, d := range []string{"sqlite", "postgres"} {
 		t.Run(d, func(t *testing.T) {
 			t.Parallel()
+			// The Server runs on a DB whose queries qc counts.
+			var db *bunstore.DB
+			qc := &queryCounter{}
 			fail := &failingEvents{}
 			env := apitest.New(t, d, apitest.WithStores(func(st workerapi.Stores) workerapi.Stores {
-				fail.Store = st.Leases
-				st.Leases = fail
+				var err error
+				if db, err = bunstore.New(st.Tx.(*bunstore.DB).Bun().WithQueryHook(qc), nil); err != nil {
+					t.Fatal(err)
+				}
+				fail.Store = db.LeaseStore()
+				st.Tx, st.Leases, st.Credentials, st.Nonces = db, fail, db.CredentialStore(), db.NonceStore(nil)
+				st.Envelope, st.Receipts, st.Fingerprints = db.EnvelopeStore(), db.ReceiptStore(), db.FingerprintStore()
 				return st
 			}))
 			ctx := context.Background()
@@ -276,11 +293,9 @@ func TestSignedRequestsShareTx(t *testing.T) {
 			}
 
 			// The node's lane is held until the three requests queue in it.
-			qc := &queryCounter{}
-			env.DB.Bun().AddQueryHook(qc)
 			release, entered, blocker := make(chan struct{}), make(chan struct{}), make(chan error, 1)
 			go func() {
-				blocker <- env.DB.InSharedTx(ctx, n.WorkerID, func(context.Context) error {
+				blocker <- db.InSharedTx(ctx, n.WorkerID, func(context.Context) error {
 					close(entered)
 					<-release
 					return nil
@@ -298,7 +313,7 @@ func TestSignedRequestsShareTx(t *testing.T) {
 					t.Logf("logs of job %d: %d %s", i, resp.StatusCode, b)
 				}()
 			}
-			waitfor.Until(t, "the requests to queue", func() bool { return bunstore.SharedQueued(env.DB, n.WorkerID) == 3 })
+			waitfor.Until(t, "the requests to queue", func() bool { return bunstore.SharedQueued(db, n.WorkerID) == 3 })
 			before := qc.snapshot()
 			close(release)
 			if err := <-blocker; err != nil {
@@ -311,7 +326,7 @@ func TestSignedRequestsShareTx(t *testing.T) {
 				t.Errorf("statuses %v, want %v", codes, want)
 			}
 			for i, g := range out.Leases {
-				evs, err := env.DB.LeaseStore().ListEvents(ctx, g.Job.ID, 0, 10)
+				evs, err := db.LeaseStore().ListEvents(ctx, g.Job.ID, 0, 10)
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -128,8 +128,8 @@ type DB struct {
 	// claims gathers, on PostgreSQL, the claims that run outside a
 	// transaction (see claim.go).
 	claims *batcher[claimCall, claimResult]
-	// shared are the lanes of InSharedTx's transactions (group.go).
-	shared []*batcher[sharedCall, error]
+	// shared gathers the calls of InSharedTx (group.go).
+	shared *batcher[sharedCall, error]
 	// observer, set by tests, sees every statement run past bun.
 	observer func(ctx context.Context, query string)
 	// cache keeps credentials, principals and the envelope state
@@ -152,9 +152,9 @@ func newDB(b *bun.DB, name dialect.Name, cfg Config, owned bool) *DB {
 	}
 	// On PostgreSQL two batches of a kind run at once, so that the
 	// database works on one while the next gathers; SQLite has one writer.
-	parallel, lanes := 2, sharedLanes
+	parallel, shared := 2, sharedParallel
 	if name == dialect.SQLite {
-		parallel, lanes = 1, 1
+		parallel, shared = 1, 1
 	}
 	db.accepts = newBatcher(maxBatch, parallel, gatherWait, func(ctx context.Context, ws []lease.AcceptWrite) ([]*lease.Job, error) {
 		return db.guardedTx(ctx, func(ctx context.Context, tx bun.IDB) ([]*lease.Job, error) { return db.acceptLeased(ctx, tx, ws) })
@@ -163,9 +163,10 @@ func newDB(b *bun.DB, name dialect.Name, cfg Config, owned bool) *DB {
 		return db.guardedTx(ctx, func(ctx context.Context, tx bun.IDB) ([]*lease.Job, error) { return db.completeRunning(ctx, tx, ws) })
 	})
 	db.claims = newBatcher(maxClaimBatch, parallel, gatherWait, db.claimTx)
-	for range lanes {
-		db.shared = append(db.shared, newBatcher(maxShared, 1, 0, db.runShared))
-	}
+	// A shared transaction gathers the calls that queued while others
+	// ran, waiting for no more.
+	db.shared = newBatcher(maxShared, shared, 0, db.runShared)
+	db.shared.key = func(c sharedCall) string { return c.key }
 	return db
 }
 

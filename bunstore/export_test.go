@@ -64,11 +64,10 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// SharedQueued returns how many InSharedTx calls with key queue for a
-// shared transaction.
-func SharedQueued(db *DB, key string) int {
-	b := db.lane(key)
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return len(b.queue)
+// SharedQueued returns how many InSharedTx calls queue for a shared
+// transaction.
+func SharedQueued(db *DB) int {
+	db.shared.mu.Lock()
+	defer db.shared.mu.Unlock()
+	return len(db.shared.queue)
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/crc32"
 
 	"github.com/uptrace/bun"
 )
@@ -12,6 +11,7 @@ import (
 // sharedCall is one caller's work in a shared transaction (InSharedTx).
 type sharedCall struct {
 	ctx context.Context
+	key string
 	fn  func(ctx context.Context) error
 }
 
@@ -20,10 +20,9 @@ type sharedCall struct {
 // of a transaction; past that, every backend's snapshots slow down.
 const maxShared = 32
 
-// sharedLanes is how many shared transactions run at once on PostgreSQL
-// (on SQLite, which has one writer, one): each lane runs one at a time,
-// for the calls whose keys hash to it.
-const sharedLanes = 4
+// sharedParallel is how many shared transactions run at once on
+// PostgreSQL; on SQLite, which has one writer, one does.
+const sharedParallel = 4
 
 // InSharedTx runs fn in a transaction it may share with concurrent
 // callers of InSharedTx, so that they pay one commit between them (the
@@ -33,11 +32,12 @@ const sharedLanes = 4
 // shared transaction has ended; a failed commit is every caller's error.
 // A caller that finds no transaction running runs alone, as in InTx.
 //
-// Calls with the same key never run in two shared transactions at once:
-// key names what fn locks that other calls with the key lock too (the
-// workerapi Server passes the node, whose nonce row every request of the
-// node writes), so that two shared transactions never wait for each
-// other in opposite orders there, a deadlock.
+// Calls with the same key never run in two shared transactions at once
+// (several run at once on PostgreSQL): key names what fn locks that other
+// calls with the key lock too (the workerapi Server passes the node,
+// whose nonce row every request of the node writes), so that two shared
+// transactions never wait for each other in opposite orders there, a
+// deadlock.
 //
 // fn runs with ctx's values, in the transaction, but ctx's cancellation
 // does not reach its statements, which would break the connection under
@@ -49,7 +49,7 @@ func (db *DB) InSharedTx(ctx context.Context, key string, fn func(ctx context.Co
 	if _, ok := txFrom(ctx); ok {
 		return fn(ctx)
 	}
-	err, gerr := db.lane(key).do(ctx, sharedCall{ctx, fn})
+	err, gerr := db.shared.do(ctx, sharedCall{ctx, key, fn})
 	if gerr != nil {
 		err = gerr
 	}
@@ -57,11 +57,6 @@ func (db *DB) InSharedTx(ctx context.Context, key string, fn func(ctx context.Co
 		panic(p.v)
 	}
 	return err
-}
-
-// lane returns the batcher of the shared transactions of key.
-func (db *DB) lane(key string) *batcher[sharedCall, error] {
-	return db.shared[crc32.ChecksumIEEE([]byte(key))%uint32(len(db.shared))]
 }
 
 // runShared is the batcher's run for InSharedTx: one transaction, on

@@ -23,7 +23,7 @@ import (
 
 // grouped runs fns through db.InSharedTx, each from a goroutine of its
 // own and all with one key, as one shared transaction: a blocker holds
-// the key's lane until all of fns queue behind it, so that one call leads
+// the key until all of fns queue behind it, so that one call leads
 // them all. It returns each call's error (a panic's value as an error
 // "panic: v"), and the counts of what the database was sent meanwhile,
 // the blocker's commit excluded.
@@ -52,7 +52,7 @@ func grouped(t *testing.T, db *bunstore.DB, qc *queryCounter, fns []func(ctx con
 			errs[i] = db.InSharedTx(ctxs[i], "k", fn)
 		}()
 	}
-	waitfor.Until(t, "the calls to queue", func() bool { return bunstore.SharedQueued(db, "k") == len(fns) })
+	waitfor.Until(t, "the calls to queue", func() bool { return bunstore.SharedQueued(db) == len(fns) })
 	before := qc.snapshot()
 	close(release)
 	if err := <-blocker; err != nil {
@@ -292,7 +292,7 @@ func TestSignedRequestsShareTx(t *testing.T) {
 				reqs[i] = n.Request(t, http.MethodPost, "/workers/jobs/"+g.Job.ID+"/logs", bodies[i])
 			}
 
-			// The node's lane is held until the three requests queue in it.
+			// The node's key is held until the three requests queue for it.
 			release, entered, blocker := make(chan struct{}), make(chan struct{}), make(chan error, 1)
 			go func() {
 				blocker <- db.InSharedTx(ctx, n.WorkerID, func(context.Context) error {
@@ -313,7 +313,7 @@ func TestSignedRequestsShareTx(t *testing.T) {
 					t.Logf("logs of job %d: %d %s", i, resp.StatusCode, b)
 				}()
 			}
-			waitfor.Until(t, "the requests to queue", func() bool { return bunstore.SharedQueued(db, n.WorkerID) == 3 })
+			waitfor.Until(t, "the requests to queue", func() bool { return bunstore.SharedQueued(db) == 3 })
 			before := qc.snapshot()
 			close(release)
 			if err := <-blocker; err != nil {

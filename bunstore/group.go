@@ -22,7 +22,7 @@ const maxShared = 32
 
 // sharedParallel is how many shared transactions run at once on
 // PostgreSQL; on SQLite, which has one writer, one does.
-const sharedParallel = 4
+const sharedParallel = 8
 
 // InSharedTx runs fn in a transaction it may share with concurrent
 // callers of InSharedTx, so that they pay one commit between them (the

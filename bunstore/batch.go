@@ -18,8 +18,12 @@ import (
 // several, it waits up to wait, or until max writes queue, for more to
 // join.
 //
-// run gets the items in queue order and returns a result for each, or an
-// error for the whole batch, which every caller in it then gets. run gets
+// With key set, the calls of one key never run in two batches at once:
+// a batch takes its leader, then the calls queued behind it whose keys no
+// other running batch holds, and a call whose key is held waits.
+//
+// run gets the items in queue order (the leader first) and returns a
+// result for each, or an error for the whole batch, which every caller in it then gets. run gets
 // the context of the caller that runs the batch, without its
 // cancellation: the others' writes must not fail because that caller went
 // away.
@@ -28,6 +32,8 @@ type batcher[T, R any] struct {
 	parallel int
 	wait     time.Duration
 	run      func(ctx context.Context, items []T) ([]R, error)
+	// key, if set, names an item's key.
+	key func(T) string
 
 	// last is the size of the last batch run.
 	last atomic.Int64
@@ -40,6 +46,8 @@ type batcher[T, R any] struct {
 	running   int
 	gathering bool
 	queue     []*batchCall[T, R]
+	// held are the keys of the running batches.
+	held map[string]bool
 }
 
 type batchCall[T, R any] struct {
@@ -55,7 +63,7 @@ type batchCall[T, R any] struct {
 // newBatcher returns a batcher of at most size writes a batch and at most
 // parallel batches at once.
 func newBatcher[T, R any](size, parallel int, wait time.Duration, run func(ctx context.Context, items []T) ([]R, error)) *batcher[T, R] {
-	return &batcher[T, R]{max: size, parallel: max(parallel, 1), wait: wait, run: run, full: make(chan struct{}, 1)}
+	return &batcher[T, R]{max: size, parallel: max(parallel, 1), wait: wait, run: run, full: make(chan struct{}, 1), held: map[string]bool{}}
 }
 
 // do queues item and returns its result once its batch ran.
@@ -69,7 +77,7 @@ func (b *batcher[T, R]) do(ctx context.Context, item T) (R, error) {
 		default:
 		}
 	}
-	if b.gathering || b.running >= b.parallel {
+	if b.gathering || b.running >= b.parallel || b.isHeld(c) {
 		b.mu.Unlock()
 		<-c.done
 		if !c.lead {
@@ -80,7 +88,7 @@ func (b *batcher[T, R]) do(ctx context.Context, item T) (R, error) {
 		b.gathering = true
 		b.mu.Unlock()
 	}
-	// c leads: it is first in the queue.
+	// c leads.
 	if b.wait > 0 && b.last.Load() > 1 {
 		t := time.NewTimer(b.wait)
 		select {
@@ -90,16 +98,13 @@ func (b *batcher[T, R]) do(ctx context.Context, item T) (R, error) {
 		t.Stop()
 	}
 	b.mu.Lock()
-	n := min(len(b.queue), b.max)
-	batch := make([]*batchCall[T, R], n)
-	copy(batch, b.queue)
-	b.queue = b.queue[n:]
+	batch := b.take(c)
 	b.gathering = false
 	b.promote()
 	b.mu.Unlock()
 
-	b.last.Store(int64(n))
-	items := make([]T, n)
+	b.last.Store(int64(len(batch)))
+	items := make([]T, len(batch))
 	for i, bc := range batch {
 		items[i] = bc.item
 	}
@@ -117,20 +122,65 @@ func (b *batcher[T, R]) do(ctx context.Context, item T) (R, error) {
 
 	b.mu.Lock()
 	b.running--
+	if b.key != nil {
+		for _, bc := range batch {
+			delete(b.held, b.key(bc.item))
+		}
+	}
 	b.promote()
 	b.mu.Unlock()
 	return c.res, c.err
 }
 
-// promote makes the first queued call lead the next batch, if calls queue,
-// none gathers, and another batch may run. b.mu is held.
+// take removes from the queue the batch that lead leads: lead, then the
+// calls queued behind it, up to max, whose keys no other running batch
+// holds; it holds the batch's keys. b.mu is held.
+func (b *batcher[T, R]) take(lead *batchCall[T, R]) []*batchCall[T, R] {
+	batch := []*batchCall[T, R]{lead}
+	var mine map[string]bool
+	if b.key != nil {
+		mine = map[string]bool{b.key(lead.item): true}
+	}
+	rest := b.queue[:0]
+	for _, bc := range b.queue {
+		switch {
+		case bc == lead:
+		case len(batch) < b.max && (b.key == nil || mine[b.key(bc.item)] || !b.held[b.key(bc.item)]):
+			batch = append(batch, bc)
+			if b.key != nil {
+				mine[b.key(bc.item)] = true
+			}
+		default:
+			rest = append(rest, bc)
+		}
+	}
+	clear(b.queue[len(rest):])
+	b.queue = rest
+	for k := range mine {
+		b.held[k] = true
+	}
+	return batch
+}
+
+// isHeld reports whether c's key is held by a running batch. b.mu is
+// held.
+func (b *batcher[T, R]) isHeld(c *batchCall[T, R]) bool {
+	return b.key != nil && b.held[b.key(c.item)]
+}
+
+// promote makes the first queued call whose key is not held lead the
+// next batch, if none gathers and another batch may run. b.mu is held.
 func (b *batcher[T, R]) promote() {
-	if len(b.queue) == 0 || b.gathering || b.running >= b.parallel {
+	if b.gathering || b.running >= b.parallel {
 		return
 	}
-	b.running++
-	b.gathering = true
-	next := b.queue[0]
-	next.lead = true
-	close(next.done)
+	for _, next := range b.queue {
+		if !b.isHeld(next) {
+			b.running++
+			b.gathering = true
+			next.lead = true
+			close(next.done)
+			return
+		}
+	}
 }

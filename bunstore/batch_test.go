@@ -115,3 +115,67 @@ func testBatcher(t *testing.T, parallel int) {
 		t.Errorf("%d batches ran at once, want %d", most, parallel)
 	}
 }
+
+// With a key, calls of one key never run in two batches at once, while
+// calls of other keys run beside them; calls of a held key that queued
+// together then run in one batch.
+func TestBatcherKeys(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	running := map[string]int{} // batches running that hold a key
+	entered, release := make(chan []string, 3), make(chan struct{})
+	b := newBatcher(16, 3, 0, func(ctx context.Context, items []string) ([]int, error) {
+		keys := map[string]bool{}
+		for _, k := range items {
+			keys[k] = true
+		}
+		mu.Lock()
+		for k := range keys {
+			running[k]++
+			if running[k] > 1 {
+				t.Errorf("key %s runs in two batches at once", k)
+			}
+		}
+		mu.Unlock()
+		entered <- items
+		<-release
+		mu.Lock()
+		for k := range keys {
+			running[k]--
+		}
+		mu.Unlock()
+		return make([]int, len(items)), nil
+	})
+	b.key = func(k string) string { return k }
+	var wg sync.WaitGroup
+	call := func(k string) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := b.do(context.Background(), k); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	call("a")
+	if got := <-entered; len(got) != 1 || got[0] != "a" {
+		t.Fatalf("first batch %v, want [a]", got)
+	}
+	// a is held: its calls queue; b's runs beside it.
+	call("a")
+	call("a")
+	waitfor.Until(t, "two calls of a to queue", func() bool {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		return len(b.queue) == 2
+	})
+	call("b")
+	if got := <-entered; len(got) != 1 || got[0] != "b" {
+		t.Fatalf("second batch %v, want [b]", got)
+	}
+	close(release)
+	if got := <-entered; len(got) != 2 || got[0] != "a" || got[1] != "a" {
+		t.Fatalf("third batch %v, want [a a]", got)
+	}
+	wg.Wait()
+}

@@ -2,7 +2,8 @@
 // bun. One [DB] implements every core Store (see [DB.LeaseStore]) on one
 // *bun.DB, runs nodelane's own migrations under its own table names, and
 // carries a transaction in the context so that several store calls commit
-// together ([DB.InTx], [WithTx]).
+// together ([DB.InTx], [WithTx]), or concurrent callers' calls commit
+// together, each caller's atomically ([DB.InSharedTx]).
 //
 // Every time is stored as a BIGINT of unix microseconds (UTC), so times
 // compare and round-trip exactly in both dialects; JSON payloads are stored
@@ -127,6 +128,8 @@ type DB struct {
 	// claims gathers, on PostgreSQL, the claims that run outside a
 	// transaction (see claim.go).
 	claims *batcher[claimCall, claimResult]
+	// shared gathers the calls of InSharedTx (group.go).
+	shared *batcher[sharedCall, error]
 	// observer, set by tests, sees every statement run past bun.
 	observer func(ctx context.Context, query string)
 	// cache keeps credentials, principals and the envelope state
@@ -149,9 +152,9 @@ func newDB(b *bun.DB, name dialect.Name, cfg Config, owned bool) *DB {
 	}
 	// On PostgreSQL two batches of a kind run at once, so that the
 	// database works on one while the next gathers; SQLite has one writer.
-	parallel := 2
+	parallel, shared := 2, sharedParallel
 	if name == dialect.SQLite {
-		parallel = 1
+		parallel, shared = 1, 1
 	}
 	db.accepts = newBatcher(maxBatch, parallel, gatherWait, func(ctx context.Context, ws []lease.AcceptWrite) ([]*lease.Job, error) {
 		return db.guardedTx(ctx, func(ctx context.Context, tx bun.IDB) ([]*lease.Job, error) { return db.acceptLeased(ctx, tx, ws) })
@@ -160,6 +163,10 @@ func newDB(b *bun.DB, name dialect.Name, cfg Config, owned bool) *DB {
 		return db.guardedTx(ctx, func(ctx context.Context, tx bun.IDB) ([]*lease.Job, error) { return db.completeRunning(ctx, tx, ws) })
 	})
 	db.claims = newBatcher(maxClaimBatch, parallel, gatherWait, db.claimTx)
+	// A shared transaction gathers the calls that queued while others
+	// ran, waiting for no more.
+	db.shared = newBatcher(maxShared, shared, 0, db.runShared)
+	db.shared.key = func(c sharedCall) string { return c.key }
 	return db
 }
 

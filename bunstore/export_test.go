@@ -63,3 +63,11 @@ func TestMain(m *testing.M) {
 	}
 	os.Exit(code)
 }
+
+// SharedQueued returns how many InSharedTx calls queue for a shared
+// transaction.
+func SharedQueued(db *DB) int {
+	db.shared.mu.Lock()
+	defer db.shared.mu.Unlock()
+	return len(db.shared.queue)
+}

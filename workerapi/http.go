@@ -389,9 +389,11 @@ func sameForEveryProbe(err error) error {
 }
 
 // signed checks the request's signature against pub, then runs handle in
-// one transaction that ends by consuming the nonce. If the transaction
-// fails after the signature verified, the nonce is consumed in a commit of
-// its own: a verified request never runs twice, whatever its outcome.
+// one transaction that ends by consuming the nonce: one it may share with
+// concurrent requests (sharedTx), each atomic in it, unless the route
+// streams its body. If the transaction fails after the signature
+// verified, the nonce is consumed in a commit of its own: a verified
+// request never runs twice, whatever its outcome.
 //
 // The nonce goes last so that the lock the nonce store may take for the
 // node's quota (bunstore's, on PostgreSQL) is held only for the commit,
@@ -448,7 +450,11 @@ func (s *Server) signed(ctx context.Context, c *call, pub ed25519.PublicKey, rt 
 		refused bool // the nonce store refused the nonce: a replay or over quota
 		handled bool // the handler and the nonce succeeded: only the commit was left
 	)
-	err = s.st.Tx.InTx(ctx, func(ctx context.Context) error {
+	inTx := s.st.Tx.InTx
+	if !rt.stream {
+		inTx = func(ctx context.Context, fn func(ctx context.Context) error) error { return s.sharedTx(ctx, c, fn) }
+	}
+	err = inTx(ctx, func(ctx context.Context) error {
 		refused, handled = false, false
 		var err error
 		if code, out, err = handle(ctx, c); err != nil {
@@ -510,6 +516,16 @@ func (s *Server) signed(ctx context.Context, c *call, pub ed25519.PublicKey, rt 
 		return c.then(ctx)
 	}
 	return code, out, nil
+}
+
+// sharedTx runs fn, c's work, in a transaction of Stores.Tx that it may
+// share with concurrent requests (SharedTransactor), or else in one of
+// its own.
+func (s *Server) sharedTx(ctx context.Context, c *call, fn func(ctx context.Context) error) error {
+	if st, ok := s.st.Tx.(SharedTransactor); ok {
+		return st.InSharedTx(ctx, c.principal.ID, fn)
+	}
+	return s.st.Tx.InTx(ctx, fn)
 }
 
 // nonceRefused reports whether the nonce store refused a nonce, as

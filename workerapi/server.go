@@ -31,6 +31,27 @@ type Transactor interface {
 	InTx(ctx context.Context, fn func(ctx context.Context) error) error
 }
 
+// SharedTransactor is what a Transactor may also implement to let
+// concurrent requests share a transaction, and so its commit. The Server
+// runs the transaction of each signed request but an upload's through
+// InSharedTx when Stores.Tx implements it, and through InTx otherwise.
+// bunstore.DB implements it.
+type SharedTransactor interface {
+	// InSharedTx runs fn in a transaction it may share with concurrent
+	// callers of InSharedTx. fn's writes are atomic (a savepoint): fn's
+	// error undoes only fn's writes and is returned to this caller only.
+	// It returns once the shared transaction has ended; a failed commit
+	// is every caller's error. key names what fn locks that other calls
+	// with the same key lock too (the Server passes the node's id: each
+	// request of a node writes the node's nonce row); an implementation
+	// that runs several shared transactions at once keeps a key's calls
+	// in one at a time, so that two never wait for each other there in
+	// opposite orders. fn runs with ctx's values, but ctx's cancellation
+	// need not reach it once it has begun. If ctx already carries a
+	// transaction, fn joins it, as in InTx.
+	InSharedTx(ctx context.Context, key string, fn func(ctx context.Context) error) error
+}
+
 // Notifier wakes long-polls, on every replica, when jobs may have become
 // leasable. bunstore implements it with LISTEN/NOTIFY on PostgreSQL and
 // in process on SQLite. A Notifier that also implements SignalNotifier

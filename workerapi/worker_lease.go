@@ -142,7 +142,7 @@ func (s *Server) lease(ctx context.Context, c *call) (int, any, error) {
 			if err != nil {
 				return 0, nil, err
 			}
-			err = s.st.Tx.InTx(ctx, func(ctx context.Context) error {
+			err = s.sharedTx(ctx, c, func(ctx context.Context) error {
 				var err error
 				if next, err = s.leaseOnce(ctx, c, lr, req.Accept, false); err != nil {
 					return err

@@ -42,6 +42,11 @@
 //     joins it: the inner call sees the outer write, and when the inner
 //     function succeeds and the outer one fails, neither write is left.
 //
+// When Tx also implements workerapi.SharedTransactor, each case runs a
+// second time, on stores of its own, with InSharedTx in place of InTx
+// (as in TestTransactions/Leases/ClaimJobs/Rollback/Shared): a shared
+// transaction is a transaction, which every store joins.
+//
 // Sequence and Collect are held to this too, although a Server calls them
 // outside any transaction: their Store interfaces say that every method
 // joins the transaction its context carries.
@@ -102,12 +107,27 @@ func Run(t *testing.T, newStores func(t *testing.T) workerapi.Stores) {
 							ctx, cancel := context.WithTimeout(t.Context(), caseTimeout)
 							defer cancel()
 							c.run(t, ctx, st, w)
+							if _, ok := st.Tx.(workerapi.SharedTransactor); ok {
+								t.Run("Shared", func(t *testing.T) {
+									st := newStores(t)
+									st.Tx = sharedTx{st.Tx.(workerapi.SharedTransactor)}
+									c.run(t, ctx, st, w)
+								})
+							}
 						})
 					}
 				})
 			}
 		})
 	}
+}
+
+// sharedTx is a Transactor whose InTx is the SharedTransactor's
+// InSharedTx, for the cases' Shared runs.
+type sharedTx struct{ workerapi.SharedTransactor }
+
+func (s sharedTx) InTx(ctx context.Context, fn func(ctx context.Context) error) error {
+	return s.InSharedTx(ctx, "workerapitest", fn)
 }
 
 // missingStore names the first store the suite needs that st lacks.

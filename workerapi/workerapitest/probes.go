@@ -34,7 +34,7 @@ var groups = []group{
 	{"Leases", []write{
 		{"CreateJob", probeCreateJob},
 		{"UpdateJob", probeUpdateJob},
-		{"ClaimJobs", probeClaimJobs},
+		{"ClaimLeases", probeClaimLeases},
 		{"AddEvents", probeAddEvents},
 		{"AddArtifact", probeAddArtifact},
 		{"PutWorker", probePutWorker},
@@ -145,7 +145,7 @@ func probeUpdateJob(ctx context.Context, st workerapi.Stores, i int) (*probe, er
 	}, nil
 }
 
-func probeClaimJobs(ctx context.Context, st workerapi.Stores, i int) (*probe, error) {
+func probeClaimLeases(ctx context.Context, st workerapi.Stores, i int) (*probe, error) {
 	s := st.Leases
 	// A job type and a worker of the instance's own, so that the claims
 	// of two instances take one job each.
@@ -153,26 +153,23 @@ func probeClaimJobs(ctx context.Context, st workerapi.Stores, i int) (*probe, er
 	if err := s.CreateJob(ctx, newJob(id, typ)); err != nil {
 		return nil, fmt.Errorf("CreateJob: %w", err)
 	}
-	grant := func(j *lease.Job) {
-		at := epoch
-		hash := sha256.Sum256([]byte(id))
-		j.State, j.LeasedAt = lease.StateLeased, &at
-		j.Lease = &lease.Lease{
-			ID: name("lease", i), JobID: j.ID, WorkerID: worker, Epoch: 1, TokenHash: hash[:],
-			ExpiresAt: epoch.Add(10 * time.Minute), AcceptBy: epoch.Add(time.Minute), PolicyVersion: envelope.InitialVersion,
-		}
-		j.Rev++
+	if err := s.PutWorker(ctx, &lease.Worker{ID: worker, NodeID: name("claimer-node", i), RegisteredAt: epoch, LastSeenAt: epoch}); err != nil {
+		return nil, fmt.Errorf("PutWorker: %w", err)
+	}
+	hash := sha256.Sum256([]byte(id))
+	plan := func(*lease.Worker) (lease.ClaimQuery, lease.LeaseClaim, bool, error) {
+		return lease.ClaimQuery{WorkerID: worker, Types: []string{typ}, Fits: []lease.Fit{{}}, MaxActive: 1, Limit: 1, Now: epoch},
+			lease.LeaseClaim{Leases: []lease.Lease{{ID: name("lease", i), WorkerID: worker, TokenHash: hash[:],
+				ExpiresAt: epoch.Add(10 * time.Minute), AcceptBy: epoch.Add(time.Minute), PolicyVersion: envelope.InitialVersion}}}, true, nil
 	}
 	return &probe{
 		do: func(ctx context.Context) error {
-			js, err := s.ClaimJobs(ctx, lease.ClaimQuery{
-				WorkerID: worker, Types: []string{typ}, Fits: []lease.Fit{{}}, MaxActive: 1, Limit: 1, Now: epoch,
-			}, grant)
+			js, err := s.ClaimLeases(ctx, worker, plan)
 			if err != nil {
 				return err
 			}
 			if len(js) != 1 || js[0].ID != id {
-				return fmt.Errorf("ClaimJobs claimed %d jobs, want the one queued job %s", len(js), id)
+				return fmt.Errorf("ClaimLeases claimed %d jobs, want the one queued job %s", len(js), id)
 			}
 			return nil
 		},

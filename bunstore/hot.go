@@ -3,6 +3,7 @@ package bunstore
 import (
 	"context"
 	"fmt"
+	"reflect"
 	"time"
 
 	"github.com/uptrace/bun"
@@ -28,22 +29,21 @@ const (
 
 // AcceptLeased implements lease.Store.
 func (s *LeaseStore) AcceptLeased(ctx context.Context, ws []lease.AcceptWrite) ([]*lease.Job, error) {
-	if _, ok := txFrom(ctx); ok || len(ws) != 1 {
-		return s.db.guardedTx(ctx, func(ctx context.Context, tx bun.IDB) ([]*lease.Job, error) { return s.db.acceptLeased(ctx, tx, ws) })
-	}
-	j, err := s.db.accepts.do(ctx, ws[0])
-	if err != nil {
-		return nil, err
-	}
-	return []*lease.Job{j}, nil
+	return guarded(ctx, s.db, s.db.accepts, ws, s.db.acceptLeased)
 }
 
 // CompleteRunning implements lease.Store.
 func (s *LeaseStore) CompleteRunning(ctx context.Context, ws []lease.CompleteWrite) ([]*lease.Job, error) {
+	return guarded(ctx, s.db, s.db.completes, ws, s.db.completeRunning)
+}
+
+// guarded makes the guarded writes ws with write: a lone write outside a
+// transaction through b, gathered with other callers', the others at once.
+func guarded[W any](ctx context.Context, db *DB, b *batcher[W, *lease.Job], ws []W, write func(context.Context, bun.IDB, []W) ([]*lease.Job, error)) ([]*lease.Job, error) {
 	if _, ok := txFrom(ctx); ok || len(ws) != 1 {
-		return s.db.guardedTx(ctx, func(ctx context.Context, tx bun.IDB) ([]*lease.Job, error) { return s.db.completeRunning(ctx, tx, ws) })
+		return db.guardedTx(ctx, func(ctx context.Context, tx bun.IDB) ([]*lease.Job, error) { return write(ctx, tx, ws) })
 	}
-	j, err := s.db.completes.do(ctx, ws[0])
+	j, err := b.do(ctx, ws[0])
 	if err != nil {
 		return nil, err
 	}
@@ -73,40 +73,8 @@ func (db *DB) guardedTx(ctx context.Context, fn func(ctx context.Context, idb bu
 	return out, nil
 }
 
-// eachWrite makes the guarded writes ws one statement each, q with the
-// arguments args gives, looking the job up by its id: what a single write
-// costs, and on SQLite what a batch costs too (the statements share the
-// transaction and its commit; an UPDATE … FROM a JSON array would re-read
-// the array for every row in the state it scans). Of several writes of
-// one job only the first is made.
-func eachWrite[W any](ctx context.Context, db *DB, idb bun.IDB, ws []W, g func(W) lease.Guard, args func(W) []any, q string) ([]*lease.Job, error) {
-	out := make([]*lease.Job, len(ws))
-	seen := make(map[string]bool, len(ws))
-	for i, w := range ws {
-		id := g(w).JobID
-		if seen[id] {
-			continue
-		}
-		seen[id] = true
-		var written []jobRow
-		if err := db.scanBound(ctx, idb, q, args(w), &written); err != nil {
-			return nil, err
-		}
-		if len(written) == 1 {
-			out[i] = written[0].job()
-		}
-	}
-	return out, nil
-}
-
 func (db *DB) acceptLeased(ctx context.Context, idb bun.IDB, ws []lease.AcceptWrite) ([]*lease.Job, error) {
-	g := func(w lease.AcceptWrite) lease.Guard { return w.Guard }
-	if !db.postgres() {
-		return eachWrite(ctx, db, idb, ws, g, func(w lease.AcceptWrite) []any {
-			return []any{w.JobID, w.WorkerID, w.TokenHash, micros(w.Now), w.TTL.Microseconds(), w.MaxRuntime.Microseconds()}
-		}, db.sql.accept)
-	}
-	return guardedUpdate(ctx, db, idb, db.sql.accept, ws, g, func(ws []lease.AcceptWrite) []any {
+	return guardedUpdate(ctx, db, idb, db.sql.accept, ws, func(w lease.AcceptWrite) lease.Guard { return w.Guard }, func(ws []lease.AcceptWrite) []any {
 		var (
 			id, wk        []string
 			th            [][]byte
@@ -121,14 +89,7 @@ func (db *DB) acceptLeased(ctx context.Context, idb bun.IDB, ws []lease.AcceptWr
 }
 
 func (db *DB) completeRunning(ctx context.Context, idb bun.IDB, ws []lease.CompleteWrite) ([]*lease.Job, error) {
-	g := func(w lease.CompleteWrite) lease.Guard { return w.Guard }
-	if !db.postgres() {
-		return eachWrite(ctx, db, idb, ws, g, func(w lease.CompleteWrite) []any {
-			return []any{w.JobID, w.WorkerID, w.TokenHash, micros(w.Now), w.MaxRuntime.Microseconds(),
-				w.Result.OutputURI, text(w.Result.Metrics), w.Result.FinalMessage, w.Result.ReceiptID}
-		}, db.sql.complete)
-	}
-	return guardedUpdate(ctx, db, idb, db.sql.complete, ws, g, func(ws []lease.CompleteWrite) []any {
+	return guardedUpdate(ctx, db, idb, db.sql.complete, ws, func(w lease.CompleteWrite) lease.Guard { return w.Guard }, func(ws []lease.CompleteWrite) []any {
 		var (
 			id, wk, uri, msg, rcpt []string
 			metrics                []*string
@@ -145,17 +106,20 @@ func (db *DB) completeRunning(ctx context.Context, idb bun.IDB, ws []lease.Compl
 	})
 }
 
-// guardedUpdate runs the guarded UPDATE q, on PostgreSQL, over the
-// writes of ws as arrays, one a column (args makes them), and returns,
-// for each write of ws, the job written for it, or nil. Of several writes
-// of one job only the first is sent, and the row written answers it.
-// The arrays come in through unnest, which the planner estimates at a
-// few rows whatever they hold: it then looks each job up by its key,
-// where a JSON function's 100 would have it read every job in the state
-// written when the table's statistics lag its queue.
-func guardedUpdate[W any](ctx context.Context, db *DB, idb bun.IDB, q string, ws []W, g func(W) lease.Guard, args func([]W) []any) ([]*lease.Job, error) {
-	// Only the first write of a job goes to the database: with two rows
-	// for one target row, an UPDATE … FROM may take either.
+// guardedUpdate runs the guarded UPDATE q over the writes of ws and
+// returns, for each write of ws, the job written for it, or nil. cols
+// gives q's arguments for a batch of writes, one array a column:
+// PostgreSQL's statement takes them as they are, through unnest, which
+// the planner estimates at a few rows whatever they hold (it then looks
+// each job up by its key, where a JSON function's 100 would have it read
+// every job in the state written when the table's statistics lag its
+// queue). SQLite's statement takes one write, each array's one element,
+// and runs once a write: the statements share the transaction and its
+// commit, where an UPDATE … FROM a JSON array would re-read the array for
+// every row in the state it scans. Of several writes of one job only the
+// first is sent (with two rows for one target row, an UPDATE … FROM may
+// take either), and the row written answers it.
+func guardedUpdate[W any](ctx context.Context, db *DB, idb bun.IDB, q string, ws []W, g func(W) lease.Guard, cols func([]W) []any) ([]*lease.Job, error) {
 	first := make(map[string]bool, len(ws))
 	kept := make([]W, 0, len(ws))
 	for _, w := range ws {
@@ -165,8 +129,22 @@ func guardedUpdate[W any](ctx context.Context, db *DB, idb bun.IDB, q string, ws
 		}
 	}
 	var written []jobRow
-	if err := db.scanBound(ctx, idb, q, args(kept), &written); err != nil {
-		return nil, err
+	if db.postgres() {
+		if err := db.scanBound(ctx, idb, q, cols(kept), &written); err != nil {
+			return nil, err
+		}
+	} else {
+		for i := range kept {
+			args := cols(kept[i : i+1])
+			for k, a := range args {
+				args[k] = reflect.ValueOf(a).Index(0).Interface()
+			}
+			var row []jobRow
+			if err := db.scanBound(ctx, idb, q, args, &row); err != nil {
+				return nil, err
+			}
+			written = append(written, row...)
+		}
 	}
 	byID := make(map[string]*jobRow, len(written))
 	for i := range written {

@@ -360,8 +360,8 @@ func jsonText(v any) string {
 // strings, sorted and deduplicated. A claim passes the worker's effective
 // tags (lease.ClaimQuery.Tags) as one JSON array parameter, so that a
 // claim's statement text, and the statement count of a claim, stay what
-// they were: tagsMatch is one more filter on the candidates the claim
-// walks on the queued index. An untagged job, most of any queue, costs
+// they were: its filter on tags (sql/*/claim.sql) is one more filter on
+// the candidates the claim walks on the queued index. An untagged job, most of any queue, costs
 // one comparison with '' (the first arm of the OR); only a tagged job's
 // JSON is parsed. A text[] column with <@ would be as cheap on
 // PostgreSQL, but SQLite has no arrays: one JSON text column keeps one
@@ -372,11 +372,7 @@ func tagsText(tags []string) string {
 	if len(tags) == 0 {
 		return ""
 	}
-	b, err := json.Marshal(tags)
-	if err != nil {
-		panic(err) // a []string always marshals
-	}
-	return string(b)
+	return jsonText(tags)
 }
 
 // tagsFrom reads a job's stored tags back. Only tagsText writes the
@@ -394,8 +390,8 @@ func tagsFrom(s string) []string {
 	return tags
 }
 
-// tagsArg is the parameter of tagsMatch: the worker's effective tags as
-// a JSON array, [] for none.
+// tagsArg is the parameter of the claim's filter on tags: the worker's
+// effective tags as a JSON array, [] for none.
 func tagsArg(tags []string) string {
 	if len(tags) == 0 {
 		return "[]"

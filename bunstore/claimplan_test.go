@@ -14,7 +14,7 @@ import (
 
 // TestClaimPlanWalksQueuedIndex explains the claim statement on a table
 // whose statistics lag its queue (thousands of jobs enqueued, never
-// analyzed), under claimSettings: the candidates must come from the
+// analyzed), under the claim's settings (sql/pg/claim_lock.sql): the candidates must come from the
 // queued index, in claim order, not from a sort of every queued job.
 func TestClaimPlanWalksQueuedIndex(t *testing.T) {
 	t.Parallel()
@@ -54,7 +54,7 @@ func TestClaimPlanWalksQueuedIndex(t *testing.T) {
 }
 
 // explainClaim explains the plan of a claim of n jobs under
-// claimSettings, generic or custom (plan_cache_mode; a statement prepared
+// the claim's settings, generic or custom (plan_cache_mode; a statement prepared
 // once and run many times gets either), and checks the two places where estimates from lagging
 // statistics go wrong: the candidates must come from the queued index in
 // claim order, and the claimed rows must be found by primary key, not by

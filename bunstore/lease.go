@@ -430,8 +430,8 @@ func (s *LeaseStore) DeleteEnded(ctx context.Context, before time.Time, limit in
 // handful of ended jobs and would gather every one of them (a bitmap of
 // the ended index) and sort them to keep the oldest few; without a sort
 // or a bitmap, it walks nodelane_jobs_ended_idx in order and stops at the
-// limit (TestDeleteEndedPlanWalksEndedIndex), as claimSettings do for
-// claims.
+// limit (TestDeleteEndedPlanWalksEndedIndex), as the claim's settings
+// (claim.go) do for claims.
 const deleteEndedSettings = "SELECT set_config('enable_sort', 'off', true), set_config('enable_bitmapscan', 'off', true)"
 
 // endedJobs selects the ids of up to limit ended jobs that finished

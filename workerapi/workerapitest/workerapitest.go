@@ -24,7 +24,7 @@
 //	}
 //
 // For every write method of every store (lease.Store's CreateJob,
-// UpdateJob, ClaimLeases, AddEvents, AddArtifact, PutWorker, SetApproval
+// UpdateJob, ClaimLeases, AcceptLeased, CompleteRunning, AddEvents, AddArtifact, PutWorker, SetApproval
 // and DeleteEnded;
 // credential.Store's CreatePrincipal, UpdatePrincipal, CreateCredential
 // and UpdateCredential; replay.Store's Insert and Collect;

@@ -82,7 +82,7 @@ var suite = []struct {
 	store  string
 	writes []string
 }{
-	{"Leases", []string{"CreateJob", "UpdateJob", "ClaimLeases", "AddEvents", "AddArtifact", "PutWorker", "SetApproval", "DeleteEnded"}},
+	{"Leases", []string{"CreateJob", "UpdateJob", "ClaimLeases", "AcceptLeased", "CompleteRunning", "AddEvents", "AddArtifact", "PutWorker", "SetApproval", "DeleteEnded"}},
 	{"Credentials", []string{"CreatePrincipal", "UpdatePrincipal", "CreateCredential", "UpdateCredential"}},
 	{"Nonces", []string{"Insert", "Collect"}},
 	{"Envelope", []string{"Apply"}},
@@ -316,6 +316,14 @@ func (s leases) UpdateJob(ctx context.Context, j *lease.Job, rev int64) error {
 
 func (s leases) ClaimLeases(ctx context.Context, workerID string, plan func(*lease.Worker) (lease.ClaimQuery, lease.LeaseClaim, bool, error)) ([]*lease.Job, error) {
 	return s.Store.ClaimLeases(s.d.w(ctx), workerID, plan)
+}
+
+func (s leases) AcceptLeased(ctx context.Context, ws []lease.AcceptWrite) ([]*lease.Job, error) {
+	return s.Store.AcceptLeased(s.d.w(ctx), ws)
+}
+
+func (s leases) CompleteRunning(ctx context.Context, ws []lease.CompleteWrite) ([]*lease.Job, error) {
+	return s.Store.CompleteRunning(s.d.w(ctx), ws)
 }
 
 func (s leases) ExpiredJobs(ctx context.Context, now time.Time, limit int) ([]*lease.Job, error) {

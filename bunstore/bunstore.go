@@ -125,7 +125,7 @@ type DB struct {
 	// path that run outside a transaction (see hot.go).
 	accepts   *batcher[lease.AcceptWrite, *lease.Job]
 	completes *batcher[lease.CompleteWrite, *lease.Job]
-	// claims gathers, on PostgreSQL, the claims that run outside a
+	// claims gathers the claims that run outside a
 	// transaction (see claim.go).
 	claims *batcher[claimCall, claimResult]
 	// shared gathers the calls of InSharedTx (group.go).
@@ -139,14 +139,16 @@ type DB struct {
 	// announced (cacheChannel).
 	chMu    sync.Mutex
 	channel string
-	// stmts, on SQLite, are the bound statements prepared (hot.go,
+	// sql holds the hot statements of the dialect (stmt.go).
+	sql statements
+	// stmts, on SQLite, are the bound statements prepared (stmt.go,
 	// prepared), by text; Close closes them.
 	stmtMu sync.Mutex
 	stmts  map[string]*sql.Stmt
 }
 
 func newDB(b *bun.DB, name dialect.Name, cfg Config, owned bool) *DB {
-	db := &DB{bun: b, dialect: name, cfg: cfg, owned: owned, cache: newReadCache(cfg.CacheTTL, cfg.ListenedCacheTTL), stmts: map[string]*sql.Stmt{}}
+	db := &DB{bun: b, dialect: name, cfg: cfg, owned: owned, cache: newReadCache(cfg.CacheTTL, cfg.ListenedCacheTTL), sql: loadStatements(name), stmts: map[string]*sql.Stmt{}}
 	if name == dialect.SQLite {
 		db.writeSlot = make(chan struct{}, 1)
 	}

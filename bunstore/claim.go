@@ -2,11 +2,10 @@ package bunstore
 
 import (
 	"context"
+	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"slices"
-	"strconv"
 	"strings"
 
 	"github.com/uptrace/bun"
@@ -14,27 +13,25 @@ import (
 	"github.com/nodelane/nodelane/lease"
 )
 
-// Claims (lease.ClaimingStore). The ClaimLeases calls that run outside a
+// Claims (lease.Store's ClaimLeases). The calls that run outside a
 // transaction are gathered (batcher) like Accept and Complete, into one
-// transaction and one commit. On PostgreSQL that transaction locks the
-// workers of the batch, reads them, and claims for all of them in one
-// statement per kind of claim (the same job types and shapes: usually
-// one), so that the head of the queue is walked once for the batch rather
-// than once a worker; on SQLite it claims for each call in turn. A call
-// inside the context's transaction claims there, alone.
+// transaction and one commit. That transaction locks the workers of the
+// batch (on PostgreSQL: SQLite has one writer), reads them, and claims
+// for all of them in one statement per kind of claim (the same job types
+// and shapes: usually one), so that the head of the queue is walked once
+// for the batch rather than once a worker. A call inside the context's
+// transaction claims there, alone.
 
 // maxClaimBatch bounds the ClaimLeases calls of one gathered claim.
 const maxClaimBatch = 64
 
-var _ lease.ClaimingStore = (*LeaseStore)(nil)
-
-// claimSettings are the planner settings of a claim's transaction on
-// PostgreSQL (SET LOCAL: they end with it). A queue's statistics lag it:
-// with a burst just enqueued, or a table never analyzed, the planner
-// estimates a handful of queued jobs and would take every one of them
-// through another index on state, sort them and keep the first few
-// (measured: 97 ms a claim with 48,000 queued, throughput falling with the
-// backlog). So:
+// A claim's transaction on PostgreSQL sets planner settings (SET LOCAL,
+// with set_config(…, true) in sql/pg/claim_lock.sql: they end with it).
+// A queue's statistics lag it: with a burst just enqueued, or a table
+// never analyzed, the planner estimates a handful of queued jobs and
+// would take every one of them through another index on state, sort them
+// and keep the first few (measured: 97 ms a claim with 48,000 queued,
+// throughput falling with the backlog). So:
 //   - enable_sort = off: the candidates are walked in claim order on the
 //     queued index, whatever the estimates;
 //   - jit = off: that setting makes the plans that sort look costly
@@ -52,21 +49,6 @@ var _ lease.ClaimingStore = (*LeaseStore)(nil)
 //     scan of the whole table, finished jobs and all (measured: 56 ms of
 //     a 66 ms claim of 300 jobs from a table of 20,000; 23% less claim
 //     time over a burn-down).
-//
-// They are set with set_config(…, true), SET LOCAL's function form, in
-// the statement that takes the claim's locks (claimLock).
-const claimSettings = "set_config('enable_sort', 'off', true), set_config('jit', 'off', true), set_config('enable_bitmapscan', 'off', true), " +
-	"set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true)"
-
-// claimLock is the statement that takes the advisory locks of the
-// workers of a claim (an array, in id order) and sets claimSettings.
-const claimLock = "SELECT " + claimSettings + ", (SELECT count(pg_advisory_xact_lock(hashtextextended('nodelane_claim:' || current_schema() || ':' || w, 0))) " +
-	"FROM unnest(?::text[]) AS w)"
-
-// claimWorkers is the statement that reads the workers of a claim (an
-// array of ids) with the count of their live leases.
-const claimWorkers = "SELECT w.*, (SELECT count(*) FROM nodelane_jobs AS j WHERE j.lease_worker_id = w.id AND j.state IN ('leased', 'running')) AS live " +
-	"FROM nodelane_workers AS w WHERE w.id = ANY(?::text[])"
 
 // claimPlan is the plan function of a ClaimLeases call.
 type claimPlan = func(*lease.Worker) (lease.ClaimQuery, lease.LeaseClaim, bool, error)
@@ -95,13 +77,15 @@ type claimResult struct {
 	err  error
 }
 
-// ClaimLeases implements lease.ClaimingStore: it reads the worker and
-// claims for it in one transaction, in one statement that counts the
-// worker's live leases, picks the candidates in claim order (skipping
-// rows other claims hold, on PostgreSQL), and writes their leases,
-// RETURNING them. Claims by one worker are serialised as in ClaimJobs (on
-// PostgreSQL by an advisory lock, taken in the statement before, so that
-// the claim's snapshot sees every claim that took it earlier).
+// ClaimLeases implements lease.Store: it reads the worker and claims for
+// it in one transaction, in one statement that picks the candidates in
+// claim order (skipping rows other claims hold, on PostgreSQL) and writes
+// their leases, RETURNING them. Claims by one worker are serialised: on
+// SQLite by its one writer; on PostgreSQL by an advisory lock on the
+// worker id, taken in the statement before the worker's live leases are
+// counted, so that the claim's snapshot sees every claim that took it
+// earlier (the lock, unlike a row lock on the worker, does not hold up
+// its heartbeats).
 func (s *LeaseStore) ClaimLeases(ctx context.Context, workerID string, plan claimPlan) ([]*lease.Job, error) {
 	db := s.db
 	call := claimCall{workerID: workerID, plan: plan}
@@ -133,11 +117,7 @@ func (db *DB) claimTx(ctx context.Context, calls []claimCall) ([]claimResult, er
 	err := aborted(db.retryOwnTx(ctx, func() error {
 		return db.inTx(ctx, func(ctx context.Context, tx bun.IDB) error {
 			var err error
-			if db.postgres() {
-				out, err = db.claimIn(ctx, tx, calls)
-			} else {
-				out, err = db.claimInSQLite(ctx, calls)
-			}
+			out, err = db.claimIn(ctx, tx, calls)
 			return err
 		})
 	}))
@@ -159,8 +139,8 @@ type workerLive struct {
 	Live      int `bun:"live,scanonly"`
 }
 
-// claimIn claims for calls in tx, on PostgreSQL. It locks every worker of
-// calls (in id order, so that two batches cannot deadlock); reads them
+// claimIn claims for calls in tx. On PostgreSQL it locks every worker of
+// calls (in id order, so that two batches cannot deadlock). It reads them
 // with their live leases, in a statement after the locks so that it sees
 // every claim that took them before; plans each call; and claims for the
 // planned calls in one statement per group of calls that share job types
@@ -173,11 +153,13 @@ func (db *DB) claimIn(ctx context.Context, tx bun.IDB, calls []claimCall) ([]cla
 	}
 	slices.Sort(ids)
 	ids = slices.Compact(ids)
-	if _, err := db.execBound(ctx, tx, claimLock, ids); err != nil {
-		return nil, err
+	if db.postgres() {
+		if _, err := db.execBound(ctx, tx, db.sql.claimLock, ids); err != nil {
+			return nil, err
+		}
 	}
 	var rows []workerLive
-	if err := db.scanBound(ctx, tx, claimWorkers, []any{ids}, &rows); err != nil {
+	if err := db.scanBound(ctx, tx, db.sql.claimWorkers, []any{db.list(ids)}, &rows); err != nil {
 		return nil, err
 	}
 	workers := make(map[string]*lease.Worker, len(rows))
@@ -234,12 +216,8 @@ func (db *DB) claimIn(ctx context.Context, tx bun.IDB, calls []claimCall) ([]cla
 	for r, groups := range rounds {
 		for _, k := range keys[r] {
 			g := groups[k]
-			query, args, err := db.claimStatement(g)
-			if err != nil {
-				return nil, err
-			}
 			var written []jobRow
-			if err := db.scanBound(ctx, tx, query, args, &written); err != nil {
+			if err := db.scanBound(ctx, tx, db.sql.claim, db.claimArgs(g), &written); err != nil {
 				return nil, err
 			}
 			// RETURNING gives no order: each job goes to the call whose
@@ -286,118 +264,95 @@ func claimKey(q lease.ClaimQuery) string {
 	return b.String()
 }
 
-// claimStatement is the statement that claims for the calls of g, which
-// share job types, shapes and tags, and its arguments: it locks as many
-// candidates as the calls may take, in claim order, and gives the k-th
-// of them the k-th lease of the calls' leases (each lease's fields one
-// array, zipped with the candidates by a many-argument unnest). A call
-// with accept (lease.LeaseClaim.Accept) claims into running in the same
-// write: ak and maxrt are its arrays.
-func (db *DB) claimStatement(g []planned) (string, []any, error) {
-	type priceArg struct {
+// claimArgs are the arguments of the claim (sql/*/claim.sql) for the
+// calls of g, which share job types, shapes and tags: the claim locks as
+// many candidates as the calls may take, in claim order, and gives the
+// k-th of them the k-th lease of the calls' leases. On PostgreSQL lists
+// are arrays (the leases one a field, zipped with the candidates by a
+// many-argument unnest, which the planner estimates at a few rows), on
+// SQLite JSON.
+func (db *DB) claimArgs(g []planned) []any {
+	type price struct {
 		W     string `json:"w"`
 		SKU   string `json:"sku"`
 		Price int64  `json:"price"`
 	}
-	var (
-		lid, w, dsku []string
-		th           [][]byte
-		now, exp     []int64
-		acc, pv, mrt []int64
-		ak           []bool
-		ps           = []priceArg{} // JSON [], not null, when no call has prices
-	)
+	type claimLease struct {
+		ID      string `json:"lid"`
+		W       string `json:"w"`
+		DSKU    string `json:"dsku"`
+		TH      string `json:"th"`
+		Now     int64  `json:"now"`
+		Exp     int64  `json:"exp"`
+		Acc     int64  `json:"acc"`
+		PV      int64  `json:"pv"`
+		Accept  bool   `json:"ak"`
+		Runtime int64  `json:"maxrt"`
+	}
+	var ls []claimLease
+	ps := []price{} // JSON [], not null, when no call has prices
 	oldest := g[0].q.Now
 	for _, p := range g {
 		for _, l := range p.c.Leases[:p.n] {
-			lid = append(lid, l.ID)
-			w = append(w, p.q.WorkerID)
-			dsku = append(dsku, p.c.DefaultSKU)
-			th = append(th, l.TokenHash)
-			now = append(now, micros(p.q.Now))
-			exp = append(exp, micros(l.ExpiresAt))
-			acc = append(acc, micros(l.AcceptBy))
-			pv = append(pv, l.PolicyVersion)
-			ak, mrt = append(ak, p.c.Accept), append(mrt, p.c.MaxRuntime.Microseconds())
+			ls = append(ls, claimLease{l.ID, p.q.WorkerID, p.c.DefaultSKU, hex.EncodeToString(l.TokenHash), micros(p.q.Now),
+				micros(l.ExpiresAt), micros(l.AcceptBy), l.PolicyVersion, p.c.Accept, p.c.MaxRuntime.Microseconds()})
 		}
-		for sku, price := range p.c.Prices {
-			ps = append(ps, priceArg{p.q.WorkerID, sku, price})
+		for sku, pr := range p.c.Prices {
+			ps = append(ps, price{p.q.WorkerID, sku, pr})
 		}
 		// A job scheduled after any call's now is claimed for none.
 		if p.q.Now.Before(oldest) {
 			oldest = p.q.Now
 		}
 	}
-	pj, err := json.Marshal(ps)
-	if err != nil {
-		return "", nil, err
-	}
 	q := g[0].q
-	fits := make([]string, len(q.Fits))
-	var fitArgs []any
+	type fit struct {
+		SKU  string `json:"sku"`
+		GPUs int    `json:"gpus"`
+		VRAM int    `json:"vram"`
+	}
+	fits := make([]fit, len(q.Fits))
 	for i, f := range q.Fits {
-		fits[i] = "(gpu_sku = ? AND gpu_count <= ? AND min_vram_mb <= ?)"
-		fitArgs = append(fitArgs, f.SKU, f.GPUs, f.VRAMMB)
+		fits[i] = fit{f.SKU, f.GPUs, f.VRAMMB}
 	}
-	sku := "(CASE WHEN j.gpu_sku <> '' THEN j.gpu_sku ELSE b.dsku END)"
-	// The candidates are scanned with a constant LIMIT, walking the
-	// queued index in claim order (claimSettings); an array keeps their
-	// order.
-	query := "WITH p AS MATERIALIZED (SELECT * FROM json_to_recordset(?::json) AS p(w text, sku text, price bigint)) " +
-		"UPDATE nodelane_jobs AS j SET state = CASE WHEN b.ak THEN 'running' ELSE 'leased' END, leased_at = b.now, " +
-		"accepted_at = CASE WHEN b.ak THEN b.now END, lease_id = b.lid, lease_job_id = j.id, " +
-		"lease_worker_id = b.w, lease_epoch = COALESCE(j.lease_epoch, 0) + 1, lease_token_hash = b.th, " +
-		"lease_expires_at = CASE WHEN b.ak THEN LEAST(b.exp, b.now + " + maxRuntime + ") ELSE b.exp END, lease_accept_by = b.acc, lease_sku = " + sku +
-		", lease_price_micro_usd = COALESCE((SELECT p.price FROM p WHERE p.w = b.w AND p.sku = " + sku + "), 0), lease_policy_version = b.pv, rev = j.rev + 1 " +
-		"FROM unnest(ARRAY(SELECT id FROM nodelane_jobs WHERE state = 'queued' AND type IN (" + strings.Repeat("?, ", len(q.Types)-1) + "?) AND scheduled_at <= ? AND (" +
-		strings.Join(fits, " OR ") + ") AND " + db.tagsMatch() + " ORDER BY priority DESC, created_at, id LIMIT " + strconv.Itoa(len(lid)) + " FOR UPDATE SKIP LOCKED), " +
-		"?::text[], ?::text[], ?::text[], ?::bytea[], ?::bigint[], ?::bigint[], ?::bigint[], ?::bigint[], ?::boolean[], ?::bigint[]) " +
-		"AS b(id, lid, w, dsku, th, now, exp, acc, pv, ak, maxrt) " +
-		"WHERE j.id = b.id RETURNING j.*"
-	// The arguments in the order of the placeholders.
-	args := []any{string(pj)}
-	for _, t := range q.Types {
-		args = append(args, t)
+	if !db.postgres() {
+		return []any{jsonText(ps), db.list(q.Types), micros(oldest), jsonText(fits), tagsArg(q.Tags), len(ls), jsonText(ls)}
 	}
-	args = append(args, micros(oldest))
-	args = append(args, fitArgs...)
-	args = append(args, tagsArg(q.Tags))
-	args = append(args, lid, w, dsku, th, now, exp, acc, pv, ak, mrt)
-	return query, args, nil
+	var (
+		skus, lid, w, dsku     []string
+		gpus, vram             []int64
+		th                     [][]byte
+		now, exp, acc, pv, mrt []int64
+		ak                     []bool
+	)
+	for _, f := range fits {
+		skus, gpus, vram = append(skus, f.SKU), append(gpus, int64(f.GPUs)), append(vram, int64(f.VRAM))
+	}
+	for _, l := range ls {
+		h, _ := hex.DecodeString(l.TH)
+		lid, w, dsku, th = append(lid, l.ID), append(w, l.W), append(dsku, l.DSKU), append(th, h)
+		now, exp, acc, pv = append(now, l.Now), append(exp, l.Exp), append(acc, l.Acc), append(pv, l.PV)
+		ak, mrt = append(ak, l.Accept), append(mrt, l.Runtime)
+	}
+	return []any{jsonText(ps), q.Types, micros(oldest), skus, gpus, vram, tagsArg(q.Tags), len(ls),
+		lid, w, dsku, th, now, exp, acc, pv, ak, mrt}
 }
 
-// claimInSQLite claims for calls in the context's transaction, on
-// SQLite: for each call in turn, it reads the worker and claims through
-// ClaimJobs, so that a worker's later call sees its earlier one's
-// leases. SQLite plans a one-statement claim's candidate scan as a scan of
-// every queued job and a sort, while it walks the queued index for
-// ClaimJobs's SELECT; and it has one writer, so the second statement
-// costs no round trip and no lock.
-func (db *DB) claimInSQLite(ctx context.Context, calls []claimCall) ([]claimResult, error) {
-	s := db.LeaseStore()
-	out := make([]claimResult, len(calls))
-	for i, call := range calls {
-		w, err := s.GetWorker(ctx, call.workerID)
-		if errors.Is(err, lease.ErrNotFound) {
-			out[i].err = err
-			continue
-		}
-		if err != nil {
-			return nil, err
-		}
-		q, c, ok, err := call.planFor(w)
-		if err != nil || !ok {
-			out[i].err = err
-			continue
-		}
-		if len(c.Leases) == 0 {
-			continue
-		}
-		if out[i].jobs, err = s.ClaimJobs(ctx, q, c.Grant(q.Now)); err != nil {
-			return nil, err
-		}
+// list is ids as a parameter: an array on PostgreSQL, JSON on SQLite.
+func (db *DB) list(ids []string) any {
+	if db.postgres() {
+		return ids
 	}
-	return out, nil
+	return jsonText(ids)
+}
+
+// jsonText is v, a value that always marshals, as JSON text.
+func jsonText(v any) string {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(err)
+	}
+	return string(b)
 }
 
 // Tags (lease.Requirements.Tags, migration 0016). A job's tags are stored
@@ -405,8 +360,8 @@ func (db *DB) claimInSQLite(ctx context.Context, calls []claimCall) ([]claimResu
 // strings, sorted and deduplicated. A claim passes the worker's effective
 // tags (lease.ClaimQuery.Tags) as one JSON array parameter, so that a
 // claim's statement text, and the statement count of a claim, stay what
-// they were: tagsMatch is one more filter on the candidates the claim
-// walks on the queued index. An untagged job, most of any queue, costs
+// they were: its filter on tags (sql/*/claim.sql) is one more filter on
+// the candidates the claim walks on the queued index. An untagged job, most of any queue, costs
 // one comparison with '' (the first arm of the OR); only a tagged job's
 // JSON is parsed. A text[] column with <@ would be as cheap on
 // PostgreSQL, but SQLite has no arrays: one JSON text column keeps one
@@ -417,11 +372,7 @@ func tagsText(tags []string) string {
 	if len(tags) == 0 {
 		return ""
 	}
-	b, err := json.Marshal(tags)
-	if err != nil {
-		panic(err) // a []string always marshals
-	}
-	return string(b)
+	return jsonText(tags)
 }
 
 // tagsFrom reads a job's stored tags back. Only tagsText writes the
@@ -439,8 +390,8 @@ func tagsFrom(s string) []string {
 	return tags
 }
 
-// tagsArg is the parameter of tagsMatch: the worker's effective tags as
-// a JSON array, [] for none.
+// tagsArg is the parameter of the claim's filter on tags: the worker's
+// effective tags as a JSON array, [] for none.
 func tagsArg(tags []string) string {
 	if len(tags) == 0 {
 		return "[]"
@@ -456,16 +407,4 @@ func (db *DB) tagsContain() string {
 		return "(tags <> '' AND NULLIF(tags, '')::jsonb @> ?::jsonb)"
 	}
 	return "(tags <> '' AND EXISTS (SELECT 1 FROM json_each(NULLIF(tags, '')) AS t, json_each(?) AS w WHERE t.value = w.value))"
-}
-
-// tagsMatch is the claim's filter on tags, with one placeholder for
-// tagsArg: a job matches when it has no tags or all of its tags are
-// among the worker's (lease.Requirements.TagsMatch). The NULLIF keeps
-// the second arm from parsing the empty string whatever order the database evaluates
-// the arms in.
-func (db *DB) tagsMatch() string {
-	if db.postgres() {
-		return "(tags = '' OR NULLIF(tags, '')::jsonb <@ ?::jsonb)"
-	}
-	return "(tags = '' OR NOT EXISTS (SELECT 1 FROM json_each(NULLIF(tags, '')) AS t WHERE t.value NOT IN (SELECT value FROM json_each(?))))"
 }

@@ -14,7 +14,7 @@ import (
 
 // TestClaimPlanWalksQueuedIndex explains the claim statement on a table
 // whose statistics lag its queue (thousands of jobs enqueued, never
-// analyzed), under claimSettings: the candidates must come from the
+// analyzed), under the claim's settings (sql/pg/claim_lock.sql): the candidates must come from the
 // queued index, in claim order, not from a sort of every queued job.
 func TestClaimPlanWalksQueuedIndex(t *testing.T) {
 	t.Parallel()
@@ -54,7 +54,7 @@ func TestClaimPlanWalksQueuedIndex(t *testing.T) {
 }
 
 // explainClaim explains the plan of a claim of n jobs under
-// claimSettings, generic or custom (plan_cache_mode; a statement prepared
+// the claim's settings, generic or custom (plan_cache_mode; a statement prepared
 // once and run many times gets either), and checks the two places where estimates from lagging
 // statistics go wrong: the candidates must come from the queued index in
 // claim order, and the claimed rows must be found by primary key, not by
@@ -65,16 +65,13 @@ func explainClaim(t *testing.T, ctx context.Context, db *DB, n int, mode string)
 	for i := range c.Leases {
 		c.Leases[i] = lease.Lease{ID: fmt.Sprintf("l%d", i), TokenHash: []byte{1}, ExpiresAt: q.Now.Add(time.Hour), AcceptBy: q.Now.Add(time.Minute)}
 	}
-	query, args, err := db.claimStatement([]planned{{q: q, c: c, n: n}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	args := db.claimArgs([]planned{{q: q, c: c, n: n}})
 	tx, err := db.bun.BeginTx(ctx, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer tx.Rollback()
-	if _, err := tx.ExecContext(ctx, "SELECT "+claimSettings); err != nil {
+	if _, err := db.execBound(ctx, tx, db.sql.claimLock, []string{"w"}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := tx.ExecContext(ctx, "SET LOCAL plan_cache_mode = "+mode); err != nil {
@@ -82,7 +79,7 @@ func explainClaim(t *testing.T, ctx context.Context, db *DB, n int, mode string)
 	}
 	// A prepared statement outlives the transaction on its connection.
 	name := fmt.Sprintf("claim_%d", n)
-	if _, err := tx.Tx.ExecContext(ctx, "PREPARE "+name+" AS "+db.bind(query)); err != nil {
+	if _, err := tx.Tx.ExecContext(ctx, "PREPARE "+name+" AS "+db.sql.claim); err != nil {
 		t.Fatal(err)
 	}
 	defer tx.Tx.ExecContext(ctx, "DEALLOCATE "+name)
@@ -136,7 +133,7 @@ func (n *planNode) find(typ string) *planNode {
 	return nil
 }
 
-// TestClaimPlanSQLite checks that a claim's select on SQLite, with and
+// TestClaimPlanSQLite checks that a claim on SQLite, with and
 // without tags and GPU shapes, takes its candidates from
 // nodelane_jobs_queued_idx in claim order, not from a sort of every
 // queued job.
@@ -158,19 +155,19 @@ func TestClaimPlanSQLite(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			q := db.queuedJobs(db.bun, (*jobRow)(nil), tc.q, 10).String()
-			plan := explainSQLite(t, ctx, db, q)
+			c := lease.LeaseClaim{Leases: make([]lease.Lease, 10)}
+			plan := explainSQLite(t, ctx, db, db.sql.claim, db.claimArgs([]planned{{q: tc.q, c: c, n: 10}})...)
 			if !strings.Contains(plan, "USING INDEX nodelane_jobs_queued_idx") || strings.Contains(plan, "TEMP B-TREE") {
-				t.Errorf("the claim's plan on SQLite, for %s:\n%s\nwant a walk of nodelane_jobs_queued_idx without a sort", q, plan)
+				t.Errorf("the claim's plan on SQLite, for %s:\n%s\nwant a walk of nodelane_jobs_queued_idx without a sort", tc.name, plan)
 			}
 		})
 	}
 }
 
 // explainSQLite returns the steps of SQLite's plan for query, a line each.
-func explainSQLite(t *testing.T, ctx context.Context, db *DB, query string) string {
+func explainSQLite(t *testing.T, ctx context.Context, db *DB, query string, args ...any) string {
 	t.Helper()
-	rows, err := db.bun.QueryContext(ctx, "EXPLAIN QUERY PLAN "+query)
+	rows, err := db.bun.DB.QueryContext(ctx, "EXPLAIN QUERY PLAN "+query, args...)
 	if err != nil {
 		t.Fatal(err)
 	}

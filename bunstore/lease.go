@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/uptrace/bun"
@@ -337,93 +336,6 @@ func updateJob(ctx context.Context, tx bun.IDB, j *lease.Job, rev int64) error {
 	return fmt.Errorf("bunstore: update job %s at revision %d: %w", j.ID, rev, lease.ErrConflict)
 }
 
-// ClaimJobs leases queued jobs to q.WorkerID as lease.Store documents, in
-// one transaction (the context's, if it carries one). Claims by one worker
-// are serialised: on SQLite by the IMMEDIATE transaction, which serialises
-// every writer; on PostgreSQL by a transaction-scoped advisory lock on the
-// worker id, taken before its live leases are counted. Claims by different
-// workers run concurrently and skip each other's candidate rows (FOR
-// UPDATE SKIP LOCKED).
-//
-// A retry after the database aborted the transaction reads the rows again
-// and calls grant on them afresh, which lease.Store allows.
-func (s *LeaseStore) ClaimJobs(ctx context.Context, q lease.ClaimQuery, grant func(*lease.Job)) ([]*lease.Job, error) {
-	if q.Limit <= 0 {
-		return nil, errLimit("claim jobs for "+q.WorkerID, q.Limit)
-	}
-	if q.MaxActive <= 0 || len(q.Types) == 0 || len(q.Fits) == 0 {
-		return nil, nil
-	}
-	var claimed []*lease.Job
-	err := s.inTx(ctx, func(ctx context.Context, tx bun.IDB) error {
-		claimed = nil
-		if s.db.postgres() {
-			// The advisory lock, unlike a row lock on the worker, also
-			// serialises claims for a worker that has no row, and does
-			// not hold up its heartbeats.
-			if _, err := tx.NewRaw(
-				"SELECT pg_advisory_xact_lock(hashtextextended('nodelane_claim:' || current_schema() || ':' || ?, 0))",
-				q.WorkerID).Exec(ctx); err != nil {
-				return err
-			}
-		}
-		live, err := tx.NewSelect().Model((*jobRow)(nil)).
-			Where("lease_worker_id = ?", q.WorkerID).
-			Where("state IN (?)", liveStates()).
-			Count(ctx)
-		if err != nil {
-			return err
-		}
-		n := min(int64(q.Limit), int64(q.MaxActive)-live)
-		if n <= 0 {
-			return nil
-		}
-		var rows []jobRow
-		if err := s.db.queuedJobs(tx, &rows, q, n).Scan(ctx); err != nil {
-			return err
-		}
-		revs := make([]int64, len(rows))
-		for i := range rows {
-			j := rows[i].job()
-			revs[i] = j.Rev
-			grant(j)
-			claimed = append(claimed, j)
-		}
-		return s.db.writeGrants(ctx, tx, claimed, revs)
-	})
-	if err != nil {
-		return nil, fmt.Errorf("bunstore: claim jobs for %s: %w", q.WorkerID, err)
-	}
-	return claimed, nil
-}
-
-// queuedJobs selects into model, in claim order, up to n queued jobs that q's worker
-// may run, walking nodelane_jobs_queued_idx: on PostgreSQL locking them
-// (FOR UPDATE SKIP LOCKED); on SQLite INDEXED BY it, since the planner,
-// without statistics, would rather read every queued job through the
-// index on state and sort them to keep the first few, which makes each
-// claim cost the whole queue (TestClaimPlanSQLite).
-func (db *DB) queuedJobs(idb bun.IDB, model any, q lease.ClaimQuery, n int64) *bun.SelectQuery {
-	fits := make([]string, len(q.Fits))
-	args := make([]any, 0, 3*len(q.Fits))
-	for i, f := range q.Fits {
-		fits[i] = "(gpu_sku = ? AND gpu_count <= ? AND min_vram_mb <= ?)"
-		args = append(args, f.SKU, f.GPUs, f.VRAMMB)
-	}
-	sel := idb.NewSelect().Model(model).
-		Where("state = ?", lease.StateQueued).
-		Where("type IN (?)", bun.List(q.Types)).
-		Where("scheduled_at <= ?", micros(q.Now)).
-		Where("("+strings.Join(fits, " OR ")+")", args...).
-		Where(db.tagsMatch(), tagsArg(q.Tags)).
-		OrderExpr("priority DESC, created_at, id").
-		Limit(n)
-	if db.postgres() {
-		return sel.For("UPDATE SKIP LOCKED")
-	}
-	return sel.ModelTableExpr("nodelane_jobs AS job_row INDEXED BY nodelane_jobs_queued_idx")
-}
-
 // ExpiredJobs returns up to limit live jobs whose lease expired at or
 // before now, or that are still leased at or after their accept deadline,
 // in id order. It returns lease.ErrInvalidArgument if limit < 1.
@@ -518,8 +430,8 @@ func (s *LeaseStore) DeleteEnded(ctx context.Context, before time.Time, limit in
 // handful of ended jobs and would gather every one of them (a bitmap of
 // the ended index) and sort them to keep the oldest few; without a sort
 // or a bitmap, it walks nodelane_jobs_ended_idx in order and stops at the
-// limit (TestDeleteEndedPlanWalksEndedIndex), as claimSettings do for
-// claims.
+// limit (TestDeleteEndedPlanWalksEndedIndex), as the claim's settings
+// (claim.go) do for claims.
 const deleteEndedSettings = "SELECT set_config('enable_sort', 'off', true), set_config('enable_bitmapscan', 'off', true)"
 
 // endedJobs selects the ids of up to limit ended jobs that finished

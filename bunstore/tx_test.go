@@ -109,18 +109,22 @@ func TestInTx(t *testing.T) {
 								return err
 							}
 						}
-						// AddEvents and ClaimJobs join it rather than begin their own.
+						// PutWorker, AddEvents and ClaimLeases join it rather than begin their own.
+						if err := s.PutWorker(ctx, &lease.Worker{ID: "w", NodeID: "n"}); err != nil {
+							tx.Rollback()
+							return err
+						}
 						if _, err := s.AddEvents(ctx, []*lease.Event{{JobID: ids[0], Kind: lease.EventLog, Seq: 1}}); err != nil {
 							tx.Rollback()
 							return err
 						}
-						if _, err := s.ClaimJobs(ctx, lease.ClaimQuery{WorkerID: "w", Types: []string{"status_check"}, Fits: []lease.Fit{{}}, MaxActive: 1, Limit: 1, Now: time.Now()}, func(j *lease.Job) {
-							j.State = lease.StateLeased
-							j.Lease = &lease.Lease{ID: "l", JobID: j.ID, WorkerID: "w", Epoch: 1}
-							j.Rev++
-						}); err != nil {
+						now := time.Now()
+						if js, err := s.ClaimLeases(ctx, "w", func(*lease.Worker) (lease.ClaimQuery, lease.LeaseClaim, bool, error) {
+							return lease.ClaimQuery{WorkerID: "w", Types: []string{"status_check"}, Fits: []lease.Fit{{}}, MaxActive: 1, Limit: 1, Now: now},
+								lease.LeaseClaim{Leases: []lease.Lease{{ID: "l", WorkerID: "w", TokenHash: []byte{1}, ExpiresAt: now.Add(time.Hour), AcceptBy: now.Add(time.Hour)}}}, true, nil
+						}); err != nil || len(js) != 1 {
 							tx.Rollback()
-							return err
+							return fmt.Errorf("claim in the host's transaction: %d jobs, %v", len(js), err)
 						}
 						if err := tx.Rollback(); err != nil {
 							return err

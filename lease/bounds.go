@@ -27,11 +27,28 @@ const CodeMaxRuntimeExceeded = "max_runtime_exceeded"
 var ErrCanceled = errors.New("lease: job canceled")
 
 // maxRuntime is how long j may run under one lease, from accept.
-func (m *Manager) maxRuntime(j *Job) time.Duration {
+func (m *Manager) maxRuntime(j *Job) time.Duration { return runtimeOf(j, m.cfg.MaxRuntime) }
+
+// runtimeOf is j's max runtime: Requirements.MaxRuntimeSeconds, or def
+// when it names none.
+func runtimeOf(j *Job, def time.Duration) time.Duration {
 	if s := j.Requirements.MaxRuntimeSeconds; s > 0 {
 		return time.Duration(s) * time.Second
 	}
-	return m.cfg.MaxRuntime
+	return def
+}
+
+// leaseLive reports whether j holds a lease that is live at now (liveAt).
+func (m *Manager) leaseLive(j *Job, now time.Time) bool { return liveAt(j, now, m.cfg.MaxRuntime) }
+
+// liveAt reports whether j holds a lease that is live at now: leased or
+// running, before its expiry, before its accept deadline while not
+// accepted, and, running, short of its max runtime (def when it names
+// none). It is the liveness guard of every write under a lease.
+func liveAt(j *Job, now time.Time, def time.Duration) bool {
+	return j.State.Live() && j.Lease != nil && now.Before(j.Lease.ExpiresAt) &&
+		(j.State != StateLeased || now.Before(j.Lease.AcceptBy)) &&
+		(j.State != StateRunning || j.AcceptedAt == nil || now.Before(j.AcceptedAt.Add(runtimeOf(j, def))))
 }
 
 // runtimeEnd is when j's running lease reaches its max runtime; ok is
@@ -48,14 +65,6 @@ func (m *Manager) runtimeEnd(j *Job) (end time.Time, ok bool) {
 func (m *Manager) overRuntime(j *Job, now time.Time) bool {
 	end, ok := m.runtimeEnd(j)
 	return ok && !now.Before(end)
-}
-
-// leaseLive reports whether j holds a lease that is live at now: leased
-// or running, before its expiry, before its accept deadline while not
-// accepted, and short of its max runtime.
-func (m *Manager) leaseLive(j *Job, now time.Time) bool {
-	return j.State.Live() && j.Lease != nil && now.Before(j.Lease.ExpiresAt) &&
-		(j.State != StateLeased || now.Before(j.Lease.AcceptBy)) && !m.overRuntime(j, now)
 }
 
 // extend renews j's lease for LeaseTTL from now, but never past the end

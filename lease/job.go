@@ -60,7 +60,7 @@ type Requirements struct {
 }
 
 // Matches reports whether a job with requirements r fits one of fs, as
-// every Store's ClaimJobs must decide it. It says nothing of tags:
+// every Store's ClaimLeases must decide it. It says nothing of tags:
 // TagsMatch does, and a Store must check both.
 func (r Requirements) Matches(fs []Fit) bool {
 	for _, f := range fs {
@@ -73,7 +73,7 @@ func (r Requirements) Matches(fs []Fit) bool {
 
 // TagsMatch reports whether every tag of r is among tags, a worker's
 // effective tags (Worker.EffectiveTags, which ClaimQuery.Tags carries),
-// as every Store's ClaimJobs must decide it: a job without tags matches
+// as every Store's ClaimLeases must decide it: a job without tags matches
 // every worker, a tagged job only a worker that has all of its tags. The
 // order of either list does not matter.
 func (r Requirements) TagsMatch(tags []string) bool {

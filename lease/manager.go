@@ -330,37 +330,18 @@ func (m *Manager) Lease(ctx context.Context, req LeaseRequest) ([]Grant, error) 
 			Now:       now,
 		}, true, nil
 	}
-	var jobs []*Job
-	if cs, ok := m.store.(ClaimingStore); ok {
-		if err := m.sweep(ctx); err != nil {
-			return nil, err
-		}
-		var err error
-		jobs, err = cs.ClaimLeases(ctx, req.WorkerID, func(w *Worker) (ClaimQuery, LeaseClaim, bool, error) {
-			q, ok, err := plan(w)
-			if !ok || err != nil {
-				return q, LeaseClaim{}, false, err
-			}
-			return q, m.leaseClaim(w, q, leases, req), true, nil
-		})
-		if err != nil {
-			return nil, err
-		}
-	} else {
-		w, err := m.store.GetWorker(ctx, req.WorkerID)
-		if err != nil {
-			return nil, err
-		}
+	if err := m.sweep(ctx); err != nil {
+		return nil, err
+	}
+	jobs, err := m.store.ClaimLeases(ctx, req.WorkerID, func(w *Worker) (ClaimQuery, LeaseClaim, bool, error) {
 		q, ok, err := plan(w)
 		if !ok || err != nil {
-			return nil, err
+			return q, LeaseClaim{}, false, err
 		}
-		if err := m.sweep(ctx); err != nil {
-			return nil, err
-		}
-		if jobs, err = m.store.ClaimJobs(ctx, q, m.leaseClaim(w, q, leases, req).Grant(q.Now)); err != nil {
-			return nil, err
-		}
+		return q, m.leaseClaim(w, q, leases, req), true, nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	if len(jobs) > n {
 		return nil, fmt.Errorf("lease: store claimed %d jobs, more than the %d asked for", len(jobs), n)
@@ -477,9 +458,7 @@ func (m *Manager) update(ctx context.Context, id string, fn func(j *Job, now tim
 
 // held checks that ref's token is the lease recorded on j for ref's
 // worker. It does not check whether the lease is still live.
-func held(j *Job, ref Ref) bool {
-	return j.Lease != nil && tokenMatches(ref.Token, j.Lease.TokenHash) && j.Lease.WorkerID == ref.WorkerID
-}
+func held(j *Job, ref Ref) bool { return guard(ref, time.Time{}).names(j) }
 
 // live checks that ref holds j's live lease at now, and otherwise says
 // why not. On a finished job, the lease that ended it gets a
@@ -516,18 +495,34 @@ func (m *Manager) Accept(ctx context.Context, ref Ref) (*Job, error) {
 	if err := checkToken(ref.Token); err != nil {
 		return nil, err
 	}
-	if j, err := m.fastAccept(ctx, ref); j != nil || err != nil {
-		return j, err
-	}
-	return m.withLease(ctx, ref, StateRunning, func(j *Job, now time.Time) (*Job, error) {
-		if j.State == StateRunning {
-			return nil, nil
+	for range casTries {
+		j, err := first(m.store.AcceptLeased(ctx, []AcceptWrite{{Guard: guard(ref, m.now()), TTL: m.cfg.LeaseTTL, MaxRuntime: m.cfg.MaxRuntime}}))
+		if err != nil || j != nil {
+			return j, err
 		}
-		j.State = StateRunning
-		j.AcceptedAt = &now
-		m.extend(j, now)
-		return j, nil
-	})
+		// The guard did not hold: say why, or try again if it holds now.
+		if j, err = m.store.GetJob(ctx, ref.JobID); err != nil {
+			return nil, err
+		}
+		if err := m.live(j, ref, m.now(), StateRunning); err != nil {
+			return nil, err
+		}
+		if j.State == StateRunning {
+			return j, nil
+		}
+	}
+	return nil, fmt.Errorf("lease: job %s: %w: too many concurrent writers", ref.JobID, ErrConflict)
+}
+
+// first is the one job, or nil, a guarded write of one returned.
+func first(js []*Job, err error) (*Job, error) {
+	if err == nil && len(js) != 1 {
+		err = fmt.Errorf("lease: store answered %d guarded writes of 1", len(js))
+	}
+	if err != nil {
+		return nil, err
+	}
+	return js[0], nil
 }
 
 // Extend renews the lease for another LeaseTTL from now, but never past
@@ -703,48 +698,48 @@ func (m *Manager) Complete(ctx context.Context, ref Ref, res Result) (job *Job, 
 	if err := checkToken(ref.Token); err != nil {
 		return nil, false, err
 	}
-	if j, err := m.fastComplete(ctx, ref, res); j != nil || err != nil {
-		return j, false, err
-	}
-	var canceled bool
-	j, err := m.update(ctx, ref.JobID, func(j *Job, now time.Time) (*Job, error) {
-		if j.State == StateSucceeded && held(j, ref) {
-			repeated = true
+	for range casTries {
+		j, err := first(m.store.CompleteRunning(ctx, []CompleteWrite{{Guard: guard(ref, m.now()), MaxRuntime: m.cfg.MaxRuntime, Result: res}}))
+		if err != nil || j != nil {
+			return j, false, err
+		}
+		// The guard did not hold: a repeat, a cancel, a lost lease, or a
+		// write that raced this one and left the guard holding again.
+		var canceled, again bool
+		j, err = m.update(ctx, ref.JobID, func(j *Job, now time.Time) (*Job, error) {
+			canceled, again, repeated = false, false, false
+			switch {
+			case held(j, ref) && j.State == StateSucceeded:
+				repeated = true
+				return nil, nil
+			case held(j, ref) && j.State == StateCanceled:
+				return nil, fmt.Errorf("%w: job %s ended canceled", ErrCanceled, j.ID)
+			case held(j, ref) && j.State.Live() && j.CancelRequested:
+				// Its lease may have run out unswept: the expiry would end it
+				// canceled too.
+				finish(j, StateCanceled, now)
+				canceled = true
+				return j, nil
+			}
+			if err := m.live(j, ref, now, StateSucceeded); err != nil {
+				return nil, err
+			}
+			if j.State != StateRunning {
+				return nil, &TransitionError{JobID: j.ID, From: j.State, To: StateSucceeded}
+			}
+			again = true
 			return nil, nil
+		})
+		switch {
+		case err != nil:
+			return nil, false, err
+		case canceled:
+			return j, false, fmt.Errorf("%w: its cancel was requested; the job ended canceled", ErrCanceled)
+		case !again:
+			return j, repeated, nil
 		}
-		canceled = false
-		if held(j, ref) && j.State == StateCanceled {
-			return nil, fmt.Errorf("%w: job %s ended canceled", ErrCanceled, j.ID)
-		}
-		if held(j, ref) && j.State.Live() && j.CancelRequested {
-			// Its lease may have run out unswept: the expiry would end it
-			// canceled too.
-			m.finish(j, StateCanceled, now)
-			canceled = true
-			return j, nil
-		}
-		if err := m.live(j, ref, now, StateSucceeded); err != nil {
-			return nil, err
-		}
-		if j.State != StateRunning {
-			return nil, &TransitionError{JobID: j.ID, From: j.State, To: StateSucceeded}
-		}
-		m.finish(j, StateSucceeded, now)
-		if res.ReceiptID != "" {
-			j.ReceiptID = res.ReceiptID
-		}
-		r := res
-		r.ReceiptID = ""
-		j.Result = &r
-		return j, nil
-	})
-	if err != nil {
-		return nil, false, err
 	}
-	if canceled {
-		return j, false, fmt.Errorf("%w: its cancel was requested; the job ended canceled", ErrCanceled)
-	}
-	return j, repeated, nil
+	return nil, false, fmt.Errorf("lease: job %s: %w: too many concurrent writers", ref.JobID, ErrConflict)
 }
 
 // Failure is a worker's report that an attempt failed.
@@ -770,13 +765,13 @@ func (m *Manager) Fail(ctx context.Context, ref Ref, f Failure) (*Job, error) {
 		j.LastError = &JobError{Code: f.Code, Message: f.Message, Payload: f.Payload, Attempt: j.Attempt, At: now}
 		switch {
 		case j.CancelRequested:
-			m.finish(j, StateCanceled, now)
+			finish(j, StateCanceled, now)
 		case j.State == StateLeased && f.Retryable:
 			m.requeue(j, now, false)
 		case f.Retryable:
 			m.requeue(j, now, true)
 		default:
-			m.finish(j, StateFailed, now)
+			finish(j, StateFailed, now)
 		}
 		return j, nil
 	})
@@ -787,7 +782,7 @@ func (m *Manager) Fail(ctx context.Context, ref Ref, f Failure) (*Job, error) {
 func (m *Manager) Release(ctx context.Context, ref Ref, reason string) (*Job, error) {
 	return m.withLease(ctx, ref, StateQueued, func(j *Job, now time.Time) (*Job, error) {
 		if j.CancelRequested {
-			m.finish(j, StateCanceled, now)
+			finish(j, StateCanceled, now)
 		} else {
 			m.requeue(j, now, false)
 		}
@@ -807,7 +802,7 @@ func (m *Manager) Cancel(ctx context.Context, jobID string) (*Job, error) {
 	return m.update(ctx, jobID, func(j *Job, now time.Time) (*Job, error) {
 		switch j.State {
 		case StateQueued:
-			m.finish(j, StateCanceled, now)
+			finish(j, StateCanceled, now)
 			return j, nil
 		case StateLeased, StateRunning:
 			if j.CancelRequested {
@@ -884,9 +879,9 @@ func (m *Manager) expire(ctx context.Context, limit int) (int, error) {
 			}
 			switch {
 			case j.CancelRequested:
-				m.finish(j, StateCanceled, now)
+				finish(j, StateCanceled, now)
 			case over:
-				m.finish(j, StateFailed, now)
+				finish(j, StateFailed, now)
 			default:
 				m.requeue(j, now, used)
 			}
@@ -991,7 +986,7 @@ func (m *Manager) requeue(j *Job, now time.Time, used bool) {
 		return
 	}
 	if j.Attempt >= j.MaxAttempts {
-		m.finish(j, StateFailed, now)
+		finish(j, StateFailed, now)
 		return
 	}
 	j.State = StateQueued
@@ -1006,7 +1001,7 @@ func (m *Manager) requeue(j *Job, now time.Time, used bool) {
 // ends now, so its token is lost at once (see expire).
 func (m *Manager) dropLease(j *Job, now time.Time) {
 	if j.CancelRequested {
-		m.finish(j, StateCanceled, now)
+		finish(j, StateCanceled, now)
 	} else {
 		m.requeue(j, now, j.State == StateRunning)
 	}
@@ -1015,7 +1010,7 @@ func (m *Manager) dropLease(j *Job, now time.Time) {
 	}
 }
 
-func (m *Manager) finish(j *Job, s State, now time.Time) {
+func finish(j *Job, s State, now time.Time) {
 	if j.AcceptedAt != nil && now.Before(*j.AcceptedAt) {
 		// A clock moved back (a replica that came into step with the
 		// database's) never makes a job end before it started: its

@@ -119,13 +119,21 @@ func (s *MemoryStore) UpdateJob(ctx context.Context, j *Job, rev int64) error {
 	return nil
 }
 
-// ClaimJobs implements Store.
-func (s *MemoryStore) ClaimJobs(ctx context.Context, q ClaimQuery, grant func(*Job)) ([]*Job, error) {
+// ClaimLeases implements Store. It calls plan under its lock.
+func (s *MemoryStore) ClaimLeases(ctx context.Context, workerID string, plan func(*Worker) (ClaimQuery, LeaseClaim, bool, error)) ([]*Job, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	w, ok := s.workers[workerID]
+	if !ok {
+		return nil, fmt.Errorf("worker %s: %w", workerID, ErrNotFound)
+	}
+	q, c, ok, err := plan(cloneWorker(w))
+	if err != nil || !ok {
+		return nil, err
+	}
 	if q.Limit <= 0 {
 		return nil, errLimit(q.Limit)
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	active := 0
 	var cands []*Job
 	for _, j := range s.jobs {
@@ -136,16 +144,12 @@ func (s *MemoryStore) ClaimJobs(ctx context.Context, q ClaimQuery, grant func(*J
 			cands = append(cands, j)
 		}
 	}
-	n := min(q.Limit, q.MaxActive-active)
-	if n <= 0 || len(cands) == 0 {
-		return nil, nil
-	}
 	sort.Slice(cands, func(a, b int) bool { return claimOrder(cands[a], cands[b]) })
-	cands = cands[:min(n, len(cands))]
+	cands = cands[:max(0, min(q.Limit, len(c.Leases), q.MaxActive-active, len(cands)))]
 	out := make([]*Job, len(cands))
-	for i, c := range cands {
-		out[i] = cloneJob(c)
-		grant(out[i])
+	for k, j := range cands {
+		out[k] = cloneJob(j)
+		c.grant(out[k], k, q.Now)
 	}
 	// Nothing is stored until every grant is made, so that a claim whose
 	// context ended meanwhile, like a rolled-back transaction, leaves no trace.
@@ -154,6 +158,61 @@ func (s *MemoryStore) ClaimJobs(ctx context.Context, q ClaimQuery, grant func(*J
 	}
 	for _, j := range out {
 		s.jobs[j.ID] = cloneJob(j)
+	}
+	return out, nil
+}
+
+// AcceptLeased implements Store.
+func (s *MemoryStore) AcceptLeased(ctx context.Context, ws []AcceptWrite) ([]*Job, error) {
+	return guarded(ctx, s, ws, func(w AcceptWrite, j *Job) bool {
+		if !w.holds(j, StateLeased, w.MaxRuntime) {
+			return false
+		}
+		now := w.Now
+		j.State, j.AcceptedAt = StateRunning, &now
+		if !j.CancelRequested {
+			j.Lease.ExpiresAt = now.Add(min(w.TTL, runtimeOf(j, w.MaxRuntime)))
+		}
+		return true
+	})
+}
+
+// CompleteRunning implements Store.
+func (s *MemoryStore) CompleteRunning(ctx context.Context, ws []CompleteWrite) ([]*Job, error) {
+	return guarded(ctx, s, ws, func(w CompleteWrite, j *Job) bool {
+		if !w.holds(j, StateRunning, w.MaxRuntime) || j.CancelRequested {
+			return false
+		}
+		finish(j, StateSucceeded, w.Now)
+		if w.Result.ReceiptID != "" {
+			j.ReceiptID = w.Result.ReceiptID
+		}
+		r := w.Result
+		r.ReceiptID, r.Metrics = "", slices.Clone(r.Metrics)
+		j.Result = &r
+		return true
+	})
+}
+
+// guarded applies each write of ws whose guard holds (write reports
+// whether it did, after changing the job it is given) under s's lock,
+// all or none, and returns the jobs written.
+func guarded[W interface{ job() string }](ctx context.Context, s *MemoryStore, ws []W, write func(W, *Job) bool) ([]*Job, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	out := make([]*Job, len(ws))
+	for i, w := range ws {
+		j, ok := s.jobs[w.job()]
+		if !ok {
+			continue
+		}
+		if j = cloneJob(j); write(w, j) {
+			j.Rev++
+			s.jobs[j.ID], out[i] = j, cloneJob(j)
+		}
 	}
 	return out, nil
 }

@@ -64,7 +64,7 @@ func (m *Manager) Retire(ctx context.Context, workerID, reason string) (w *Worke
 				}
 				j.LastError = &JobError{Code: CodeWorkerRetired, Attempt: j.Attempt, At: now, Message: msg}
 				if j.CancelRequested {
-					m.finish(j, StateCanceled, now)
+					finish(j, StateCanceled, now)
 				} else {
 					m.requeue(j, now, false)
 				}

@@ -131,7 +131,7 @@ type ArtifactFilter struct {
 //     write are one step (UPDATE ... WHERE id = ? AND rev = ?, with the
 //     row count telling whether it wrote), so of two writers of one
 //     revision exactly one wins and the other gets ErrConflict.
-//   - ClaimJobs never gives one job to two claims, and serialises claims
+//   - ClaimLeases never gives one job to two claims, and serialises claims
 //     by one worker so that MaxActive holds: a SQL store locks the rows it
 //     claims and skips rows another claim holds (SELECT ... FOR UPDATE
 //     SKIP LOCKED; waiting for them and reading them again is correct
@@ -183,22 +183,29 @@ type Store interface {
 	// revision is rev (j.Rev holds the new one). ErrConflict if the
 	// revision differs, ErrNotFound if there is no such job.
 	UpdateJob(ctx context.Context, j *Job, rev int64) error
-	// ClaimJobs atomically picks up to min(q.Limit, q.MaxActive - live
-	// leases of q.WorkerID) queued jobs that match q, highest priority
-	// first, then oldest (created_at, then id as bytes); calls grant on
-	// each, which turns it into a leased job with a new revision; stores
-	// them and returns them in that order. No job is returned by two
-	// claims, and two claims by the same worker are serialised so that
-	// MaxActive holds. ErrInvalidArgument if q.Limit <= 0.
-	//
-	// grant may be called again after the attempt that called it was
-	// rolled back: a Store that retries (see above) calls it on each job as
-	// read in the new attempt, never on a job a failed attempt already
-	// changed, and stores and returns only the jobs of the attempt that
-	// commits. grant is not safe for concurrent use. grant changes only
-	// State, LeasedAt, AcceptedAt, Lease and Rev, and a Store may write
-	// only those.
-	ClaimJobs(ctx context.Context, q ClaimQuery, grant func(*Job)) ([]*Job, error)
+	// ClaimLeases reads worker workerID (ErrNotFound if there is none)
+	// and calls plan with it: plan returns the claim's query and the
+	// leases the Manager prepared (see LeaseClaim), or false (or an error)
+	// when the worker may claim nothing, and then nothing is claimed
+	// (ErrInvalidArgument if q.Limit <= 0). It then atomically picks up to
+	// min(q.Limit, len(c.Leases), q.MaxActive - live leases of q.WorkerID)
+	// queued jobs that match q, highest priority first, then oldest
+	// (created_at, then id as bytes); writes on each what LeaseClaim says,
+	// the k-th job getting c.Leases[k]; and returns them as written, in
+	// that order. No job is returned by two claims, and two claims by the
+	// same worker are serialised so that MaxActive holds. A Store that
+	// retries (see above) calls plan again in the new attempt, and writes
+	// only the leases of the plan of the attempt that commits.
+	ClaimLeases(ctx context.Context, workerID string, plan func(*Worker) (ClaimQuery, LeaseClaim, bool, error)) ([]*Job, error)
+	// AcceptLeased makes the guarded accepts ws (see AcceptWrite) and
+	// CompleteRunning the guarded completions (see CompleteWrite). Each
+	// applies every write whose guard holds and returns, in the order of
+	// ws, the job as written, or nil where the guard did not hold (nothing
+	// is written for it); when several writes name one job, only the first
+	// may apply. An error means nothing was written. A Store may gather
+	// the writes of concurrent callers into one statement and one commit.
+	AcceptLeased(ctx context.Context, ws []AcceptWrite) ([]*Job, error)
+	CompleteRunning(ctx context.Context, ws []CompleteWrite) ([]*Job, error)
 	// ExpiredJobs returns up to limit live jobs whose lease expired at or
 	// before now, or that are still leased at or after their AcceptBy, in
 	// ascending id order. ErrInvalidArgument if limit <= 0.

@@ -77,11 +77,25 @@ func (s faultyLeases) UpdateJob(ctx context.Context, j *lease.Job, rev int64) er
 	return s.Store.UpdateJob(ctx, j, rev)
 }
 
-func (s faultyLeases) ClaimJobs(ctx context.Context, q lease.ClaimQuery, grant func(*lease.Job)) ([]*lease.Job, error) {
+func (s faultyLeases) ClaimLeases(ctx context.Context, workerID string, plan func(*lease.Worker) (lease.ClaimQuery, lease.LeaseClaim, bool, error)) ([]*lease.Job, error) {
 	if err := s.f.write(); err != nil {
 		return nil, err
 	}
-	return s.Store.ClaimJobs(ctx, q, grant)
+	return s.Store.ClaimLeases(ctx, workerID, plan)
+}
+
+func (s faultyLeases) AcceptLeased(ctx context.Context, ws []lease.AcceptWrite) ([]*lease.Job, error) {
+	if err := s.f.write(); err != nil {
+		return nil, err
+	}
+	return s.Store.AcceptLeased(ctx, ws)
+}
+
+func (s faultyLeases) CompleteRunning(ctx context.Context, ws []lease.CompleteWrite) ([]*lease.Job, error) {
+	if err := s.f.write(); err != nil {
+		return nil, err
+	}
+	return s.Store.CompleteRunning(ctx, ws)
 }
 
 func (s faultyLeases) AddEvents(ctx context.Context, evs []*lease.Event) (int, error) {

@@ -1,6 +1,7 @@
 package leasetest
 
 import (
+	"crypto/sha256"
 	"encoding/json"
 	"fmt"
 	"sync"
@@ -22,6 +23,73 @@ var acceptCompleteTests = []test{
 	{"ClockMovedBack", testClockMovedBack},
 	{"LeaseWithAccept", testLeaseWithAccept},
 	{"LeaseWithAcceptMixed", testLeaseWithAcceptMixed},
+	{"GuardedWrites", testGuardedWrites},
+	{"AcceptAfterCancel", testAcceptAfterCancel},
+}
+
+// The Store's guarded writes, called directly: each write applies only
+// where its guard holds (the job's state, its lease's worker and token,
+// live at Now), answers in the order of the writes, and of several writes
+// naming one job only the first applies.
+func testGuardedWrites(t *testing.T, f *fixture) {
+	w := f.defaultWorker("w")
+	f.enqueue("status_check")
+	f.enqueue("status_check")
+	a, refA := f.leaseOne(w)
+	b, refB := f.leaseOne(w)
+	g := func(ref lease.Ref, worker, token string) lease.Guard {
+		h := sha256.Sum256([]byte(token))
+		return lease.Guard{JobID: ref.JobID, WorkerID: worker, TokenHash: h[:], Now: f.now()}
+	}
+	acc := func(gd lease.Guard) lease.AcceptWrite {
+		return lease.AcceptWrite{Guard: gd, TTL: time.Minute, MaxRuntime: time.Hour}
+	}
+	js, err := f.store.AcceptLeased(f.ctx, []lease.AcceptWrite{acc(g(refB, "other", refB.Token)), acc(g(refA, w.ID, refA.Token)),
+		acc(g(refA, w.ID, refA.Token)), acc(g(refB, w.ID, refA.Token))})
+	if err != nil || len(js) != 4 || js[0] != nil || js[1] == nil || js[2] != nil || js[3] != nil {
+		t.Fatalf("AcceptLeased(another worker's, the holder's twice, another token) = %v, %v; want only the second applied", js, err)
+	}
+	if j := js[1]; j.State != lease.StateRunning || j.Rev != a.Rev+1 || !j.Lease.ExpiresAt.Equal(f.now().Add(time.Minute)) {
+		t.Errorf("accepted job: %s rev %d expiring %v; want running, rev %d, expiring in the write's TTL", j.State, j.Rev, j.Lease.ExpiresAt, a.Rev+1)
+	}
+	f.same(js[1])
+	f.same(b)
+	com := func(gd lease.Guard) lease.CompleteWrite {
+		return lease.CompleteWrite{Guard: gd, MaxRuntime: time.Hour, Result: lease.Result{OutputURI: "s3://out", ReceiptID: "rcpt"}}
+	}
+	late := g(refA, w.ID, refA.Token)
+	late.Now = late.Now.Add(time.Minute) // the lease expired
+	js, err = f.store.CompleteRunning(f.ctx, []lease.CompleteWrite{com(g(refB, w.ID, refB.Token)), com(g(refA, w.ID, refA.Token)), com(late)})
+	if err != nil || len(js) != 3 || js[0] != nil || js[1] == nil || js[2] != nil {
+		t.Fatalf("CompleteRunning(not running, live, expired) = %v, %v; want only the second applied", js, err)
+	}
+	if j := js[1]; j.State != lease.StateSucceeded || j.ReceiptID != "rcpt" || j.Result.OutputURI != "s3://out" || j.Result.ReceiptID != "" {
+		t.Errorf("completed job: %s, receipt %q, result %+v; want succeeded with the receipt on the job", j.State, j.ReceiptID, j.Result)
+	}
+	f.same(js[1])
+	f.same(b)
+	late.JobID = refB.JobID
+	if js, err := f.store.AcceptLeased(f.ctx, []lease.AcceptWrite{acc(late)}); err != nil || len(js) != 1 || js[0] != nil {
+		t.Errorf("AcceptLeased past the lease's expiry = %v, %v; want nothing applied", js, err)
+	}
+	f.same(b)
+}
+
+// Accepting a job whose cancel was requested while it was leased runs it
+// under the lease the cancel bounded: the accept does not extend it, and
+// its expiry ends the job canceled.
+func testAcceptAfterCancel(t *testing.T, f *fixture) {
+	w := f.defaultWorker("w")
+	f.enqueue("status_check")
+	j, ref := f.leaseOne(w)
+	c := f.cancel(j.ID)
+	got := f.accept(ref)
+	if got.State != lease.StateRunning || !got.Lease.ExpiresAt.Equal(c.Lease.ExpiresAt) {
+		t.Fatalf("accept after a cancel request: %s expiring %v; want running, expiring at the cancel's %v", got.State, got.Lease.ExpiresAt, c.Lease.ExpiresAt)
+	}
+	f.clock.Advance(c.Lease.ExpiresAt.Sub(f.now()))
+	f.expire(1)
+	f.state(j.ID, lease.StateCanceled)
 }
 
 func testHappyPath(t *testing.T, f *fixture) {

@@ -214,11 +214,11 @@ func testAllowHook(t *testing.T, f *fixture) {
 	}
 }
 
-// retryingStore wraps the store under test so that each ClaimJobs fails
-// once after grant was called, then claims again for real, as a store
-// does that retries after the database aborted its transaction (a
-// deadlock on InnoDB, a serialization failure). The failed attempt ends
-// with its context, which the store under test must not commit.
+// retryingStore wraps the store under test so that each ClaimLeases
+// fails once after plan was called, then claims again for real, as a
+// store does that retries after the database aborted its transaction (a
+// deadlock on InnoDB, a serialization failure): plan is called again, and
+// only the leases of the attempt that commits may be written.
 type retryingStore struct {
 	lease.Store
 	t *testing.T
@@ -226,24 +226,21 @@ type retryingStore struct {
 	mu sync.Mutex
 	// between, when set, runs once between a failed attempt and its retry.
 	between func()
-	// granted counts the grants of failed attempts.
+	// granted counts the plans of failed attempts.
 	granted int
 }
 
-var errAttempt = errors.New("leasetest: the claim attempt failed after grant")
+var errAttempt = errors.New("leasetest: the claim attempt failed after plan")
 
-func (s *retryingStore) ClaimJobs(ctx context.Context, q lease.ClaimQuery, grant func(*lease.Job)) ([]*lease.Job, error) {
-	actx, cancel := context.WithCancelCause(ctx)
+func (s *retryingStore) ClaimLeases(ctx context.Context, workerID string, plan func(*lease.Worker) (lease.ClaimQuery, lease.LeaseClaim, bool, error)) ([]*lease.Job, error) {
 	called := 0
-	js, err := s.Store.ClaimJobs(actx, q, func(j *lease.Job) {
-		grant(j)
+	js, err := s.Store.ClaimLeases(ctx, workerID, func(w *lease.Worker) (lease.ClaimQuery, lease.LeaseClaim, bool, error) {
+		q, c, ok, _ := plan(w)
 		called++
-		cancel(errAttempt)
+		return q, c, ok, errAttempt
 	})
-	cancel(nil)
-	if called > 0 && err == nil {
-		s.t.Errorf("ClaimJobs claimed %d jobs although its context ended after grant; "+
-			"a claim whose context is done must store nothing", len(js))
+	if !errors.Is(err, errAttempt) || len(js) > 0 {
+		s.t.Errorf("ClaimLeases answered %d jobs, %v to a plan that failed; want nothing claimed and the plan's error", len(js), err)
 	}
 	s.mu.Lock()
 	s.granted += called
@@ -253,7 +250,7 @@ func (s *retryingStore) ClaimJobs(ctx context.Context, q lease.ClaimQuery, grant
 	if between != nil {
 		between()
 	}
-	return s.Store.ClaimJobs(ctx, q, grant)
+	return s.Store.ClaimLeases(ctx, workerID, plan)
 }
 
 func (s *retryingStore) failedGrants() int {

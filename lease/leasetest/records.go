@@ -502,7 +502,7 @@ func testWorkerFilter(t *testing.T, f *fixture) {
 // returns no more than a limit of 1 allows.
 func testLimits(t *testing.T, f *fixture) {
 	w := f.defaultWorker("w")
-	f.defaultWorker("w2")
+	w2 := f.defaultWorker("w2")
 	var refs []lease.Ref
 	for range 3 {
 		f.enqueue("status_check")
@@ -550,14 +550,10 @@ func testLimits(t *testing.T, f *fixture) {
 			ws, err := f.store.ListWorkers(f.ctx, "", limit)
 			return len(ws), err
 		}},
-		{"ClaimJobs", func(limit int) (int, error) {
-			js, err := f.store.ClaimJobs(f.ctx, lease.ClaimQuery{
-				WorkerID: "wrk_claimer", Types: []string{"status_check"}, Fits: []lease.Fit{{}},
-				MaxActive: 10, Limit: limit, Now: now,
-			}, func(j *lease.Job) {
-				j.State = lease.StateLeased
-				j.Lease = &lease.Lease{ID: "lse_limit", JobID: j.ID, WorkerID: "wrk_claimer", Epoch: 1}
-				j.Rev++
+		{"ClaimLeases", func(limit int) (int, error) {
+			js, err := f.store.ClaimLeases(f.ctx, w2.ID, func(*lease.Worker) (lease.ClaimQuery, lease.LeaseClaim, bool, error) {
+				return lease.ClaimQuery{WorkerID: w2.ID, Types: []string{"status_check"}, Fits: []lease.Fit{{}}, MaxActive: 10, Limit: limit, Now: now},
+					lease.LeaseClaim{Leases: []lease.Lease{{ID: "lse_limit", WorkerID: w2.ID, TokenHash: []byte{1}, ExpiresAt: now.Add(time.Hour), AcceptBy: now.Add(time.Hour)}}}, true, nil
 			})
 			return len(js), err
 		}},

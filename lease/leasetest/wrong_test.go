@@ -314,30 +314,27 @@ func (s unlimitedStore) ListWorkers(ctx context.Context, after string, limit int
 	return s.MemoryStore.ListWorkers(ctx, after, unlimited(limit))
 }
 
-func (s unlimitedStore) ClaimJobs(ctx context.Context, q lease.ClaimQuery, grant func(*lease.Job)) ([]*lease.Job, error) {
-	if q.Limit <= 0 {
-		return nil, nil
-	}
-	return s.MemoryStore.ClaimJobs(ctx, q, grant)
+func (s unlimitedStore) ClaimLeases(ctx context.Context, workerID string, plan func(*lease.Worker) (lease.ClaimQuery, lease.LeaseClaim, bool, error)) ([]*lease.Job, error) {
+	return s.MemoryStore.ClaimLeases(ctx, workerID, func(w *lease.Worker) (lease.ClaimQuery, lease.LeaseClaim, bool, error) {
+		q, c, ok, err := plan(w)
+		return q, c, ok && q.Limit > 0, err
+	})
 }
 
 // retryingStore claims as a store does that retries after the database
 // aborted its transaction (a deadlock on InnoDB): a first attempt calls
-// grant on the queued jobs it read, then is rolled back (here: its jobs
-// are dropped, unstored), and a second attempt claims for real. That is
-// allowed, and the suite must pass it.
+// plan, then is rolled back (here: its plan is dropped), and a second
+// attempt plans again and claims for real. That is allowed, and the suite
+// must pass it.
 type retryingStore struct{ *lease.MemoryStore }
 
-func (s retryingStore) ClaimJobs(ctx context.Context, q lease.ClaimQuery, grant func(*lease.Job)) ([]*lease.Job, error) {
-	if q.Limit <= 0 {
-		return nil, lease.ErrInvalidArgument
-	}
-	queued, err := s.MemoryStore.ListJobs(ctx, lease.JobFilter{State: lease.StateQueued, Limit: q.Limit})
+func (s retryingStore) ClaimLeases(ctx context.Context, workerID string, plan func(*lease.Worker) (lease.ClaimQuery, lease.LeaseClaim, bool, error)) ([]*lease.Job, error) {
+	w, err := s.MemoryStore.GetWorker(ctx, workerID)
 	if err != nil {
 		return nil, err
 	}
-	for _, j := range queued {
-		grant(j) // and the attempt is rolled back: j is never stored
+	if _, _, _, err := plan(w); err != nil {
+		return nil, err
 	}
-	return s.MemoryStore.ClaimJobs(ctx, q, grant)
+	return s.MemoryStore.ClaimLeases(ctx, workerID, plan)
 }

@@ -34,7 +34,9 @@ var groups = []group{
 	{"Leases", []write{
 		{"CreateJob", probeCreateJob},
 		{"UpdateJob", probeUpdateJob},
-		{"ClaimJobs", probeClaimJobs},
+		{"ClaimLeases", probeClaimLeases},
+		{"AcceptLeased", probeAcceptLeased},
+		{"CompleteRunning", probeCompleteRunning},
 		{"AddEvents", probeAddEvents},
 		{"AddArtifact", probeAddArtifact},
 		{"PutWorker", probePutWorker},
@@ -145,7 +147,7 @@ func probeUpdateJob(ctx context.Context, st workerapi.Stores, i int) (*probe, er
 	}, nil
 }
 
-func probeClaimJobs(ctx context.Context, st workerapi.Stores, i int) (*probe, error) {
+func probeClaimLeases(ctx context.Context, st workerapi.Stores, i int) (*probe, error) {
 	s := st.Leases
 	// A job type and a worker of the instance's own, so that the claims
 	// of two instances take one job each.
@@ -153,26 +155,17 @@ func probeClaimJobs(ctx context.Context, st workerapi.Stores, i int) (*probe, er
 	if err := s.CreateJob(ctx, newJob(id, typ)); err != nil {
 		return nil, fmt.Errorf("CreateJob: %w", err)
 	}
-	grant := func(j *lease.Job) {
-		at := epoch
-		hash := sha256.Sum256([]byte(id))
-		j.State, j.LeasedAt = lease.StateLeased, &at
-		j.Lease = &lease.Lease{
-			ID: name("lease", i), JobID: j.ID, WorkerID: worker, Epoch: 1, TokenHash: hash[:],
-			ExpiresAt: epoch.Add(10 * time.Minute), AcceptBy: epoch.Add(time.Minute), PolicyVersion: envelope.InitialVersion,
-		}
-		j.Rev++
+	if err := s.PutWorker(ctx, &lease.Worker{ID: worker, NodeID: name("claimer-node", i), RegisteredAt: epoch, LastSeenAt: epoch}); err != nil {
+		return nil, fmt.Errorf("PutWorker: %w", err)
 	}
 	return &probe{
 		do: func(ctx context.Context) error {
-			js, err := s.ClaimJobs(ctx, lease.ClaimQuery{
-				WorkerID: worker, Types: []string{typ}, Fits: []lease.Fit{{}}, MaxActive: 1, Limit: 1, Now: epoch,
-			}, grant)
+			js, err := s.ClaimLeases(ctx, worker, claimPlan(worker, typ, i, false))
 			if err != nil {
 				return err
 			}
 			if len(js) != 1 || js[0].ID != id {
-				return fmt.Errorf("ClaimJobs claimed %d jobs, want the one queued job %s", len(js), id)
+				return fmt.Errorf("ClaimLeases claimed %d jobs, want the one queued job %s", len(js), id)
 			}
 			return nil
 		},
@@ -187,6 +180,80 @@ func probeClaimJobs(ctx context.Context, st workerapi.Stores, i int) (*probe, er
 			}},
 		},
 	}, nil
+}
+
+// claimPlan is the plan of a claim of one job of type typ for worker,
+// under instance i's lease, whose token hash is leaseHash(i).
+func claimPlan(worker, typ string, i int, accept bool) func(*lease.Worker) (lease.ClaimQuery, lease.LeaseClaim, bool, error) {
+	return func(*lease.Worker) (lease.ClaimQuery, lease.LeaseClaim, bool, error) {
+		return lease.ClaimQuery{WorkerID: worker, Types: []string{typ}, Fits: []lease.Fit{{}}, MaxActive: 1, Limit: 1, Now: epoch},
+			lease.LeaseClaim{Accept: accept, MaxRuntime: time.Hour, Leases: []lease.Lease{{ID: name("lease", i), WorkerID: worker,
+				TokenHash: leaseHash(i), ExpiresAt: epoch.Add(10 * time.Minute), AcceptBy: epoch.Add(time.Minute), PolicyVersion: envelope.InitialVersion}}}, true, nil
+	}
+}
+
+// leaseHash is the token hash of instance i's lease.
+func leaseHash(i int) []byte {
+	h := sha256.Sum256([]byte(name("token", i)))
+	return h[:]
+}
+
+// claimJob commits a job of instance i claimed by a worker of its own,
+// running if accept, and returns the guard of its lease at epoch.
+func claimJob(ctx context.Context, s lease.Store, i int, accept bool) (lease.Guard, error) {
+	id, worker := name("job", i), name("worker", i)
+	if err := s.CreateJob(ctx, newJob(id, "status_check")); err != nil {
+		return lease.Guard{}, fmt.Errorf("CreateJob: %w", err)
+	}
+	if err := s.PutWorker(ctx, &lease.Worker{ID: worker, NodeID: name("node", i), RegisteredAt: epoch, LastSeenAt: epoch}); err != nil {
+		return lease.Guard{}, fmt.Errorf("PutWorker: %w", err)
+	}
+	js, err := s.ClaimLeases(ctx, worker, claimPlan(worker, "status_check", i, accept))
+	if err == nil && len(js) != 1 {
+		err = fmt.Errorf("claimed %d jobs, want 1", len(js))
+	}
+	if err != nil {
+		return lease.Guard{}, fmt.Errorf("ClaimLeases: %w", err)
+	}
+	return lease.Guard{JobID: id, WorkerID: worker, TokenHash: leaseHash(i), Now: epoch}, nil
+}
+
+// guardedProbe is the probe of a guarded write that takes the job of g
+// into state want.
+func guardedProbe(s lease.Store, g lease.Guard, want lease.State, write func(ctx context.Context) ([]*lease.Job, error)) *probe {
+	return &probe{
+		do: func(ctx context.Context) error {
+			js, err := write(ctx)
+			if err == nil && (len(js) != 1 || js[0] == nil) {
+				err = fmt.Errorf("the write's guard did not hold: %v", js)
+			}
+			return err
+		},
+		checks: []check{
+			getJob(s, g.JobID, func(j *lease.Job) bool { return j.State == want }),
+			listJobs(s, "ListJobs(State)", lease.JobFilter{State: want, Limit: limit}, g.JobID),
+		},
+	}
+}
+
+func probeAcceptLeased(ctx context.Context, st workerapi.Stores, i int) (*probe, error) {
+	g, err := claimJob(ctx, st.Leases, i, false)
+	if err != nil {
+		return nil, err
+	}
+	return guardedProbe(st.Leases, g, lease.StateRunning, func(ctx context.Context) ([]*lease.Job, error) {
+		return st.Leases.AcceptLeased(ctx, []lease.AcceptWrite{{Guard: g, TTL: time.Minute, MaxRuntime: time.Hour}})
+	}), nil
+}
+
+func probeCompleteRunning(ctx context.Context, st workerapi.Stores, i int) (*probe, error) {
+	g, err := claimJob(ctx, st.Leases, i, true)
+	if err != nil {
+		return nil, err
+	}
+	return guardedProbe(st.Leases, g, lease.StateSucceeded, func(ctx context.Context) ([]*lease.Job, error) {
+		return st.Leases.CompleteRunning(ctx, []lease.CompleteWrite{{Guard: g, MaxRuntime: time.Hour}})
+	}), nil
 }
 
 func probeAddEvents(ctx context.Context, st workerapi.Stores, i int) (*probe, error) {

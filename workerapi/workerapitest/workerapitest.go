@@ -24,7 +24,7 @@
 //	}
 //
 // For every write method of every store (lease.Store's CreateJob,
-// UpdateJob, ClaimJobs, AddEvents, AddArtifact, PutWorker, SetApproval
+// UpdateJob, ClaimLeases, AcceptLeased, CompleteRunning, AddEvents, AddArtifact, PutWorker, SetApproval
 // and DeleteEnded;
 // credential.Store's CreatePrincipal, UpdatePrincipal, CreateCredential
 // and UpdateCredential; replay.Store's Insert and Collect;
@@ -52,7 +52,7 @@
 // joins the transaction its context carries.
 //
 // A failing subtest names the store, the write and the case, as in
-// TestTransactions/Leases/ClaimJobs/Rollback, and its message names the
+// TestTransactions/Leases/ClaimLeases/Rollback, and its message names the
 // read that saw (or missed) the write. A NonceStore has no read method:
 // an Insert of the same nonce (replay.ErrReplayedNonce while it is held)
 // and a second Collect at the same time (nothing left to delete) are its

@@ -82,7 +82,7 @@ var suite = []struct {
 	store  string
 	writes []string
 }{
-	{"Leases", []string{"CreateJob", "UpdateJob", "ClaimJobs", "AddEvents", "AddArtifact", "PutWorker", "SetApproval", "DeleteEnded"}},
+	{"Leases", []string{"CreateJob", "UpdateJob", "ClaimLeases", "AcceptLeased", "CompleteRunning", "AddEvents", "AddArtifact", "PutWorker", "SetApproval", "DeleteEnded"}},
 	{"Credentials", []string{"CreatePrincipal", "UpdatePrincipal", "CreateCredential", "UpdateCredential"}},
 	{"Nonces", []string{"Insert", "Collect"}},
 	{"Envelope", []string{"Apply"}},
@@ -314,8 +314,16 @@ func (s leases) UpdateJob(ctx context.Context, j *lease.Job, rev int64) error {
 	return s.Store.UpdateJob(s.d.w(ctx), j, rev)
 }
 
-func (s leases) ClaimJobs(ctx context.Context, q lease.ClaimQuery, grant func(*lease.Job)) ([]*lease.Job, error) {
-	return s.Store.ClaimJobs(s.d.w(ctx), q, grant)
+func (s leases) ClaimLeases(ctx context.Context, workerID string, plan func(*lease.Worker) (lease.ClaimQuery, lease.LeaseClaim, bool, error)) ([]*lease.Job, error) {
+	return s.Store.ClaimLeases(s.d.w(ctx), workerID, plan)
+}
+
+func (s leases) AcceptLeased(ctx context.Context, ws []lease.AcceptWrite) ([]*lease.Job, error) {
+	return s.Store.AcceptLeased(s.d.w(ctx), ws)
+}
+
+func (s leases) CompleteRunning(ctx context.Context, ws []lease.CompleteWrite) ([]*lease.Job, error) {
+	return s.Store.CompleteRunning(s.d.w(ctx), ws)
 }
 
 func (s leases) ExpiredJobs(ctx context.Context, now time.Time, limit int) ([]*lease.Job, error) {

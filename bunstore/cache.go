@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/uptrace/bun"
+
+	"github.com/nodelane/nodelane/credential"
 )
 
 // The read cache. Every worker request reads its credential, the
@@ -139,12 +141,20 @@ func (c *readCache) fresh() bool {
 
 // get returns the entry of key if the last look is recent enough. due
 // reports that it is not, and that no look is under way: the caller is
-// to look (checkedAt).
-func (c *readCache) get(key string) (v any, ok, due bool) {
+// to look (checkedAt). After a look, peek (claim false) never claims the
+// next one.
+func (c *readCache) get(key string) (v any, ok, due bool) { return c.lookup(key, true) }
+
+func (c *readCache) peek(key string) (any, bool) {
+	v, ok, _ := c.lookup(key, false)
+	return v, ok
+}
+
+func (c *readCache) lookup(key string, claim bool) (v any, ok, due bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if !c.fresh() {
-		if c.checking {
+		if c.checking || !claim {
 			return nil, false, false
 		}
 		c.checking = true
@@ -268,21 +278,37 @@ func mayCheck(ctx context.Context) bool {
 
 // cachedRead returns key's value from the cache when ctx may read it
 // there, looking first when a look is due, and otherwise loads it and
-// keeps it.
+// keeps it. Under credential.MemoryOnly it reads nothing from the
+// database: what it would read it answers credential.ErrNotInMemory.
 func cachedRead[T any](ctx context.Context, db *DB, key string, load func() (T, error)) (T, error) {
+	memoryOnly := credential.IsMemoryOnly(ctx)
 	if !db.mayCache(ctx, key) {
+		if memoryOnly {
+			var zero T
+			return zero, credential.ErrNotInMemory
+		}
 		return load()
 	}
 	c := db.cache
 	v, ok, due := c.get(key)
 	if due {
 		start := c.now()
-		version, err := db.cacheVersion(ctx)
+		var (
+			version int64
+			err     = errNoCheck
+		)
+		if !memoryOnly {
+			version, err = db.cacheVersion(ctx)
+		}
 		c.checkedAt(start, version, err)
-		v, ok, _ = c.get(key)
+		v, ok = c.peek(key)
 	}
 	if ok {
 		return v.(T), nil
+	}
+	if memoryOnly {
+		var zero T
+		return zero, credential.ErrNotInMemory
 	}
 	gen := c.begin()
 	loaded, err := load()

@@ -390,3 +390,41 @@ func TestCacheVersion(t *testing.T) {
 		t.Errorf("the other credential of the principal: %v", err)
 	}
 }
+
+// Under credential.MemoryOnly a DB reads nothing: it answers what it
+// keeps, and credential.ErrNotInMemory for the rest, a look that is due
+// included (the next read outside MemoryOnly makes it).
+func TestCacheMemoryOnly(t *testing.T) {
+	t.Parallel()
+	qc := &queryCounter{}
+	fa, fb, clock := pairOn(t, bunstore.Migrated.New(t), qc)
+	ctx := credential.MemoryOnly(context.Background())
+	verify := func(what string) error {
+		t.Helper()
+		before := qc.stmts.Load()
+		_, _, err := fb.is.Verify(ctx, fa.tok, credential.ScopeOperatorJobs)
+		if n := qc.stmts.Load() - before; n != 0 {
+			t.Errorf("%s: a verification from memory ran %d statements", what, n)
+		}
+		return err
+	}
+	if err := verify("nothing kept"); !errors.Is(err, credential.ErrNotInMemory) {
+		t.Fatalf("nothing kept: %v, want ErrNotInMemory", err)
+	}
+	if err, _ := fb.verify(t); err != nil { // fills the cache
+		t.Fatal(err)
+	}
+	if err := verify("kept"); err != nil {
+		t.Fatalf("kept: %v", err)
+	}
+	clock.Advance(time.Second)
+	if err := verify("a look due"); !errors.Is(err, credential.ErrNotInMemory) {
+		t.Fatalf("a look due: %v, want ErrNotInMemory", err)
+	}
+	if err, _ := fb.verify(t); err != nil { // looks
+		t.Fatal(err)
+	}
+	if err := verify("after the look"); err != nil {
+		t.Fatalf("after the look: %v", err)
+	}
+}

@@ -125,7 +125,7 @@ func look(c *readCache, k string, version int64) (v any, ok, looked bool) {
 	v, ok, due := c.get(k)
 	if due {
 		c.checkedAt(c.now(), version, nil)
-		v, ok, _ = c.get(k)
+		v, ok = c.peek(k)
 	}
 	return v, ok, due
 }
@@ -190,8 +190,11 @@ func TestReadCacheGeneration(t *testing.T) {
 		t.Fatal("past the TTL the look was not due")
 	}
 	c.checkedAt(now, 0, errNoCheck)
+	if _, ok := c.peek("k"); ok {
+		t.Fatal("after a failed look, the entry was served")
+	}
 	if _, ok, due := c.get("k"); ok || !due {
-		t.Fatalf("after a failed look: served %v, due %v; want a look due again", ok, due)
+		t.Fatalf("after a failed look and a peek: served %v, due %v; want a look due again", ok, due)
 	}
 	if newReadCache(-1, 0) != nil {
 		t.Fatal("a negative TTL made a cache")

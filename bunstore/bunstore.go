@@ -69,18 +69,22 @@ type Config struct {
 	// burn-down with 16 of 20, each a PostgreSQL backend started and its
 	// statements prepared again).
 	MaxIdleConns int
-	// CacheTTL is the longest a DB serves a credential, a principal or
-	// the envelope state from memory after it read it: the bound on how
-	// long a change made elsewhere may go unseen when no notification
-	// announces it (see cache.go: changes made through this DB, and on
-	// PostgreSQL those any replica makes while this DB has a Notifier, are
-	// seen at once). Defaults to DefaultCacheTTL (1 s); a negative value
-	// turns the cache off.
+	// CacheTTL is how often a DB looks for changes of the credentials,
+	// principals and envelope state it serves from memory that no
+	// notification announced: the bound on how long a change made
+	// elsewhere may go unseen (see cache.go: changes made through this DB,
+	// and on PostgreSQL those any replica makes while this DB has a
+	// Notifier, are seen at once). On SQLite a look is one read of a
+	// version row that every change increments, and the entries stay
+	// while it is unchanged; on PostgreSQL without a listening Notifier a
+	// look forgets them all. Defaults to DefaultCacheTTL (1 s); a negative
+	// value turns the cache off.
 	CacheTTL time.Duration
-	// ListenedCacheTTL replaces CacheTTL, on PostgreSQL, while a Notifier
-	// made from the DB listens (every change any replica commits then
-	// reaches the cache at once). Defaults to DefaultListenedCacheTTL
-	// (1 min); never less than CacheTTL.
+	// ListenedCacheTTL, when positive, bounds how long an entry is served
+	// on PostgreSQL while a Notifier made from the DB listens (every
+	// change any replica commits then reaches the cache at once, and its
+	// connection's loss empties it); never less than CacheTTL. By default
+	// entries are served until a change is heard.
 	ListenedCacheTTL time.Duration
 }
 

@@ -3,18 +3,20 @@ package bunstore
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/uptrace/bun"
+
+	"github.com/nodelane/nodelane/credential"
 )
 
 // The read cache. Every worker request reads its credential, the
 // credential's principal and the envelope state, which change rarely: a
-// DB keeps what it read of them in memory for at most Config.CacheTTL
-// (DefaultCacheTTL, 1 s), so that a busy node's requests do not read
-// them again, and forgets an entry as soon as it learns of a change:
+// DB keeps what it read of them in memory, so that a node's requests do
+// not read them again, for as long as it knows of no change:
 //
 //   - a change this DB makes is forgotten when its transaction commits
 //     (DB.InTx), or at once when it runs outside one; a transaction of
@@ -24,28 +26,34 @@ import (
 //     notification (pg_notify in the same transaction, so it goes out
 //     when the change commits) on the channel of the DB's Notifier, and
 //     every Notifier hearing it, on every replica, makes its DB forget
-//     the entry; a Notifier that lost its connection makes its DB forget
-//     everything once it listens again.
+//     the entry; a Notifier that lost its connection (or whose pings go
+//     unanswered) makes its DB forget everything, and so does one that
+//     connects. While a Notifier of the DB listens, every change any
+//     replica commits reaches the cache: entries are served until one
+//     is heard (or, if set, for at most Config.ListenedCacheTTL);
+//   - otherwise the DB looks once per Config.CacheTTL (DefaultCacheTTL,
+//     1 s), when a read finds its last look older. On SQLite every change
+//     of an entry increments, in its transaction, the one row of
+//     nodelane_cache_version, and a look reads it: the entries stay while
+//     it reads as before, and all go when it does not, so that one
+//     statement a second keeps a whole fleet's credentials however rarely
+//     each node calls, and a change another process made to the file is
+//     seen. On PostgreSQL without a listener a look forgets everything
+//     (an increment there would make every change of an entry wait for
+//     the previous one's commit).
 //
 // So a revocation, a ban or a deactivation takes effect on every replica
 // within milliseconds when they listen (a Notifier), and within CacheTTL
-// in every case: a replica without a Notifier, a SQLite file written by
-// another process, a notification lost with its connection. While a
-// Notifier of the DB listens, on PostgreSQL, every change reaches it, and
-// entries live Config.ListenedCacheTTL (1 min), so that a node that
-// heartbeats every 30 s finds its credential in memory; the cache is
-// emptied whenever a listener connects or loses its connection.
+// in every other case: a replica without a Notifier, a SQLite file
+// written by another process.
 //
 // A read that started before a change was forgotten is not kept (the
 // generation check of put), so the cache never keeps a value older than
-// a change it learnt of.
+// a change it learnt of; a look vouches for the entries as of when it
+// began.
 
-// DefaultCacheTTL is the default of Config.CacheTTL, and
-// DefaultListenedCacheTTL of Config.ListenedCacheTTL.
-const (
-	DefaultCacheTTL         = time.Second
-	DefaultListenedCacheTTL = time.Minute
-)
+// DefaultCacheTTL is the default of Config.CacheTTL.
+const DefaultCacheTTL = time.Second
 
 // cachePayload prefixes the key of a changed entry in the payload of a
 // notification; a notification without it announces jobs.
@@ -60,8 +68,14 @@ func principalKey(id string) string  { return "principal/" + id }
 
 const envelopeKey = "envelope"
 
-// readCache holds values read from the database, each for at most ttl,
-// or listenedTTL while a Notifier of its DB listens.
+// The statements of the version row (SQLite's migration 0020).
+const (
+	cacheVersionRead = "SELECT version FROM nodelane_cache_version WHERE id = 1"
+	cacheVersionBump = "UPDATE nodelane_cache_version SET version = version + 1 WHERE id = 1"
+)
+
+// readCache holds values read from the database until it learns of a
+// change (see above).
 type readCache struct {
 	ttl         time.Duration
 	listenedTTL time.Duration
@@ -70,21 +84,25 @@ type readCache struct {
 	mu sync.Mutex
 	// listening counts the Notifiers of the DB whose listener is
 	// connected: while one is, every change any replica commits reaches
-	// the cache, and entries live listenedTTL. The cache is emptied when a
-	// listener connects and when one loses its connection.
+	// the cache, and a look is due every listenedTTL (never if 0). The
+	// cache is emptied when a listener connects and when one loses its
+	// connection.
 	listening int
 	// gen counts the invalidations: a value read while one happened is
 	// not kept.
 	gen   uint64
-	items map[string]cacheEntry
+	items map[string]any
+	// version is the version row as last read (valid if known), checked
+	// when the last look began; checking reports that a look is under
+	// way.
+	version  int64
+	known    bool
+	checked  time.Time
+	checking bool
 }
 
-type cacheEntry struct {
-	v  any
-	at time.Time // when the read that gave v began
-}
-
-// newReadCache returns a cache whose entries live ttl, or nil (no
+// newReadCache returns a cache that looks every ttl, or every
+// listenedTTL (if positive) while a listener is connected, or nil (no
 // cache) for a negative ttl.
 func newReadCache(ttl, listenedTTL time.Duration) *readCache {
 	if ttl < 0 {
@@ -93,10 +111,10 @@ func newReadCache(ttl, listenedTTL time.Duration) *readCache {
 	if ttl == 0 {
 		ttl = DefaultCacheTTL
 	}
-	if listenedTTL <= 0 {
-		listenedTTL = DefaultListenedCacheTTL
+	if listenedTTL > 0 {
+		listenedTTL = max(ttl, listenedTTL)
 	}
-	return &readCache{ttl: ttl, listenedTTL: max(ttl, listenedTTL), now: time.Now, items: map[string]cacheEntry{}}
+	return &readCache{ttl: ttl, listenedTTL: listenedTTL, now: time.Now, items: map[string]any{}}
 }
 
 // listen records that a listener connected (up) or lost its connection,
@@ -113,35 +131,67 @@ func (c *readCache) listen(up bool) {
 	clear(c.items)
 }
 
-// get returns the live entry of key.
-func (c *readCache) get(key string) (any, bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	e, ok := c.items[key]
-	if !ok {
-		return nil, false
-	}
-	ttl := c.ttl
+// fresh reports whether the last look is recent enough; c.mu is held.
+func (c *readCache) fresh() bool {
 	if c.listening > 0 {
-		ttl = c.listenedTTL
+		return c.known && (c.listenedTTL == 0 || c.now().Sub(c.checked) < c.listenedTTL)
 	}
-	if c.now().Sub(e.at) >= ttl {
-		delete(c.items, key)
-		return nil, false
-	}
-	return e.v, true
+	return c.known && c.now().Sub(c.checked) < c.ttl
 }
 
-// begin returns the generation and the time a read from the database
-// starts at, for put.
-func (c *readCache) begin() (uint64, time.Time) {
+// get returns the entry of key if the last look is recent enough. due
+// reports that it is not, and that no look is under way: the caller is
+// to look (checkedAt). After a look, peek (claim false) never claims the
+// next one.
+func (c *readCache) get(key string) (v any, ok, due bool) { return c.lookup(key, true) }
+
+func (c *readCache) peek(key string) (any, bool) {
+	v, ok, _ := c.lookup(key, false)
+	return v, ok
+}
+
+func (c *readCache) lookup(key string, claim bool) (v any, ok, due bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.gen, c.now()
+	if !c.fresh() {
+		if c.checking || !claim {
+			return nil, false, false
+		}
+		c.checking = true
+		return nil, false, true
+	}
+	v, ok = c.items[key]
+	return v, ok, false
+}
+
+// checkedAt ends a look that began at start and read version: the
+// entries hold as of start if it is the one known, and the cache is
+// emptied if it is not. A failed look (err) vouches for nothing.
+func (c *readCache) checkedAt(start time.Time, version int64, err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.checking = false
+	if err != nil {
+		return
+	}
+	if !c.known || version != c.version {
+		c.gen++
+		clear(c.items)
+		c.version, c.known = version, true
+	}
+	c.checked = start
+}
+
+// begin returns the generation a read from the database starts at, for
+// put.
+func (c *readCache) begin() uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.gen
 }
 
 // put keeps v for key unless an invalidation came after begin gave gen.
-func (c *readCache) put(key string, gen uint64, at time.Time, v any) {
+func (c *readCache) put(key string, gen uint64, v any) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if gen != c.gen {
@@ -150,7 +200,7 @@ func (c *readCache) put(key string, gen uint64, at time.Time, v any) {
 	if len(c.items) >= maxCacheEntries {
 		clear(c.items)
 	}
-	c.items[key] = cacheEntry{v: v, at: at}
+	c.items[key] = v
 }
 
 // drop forgets keys, and every read in flight.
@@ -215,26 +265,82 @@ func (db *DB) mayCache(ctx context.Context, key string) bool {
 	return ok && !t.has(key)
 }
 
-// cachedRead returns key's value from the cache when ctx may read it
-// there, and otherwise loads it and keeps it.
-func cachedRead[T any](ctx context.Context, db *DB, key string, load func() (T, error)) (T, error) {
-	if !db.mayCache(ctx, key) {
-		return load()
+// mayCheck reports whether ctx may read the version row for the cache:
+// outside a transaction, or in one of DB.InTx that changed no entry (one
+// that did reads its own increment, which may never commit).
+func mayCheck(ctx context.Context) bool {
+	if _, ok := txFrom(ctx); !ok {
+		return true
 	}
-	if v, ok := db.cache.get(key); ok {
-		return v.(T), nil
-	}
-	gen, at := db.cache.begin()
-	v, err := load()
-	if err == nil {
-		db.cache.put(key, gen, at, v)
-	}
-	return v, err
+	t, ok := ctx.Value(txChangesKey{}).(*txChanges)
+	return ok && len(t.list()) == 0
 }
 
+// cachedRead returns key's value from the cache when ctx may read it
+// there, looking first when a look is due, and otherwise loads it and
+// keeps it. Under credential.MemoryOnly it reads nothing from the
+// database: what it would read it answers credential.ErrNotInMemory.
+func cachedRead[T any](ctx context.Context, db *DB, key string, load func() (T, error)) (T, error) {
+	memoryOnly := credential.IsMemoryOnly(ctx)
+	if !db.mayCache(ctx, key) {
+		if memoryOnly {
+			var zero T
+			return zero, credential.ErrNotInMemory
+		}
+		return load()
+	}
+	c := db.cache
+	v, ok, due := c.get(key)
+	if due {
+		start := c.now()
+		var (
+			version int64
+			err     = errNoCheck
+		)
+		if !memoryOnly {
+			version, err = db.cacheVersion(ctx)
+		}
+		c.checkedAt(start, version, err)
+		v, ok = c.peek(key)
+	}
+	if ok {
+		return v.(T), nil
+	}
+	if memoryOnly {
+		var zero T
+		return zero, credential.ErrNotInMemory
+	}
+	gen := c.begin()
+	loaded, err := load()
+	if err == nil {
+		c.put(key, gen, loaded)
+	}
+	return loaded, err
+}
+
+// cacheVersion is a look's version: on SQLite the version row's, read
+// with ctx if it may (mayCheck); on PostgreSQL, where nothing increments
+// it, one the cache never knew, so that the look empties it.
+func (db *DB) cacheVersion(ctx context.Context) (int64, error) {
+	if db.postgres() {
+		db.cache.mu.Lock()
+		defer db.cache.mu.Unlock()
+		return db.cache.version + 1, nil
+	}
+	if !mayCheck(ctx) {
+		return 0, errNoCheck
+	}
+	var version int64
+	err := db.idb(ctx).QueryRowContext(ctx, cacheVersionRead).Scan(&version)
+	return version, err
+}
+
+// errNoCheck ends a look at the version that did not happen.
+var errNoCheck = errors.New("bunstore: the version row was not read")
+
 // changed announces that a write through idb, just made with ctx,
-// changed the entries keys: on PostgreSQL by a notification in the same
-// transaction, and for this DB's cache when that transaction commits
+// changed the entries keys: in the same transaction, on SQLite by the
+// version row's increment, on PostgreSQL by a notification; and for this DB's cache when that transaction commits
 // (DB.InTx) or at once (outside one, or in the host's own).
 func (db *DB) changed(ctx context.Context, idb bun.IDB, keys ...string) error {
 	if t, ok := ctx.Value(txChangesKey{}).(*txChanges); ok {
@@ -243,7 +349,8 @@ func (db *DB) changed(ctx context.Context, idb bun.IDB, keys ...string) error {
 		db.cache.drop(keys...)
 	}
 	if !db.postgres() {
-		return nil
+		_, err := idb.ExecContext(ctx, cacheVersionBump)
+		return err
 	}
 	ch, err := db.cacheChannel(ctx, idb)
 	if err != nil {

@@ -189,14 +189,7 @@ func TestCacheTTL(t *testing.T) {
 		t.Run(d.Name, func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
-			tdb := d.New(t)
-			pepper := pepper32()
-			a := cached(t, tdb, time.Second, nil)
-			b := cached(t, tdb, time.Second, nil)
-			clock := testclock.New(time.Now())
-			bunstore.SetCacheClock(b, clock.Now)
-			fa := newCacheFixture(t, a, pepper)
-			fb := &cacheFixture{is: issuerWith(t, b, pepper), gate: gateOn(t, b), tok: fa.tok, cred: fa.cred}
+			fa, fb, clock := pairOn(t, d.New(t), nil)
 			if err, _ := fb.verify(t); err != nil {
 				t.Fatal(err)
 			}
@@ -271,6 +264,22 @@ func TestCacheReplicas(t *testing.T) {
 	}
 }
 
+// pairOn opens two DBs on tdb whose entries live 1 s, A and B, B
+// counting its statements in qc (if not nil) and ageing its cache by the
+// clock returned, with a fixture on each that share one credential made
+// through A.
+func pairOn(t *testing.T, tdb testdb.DB, qc *queryCounter) (fa, fb *cacheFixture, clock *testclock.Clock) {
+	t.Helper()
+	pepper := pepper32()
+	a := cached(t, tdb, time.Second, nil)
+	b := cached(t, tdb, time.Second, qc)
+	clock = testclock.New(time.Now())
+	bunstore.SetCacheClock(b, clock.Now)
+	fa = newCacheFixture(t, a, pepper)
+	fb = &cacheFixture{is: issuerWith(t, b, pepper), gate: gateOn(t, b), tok: fa.tok, cred: fa.cred}
+	return fa, fb, clock
+}
+
 // seen reports whether f sees a change, by seen.
 func (f *cacheFixture) seen(seen func(*cacheFixture) bool) bool { return seen(f) }
 
@@ -282,8 +291,9 @@ func pepper32() []byte {
 	return p
 }
 
-// On PostgreSQL, while a DB's Notifier listens, its entries live
-// ListenedCacheTTL rather than CacheTTL: every change reaches it.
+// On PostgreSQL, while a DB's Notifier listens, its entries are served
+// until a change is heard, or ListenedCacheTTL when set, rather than
+// CacheTTL: every change reaches it.
 func TestCacheListenedTTL(t *testing.T) {
 	t.Parallel()
 	tdb := testdb.Postgres(t)
@@ -315,4 +325,106 @@ func TestCacheListenedTTL(t *testing.T) {
 	check("first read while listening", 3)
 	clock.Advance(10 * time.Minute)
 	check("past CacheTTL while listening", 0)
+	clock.Advance(time.Hour)
+	check("past ListenedCacheTTL while listening", 3)
+
+	// Without ListenedCacheTTL, until a change is heard.
+	qc = &queryCounter{}
+	db, err = bunstore.New(open(t, tdb).Bun().WithQueryHook(qc), &bunstore.Config{CacheTTL: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	clock = testclock.New(time.Now())
+	bunstore.SetCacheClock(db, clock.Now)
+	notifier(t, db, nil)
+	f = &cacheFixture{is: issuerWith(t, db, pepper32()), gate: gateOn(t, db), tok: f.tok, cred: f.cred}
+	check("first read while listening", 3)
+	clock.Advance(24 * time.Hour)
+	check("a day later, nothing changed, while listening", 0)
+}
+
+// On SQLite the entries hold until a change: past CacheTTL a DB reads
+// the version row, one statement for all its entries, and keeps serving
+// them while it reads as before; a change made through another DB
+// (another process on the file) is seen at the first look after it,
+// which empties the cache.
+func TestCacheVersion(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	qc := &queryCounter{}
+	fa, fb, clock := pairOn(t, bunstore.Migrated.New(t), qc)
+	check := func(what string, want int64) (error, bool) {
+		t.Helper()
+		before := qc.stmts.Load()
+		err, active := fb.verify(t)
+		if n := qc.stmts.Load() - before; n != want {
+			t.Errorf("%s: a verification ran %d statements, want %d", what, n, want)
+		}
+		return err, active
+	}
+	check("first (the version, credential, principal, envelope)", 4)
+	for range 3 {
+		clock.Advance(time.Second)
+		if err, _ := check("past CacheTTL, nothing changed (the version)", 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	check("within CacheTTL of the look", 0)
+	other, _, err := fa.is.Mint(ctx, fa.cred.PrincipalID, []credential.Scope{credential.ScopeOperatorJobs}, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(time.Second)
+	check("past CacheTTL after a credential was created (the version)", 1)
+	if _, err := fa.is.Revoke(ctx, fa.cred.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err, _ := check("within CacheTTL of a revocation elsewhere", 0); err != nil {
+		t.Errorf("within CacheTTL, B saw the revocation made on A: %v", err)
+	}
+	clock.Advance(time.Second)
+	if err, _ := check("past CacheTTL after a revocation elsewhere (the version, the credential, the envelope)", 3); !errors.Is(err, credential.ErrRevoked) {
+		t.Errorf("past CacheTTL, B serves the revoked credential: %v", err)
+	}
+	if _, _, err := fb.is.Verify(ctx, other, credential.ScopeOperatorJobs); err != nil {
+		t.Errorf("the other credential of the principal: %v", err)
+	}
+}
+
+// Under credential.MemoryOnly a DB reads nothing: it answers what it
+// keeps, and credential.ErrNotInMemory for the rest, a look that is due
+// included (the next read outside MemoryOnly makes it).
+func TestCacheMemoryOnly(t *testing.T) {
+	t.Parallel()
+	qc := &queryCounter{}
+	fa, fb, clock := pairOn(t, bunstore.Migrated.New(t), qc)
+	ctx := credential.MemoryOnly(context.Background())
+	verify := func(what string) error {
+		t.Helper()
+		before := qc.stmts.Load()
+		_, _, err := fb.is.Verify(ctx, fa.tok, credential.ScopeOperatorJobs)
+		if n := qc.stmts.Load() - before; n != 0 {
+			t.Errorf("%s: a verification from memory ran %d statements", what, n)
+		}
+		return err
+	}
+	if err := verify("nothing kept"); !errors.Is(err, credential.ErrNotInMemory) {
+		t.Fatalf("nothing kept: %v, want ErrNotInMemory", err)
+	}
+	if err, _ := fb.verify(t); err != nil { // fills the cache
+		t.Fatal(err)
+	}
+	if err := verify("kept"); err != nil {
+		t.Fatalf("kept: %v", err)
+	}
+	clock.Advance(time.Second)
+	if err := verify("a look due"); !errors.Is(err, credential.ErrNotInMemory) {
+		t.Fatalf("a look due: %v, want ErrNotInMemory", err)
+	}
+	if err, _ := fb.verify(t); err != nil { // looks
+		t.Fatal(err)
+	}
+	if err := verify("after the look"); err != nil {
+		t.Fatalf("after the look: %v", err)
+	}
 }

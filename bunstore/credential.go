@@ -215,10 +215,11 @@ func (s *CredentialStore) GetPrincipal(ctx context.Context, id string) (*credent
 // is rev. It returns credential.ErrConflict if the revision differs and
 // credential.ErrNotFound if there is no such principal.
 func (s *CredentialStore) UpdatePrincipal(ctx context.Context, p *credential.Principal, rev int64) error {
-	// One conditional UPDATE; the existence check after a miss only
-	// chooses the error (principals are never deleted).
+	// One conditional UPDATE, in one transaction with the announcement of
+	// the change (cache.go); the existence check after a miss only chooses
+	// the error (principals are never deleted).
 	err := s.db.retryOwnTx(ctx, func() error {
-		return s.db.write(ctx, func(ctx context.Context, idb bun.IDB) error {
+		return s.db.inTx(ctx, func(ctx context.Context, idb bun.IDB) error {
 			return s.db.updateCached(ctx, idb, principalKey(p.ID), func() error {
 				return updateCredentialRow(ctx, idb, newPrincipalRow(p), (*principalRow)(nil), p.ID, rev)
 			})
@@ -291,7 +292,7 @@ func (s *CredentialStore) UpdateCredential(ctx context.Context, c *credential.Cr
 	r, err := newCredentialRow(c)
 	if err == nil {
 		err = s.db.retryOwnTx(ctx, func() error {
-			return s.db.write(ctx, func(ctx context.Context, idb bun.IDB) error {
+			return s.db.inTx(ctx, func(ctx context.Context, idb bun.IDB) error {
 				return s.db.updateCached(ctx, idb, credentialKey(c.ID), func() error {
 					return updateCredentialRow(ctx, idb, r, (*credentialRow)(nil), c.ID, rev)
 				})

@@ -118,80 +118,130 @@ func TestMigrationsRollBack(t *testing.T) {
 	}
 }
 
+// look reads the cache's entry k as cachedRead does, the version row
+// reading version when a look at it is due; it reports whether the entry
+// was served and whether the version was looked at.
+func look(c *readCache, k string, version int64) (v any, ok, looked bool) {
+	v, ok, due := c.get(k)
+	if due {
+		c.checkedAt(c.now(), version, nil)
+		v, ok = c.peek(k)
+	}
+	return v, ok, due
+}
+
 // A read that began before an invalidation is not kept: it may hold the
-// value from before the change. One that began after is.
+// value from before the change. One that began after is, and is served
+// as long as the version reads as it did, looked at once per TTL; a new
+// version empties the cache.
 func TestReadCacheGeneration(t *testing.T) {
 	t.Parallel()
 	now := time.Unix(1000, 0)
 	c := newReadCache(time.Second, 0)
 	c.now = func() time.Time { return now }
+	if _, ok, looked := look(c, "k", 7); ok || !looked {
+		t.Fatalf("an empty cache: served %v, looked at the version %v", ok, looked)
+	}
 
-	gen, at := c.begin()
+	gen := c.begin()
 	c.drop("k") // a change committed while the read ran
-	c.put("k", gen, at, "old")
-	if v, ok := c.get("k"); ok {
+	c.put("k", gen, "old")
+	if v, ok, _ := look(c, "k", 7); ok {
 		t.Fatalf("a read from before the change was kept: %v", v)
 	}
-	gen, at = c.begin()
-	c.put("k", gen, at, "new")
-	if v, ok := c.get("k"); !ok || v != "new" {
-		t.Fatalf("get = %v, %v; want new", v, ok)
+	gen = c.begin()
+	c.put("k", gen, "new")
+	if v, ok, looked := look(c, "k", 7); !ok || v != "new" || looked {
+		t.Fatalf("get = %v, %v, looked %v; want new without a look", v, ok, looked)
 	}
-	// An entry lives CacheTTL from the start of the read that gave it.
+	// Past the TTL the version is looked at, once, and the entry stays.
 	now = now.Add(time.Second - 1)
-	if _, ok := c.get("k"); !ok {
-		t.Fatal("an entry was gone before its TTL")
+	if _, _, looked := look(c, "k", 7); looked {
+		t.Fatal("the version was looked at before the TTL")
 	}
 	now = now.Add(1)
-	if _, ok := c.get("k"); ok {
-		t.Fatal("an entry outlived its TTL")
+	if _, ok, looked := look(c, "k", 7); !ok || !looked {
+		t.Fatalf("past the TTL, the same version: served %v, looked %v; want both", ok, looked)
 	}
-	gen, at = c.begin()
+	// One look at a time: a read while another looks goes to the database.
+	now = now.Add(time.Second)
+	if _, _, due := c.get("k"); !due {
+		t.Fatal("past the TTL the look was not due")
+	}
+	if _, ok, due := c.get("k"); ok || due {
+		t.Fatalf("while a look ran: served %v, due %v; want neither", ok, due)
+	}
+	c.checkedAt(now, 8, nil) // a change was made elsewhere
+	if _, ok, _ := c.get("k"); ok {
+		t.Fatal("a new version left the entries")
+	}
+	gen = c.begin()
 	c.listen(true) // a listener connects: notifications may have been missed
-	c.put("k", gen, at, "old")
-	if _, ok := c.get("k"); ok {
+	c.put("k", gen, "old")
+	if _, ok, _ := look(c, "k", 8); ok {
 		t.Fatal("a read from before a listener connected was kept")
+	}
+	// A failed look vouches for nothing.
+	c.listen(false)
+	gen = c.begin()
+	c.put("k", gen, "v")
+	now = now.Add(time.Hour)
+	if _, _, due := c.get("k"); !due {
+		t.Fatal("past the TTL the look was not due")
+	}
+	c.checkedAt(now, 0, errNoCheck)
+	if _, ok := c.peek("k"); ok {
+		t.Fatal("after a failed look, the entry was served")
+	}
+	if _, ok, due := c.get("k"); ok || !due {
+		t.Fatalf("after a failed look and a peek: served %v, due %v; want a look due again", ok, due)
 	}
 	if newReadCache(-1, 0) != nil {
 		t.Fatal("a negative TTL made a cache")
 	}
 }
 
-// While a listener is connected entries live the listened TTL, else the
-// TTL; a listener that connects or disconnects empties the cache.
+// While a listener is connected the version is looked at every listened
+// TTL, else every TTL; a listener that connects or disconnects empties
+// the cache.
 func TestReadCacheListening(t *testing.T) {
 	t.Parallel()
 	now := time.Unix(1000, 0)
 	c := newReadCache(time.Second, time.Minute)
 	c.now = func() time.Time { return now }
 	put := func() {
-		gen, at := c.begin()
-		c.put("k", gen, at, "v")
+		gen := c.begin()
+		c.put("k", gen, "v")
 	}
+	look(c, "k", 1)
 	put()
 	now = now.Add(2 * time.Second)
-	if _, ok := c.get("k"); ok {
-		t.Fatal("without a listener an entry outlived the TTL")
+	if _, _, looked := look(c, "k", 1); !looked {
+		t.Fatal("without a listener the version went unread past the TTL")
 	}
 	c.listen(true)
 	put()
 	now = now.Add(59 * time.Second)
-	if _, ok := c.get("k"); !ok {
-		t.Fatal("while listening an entry was gone before the listened TTL")
+	if _, ok, looked := look(c, "k", 1); !ok || looked {
+		t.Fatalf("while listening, before the listened TTL: served %v, looked %v", ok, looked)
+	}
+	now = now.Add(time.Second)
+	if _, ok, looked := look(c, "k", 1); !ok || !looked {
+		t.Fatalf("while listening, past the listened TTL: served %v, looked %v", ok, looked)
 	}
 	c.listen(false)
-	if _, ok := c.get("k"); ok {
+	if _, ok, _ := look(c, "k", 1); ok {
 		t.Fatal("a lost listener left the cache as it was")
 	}
 	put()
 	now = now.Add(2 * time.Second)
-	if _, ok := c.get("k"); ok {
-		t.Fatal("after the listener went, an entry outlived the TTL")
+	if _, _, looked := look(c, "k", 1); !looked {
+		t.Fatal("after the listener went, the version went unread past the TTL")
 	}
 	c.listen(true)
 	put()
 	c.listen(true) // a second Notifier connects
-	if _, ok := c.get("k"); ok {
+	if _, ok, _ := look(c, "k", 1); ok {
 		t.Fatal("a listener that connected left the cache as it was")
 	}
 }

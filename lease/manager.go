@@ -198,16 +198,20 @@ func (m *Manager) RegisterWorker(ctx context.Context, w *Worker) (*Worker, error
 }
 
 // Heartbeat records that a worker is alive, with its status and latest
-// metrics (nil keeps the previous ones).
+// metrics (nil keeps the previous ones). A HeartbeatStore writes just
+// that, in one statement; another Store gets the worker and puts it back.
 func (m *Manager) Heartbeat(ctx context.Context, workerID, status string, metrics json.RawMessage) (*Worker, error) {
+	if metrics != nil && !json.Valid(metrics) {
+		return nil, fmt.Errorf("%w: metrics are not valid JSON", ErrInvalidArgument)
+	}
+	if hs, ok := m.store.(HeartbeatStore); ok {
+		return hs.Heartbeat(ctx, workerID, status, metrics, m.now())
+	}
 	w, err := m.store.GetWorker(ctx, workerID)
 	if err != nil {
 		return nil, err
 	}
 	if metrics != nil {
-		if !json.Valid(metrics) {
-			return nil, fmt.Errorf("%w: metrics are not valid JSON", ErrInvalidArgument)
-		}
 		w.Metrics = metrics
 	}
 	if status != "" && w.Status != StatusRetired {

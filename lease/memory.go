@@ -2,6 +2,7 @@ package lease
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"slices"
 	"sort"
@@ -31,6 +32,7 @@ type jobSeq struct {
 }
 
 var _ Store = (*MemoryStore)(nil)
+var _ HeartbeatStore = (*MemoryStore)(nil)
 
 // NewMemoryStore returns an empty MemoryStore.
 func NewMemoryStore() *MemoryStore {
@@ -436,6 +438,27 @@ func (s *MemoryStore) PutWorker(ctx context.Context, w *Worker) error {
 	}
 	s.workers[w.ID] = c
 	return nil
+}
+
+// Heartbeat implements HeartbeatStore.
+func (s *MemoryStore) Heartbeat(ctx context.Context, id, status string, metrics json.RawMessage, at time.Time) (*Worker, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	w, ok := s.workers[id]
+	if !ok {
+		return nil, ErrNotFound
+	}
+	w.LastSeenAt = at
+	if status != "" && w.Status != StatusRetired {
+		w.Status = status
+	}
+	if metrics != nil {
+		w.Metrics = slices.Clone(metrics)
+	}
+	return cloneWorker(w), nil
 }
 
 // SetDrain implements DrainStore.

@@ -282,12 +282,7 @@ func (s *Server) run(ctx context.Context, c *call, rt route) (int, any, error) {
 	if err != nil {
 		return 0, nil, err
 	}
-	done, err := s.turn(ctx)
-	if err != nil {
-		return 0, nil, err
-	}
-	p, cred, err := s.issuer.Verify(ctx, token, rt.scope)
-	done()
+	p, cred, err := s.verify(ctx, token, rt.scope)
 	if err != nil {
 		return 0, nil, err
 	}

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nodelane/nodelane/credential"
 	"github.com/nodelane/nodelane/lease"
 	"github.com/nodelane/nodelane/replay"
 )
@@ -96,6 +97,22 @@ func (s *Server) turn(ctx context.Context) (func(), error) {
 	}
 	var once sync.Once
 	return func() { once.Do(func() { <-s.turns }) }, nil
+}
+
+// verify verifies a request's credential: from what the credential
+// store keeps in memory (credential.MemoryOnly) without a turn, else in
+// a turn of its own.
+func (s *Server) verify(ctx context.Context, token string, scope credential.Scope) (*credential.Principal, *credential.Credential, error) {
+	p, cred, err := s.issuer.Verify(credential.MemoryOnly(ctx), token, scope)
+	if !errors.Is(err, credential.ErrNotInMemory) {
+		return p, cred, err
+	}
+	done, err := s.turn(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer done()
+	return s.issuer.Verify(ctx, token, scope)
 }
 
 // events returns the Metrics' EventMetrics, or nil.

@@ -190,7 +190,9 @@ type Config struct {
 	// BodyLimit caps request bodies, in bytes. Defaults to DefaultBodyLimit.
 	BodyLimit int64
 	// MaxActiveRequests is how many requests may run their database work
-	// at once: the credential check, and a signed request's transaction.
+	// at once: the credential check when the credential store must read
+	// it (one it keeps in memory takes no turn: credential.MemoryOnly),
+	// and a signed request's transaction.
 	// The others wait their turn in the order they came, holding no
 	// connection; a long-poll's wait holds no turn, each of its looks
 	// takes one. Without it requests would queue in the database pool,

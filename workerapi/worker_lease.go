@@ -15,12 +15,16 @@ import (
 
 // Limits of the worker routes.
 const (
-	// A long-poll looks again without a notification, since a job whose
-	// retry backoff ends becomes eligible without one: first pollTick
-	// after its last look, then twice as long each time, up to
-	// maxPollTick, so that a thousand idle long-polls do not cost a
-	// thousand claim transactions a second (on SQLite, each takes the one
-	// writer). A notification makes it look at once.
+	// A long-poll looks again without a notification only when something
+	// no notification announces may have made a job leasable: a job that
+	// was not due becomes due (the first attempt's explanation says when,
+	// for the jobs it examined), a worker at its live-lease limit frees a
+	// slot, or a job a notification announced was not due yet (a retry's
+	// backoff). Then it looks first pollTick after its last look, and
+	// twice as long each time, up to maxPollTick, so that a thousand
+	// long-polls do not cost a thousand claim transactions a second (on
+	// SQLite, each takes the one writer). An idle long-poll that nothing
+	// wakes looks no more than once, at its start.
 	pollTick    = time.Second
 	maxPollTick = 5 * time.Second
 )
@@ -89,10 +93,9 @@ func (s *Server) lease(ctx context.Context, c *call) (int, any, error) {
 			c.cleanup(cancel)
 		}
 	}
-	// Why no job came is said only in an answer without one: not after
-	// each attempt of a long-poll, which may wake for every job
-	// dispatched anywhere.
-	out, err := s.leaseOnce(ctx, c, lr, req.Accept, d <= 0)
+	// The first attempt says why it granted nothing: the answer of a
+	// long-poll that nothing woke, and when it must look again unasked.
+	out, why, err := s.leaseOnce(ctx, c, lr, req.Accept, true)
 	if err != nil {
 		return 0, nil, err
 	}
@@ -107,35 +110,34 @@ func (s *Server) lease(ctx context.Context, c *call) (int, any, error) {
 		defer s.park()()
 		timer := time.NewTimer(time.Until(deadline))
 		defer timer.Stop()
-		every := pollTick
-		tick := time.NewTimer(every)
-		defer tick.Stop()
+		look := newLooks(why)
+		defer look.stop()
 		for {
 			select {
 			case <-ctx.Done():
 				return 0, nil, context.Cause(ctx)
 			case <-timer.C:
-				done, err := s.turn(ctx)
-				if err != nil {
-					return 0, nil, err
+				if why == nil {
+					// An attempt ran since the first: say why as of now.
+					done, err := s.turn(ctx)
+					if err != nil {
+						return 0, nil, err
+					}
+					defer done()
+					snap, err := s.gate.Snapshot(ctx)
+					if err != nil {
+						return 0, nil, err
+					}
+					if why, err = s.whyNoJob(ctx, snap, lr); err != nil {
+						return 0, nil, err
+					}
 				}
-				defer done()
-				snap, err := s.gate.Snapshot(ctx)
-				if err != nil {
-					return 0, nil, err
-				}
-				if out.Message, err = s.whyNoJob(ctx, snap, lr); err != nil {
-					return 0, nil, err
-				}
+				out.Message = why.message
 				return http.StatusOK, out, nil
 			case <-wake:
-				tick.Stop()
 			case <-sig:
-				tick.Stop()
-			case <-tick.C:
-				every = min(2*every, maxPollTick)
+			case <-look.c:
 			}
-			tick.Reset(every)
 			var next *wire.LeaseResponse
 			queued, noted, granted := len(c.hooks), len(c.notes), len(c.jobIDs)
 			done, err := s.turn(ctx)
@@ -144,7 +146,7 @@ func (s *Server) lease(ctx context.Context, c *call) (int, any, error) {
 			}
 			err = s.sharedTx(ctx, c, func(ctx context.Context) error {
 				var err error
-				if next, err = s.leaseOnce(ctx, c, lr, req.Accept, false); err != nil {
+				if next, _, err = s.leaseOnce(ctx, c, lr, req.Accept, false); err != nil {
 					return err
 				}
 				return s.rememberLease(ctx, c, k, next)
@@ -159,9 +161,56 @@ func (s *Server) lease(ctx context.Context, c *call) (int, any, error) {
 			if len(out.Leases) > 0 {
 				return http.StatusOK, out, nil
 			}
+			why = nil
+			look.tick()
 		}
 	}
 	return http.StatusOK, out, nil
+}
+
+// looks times the looks of a waiting long-poll that no notification
+// asks for (see pollTick): none while its first attempt's explanation
+// holds, but at the time it named a job due; ticks once an attempt
+// found nothing, or from the start when the explanation says something
+// may change unannounced.
+type looks struct {
+	t     *time.Timer
+	c     <-chan time.Time // nil: no look due
+	every time.Duration
+}
+
+func newLooks(why *noJob) *looks {
+	l := &looks{}
+	switch {
+	case why.look:
+		l.tick()
+	case !why.next.IsZero():
+		l.t = time.NewTimer(max(time.Until(why.next), 0))
+		l.c = l.t.C
+	}
+	return l
+}
+
+// tick arms the next look, pollTick after the first and twice as long
+// each time after, up to maxPollTick.
+func (l *looks) tick() {
+	if l.every == 0 {
+		l.every = pollTick
+	} else {
+		l.every = min(2*l.every, maxPollTick)
+	}
+	if l.t == nil {
+		l.t = time.NewTimer(l.every)
+	} else {
+		l.t.Reset(l.every)
+	}
+	l.c = l.t.C
+}
+
+func (l *looks) stop() {
+	if l.t != nil {
+		l.t.Stop()
+	}
 }
 
 // rememberLease remembers out, the answer to the lease request k, if it
@@ -182,20 +231,21 @@ func (s *Server) rememberLease(ctx context.Context, c *call, k *keyed, out *wire
 
 // leaseOnce makes one attempt to lease jobs under a fresh envelope
 // snapshot, for a worker that is not banned (checkGranted), and, with
-// explain, says why none was granted. With accept, the claim accepts the
+// explain, says why none was granted (in the answer's message, and as
+// a noJob; nil otherwise). With accept, the claim accepts the
 // jobs it grants in the same write (lease.LeaseRequest.Accept): the
 // snapshot gates their types before the claim, for the lease and the
 // accept at once.
-func (s *Server) leaseOnce(ctx context.Context, c *call, lr lease.LeaseRequest, accept, explain bool) (*wire.LeaseResponse, error) {
+func (s *Server) leaseOnce(ctx context.Context, c *call, lr lease.LeaseRequest, accept, explain bool) (*wire.LeaseResponse, *noJob, error) {
 	// A ban or a retirement committed since the request's credential
 	// was verified (during a long-poll's wait) is seen here, in the
 	// claim's transaction: no job is granted to a banned worker.
 	if err := s.checkGranted(ctx, lr.WorkerID); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	snap, err := s.gate.Snapshot(ctx)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	prices := s.cfg.Prices
 	lr.Allow = func(t string) bool { return snap.Allow(t) == nil }
@@ -204,7 +254,7 @@ func (s *Server) leaseOnce(ctx context.Context, c *call, lr lease.LeaseRequest, 
 	lr.Accept = accept
 	grants, err := s.leases.Lease(ctx, lr)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if len(grants) > 0 {
 		// And again after the claim, in its transaction: a ban that
@@ -214,7 +264,7 @@ func (s *Server) leaseOnce(ctx context.Context, c *call, lr lease.LeaseRequest, 
 		// dispatched, so this read comes after any ban that preceded
 		// their dispatch.
 		if err := s.checkGranted(ctx, lr.WorkerID); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
 	if n := len(grants); n > 0 {
@@ -234,16 +284,16 @@ func (s *Server) leaseOnce(ctx context.Context, c *call, lr lease.LeaseRequest, 
 		from := lease.StateQueued
 		if g.Leased != nil {
 			if err := s.jobChanged(ctx, c, from, g.Leased); err != nil {
-				return nil, err
+				return nil, nil, err
 			}
 			from = lease.StateLeased
 		}
 		if err := s.jobChanged(ctx, c, from, j); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		wj, err := s.grantJob(ctx, j)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		out.Leases = append(out.Leases, wire.Grant{
 			LeaseID: j.Lease.ID, LeaseToken: g.Token, Job: wj,
@@ -257,12 +307,17 @@ func (s *Server) leaseOnce(ctx context.Context, c *call, lr lease.LeaseRequest, 
 		if lr.Accept {
 			out.Message = "leased and accepted " + jobCount(len(grants))
 		}
-		return out, nil
+		return out, nil, nil
 	}
-	if explain {
-		out.Message, err = s.whyNoJob(ctx, snap, lr)
+	if !explain {
+		return out, nil, nil
 	}
-	return out, err
+	why, err := s.whyNoJob(ctx, snap, lr)
+	if err != nil {
+		return nil, nil, err
+	}
+	out.Message = why.message
+	return out, why, nil
 }
 
 // jobCount is "1 job" or "n jobs".
@@ -273,15 +328,34 @@ func jobCount(n int) string {
 	return fmt.Sprintf("%d jobs", n)
 }
 
+// noJob is why a lease attempt granted nothing.
+type noJob struct {
+	// message says it in words: the answer's message.
+	message string
+	// next is the earliest time a fitting job examined that was not due
+	// becomes due (zero: none).
+	next time.Time
+	// look reports that the answer may change without a notification
+	// other than at next: the worker is at its live-lease limit (its own
+	// job's end frees a slot), or there were more jobs than examined.
+	look bool
+}
+
 // whyNoJob explains an empty lease with lease.Manager.ExplainLease: a
 // worker awaiting approval, the types asked for that it did not register
 // or its approval leaves out (ignored), the types the envelope blocks (in
 // the envelope's words), the types with no queued, fitting or due job,
 // and a worker already at its live-lease limit.
-func (s *Server) whyNoJob(ctx context.Context, snap *envelope.Snapshot, lr lease.LeaseRequest) (string, error) {
+func (s *Server) whyNoJob(ctx context.Context, snap *envelope.Snapshot, lr lease.LeaseRequest) (*noJob, error) {
 	ex, err := s.leases.ExplainLease(ctx, lr, nil)
 	if err != nil {
-		return "", err
+		return nil, err
+	}
+	nj := &noJob{look: ex.Truncated || (!ex.Pending && !ex.Draining && !ex.Banned && !ex.Slot)}
+	for _, tv := range ex.Types {
+		if !tv.NextAt.IsZero() && (nj.next.IsZero() || tv.NextAt.Before(nj.next)) {
+			nj.next = tv.NextAt
+		}
 	}
 	why := []string{"no eligible job"}
 	// The types the request asked for beyond what the worker may serve
@@ -292,7 +366,8 @@ func (s *Server) whyNoJob(ctx context.Context, snap *envelope.Snapshot, lr lease
 		var be *envelope.BlockedError
 		switch {
 		case r.Code == lease.ReasonNoJobTypes, r.Code == lease.ReasonPendingApproval, r.Code == lease.ReasonDraining:
-			return "no eligible job: " + r.Message, nil
+			nj.message = "no eligible job: " + r.Message
+			return nj, nil
 		case r.Code == lease.ReasonTypeNotRegistered, r.Code == lease.ReasonTypeNotApproved:
 			if _, ok := at[r.Code]; !ok {
 				at[r.Code] = len(why)
@@ -311,7 +386,8 @@ func (s *Server) whyNoJob(ctx context.Context, snap *envelope.Snapshot, lr lease
 	if i, ok := at[lease.ReasonTypeNotApproved]; ok {
 		why[i] = "ignored job types the worker's approval does not include: " + strings.Join(ignored[lease.ReasonTypeNotApproved], ", ")
 	}
-	return strings.Join(why, "; "), nil
+	nj.message = strings.Join(why, "; ")
+	return nj, nil
 }
 
 // accept: POST /workers/jobs/{id}/accept. The lease is checked first,

@@ -3,6 +3,7 @@ package main
 import (
 	"io"
 	"net/http"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -37,5 +38,37 @@ func TestDBMaxConns(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// -pprof-addr serves Go's profiles on an address of its own, and never on
+// the API's.
+func TestPprofAddr(t *testing.T) {
+	t.Parallel()
+	f := newFiles(t, testdb.Dialects()[0])
+	s := serve(t, append(f.args("127.0.0.1:0"), "-pprof-addr", "127.0.0.1:0")...)
+	m := regexp.MustCompile(`msg="serving profiles" pprof_addr=(\S+)`).FindStringSubmatch(s.stderr.String())
+	if m == nil {
+		t.Fatalf("the server did not log where it serves profiles:\n%s", s.stderr.String())
+	}
+	for _, c := range []struct {
+		url  string
+		want int
+	}{
+		{"http://" + m[1] + "/debug/pprof/goroutine?debug=1", http.StatusOK},
+		{"http://" + s.addr + "/debug/pprof/goroutine?debug=1", http.StatusNotFound},
+	} {
+		resp, err := http.Get(c.url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != c.want {
+			t.Errorf("GET %s: %d, want %d", c.url, resp.StatusCode, c.want)
+		}
+		if c.want == http.StatusOK && !strings.Contains(string(b), "goroutine profile:") {
+			t.Errorf("GET %s: not a goroutine profile:\n%.200s", c.url, b)
+		}
 	}
 }

@@ -136,6 +136,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		prices        receipts.Prices
 		publicURL     = fs.String("public-url", "", "the URL workers use, when a proxy in front rewrites Host or strips a path prefix (https://cp.example.com/nodelane): signatures are verified against it (docs/PROXY.md)")
 		proxies       []netip.Prefix
+		pprofAddr     = fs.String("pprof-addr", "", "serve Go's profiles (net/http/pprof, /debug/pprof/) on this address, say 127.0.0.1:6060, for measuring; never on a public one: they show the process's internals (empty: off)")
 	)
 	fs.Var(&prices, "price", "SKU=MICRO_USD_PER_GPU_HOUR (repeatable; default=N sets the price of unlisted SKUs)")
 	fs.Func("trusted-proxy", "CIDR or IP of a proxy in front whose X-Forwarded-For the request log's client_addr believes (repeatable; logging only)", func(s string) error {
@@ -205,6 +206,17 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			return fmt.Errorf("-http-addr: %w", err)
 		}
 		defer httpLn.Close()
+	}
+
+	if *pprofAddr != "" {
+		pln, err := net.Listen("tcp", *pprofAddr)
+		if err != nil {
+			return fmt.Errorf("-pprof-addr: %w", err)
+		}
+		ps := &http.Server{Handler: pprofHandler(), ReadHeaderTimeout: 10 * time.Second}
+		go ps.Serve(pln)
+		defer ps.Close()
+		log.Info("serving profiles", "pprof_addr", pln.Addr().String())
 	}
 
 	artCfg, artStore, err := artifacts.open(ctx, *dsn, log)

@@ -173,6 +173,22 @@ func testWorkers(t *testing.T, f *fixture) {
 	if got, err := f.m.Worker(f.ctx, w.ID); err != nil || string(got.Metrics) != `{"gpu_util":0.93}` {
 		t.Fatalf("metrics not stored: %+v, %v", got, err)
 	}
+	// A heartbeat writes when the worker was seen, its status and its
+	// metrics, and nothing else: no status and no metrics keep theirs,
+	// and it returns the worker as stored.
+	f.clock.Advance(time.Second)
+	hb2, err := f.m.Heartbeat(f.ctx, w.ID, "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := *hb
+	want.LastSeenAt = hb.LastSeenAt.Add(time.Second)
+	if d := cmp.Diff(&want, hb2, cmpopts.EquateEmpty()); d != "" {
+		t.Fatalf("a heartbeat without status or metrics (-want +got):\n%s", d)
+	}
+	if got, err := f.m.Worker(f.ctx, w.ID); err != nil || cmp.Diff(hb2, got, cmpopts.EquateEmpty()) != "" {
+		t.Fatalf("Heartbeat returned %+v, the store holds %+v (%v)", hb2, got, err)
+	}
 	_, err = f.m.RegisterWorker(f.ctx, &lease.Worker{NodeID: "node-a"})
 	wantErr(t, "a second worker for the node", err, lease.ErrConflict)
 	_, err = f.m.RegisterWorker(f.ctx, &lease.Worker{})

@@ -11,14 +11,15 @@ import (
 	"github.com/uptrace/bun/dialect"
 )
 
-// The hot statements (the claim, the guarded accept and completion) are
-// SQL files, one set a dialect (sql/pg, sql/sqlite), read once at Open
-// and run with bind parameters, not through bun's interpolation: their
-// text is the same from one call to the next, so PostgreSQL (through
-// pgx's statement cache) parses and plans each once per connection, and
-// SQLite prepares each once (prepared). Lists come in as parameters
-// (arrays on PostgreSQL, JSON on SQLite), never spliced into the text.
-// PostgreSQL's files number their parameters $1, $2, …; SQLite's ?1, ?2, ….
+// The hot statements (the claim, the guarded accept and completion, the
+// heartbeat) are SQL files, one set a dialect (sql/pg, sql/sqlite), read
+// once at Open and run with bind parameters, not through bun's
+// interpolation: their text is the same from one call to the next, so
+// PostgreSQL (through pgx's statement cache) parses and plans each once
+// per connection, and SQLite prepares each once (prepared). Lists come in
+// as parameters (arrays on PostgreSQL, JSON on SQLite), never spliced into
+// the text. PostgreSQL's files number their parameters $1, $2, …;
+// SQLite's ?1, ?2, ….
 
 //go:embed sql
 var sqlFiles embed.FS
@@ -27,7 +28,7 @@ var sqlFiles embed.FS
 // the file of its name; claimLock is empty on SQLite, which has one
 // writer and nothing to lock.
 type statements struct {
-	claimLock, claimWorkers, claim, accept, complete string
+	claimLock, claimWorkers, claim, accept, complete, heartbeat string
 }
 
 // loadStatements reads the hot statements of dialect name.
@@ -41,7 +42,7 @@ func loadStatements(name dialect.Name) statements {
 		return string(b)
 	}
 	return statements{claimLock: read("claim_lock"), claimWorkers: read("claim_workers"), claim: read("claim"),
-		accept: read("accept"), complete: read("complete")}
+		accept: read("accept"), complete: read("complete"), heartbeat: read("heartbeat")}
 }
 
 // sqlConn is what runs a bound statement: the context's transaction or

@@ -23,10 +23,10 @@ import (
 // other running batch holds, and a call whose key is held waits.
 //
 // run gets the items in queue order (the leader first) and returns a
-// result for each, or an error for the whole batch, which every caller in it then gets. run gets
-// the context of the caller that runs the batch, without its
-// cancellation: the others' writes must not fail because that caller went
-// away.
+// result for each, or an error for the whole batch, which every caller
+// in it then gets. run gets the context of the caller that runs the
+// batch, without its cancellation: the others' writes must not fail
+// because that caller went away.
 type batcher[T, R any] struct {
 	max      int
 	parallel int

@@ -66,11 +66,12 @@ func completeResult(req *wire.CompleteRequest) (lease.Result, error) {
 
 // completeJob completes ref's job with res in the transaction of ctx, and
 // returns the answer with its receipts but without their proofs (proofs
-// adds them after the commit). A repeat under the same lease token mints nothing and rebuilds
-// the first answer. A job whose cancel was requested ends canceled
-// (completeCanceled, which sets c.then to answer the refusal): completeJob
-// then returns that refusal (lease.ErrCanceled), to be committed with the
-// job's end and answered. Any err is to be rolled back.
+// adds them after the commit). A repeat under the same lease token mints
+// nothing and rebuilds the first answer. A job whose cancel was requested
+// ends canceled (completeCanceled, which sets c.then to answer the
+// refusal): completeJob then returns that refusal (lease.ErrCanceled), to
+// be committed with the job's end and answered. Any err is to be rolled
+// back.
 func (s *Server) completeJob(ctx context.Context, c *call, ref lease.Ref, res lease.Result) (out *wire.CompleteResponse, refusal, err error) {
 	// The job_completed receipt's id goes in with the completion, so the
 	// job records it in the same write.

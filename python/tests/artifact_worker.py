@@ -12,7 +12,6 @@ attempt returns at once with the checkpoint's SHA-256 as its metrics.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import sys
 import threading
@@ -20,10 +19,7 @@ import threading
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import nodelane  # noqa: E402
-
-
-def say(**kw: object) -> None:
-    print(json.dumps(kw), flush=True)
+from scriptio import say  # noqa: E402
 
 
 def main() -> int:

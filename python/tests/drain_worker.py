@@ -6,17 +6,13 @@ one JSON line per event on stdout, and drains on SIGTERM.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import nodelane  # noqa: E402
-
-
-def say(**kw: object) -> None:
-    print(json.dumps(kw), flush=True)
+from scriptio import say  # noqa: E402
 
 
 def main() -> int:

@@ -9,7 +9,6 @@ cancelled) on the first attempt of a job whose payload says
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import threading
@@ -17,10 +16,7 @@ import threading
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import nodelane  # noqa: E402
-
-
-def say(**kw: object) -> None:
-    print(json.dumps(kw), flush=True)
+from scriptio import say  # noqa: E402
 
 
 def main() -> int:

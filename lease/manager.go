@@ -696,21 +696,74 @@ func (m *Manager) Artifacts(ctx context.Context, f ArtifactFilter) ([]*Artifact,
 // Completing, with its last lease's token, a job that ended canceled
 // returns nil and ErrCanceled, and changes nothing.
 func (m *Manager) Complete(ctx context.Context, ref Ref, res Result) (job *Job, repeated bool, err error) {
-	if len(res.Metrics) > 0 && !json.Valid(res.Metrics) {
-		return nil, false, fmt.Errorf("%w: metrics are not valid JSON", ErrInvalidArgument)
-	}
-	if err := checkToken(ref.Token); err != nil {
+	cs := []Completion{{Ref: ref, Result: res}}
+	if err := m.CompleteAll(ctx, cs); err != nil {
 		return nil, false, err
 	}
-	for range casTries {
-		j, err := first(m.store.CompleteRunning(ctx, []CompleteWrite{{Guard: guard(ref, m.now()), MaxRuntime: m.cfg.MaxRuntime, Result: res}}))
-		if err != nil || j != nil {
-			return j, false, err
+	return cs[0].Job, cs[0].Repeated, cs[0].Err
+}
+
+// Completion is one completion of CompleteAll: Ref and Result in, and
+// out what Complete returns for them.
+type Completion struct {
+	Ref    Ref
+	Result Result
+
+	Job      *Job
+	Repeated bool
+	Err      error
+}
+
+// CompleteAll completes each of cs as Complete would, and sets its Job,
+// Repeated and Err: the completions whose lease holds in one
+// Store.CompleteRunning call, the others (a repeat, a cancel, a lost
+// lease) one by one. Its own error is that call's, and then no Err is
+// set: nothing of cs is to be kept.
+func (m *Manager) CompleteAll(ctx context.Context, cs []Completion) error {
+	var (
+		ws []CompleteWrite
+		at []int
+	)
+	for i := range cs {
+		c := &cs[i]
+		c.Job, c.Repeated, c.Err = nil, false, nil
+		switch {
+		case len(c.Result.Metrics) > 0 && !json.Valid(c.Result.Metrics):
+			c.Err = fmt.Errorf("%w: metrics are not valid JSON", ErrInvalidArgument)
+		default:
+			c.Err = checkToken(c.Ref.Token)
 		}
-		// The guard did not hold: a repeat, a cancel, a lost lease, or a
-		// write that raced this one and left the guard holding again.
+		if c.Err == nil {
+			ws = append(ws, CompleteWrite{Guard: guard(c.Ref, m.now()), MaxRuntime: m.cfg.MaxRuntime, Result: c.Result})
+			at = append(at, i)
+		}
+	}
+	if len(ws) == 0 {
+		return nil
+	}
+	js, err := m.store.CompleteRunning(ctx, ws)
+	if err == nil && len(js) != len(ws) {
+		err = fmt.Errorf("lease: store answered %d guarded writes of %d", len(js), len(ws))
+	}
+	if err != nil {
+		return err
+	}
+	for k, i := range at {
+		c := &cs[i]
+		if c.Job = js[k]; c.Job == nil {
+			c.Job, c.Repeated, c.Err = m.completeUnguarded(ctx, c.Ref, ws[k])
+		}
+	}
+	return nil
+}
+
+// completeUnguarded is a completion whose guarded write w did not apply:
+// it tells why (a repeat, a cancel, a lost lease), or writes it again if a
+// write that raced it left its guard holding again.
+func (m *Manager) completeUnguarded(ctx context.Context, ref Ref, w CompleteWrite) (job *Job, repeated bool, err error) {
+	for range casTries {
 		var canceled, again bool
-		j, err = m.update(ctx, ref.JobID, func(j *Job, now time.Time) (*Job, error) {
+		j, err := m.update(ctx, ref.JobID, func(j *Job, now time.Time) (*Job, error) {
 			canceled, again, repeated = false, false, false
 			switch {
 			case held(j, ref) && j.State == StateSucceeded:
@@ -741,6 +794,10 @@ func (m *Manager) Complete(ctx context.Context, ref Ref, res Result) (job *Job, 
 			return j, false, fmt.Errorf("%w: its cancel was requested; the job ended canceled", ErrCanceled)
 		case !again:
 			return j, repeated, nil
+		}
+		w.Now = m.now()
+		if j, err = first(m.store.CompleteRunning(ctx, []CompleteWrite{w})); err != nil || j != nil {
+			return j, false, err
 		}
 	}
 	return nil, false, fmt.Errorf("lease: job %s: %w: too many concurrent writers", ref.JobID, ErrConflict)

@@ -145,38 +145,34 @@ func itemCall(c *call) *call {
 }
 
 // completeTogether completes the items todo, in that order, in one
-// transaction, and reports whether it committed. If any completion fails,
+// transaction (completeJobs: one write of the jobs, one of their
+// receipts), and reports whether it committed. If any completion fails,
 // nothing is kept and it returns false: each is then to run alone. A
 // refusal that commits (job_canceled) is kept with the others.
 func (s *Server) completeTogether(ctx context.Context, c *call, items []batchItem, todo []int) bool {
-	type done struct {
-		out     *wire.CompleteResponse
-		refusal error
-		hooks   []hookEvent
-		notes   []func()
-	}
-	var got []done
+	var (
+		ic   *call
+		cs   []lease.Completion
+		outs []*wire.CompleteResponse
+	)
 	err := s.st.Tx.InTx(ctx, func(ctx context.Context) error {
-		got = got[:0]
-		for _, i := range todo {
-			ic := itemCall(c)
-			out, refusal, err := s.completeJob(ctx, ic, items[i].ref, items[i].res)
-			if err != nil {
-				return err
-			}
-			got = append(got, done{out, refusal, ic.hooks, ic.notes})
+		ic, cs = itemCall(c), make([]lease.Completion, len(todo))
+		for k, i := range todo {
+			cs[k] = lease.Completion{Ref: items[i].ref, Result: items[i].res}
 		}
-		return nil
+		var err error
+		outs, err = s.completeJobs(ctx, ic, cs)
+		return err
 	})
 	if err != nil {
 		s.log.Debug("a batch complete runs its completions one by one", "request_id", c.reqID, "err", err)
 		return false
 	}
 	for k, i := range todo {
-		items[i].out, items[i].err = got[k].out, got[k].refusal
-		c.hooks = append(c.hooks, got[k].hooks...)
-		c.notes = append(c.notes, got[k].notes...)
+		items[i].out, items[i].err = outs[k], cs[k].Err
 	}
+	c.hooks = append(c.hooks, ic.hooks...)
+	c.notes = append(c.notes, ic.notes...)
 	return true
 }
 

@@ -64,86 +64,127 @@ func completeResult(req *wire.CompleteRequest) (lease.Result, error) {
 	return res, nil
 }
 
-// completeJob completes ref's job with res in the transaction of ctx, and
-// returns the answer with its receipts but without their proofs (proofs
-// adds them after the commit). A repeat under the same lease token mints
-// nothing and rebuilds the first answer. A job whose cancel was requested
-// ends canceled (completeCanceled, which sets c.then to answer the
-// refusal): completeJob then returns that refusal (lease.ErrCanceled), to
-// be committed with the job's end and answered. Any err is to be rolled
-// back.
+// completeJob completes ref's job with res in the transaction of ctx, as
+// completeJobs does, and returns its answer or its refusal.
 func (s *Server) completeJob(ctx context.Context, c *call, ref lease.Ref, res lease.Result) (out *wire.CompleteResponse, refusal, err error) {
-	// The job_completed receipt's id goes in with the completion, so the
-	// job records it in the same write.
-	if res.ReceiptID, err = newReceiptID(s.now(), s.cfg.Rand); err != nil {
-		return nil, nil, err
-	}
-	j, repeated, err := s.leases.Complete(ctx, ref, res)
-	if errors.Is(err, lease.ErrCanceled) && j != nil {
-		if _, _, serr := s.completeCanceled(ctx, c, j, err); serr != nil {
-			return nil, nil, serr
-		}
-		return nil, err, nil
-	}
+	cs := []lease.Completion{{Ref: ref, Result: res}}
+	outs, err := s.completeJobs(ctx, c, cs)
 	if err != nil {
 		return nil, nil, err
 	}
-	var (
-		completedID string
-		// minted are the job_completed and job_charged receipts, as stored.
-		minted []*receipts.Stored
-	)
-	if repeated {
-		if completedID = j.ReceiptID; completedID == "" {
-			return nil, nil, fmt.Errorf("workerapi: completed job %s has no receipt", j.ID)
-		}
-		for _, id := range []string{completedID, chargeID(completedID)} {
-			st, err := s.receipts.Get(ctx, id)
-			if err != nil {
-				return nil, nil, err
-			}
-			minted = append(minted, st)
-		}
-	} else {
-		if minted, err = s.settle(ctx, c, j, res.ReceiptID); err != nil {
-			return nil, nil, err
-		}
-		completedID = minted[0].ID
-		if j.ReceiptID != completedID {
-			// A lease.Store that does not write Result.ReceiptID.
-			if j, err = s.leases.SetReceipt(ctx, j.ID, completedID); err != nil {
-				return nil, nil, err
-			}
-		}
-		if err := s.jobChanged(ctx, c, lease.StateRunning, j); err != nil {
-			return nil, nil, err
-		}
-	}
-	charge, err := minted[1].Receipt()
-	if err != nil {
-		return nil, nil, err
-	}
-	return &wire.CompleteResponse{
-		Job:           wireJob(j),
-		ActualMS:      charge.ActualMS,
-		ActualHours:   receipts.Hours(charge.ActualMS),
-		ActualCostUSD: receipts.FormatMicros(charge.CostMicros),
-		ReceiptID:     completedID,
-		Receipts:      []receipts.WireReceipt{minted[0].Wire(), minted[1].Wire()},
-		Proofs:        []receipts.Proof{},
-	}, nil, nil
+	return outs[0], cs[0].Err, nil
 }
 
-// settle mints the receipts of a completion, and returns them as stored:
-// job_completed, with id, and job_charged for the time from accept to
-// completion on the job's GPUs (its gpu_count, or 1 for a job with none
-// that ran on a GPU SKU) at the price snapshotted on its lease.
-func (s *Server) settle(ctx context.Context, c *call, j *lease.Job, id string) ([]*receipts.Stored, error) {
-	ch, err := jobCharge(j)
-	if err != nil {
+// completeJobs completes each of cs in the transaction of ctx
+// (lease.Manager.CompleteAll: those whose lease holds in one write) and
+// returns the answers, each with its receipts but without their proofs
+// (proofs adds them after the commit); the receipts of all are minted in
+// one store call. A repeat under the same lease token mints nothing and
+// rebuilds the first answer. A job whose cancel was requested ends
+// canceled (completeCanceled, which sets c.then to answer the refusal):
+// its answer is nil and its Err the refusal (lease.ErrCanceled), to be
+// committed with the job's end and answered. Any other refusal of any of
+// cs is returned as err; any err is to be rolled back.
+func (s *Server) completeJobs(ctx context.Context, c *call, cs []lease.Completion) ([]*wire.CompleteResponse, error) {
+	for i := range cs {
+		// The job_completed receipt's id goes in with the completion, so
+		// the job records it in the same write.
+		id, err := newReceiptID(s.now(), s.cfg.Rand)
+		if err != nil {
+			return nil, err
+		}
+		cs[i].Result.ReceiptID = id
+	}
+	if err := s.leases.CompleteAll(ctx, cs); err != nil {
 		return nil, err
 	}
-	snap, err := s.gate.Snapshot(ctx)
+	// minted[i] are the job_completed and job_charged receipts of cs[i],
+	// as stored; fresh are the completions that mint them.
+	minted := make([][]*receipts.Stored, len(cs))
+	var (
+		fresh []int
+		mint  []receipts.Receipt
+	)
+	for i := range cs {
+		cp := &cs[i]
+		switch {
+		case errors.Is(cp.Err, lease.ErrCanceled) && cp.Job != nil:
+			if _, _, err := s.completeCanceled(ctx, c, cp.Job, cp.Err); err != nil {
+				return nil, err
+			}
+		case cp.Err != nil:
+			return nil, cp.Err
+		case cp.Repeated:
+			id := cp.Job.ReceiptID
+			if id == "" {
+				return nil, fmt.Errorf("workerapi: completed job %s has no receipt", cp.Job.ID)
+			}
+			for _, id := range []string{id, chargeID(id)} {
+				st, err := s.receipts.Get(ctx, id)
+				if err != nil {
+					return nil, err
+				}
+				minted[i] = append(minted[i], st)
+			}
+		default:
+			rs, err := settlement(cp.Job, cp.Result.ReceiptID)
+			if err != nil {
+				return nil, err
+			}
+			fresh, mint = append(fresh, i), append(mint, rs...)
+		}
+	}
+	if len(mint) > 0 {
+		snap, err := s.gate.Snapshot(ctx)
+		if err != nil {
+			return nil, err
+		}
+		ss, err := s.mintAllFor(ctx, c, snap, mint...)
+		if err != nil {
+			return nil, err
+		}
+		for k, i := range fresh {
+			cp := &cs[i]
+			minted[i] = ss[2*k : 2*k+2]
+			if cp.Job.ReceiptID != minted[i][0].ID {
+				// A lease.Store that does not write Result.ReceiptID.
+				if cp.Job, err = s.leases.SetReceipt(ctx, cp.Job.ID, minted[i][0].ID); err != nil {
+					return nil, err
+				}
+			}
+			if err := s.jobChanged(ctx, c, lease.StateRunning, cp.Job); err != nil {
+				return nil, err
+			}
+		}
+	}
+	outs := make([]*wire.CompleteResponse, len(cs))
+	for i := range cs {
+		if minted[i] == nil {
+			continue
+		}
+		charge, err := minted[i][1].Receipt()
+		if err != nil {
+			return nil, err
+		}
+		outs[i] = &wire.CompleteResponse{
+			Job:           wireJob(cs[i].Job),
+			ActualMS:      charge.ActualMS,
+			ActualHours:   receipts.Hours(charge.ActualMS),
+			ActualCostUSD: receipts.FormatMicros(charge.CostMicros),
+			ReceiptID:     minted[i][0].ID,
+			Receipts:      []receipts.WireReceipt{minted[i][0].Wire(), minted[i][1].Wire()},
+			Proofs:        []receipts.Proof{},
+		}
+	}
+	return outs, nil
+}
+
+// settlement is the receipts of a completion, to be minted: job_completed,
+// with id, and job_charged for the time from accept to completion on the
+// job's GPUs (its gpu_count, or 1 for a job with none that ran on a GPU
+// SKU) at the price snapshotted on its lease.
+func settlement(j *lease.Job, id string) ([]receipts.Receipt, error) {
+	ch, err := jobCharge(j)
 	if err != nil {
 		return nil, err
 	}
@@ -163,7 +204,7 @@ func (s *Server) settle(ctx context.Context, c *call, j *lease.Job, id string) (
 	}
 	cr := ch.Receipt(j.ID, j.Lease.WorkerID, j.Lease.SKU)
 	cr.ID, cr.LeaseID = chargeID(id), j.Lease.ID
-	return s.mintAllFor(ctx, c, snap, done, cr)
+	return []receipts.Receipt{done, cr}, nil
 }
 
 // proofs adds to the answers outs the proofs of their receipts, all

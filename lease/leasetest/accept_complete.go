@@ -19,6 +19,7 @@ var acceptCompleteTests = []test{
 	{"IllegalTransitions", testIllegalTransitions},
 	{"CompleteRepeated", testCompleteRepeated},
 	{"CompleteWithReceipt", testCompleteWithReceipt},
+	{"CompleteAll", testCompleteAll},
 	{"Release", testRelease},
 	{"ClockMovedBack", testClockMovedBack},
 	{"LeaseWithAccept", testLeaseWithAccept},
@@ -150,6 +151,62 @@ func testCompleteWithReceipt(t *testing.T, f *fixture) {
 		t.Fatalf("Complete again = %+v, %v, %v; want the first, rcp_c", again, repeated, err)
 	}
 	f.same(cj)
+}
+
+// CompleteAll answers each completion as Complete would answer it alone:
+// the live ones completed (a job named twice only once), a repeat
+// repeated, a job not yet accepted and a malformed token refused, and
+// the refusals change nothing.
+func testCompleteAll(t *testing.T, f *fixture) {
+	w := f.defaultWorker("w")
+	for range 4 {
+		f.enqueue("status_check")
+	}
+	var refs []lease.Ref
+	for range 4 {
+		_, ref := f.leaseOne(w)
+		refs = append(refs, ref)
+	}
+	for _, ref := range refs[:3] {
+		f.accept(ref)
+	}
+	done := f.complete(refs[2], lease.Result{FinalMessage: "first"})
+	notAccepted := f.get(refs[3].JobID)
+	bad := refs[1]
+	bad.Token = "nlt_not-a-token"
+	cs := []lease.Completion{
+		{Ref: refs[0], Result: lease.Result{FinalMessage: "a"}},
+		{Ref: refs[1], Result: lease.Result{FinalMessage: "b", ReceiptID: "rcp_b"}},
+		{Ref: refs[0], Result: lease.Result{FinalMessage: "a again"}},
+		{Ref: refs[2], Result: lease.Result{FinalMessage: "repeat"}},
+		{Ref: refs[3]},
+		{Ref: bad},
+	}
+	if err := f.m.CompleteAll(f.ctx, cs); err != nil {
+		t.Fatalf("CompleteAll: %v", err)
+	}
+	for i, want := range []struct {
+		msg      string
+		repeated bool
+	}{{"a", false}, {"b", false}, {"a", true}, {"first", true}} {
+		c := cs[i]
+		if c.Err != nil || c.Repeated != want.repeated || c.Job == nil || c.Job.State != lease.StateSucceeded || c.Job.Result.FinalMessage != want.msg {
+			t.Fatalf("completion %d = %+v; want succeeded with %q, repeated %v", i, c, want.msg, want.repeated)
+		}
+		f.same(c.Job)
+	}
+	if cs[1].Job.ReceiptID != "rcp_b" {
+		t.Fatalf("completion 1 has receipt %q, want rcp_b", cs[1].Job.ReceiptID)
+	}
+	if cs[3].Job.Rev != done.Rev {
+		t.Fatalf("the repeat wrote the job again: rev %d, was %d", cs[3].Job.Rev, done.Rev)
+	}
+	wantTransition(t, "complete before accept", cs[4].Err, lease.StateLeased, lease.StateSucceeded)
+	wantErr(t, "complete with a malformed token", cs[5].Err, lease.ErrMalformedToken)
+	f.same(notAccepted)
+	if cs[4].Job != nil || cs[5].Job != nil {
+		t.Fatalf("refused completions returned jobs: %+v, %+v", cs[4].Job, cs[5].Job)
+	}
 }
 
 func testIllegalTransitions(t *testing.T, f *fixture) {

@@ -73,7 +73,7 @@ func (s *Server) completeBatch(ctx context.Context, c *call) (int, any, error) {
 		}
 		items[i].wait = cp.WaitForProofs
 		if err != nil {
-			return 0, nil, itemInvalid(i, err)
+			return 0, nil, itemInvalid("completions", i, err)
 		}
 	}
 	c.then = func(ctx context.Context) (int, any, error) {
@@ -82,11 +82,11 @@ func (s *Server) completeBatch(ctx context.Context, c *call) (int, any, error) {
 	return http.StatusOK, nil, nil
 }
 
-// itemInvalid names completion i in a refusal of the whole request:
-// "invalid request: completions[3]: lease_token is required".
-func itemInvalid(i int, err error) error {
+// itemInvalid names item i of the array field in a refusal of the whole
+// request: "invalid request: completions[3]: lease_token is required".
+func itemInvalid(field string, i int, err error) error {
 	msg := strings.TrimPrefix(err.Error(), ErrInvalidRequest.Error()+": ")
-	return fmt.Errorf("%w: completions[%d]: %s", ErrInvalidRequest, i, msg)
+	return fmt.Errorf("%w: %s[%d]: %s", ErrInvalidRequest, field, i, msg)
 }
 
 // runBatch completes the valid items, once the request's nonce has

@@ -509,6 +509,8 @@ var oasWireSchemas = []struct {
 	// Operator routes.
 	{"DispatchRequest", wire.DispatchRequest{}, false},
 	{"DispatchResponse", wire.DispatchResponse{}, true},
+	{"DispatchBatchRequest", wire.DispatchBatchRequest{}, false},
+	{"DispatchBatchResponse", wire.DispatchBatchResponse{}, true},
 	{"JobListResponse", wire.JobListResponse{}, true},
 	{"JobResult", wire.JobResult{}, true},
 	{"JobEventView", wire.JobEventView{}, true},

@@ -2,6 +2,7 @@ package workerapi
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -44,12 +45,59 @@ func (s *Server) settleDispatch(ctx context.Context, jobID string, commitErr err
 // fails while leasability is checked is logged and leaves leasable false
 // with a reason that says so.
 func (s *Server) Dispatch(ctx context.Context, nj lease.NewJob) (job *lease.Job, leasable bool, reason string, err error) {
+	ds, err := s.DispatchAll(ctx, []lease.NewJob{nj})
+	if de := (*DispatchError)(nil); errors.As(err, &de) {
+		err = de.Err
+	}
+	if err != nil {
+		return nil, false, "", err
+	}
+	return ds[0].Job, ds[0].Leasable, ds[0].Reason, nil
+}
+
+// Dispatched is a job DispatchAll enqueued, and whether a registered
+// worker could lease it now; when not, Reason says why (see Dispatch).
+type Dispatched struct {
+	Job      *lease.Job
+	Leasable bool
+	Reason   string
+}
+
+// DispatchError is DispatchAll's refusal of one of its jobs: none was
+// enqueued. Index is the job's, Err why.
+type DispatchError struct {
+	Index int
+	Err   error
+}
+
+func (e *DispatchError) Error() string { return fmt.Sprintf("job %d: %v", e.Index, e.Err) }
+
+// Unwrap returns Err.
+func (e *DispatchError) Unwrap() error { return e.Err }
+
+// DispatchAll is Dispatch for several jobs, enqueued all in one
+// transaction or none, with one wake-up of the long-polls (POST
+// /operator/jobs/batch). Jobs of one type with the same requirements
+// share one leasability verdict, their first's: one Explain for each
+// kind of job, not one for each job. A job that Enqueue refuses is a
+// *DispatchError naming it.
+func (s *Server) DispatchAll(ctx context.Context, njs []lease.NewJob) ([]Dispatched, error) {
+	if len(njs) == 0 {
+		return nil, fmt.Errorf("%w: no job to dispatch", ErrInvalidRequest)
+	}
+	ds := make([]Dispatched, len(njs))
 	handled := false // only the commit was left
-	err = s.st.Tx.InTx(ctx, func(ctx context.Context) error {
+	err := s.st.Tx.InTx(ctx, func(ctx context.Context) error {
 		handled = false
-		var err error
-		if job, err = s.leases.Enqueue(ctx, nj); err != nil {
-			return err
+		for i, nj := range njs {
+			j, err := s.leases.Enqueue(ctx, nj)
+			if errors.Is(err, lease.ErrInvalidArgument) {
+				return &DispatchError{i, err}
+			}
+			if err != nil {
+				return err
+			}
+			ds[i].Job = j
 		}
 		if err := s.st.Notifier.Notify(ctx); err != nil {
 			return err
@@ -58,28 +106,51 @@ func (s *Server) Dispatch(ctx context.Context, nj lease.NewJob) (job *lease.Job,
 		return nil
 	})
 	if err != nil && handled {
-		err = s.settleDispatch(ctx, job.ID, err)
+		// All or none committed: the first job tells.
+		err = s.settleDispatch(ctx, ds[0].Job.ID, err)
 	}
 	if err != nil {
-		return nil, false, "", err
+		return nil, err
 	}
-	j := *job
-	s.logJob("dispatched", "", &j)
-	s.hooks.emit([]hookEvent{func(ctx context.Context, h Hooks) { h.JobChanged(ctx, JobEvent{Job: j}) }})
+	for _, d := range ds {
+		j := *d.Job
+		s.logJob("dispatched", "", &j)
+		s.hooks.emit([]hookEvent{func(ctx context.Context, h Hooks) { h.JobChanged(ctx, JobEvent{Job: j}) }})
+	}
+	verdicts := map[string]*Dispatched{}
+	for i := range ds {
+		d := &ds[i]
+		kind, err := json.Marshal([]any{d.Job.Type, d.Job.Requirements})
+		if err != nil {
+			return nil, err
+		}
+		if v, ok := verdicts[string(kind)]; ok {
+			d.Leasable, d.Reason = v.Leasable, v.Reason
+			continue
+		}
+		verdicts[string(kind)] = d
+		d.Leasable, d.Reason = s.dispatchedLeasable(ctx, d.Job)
+	}
+	return ds, nil
+}
+
+// dispatchedLeasable says whether a worker could lease job, just
+// enqueued, and if not why (see Dispatch).
+func (s *Server) dispatchedLeasable(ctx context.Context, job *lease.Job) (bool, string) {
 	leasable, why, err := s.leasability(ctx, job)
 	if err != nil {
 		s.log.Error("checking whether a job is leasable", "job_id", job.ID, "err", err)
-		return job, false, "unknown: a store did not answer while leasability was checked", nil
+		return false, "unknown: a store did not answer while leasability was checked"
 	}
 	if !leasable {
 		// A worker waiting in a long-poll may have leased the job since
 		// the commit, even while Explain read it, and now counts it
 		// against its max_jobs.
 		if cur, err := s.leases.Get(ctx, job.ID); err == nil && cur.Lease != nil {
-			return job, true, "", nil
+			return true, ""
 		}
 	}
-	return job, leasable, why.Message, nil
+	return leasable, why.Message
 }
 
 func (s *Server) opDispatch(ctx context.Context, c *call) (int, any, error) {
@@ -87,27 +158,69 @@ func (s *Server) opDispatch(ctx context.Context, c *call) (int, any, error) {
 	if err := c.decode(&req); err != nil {
 		return 0, nil, err
 	}
+	nj, err := newJob(&req)
+	if err != nil {
+		return 0, nil, err
+	}
+	j, ok, reason, err := s.Dispatch(ctx, nj)
+	if err != nil {
+		return 0, nil, err
+	}
+	return http.StatusCreated, wire.DispatchResponse{Job: operatorJob(j), Leasable: ok, Reason: reason}, nil
+}
+
+// opDispatchBatch: POST /operator/jobs/batch. Every job is checked
+// before any is enqueued, and one that breaks a rule (newJob's, or
+// lease.Manager.Enqueue's) refuses the whole request, naming it.
+func (s *Server) opDispatchBatch(ctx context.Context, c *call) (int, any, error) {
+	var req wire.DispatchBatchRequest
+	if err := c.decode(&req); err != nil {
+		return 0, nil, err
+	}
+	if n := len(req.Jobs); n == 0 || n > wire.MaxBatchDispatch {
+		return 0, nil, invalid("jobs holds %d jobs; it must hold 1 to %d", n, wire.MaxBatchDispatch)
+	}
+	njs := make([]lease.NewJob, len(req.Jobs))
+	for i := range req.Jobs {
+		var err error
+		if njs[i], err = newJob(&req.Jobs[i]); err != nil {
+			return 0, nil, itemInvalid("jobs", i, err)
+		}
+	}
+	ds, err := s.DispatchAll(ctx, njs)
+	if de := (*DispatchError)(nil); errors.As(err, &de) {
+		return 0, nil, itemInvalid("jobs", de.Index, de.Err)
+	}
+	if err != nil {
+		return 0, nil, err
+	}
+	out := wire.DispatchBatchResponse{Jobs: make([]wire.DispatchResponse, len(ds))}
+	for i, d := range ds {
+		out.Jobs[i] = wire.DispatchResponse{Job: operatorJob(d.Job), Leasable: d.Leasable, Reason: d.Reason}
+	}
+	return http.StatusCreated, out, nil
+}
+
+// newJob is the job a dispatch's body asks for, checked as far as the
+// wire goes (lease.Manager.Enqueue checks the rest).
+func newJob(req *wire.DispatchRequest) (lease.NewJob, error) {
 	if req.JobType == "" {
-		return 0, nil, fmt.Errorf("%w: job_type is required", ErrInvalidRequest)
+		return lease.NewJob{}, fmt.Errorf("%w: job_type is required", ErrInvalidRequest)
 	}
 	payload := req.Payload
 	switch p := strings.TrimSpace(string(payload)); {
 	case p == "" || p == "null":
 		payload = nil
 	case !strings.HasPrefix(p, "{"):
-		return 0, nil, fmt.Errorf("%w: payload must be a JSON object", ErrInvalidRequest)
+		return lease.NewJob{}, fmt.Errorf("%w: payload must be a JSON object", ErrInvalidRequest)
 	}
-	j, ok, reason, err := s.Dispatch(ctx, lease.NewJob{
+	return lease.NewJob{
 		Type:         req.JobType,
 		Payload:      payload,
 		Requirements: lease.Requirements(req.Requirements),
 		Priority:     req.Priority,
 		MaxAttempts:  req.MaxAttempts,
-	})
-	if err != nil {
-		return 0, nil, err
-	}
-	return http.StatusCreated, wire.DispatchResponse{Job: operatorJob(j), Leasable: ok, Reason: reason}, nil
+	}, nil
 }
 
 func (s *Server) opListJobs(ctx context.Context, c *call) (int, any, error) {

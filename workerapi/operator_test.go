@@ -974,6 +974,7 @@ var operatorRoutes = []struct {
 	scope        credential.Scope
 }{
 	{"POST", "/operator/jobs", credential.ScopeOperatorJobs},
+	{"POST", "/operator/jobs/batch", credential.ScopeOperatorJobs},
 	{"GET", "/operator/jobs", credential.ScopeOperatorJobs},
 	{"GET", "/operator/jobs/job_x", credential.ScopeOperatorJobs},
 	{"POST", "/operator/jobs/job_x/cancel", credential.ScopeOperatorJobs},

@@ -53,6 +53,7 @@ func (s *Server) operatorRoutes() []route {
 	post := http.MethodPost
 	return []route{
 		op(post, "/operator/jobs", credential.ScopeOperatorJobs, s.opDispatch),
+		op(post, "/operator/jobs/batch", credential.ScopeOperatorJobs, s.opDispatchBatch),
 		get("/operator/jobs", credential.ScopeOperatorJobs, s.opListJobs, "state", "job_type", "worker_id", "tag", "after", "limit"),
 		get("/operator/jobs/{id}", credential.ScopeOperatorJobs, s.opGetJob, "events_after"),
 		op(post, "/operator/jobs/{id}/cancel", credential.ScopeOperatorJobs, s.opCancelJob),

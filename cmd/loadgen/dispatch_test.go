@@ -51,10 +51,10 @@ func TestDispatchRetries(t *testing.T) {
 				t.Fatal(err)
 			}
 			l := &load{op: op}
-			resp, err := l.dispatch(t.Context(), wire.DispatchRequest{JobType: "status_check"})
+			resp, err := l.dispatch(t.Context(), []wire.DispatchRequest{{JobType: "status_check"}})
 			var we *wire.Error
 			switch {
-			case tc.fail == 0 && (err != nil || resp.Job.ID != "job_1"):
+			case tc.fail == 0 && (err != nil || len(resp) != 1 || resp[0].Job.ID != "job_1"):
 				t.Errorf("dispatch: %v, %+v; want job_1", err, resp)
 			case tc.fail != 0 && (!errors.As(err, &we) || we.Status != tc.fail):
 				t.Errorf("dispatch: %v; want a %d answer", err, tc.fail)

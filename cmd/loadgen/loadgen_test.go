@@ -128,7 +128,8 @@ func TestRunTLS(t *testing.T) {
 // counts and checks; then it breaks a record of the run and sees each
 // check fail. The v02 flow's completions wait for their proofs
 // (-wait-for-proofs), the batched flow's do not: its receipt check reads
-// every proof from GET /operator/receipts/{id}.
+// every proof from GET /operator/receipts/{id}, and its jobs are
+// dispatched in batches (-dispatch-batch).
 func TestRun(t *testing.T) {
 	t.Parallel()
 	for _, d := range testdb.Dialects() {
@@ -152,6 +153,9 @@ func testRun(t *testing.T, db testdb.DB, flow string) {
 	wait := flow == flowV02
 	if wait {
 		args = append(args, "-wait-for-proofs")
+	} else {
+		// The batched flow dispatches 7 jobs a request (the last request 4).
+		args = append(args, "-dispatch-batch", "7")
 	}
 	cfg, err := parseFlags(args, io.Discard)
 	if err != nil {

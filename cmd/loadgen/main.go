@@ -7,7 +7,8 @@
 // Run mode (-mode run, the default) registers -nodes nodes, each with its
 // own Ed25519 key generated in memory, so every worker request is signed
 // and nonce-checked. It dispatches -jobs jobs of -job-type through POST
-// /operator/jobs (-dispatchers at once) while the nodes lease them (up to
+// /operator/jobs (-dispatchers at once; with -dispatch-batch N over 1,
+// N jobs a request through POST /operator/jobs/batch) while the nodes lease them (up to
 // -max-jobs per lease request, long-polling -wait-seconds) and run them
 // in one of two flows. -flow v02, the default and the seed's contract:
 // lease, then accept and complete per job, -job-concurrency jobs of a node
@@ -148,6 +149,7 @@ type config struct {
 	perNode    int // accept and complete calls of one node in flight
 	wait       int // lease wait_seconds
 	dispatch   int // dispatch requests in flight
+	batch      int // jobs per dispatch request
 	registerN  int // register requests in flight
 	timeout    time.Duration
 	interval   time.Duration // heartbeat interval
@@ -192,6 +194,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.IntVar(&cfg.perNode, "job-concurrency", 0, "run: jobs each node accepts and completes at once (default: -max-jobs)")
 	fs.IntVar(&cfg.wait, "wait-seconds", client.DefaultWaitSeconds, "wait_seconds of a lease long-poll (0 to 60)")
 	fs.IntVar(&cfg.dispatch, "dispatchers", 16, "run: dispatch requests in flight")
+	fs.IntVar(&cfg.batch, "dispatch-batch", 1, "run: jobs per dispatch request: 1 sends POST /operator/jobs, more POST /operator/jobs/batch (at most 100)")
 	fs.IntVar(&cfg.registerN, "register-concurrency", 16, "register requests in flight")
 	fs.DurationVar(&cfg.timeout, "timeout", 10*time.Minute, "run: how long the jobs may take to complete")
 	fs.DurationVar(&cfg.interval, "heartbeat-interval", 30*time.Second, "each node's heartbeat interval")
@@ -272,6 +275,8 @@ func (c *config) check() error {
 		return errors.New("-job-concurrency must not be negative")
 	case c.wait < 0 || c.wait > wire.MaxWaitSeconds:
 		return fmt.Errorf("-wait-seconds is 0 to %d", wire.MaxWaitSeconds)
+	case c.batch < 1 || c.batch > wire.MaxBatchDispatch:
+		return fmt.Errorf("-dispatch-batch must be 1 to %d", wire.MaxBatchDispatch)
 	case c.dispatch < 1:
 		return errors.New("-dispatchers must be at least 1")
 	case c.registerN < 1:

@@ -223,6 +223,9 @@ func (l *load) run(ctx context.Context, out io.Writer) error {
 	cfg := l.cfg
 	fmt.Fprintf(out, "loadgen run: flow %s, %d nodes, %d jobs of %s, max_jobs %d, %d jobs at once per node, wait_seconds %d, %d dispatchers, server %s\n",
 		cfg.flow, cfg.nodes, cfg.jobs, cfg.jobType, cfg.maxJobs, cfg.perNode, cfg.wait, cfg.dispatch, cfg.server)
+	if cfg.batch > 1 {
+		fmt.Fprintf(out, "dispatch: %d jobs a request (POST /operator/jobs/batch)\n", cfg.batch)
+	}
 	pg, err := openPG(ctx, cfg.pgDSN, cfg.pgSettle)
 	if err != nil {
 		return err
@@ -332,17 +335,23 @@ func (l *load) run(ctx context.Context, out io.Writer) error {
 	return nil
 }
 
-// dispatchAll dispatches cfg.jobs jobs, cfg.dispatch at a time.
+// dispatchAll dispatches cfg.jobs jobs, cfg.batch a request, cfg.dispatch
+// requests at a time.
 func (l *load) dispatchAll(ctx context.Context) {
 	l.mu.Lock()
 	l.first = time.Now()
 	l.mu.Unlock()
-	next := make(chan int)
+	next := make(chan []wire.DispatchRequest)
 	go func() {
 		defer close(next)
-		for i := range l.cfg.jobs {
+		for i := 0; i < l.cfg.jobs; i += l.cfg.batch {
+			var reqs []wire.DispatchRequest
+			for k := i; k < min(i+l.cfg.batch, l.cfg.jobs); k++ {
+				payload, _ := json.Marshal(map[string]any{"loadgen": k})
+				reqs = append(reqs, wire.DispatchRequest{JobType: l.cfg.jobType, Payload: payload})
+			}
 			select {
-			case next <- i:
+			case next <- reqs:
 			case <-ctx.Done():
 				return
 			}
@@ -351,10 +360,9 @@ func (l *load) dispatchAll(ctx context.Context) {
 	var wg sync.WaitGroup
 	for range l.cfg.dispatch {
 		wg.Go(func() {
-			for i := range next {
-				payload, _ := json.Marshal(map[string]any{"loadgen": i})
+			for reqs := range next {
 				start := time.Now()
-				resp, err := l.dispatch(ctx, wire.DispatchRequest{JobType: l.cfg.jobType, Payload: payload})
+				resps, err := l.dispatch(ctx, reqs)
 				at := time.Now()
 				if err != nil && ctx.Err() != nil {
 					return
@@ -362,14 +370,16 @@ func (l *load) dispatchAll(ctx context.Context) {
 				l.stats.add(rowDispatch, at.Sub(start), err)
 				if err != nil {
 					l.mu.Lock()
-					l.dispatchErrs++
+					l.dispatchErrs += len(reqs)
 					l.mu.Unlock()
 					continue
 				}
-				l.update(resp.Job.ID, func(r *jobRecord) {
-					r.dispatchedAt = at
-					l.ours = append(l.ours, resp.Job.ID)
-				})
+				for _, resp := range resps {
+					l.update(resp.Job.ID, func(r *jobRecord) {
+						r.dispatchedAt = at
+						l.ours = append(l.ours, resp.Job.ID)
+					})
+				}
 			}
 		})
 	}
@@ -380,12 +390,25 @@ func (l *load) dispatchAll(ctx context.Context) {
 	l.mu.Unlock()
 }
 
-// dispatch queues a job (POST /operator/jobs). A 429 or 503 answer,
-// which queued nothing, is tried again, up to four times in all: the
-// operator client never retries by itself.
-func (l *load) dispatch(ctx context.Context, req wire.DispatchRequest) (*wire.DispatchResponse, error) {
+// dispatch queues the jobs of reqs: one through POST /operator/jobs,
+// more through POST /operator/jobs/batch. A 429 or 503 answer, which
+// queued nothing, is tried again, up to four times in all: the operator
+// client never retries by itself.
+func (l *load) dispatch(ctx context.Context, reqs []wire.DispatchRequest) ([]wire.DispatchResponse, error) {
 	for attempt := 1; ; attempt++ {
-		out, err := l.op.Dispatch(ctx, req)
+		var out []wire.DispatchResponse
+		var err error
+		if len(reqs) == 1 {
+			var r *wire.DispatchResponse
+			if r, err = l.op.Dispatch(ctx, reqs[0]); err == nil {
+				out = []wire.DispatchResponse{*r}
+			}
+		} else {
+			var r *wire.DispatchBatchResponse
+			if r, err = l.op.DispatchBatch(ctx, wire.DispatchBatchRequest{Jobs: reqs}); err == nil {
+				out = r.Jobs
+			}
+		}
 		var we *wire.Error
 		if !errors.As(err, &we) || (we.Status != http.StatusTooManyRequests && we.Status != http.StatusServiceUnavailable) || attempt == 4 {
 			return out, err

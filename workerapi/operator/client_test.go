@@ -46,6 +46,15 @@ func TestJobs(t *testing.T) {
 	if _, err := f.api.CancelJob(ctx, d.Job.ID); err != nil {
 		t.Fatalf("CancelJob: %v", err)
 	}
+	b, err := f.api.DispatchBatch(ctx, wire.DispatchBatchRequest{Jobs: []wire.DispatchRequest{{JobType: "status_check", Priority: -1}, {JobType: "embedding_dry_run", Priority: -1}}})
+	if err != nil || len(b.Jobs) != 2 || b.Jobs[0].Job.JobType != "status_check" || b.Jobs[1].Job.JobType != "embedding_dry_run" || b.Jobs[0].Job.ID == b.Jobs[1].Job.ID {
+		t.Fatalf("DispatchBatch = %+v, %v; want two jobs in order", b, err)
+	}
+	for _, j := range b.Jobs {
+		if _, err := f.api.CancelJob(ctx, j.Job.ID); err != nil {
+			t.Fatalf("CancelJob: %v", err)
+		}
+	}
 
 	d, err = f.api.Dispatch(ctx, wire.DispatchRequest{JobType: "status_check", Requirements: wire.Requirements{GPUSKU: "rtx-4090"}})
 	if err != nil {

@@ -57,6 +57,12 @@ func (c *Client) Dispatch(ctx context.Context, req wire.DispatchRequest) (*wire.
 	return post[wire.DispatchResponse](ctx, c, "/operator/jobs", req)
 }
 
+// DispatchBatch queues the jobs of req (1 to wire.MaxBatchDispatch) in one
+// transaction, all or none: POST /operator/jobs/batch.
+func (c *Client) DispatchBatch(ctx context.Context, req wire.DispatchBatchRequest) (*wire.DispatchBatchResponse, error) {
+	return post[wire.DispatchBatchResponse](ctx, c, "/operator/jobs/batch", req)
+}
+
 // JobQuery selects the jobs of GET /operator/jobs: each filter that is
 // not "" must match (they combine). After is the cursor: the jobs with
 // ids above it; Limit the page's size (1 to 1,000; 0 means the server's

@@ -124,6 +124,10 @@ func TestEveryRouteHasAMethod(t *testing.T) {
 			}
 			return err
 		}},
+		{"POST /operator/jobs/batch", func(c *operator.Client) error {
+			_, err := c.DispatchBatch(ctx, wire.DispatchBatchRequest{Jobs: []wire.DispatchRequest{{JobType: "status_check"}}})
+			return err
+		}},
 		{"GET /operator/jobs", func(c *operator.Client) error { _, err := c.ListJobs(ctx, operator.JobQuery{}); return err }},
 		{"GET /operator/jobs/{id}", func(c *operator.Client) error { _, err := c.Job(ctx, jobID, 0); return err }},
 		{"GET /operator/artifacts", func(c *operator.Client) error {

@@ -57,6 +57,10 @@ const (
 	// looked at. Each completion is bounded as a complete's body is, and
 	// its job_id by MaxNameBytes.
 	MaxBatchComplete = 100
+	// MaxBatchDispatch bounds the jobs of one batch dispatch (POST
+	// /operator/jobs/batch); each is bounded as POST /operator/jobs's
+	// body is, and all of them by the body limit.
+	MaxBatchDispatch = 100
 	// MaxCurrentJobs bounds current_jobs of a heartbeat, a registration
 	// and a start (POST /workers/start): above the live
 	// leases a worker may hold (16 unless the host configures more), so a

@@ -49,6 +49,20 @@ type DispatchResponse struct {
 	Reason   string      `json:"reason"`
 }
 
+// DispatchBatchRequest is the body of POST /operator/jobs/batch: 1 to
+// MaxBatchDispatch jobs, each as POST /operator/jobs takes it, queued all
+// in one transaction or none.
+type DispatchBatchRequest struct {
+	Jobs []DispatchRequest `json:"jobs"`
+}
+
+// DispatchBatchResponse answers POST /operator/jobs/batch: each job's
+// answer, as POST /operator/jobs would give it, in the order of the
+// request.
+type DispatchBatchResponse struct {
+	Jobs []DispatchResponse `json:"jobs"`
+}
+
 // JobListResponse answers GET
 // /operator/jobs[?state=&job_type=&worker_id=&tag=&after=&limit=]: jobs in
 // id order (ids are time-ordered), 100 a page unless limit (1 to 1,000)

@@ -184,7 +184,7 @@ func TestInSharedTxCommitFails(t *testing.T) {
 			s := db.LeaseStore()
 			ctx := context.Background()
 			ok := func(ctx context.Context) error {
-				return s.CreateJob(ctx, newJob(fmt.Sprint("committed_", ctx.Value(groupKey{}))))
+				return s.CreateJobs(ctx, []*lease.Job{newJob(fmt.Sprint("committed_", ctx.Value(groupKey{})))})
 			}
 			// A deferred foreign key fails the commit, not the statement.
 			orphan := func(ctx context.Context) error {
@@ -227,7 +227,7 @@ func txOf(ctx context.Context) bun.Tx {
 }
 
 func create(s lease.Store, id string) func(ctx context.Context) error {
-	return func(ctx context.Context) error { return s.CreateJob(ctx, newJob(id)) }
+	return func(ctx context.Context) error { return s.CreateJobs(ctx, []*lease.Job{newJob(id)}) }
 }
 
 // errInjected is the failure failingEvents injects.

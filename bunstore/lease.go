@@ -224,32 +224,45 @@ func jobs(rows []jobRow) []*lease.Job {
 	return out
 }
 
-// CreateJob inserts a new job. It returns lease.ErrConflict if the id is
-// taken.
-func (s *LeaseStore) CreateJob(ctx context.Context, j *lease.Job) error {
+// CreateJobs inserts new jobs in one statement, all or none. It returns
+// lease.ErrConflict if an id is taken, and then, in the caller's
+// transaction, the caller must not commit.
+func (s *LeaseStore) CreateJobs(ctx context.Context, js []*lease.Job) error {
+	if len(js) == 0 {
+		return nil
+	}
+	rows := make([]*jobRow, len(js))
+	for i, j := range js {
+		rows[i] = newJobRow(j)
+	}
 	// ON CONFLICT DO NOTHING rather than a unique violation, which would
 	// abort a PostgreSQL transaction the caller may want to go on with.
-	err := s.write(ctx, func(ctx context.Context, idb bun.IDB) error {
-		return insertNew(ctx, idb.NewInsert().Model(newJobRow(j)))
+	// Several rows go in a transaction, which a conflict rolls back.
+	run := s.write
+	if len(rows) > 1 {
+		run = s.inTx
+	}
+	err := run(ctx, func(ctx context.Context, idb bun.IDB) error {
+		return insertNew(ctx, idb.NewInsert().Model(&rows), int64(len(rows)))
 	})
 	if err != nil {
-		return fmt.Errorf("bunstore: create job %s: %w", j.ID, err)
+		return fmt.Errorf("bunstore: create %d jobs, the first %s: %w", len(js), js[0].ID, err)
 	}
 	return nil
 }
 
-// insertNew runs q with ON CONFLICT (id) DO NOTHING and returns
-// lease.ErrConflict if the id was taken.
-func insertNew(ctx context.Context, q *bun.InsertQuery) error {
+// insertNew runs q, which inserts n rows, with ON CONFLICT (id) DO
+// NOTHING and returns lease.ErrConflict if an id was taken.
+func insertNew(ctx context.Context, q *bun.InsertQuery, n int64) error {
 	res, err := q.On("CONFLICT (id) DO NOTHING").Exec(ctx)
 	if err != nil {
 		return err
 	}
-	n, err := res.RowsAffected()
+	got, err := res.RowsAffected()
 	if err != nil {
 		return err
 	}
-	if n == 0 {
+	if got != n {
 		return lease.ErrConflict
 	}
 	return nil
@@ -633,7 +646,7 @@ func (s *LeaseStore) AddArtifact(ctx context.Context, a *lease.Artifact) error {
 		CreatedAt: micros(a.CreatedAt),
 	}
 	err := s.write(ctx, func(ctx context.Context, idb bun.IDB) error {
-		return insertNew(ctx, idb.NewInsert().Model(r))
+		return insertNew(ctx, idb.NewInsert().Model(r), 1)
 	})
 	if err != nil {
 		return fmt.Errorf("bunstore: add artifact %s: %w", a.ID, err)

@@ -42,7 +42,7 @@ func TestLeaseStoreAborted(t *testing.T) {
 		db := open(t, testdb.Postgres(t))
 		s := db.LeaseStore()
 		j := queuedJob("job-1")
-		if err := s.CreateJob(ctx, j); err != nil {
+		if err := s.CreateJobs(ctx, []*lease.Job{j}); err != nil {
 			t.Fatal(err)
 		}
 		tx, err := db.Bun().BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelRepeatableRead})
@@ -72,7 +72,7 @@ func TestLeaseStoreAborted(t *testing.T) {
 		s := db.LeaseStore()
 		a, b := queuedJob("job-a"), queuedJob("job-b")
 		for _, j := range []*lease.Job{a, b} {
-			if err := s.CreateJob(ctx, j); err != nil {
+			if err := s.CreateJobs(ctx, []*lease.Job{j}); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -150,7 +150,7 @@ func TestLeaseStoreAborted(t *testing.T) {
 		db := open(t, d)
 		s := db.LeaseStore()
 		j := queuedJob("job-1")
-		if err := s.CreateJob(ctx, j); err != nil {
+		if err := s.CreateJobs(ctx, []*lease.Job{j}); err != nil {
 			t.Fatal(err)
 		}
 		// A host's handle with DEFERRED transactions, which Open avoids.

@@ -49,7 +49,7 @@ func TestInTx(t *testing.T) {
 					run: func(ctx context.Context, ids []string) error {
 						return db.InTx(ctx, func(ctx context.Context) error {
 							for _, id := range ids {
-								if err := s.CreateJob(ctx, newJob(id)); err != nil {
+								if err := s.CreateJobs(ctx, []*lease.Job{newJob(id)}); err != nil {
 									return err
 								}
 								// The transaction reads its own writes.
@@ -67,7 +67,7 @@ func TestInTx(t *testing.T) {
 					run: func(ctx context.Context, ids []string) error {
 						return db.InTx(ctx, func(ctx context.Context) error {
 							for _, id := range ids {
-								if err := s.CreateJob(ctx, newJob(id)); err != nil {
+								if err := s.CreateJobs(ctx, []*lease.Job{newJob(id)}); err != nil {
 									return err
 								}
 							}
@@ -80,13 +80,13 @@ func TestInTx(t *testing.T) {
 					name: "nested joins the outer",
 					run: func(ctx context.Context, ids []string) error {
 						return db.InTx(ctx, func(ctx context.Context) error {
-							if err := s.CreateJob(ctx, newJob(ids[0])); err != nil {
+							if err := s.CreateJobs(ctx, []*lease.Job{newJob(ids[0])}); err != nil {
 								return err
 							}
 							// The inner InTx returns nil, but commits nothing:
 							// the outer one rolls both jobs back.
 							if err := db.InTx(ctx, func(ctx context.Context) error {
-								return s.CreateJob(ctx, newJob(ids[1]))
+								return s.CreateJobs(ctx, []*lease.Job{newJob(ids[1])})
 							}); err != nil {
 								return err
 							}
@@ -104,7 +104,7 @@ func TestInTx(t *testing.T) {
 						}
 						ctx = bunstore.WithTx(ctx, tx)
 						for _, id := range ids {
-							if err := s.CreateJob(ctx, newJob(id)); err != nil {
+							if err := s.CreateJobs(ctx, []*lease.Job{newJob(id)}); err != nil {
 								tx.Rollback()
 								return err
 							}
@@ -263,7 +263,7 @@ func TestSQLiteWriteOutsideItsTxFails(t *testing.T) {
 	s := db.LeaseStore()
 	start := time.Now()
 	err = db.InTx(ctx, func(context.Context) error {
-		return s.CreateJob(ctx, newJob("job_outside")) // ctx, not the tx's
+		return s.CreateJobs(ctx, []*lease.Job{newJob("job_outside")}) // ctx, not the tx's
 	})
 	if err == nil || !strings.Contains(err.Error(), "busy timeout") {
 		t.Fatalf("err = %v, want a busy timeout", err)

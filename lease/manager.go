@@ -87,6 +87,48 @@ var sha256Hex = regexp.MustCompile(`^[0-9a-f]{64}$`)
 // characters) are stored sorted and deduplicated, nil when none.
 // ErrInvalidArgument for requirements or attempts out of bounds.
 func (m *Manager) Enqueue(ctx context.Context, nj NewJob) (*Job, error) {
+	js, err := m.EnqueueAll(ctx, []NewJob{nj})
+	if be := (*BatchError)(nil); errors.As(err, &be) {
+		err = be.Err
+	}
+	if err != nil {
+		return nil, err
+	}
+	return js[0], nil
+}
+
+// EnqueueAll adds queued jobs, each as Enqueue would, in one
+// Store.CreateJobs call: all or none. A job it refuses is a *BatchError
+// that names it.
+func (m *Manager) EnqueueAll(ctx context.Context, njs []NewJob) ([]*Job, error) {
+	js := make([]*Job, len(njs))
+	for i, nj := range njs {
+		j, err := m.newJob(nj)
+		if err != nil {
+			return nil, &BatchError{Index: i, Err: err}
+		}
+		js[i] = j
+	}
+	if err := m.store.CreateJobs(ctx, js); err != nil {
+		return nil, err
+	}
+	return js, nil
+}
+
+// BatchError is the refusal of one item of a batch (EnqueueAll): nothing
+// of the batch was done. Index is the item's, Err why.
+type BatchError struct {
+	Index int
+	Err   error
+}
+
+func (e *BatchError) Error() string { return fmt.Sprintf("item %d: %v", e.Index, e.Err) }
+
+// Unwrap returns Err.
+func (e *BatchError) Unwrap() error { return e.Err }
+
+// newJob is the queued job nj asks for, or ErrInvalidArgument.
+func (m *Manager) newJob(nj NewJob) (*Job, error) {
 	if nj.Type == "" || len(nj.Type) > maxTypeLen {
 		return nil, fmt.Errorf("%w: job type must be 1 to %d bytes", ErrInvalidArgument, maxTypeLen)
 	}
@@ -138,9 +180,6 @@ func (m *Manager) Enqueue(ctx context.Context, nj NewJob) (*Job, error) {
 		CreatedAt:    now,
 		ScheduledAt:  sched,
 		Rev:          1,
-	}
-	if err := m.store.CreateJob(ctx, j); err != nil {
-		return nil, err
 	}
 	return j, nil
 }

@@ -45,17 +45,21 @@ func NewMemoryStore() *MemoryStore {
 	}
 }
 
-// CreateJob implements Store.
-func (s *MemoryStore) CreateJob(ctx context.Context, j *Job) error {
+// CreateJobs implements Store.
+func (s *MemoryStore) CreateJobs(ctx context.Context, js []*Job) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if _, ok := s.jobs[j.ID]; ok {
-		return ErrConflict
+	for i, j := range js {
+		if _, ok := s.jobs[j.ID]; ok || slices.ContainsFunc(js[:i], func(o *Job) bool { return o.ID == j.ID }) {
+			return ErrConflict
+		}
 	}
-	s.jobs[j.ID] = cloneJob(j)
+	for _, j := range js {
+		s.jobs[j.ID] = cloneJob(j)
+	}
 	return nil
 }
 

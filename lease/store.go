@@ -172,8 +172,9 @@ type ArtifactFilter struct {
 // it returns ErrAborted. The Manager retries only UpdateJob's ErrConflict,
 // never ErrAborted, which it passes up.
 type Store interface {
-	// CreateJob inserts a new job. ErrConflict if its id is taken.
-	CreateJob(ctx context.Context, j *Job) error
+	// CreateJobs inserts new jobs, all or none. ErrConflict if an id is
+	// taken, or named twice.
+	CreateJobs(ctx context.Context, js []*Job) error
 	// GetJob returns the job with its current or last lease. ErrNotFound.
 	GetJob(ctx context.Context, id string) (*Job, error)
 	// ListJobs returns jobs matching f in ascending id order, at most

@@ -67,7 +67,7 @@ func (s faultyLeases) CreateJob(ctx context.Context, j *lease.Job) error {
 	if err := s.f.write(); err != nil {
 		return err
 	}
-	return s.Store.CreateJob(ctx, j)
+	return s.Store.CreateJobs(ctx, []*lease.Job{j})
 }
 
 func (s faultyLeases) UpdateJob(ctx context.Context, j *lease.Job, rev int64) error {

@@ -10,7 +10,6 @@ import (
 
 	"github.com/nodelane/nodelane/internal/apitest"
 	"github.com/nodelane/nodelane/lease"
-	"github.com/nodelane/nodelane/workerapi"
 	"github.com/nodelane/nodelane/workerapi/wire"
 )
 
@@ -63,9 +62,9 @@ func TestDispatchBatch(t *testing.T) {
 		// In Go, a job Enqueue refuses names its index, and nothing is queued.
 		before := countJobs(t, env)
 		_, err := env.Server.DispatchAll(context.Background(), []lease.NewJob{{Type: "status_check"}, {Type: "status_check", MaxAttempts: 101}})
-		var de *workerapi.DispatchError
-		if !errors.As(err, &de) || de.Index != 1 {
-			t.Errorf("DispatchAll with a bad second job: %v; want a DispatchError of index 1", err)
+		var be *lease.BatchError
+		if !errors.As(err, &be) || be.Index != 1 || !errors.Is(err, lease.ErrInvalidArgument) {
+			t.Errorf("DispatchAll with a bad second job: %v; want a lease.BatchError of index 1", err)
 		}
 		if n := countJobs(t, env); n != before {
 			t.Errorf("a refused batch queued %d jobs", n-before)

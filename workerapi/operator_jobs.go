@@ -46,8 +46,8 @@ func (s *Server) settleDispatch(ctx context.Context, jobID string, commitErr err
 // with a reason that says so.
 func (s *Server) Dispatch(ctx context.Context, nj lease.NewJob) (job *lease.Job, leasable bool, reason string, err error) {
 	ds, err := s.DispatchAll(ctx, []lease.NewJob{nj})
-	if de := (*DispatchError)(nil); errors.As(err, &de) {
-		err = de.Err
+	if be := (*lease.BatchError)(nil); errors.As(err, &be) {
+		err = be.Err
 	}
 	if err != nil {
 		return nil, false, "", err
@@ -63,24 +63,12 @@ type Dispatched struct {
 	Reason   string
 }
 
-// DispatchError is DispatchAll's refusal of one of its jobs: none was
-// enqueued. Index is the job's, Err why.
-type DispatchError struct {
-	Index int
-	Err   error
-}
-
-func (e *DispatchError) Error() string { return fmt.Sprintf("job %d: %v", e.Index, e.Err) }
-
-// Unwrap returns Err.
-func (e *DispatchError) Unwrap() error { return e.Err }
-
 // DispatchAll is Dispatch for several jobs, enqueued all in one
 // transaction or none, with one wake-up of the long-polls (POST
 // /operator/jobs/batch). Jobs of one type with the same requirements
 // share one leasability verdict, their first's: one Explain for each
-// kind of job, not one for each job. A job that Enqueue refuses is a
-// *DispatchError naming it.
+// kind of job, not one for each job. A job that lease.Manager.EnqueueAll
+// refuses is a *lease.BatchError naming it.
 func (s *Server) DispatchAll(ctx context.Context, njs []lease.NewJob) ([]Dispatched, error) {
 	if len(njs) == 0 {
 		return nil, fmt.Errorf("%w: no job to dispatch", ErrInvalidRequest)
@@ -89,14 +77,11 @@ func (s *Server) DispatchAll(ctx context.Context, njs []lease.NewJob) ([]Dispatc
 	handled := false // only the commit was left
 	err := s.st.Tx.InTx(ctx, func(ctx context.Context) error {
 		handled = false
-		for i, nj := range njs {
-			j, err := s.leases.Enqueue(ctx, nj)
-			if errors.Is(err, lease.ErrInvalidArgument) {
-				return &DispatchError{i, err}
-			}
-			if err != nil {
-				return err
-			}
+		js, err := s.leases.EnqueueAll(ctx, njs)
+		if err != nil {
+			return err
+		}
+		for i, j := range js {
 			ds[i].Job = j
 		}
 		if err := s.st.Notifier.Notify(ctx); err != nil {
@@ -188,8 +173,8 @@ func (s *Server) opDispatchBatch(ctx context.Context, c *call) (int, any, error)
 		}
 	}
 	ds, err := s.DispatchAll(ctx, njs)
-	if de := (*DispatchError)(nil); errors.As(err, &de) {
-		return 0, nil, itemInvalid("jobs", de.Index, de.Err)
+	if be := (*lease.BatchError)(nil); errors.As(err, &be) && errors.Is(err, lease.ErrInvalidArgument) {
+		return 0, nil, itemInvalid("jobs", be.Index, be.Err)
 	}
 	if err != nil {
 		return 0, nil, err

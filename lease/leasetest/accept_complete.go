@@ -3,6 +3,7 @@ package leasetest
 import (
 	"crypto/sha256"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -20,6 +21,7 @@ var acceptCompleteTests = []test{
 	{"CompleteRepeated", testCompleteRepeated},
 	{"CompleteWithReceipt", testCompleteWithReceipt},
 	{"CompleteAll", testCompleteAll},
+	{"EnqueueAll", testEnqueueAll},
 	{"Release", testRelease},
 	{"ClockMovedBack", testClockMovedBack},
 	{"LeaseWithAccept", testLeaseWithAccept},
@@ -206,6 +208,31 @@ func testCompleteAll(t *testing.T, f *fixture) {
 	f.same(notAccepted)
 	if cs[4].Job != nil || cs[5].Job != nil {
 		t.Fatalf("refused completions returned jobs: %+v, %+v", cs[4].Job, cs[5].Job)
+	}
+}
+
+// EnqueueAll queues its jobs in order, all or none: a job the Manager
+// refuses names its index, and an id taken, or named twice, is
+// ErrConflict from the store; either way nothing is queued.
+func testEnqueueAll(t *testing.T, f *fixture) {
+	js, err := f.m.EnqueueAll(f.ctx, []lease.NewJob{{Type: "status_check"}, {Type: "lora_train", Priority: 3}, {Type: "status_check", ID: "job_mine"}})
+	if err != nil || len(js) != 3 || js[0].Type != "status_check" || js[1].Priority != 3 || js[2].ID != "job_mine" {
+		t.Fatalf("EnqueueAll = %+v, %v", js, err)
+	}
+	for _, j := range js {
+		f.same(j)
+	}
+	_, err = f.m.EnqueueAll(f.ctx, []lease.NewJob{{Type: "status_check", ID: "job_a"}, {Type: "status_check", MaxAttempts: -1}})
+	var be *lease.BatchError
+	if !errors.As(err, &be) || be.Index != 1 || !errors.Is(err, lease.ErrInvalidArgument) {
+		t.Errorf("EnqueueAll with a bad second job: %v; want a BatchError of index 1", err)
+	}
+	for _, ids := range [][]string{{"job_b", "job_mine"}, {"job_c", "job_c"}} {
+		_, err = f.m.EnqueueAll(f.ctx, []lease.NewJob{{Type: "status_check", ID: ids[0]}, {Type: "status_check", ID: ids[1]}})
+		wantErr(t, fmt.Sprintf("EnqueueAll of %v", ids), err, lease.ErrConflict)
+	}
+	if n := len(f.list(lease.JobFilter{Limit: 100})); n != 3 {
+		t.Errorf("%d jobs stored, want the first batch's 3 alone", n)
 	}
 }
 

@@ -54,10 +54,19 @@ var variants = []variant{
 // lacks the column does: every job is open to every worker.
 type tagDroppingStore struct{ *lease.MemoryStore }
 
-func (s tagDroppingStore) CreateJob(ctx context.Context, j *lease.Job) error {
-	c := *j
-	c.Requirements.Tags = nil
-	return s.MemoryStore.CreateJob(ctx, &c)
+func (s tagDroppingStore) CreateJobs(ctx context.Context, js []*lease.Job) error {
+	return s.MemoryStore.CreateJobs(ctx, edited(js, func(c *lease.Job) { c.Requirements.Tags = nil }))
+}
+
+// edited is copies of js, each changed by edit.
+func edited(js []*lease.Job, edit func(*lease.Job)) []*lease.Job {
+	out := make([]*lease.Job, len(js))
+	for i, j := range js {
+		c := *j
+		edit(&c)
+		out[i] = &c
+	}
+	return out
 }
 
 // deleteAllStore deletes every ended job before the cutoff, whatever the
@@ -80,10 +89,8 @@ func (s cutoffStore) DeleteEnded(ctx context.Context, before time.Time, limit in
 // table lacks the column does: every job runs for the default.
 type runtimeDroppingStore struct{ *lease.MemoryStore }
 
-func (s runtimeDroppingStore) CreateJob(ctx context.Context, j *lease.Job) error {
-	c := *j
-	c.Requirements.MaxRuntimeSeconds = 0
-	return s.MemoryStore.CreateJob(ctx, &c)
+func (s runtimeDroppingStore) CreateJobs(ctx context.Context, js []*lease.Job) error {
+	return s.MemoryStore.CreateJobs(ctx, edited(js, func(c *lease.Job) { c.Requirements.MaxRuntimeSeconds = 0 }))
 }
 
 // approvalWritingStore's PutWorker writes the whole record, approval
@@ -172,19 +179,23 @@ func (s *foldingStore) compare(a, b string) int {
 	return strings.Compare(a, b)
 }
 
-func (s *foldingStore) CreateJob(ctx context.Context, j *lease.Job) error {
+func (s *foldingStore) CreateJobs(ctx context.Context, js []*lease.Job) error {
 	if !s.folded {
-		return s.MemoryStore.CreateJob(ctx, j)
+		return s.MemoryStore.CreateJobs(ctx, js)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if _, ok := s.known[fold(j.ID)]; ok {
-		return lease.ErrConflict
+	for _, j := range js {
+		if _, ok := s.known[fold(j.ID)]; ok {
+			return lease.ErrConflict
+		}
 	}
-	if err := s.MemoryStore.CreateJob(ctx, j); err != nil {
+	if err := s.MemoryStore.CreateJobs(ctx, js); err != nil {
 		return err
 	}
-	s.known[fold(j.ID)] = j.ID
+	for _, j := range js {
+		s.known[fold(j.ID)] = j.ID
+	}
 	return nil
 }
 
@@ -251,8 +262,8 @@ func reencodeJob(j *lease.Job) *lease.Job {
 	return &c
 }
 
-func (s reencodingStore) CreateJob(ctx context.Context, j *lease.Job) error {
-	return s.MemoryStore.CreateJob(ctx, reencodeJob(j))
+func (s reencodingStore) CreateJobs(ctx context.Context, js []*lease.Job) error {
+	return s.MemoryStore.CreateJobs(ctx, edited(js, func(c *lease.Job) { *c = *reencodeJob(c) }))
 }
 
 func (s reencodingStore) UpdateJob(ctx context.Context, j *lease.Job, rev int64) error {

@@ -32,7 +32,7 @@ const limit = 100
 // workerapi.Stores.
 var groups = []group{
 	{"Leases", []write{
-		{"CreateJob", probeCreateJob},
+		{"CreateJobs", probeCreateJob},
 		{"UpdateJob", probeUpdateJob},
 		{"ClaimLeases", probeClaimLeases},
 		{"AcceptLeased", probeAcceptLeased},
@@ -92,8 +92,8 @@ func newJob(id, typ string) *lease.Job {
 // createJob commits a queued job for a write that needs one.
 func createJob(ctx context.Context, s lease.Store, i int) (string, error) {
 	id := name("job", i)
-	if err := s.CreateJob(ctx, newJob(id, "status_check")); err != nil {
-		return "", fmt.Errorf("CreateJob: %w", err)
+	if err := s.CreateJobs(ctx, []*lease.Job{newJob(id, "status_check")}); err != nil {
+		return "", fmt.Errorf("CreateJobs: %w", err)
 	}
 	return id, nil
 }
@@ -118,7 +118,7 @@ func listJobs(s lease.Store, read string, f lease.JobFilter, id string) check {
 func probeCreateJob(_ context.Context, st workerapi.Stores, i int) (*probe, error) {
 	s, id := st.Leases, name("job", i)
 	return &probe{
-		do: func(ctx context.Context) error { return s.CreateJob(ctx, newJob(id, "status_check")) },
+		do: func(ctx context.Context) error { return s.CreateJobs(ctx, []*lease.Job{newJob(id, "status_check")}) },
 		checks: []check{
 			getJob(s, id, always),
 			listJobs(s, "ListJobs", lease.JobFilter{Limit: limit}, id),
@@ -152,8 +152,8 @@ func probeClaimLeases(ctx context.Context, st workerapi.Stores, i int) (*probe, 
 	// A job type and a worker of the instance's own, so that the claims
 	// of two instances take one job each.
 	id, typ, worker := name("job", i), name("type", i), name("worker", i)
-	if err := s.CreateJob(ctx, newJob(id, typ)); err != nil {
-		return nil, fmt.Errorf("CreateJob: %w", err)
+	if err := s.CreateJobs(ctx, []*lease.Job{newJob(id, typ)}); err != nil {
+		return nil, fmt.Errorf("CreateJobs: %w", err)
 	}
 	if err := s.PutWorker(ctx, &lease.Worker{ID: worker, NodeID: name("claimer-node", i), RegisteredAt: epoch, LastSeenAt: epoch}); err != nil {
 		return nil, fmt.Errorf("PutWorker: %w", err)
@@ -202,8 +202,8 @@ func leaseHash(i int) []byte {
 // running if accept, and returns the guard of its lease at epoch.
 func claimJob(ctx context.Context, s lease.Store, i int, accept bool) (lease.Guard, error) {
 	id, worker := name("job", i), name("worker", i)
-	if err := s.CreateJob(ctx, newJob(id, "status_check")); err != nil {
-		return lease.Guard{}, fmt.Errorf("CreateJob: %w", err)
+	if err := s.CreateJobs(ctx, []*lease.Job{newJob(id, "status_check")}); err != nil {
+		return lease.Guard{}, fmt.Errorf("CreateJobs: %w", err)
 	}
 	if err := s.PutWorker(ctx, &lease.Worker{ID: worker, NodeID: name("node", i), RegisteredAt: epoch, LastSeenAt: epoch}); err != nil {
 		return lease.Guard{}, fmt.Errorf("PutWorker: %w", err)
@@ -306,8 +306,8 @@ func probeDeleteEnded(ctx context.Context, st workerapi.Stores, i int) (*probe, 
 	j := newJob(id, "status_check")
 	ended := epoch.Add(time.Duration(i) * time.Hour)
 	j.State, j.FinishedAt = lease.StateCanceled, &ended
-	if err := s.CreateJob(ctx, j); err != nil {
-		return nil, fmt.Errorf("CreateJob: %w", err)
+	if err := s.CreateJobs(ctx, []*lease.Job{j}); err != nil {
+		return nil, fmt.Errorf("CreateJobs: %w", err)
 	}
 	if _, err := s.AddEvents(ctx, []*lease.Event{{JobID: id, Kind: lease.EventStatus, Type: "canceled", CreatedAt: ended}}); err != nil {
 		return nil, fmt.Errorf("AddEvents: %w", err)

@@ -23,7 +23,7 @@
 //		})
 //	}
 //
-// For every write method of every store (lease.Store's CreateJob,
+// For every write method of every store (lease.Store's CreateJobs,
 // UpdateJob, ClaimLeases, AcceptLeased, CompleteRunning, AddEvents, AddArtifact, PutWorker, SetApproval
 // and DeleteEnded;
 // credential.Store's CreatePrincipal, UpdatePrincipal, CreateCredential

@@ -82,7 +82,7 @@ var suite = []struct {
 	store  string
 	writes []string
 }{
-	{"Leases", []string{"CreateJob", "UpdateJob", "ClaimLeases", "AcceptLeased", "CompleteRunning", "AddEvents", "AddArtifact", "PutWorker", "SetApproval", "DeleteEnded"}},
+	{"Leases", []string{"CreateJobs", "UpdateJob", "ClaimLeases", "AcceptLeased", "CompleteRunning", "AddEvents", "AddArtifact", "PutWorker", "SetApproval", "DeleteEnded"}},
 	{"Credentials", []string{"CreatePrincipal", "UpdatePrincipal", "CreateCredential", "UpdateCredential"}},
 	{"Nonces", []string{"Insert", "Collect"}},
 	{"Envelope", []string{"Apply"}},
@@ -298,8 +298,8 @@ type leases struct {
 	d dropper
 }
 
-func (s leases) CreateJob(ctx context.Context, j *lease.Job) error {
-	return s.Store.CreateJob(s.d.w(ctx), j)
+func (s leases) CreateJobs(ctx context.Context, js []*lease.Job) error {
+	return s.Store.CreateJobs(s.d.w(ctx), js)
 }
 
 func (s leases) GetJob(ctx context.Context, id string) (*lease.Job, error) {

@@ -63,11 +63,11 @@ type faultyLeases struct {
 	f *faults
 }
 
-func (s faultyLeases) CreateJob(ctx context.Context, j *lease.Job) error {
+func (s faultyLeases) CreateJobs(ctx context.Context, js []*lease.Job) error {
 	if err := s.f.write(); err != nil {
 		return err
 	}
-	return s.Store.CreateJobs(ctx, []*lease.Job{j})
+	return s.Store.CreateJobs(ctx, js)
 }
 
 func (s faultyLeases) UpdateJob(ctx context.Context, j *lease.Job, rev int64) error {

@@ -58,9 +58,9 @@ func TestSQLite(t *testing.T) {
 	}
 	a, b := open(one.DSN), open(two.DSN)
 	now := time.Now().UTC().Truncate(time.Microsecond)
-	if err := a.LeaseStore().CreateJob(ctx, &lease.Job{
+	if err := a.LeaseStore().CreateJobs(ctx, []*lease.Job{{
 		ID: "job-1", Type: "status_check", State: lease.StateQueued, Attempt: 1, MaxAttempts: 1, CreatedAt: now, ScheduledAt: now, Rev: 1,
-	}); err != nil {
+	}}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := a.LeaseStore().GetJob(ctx, "job-1"); err != nil {

@@ -8,7 +8,8 @@
 // own Ed25519 key generated in memory, so every worker request is signed
 // and nonce-checked. It dispatches -jobs jobs of -job-type through POST
 // /operator/jobs (-dispatchers at once; with -dispatch-batch N over 1,
-// N jobs a request through POST /operator/jobs/batch) while the nodes lease them (up to
+// N jobs a request through POST /operator/jobs/batch; with -rate R, R jobs
+// a second, evenly) while the nodes lease them (up to
 // -max-jobs per lease request, long-polling -wait-seconds) and run them
 // in one of two flows. -flow v02, the default and the seed's contract:
 // lease, then accept and complete per job, -job-concurrency jobs of a node
@@ -150,6 +151,7 @@ type config struct {
 	wait       int // lease wait_seconds
 	dispatch   int // dispatch requests in flight
 	batch      int // jobs per dispatch request
+	rate       int // jobs dispatched a second, 0 for as fast as the dispatchers go
 	registerN  int // register requests in flight
 	timeout    time.Duration
 	interval   time.Duration // heartbeat interval
@@ -194,6 +196,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.IntVar(&cfg.perNode, "job-concurrency", 0, "run: jobs each node accepts and completes at once (default: -max-jobs)")
 	fs.IntVar(&cfg.wait, "wait-seconds", client.DefaultWaitSeconds, "wait_seconds of a lease long-poll (0 to 60)")
 	fs.IntVar(&cfg.dispatch, "dispatchers", 16, "run: dispatch requests in flight")
+	fs.IntVar(&cfg.rate, "rate", 0, "run: jobs dispatched a second, evenly (0: as fast as the dispatchers go); below the server's capacity the latencies are the server's, not a backlog's")
 	fs.IntVar(&cfg.batch, "dispatch-batch", 1, "run: jobs per dispatch request: 1 sends POST /operator/jobs, more POST /operator/jobs/batch (at most 100)")
 	fs.IntVar(&cfg.registerN, "register-concurrency", 16, "register requests in flight")
 	fs.DurationVar(&cfg.timeout, "timeout", 10*time.Minute, "run: how long the jobs may take to complete")
@@ -275,6 +278,8 @@ func (c *config) check() error {
 		return errors.New("-job-concurrency must not be negative")
 	case c.wait < 0 || c.wait > wire.MaxWaitSeconds:
 		return fmt.Errorf("-wait-seconds is 0 to %d", wire.MaxWaitSeconds)
+	case c.rate < 0:
+		return errors.New("-rate must not be negative")
 	case c.batch < 1 || c.batch > wire.MaxBatchDispatch:
 		return fmt.Errorf("-dispatch-batch must be 1 to %d", wire.MaxBatchDispatch)
 	case c.dispatch < 1:

@@ -226,6 +226,9 @@ func (l *load) run(ctx context.Context, out io.Writer) error {
 	if cfg.batch > 1 {
 		fmt.Fprintf(out, "dispatch: %d jobs a request (POST /operator/jobs/batch)\n", cfg.batch)
 	}
+	if cfg.rate > 0 {
+		fmt.Fprintf(out, "dispatch: %d jobs a second\n", cfg.rate)
+	}
 	pg, err := openPG(ctx, cfg.pgDSN, cfg.pgSettle)
 	if err != nil {
 		return err
@@ -344,7 +347,23 @@ func (l *load) dispatchAll(ctx context.Context) {
 	next := make(chan []wire.DispatchRequest)
 	go func() {
 		defer close(next)
+		// With a rate, the requests that carry job i go out at i/rate
+		// seconds from the start.
+		var pace *time.Timer
+		if l.cfg.rate > 0 {
+			pace = time.NewTimer(0)
+			defer pace.Stop()
+		}
+		start := time.Now()
 		for i := 0; i < l.cfg.jobs; i += l.cfg.batch {
+			if pace != nil {
+				pace.Reset(time.Until(start.Add(time.Duration(i) * time.Second / time.Duration(l.cfg.rate))))
+				select {
+				case <-pace.C:
+				case <-ctx.Done():
+					return
+				}
+			}
 			var reqs []wire.DispatchRequest
 			for k := i; k < min(i+l.cfg.batch, l.cfg.jobs); k++ {
 				payload, _ := json.Marshal(map[string]any{"loadgen": k})

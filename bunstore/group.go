@@ -73,6 +73,7 @@ func (db *DB) runShared(ctx context.Context, calls []sharedCall) ([]error, error
 	}
 	err := db.inTx(ctx, func(ctx context.Context, _ bun.IDB) error {
 		tx, _ := txFrom(ctx)
+		sp := savepoint{ctx: ctx, tx: tx}
 		for i, c := range calls {
 			if c.ctx.Err() != nil {
 				errs[i] = context.Cause(c.ctx)
@@ -81,7 +82,7 @@ func (db *DB) runShared(ctx context.Context, calls []sharedCall) ([]error, error
 			cctx, cancel := context.WithTimeout(context.WithoutCancel(c.ctx), db.cfg.BusyTimeout)
 			cctx = context.WithValue(WithTx(cctx, tx), txChangesKey{}, ctx.Value(txChangesKey{}))
 			var broken error
-			errs[i], broken = savepoint(ctx, tx, func() error { return guard(cctx, c.fn) })
+			errs[i], broken = sp.run(func() error { return guard(cctx, c.fn) })
 			cancel()
 			if broken != nil {
 				return broken
@@ -92,23 +93,37 @@ func (db *DB) runShared(ctx context.Context, calls []sharedCall) ([]error, error
 	return errs, err
 }
 
-// savepoint runs fn in a savepoint of tx, statements run with ctx, and
-// returns fn's error, fn's writes undone if it failed, and broken, the
-// error of a savepoint statement, after which tx cannot go on.
-func savepoint(ctx context.Context, tx bun.Tx, fn func() error) (err, broken error) {
-	if _, broken = tx.ExecContext(ctx, "SAVEPOINT nodelane_call"); broken != nil {
-		return broken, broken
+// savepoint runs the calls of a shared transaction, each in the savepoint
+// nodelane_call of tx, statements run with ctx. The savepoint is set once
+// before the first call, and after each call released and set again in
+// one round trip, or, if the call failed, rolled back to, which keeps it
+// set; the commit drops the last one.
+type savepoint struct {
+	ctx context.Context
+	tx  bun.Tx
+	set bool
+}
+
+// run runs fn in the savepoint and returns fn's error, fn's writes undone
+// if it failed, and broken, the error of a savepoint statement, after
+// which the transaction cannot go on.
+func (sp *savepoint) run(fn func() error) (err, broken error) {
+	if !sp.set {
+		if _, broken = sp.tx.ExecContext(sp.ctx, "SAVEPOINT nodelane_call"); broken != nil {
+			return broken, broken
+		}
+		sp.set = true
 	}
 	if err = fn(); err == nil {
 		// RELEASE fails if fn ignored a statement's error, which on
-		// PostgreSQL fails the transaction until the savepoint's rollback.
-		if _, err = tx.ExecContext(ctx, "RELEASE SAVEPOINT nodelane_call"); err == nil {
+		// PostgreSQL fails the transaction until the savepoint's rollback;
+		// the SAVEPOINT after it then does not run. The statements have no
+		// arguments: the drivers send them as one.
+		if _, err = sp.tx.ExecContext(sp.ctx, "RELEASE SAVEPOINT nodelane_call; SAVEPOINT nodelane_call"); err == nil {
 			return nil, nil
 		}
 	}
-	if _, broken = tx.ExecContext(ctx, "ROLLBACK TO SAVEPOINT nodelane_call"); broken == nil {
-		_, broken = tx.ExecContext(ctx, "RELEASE SAVEPOINT nodelane_call")
-	}
+	_, broken = sp.tx.ExecContext(sp.ctx, "ROLLBACK TO SAVEPOINT nodelane_call")
 	return err, broken
 }
 

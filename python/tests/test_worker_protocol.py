@@ -8,6 +8,7 @@ against the real server in test_restart.py.
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 from typing import Any, Dict, List
@@ -15,7 +16,7 @@ from typing import Any, Dict, List
 import pytest
 
 import nodelane
-from nodelane import APIError, ConfigError, Identity, Signer, Worker
+from nodelane import APIError, ConfigError, Identity, JobEnd, Signer, Worker
 
 from fakeserver import FakeServer, error, grant, heartbeat_answer, now_rfc3339
 from helpers import wait_for
@@ -399,11 +400,14 @@ def test_a_new_job_restarts_the_long_poll_to_watch_it(fake):
     base_routes(fake)
     granted = threading.Event()
     never = threading.Event()
+    watching_nothing = threading.Event()
 
     def lease(body):
         if granted.is_set():
             return idle_lease(body)
-        time.sleep(0.5)  # the first long-poll of signals is open by now, watching nothing
+        # the job is granted once a long-poll of signals is open, watching nothing
+        if not watching_nothing.wait(10):
+            return idle_lease(body)
         granted.set()
         return 200, {"leases": [grant("job_n", "t")], "server_time": now_rfc3339()}
     fake.routes["/workers/jobs/lease"] = lease
@@ -411,20 +415,24 @@ def test_a_new_job_restarts_the_long_poll_to_watch_it(fake):
     def signals(body):
         if "job_n" in body["current_jobs"]:
             return 200, {"cancel_jobs": ["job_n"], "lost_jobs": [], "drain": False, "server_time": now_rfc3339()}
+        watching_nothing.set()
         never.wait(body["wait_seconds"])  # a server that answers only at the end of the wait
         return idle_signals(body)
     fake.routes["/workers/signals"] = signals
-    stopped = threading.Event()
+    ended: "queue.Queue[JobEnd]" = queue.Queue()
 
     def handler(ctx):
-        if ctx.cancel_event.wait(10):
-            stopped.set()
+        ctx.cancel_event.wait(10)
         ctx.check()
-    w = new(fake)
+    # The cancel the new long-poll brings may reach the job before its
+    # handler starts (then the handler never runs) or while it runs: either
+    # way the job ends canceled, long before the first long-poll's wait.
+    w = new(fake, on_job_end=ended.put)
     w.job("t")(handler)
     t, errors = run_in_thread(w)
     try:
-        assert stopped.wait(10)
+        end = ended.get(timeout=10)
+        assert end.job["id"] == "job_n" and end.outcome == "canceled"
         first = fake.sent("/workers/signals")[0]
         assert first["current_jobs"] == []
     finally:

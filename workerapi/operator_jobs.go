@@ -2,7 +2,6 @@ package workerapi
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -105,15 +104,12 @@ func (s *Server) DispatchAll(ctx context.Context, njs []lease.NewJob) ([]Dispatc
 	verdicts := map[string]*Dispatched{}
 	for i := range ds {
 		d := &ds[i]
-		kind, err := json.Marshal([]any{d.Job.Type, d.Job.Requirements})
-		if err != nil {
-			return nil, err
-		}
-		if v, ok := verdicts[string(kind)]; ok {
+		kind := fmt.Sprintf("%q %#v", d.Job.Type, d.Job.Requirements)
+		if v, ok := verdicts[kind]; ok {
 			d.Leasable, d.Reason = v.Leasable, v.Reason
 			continue
 		}
-		verdicts[string(kind)] = d
+		verdicts[kind] = d
 		d.Leasable, d.Reason = s.dispatchedLeasable(ctx, d.Job)
 	}
 	return ds, nil

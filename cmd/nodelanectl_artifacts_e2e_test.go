@@ -76,7 +76,7 @@ func TestE2ENodelanectlArtifacts(t *testing.T) {
 			c.startCommandWorker("ctl-node", fmt.Sprintf("[[job]]\ntype = \"art_big\"\ncommand = [%q]\ngpus = 0\n", big), "-gpu", "rtx-4090:24576")
 			id := c.dispatch("art_big", nil).Job.ID
 			jd := c.waitDone(id, "succeeded")
-			want := c.runFile("ctl-node", id, 1, "weights.bin")
+			want := c.runFile("ctl-node", id, jd.Job.Attempt, "weights.bin")
 			if len(jd.Artifacts) != 1 || !jd.Artifacts[0].Stored || jd.Artifacts[0].ReceiptID == nil {
 				t.Fatalf("the job's artifacts: %+v", jd.Artifacts)
 			}

@@ -66,8 +66,13 @@ func attemptFailed(j *lease.Job, code string, attempt int, ended time.Time) (rec
 }
 
 // endNotes carries, in the context of a lease end made outside a request
-// (the maintainer), what to do once its transaction commits.
-type endNotes struct{ fs []func() }
+// (the maintainer), what to do once its transaction commits, and ctx, the
+// context endTx was called with: without the transaction, which has ended
+// by then.
+type endNotes struct {
+	ctx context.Context
+	fs  []func()
+}
 
 type endNotesKey struct{}
 
@@ -93,7 +98,7 @@ func (s *Server) endTx(ctx context.Context, fn func(ctx context.Context) error) 
 	if callFrom(ctx) != nil || ctx.Value(endNotesKey{}) != nil {
 		return s.st.Tx.InTx(ctx, fn)
 	}
-	n := &endNotes{}
+	n := &endNotes{ctx: ctx}
 	err := s.st.Tx.InTx(context.WithValue(ctx, endNotesKey{}, n), func(ctx context.Context) error {
 		n.fs = nil // a retried transaction starts again
 		return fn(ctx)
@@ -148,10 +153,15 @@ func (s *Server) leaseEnded(ctx context.Context, j *lease.Job) error {
 		// long-poll, if it holds one open, hears of the lost job now
 		// rather than at its next heartbeat. A request's ends are the
 		// caller's own (reconcile) or signalled by their route (retire).
-		wid := jc.Lease.WorkerID
+		// The wake-up runs once the transaction of ctx has committed: with
+		// endTx's context, which does not carry it.
+		wid, octx := jc.Lease.WorkerID, ctx
+		if n, ok := ctx.Value(endNotesKey{}).(*endNotes); ok {
+			octx = n.ctx
+		}
 		afterCommit(ctx, func() {
 			if sn, ok := s.st.Notifier.(SignalNotifier); ok {
-				if err := sn.NotifyWorker(context.WithoutCancel(ctx), wid); err != nil {
+				if err := sn.NotifyWorker(context.WithoutCancel(octx), wid); err != nil {
 					s.log.Warn("waking a worker's signals long-poll", "worker", wid, "err", err)
 				}
 			}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"log/slog"
 	"net/http"
 	"strings"
 	"testing"
@@ -13,6 +14,7 @@ import (
 	"github.com/nodelane/nodelane/bunstore"
 	"github.com/nodelane/nodelane/credential"
 	"github.com/nodelane/nodelane/internal/apitest"
+	"github.com/nodelane/nodelane/internal/logtest"
 	"github.com/nodelane/nodelane/lease"
 	"github.com/nodelane/nodelane/workerapi"
 	"github.com/nodelane/nodelane/workerapi/wire"
@@ -170,7 +172,8 @@ func TestSignals(t *testing.T) {
 func TestSignalsMaintainerEnd(t *testing.T) {
 	t.Parallel()
 	onDialects(t, func(t *testing.T, d string) {
-		env := newOpEnv(t, d)
+		logs := logtest.New()
+		env := newOpEnv(t, d, apitest.WithConfig(func(c *workerapi.Config) { c.Logger = slog.New(logs) }))
 		n := opGPUNode(t, env, "gpu-expired", 1)
 		a := dispatchJob(t, env, obj{"job_type": "status_check"})["job"].(obj)["id"].(string)
 		if got, _ := runOne(t, n, "status_check"); got != a {
@@ -185,6 +188,13 @@ func TestSignalsMaintainerEnd(t *testing.T) {
 		got := await(t, "signals after the maintainer ended the lease", poll, 10*time.Second)
 		if got.status != http.StatusOK || strings.Join(strs(got.body["lost_jobs"]), ",") != a {
 			t.Errorf("signals after the lease expired: %d %v, want lost_jobs [%s]", got.status, got.body, a)
+		}
+		// The wake-up ran after the commit, outside the transaction (in it,
+		// PostgreSQL's pg_notify failed and another wake-up hid it).
+		for _, r := range logs.Records() {
+			if r.Level >= slog.LevelWarn {
+				t.Errorf("logged %s %q", r.Level, r.Message)
+			}
 		}
 	})
 }

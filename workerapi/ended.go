@@ -78,16 +78,18 @@ type endNotesKey struct{}
 
 // afterCommit runs f once the change being made in ctx commits: with the
 // request's notes in a request, with endTx's outside one, else at once.
-func afterCommit(ctx context.Context, f func()) {
+// f gets a context without ctx's transaction, which has ended by then:
+// the request's, or the one endTx was called with.
+func afterCommit(ctx context.Context, f func(ctx context.Context)) {
 	if c := callFrom(ctx); c != nil {
-		c.note(f)
+		c.note(func() { f(context.WithoutCancel(c.r.Context())) })
 		return
 	}
 	if n, ok := ctx.Value(endNotesKey{}).(*endNotes); ok {
-		n.fs = append(n.fs, f)
+		n.fs = append(n.fs, func() { f(n.ctx) })
 		return
 	}
-	f()
+	f(ctx)
 }
 
 // endTx is lease.Config.InTx: each server-side end of a lease and its
@@ -146,28 +148,23 @@ func (s *Server) leaseEnded(ctx context.Context, j *lease.Job) error {
 	if c := callFrom(ctx); c != nil {
 		c.after(hook)
 	} else {
-		afterCommit(ctx, func() { s.hooks.emit([]hookEvent{hook}) })
+		afterCommit(ctx, func(context.Context) { s.hooks.emit([]hookEvent{hook}) })
 	}
 	if callFrom(ctx) == nil {
 		// The maintainer's end (expiry, offline): the worker's signals
 		// long-poll, if it holds one open, hears of the lost job now
 		// rather than at its next heartbeat. A request's ends are the
 		// caller's own (reconcile) or signalled by their route (retire).
-		// The wake-up runs once the transaction of ctx has committed: with
-		// endTx's context, which does not carry it.
-		wid, octx := jc.Lease.WorkerID, ctx
-		if n, ok := ctx.Value(endNotesKey{}).(*endNotes); ok {
-			octx = n.ctx
-		}
-		afterCommit(ctx, func() {
+		wid := jc.Lease.WorkerID
+		afterCommit(ctx, func(ctx context.Context) {
 			if sn, ok := s.st.Notifier.(SignalNotifier); ok {
-				if err := sn.NotifyWorker(context.WithoutCancel(octx), wid); err != nil {
+				if err := sn.NotifyWorker(context.WithoutCancel(ctx), wid); err != nil {
 					s.log.Warn("waking a worker's signals long-poll", "worker", wid, "err", err)
 				}
 			}
 		})
 	}
-	afterCommit(ctx, func() {
+	afterCommit(ctx, func(context.Context) {
 		switch jc.LastError.Code {
 		case lease.CodeWorkerRetired, lease.CodeWorkerRestarted, lease.CodeNotHeld:
 			return // the retire, register, start and heartbeat routes log their ends

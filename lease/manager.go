@@ -289,6 +289,10 @@ type LeaseRequest struct {
 	// job's max runtime from then. Allow gates the types before the claim;
 	// nothing is checked again between the lease and the accept.
 	Accept bool
+	// Planned, when set, is called with the claim Lease is about to make,
+	// before it runs, and not when the worker may claim nothing. Two
+	// claims with equal Types, Fits and Tags consider the same jobs.
+	Planned func(ClaimQuery)
 }
 
 // Grant is one leased job and its token. The token is returned only here.
@@ -380,6 +384,9 @@ func (m *Manager) Lease(ctx context.Context, req LeaseRequest) ([]Grant, error) 
 		q, ok, err := plan(w)
 		if !ok || err != nil {
 			return q, LeaseClaim{}, false, err
+		}
+		if req.Planned != nil {
+			req.Planned(q)
 		}
 		return q, m.leaseClaim(w, q, leases, req), true, nil
 	})

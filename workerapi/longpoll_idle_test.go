@@ -2,6 +2,7 @@ package workerapi_test
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"sync"
 	"sync/atomic"
@@ -99,5 +100,82 @@ func TestLongPollAtLimit(t *testing.T) {
 	wg.Wait()
 	if got.Job == nil || got.Job.ID != second.ID {
 		t.Fatalf("the long-poll at its limit answered %+v after its slot freed, want job %s", got, second.ID)
+	}
+}
+
+// A notification wakes one long-poll of those whose claims consider the
+// same jobs, not all of them: the one woken claims the job and wakes the
+// next, which finds nothing and ends the turn. A thundering herd would
+// cost every waiting long-poll a claim per job. Long-polls of another
+// class (other tags) are woken too, one of them: the job that only they
+// fit is theirs at once, not at the end of their wait.
+func TestLongPollRelay(t *testing.T) {
+	t.Parallel()
+	for _, dialect := range []string{"sqlite", "postgres"} {
+		t.Run(dialect, func(t *testing.T) {
+			t.Parallel()
+			var c *countingLeases
+			f := setup(t, dialect, withCountedClaims(&c))
+			const same = 8
+			nodes := []*apitest.Node{f.node}
+			for i := range same - 1 {
+				n := f.env.NewNode(t, fmt.Sprintf("relay-%d", i))
+				n.Register(t, registerRequest())
+				nodes = append(nodes, n)
+			}
+			other := f.env.NewNode(t, "relay-other")
+			reg := registerRequest()
+			reg.Tags = []string{"lab", "h100-room"}
+			other.Register(t, reg)
+
+			type answer struct {
+				node int
+				out  wire.LeaseResponse
+			}
+			answers := make(chan answer, same+1)
+			poll := func(i int, n *apitest.Node, wait int) {
+				st, b := post(t, n, wire.PathLease, wire.LeaseRequest{SupportedJobTypes: []string{"status_check"}, WaitSeconds: wait})
+				if st != http.StatusOK {
+					t.Errorf("long-poll of node %d: %d %s", i, st, b)
+				}
+				answers <- answer{i, decode[wire.LeaseResponse](t, b)}
+			}
+			var wg sync.WaitGroup
+			defer wg.Wait()
+			for i, n := range nodes {
+				wg.Go(func() { poll(i, n, 2) })
+			}
+			wg.Go(func() { poll(same, other, 30) })
+			f.env.AwaitLongPolls(t, same+1)
+			before := c.claims.Load()
+
+			// Only the tagged node fits this one.
+			tagged := f.env.Enqueue(t, lease.NewJob{Type: "status_check", Requirements: lease.Requirements{Tags: []string{"h100-room"}}})
+			if a := <-answers; a.node != same || a.out.Job == nil || a.out.Job.ID != tagged.ID {
+				t.Fatalf("first answer after a job only node %d fits: node %d, %+v", same, a.node, a.out)
+			}
+			job := f.env.Enqueue(t, lease.NewJob{Type: "status_check"})
+			var got []int
+			for range same {
+				if a := <-answers; a.out.Job != nil {
+					if a.out.Job.ID != job.ID {
+						t.Errorf("node %d leased %s, want %s", a.node, a.out.Job.ID, job.ID)
+					}
+					got = append(got, a.node)
+				}
+			}
+			if len(got) != 1 {
+				t.Errorf("the job went to nodes %v, want one", got)
+			}
+			// Two notifications: each wakes one waiter of the untagged
+			// class (the first finds nothing, the second claims and hands
+			// on to a third, which finds nothing); the first wakes the
+			// tagged one. Each of the two that found nothing may look once
+			// more on its tick before its 2 s wait ends. A herd costs 8
+			// claims per notification.
+			if n := c.claims.Load() - before; n > 6 {
+				t.Errorf("two jobs for %d waiting long-polls cost %d claims, want at most 6", same+1, n)
+			}
+		})
 	}
 }

@@ -306,6 +306,8 @@ type Server struct {
 	}
 	// parked counts the long-polls waiting (LongPolls).
 	parked atomic.Int64
+	// relay hands notifications to waiting long-polls.
+	relay *relay
 	// turns holds a token per request running its database work
 	// (Config.MaxActiveRequests; nil: no limit). Senders blocked on a
 	// channel are woken in the order they blocked: turns are taken in
@@ -334,7 +336,7 @@ func New(st Stores, cfg Config) (*Server, error) {
 		return nil, err
 	}
 	var err error
-	s := &Server{st: st, cfg: cfg, log: cfg.Logger}
+	s := &Server{st: st, cfg: cfg, log: cfg.Logger, relay: newRelay(st.Notifier)}
 	if cfg.MaxActiveRequests > 0 {
 		s.turns = make(chan struct{}, cfg.MaxActiveRequests)
 	}

@@ -77,18 +77,21 @@ func (s *Server) lease(ctx context.Context, c *call) (int, any, error) {
 	}
 	d := min(time.Duration(wait)*time.Second, wire.MaxWaitSeconds*time.Second, s.cfg.MaxWait)
 	var (
-		wake, sig <-chan struct{}
-		cancel    func()
+		w     *waiter
+		sig   <-chan struct{}
+		class string
 	)
+	lr.Planned = func(q lease.ClaimQuery) { class = classKey(q) }
 	if d > 0 {
-		// Subscribe before the first attempt, so that a job dispatched
-		// while it runs still wakes the wait. A ban or a retirement of the
-		// worker wakes it too (its signals), and the next attempt refuses
-		// it (checkGranted): with a Notifier that is not a SignalNotifier,
-		// the ban's Notify wakes it through wake.
-		wake, cancel = s.st.Notifier.Subscribe()
-		c.cleanup(cancel)
+		// Join before the first attempt, so that a job dispatched while
+		// it runs still wakes the wait (relay). A ban or a retirement of
+		// the worker wakes it too (its signals), and the next attempt
+		// refuses it (checkGranted): with a Notifier that is not a
+		// SignalNotifier, the ban's Notify wakes it through the relay.
+		w = s.relay.join()
+		c.cleanup(func() { s.relay.leave(w) })
 		if sn, ok := s.st.Notifier.(SignalNotifier); ok {
+			var cancel func()
 			sig, cancel = sn.SubscribeWorker(lr.WorkerID)
 			c.cleanup(cancel)
 		}
@@ -98,6 +101,9 @@ func (s *Server) lease(ctx context.Context, c *call) (int, any, error) {
 	out, why, err := s.leaseOnce(ctx, c, lr, req.Accept, true)
 	if err != nil {
 		return 0, nil, err
+	}
+	if w != nil {
+		s.relay.done(w, class, len(out.Leases), true, why != nil && why.look)
 	}
 	if err := s.rememberLease(ctx, c, k, out); err != nil {
 		return 0, nil, err
@@ -134,11 +140,12 @@ func (s *Server) lease(ctx context.Context, c *call) (int, any, error) {
 				}
 				out.Message = why.message
 				return http.StatusOK, out, nil
-			case <-wake:
+			case <-w.c:
 			case <-sig:
 			case <-look.c:
 			}
 			var next *wire.LeaseResponse
+			class = ""
 			queued, noted, granted := len(c.hooks), len(c.notes), len(c.jobIDs)
 			done, err := s.turn(ctx)
 			if err != nil {
@@ -158,6 +165,7 @@ func (s *Server) lease(ctx context.Context, c *call) (int, any, error) {
 				return 0, nil, err
 			}
 			out = next
+			s.relay.done(w, class, len(out.Leases), false, false)
 			if len(out.Leases) > 0 {
 				return http.StatusOK, out, nil
 			}

@@ -46,11 +46,13 @@ func artifactCluster(t *testing.T, d testdb.Dialect, store string, args ...strin
 	if store == "" {
 		store = "file://" + filepath.Join(t.TempDir(), "artifacts")
 	}
-	// Leases of 15 s, not the cluster's 3 s: a job here hashes and
+	// Leases of 15 s, not the cluster's 3 s, and a worker offline after
+	// 15 s of silence, not 3 heartbeat intervals: a job here hashes and
 	// uploads 64 MiB, and a machine loaded by the other tests can hold
 	// its heartbeats for longer than 3 s (then the worker stops the job
-	// and the next run writes other bytes).
-	c := newCluster(t, append([]string{"-db", db.DSN, "-heartbeat-interval", "1s", "-lease-ttl", "15s", "-artifact-store", store}, args...)...)
+	// and the next attempt runs: CI saw a 2.5 s stall end the first
+	// attempt of both resume tests at once).
+	c := newCluster(t, append([]string{"-db", db.DSN, "-heartbeat-interval", "1s", "-lease-ttl", "15s", "-offline-after", "15s", "-artifact-store", store}, args...)...)
 	c.activate()
 	t.Cleanup(c.checkNoTokensLogged)
 	return c

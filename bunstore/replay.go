@@ -2,7 +2,11 @@ package bunstore
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
+	"maps"
+	"regexp"
+	"slices"
 	"time"
 
 	"github.com/uptrace/bun"
@@ -33,8 +37,9 @@ type NonceConfig struct {
 // transaction (a serialization failure or a deadlock), the error matches
 // replay.ErrAborted too.
 //
-// On PostgreSQL, Insert locks a row per node in nodelane_nonce_nodes,
-// which keeps one row for every node that ever recorded a nonce.
+// Insert counts a node's rows, and on PostgreSQL locks the node, in its
+// row of nodelane_nonce_nodes, which keeps one row for every node that
+// ever recorded a nonce.
 //
 // The store keeps no total cap: the database's disk is the limit, and a
 // maintainer calls Collect (through replay.Verifier.Collect) to delete dead
@@ -56,42 +61,59 @@ func (db *DB) NonceStore(cfg *NonceConfig) *NonceStore {
 	return s
 }
 
-// insertNonce records a nonce in one statement, atomically in both
-// dialects: the row goes in only if the node is below its quota of live
-// nonces (the sub-select), and a row of the pair already there is replaced
-// only if it is dead (expires_at <= now). Of concurrent inserts of one
-// pair, PostgreSQL makes all but the first wait on its index entry and
-// then re-check the WHERE against the committed row, so exactly one
-// affects a row; SQLite runs one writer at a time. The sub-select's WHERE
-// is required by SQLite, whose parser would otherwise read ON CONFLICT as
-// a join constraint.
-const insertNonce = `INSERT INTO nodelane_nonces (node_id, nonce, expires_at)
-SELECT ?0, ?1, ?2
-WHERE (SELECT count(*) FROM nodelane_nonces WHERE node_id = ?0 AND expires_at > ?3) < ?4
-ON CONFLICT (node_id, nonce) DO UPDATE SET expires_at = EXCLUDED.expires_at
-WHERE nodelane_nonces.expires_at <= ?3`
-
-// lockNonceNode, on PostgreSQL, locks the node's row of
-// nodelane_nonce_nodes (creating it on the node's first nonce) before
-// insertNonce counts the node's live nonces. Without it, concurrent
+// countNonce adds the nonce about to be inserted to its node's rows_held
+// (creating the node's row on its first nonce), and so locks the row
+// before insertNonce decides the quota. Without the lock, concurrent
 // inserts of one node's different nonces would each count the rows
 // committed before they started and together pass the quota by as many as
-// ran at once. Both statements go in one query string, which PostgreSQL
-// runs in one implicit transaction (or in the one the context carries) in
-// one round trip, each statement under a snapshot of its own: under READ
-// COMMITTED the count's snapshot is taken once the lock is granted, so it
-// sees every nonce the previous holder committed. Under REPEATABLE READ or
-// SERIALIZABLE, a holder that committed after the transaction's snapshot
-// makes the lock a serialization failure (replay.ErrAborted) rather than a
-// stale count. The UPDATE changes nothing but is a real one on purpose:
-// it is what a later snapshot's transaction conflicts with.
+// ran at once. On PostgreSQL both statements go in one query string,
+// which runs in one implicit transaction (or in the one the context
+// carries) in one round trip, each statement under a snapshot of its own:
+// under READ COMMITTED the second's snapshot is taken once the lock is
+// granted, so it sees every nonce the previous holder committed. Under
+// REPEATABLE READ or SERIALIZABLE, a holder that committed after the
+// transaction's snapshot makes the lock a serialization failure
+// (replay.ErrAborted) rather than a stale count. SQLite runs one writer
+// at a time, and the two statements go one after the other: outside a
+// transaction, a crash or an error between them leaves rows_held one
+// above the rows, never below.
 //
 // Bun sends a query with its arguments already in the text, and pgx (as
 // lib/pq) sends a query without arguments as one simple query, which may
 // hold several statements; its result is the last statement's.
-const lockNonceNode = `INSERT INTO nodelane_nonce_nodes (node_id) VALUES (?0)
-ON CONFLICT (node_id) DO UPDATE SET node_id = EXCLUDED.node_id;
+const countNonce = `INSERT INTO nodelane_nonce_nodes (node_id, rows_held) VALUES (?0, 1)
+ON CONFLICT (node_id) DO UPDATE SET rows_held = nodelane_nonce_nodes.rows_held + 1;
 `
+
+// sqliteNonce are countNonce and insertNonce bound (stmt.go), with
+// SQLite's numbered parameters, which count from 1: prepared once a
+// connection rather than parsed for every request.
+var sqliteNonce = [2]string{sqliteParams(countNonce), sqliteParams(insertNonce)}
+
+// sqliteParams renumbers bun's ?0 to ?9 as SQLite's ?1 to ?10.
+func sqliteParams(q string) string {
+	return regexp.MustCompile(`\?\d`).ReplaceAllStringFunc(q, func(p string) string { return fmt.Sprintf("?%d", p[1]-'0'+1) })
+}
+
+// insertNonce records a nonce in one statement: the row goes in only if
+// the node is below its quota of live nonces, and a row of the pair
+// already there is replaced only if it is dead (expires_at <= now). The
+// node's rows_held, which never falls below the rows it holds, decides
+// the quota while it is within it; only a node with as many rows as its
+// quota, live or dead, has its live nonces counted (the migration
+// 0021_nonce_rows says why: a count reads every live nonce of the node,
+// and was a fifth of a busy server's CPU). Of concurrent inserts of one
+// pair, PostgreSQL makes all but the first wait on its index entry and
+// then re-check the WHERE against the committed row, so exactly one
+// affects a row. The sub-select's WHERE is required by SQLite, whose
+// parser would otherwise read ON CONFLICT as a join constraint; CASE
+// keeps the count from running when rows_held decides.
+const insertNonce = `INSERT INTO nodelane_nonces (node_id, nonce, expires_at)
+SELECT ?0, ?1, ?2
+WHERE CASE WHEN (SELECT rows_held FROM nodelane_nonce_nodes WHERE node_id = ?0) <= ?4 THEN 1 = 1
+  ELSE (SELECT count(*) FROM nodelane_nonces WHERE node_id = ?0 AND expires_at > ?3) < ?4 END
+ON CONFLICT (node_id, nonce) DO UPDATE SET expires_at = EXCLUDED.expires_at
+WHERE nodelane_nonces.expires_at <= ?3`
 
 // Insert implements replay.Store. It records nonce for nodeID until
 // expires, and returns replay.ErrReplayedNonce if the pair is recorded and
@@ -100,7 +122,7 @@ ON CONFLICT (node_id) DO UPDATE SET node_id = EXCLUDED.node_id;
 //
 // The quota and single use are exact in both dialects, also across
 // replicas: SQLite runs one writer at a time, and on PostgreSQL one node's
-// inserts take turns on a lock (see lockNonceNode), held until the
+// inserts take turns on a lock (see countNonce), held until the
 // transaction that inserts ends; so while a request's transaction holds a
 // nonce of a node, that node's other nonces wait for it to commit or roll
 // back, as copies of the same nonce must. Other nodes never wait.
@@ -128,13 +150,17 @@ func (s *NonceStore) Insert(ctx context.Context, nodeID, nonce string, expires, 
 // ErrReplayedNonce, ErrQuota) or the error that kept it from knowing.
 func (s *NonceStore) insert(ctx context.Context, nodeID, nonce string, expires, now time.Time) (outcome, err error) {
 	t := micros(now)
-	q := insertNonce
-	if s.db.postgres() {
-		q = lockNonceNode + insertNonce
-	}
 	var n int64
 	err = s.db.write(ctx, func(ctx context.Context, idb bun.IDB) error {
-		res, err := idb.NewRaw(q, nodeID, nonce, micros(expires), t, s.perNode).Exec(ctx)
+		var (
+			res sql.Result
+			err error
+		)
+		if s.db.postgres() {
+			res, err = idb.NewRaw(countNonce+insertNonce, nodeID, nonce, micros(expires), t, s.perNode).Exec(ctx)
+		} else if _, err = s.db.execBound(ctx, idb, sqliteNonce[0], nodeID); err == nil {
+			res, err = s.db.execBound(ctx, idb, sqliteNonce[1], nodeID, nonce, micros(expires), t, s.perNode)
+		}
 		if err != nil {
 			return err
 		}
@@ -172,12 +198,19 @@ const collectBatch = 5000
 // other (SKIP LOCKED); the rows stay locked from the sub-select to the
 // delete, so their addresses cannot change in between.
 const collectPostgres = `DELETE FROM nodelane_nonces WHERE ctid = ANY(ARRAY(
-SELECT ctid FROM nodelane_nonces WHERE expires_at <= ?0 LIMIT ?1 FOR UPDATE SKIP LOCKED))`
+SELECT ctid FROM nodelane_nonces WHERE expires_at <= ?0 LIMIT ?1 FOR UPDATE SKIP LOCKED))
+RETURNING node_id`
 
 // collectSQLite deletes a batch of dead nonces found through the expiry
 // index, each by its primary key.
 const collectSQLite = `DELETE FROM nodelane_nonces WHERE (node_id, nonce) IN (
-SELECT node_id, nonce FROM nodelane_nonces WHERE expires_at <= ?0 LIMIT ?1)`
+SELECT node_id, nonce FROM nodelane_nonces WHERE expires_at <= ?0 LIMIT ?1)
+RETURNING node_id`
+
+// uncountNonces takes ?1 rows off node ?0's rows_held, after their delete
+// committed: rows_held is never below the rows a node holds.
+const uncountNonces = `UPDATE nodelane_nonce_nodes SET rows_held = CASE WHEN rows_held > ?1 THEN rows_held - ?1 ELSE 0 END
+WHERE node_id = ?0`
 
 // Collect implements replay.Store: it deletes the nonces that expire
 // at or before now, in batches, and returns how many it deleted. Several
@@ -185,30 +218,53 @@ SELECT node_id, nonce FROM nodelane_nonces WHERE expires_at <= ?0 LIMIT ?1)`
 func (s *NonceStore) Collect(ctx context.Context, now time.Time) (int, error) {
 	t := micros(now)
 	total := 0
+	q := collectSQLite
+	if s.db.postgres() {
+		q = collectPostgres
+	}
 	for {
-		var n int64
+		var nodes []string
 		err := s.db.retryOwnTx(ctx, func() error {
 			return s.db.write(ctx, func(ctx context.Context, idb bun.IDB) error {
-				q := collectSQLite
-				if s.db.postgres() {
-					q = collectPostgres
-				}
-				res, err := idb.NewRaw(q, t, collectBatch).Exec(ctx)
-				if err != nil {
-					return err
-				}
-				n, err = res.RowsAffected()
-				return err
+				nodes = nil
+				return idb.NewRaw(q, t, collectBatch).Scan(ctx, &nodes)
 			})
 		})
+		if err == nil {
+			err = s.uncount(ctx, nodes)
+		}
 		if err != nil {
 			return total, nonceUnavailable("collect nonces", markAborted(err, replay.ErrAborted))
 		}
-		total += int(n)
-		if n < collectBatch {
+		total += len(nodes)
+		if len(nodes) < collectBatch {
 			return total, nil
 		}
 	}
+}
+
+// uncount takes the deleted rows of nodes (a node id per row) off the
+// nodes' rows_held, in one transaction that updates them in id order, so
+// that two replicas' never wait for each other in opposite orders.
+func (s *NonceStore) uncount(ctx context.Context, nodes []string) error {
+	if len(nodes) == 0 {
+		return nil
+	}
+	n := map[string]int{}
+	for _, id := range nodes {
+		n[id]++
+	}
+	ids := slices.Sorted(maps.Keys(n))
+	return s.db.retryOwnTx(ctx, func() error {
+		return s.db.inTx(ctx, func(ctx context.Context, idb bun.IDB) error {
+			for _, id := range ids {
+				if _, err := idb.NewRaw(uncountNonces, id, n[id]).Exec(ctx); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+	})
 }
 
 // nonceUnavailable wraps a driver error so that it matches both

@@ -416,6 +416,72 @@ func TestNonceQuotaConfig(t *testing.T) {
 	}
 }
 
+// A node's rows_held, which decides its quota without a count while it
+// is below it, is never below the rows the node holds, and equals them
+// when no insert was refused: each insert adds its row, and Collect takes
+// off exactly what it deleted.
+func TestNonceRowsHeld(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, d := range bunstore.MigratedDialects() {
+		t.Run(d.Name, func(t *testing.T) {
+			t.Parallel()
+			tdb := d.New(t)
+			s := open(t, tdb).NonceStore(&bunstore.NonceConfig{PerNode: 4})
+			raw := tdb.Bun(t)
+			held := func(want func(node string, held, rows int) bool) {
+				t.Helper()
+				var got []struct {
+					Node string `bun:"node_id"`
+					Held int    `bun:"rows_held"`
+					Rows int    `bun:"n"`
+				}
+				err := raw.NewRaw(`SELECT nn.node_id, nn.rows_held, (SELECT count(*) FROM nodelane_nonces AS n WHERE n.node_id = nn.node_id) AS n
+FROM nodelane_nonce_nodes AS nn ORDER BY nn.node_id`).Scan(ctx, &got)
+				if err != nil || len(got) != 3 {
+					t.Fatalf("nodes %+v, %v; want 3", got, err)
+				}
+				for _, g := range got {
+					if !want(g.Node, g.Held, g.Rows) {
+						t.Errorf("node %s holds %d rows, rows_held %d", g.Node, g.Rows, g.Held)
+					}
+				}
+			}
+			now := time.Date(2026, 12, 4, 9, 0, 0, 0, time.UTC)
+			for i := range 9 {
+				node, exp := fmt.Sprintf("node-%d", i%3), now.Add(time.Duration(i+1)*time.Second)
+				if err := s.Insert(ctx, node, fmt.Sprintf("n%d", i), exp, now); err != nil {
+					t.Fatal(err)
+				}
+			}
+			held(func(_ string, held, rows int) bool { return rows == 3 && held == rows })
+			// node-0 at its quota of 4: refused, its count one above.
+			for _, n := range []string{"n9", "n10"} {
+				want := map[string]error{"n9": nil, "n10": replay.ErrQuota}[n]
+				if err := s.Insert(ctx, "node-0", n, now.Add(time.Minute), now); !errors.Is(err, want) || want == nil && err != nil {
+					t.Fatalf("Insert(node-0, %s) = %v, want %v", n, err, want)
+				}
+			}
+			held(func(node string, held, rows int) bool {
+				return node == "node-0" && rows == 4 && held == 5 || node != "node-0" && held == rows
+			})
+			// Expired nonces free the quota before Collect (the count
+			// runs), and Collect takes off what it deleted.
+			later := now.Add(5 * time.Second) // n0 to n4 are dead
+			if err := s.Insert(ctx, "node-0", "n10", later.Add(time.Minute), later); err != nil {
+				t.Fatalf("Insert after expiries = %v", err)
+			}
+			if n, err := s.Collect(ctx, later); err != nil || n != 5 {
+				t.Fatalf("Collect = %d, %v; want 5", n, err)
+			}
+			held(func(node string, held, rows int) bool {
+				want := map[string]int{"node-0": 3, "node-1": 1, "node-2": 2}[node]
+				return rows == want && (node == "node-0" && held == 4 || node != "node-0" && held == rows)
+			})
+		})
+	}
+}
+
 // counterReader yields distinct nonces: a counter in the first 8 bytes.
 type counterReader struct{ n uint64 }
 

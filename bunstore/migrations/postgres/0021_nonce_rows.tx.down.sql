@@ -1,0 +1,1 @@
+ALTER TABLE nodelane_nonce_nodes DROP COLUMN IF EXISTS rows_held;

@@ -26,7 +26,7 @@ wrap=(); [ "${STRACE:-}" = 1 ] && wrap=(strace -f --seccomp-bpf -c -e trace=fsyn
 spid=$!
 for i in $(seq 50); do [ -s $dir/tokens.json ] && curl -s -o /dev/null http://127.0.0.1:18281/ && break; sleep 0.2; done
 { echo "# $(date -u +%FT%TZ) variant=$v db=$db flow=$flow run=$n flags=$*; uptime: $(uptime)"
-  timeout 600 /tmp/rcb/lg -server http://127.0.0.1:18281 -tokens-file $dir/tokens.json -nodes 32 -jobs 3000 -flow $flow -server-pid $spid "${pgflags[@]}" "$@"
+  timeout 600 /tmp/rcb/lg -server http://127.0.0.1:18281 -tokens-file $dir/tokens.json -nodes 32 -jobs ${JOBS:-3000} -flow $flow -server-pid $spid "${pgflags[@]}" "$@"
   echo "# exit $?"; } > /tmp/rcb/out/$v-$db-$flow-$n.txt 2>&1
 # Under strace, the server is strace's child: stop it, and strace writes its count.
 [ "${STRACE:-}" = 1 ] && kill $(pgrep -P $spid)

@@ -7,6 +7,7 @@ import (
 	"maps"
 	"regexp"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/uptrace/bun"
@@ -90,8 +91,11 @@ ON CONFLICT (node_id) DO UPDATE SET rows_held = nodelane_nonce_nodes.rows_held +
 // connection rather than parsed for every request.
 var sqliteNonce = [2]string{sqliteParams(countNonce), sqliteParams(insertNonce)}
 
-// sqliteParams renumbers bun's ?0 to ?9 as SQLite's ?1 to ?10.
+// sqliteParams renumbers bun's ?0 to ?9 as SQLite's ?1 to ?10, and drops
+// a closing semicolon: the driver prepares a text of one statement once,
+// but one with anything after its statement again at every run.
 func sqliteParams(q string) string {
+	q = strings.TrimSuffix(strings.TrimSpace(q), ";")
 	return regexp.MustCompile(`\?\d`).ReplaceAllStringFunc(q, func(p string) string { return fmt.Sprintf("?%d", p[1]-'0'+1) })
 }
 

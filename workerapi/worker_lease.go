@@ -81,13 +81,14 @@ func (s *Server) lease(ctx context.Context, c *call) (int, any, error) {
 		sig   <-chan struct{}
 		class string
 	)
-	lr.Planned = func(q lease.ClaimQuery) { class = classKey(q) }
 	if d > 0 {
 		// Join before the first attempt, so that a job dispatched while
-		// it runs still wakes the wait (relay). A ban or a retirement of
-		// the worker wakes it too (its signals), and the next attempt
-		// refuses it (checkGranted): with a Notifier that is not a
-		// SignalNotifier, the ban's Notify wakes it through the relay.
+		// it runs still wakes the wait (relay), each attempt naming the
+		// class of its claim. A ban or a retirement of the worker wakes
+		// it too (its signals), and the next attempt refuses it
+		// (checkGranted): with a Notifier that is not a SignalNotifier,
+		// the ban's Notify wakes it through the relay.
+		lr.Planned = func(q lease.ClaimQuery) { class = classKey(q) }
 		w = s.relay.join()
 		c.cleanup(func() { s.relay.leave(w) })
 		if sn, ok := s.st.Notifier.(SignalNotifier); ok {

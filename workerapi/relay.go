@@ -25,7 +25,8 @@ import (
 // SignalNotifier: then a ban's Notify must reach the banned worker's
 // long-poll.
 type relay struct {
-	n Notifier
+	n       Notifier
+	signals bool // n is a SignalNotifier
 
 	mu      sync.Mutex
 	count   int    // waiters joined
@@ -51,7 +52,8 @@ type waiter struct {
 }
 
 func newRelay(n Notifier) *relay {
-	return &relay{n: n, loose: map[*waiter]struct{}{}, classes: map[string]*class{}}
+	_, signals := n.(SignalNotifier)
+	return &relay{n: n, signals: signals, loose: map[*waiter]struct{}{}, classes: map[string]*class{}}
 }
 
 // classKey is the class of the claims q plans.
@@ -65,8 +67,7 @@ func classKey(q lease.ClaimQuery) string {
 // the Notifier if no one was waiting: a notification from then on
 // reaches it.
 func (r *relay) join() *waiter {
-	_, signals := r.n.(SignalNotifier)
-	w := &waiter{c: make(chan struct{}, 1), own: !signals}
+	w := &waiter{c: make(chan struct{}, 1), own: !r.signals}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.count == 0 {
@@ -126,7 +127,9 @@ func (w *waiter) wake() {
 
 // done reports an attempt of w: the class its claim planned ("" if
 // none), how many jobs it claimed, and whether it was the first attempt
-// and found the worker at its live-lease limit.
+// and found the worker at its live-lease limit. A waiter that claimed a
+// job answers and leaves next: it hands the turn on then (leave), once
+// its claim has committed.
 func (r *relay) done(w *waiter, key string, claimed int, first, full bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -146,10 +149,11 @@ func (r *relay) done(w *waiter, key string, claimed int, first, full bool) {
 		c.q = append(c.q, w)
 	}
 	c := w.class
-	if c == nil {
-		return
-	}
-	if claimed > 0 || woken && w.full || c.owed {
+	switch {
+	case c == nil:
+	case claimed > 0:
+		w.woken = true
+	case woken && w.full || c.owed:
 		c.owed = false
 		c.next()
 	}

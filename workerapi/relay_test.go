@@ -38,7 +38,8 @@ func awaitWoken(t *testing.T, ws ...*waiter) int {
 
 // A notification wakes one waiter of a class; one that leaves unused
 // hands its wake-up on, one at its live-lease limit that found nothing
-// too, and one with a free slot that found nothing ends the turn.
+// too, one with a free slot that found nothing ends the turn, and one
+// that claimed a job hands it on as it leaves.
 func TestRelayTurns(t *testing.T) {
 	t.Parallel()
 	n := NewLocalNotifier()
@@ -70,8 +71,19 @@ func TestRelayTurns(t *testing.T) {
 	if got := woken(ws...); len(got) != 0 {
 		t.Fatalf("after a waiter with a slot found nothing: %v woken, want none", got)
 	}
-	r.leave(ws[1])
-	r.leave(ws[2])
+	// One that claims a job hands the turn on as it leaves, after its
+	// claim committed.
+	notify()
+	i := awaitWoken(t, ws...)
+	r.done(ws[i], "class", 1, false, false)
+	if got := woken(ws...); len(got) != 0 {
+		t.Fatalf("after a waiter claimed a job: %v woken, want none until it leaves", got)
+	}
+	r.leave(ws[i])
+	if got, want := woken(ws...), 3-i; len(got) != 1 || got[0] != want {
+		t.Fatalf("after the waiter that claimed left: %v woken, want [%d]", got, want)
+	}
+	r.leave(ws[3-i])
 	if r.count != 0 || r.cancel != nil || len(r.classes) != 0 {
 		t.Errorf("relay after every waiter left: count %d, subscribed %t, %d classes", r.count, r.cancel != nil, len(r.classes))
 	}

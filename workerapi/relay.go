@@ -127,9 +127,7 @@ func (w *waiter) wake() {
 
 // done reports an attempt of w: the class its claim planned ("" if
 // none), how many jobs it claimed, and whether it was the first attempt
-// and found the worker at its live-lease limit. A waiter that claimed a
-// job answers and leaves next: it hands the turn on then (leave), once
-// its claim has committed.
+// and found the worker at its live-lease limit.
 func (r *relay) done(w *waiter, key string, claimed int, first, full bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -149,11 +147,10 @@ func (r *relay) done(w *waiter, key string, claimed int, first, full bool) {
 		c.q = append(c.q, w)
 	}
 	c := w.class
-	switch {
-	case c == nil:
-	case claimed > 0:
-		w.woken = true
-	case woken && w.full || c.owed:
+	if c == nil {
+		return
+	}
+	if claimed > 0 || woken && w.full || c.owed {
 		c.owed = false
 		c.next()
 	}

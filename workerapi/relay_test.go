@@ -39,7 +39,7 @@ func awaitWoken(t *testing.T, ws ...*waiter) int {
 // A notification wakes one waiter of a class; one that leaves unused
 // hands its wake-up on, one at its live-lease limit that found nothing
 // too, one with a free slot that found nothing ends the turn, and one
-// that claimed a job hands it on as it leaves.
+// that claimed a job wakes the next, not itself.
 func TestRelayTurns(t *testing.T) {
 	t.Parallel()
 	n := NewLocalNotifier()
@@ -71,17 +71,17 @@ func TestRelayTurns(t *testing.T) {
 	if got := woken(ws...); len(got) != 0 {
 		t.Fatalf("after a waiter with a slot found nothing: %v woken, want none", got)
 	}
-	// One that claims a job hands the turn on as it leaves, after its
-	// claim committed.
+	// One that claims a job wakes the next (it went last when woken),
+	// and leaving wakes no one more.
 	notify()
 	i := awaitWoken(t, ws...)
 	r.done(ws[i], "class", 1, false, false)
-	if got := woken(ws...); len(got) != 0 {
-		t.Fatalf("after a waiter claimed a job: %v woken, want none until it leaves", got)
+	if got, want := woken(ws...), 3-i; len(got) != 1 || got[0] != want {
+		t.Fatalf("after waiter %d claimed a job: %v woken, want [%d]", i, got, want)
 	}
 	r.leave(ws[i])
-	if got, want := woken(ws...), 3-i; len(got) != 1 || got[0] != want {
-		t.Fatalf("after the waiter that claimed left: %v woken, want [%d]", got, want)
+	if got := woken(ws...); len(got) != 0 {
+		t.Fatalf("after the waiter that claimed left: %v woken, want none", got)
 	}
 	r.leave(ws[3-i])
 	if r.count != 0 || r.cancel != nil || len(r.classes) != 0 {

@@ -125,7 +125,11 @@ func (n *browserNode) run(t *testing.T, id string) {
 func TestBrowser(t *testing.T) {
 	t.Parallel()
 	exe := chromium(t)
-	c := newCluster(t)
+	// The node below sends no heartbeats between its steps: a lease of
+	// minutes, not the cluster's usual 3 s, keeps a stall of the machine
+	// (Chromium and the rest of the suite share it) from expiring the
+	// job between accept and complete.
+	c := newCluster(t, "-lease-ttl", "2m", "-accept-timeout", "2m")
 	n := registerBrowserNode(t, c, "gpu-1")
 	base := c.base() + "/console"
 	shots := t.TempDir()

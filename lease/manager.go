@@ -1147,6 +1147,26 @@ func (m *Manager) backoff(attempt int) time.Duration {
 	return (d - time.Duration(binary.BigEndian.Uint64(b[:])%uint64(half))).Truncate(time.Microsecond)
 }
 
+// eachLive calls fn with each live job whose lease is worker workerID's,
+// in id order, listing them a page at a time.
+func (m *Manager) eachLive(ctx context.Context, workerID string, fn func(*Job) error) error {
+	for after := ""; ; {
+		live, err := m.store.ListJobs(ctx, JobFilter{WorkerID: workerID, After: after, Limit: maxListPage})
+		if err != nil {
+			return err
+		}
+		for _, d := range live {
+			if err := fn(d); err != nil {
+				return err
+			}
+		}
+		if len(live) < maxListPage {
+			return nil
+		}
+		after = live[len(live)-1].ID
+	}
+}
+
 // Get returns a job.
 func (m *Manager) Get(ctx context.Context, id string) (*Job, error) {
 	return m.store.GetJob(ctx, id)

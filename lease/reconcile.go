@@ -55,55 +55,36 @@ func (m *Manager) Reconcile(ctx context.Context, r Reconciliation) ([]*Job, erro
 	for _, id := range r.Held {
 		held[id] = true
 	}
+	msg := fmt.Sprintf("worker %s restarted without the job", r.WorkerID)
+	if r.Code == CodeNotHeld {
+		msg = fmt.Sprintf("worker %s no longer holds the job", r.WorkerID)
+	}
 	var ended []*Job
-	after := ""
-	for {
-		live, err := m.store.ListJobs(ctx, JobFilter{WorkerID: r.WorkerID, After: after, Limit: maxListPage})
-		if err != nil {
-			return nil, err
+	err := m.eachLive(ctx, r.WorkerID, func(d *Job) error {
+		if held[d.ID] || d.Lease == nil {
+			return nil
 		}
-		for _, d := range live {
-			if held[d.ID] || d.Lease == nil {
-				continue
+		j, err := m.EndLease(ctx, d.ID, func(j *Job, now time.Time) (*Job, error) {
+			if !j.State.Live() || j.Lease == nil || j.Lease.Epoch != d.Lease.Epoch || j.Lease.WorkerID != r.WorkerID {
+				return nil, nil
 			}
-			j, err := m.endUnheld(ctx, d, r, through)
-			if err != nil {
-				return nil, err
+			if !through.IsZero() && (j.LeasedAt == nil || j.LeasedAt.After(through)) {
+				return nil, nil // granted after the worker last heard: spared
 			}
-			if j != nil {
-				ended = append(ended, j)
-			}
+			j.LastError = &JobError{Code: r.Code, Attempt: j.Attempt, At: now, Message: msg}
+			m.dropLease(j, now)
+			return j, nil
+		})
+		if err != nil && !errors.Is(err, ErrNotFound) {
+			return err
 		}
-		if len(live) < maxListPage {
-			return ended, nil
+		if j != nil {
+			ended = append(ended, j)
 		}
-		after = live[len(live)-1].ID
-	}
-}
-
-// endUnheld ends the lease of d, as listed, if it still is the worker's
-// live lease and granted at or before through (when set), through
-// EndLease, the one path of every server-side end of a lease (so
-// Config.LeaseEnded runs with the write). It returns the job as written,
-// or nil when it ended nothing.
-func (m *Manager) endUnheld(ctx context.Context, d *Job, r Reconciliation, through time.Time) (*Job, error) {
-	written, err := m.EndLease(ctx, d.ID, func(j *Job, now time.Time) (*Job, error) {
-		if !j.State.Live() || j.Lease == nil || j.Lease.Epoch != d.Lease.Epoch || j.Lease.WorkerID != r.WorkerID {
-			return nil, nil
-		}
-		if !through.IsZero() && (j.LeasedAt == nil || j.LeasedAt.After(through)) {
-			return nil, nil // granted after the worker last heard: spared
-		}
-		msg := fmt.Sprintf("worker %s restarted without the job", r.WorkerID)
-		if r.Code == CodeNotHeld {
-			msg = fmt.Sprintf("worker %s no longer holds the job", r.WorkerID)
-		}
-		j.LastError = &JobError{Code: r.Code, Attempt: j.Attempt, At: now, Message: msg}
-		m.dropLease(j, now)
-		return j, nil
+		return nil
 	})
-	if errors.Is(err, ErrNotFound) {
-		return nil, nil
+	if err != nil {
+		return nil, err
 	}
-	return written, err
+	return ended, nil
 }

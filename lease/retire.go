@@ -49,43 +49,32 @@ func (m *Manager) Retire(ctx context.Context, workerID, reason string) (w *Worke
 	if reason != "" {
 		msg += ": " + reason
 	}
-	after := ""
-	for {
-		live, err := m.store.ListJobs(ctx, JobFilter{WorkerID: workerID, After: after, Limit: maxListPage})
-		if err != nil {
-			return nil, false, nil, err
-		}
-		for _, d := range live {
-			var from State
-			j, err := m.EndLease(ctx, d.ID, func(j *Job, now time.Time) (*Job, error) {
-				from = j.State
-				if !j.State.Live() || j.Lease == nil || j.Lease.WorkerID != workerID {
-					return nil, nil
-				}
-				j.LastError = &JobError{Code: CodeWorkerRetired, Attempt: j.Attempt, At: now, Message: msg}
-				if j.CancelRequested {
-					finish(j, StateCanceled, now)
-				} else {
-					m.requeue(j, now, false)
-				}
-				if now.Before(j.Lease.ExpiresAt) {
-					j.Lease.ExpiresAt = now // the lease ends here
-				}
-				return j, nil
-			})
-			if errors.Is(err, ErrNotFound) {
-				continue
+	err = m.eachLive(ctx, workerID, func(d *Job) error {
+		var from State
+		j, err := m.EndLease(ctx, d.ID, func(j *Job, now time.Time) (*Job, error) {
+			from = j.State
+			if !j.State.Live() || j.Lease == nil || j.Lease.WorkerID != workerID {
+				return nil, nil
 			}
-			if err != nil {
-				return nil, false, nil, err
+			j.LastError = &JobError{Code: CodeWorkerRetired, Attempt: j.Attempt, At: now, Message: msg}
+			if j.CancelRequested {
+				finish(j, StateCanceled, now)
+			} else {
+				m.requeue(j, now, false)
 			}
-			if j != nil {
-				ended = append(ended, EndedLease{From: from, Job: j})
-			}
+			j.Lease.ExpiresAt = minTime(j.Lease.ExpiresAt, now) // the lease ends here
+			return j, nil
+		})
+		if err != nil && !errors.Is(err, ErrNotFound) {
+			return err
 		}
-		if len(live) < maxListPage {
-			return w, true, ended, nil
+		if j != nil {
+			ended = append(ended, EndedLease{From: from, Job: j})
 		}
-		after = live[len(live)-1].ID
+		return nil
+	})
+	if err != nil {
+		return nil, false, nil, err
 	}
+	return w, true, ended, nil
 }

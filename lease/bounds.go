@@ -60,13 +60,6 @@ func (m *Manager) runtimeEnd(j *Job) (end time.Time, ok bool) {
 	return j.AcceptedAt.Add(m.maxRuntime(j)), true
 }
 
-// overRuntime reports whether j's running lease reached its max runtime
-// at now.
-func (m *Manager) overRuntime(j *Job, now time.Time) bool {
-	end, ok := m.runtimeEnd(j)
-	return ok && !now.Before(end)
-}
-
 // extend renews j's lease for LeaseTTL from now, but never past the end
 // of its max runtime. A lease whose cancel was requested is not extended:
 // Cancel set its last expiry.
@@ -74,11 +67,10 @@ func (m *Manager) extend(j *Job, now time.Time) {
 	if j.CancelRequested {
 		return
 	}
-	exp := now.Add(m.cfg.LeaseTTL)
-	if end, ok := m.runtimeEnd(j); ok && end.Before(exp) {
-		exp = end
+	j.Lease.ExpiresAt = now.Add(m.cfg.LeaseTTL)
+	if end, ok := m.runtimeEnd(j); ok {
+		j.Lease.ExpiresAt = minTime(j.Lease.ExpiresAt, end)
 	}
-	j.Lease.ExpiresAt = exp
 }
 
 // revokedBefore reports whether j's lease ran out (expired, or was

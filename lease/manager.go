@@ -971,32 +971,25 @@ func (m *Manager) expire(ctx context.Context, limit int) (int, error) {
 			}
 			ttl := !now.Before(j.Lease.ExpiresAt)
 			acc := j.State == StateLeased && !now.Before(j.Lease.AcceptBy)
-			over := m.overRuntime(j, now)
+			end, running := m.runtimeEnd(j)
+			over := running && !now.Before(end)
 			if !ttl && !acc && !over {
 				return nil, nil
 			}
-			used := j.State == StateRunning
-			j.LastError = &JobError{Code: "lease_expired", Message: "the lease expired", Attempt: j.Attempt, At: now}
+			code, msg := "lease_expired", "the lease expired"
 			switch {
 			case acc:
-				j.LastError = &JobError{Code: "accept_timeout", Message: "the lease was not accepted in time", Attempt: j.Attempt, At: now}
+				code, msg = "accept_timeout", "the lease was not accepted in time"
 			case over && !j.CancelRequested:
-				j.LastError = &JobError{Code: CodeMaxRuntimeExceeded, Attempt: j.Attempt, At: now,
-					Message: fmt.Sprintf("the job ran for its max runtime of %v", m.maxRuntime(j))}
+				code, msg = CodeMaxRuntimeExceeded, fmt.Sprintf("the job ran for its max runtime of %v", m.maxRuntime(j))
 			}
-			switch {
-			case j.CancelRequested:
-				finish(j, StateCanceled, now)
-			case over:
-				finish(j, StateFailed, now)
-			default:
-				m.requeue(j, now, used)
+			j.LastError = &JobError{Code: code, Message: msg, Attempt: j.Attempt, At: now}
+			if code != CodeMaxRuntimeExceeded {
+				m.dropLease(j, now)
+				return j, nil
 			}
-			if j.State.Terminal() && now.Before(j.Lease.ExpiresAt) {
-				// The lease ends with the job: its token is lost, as
-				// any lease that ran out (see live).
-				j.Lease.ExpiresAt = now
-			}
+			finish(j, StateFailed, now) // no retry
+			j.Lease.ExpiresAt = minTime(j.Lease.ExpiresAt, now)
 			return j, nil
 		})
 		if err != nil && !errors.Is(err, ErrNotFound) {
@@ -1102,10 +1095,11 @@ func (m *Manager) requeue(j *Job, now time.Time, used bool) {
 }
 
 // dropLease ends j's lease at now on the control plane's initiative
-// (its worker went offline, or no longer holds it): a job whose cancel
-// was requested ends canceled; any other goes back to the queue, using an
-// attempt only if it had been accepted. A lease that ends with its job
-// ends now, so its token is lost at once (see expire).
+// (it expired, its worker went offline, or no longer holds it): a job
+// whose cancel was requested ends canceled; any other goes back to the
+// queue, using an attempt only if it had been accepted. A lease that ends
+// with its job ends now, so its token is lost at once, as any lease that
+// ran out (see live).
 func (m *Manager) dropLease(j *Job, now time.Time) {
 	if j.CancelRequested {
 		finish(j, StateCanceled, now)

@@ -311,13 +311,12 @@ type Grant struct {
 // types it asks for among those it registered and its approval allows (as
 // Allow allows), its GPUs and VRAM, its effective tags (a job's
 // Requirements.Tags must all be among Worker.EffectiveTags), within its
-// live-lease limit
-// (MaxLeases), higher priority first, then oldest. A worker whose
-// approval is pending is granted nothing. It returns no grants, and no
-// error, when nothing is eligible (ExplainLease says why). Due lease
-// expiries are swept first, at most once a second of the clock: a host
-// that leases rarely, or needs expired jobs back sooner, calls Expire
-// (workerapi's maintainer does).
+// live-lease limit (MaxLeases), higher priority first, then oldest. A
+// worker whose approval is pending is granted nothing. It returns no
+// grants, and no error, when nothing is eligible (ExplainLease says why).
+// Due lease expiries are swept first, at most once a second of the clock:
+// a host that leases rarely, or needs expired jobs back sooner, calls
+// Expire (workerapi's maintainer does).
 func (m *Manager) Lease(ctx context.Context, req LeaseRequest) ([]Grant, error) {
 	n := req.MaxJobs
 	if n == 0 {
@@ -333,29 +332,27 @@ func (m *Manager) Lease(ctx context.Context, req LeaseRequest) ([]Grant, error) 
 	)
 	// plan turns the worker into its claim, with n leases prepared, or
 	// says it may claim nothing.
-	plan := func(w *Worker) (ClaimQuery, bool, error) {
+	plan := func(w *Worker) (ClaimQuery, LeaseClaim, bool, error) {
 		if w.Approval.Pending || w.Status == StatusRetired || w.Drain != nil {
-			return ClaimQuery{}, false, nil
+			return ClaimQuery{}, LeaseClaim{}, false, nil
 		}
-		var allowed []string
-		for _, t := range w.leaseTypes(req.JobTypes) {
-			if req.Allow == nil || req.Allow(t) {
-				allowed = append(allowed, t)
-			}
+		allowed := w.leaseTypes(req.JobTypes)
+		if req.Allow != nil {
+			allowed = slices.DeleteFunc(allowed, func(t string) bool { return !req.Allow(t) })
 		}
 		if len(allowed) == 0 {
-			return ClaimQuery{}, false, nil
+			return ClaimQuery{}, LeaseClaim{}, false, nil
 		}
 		now := m.now()
 		tokens, leases = make([]string, n), make([]Lease, n)
 		for i := range n {
 			tok, hash, err := newToken(m.cfg.Rand)
 			if err != nil {
-				return ClaimQuery{}, false, err
+				return ClaimQuery{}, LeaseClaim{}, false, err
 			}
 			id, err := newID("lse_", now, m.cfg.Rand)
 			if err != nil {
-				return ClaimQuery{}, false, err
+				return ClaimQuery{}, LeaseClaim{}, false, err
 			}
 			tokens[i] = tok
 			leases[i] = Lease{
@@ -367,7 +364,7 @@ func (m *Manager) Lease(ctx context.Context, req LeaseRequest) ([]Grant, error) 
 				PolicyVersion: req.PolicyVersion,
 			}
 		}
-		return ClaimQuery{
+		q := ClaimQuery{
 			WorkerID:  w.ID,
 			Types:     allowed,
 			Fits:      w.Fits(req.GPUSKUs),
@@ -375,21 +372,16 @@ func (m *Manager) Lease(ctx context.Context, req LeaseRequest) ([]Grant, error) 
 			MaxActive: m.MaxLeases(w),
 			Limit:     n,
 			Now:       now,
-		}, true, nil
-	}
-	if err := m.sweep(ctx); err != nil {
-		return nil, err
-	}
-	jobs, err := m.store.ClaimLeases(ctx, req.WorkerID, func(w *Worker) (ClaimQuery, LeaseClaim, bool, error) {
-		q, ok, err := plan(w)
-		if !ok || err != nil {
-			return q, LeaseClaim{}, false, err
 		}
 		if req.Planned != nil {
 			req.Planned(q)
 		}
 		return q, m.leaseClaim(w, q, leases, req), true, nil
-	})
+	}
+	if err := m.sweep(ctx); err != nil {
+		return nil, err
+	}
+	jobs, err := m.store.ClaimLeases(ctx, req.WorkerID, plan)
 	if err != nil {
 		return nil, err
 	}

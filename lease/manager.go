@@ -153,9 +153,10 @@ func (m *Manager) newJob(nj NewJob) (*Job, error) {
 	if nj.MaxAttempts < 1 || nj.MaxAttempts > maxAttempts {
 		return nil, fmt.Errorf("%w: max_attempts must be 1 to %d", ErrInvalidArgument, maxAttempts)
 	}
-	payload, err := jsonOr(nj.Payload, "{}")
-	if err != nil {
-		return nil, err
+	if len(nj.Payload) == 0 {
+		nj.Payload = json.RawMessage("{}")
+	} else if !json.Valid(nj.Payload) {
+		return nil, fmt.Errorf("%w: payload is not valid JSON", ErrInvalidArgument)
 	}
 	now := m.now()
 	id := nj.ID
@@ -168,10 +169,10 @@ func (m *Manager) newJob(nj NewJob) (*Job, error) {
 	if nj.ScheduledAt.After(now) {
 		sched = nj.ScheduledAt.UTC().Truncate(time.Microsecond)
 	}
-	j := &Job{
+	return &Job{
 		ID:           id,
 		Type:         nj.Type,
-		Payload:      payload,
+		Payload:      nj.Payload,
 		Requirements: r,
 		Priority:     nj.Priority,
 		MaxAttempts:  nj.MaxAttempts,
@@ -180,18 +181,7 @@ func (m *Manager) newJob(nj NewJob) (*Job, error) {
 		CreatedAt:    now,
 		ScheduledAt:  sched,
 		Rev:          1,
-	}
-	return j, nil
-}
-
-func jsonOr(raw json.RawMessage, def string) (json.RawMessage, error) {
-	if len(raw) == 0 {
-		return json.RawMessage(def), nil
-	}
-	if !json.Valid(raw) {
-		return nil, fmt.Errorf("%w: payload is not valid JSON", ErrInvalidArgument)
-	}
-	return raw, nil
+	}, nil
 }
 
 // RegisterWorker stores w, assigning its ID when empty, and returns it.
@@ -205,10 +195,8 @@ func (m *Manager) RegisterWorker(ctx context.Context, w *Worker) (*Worker, error
 	if w.Governor.MaxJobs < 0 || w.Governor.MaxVRAMMB < 0 {
 		return nil, fmt.Errorf("%w: governor limits must not be negative", ErrInvalidArgument)
 	}
-	for _, g := range w.Capabilities.GPUs {
-		if g.VRAMMB < 0 {
-			return nil, fmt.Errorf("%w: vram_mb must not be negative", ErrInvalidArgument)
-		}
+	if slices.ContainsFunc(w.Capabilities.GPUs, func(g GPU) bool { return g.VRAMMB < 0 }) {
+		return nil, fmt.Errorf("%w: vram_mb must not be negative", ErrInvalidArgument)
 	}
 	now := m.now()
 	c := *w
@@ -657,12 +645,8 @@ func (m *Manager) RecordEvents(ctx context.Context, ref Ref, evs ...Event) (Even
 	}
 	now := m.now()
 	ptrs := make([]*Event, len(evs))
-	for i := range evs {
-		e := evs[i]
-		e.ID = 0
-		e.JobID = j.ID
-		e.Epoch = j.Lease.Epoch
-		e.CreatedAt = now
+	for i, e := range evs {
+		e.ID, e.JobID, e.Epoch, e.CreatedAt = 0, j.ID, j.Lease.Epoch, now
 		if e.Kind == EventStatus {
 			e.Seq = 0
 		}
@@ -764,12 +748,9 @@ func (m *Manager) CompleteAll(ctx context.Context, cs []Completion) error {
 	)
 	for i := range cs {
 		c := &cs[i]
-		c.Job, c.Repeated, c.Err = nil, false, nil
-		switch {
-		case len(c.Result.Metrics) > 0 && !json.Valid(c.Result.Metrics):
+		c.Job, c.Repeated, c.Err = nil, false, checkToken(c.Ref.Token)
+		if len(c.Result.Metrics) > 0 && !json.Valid(c.Result.Metrics) {
 			c.Err = fmt.Errorf("%w: metrics are not valid JSON", ErrInvalidArgument)
-		default:
-			c.Err = checkToken(c.Ref.Token)
 		}
 		if c.Err == nil {
 			ws = append(ws, CompleteWrite{Guard: guard(c.Ref, m.now()), MaxRuntime: m.cfg.MaxRuntime, Result: c.Result})
@@ -865,10 +846,8 @@ func (m *Manager) Fail(ctx context.Context, ref Ref, f Failure) (*Job, error) {
 		switch {
 		case j.CancelRequested:
 			finish(j, StateCanceled, now)
-		case j.State == StateLeased && f.Retryable:
-			m.requeue(j, now, false)
 		case f.Retryable:
-			m.requeue(j, now, true)
+			m.requeue(j, now, j.State != StateLeased)
 		default:
 			finish(j, StateFailed, now)
 		}
@@ -1025,13 +1004,11 @@ func (m *Manager) EndLease(ctx context.Context, id string, decide func(j *Job, n
 		written = j
 		return nil
 	}
-	var err error
-	if m.cfg.InTx != nil {
-		err = m.cfg.InTx(ctx, run)
-	} else {
-		err = run(ctx)
+	inTx := m.cfg.InTx
+	if inTx == nil {
+		inTx = func(ctx context.Context, fn func(context.Context) error) error { return fn(ctx) }
 	}
-	if err != nil {
+	if err := inTx(ctx, run); err != nil {
 		return nil, err
 	}
 	return written, nil

@@ -29,13 +29,7 @@ func (s State) Terminal() bool {
 func (s State) Live() bool { return s == StateLeased || s == StateRunning }
 
 // Valid reports whether s is one of the six states.
-func (s State) Valid() bool {
-	switch s {
-	case StateQueued, StateLeased, StateRunning, StateSucceeded, StateFailed, StateCanceled:
-		return true
-	}
-	return false
-}
+func (s State) Valid() bool { return s == StateQueued || s.Live() || s.Terminal() }
 
 // Requirements constrain which workers may lease a job.
 type Requirements struct {
@@ -63,12 +57,9 @@ type Requirements struct {
 // every Store's ClaimLeases must decide it. It says nothing of tags:
 // TagsMatch does, and a Store must check both.
 func (r Requirements) Matches(fs []Fit) bool {
-	for _, f := range fs {
-		if r.GPUSKU == f.SKU && r.GPUCount <= f.GPUs && r.MinVRAMMB <= f.VRAMMB {
-			return true
-		}
-	}
-	return false
+	return slices.ContainsFunc(fs, func(f Fit) bool {
+		return r.GPUSKU == f.SKU && r.GPUCount <= f.GPUs && r.MinVRAMMB <= f.VRAMMB
+	})
 }
 
 // TagsMatch reports whether every tag of r is among tags, a worker's
@@ -333,12 +324,10 @@ func (w *Worker) Fits(offered []string) []Fit {
 		bySKU[g.SKU] = append(bySKU[g.SKU], g)
 	}
 	out := []Fit{{}}
-	// add lists the shapes of gpus under sku, and returns them as
-	// (GPUs, VRAMMB) pairs when sku is "". Within one call, two GPUs give
-	// one shape exactly when their VRAM is equal, which their count n
-	// tells apart. skip, when set, holds the pairs already listed under
-	// sku.
-	add := func(sku string, gpus []GPU, skip map[[2]int]bool) map[[2]int]bool {
+	listed := map[Fit]bool{}
+	// add lists the shapes of gpus under sku not listed yet. Within one
+	// call, two GPUs give one shape exactly when their VRAM is equal.
+	add := func(sku string, gpus []GPU) {
 		// desc holds the VRAM sizes, largest first: the GPUs with at least
 		// v are those before the first size below v.
 		desc := make([]int, len(gpus))
@@ -346,11 +335,6 @@ func (w *Worker) Fits(offered []string) []Fit {
 			desc[i] = g.VRAMMB
 		}
 		slices.SortFunc(desc, func(a, b int) int { return cmp.Compare(b, a) })
-		listed := make([]bool, len(gpus)+1)
-		var shapes map[[2]int]bool
-		if sku == "" {
-			shapes = map[[2]int]bool{}
-		}
 		for _, g := range gpus {
 			n, _ := slices.BinarySearchFunc(desc, g.VRAMMB, func(e, t int) int {
 				if e >= t {
@@ -358,33 +342,22 @@ func (w *Worker) Fits(offered []string) []Fit {
 				}
 				return 1
 			})
-			if listed[n] {
-				continue
-			}
-			listed[n] = true
 			v := g.VRAMMB
 			if w.Governor.MaxVRAMMB > 0 {
 				v = min(v, w.Governor.MaxVRAMMB)
 			}
-			if skip[[2]int{n, v}] {
-				continue
+			if f := (Fit{SKU: sku, GPUs: n, VRAMMB: v}); !listed[f] {
+				listed[f] = true
+				out = append(out, f)
 			}
-			if shapes != nil {
-				shapes[[2]int{n, v}] = true
-			}
-			out = append(out, Fit{SKU: sku, GPUs: n, VRAMMB: v})
 		}
-		return shapes
 	}
 	// GPUs without a SKU are listed under "" twice: on their own, then
 	// with all the others; a shape is listed once.
-	var unnamed map[[2]int]bool
 	for _, sku := range skus {
-		if shapes := add(sku, bySKU[sku], nil); sku == "" {
-			unnamed = shapes
-		}
+		add(sku, bySKU[sku])
 		all = append(all, bySKU[sku]...)
 	}
-	add("", all, unnamed)
+	add("", all)
 	return out
 }

@@ -3,6 +3,7 @@ package lease
 import (
 	"crypto/sha256"
 	"crypto/subtle"
+	"encoding/binary"
 	"encoding/hex"
 	"fmt"
 	"hash/crc32"
@@ -91,10 +92,7 @@ func unbase62(s string) (*big.Int, bool) {
 // Unix epoch, then 80 random bits, so ids sort by creation time.
 func newID(prefix string, now time.Time, rand io.Reader) (string, error) {
 	var b [16]byte
-	ms := uint64(now.UnixMilli())
-	for i := 0; i < 6; i++ {
-		b[i] = byte(ms >> (40 - 8*i))
-	}
+	binary.BigEndian.PutUint64(b[:8], uint64(now.UnixMilli())<<16) // b[6:8] are overwritten next
 	if _, err := io.ReadFull(rand, b[6:]); err != nil {
 		return "", fmt.Errorf("lease: reading randomness: %w", err)
 	}

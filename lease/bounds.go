@@ -26,20 +26,15 @@ const CodeMaxRuntimeExceeded = "max_runtime_exceeded"
 // request ends canceled (see Complete).
 var ErrCanceled = errors.New("lease: job canceled")
 
-// maxRuntime is how long j may run under one lease, from accept.
-func (m *Manager) maxRuntime(j *Job) time.Duration { return runtimeOf(j, m.cfg.MaxRuntime) }
-
-// runtimeOf is j's max runtime: Requirements.MaxRuntimeSeconds, or def
-// when it names none.
+// runtimeOf is how long j may run under one lease, from accept: its
+// Requirements.MaxRuntimeSeconds, or def (the Manager's
+// Config.MaxRuntime) when it names none.
 func runtimeOf(j *Job, def time.Duration) time.Duration {
 	if s := j.Requirements.MaxRuntimeSeconds; s > 0 {
 		return time.Duration(s) * time.Second
 	}
 	return def
 }
-
-// leaseLive reports whether j holds a lease that is live at now (liveAt).
-func (m *Manager) leaseLive(j *Job, now time.Time) bool { return liveAt(j, now, m.cfg.MaxRuntime) }
 
 // liveAt reports whether j holds a lease that is live at now: leased or
 // running, before its expiry, before its accept deadline while not
@@ -57,7 +52,7 @@ func (m *Manager) runtimeEnd(j *Job) (end time.Time, ok bool) {
 	if j.State != StateRunning || j.AcceptedAt == nil {
 		return time.Time{}, false
 	}
-	return j.AcceptedAt.Add(m.maxRuntime(j)), true
+	return j.AcceptedAt.Add(runtimeOf(j, m.cfg.MaxRuntime)), true
 }
 
 // extend renews j's lease for LeaseTTL from now, but never past the end

@@ -1,6 +1,7 @@
 package lease
 
 import (
+	"cmp"
 	"crypto/sha256"
 	"crypto/subtle"
 	"time"
@@ -100,10 +101,7 @@ func (c LeaseClaim) grant(j *Job, k int, now time.Time) {
 	if j.Lease != nil {
 		l.Epoch = j.Lease.Epoch + 1
 	}
-	l.SKU = j.Requirements.GPUSKU
-	if l.SKU == "" {
-		l.SKU = c.DefaultSKU
-	}
+	l.SKU = cmp.Or(j.Requirements.GPUSKU, c.DefaultSKU)
 	l.PriceMicroUSD = c.Prices[l.SKU]
 	at := now
 	j.State, j.LeasedAt, j.AcceptedAt = StateLeased, &at, nil

@@ -1,6 +1,7 @@
 package lease
 
 import (
+	"cmp"
 	"context"
 	"encoding/binary"
 	"encoding/json"
@@ -139,17 +140,14 @@ func (m *Manager) newJob(nj NewJob) (*Job, error) {
 	if limit := int64(MaxRuntimeLimit / time.Second); int64(r.MaxRuntimeSeconds) > limit {
 		return nil, fmt.Errorf("%w: max_runtime_seconds must be at most %d (30 days)", ErrInvalidArgument, limit)
 	}
-	tags, err := pins("requirements.tags", r.Tags)
-	if err != nil {
+	var err error
+	if r.Tags, err = pins("requirements.tags", r.Tags); err != nil {
 		return nil, err
 	}
-	r.Tags = tags
 	if (r.GPUSKU != "" || r.MinVRAMMB > 0) && r.GPUCount == 0 {
 		r.GPUCount = 1 // a SKU or a VRAM floor implies a GPU
 	}
-	if nj.MaxAttempts == 0 {
-		nj.MaxAttempts = m.cfg.DefaultMaxAttempts
-	}
+	nj.MaxAttempts = cmp.Or(nj.MaxAttempts, m.cfg.DefaultMaxAttempts)
 	if nj.MaxAttempts < 1 || nj.MaxAttempts > maxAttempts {
 		return nil, fmt.Errorf("%w: max_attempts must be 1 to %d", ErrInvalidArgument, maxAttempts)
 	}
@@ -201,11 +199,10 @@ func (m *Manager) RegisterWorker(ctx context.Context, w *Worker) (*Worker, error
 	now := m.now()
 	c := *w
 	if c.ID == "" {
-		id, err := newID("wrk_", now, m.cfg.Rand)
-		if err != nil {
+		var err error
+		if c.ID, err = newID("wrk_", now, m.cfg.Rand); err != nil {
 			return nil, err
 		}
-		c.ID = id
 	}
 	if old, err := m.store.GetWorker(ctx, c.ID); err == nil {
 		c.RegisteredAt = old.RegisteredAt
@@ -306,10 +303,7 @@ type Grant struct {
 // a host that leases rarely, or needs expired jobs back sooner, calls
 // Expire (workerapi's maintainer does).
 func (m *Manager) Lease(ctx context.Context, req LeaseRequest) ([]Grant, error) {
-	n := req.MaxJobs
-	if n == 0 {
-		n = 1
-	}
+	n := cmp.Or(req.MaxJobs, 1)
 	if n < 0 {
 		return nil, fmt.Errorf("%w: max_jobs must be positive", ErrInvalidArgument)
 	}
@@ -501,7 +495,7 @@ func (m *Manager) live(j *Job, ref Ref, now time.Time, to State) error {
 	if j.State.Terminal() && !revokedBefore(j) {
 		return &TransitionError{JobID: j.ID, From: j.State, To: to}
 	}
-	if !m.leaseLive(j, now) {
+	if !liveAt(j, now, m.cfg.MaxRuntime) {
 		return ErrLeaseLost
 	}
 	return nil
@@ -590,7 +584,7 @@ func (m *Manager) Touch(ctx context.Context, workerID string, jobIDs []string) (
 		}
 		seen[id] = true
 		j, err := m.update(ctx, id, func(j *Job, now time.Time) (*Job, error) {
-			if j.Lease == nil || j.Lease.WorkerID != workerID || !m.leaseLive(j, now) {
+			if j.Lease == nil || j.Lease.WorkerID != workerID || !liveAt(j, now, m.cfg.MaxRuntime) {
 				return nil, ErrLeaseLost
 			}
 			m.extend(j, now)
@@ -887,9 +881,7 @@ func (m *Manager) Cancel(ctx context.Context, jobID string) (*Job, error) {
 				return nil, nil
 			}
 			j.CancelRequested = true
-			if grace := now.Add(m.cfg.CancelGrace); grace.Before(j.Lease.ExpiresAt) {
-				j.Lease.ExpiresAt = grace
-			}
+			j.Lease.ExpiresAt = minTime(j.Lease.ExpiresAt, now.Add(m.cfg.CancelGrace))
 			return j, nil
 		case StateCanceled:
 			return nil, nil
@@ -952,7 +944,7 @@ func (m *Manager) expire(ctx context.Context, limit int) (int, error) {
 			case acc:
 				code, msg = "accept_timeout", "the lease was not accepted in time"
 			case over && !j.CancelRequested:
-				code, msg = CodeMaxRuntimeExceeded, fmt.Sprintf("the job ran for its max runtime of %v", m.maxRuntime(j))
+				code, msg = CodeMaxRuntimeExceeded, fmt.Sprintf("the job ran for its max runtime of %v", runtimeOf(j, m.cfg.MaxRuntime))
 			}
 			j.LastError = &JobError{Code: code, Message: msg, Attempt: j.Attempt, At: now}
 			if code != CodeMaxRuntimeExceeded {
@@ -1075,8 +1067,8 @@ func (m *Manager) dropLease(j *Job, now time.Time) {
 	} else {
 		m.requeue(j, now, j.State == StateRunning)
 	}
-	if j.State.Terminal() && now.Before(j.Lease.ExpiresAt) {
-		j.Lease.ExpiresAt = now
+	if j.State.Terminal() {
+		j.Lease.ExpiresAt = minTime(j.Lease.ExpiresAt, now)
 	}
 }
 

@@ -44,8 +44,7 @@ func checkToken(token string) error {
 	if len(token) != TokenLen || !strings.HasPrefix(token, TokenPrefix) {
 		return ErrMalformedToken
 	}
-	body := token[len(TokenPrefix) : len(TokenPrefix)+tokenBodyLen]
-	v, ok := unbase62(body)
+	v, ok := unbase62(token[len(TokenPrefix) : len(TokenPrefix)+tokenBodyLen])
 	if !ok || v.BitLen() > 8*tokenSecretLen {
 		return ErrMalformedToken
 	}

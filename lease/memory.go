@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -265,11 +266,7 @@ func (s *MemoryStore) DeleteEnded(ctx context.Context, before time.Time, limit i
 		}
 		return gone[e.JobID]
 	})
-	for id, a := range s.artifacts {
-		if gone[a.JobID] {
-			delete(s.artifacts, id)
-		}
-	}
+	maps.DeleteFunc(s.artifacts, func(_ string, a *Artifact) bool { return gone[a.JobID] })
 	return len(ended), nil
 }
 

@@ -103,9 +103,7 @@ func (w *Worker) PendingApproval() (types, tags []string) {
 			tags = append(tags, t)
 		}
 	}
-	slices.Sort(types)
-	slices.Sort(tags)
-	return slices.Compact(types), slices.Compact(tags)
+	return sortedSet(types), sortedSet(tags)
 }
 
 // leaseTypes returns the job types a lease request of w considers: those
@@ -133,10 +131,10 @@ func (w *Worker) leaseTypes(asked []string) []string {
 // earlier approval pinned. With a.Exact, an empty a.JobTypes or a.Tags
 // is filled with the worker's registered job types or tags at that time
 // (see Approval.Exact). a.By and a.Reason (at most MaxApprovalReason
-// bytes) are recorded with the time;
-// a.Pending and a.At are ignored. Approving a worker already approved with
-// the same job types and tags changes nothing and returns changed =
-// false. Of two approvals at once, the last written stands.
+// bytes) are recorded with the time; a.Pending and a.At are ignored.
+// Approving a worker already approved with the same job types and tags
+// changes nothing and returns changed = false. Of two approvals at once,
+// the last written stands.
 // ErrInvalidArgument, ErrNotFound.
 func (m *Manager) Approve(ctx context.Context, workerID string, a Approval) (w *Worker, changed bool, err error) {
 	if len(a.Reason) > MaxApprovalReason {
@@ -190,12 +188,7 @@ func (m *Manager) Approve(ctx context.Context, workerID string, a Approval) (w *
 // (MaxJobTags) values of 1 to MaxPinLen (MaxTagLen) bytes of UTF-8
 // without spaces or control characters.
 func pins(field string, vs []string) ([]string, error) {
-	if len(vs) == 0 {
-		return nil, nil
-	}
-	out := slices.Clone(vs)
-	slices.Sort(out)
-	out = slices.Compact(out)
+	out := sortedSet(vs)
 	if len(out) > MaxPins {
 		return nil, fmt.Errorf("%w: %s holds %d values, more than %d", ErrInvalidArgument, field, len(out), MaxPins)
 	}

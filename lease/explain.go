@@ -144,12 +144,12 @@ type Explanation struct {
 	// Job is the job as read.
 	Job *Job `json:"job"`
 	// Leasable reports that the job is queued and due, and that a worker
-	// examined matches it, is online or stale (not offline), is not banned and
-	// has a free governor slot: that
-	// worker could take it at its next poll, as it registered it (a worker
-	// that polls offering fewer types or SKUs, or no longer polls, may
-	// still leave it waiting). It does not mean the job is next in line:
-	// higher priorities and older jobs go first.
+	// examined matches it, is online or stale (not offline), is not banned
+	// and has a free governor slot: that worker could take it at its next
+	// poll, as it registered it (a worker that polls offering fewer types
+	// or SKUs, or no longer polls, may still leave it waiting). It does not
+	// mean the job is next in line: higher priorities and older jobs go
+	// first.
 	Leasable bool `json:"leasable"`
 	// Reasons are why the job is not leasable, the most decisive first;
 	// empty when Leasable. For a queued job they come in this order, each
@@ -229,25 +229,25 @@ type WorkerVerdict struct {
 	// Reasons are why this worker cannot take the job: the first matching
 	// step it fails (ReasonJobType, ReasonTypeNotApproved, ReasonGPUSKU,
 	// ReasonGPUCount, ReasonVRAM, ReasonMaxVRAM, ReasonTagsMismatch), else
-	// ReasonPendingApproval, ReasonDraining, ReasonWorkerOffline,
-	// ReasonBanned or ReasonMaxJobs. Empty for an available worker and for one not checked. Job-side
-	// reasons (ReasonScheduled) are not repeated here.
+	// ReasonPendingApproval, ReasonDraining, ReasonWorkerOffline, ReasonBanned
+	// or ReasonMaxJobs. Empty for an available worker and for one not
+	// checked. Job-side reasons (ReasonScheduled) are not repeated here.
 	Reasons []Reason `json:"reasons"`
 }
 
 // Explain says whether the job jobID is leasable now and, if not, why: the
 // job's own state and schedule, and for each registered worker (at most
 // ExplainMaxWorkers) whether it matches the job (type, GPU SKU, GPU count,
-// VRAM per GPU, governor max_vram_mb, tags), is banned, and has a free governor
-// slot (max_jobs against its live leases). It writes nothing, and does
-// not expire leases: it judges them as the next Lease would, after its
-// expiry. It does not consult any job-type policy (the envelope): callers
-// that gate types check them first. It reads the job (unless opts.Job
-// gives it), one page of at most
-// ExplainMaxWorkers workers (or reuses the page it read within
-// Config.ExplainWorkersTTL), and for each matching worker it checks its
-// ban and its live leases (one Store.ListJobs, or one count of them all
-// from a LeaseCounter). ErrNotFound if there is no such job.
+// VRAM per GPU, governor max_vram_mb, tags), is banned, and has a free
+// governor slot (max_jobs against its live leases). It writes nothing,
+// and does not expire leases: it judges them as the next Lease would,
+// after its expiry. It does not consult any job-type policy (the
+// envelope): callers that gate types check them first. It reads the job
+// (unless opts.Job gives it), one page of at most ExplainMaxWorkers
+// workers (or reuses the page it read within Config.ExplainWorkersTTL),
+// and for each matching worker it checks its ban and its live leases (one
+// Store.ListJobs, or one count of them all from a LeaseCounter).
+// ErrNotFound if there is no such job.
 func (m *Manager) Explain(ctx context.Context, jobID string, opts *ExplainOptions) (*Explanation, error) {
 	var o ExplainOptions
 	if opts != nil {
@@ -484,21 +484,16 @@ type LeaseCount struct {
 }
 
 // stepOf ranks the matching steps, for the summary of how far any worker
-// got.
-func stepOf(c ReasonCode) int {
-	switch c {
-	case ReasonJobType, ReasonTypeNotApproved:
-		return 1
-	case ReasonGPUSKU, ReasonSKUNotOffered:
-		return 2
-	case ReasonGPUCount:
-		return 3
-	case ReasonVRAM, ReasonMaxVRAM:
-		return 4
-	case ReasonTagsMismatch:
-		return 5
-	}
-	return 0
+// got; any other code ranks 0.
+var stepOf = map[ReasonCode]int{
+	ReasonJobType:         1,
+	ReasonTypeNotApproved: 1,
+	ReasonGPUSKU:          2,
+	ReasonSKUNotOffered:   2,
+	ReasonGPUCount:        3,
+	ReasonVRAM:            4,
+	ReasonMaxVRAM:         4,
+	ReasonTagsMismatch:    5,
 }
 
 // shortfall names the requirement that no worker meets: the furthest
@@ -508,7 +503,7 @@ func shortfall(j *Job, vs []WorkerVerdict) Reason {
 	step, mostGPUs, mostVRAM, capped := 0, 0, 0, false
 	for _, v := range vs {
 		c := v.Reasons[0].Code
-		s := stepOf(c)
+		s := stepOf[c]
 		step = max(step, s)
 		if s >= 3 {
 			mostGPUs = max(mostGPUs, v.GPUs)
@@ -766,10 +761,10 @@ func (m *Manager) forgetWorkers() { m.workersGen.Add(1) }
 // the job types it would consider (req.JobTypes, else the worker's
 // registered ones; those it did not register, those its approval does not
 // include and those req.Allow refuses are not leased), for each type
-// whether a queued job fits the
-// worker's GPUs of the SKUs offered (req.GPUSKUs, else all its own) and
-// its effective tags, and is due, and whether the worker is banned (ExplainOptions.Banned) or at its
-// governor max_jobs. MaxJobs, PolicyVersion and Price are ignored, as is
+// whether a queued job fits the worker's GPUs of the SKUs offered
+// (req.GPUSKUs, else all its own) and its effective tags, and is due, and
+// whether the worker is banned (ExplainOptions.Banned) or at its governor
+// max_jobs. MaxJobs, PolicyVersion and Price are ignored, as is
 // ExplainOptions.AllWorkers. It reads at most 1 worker, ExplainMaxTypes
 // pages of ExplainMaxJobsPerType queued jobs, and the worker's live
 // leases; it writes nothing and expires nothing. ErrNotFound if the worker

@@ -82,9 +82,7 @@ func (m *Manager) ExpireOffline(ctx context.Context) (int, error) {
 // expireOffline ends the leases of one batch of at most limit jobs, and
 // says how many it ended and how many the store found.
 func (m *Manager) expireOffline(ctx context.Context, limit int) (ended, found int, err error) {
-	now := m.now()
-	cutoff := now.Add(-m.cfg.OfflineAfter)
-	due, err := m.store.OfflineJobs(ctx, cutoff, limit)
+	due, err := m.store.OfflineJobs(ctx, m.now().Add(-m.cfg.OfflineAfter), limit)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -96,14 +94,10 @@ func (m *Manager) expireOffline(ctx context.Context, limit int) (ended, found in
 		off, ok := offline[wid]
 		if !ok {
 			w, err := m.store.GetWorker(ctx, wid)
-			switch {
-			case errors.Is(err, ErrNotFound):
-				off = false
-			case err != nil:
+			if err != nil && !errors.Is(err, ErrNotFound) {
 				return ended, len(due), err
-			default:
-				off = m.livenessAt(w, m.now()) == LivenessOffline
 			}
+			off = err == nil && m.livenessAt(w, m.now()) == LivenessOffline
 			offline[wid] = off
 		}
 		if !off {

@@ -1,11 +1,12 @@
 package lease
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"slices"
-	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -76,33 +77,32 @@ func (s *MemoryStore) GetJob(_ context.Context, id string) (*Job, error) {
 
 // ListJobs implements Store.
 func (s *MemoryStore) ListJobs(_ context.Context, f JobFilter) ([]*Job, error) {
-	if f.Limit <= 0 {
-		return nil, errLimit(f.Limit)
+	return page(s, f.Limit, s.jobs, cloneJob, func(j *Job) bool {
+		return (f.State == "" || j.State == f.State) && (f.Type == "" || j.Type == f.Type) && j.ID > f.After &&
+			(f.WorkerID == "" || j.State.Live() && j.Lease.WorkerID == f.WorkerID) &&
+			(f.LastWorkerID == "" || j.Lease != nil && j.Lease.WorkerID == f.LastWorkerID) &&
+			(f.Tag == "" || slices.Contains(j.Requirements.Tags, f.Tag))
+	})
+}
+
+// page returns clones of the first limit values of m that keep accepts,
+// in key (id) order, under s's lock.
+func page[T any](s *MemoryStore, limit int, m map[string]*T, clone func(*T) *T, keep func(*T) bool) ([]*T, error) {
+	if limit <= 0 {
+		return nil, errLimit(limit)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var out []*Job
-	for _, j := range s.jobs {
-		if (f.State != "" && j.State != f.State) || (f.Type != "" && j.Type != f.Type) || j.ID <= f.After {
-			continue
+	var ids []string
+	for id, v := range m {
+		if keep(v) {
+			ids = append(ids, id)
 		}
-		if f.WorkerID != "" && !(j.State.Live() && j.Lease.WorkerID == f.WorkerID) {
-			continue
-		}
-		if f.LastWorkerID != "" && (j.Lease == nil || j.Lease.WorkerID != f.LastWorkerID) {
-			continue
-		}
-		if f.Tag != "" && !slices.Contains(j.Requirements.Tags, f.Tag) {
-			continue
-		}
-		out = append(out, j)
 	}
-	sort.Slice(out, func(a, b int) bool { return out[a].ID < out[b].ID })
-	if len(out) > f.Limit {
-		out = out[:f.Limit]
-	}
-	for i, j := range out {
-		out[i] = cloneJob(j)
+	slices.Sort(ids)
+	var out []*T
+	for _, id := range ids[:min(limit, len(ids))] {
+		out = append(out, clone(m[id]))
 	}
 	return out, nil
 }
@@ -150,7 +150,7 @@ func (s *MemoryStore) ClaimLeases(ctx context.Context, workerID string, plan fun
 			cands = append(cands, j)
 		}
 	}
-	sort.Slice(cands, func(a, b int) bool { return claimOrder(cands[a], cands[b]) })
+	slices.SortFunc(cands, claimOrder)
 	cands = cands[:max(0, min(q.Limit, len(c.Leases), q.MaxActive-active, len(cands)))]
 	out := make([]*Job, len(cands))
 	for k, j := range cands {
@@ -223,37 +223,16 @@ func guarded[W interface{ job() string }](ctx context.Context, s *MemoryStore, w
 	return out, nil
 }
 
-func claimOrder(a, b *Job) bool {
-	if a.Priority != b.Priority {
-		return a.Priority > b.Priority
-	}
-	if !a.CreatedAt.Equal(b.CreatedAt) {
-		return a.CreatedAt.Before(b.CreatedAt)
-	}
-	return a.ID < b.ID
+// claimOrder orders jobs by priority, highest first, then oldest first.
+func claimOrder(a, b *Job) int {
+	return cmp.Or(cmp.Compare(b.Priority, a.Priority), a.CreatedAt.Compare(b.CreatedAt), strings.Compare(a.ID, b.ID))
 }
 
 // ExpiredJobs implements Store.
 func (s *MemoryStore) ExpiredJobs(_ context.Context, now time.Time, limit int) ([]*Job, error) {
-	if limit <= 0 {
-		return nil, errLimit(limit)
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var out []*Job
-	for _, j := range s.jobs {
-		if !j.State.Live() {
-			continue
-		}
-		if !now.Before(j.Lease.ExpiresAt) || (j.State == StateLeased && !now.Before(j.Lease.AcceptBy)) {
-			out = append(out, cloneJob(j))
-		}
-	}
-	sort.Slice(out, func(a, b int) bool { return out[a].ID < out[b].ID })
-	if len(out) > limit {
-		out = out[:limit]
-	}
-	return out, nil
+	return page(s, limit, s.jobs, cloneJob, func(j *Job) bool {
+		return j.State.Live() && (!now.Before(j.Lease.ExpiresAt) || j.State == StateLeased && !now.Before(j.Lease.AcceptBy))
+	})
 }
 
 // DeleteEnded implements Store. It deletes the oldest ended jobs first.
@@ -272,11 +251,8 @@ func (s *MemoryStore) DeleteEnded(ctx context.Context, before time.Time, limit i
 			ended = append(ended, j)
 		}
 	}
-	sort.Slice(ended, func(a, b int) bool {
-		if x, y := ended[a].FinishedAt, ended[b].FinishedAt; !x.Equal(*y) {
-			return x.Before(*y)
-		}
-		return ended[a].ID < ended[b].ID
+	slices.SortFunc(ended, func(a, b *Job) int {
+		return cmp.Or(a.FinishedAt.Compare(*b.FinishedAt), strings.Compare(a.ID, b.ID))
 	})
 	ended = ended[:min(limit, len(ended))]
 	gone := make(map[string]bool, len(ended))
@@ -290,35 +266,19 @@ func (s *MemoryStore) DeleteEnded(ctx context.Context, before time.Time, limit i
 		}
 		return gone[e.JobID]
 	})
-	for id, a := range s.artifacts {
-		if gone[a.JobID] {
-			delete(s.artifacts, id)
-		}
-	}
+	maps.DeleteFunc(s.artifacts, func(_ string, a *Artifact) bool { return gone[a.JobID] })
 	return len(ended), nil
 }
 
 // OfflineJobs implements Store.
 func (s *MemoryStore) OfflineJobs(_ context.Context, cutoff time.Time, limit int) ([]*Job, error) {
-	if limit <= 0 {
-		return nil, errLimit(limit)
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var out []*Job
-	for _, j := range s.jobs {
+	return page(s, limit, s.jobs, cloneJob, func(j *Job) bool {
 		if !j.State.Live() || j.Lease == nil || !seenBefore(j, cutoff) {
-			continue
+			return false
 		}
-		if w, ok := s.workers[j.Lease.WorkerID]; ok && !w.LastSeenAt.After(cutoff) {
-			out = append(out, cloneJob(j))
-		}
-	}
-	sort.Slice(out, func(a, b int) bool { return out[a].ID < out[b].ID })
-	if len(out) > limit {
-		out = out[:limit]
-	}
-	return out, nil
+		w, ok := s.workers[j.Lease.WorkerID]
+		return ok && !w.LastSeenAt.After(cutoff)
+	})
 }
 
 // AddEvents implements Store.
@@ -378,9 +338,7 @@ func (s *MemoryStore) AddArtifact(ctx context.Context, a *Artifact) error {
 	if _, ok := s.artifacts[a.ID]; ok {
 		return ErrConflict
 	}
-	c := *a
-	c.Metadata = slices.Clone(a.Metadata)
-	s.artifacts[a.ID] = &c
+	s.artifacts[a.ID] = cloneArtifact(a)
 	return nil
 }
 
@@ -395,32 +353,14 @@ func (s *MemoryStore) GetArtifact(ctx context.Context, id string) (*Artifact, er
 	if !ok {
 		return nil, ErrNotFound
 	}
-	c := *a
-	c.Metadata = slices.Clone(a.Metadata)
-	return &c, nil
+	return cloneArtifact(a), nil
 }
 
 // ListArtifacts implements Store.
 func (s *MemoryStore) ListArtifacts(_ context.Context, f ArtifactFilter) ([]*Artifact, error) {
-	if f.Limit <= 0 {
-		return nil, errLimit(f.Limit)
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var out []*Artifact
-	for _, a := range s.artifacts {
-		if (f.JobID != "" && a.JobID != f.JobID) || (f.Type != "" && a.Type != f.Type) || a.ID <= f.After {
-			continue
-		}
-		c := *a
-		c.Metadata = slices.Clone(a.Metadata)
-		out = append(out, &c)
-	}
-	sort.Slice(out, func(i, k int) bool { return out[i].ID < out[k].ID })
-	if len(out) > f.Limit {
-		out = out[:f.Limit]
-	}
-	return out, nil
+	return page(s, f.Limit, s.artifacts, cloneArtifact, func(a *Artifact) bool {
+		return (f.JobID == "" || a.JobID == f.JobID) && (f.Type == "" || a.Type == f.Type) && a.ID > f.After
+	})
 }
 
 // PutWorker implements Store.
@@ -446,46 +386,43 @@ func (s *MemoryStore) PutWorker(ctx context.Context, w *Worker) error {
 
 // Heartbeat implements HeartbeatStore.
 func (s *MemoryStore) Heartbeat(ctx context.Context, id, status string, metrics json.RawMessage, at time.Time) (*Worker, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-	w, ok := s.workers[id]
-	if !ok {
-		return nil, ErrNotFound
-	}
-	w.LastSeenAt = at
-	if status != "" && w.Status != StatusRetired {
-		w.Status = status
-	}
-	if metrics != nil {
-		w.Metrics = slices.Clone(metrics)
-	}
-	return cloneWorker(w), nil
+	var out *Worker
+	err := s.writeWorker(ctx, id, func(w *Worker) error {
+		w.LastSeenAt = at
+		if status != "" && w.Status != StatusRetired {
+			w.Status = status
+		}
+		if metrics != nil {
+			w.Metrics = slices.Clone(metrics)
+		}
+		out = cloneWorker(w)
+		return nil
+	})
+	return out, err
 }
 
 // SetDrain implements DrainStore.
 func (s *MemoryStore) SetDrain(ctx context.Context, id string, d *DrainRequest) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	w, ok := s.workers[id]
-	if !ok {
-		return ErrNotFound
-	}
-	w.Drain = nil
-	if d != nil {
-		c := *d
-		w.Drain = &c
-	}
-	return nil
+	return s.writeWorker(ctx, id, func(w *Worker) error {
+		w.Drain = clonePtr(d)
+		return nil
+	})
 }
 
 // SetApproval implements Store.
 func (s *MemoryStore) SetApproval(ctx context.Context, id string, prevAt *time.Time, a Approval) error {
+	return s.writeWorker(ctx, id, func(w *Worker) error {
+		if at := w.Approval.At; (at == nil) != (prevAt == nil) || at != nil && !at.Equal(*prevAt) {
+			return ErrConflict
+		}
+		w.Approval = cloneApproval(a)
+		return nil
+	})
+}
+
+// writeWorker calls write on the stored worker id under s's lock, unless
+// ctx is done. ErrNotFound.
+func (s *MemoryStore) writeWorker(ctx context.Context, id string, write func(*Worker) error) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := ctx.Err(); err != nil {
@@ -495,11 +432,7 @@ func (s *MemoryStore) SetApproval(ctx context.Context, id string, prevAt *time.T
 	if !ok {
 		return ErrNotFound
 	}
-	if at := w.Approval.At; (at == nil) != (prevAt == nil) || at != nil && !at.Equal(*prevAt) {
-		return ErrConflict
-	}
-	w.Approval = cloneApproval(a)
-	return nil
+	return write(w)
 }
 
 // GetWorker implements Store.
@@ -527,22 +460,7 @@ func (s *MemoryStore) WorkerByNode(_ context.Context, nodeID string) (*Worker, e
 
 // ListWorkers implements Store.
 func (s *MemoryStore) ListWorkers(_ context.Context, after string, limit int) ([]*Worker, error) {
-	if limit <= 0 {
-		return nil, errLimit(limit)
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var out []*Worker
-	for _, w := range s.workers {
-		if strings.Compare(w.ID, after) > 0 {
-			out = append(out, cloneWorker(w))
-		}
-	}
-	sort.Slice(out, func(a, b int) bool { return out[a].ID < out[b].ID })
-	if len(out) > limit {
-		out = out[:limit]
-	}
-	return out, nil
+	return page(s, limit, s.workers, cloneWorker, func(w *Worker) bool { return w.ID > after })
 }
 
 func errLimit(limit int) error {
@@ -553,9 +471,7 @@ func cloneJob(j *Job) *Job {
 	c := *j
 	c.Payload = slices.Clone(j.Payload)
 	c.Requirements.Tags = slices.Clone(j.Requirements.Tags)
-	c.LeasedAt = cloneTime(j.LeasedAt)
-	c.AcceptedAt = cloneTime(j.AcceptedAt)
-	c.FinishedAt = cloneTime(j.FinishedAt)
+	c.LeasedAt, c.AcceptedAt, c.FinishedAt = clonePtr(j.LeasedAt), clonePtr(j.AcceptedAt), clonePtr(j.FinishedAt)
 	if j.LastError != nil {
 		e := *j.LastError
 		e.Payload = slices.Clone(e.Payload)
@@ -574,11 +490,18 @@ func cloneJob(j *Job) *Job {
 	return &c
 }
 
-func cloneTime(t *time.Time) *time.Time {
-	if t == nil {
+func cloneArtifact(a *Artifact) *Artifact {
+	c := *a
+	c.Metadata = slices.Clone(a.Metadata)
+	return &c
+}
+
+// clonePtr returns a shallow copy of *p, nil for nil.
+func clonePtr[T any](p *T) *T {
+	if p == nil {
 		return nil
 	}
-	c := *t
+	c := *p
 	return &c
 }
 
@@ -589,15 +512,12 @@ func cloneWorker(w *Worker) *Worker {
 	c.Capabilities.JobTypes = slices.Clone(w.Capabilities.JobTypes)
 	c.Metrics = slices.Clone(w.Metrics)
 	c.Approval = cloneApproval(w.Approval)
-	if w.Drain != nil {
-		d := *w.Drain
-		c.Drain = &d
-	}
+	c.Drain = clonePtr(w.Drain)
 	return &c
 }
 
 func cloneApproval(a Approval) Approval {
-	a.At = cloneTime(a.At)
+	a.At = clonePtr(a.At)
 	a.JobTypes = slices.Clone(a.JobTypes)
 	a.Tags = slices.Clone(a.Tags)
 	return a

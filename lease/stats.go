@@ -67,10 +67,7 @@ func (m *Manager) Stats(ctx context.Context) (*Stats, error) {
 		return nil, fmt.Errorf("lease: stats: %w", err)
 	}
 	slices.SortFunc(jobs, func(a, b JobCount) int {
-		if c := cmp.Compare(stateRank(a.State), stateRank(b.State)); c != 0 {
-			return c
-		}
-		return strings.Compare(a.Type, b.Type)
+		return cmp.Or(cmp.Compare(stateRank(a.State), stateRank(b.State)), strings.Compare(a.Type, b.Type))
 	})
 	return &Stats{Jobs: jobs, Workers: map[Liveness]int{
 		LivenessOnline: online, LivenessStale: stale, LivenessOffline: offline,
@@ -94,19 +91,16 @@ var _ StatsCounter = (*MemoryStore)(nil)
 func (s *MemoryStore) CountJobs(context.Context) ([]JobCount, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	type key struct {
-		s State
-		t string
-	}
-	n := map[key]int{}
+	n := map[JobCount]int{} // keyed by state and type, N zero
 	for _, j := range s.jobs {
 		if j.State == StateQueued || j.State.Live() {
-			n[key{j.State, j.Type}]++
+			n[JobCount{State: j.State, Type: j.Type}]++
 		}
 	}
 	out := make([]JobCount, 0, len(n))
 	for k, v := range n {
-		out = append(out, JobCount{State: k.s, Type: k.t, N: v})
+		k.N = v
+		out = append(out, k)
 	}
 	return out, nil
 }

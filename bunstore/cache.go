@@ -293,13 +293,7 @@ func cachedRead[T any](ctx context.Context, db *DB, key string, load func() (T, 
 	v, ok, due := c.get(key)
 	if due {
 		start := c.now()
-		var (
-			version int64
-			err     = errNoCheck
-		)
-		if !memoryOnly {
-			version, err = db.cacheVersion(ctx)
-		}
+		version, err := db.cacheVersion(ctx)
 		c.checkedAt(start, version, err)
 		v, ok = c.peek(key)
 	}
@@ -320,8 +314,12 @@ func cachedRead[T any](ctx context.Context, db *DB, key string, load func() (T, 
 
 // cacheVersion is a look's version: on SQLite the version row's, read
 // with ctx if it may (mayCheck); on PostgreSQL, where nothing increments
-// it, one the cache never knew, so that the look empties it.
+// it, one the cache never knew, so that the look empties it. Under
+// credential.MemoryOnly no look happens.
 func (db *DB) cacheVersion(ctx context.Context) (int64, error) {
+	if credential.IsMemoryOnly(ctx) {
+		return 0, errNoCheck
+	}
 	if db.postgres() {
 		db.cache.mu.Lock()
 		defer db.cache.mu.Unlock()
@@ -345,8 +343,8 @@ var errNoCheck = errors.New("bunstore: the version row was not read")
 func (db *DB) changed(ctx context.Context, idb bun.IDB, keys ...string) error {
 	if t, ok := ctx.Value(txChangesKey{}).(*txChanges); ok {
 		t.add(keys)
-	} else if db.cache != nil {
-		db.cache.drop(keys...)
+	} else {
+		db.forget(keys...)
 	}
 	if !db.postgres() {
 		_, err := idb.ExecContext(ctx, cacheVersionBump)

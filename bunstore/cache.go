@@ -281,32 +281,27 @@ func mayCheck(ctx context.Context) bool {
 // keeps it. Under credential.MemoryOnly it reads nothing from the
 // database: what it would read it answers credential.ErrNotInMemory.
 func cachedRead[T any](ctx context.Context, db *DB, key string, load func() (T, error)) (T, error) {
-	memoryOnly := credential.IsMemoryOnly(ctx)
-	if !db.mayCache(ctx, key) {
-		if memoryOnly {
-			var zero T
-			return zero, credential.ErrNotInMemory
+	c, cached := db.cache, db.mayCache(ctx, key)
+	var gen uint64
+	if cached {
+		v, ok, due := c.get(key)
+		if due {
+			start := c.now()
+			version, err := db.cacheVersion(ctx)
+			c.checkedAt(start, version, err)
+			v, ok = c.peek(key)
 		}
-		return load()
+		if ok {
+			return v.(T), nil
+		}
+		gen = c.begin()
 	}
-	c := db.cache
-	v, ok, due := c.get(key)
-	if due {
-		start := c.now()
-		version, err := db.cacheVersion(ctx)
-		c.checkedAt(start, version, err)
-		v, ok = c.peek(key)
-	}
-	if ok {
-		return v.(T), nil
-	}
-	if memoryOnly {
+	if credential.IsMemoryOnly(ctx) {
 		var zero T
 		return zero, credential.ErrNotInMemory
 	}
-	gen := c.begin()
 	loaded, err := load()
-	if err == nil {
+	if err == nil && cached {
 		c.put(key, gen, loaded)
 	}
 	return loaded, err

@@ -577,8 +577,7 @@ func (n *Notifier) receive(ctx context.Context, conn *pgx.Conn) error {
 func (n *Notifier) reconnect(ctx context.Context, pc *pgx.ConnConfig) (*pgx.Conn, int) {
 	backoff := n.cfg.ReconnectMin
 	for failures := 0; ; failures++ {
-		// Full jitter in [backoff/2, backoff), so that replicas that lost
-		// the server together do not return in step.
+		// Jitter in [backoff/2, backoff): see NotifierConfig.ReconnectMin.
 		d := backoff/2 + rand.N(backoff/2+1)
 		t := time.NewTimer(d)
 		select {

@@ -281,11 +281,8 @@ func (s *ReceiptStore) sequence(ctx context.Context, limit int, integrate receip
 
 // Tree returns the last committed tree.
 func (s *ReceiptStore) Tree(ctx context.Context) (receipts.Tree, error) {
-	t, err := s.tree(ctx, s.db.idb(ctx))
-	if err != nil {
-		return receipts.Tree{}, fmt.Errorf("bunstore: receipt tree: %w", markAborted(err, receipts.ErrAborted))
-	}
-	return t, nil
+	t, err := s.tree(ctx, s.db.idb(ctx)) // the zero Tree on error
+	return t, failed(err, receipts.ErrAborted, "receipt tree")
 }
 
 func (s *ReceiptStore) tree(ctx context.Context, idb bun.IDB) (receipts.Tree, error) {
@@ -303,11 +300,8 @@ func (s *ReceiptStore) tree(ctx context.Context, idb bun.IDB) (receipts.Tree, er
 // ReadHashes returns the stored hashes at the given stored-hash indexes,
 // in the order asked. It returns receipts.ErrNotFound if one is missing.
 func (s *ReceiptStore) ReadHashes(ctx context.Context, indexes []int64) ([]tlog.Hash, error) {
-	hs, err := readHashes(ctx, s.db.idb(ctx), indexes)
-	if err != nil {
-		return nil, fmt.Errorf("bunstore: read receipt hashes: %w", markAborted(err, receipts.ErrAborted))
-	}
-	return hs, nil
+	hs, err := readHashes(ctx, s.db.idb(ctx), indexes) // nil on error
+	return hs, failed(err, receipts.ErrAborted, "read receipt hashes")
 }
 
 func readHashes(ctx context.Context, idb bun.IDB, indexes []int64) ([]tlog.Hash, error) {

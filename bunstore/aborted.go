@@ -45,6 +45,16 @@ func markAborted(err, sentinel error) error {
 	return err
 }
 
+// failed returns nil if err is nil, and otherwise err as the error of a
+// store method: "bunstore: ", what (format and args) and err, marked as
+// markAborted does with sentinel.
+func failed(err, sentinel error, format string, args ...any) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("bunstore: %s: %w", fmt.Sprintf(format, args...), markAborted(err, sentinel))
+}
+
 // retryOwnTx runs fn, a store method's whole work, and runs it again, up
 // to abortTries times in all, while the database aborts it; but only when
 // ctx carries no transaction. A transaction the context carries is lost

@@ -36,24 +36,15 @@ WHERE nodelane_answers.expires_at <= excluded.created_at`
 // live answer is stored under a.Key.
 func (s *LeaseStore) PutAnswer(ctx context.Context, a *lease.Answer) error {
 	err := s.write(ctx, func(ctx context.Context, idb bun.IDB) error {
-		res, err := idb.NewRaw(putAnswer, a.Key, a.WorkerID, a.Digest, a.Status, a.Body,
-			micros(a.CreatedAt), micros(a.ExpiresAt)).Exec(ctx)
-		if err != nil {
-			return err
+		n, err := affected(idb.NewRaw(putAnswer, a.Key, a.WorkerID, a.Digest, a.Status, a.Body,
+			micros(a.CreatedAt), micros(a.ExpiresAt)).Exec(ctx))
+		if err == nil && n == 0 {
+			err = lease.ErrConflict
 		}
-		n, err := res.RowsAffected()
-		if err != nil {
-			return err
-		}
-		if n == 0 {
-			return lease.ErrConflict
-		}
-		return nil
+		return err
 	})
-	if err != nil {
-		return fmt.Errorf("bunstore: put answer of worker %s: %w", a.WorkerID, err)
-	}
-	return nil
+	// s.write marked err as lease.ErrAborted already.
+	return failed(err, lease.ErrAborted, "put answer of worker %s", a.WorkerID)
 }
 
 // GetAnswer implements lease.Store.
@@ -80,12 +71,9 @@ func (s *LeaseStore) DeleteAnswers(ctx context.Context, now time.Time, limit int
 	}
 	var n int64
 	err := s.write(ctx, func(ctx context.Context, idb bun.IDB) error {
-		res, err := idb.NewRaw(`DELETE FROM nodelane_answers WHERE id IN (
-SELECT id FROM nodelane_answers WHERE expires_at <= ? LIMIT ?)`, micros(now), limit).Exec(ctx)
-		if err != nil {
-			return err
-		}
-		n, err = res.RowsAffected()
+		var err error
+		n, err = affected(idb.NewRaw(`DELETE FROM nodelane_answers WHERE id IN (
+SELECT id FROM nodelane_answers WHERE expires_at <= ? LIMIT ?)`, micros(now), limit).Exec(ctx))
 		return err
 	})
 	if err != nil {

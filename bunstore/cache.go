@@ -281,38 +281,27 @@ func mayCheck(ctx context.Context) bool {
 // keeps it. Under credential.MemoryOnly it reads nothing from the
 // database: what it would read it answers credential.ErrNotInMemory.
 func cachedRead[T any](ctx context.Context, db *DB, key string, load func() (T, error)) (T, error) {
-	memoryOnly := credential.IsMemoryOnly(ctx)
-	if !db.mayCache(ctx, key) {
-		if memoryOnly {
-			var zero T
-			return zero, credential.ErrNotInMemory
+	c, cached := db.cache, db.mayCache(ctx, key)
+	var gen uint64
+	if cached {
+		v, ok, due := c.get(key)
+		if due {
+			start := c.now()
+			version, err := db.cacheVersion(ctx)
+			c.checkedAt(start, version, err)
+			v, ok = c.peek(key)
 		}
-		return load()
-	}
-	c := db.cache
-	v, ok, due := c.get(key)
-	if due {
-		start := c.now()
-		var (
-			version int64
-			err     = errNoCheck
-		)
-		if !memoryOnly {
-			version, err = db.cacheVersion(ctx)
+		if ok {
+			return v.(T), nil
 		}
-		c.checkedAt(start, version, err)
-		v, ok = c.peek(key)
+		gen = c.begin()
 	}
-	if ok {
-		return v.(T), nil
-	}
-	if memoryOnly {
+	if credential.IsMemoryOnly(ctx) {
 		var zero T
 		return zero, credential.ErrNotInMemory
 	}
-	gen := c.begin()
 	loaded, err := load()
-	if err == nil {
+	if err == nil && cached {
 		c.put(key, gen, loaded)
 	}
 	return loaded, err
@@ -320,8 +309,12 @@ func cachedRead[T any](ctx context.Context, db *DB, key string, load func() (T, 
 
 // cacheVersion is a look's version: on SQLite the version row's, read
 // with ctx if it may (mayCheck); on PostgreSQL, where nothing increments
-// it, one the cache never knew, so that the look empties it.
+// it, one the cache never knew, so that the look empties it. Under
+// credential.MemoryOnly no look happens.
 func (db *DB) cacheVersion(ctx context.Context) (int64, error) {
+	if credential.IsMemoryOnly(ctx) {
+		return 0, errNoCheck
+	}
 	if db.postgres() {
 		db.cache.mu.Lock()
 		defer db.cache.mu.Unlock()
@@ -345,8 +338,8 @@ var errNoCheck = errors.New("bunstore: the version row was not read")
 func (db *DB) changed(ctx context.Context, idb bun.IDB, keys ...string) error {
 	if t, ok := ctx.Value(txChangesKey{}).(*txChanges); ok {
 		t.add(keys)
-	} else if db.cache != nil {
-		db.cache.drop(keys...)
+	} else {
+		db.forget(keys...)
 	}
 	if !db.postgres() {
 		_, err := idb.ExecContext(ctx, cacheVersionBump)

@@ -52,3 +52,12 @@ func deref[T any](p *T) T {
 	}
 	return *p
 }
+
+// mapRows returns f of each of rows, in order.
+func mapRows[R, T any](rows []R, f func(*R) T) []T {
+	out := make([]T, len(rows))
+	for i := range rows {
+		out[i] = f(&rows[i])
+	}
+	return out
+}

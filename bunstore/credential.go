@@ -180,16 +180,8 @@ func splitScopes(s string) []credential.Scope {
 // CreatePrincipal inserts p. It returns credential.ErrConflict if the id
 // is taken.
 func (s *CredentialStore) CreatePrincipal(ctx context.Context, p *credential.Principal) error {
-	err := s.db.retryOwnTx(ctx, func() error {
-		return s.db.write(ctx, func(ctx context.Context, idb bun.IDB) error {
-			s.db.created(ctx, principalKey(p.ID))
-			return insertCredentialRow(ctx, idb.NewInsert().Model(newPrincipalRow(p)))
-		})
-	})
-	if err != nil {
-		return fmt.Errorf("bunstore: create principal %s: %w", p.ID, markAborted(err, credential.ErrAborted))
-	}
-	return nil
+	err := s.insert(ctx, principalKey(p.ID), newPrincipalRow(p))
+	return failed(err, credential.ErrAborted, "create principal %s", p.ID)
 }
 
 // GetPrincipal returns the principal with that id. It returns
@@ -215,20 +207,8 @@ func (s *CredentialStore) GetPrincipal(ctx context.Context, id string) (*credent
 // is rev. It returns credential.ErrConflict if the revision differs and
 // credential.ErrNotFound if there is no such principal.
 func (s *CredentialStore) UpdatePrincipal(ctx context.Context, p *credential.Principal, rev int64) error {
-	// One conditional UPDATE, in one transaction with the announcement of
-	// the change (cache.go); the existence check after a miss only chooses
-	// the error (principals are never deleted).
-	err := s.db.retryOwnTx(ctx, func() error {
-		return s.db.inTx(ctx, func(ctx context.Context, idb bun.IDB) error {
-			return s.db.updateCached(ctx, idb, principalKey(p.ID), func() error {
-				return updateCredentialRow(ctx, idb, newPrincipalRow(p), (*principalRow)(nil), p.ID, rev)
-			})
-		})
-	})
-	if err != nil {
-		return fmt.Errorf("bunstore: update principal %s: %w", p.ID, markAborted(err, credential.ErrAborted))
-	}
-	return nil
+	err := s.update(ctx, principalKey(p.ID), newPrincipalRow(p), (*principalRow)(nil), p.ID, rev)
+	return failed(err, credential.ErrAborted, "update principal %s", p.ID)
 }
 
 // PrincipalsByKey returns every principal whose key id is keyID, in id
@@ -239,11 +219,7 @@ func (s *CredentialStore) PrincipalsByKey(ctx context.Context, keyID string) ([]
 	if err != nil {
 		return nil, fmt.Errorf("bunstore: principals of key %s: %w", keyID, markAborted(err, credential.ErrAborted))
 	}
-	out := make([]*credential.Principal, len(rows))
-	for i := range rows {
-		out[i] = rows[i].principal()
-	}
-	return out, nil
+	return mapRows(rows, (*principalRow).principal), nil
 }
 
 // CreateCredential inserts c. It returns credential.ErrConflict if the id
@@ -252,17 +228,9 @@ func (s *CredentialStore) PrincipalsByKey(ctx context.Context, keyID string) ([]
 func (s *CredentialStore) CreateCredential(ctx context.Context, c *credential.Credential) error {
 	r, err := newCredentialRow(c)
 	if err == nil {
-		err = s.db.retryOwnTx(ctx, func() error {
-			return s.db.write(ctx, func(ctx context.Context, idb bun.IDB) error {
-				s.db.created(ctx, credentialKey(c.ID))
-				return insertCredentialRow(ctx, idb.NewInsert().Model(r))
-			})
-		})
+		err = s.insert(ctx, credentialKey(c.ID), r)
 	}
-	if err != nil {
-		return fmt.Errorf("bunstore: create credential %s: %w", c.ID, markAborted(err, credential.ErrAborted))
-	}
-	return nil
+	return failed(err, credential.ErrAborted, "create credential %s", c.ID)
 }
 
 // GetCredential returns the credential with that id. It returns
@@ -291,18 +259,9 @@ func (s *CredentialStore) GetCredential(ctx context.Context, id string) (*creden
 func (s *CredentialStore) UpdateCredential(ctx context.Context, c *credential.Credential, rev int64) error {
 	r, err := newCredentialRow(c)
 	if err == nil {
-		err = s.db.retryOwnTx(ctx, func() error {
-			return s.db.inTx(ctx, func(ctx context.Context, idb bun.IDB) error {
-				return s.db.updateCached(ctx, idb, credentialKey(c.ID), func() error {
-					return updateCredentialRow(ctx, idb, r, (*credentialRow)(nil), c.ID, rev)
-				})
-			})
-		})
+		err = s.update(ctx, credentialKey(c.ID), r, (*credentialRow)(nil), c.ID, rev)
 	}
-	if err != nil {
-		return fmt.Errorf("bunstore: update credential %s: %w", c.ID, markAborted(err, credential.ErrAborted))
-	}
-	return nil
+	return failed(err, credential.ErrAborted, "update credential %s", c.ID)
 }
 
 // ListCredentials returns up to f.Limit credentials with an id above
@@ -318,11 +277,7 @@ func (s *CredentialStore) ListCredentials(ctx context.Context, f credential.Cred
 	if err := credentialPage(s.db.idb(ctx), &rows, f).Scan(ctx); err != nil {
 		return nil, fmt.Errorf("bunstore: list credentials: %w", markAborted(err, credential.ErrAborted))
 	}
-	out := make([]*credential.Credential, len(rows))
-	for i := range rows {
-		out[i] = rows[i].credential()
-	}
-	return out, nil
+	return mapRows(rows, (*credentialRow).credential), nil
 }
 
 // credentialPage is the query of ListCredentials, into rows.
@@ -337,46 +292,46 @@ func credentialPage(idb bun.IDB, rows *[]credentialRow, f credential.CredentialF
 	return q.OrderExpr("id").Limit(int64(f.Limit))
 }
 
-// insertCredentialRow runs q with ON CONFLICT (id) DO NOTHING, rather than letting
-// a unique violation abort a PostgreSQL transaction the caller may go on
-// with, and returns credential.ErrConflict if the id was taken.
-func insertCredentialRow(ctx context.Context, q *bun.InsertQuery) error {
-	res, err := q.On("CONFLICT (id) DO NOTHING").Exec(ctx)
-	if err != nil {
-		return err
-	}
-	n, err := res.RowsAffected()
-	if err != nil {
-		return err
-	}
-	if n == 0 {
-		return credential.ErrConflict
-	}
-	return nil
+// insert writes row, the new entry key, with ON CONFLICT (id) DO NOTHING
+// rather than letting a unique violation abort a PostgreSQL transaction
+// the caller may go on with, and returns credential.ErrConflict if the id
+// was taken.
+func (s *CredentialStore) insert(ctx context.Context, key string, row any) error {
+	return s.db.retryOwnTx(ctx, func() error {
+		return s.db.write(ctx, func(ctx context.Context, idb bun.IDB) error {
+			s.db.created(ctx, key)
+			n, err := affected(idb.NewInsert().Model(row).On("CONFLICT (id) DO NOTHING").Exec(ctx))
+			if err == nil && n == 0 {
+				err = credential.ErrConflict
+			}
+			return err
+		})
+	})
 }
 
-// updateCredentialRow writes the row model over the row with that id if its
-// revision is rev. When no row matches it looks for the id in the table of
-// empty, a nil pointer of model's type, to tell credential.ErrNotFound
-// from credential.ErrConflict.
-func updateCredentialRow(ctx context.Context, idb bun.IDB, model, empty any, id string, rev int64) error {
-	res, err := idb.NewUpdate().Model(model).WherePK().Where("rev = ?", rev).Exec(ctx)
-	if err != nil {
-		return err
-	}
-	n, err := res.RowsAffected()
-	if err != nil {
-		return err
-	}
-	if n == 1 {
-		return nil
-	}
-	exists, err := idb.NewSelect().Model(empty).Where("id = ?", id).Exists(ctx)
-	if err != nil {
-		return err
-	}
-	if !exists {
-		return credential.ErrNotFound
-	}
-	return fmt.Errorf("%w: revision is not %d", credential.ErrConflict, rev)
+// update writes row over the entry key, the row with that id, if its
+// revision is rev: one conditional UPDATE, in one transaction with the
+// announcement of the change (cache.go). When no row matches it looks for
+// the id in the table of empty, a nil pointer of row's type, only to tell
+// credential.ErrNotFound from credential.ErrConflict (no row is ever
+// deleted).
+func (s *CredentialStore) update(ctx context.Context, key string, row, empty any, id string, rev int64) error {
+	return s.db.retryOwnTx(ctx, func() error {
+		return s.db.inTx(ctx, func(ctx context.Context, idb bun.IDB) error {
+			return s.db.updateCached(ctx, idb, key, func() error {
+				n, err := affected(idb.NewUpdate().Model(row).WherePK().Where("rev = ?", rev).Exec(ctx))
+				if err != nil || n == 1 {
+					return err
+				}
+				exists, err := idb.NewSelect().Model(empty).Where("id = ?", id).Exists(ctx)
+				if err != nil {
+					return err
+				}
+				if !exists {
+					return credential.ErrNotFound
+				}
+				return fmt.Errorf("%w: revision is not %d", credential.ErrConflict, rev)
+			})
+		})
+	})
 }

@@ -119,32 +119,20 @@ func (s *EnvelopeStore) Apply(ctx context.Context, prev int64, next envelope.Sta
 		ChangedAt: micros(rec.At),
 	}
 	err := s.db.retryOwnTx(ctx, func() error { return s.apply(ctx, prev, row, hist) })
-	if err != nil {
-		return fmt.Errorf("bunstore: apply envelope version %d at version %d: %w", next.Version, prev, markAborted(err, envelope.ErrAborted))
-	}
-	return nil
+	return failed(err, envelope.ErrAborted, "apply envelope version %d at version %d", next.Version, prev)
 }
 
 func (s *EnvelopeStore) apply(ctx context.Context, prev int64, row *envelopeStateRow, hist *envelopeRecordRow) error {
 	return s.db.inTx(ctx, func(ctx context.Context, tx bun.IDB) error {
-		res, err := tx.NewUpdate().Model(row).WherePK().Where("version = ?", prev).Exec(ctx)
-		if err != nil {
-			return err
-		}
-		n, err := res.RowsAffected()
-		if err != nil {
-			return err
-		}
-		if n == 0 && prev == envelope.InitialVersion {
+		n, err := affected(tx.NewUpdate().Model(row).WherePK().Where("version = ?", prev).Exec(ctx))
+		if err == nil && n == 0 && prev == envelope.InitialVersion {
 			// The first change inserts the row. DO NOTHING rather than a
 			// unique violation, which would abort a PostgreSQL transaction
 			// the caller may want to go on with after the conflict.
-			if res, err = tx.NewInsert().Model(row).On("CONFLICT (id) DO NOTHING").Exec(ctx); err != nil {
-				return err
-			}
-			if n, err = res.RowsAffected(); err != nil {
-				return err
-			}
+			n, err = affected(tx.NewInsert().Model(row).On("CONFLICT (id) DO NOTHING").Exec(ctx))
+		}
+		if err != nil {
+			return err
 		}
 		if n == 0 {
 			s.db.forget(envelopeKey) // what this DB holds is stale
@@ -169,9 +157,5 @@ func (s *EnvelopeStore) History(ctx context.Context, after int64, limit int) ([]
 	if err := q.Scan(ctx); err != nil {
 		return nil, fmt.Errorf("bunstore: envelope history: %w", markAborted(err, envelope.ErrAborted))
 	}
-	out := make([]envelope.Record, len(rows))
-	for i := range rows {
-		out[i] = rows[i].record()
-	}
-	return out, nil
+	return mapRows(rows, (*envelopeRecordRow).record), nil
 }

@@ -37,3 +37,12 @@ func isBusy(err error) bool {
 }
 
 func isNoRows(err error) bool { return errors.Is(err, sql.ErrNoRows) }
+
+// affected returns how many rows a statement affected, given what its
+// Exec returned.
+func affected(res sql.Result, err error) (int64, error) {
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
+}

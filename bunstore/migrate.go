@@ -54,12 +54,9 @@ func (db *DB) migrator() (*migrate.Migrator, error) {
 // holds a connection of its own, so the pool must allow two.
 func (db *DB) Migrate(ctx context.Context) error {
 	m, err := db.migrator()
-	if err != nil {
-		return fmt.Errorf("bunstore: migrate: %w", err)
-	}
-	if db.postgres() {
+	if err == nil && db.postgres() {
 		err = db.migratePostgres(ctx, m)
-	} else {
+	} else if err == nil {
 		err = db.migrateSQLite(ctx, m)
 	}
 	if err != nil {

@@ -7,7 +7,9 @@ import (
 	"encoding/hex"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -196,13 +198,7 @@ func (h *notifyHub) remove(n *Notifier) {
 
 // publish wakes the subscribers of every Notifier in h.
 func (h *notifyHub) publish() {
-	h.mu.Lock()
-	ns := make([]*Notifier, 0, len(h.ns))
-	for n := range h.ns {
-		ns = append(ns, n)
-	}
-	h.mu.Unlock()
-	for _, n := range ns {
+	for _, n := range h.notifiers() {
 		n.wake()
 	}
 }
@@ -210,15 +206,16 @@ func (h *notifyHub) publish() {
 // publishWorker wakes the subscribers of worker id's signals of every
 // Notifier in h.
 func (h *notifyHub) publishWorker(id string) {
-	h.mu.Lock()
-	ns := make([]*Notifier, 0, len(h.ns))
-	for n := range h.ns {
-		ns = append(ns, n)
-	}
-	h.mu.Unlock()
-	for _, n := range ns {
+	for _, n := range h.notifiers() {
 		n.wakeWorker(id)
 	}
+}
+
+// notifiers returns the Notifiers in h, to wake without holding h.mu.
+func (h *notifyHub) notifiers() []*Notifier {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return slices.Collect(maps.Keys(h.ns))
 }
 
 // publishAfterWrites publishes once the write slot is free: after the
@@ -252,7 +249,7 @@ func (db *DB) Notifier(ctx context.Context, cfg *NotifierConfig) (*Notifier, err
 	if err != nil {
 		return nil, err
 	}
-	n := &Notifier{db: db, cfg: c, log: c.Logger, subs: map[chan struct{}]struct{}{}}
+	n := &Notifier{db: db, cfg: c, log: c.Logger, subs: map[chan struct{}]struct{}{}, wsubs: map[string]map[chan struct{}]struct{}{}}
 	if !db.postgres() {
 		db.hub.add(n)
 		return n, nil
@@ -359,9 +356,6 @@ func (n *Notifier) NotifyWorker(ctx context.Context, workerID string) error {
 func (n *Notifier) SubscribeWorker(workerID string) (<-chan struct{}, func()) {
 	ch := make(chan struct{}, 1)
 	n.mu.Lock()
-	if n.wsubs == nil {
-		n.wsubs = map[string]map[chan struct{}]struct{}{}
-	}
 	m := n.wsubs[workerID]
 	if m == nil {
 		m = map[chan struct{}]struct{}{}
@@ -372,11 +366,10 @@ func (n *Notifier) SubscribeWorker(workerID string) (<-chan struct{}, func()) {
 	return ch, func() {
 		n.mu.Lock()
 		defer n.mu.Unlock()
-		if m := n.wsubs[workerID]; m != nil {
-			delete(m, ch)
-			if len(m) == 0 {
-				delete(n.wsubs, workerID)
-			}
+		m := n.wsubs[workerID]
+		delete(m, ch)
+		if len(m) == 0 {
+			delete(n.wsubs, workerID)
 		}
 	}
 }
@@ -386,33 +379,22 @@ func (n *Notifier) SubscribeWorker(workerID string) (<-chan struct{}, func()) {
 func (n *Notifier) wakeWorker(id string) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if n.closed {
-		return
-	}
-	for ch := range n.wsubs[id] {
-		select {
-		case ch <- struct{}{}:
-		default:
-		}
+	if !n.closed {
+		poke(n.wsubs[id])
 	}
 }
 
 // wakeAll wakes every subscriber, of jobs and of every worker's signals:
 // after a reconnection, when any notification may have been missed.
 func (n *Notifier) wakeAll() {
-	n.wake()
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.closed {
 		return
 	}
+	poke(n.subs)
 	for _, m := range n.wsubs {
-		for ch := range m {
-			select {
-			case ch <- struct{}{}:
-			default:
-			}
-		}
+		poke(m)
 	}
 }
 
@@ -443,10 +425,14 @@ func (n *Notifier) Close() error {
 func (n *Notifier) wake() {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if n.closed {
-		return
+	if !n.closed {
+		poke(n.subs)
 	}
-	for ch := range n.subs {
+}
+
+// poke gives every channel of subs a wake-up, unless one is pending.
+func poke(subs map[chan struct{}]struct{}) {
+	for ch := range subs {
 		select {
 		case ch <- struct{}{}:
 		default: // one is pending; this one folds into it
@@ -563,9 +549,7 @@ func (n *Notifier) receive(ctx context.Context, conn *pgx.Conn) error {
 		case err == nil:
 			if id, ok := strings.CutPrefix(nt.Payload, signalPayload); ok {
 				n.wakeWorker(id)
-				continue
-			}
-			if n.db.heard(nt.Payload) {
+			} else if n.db.heard(nt.Payload) {
 				n.wake()
 			}
 			continue
@@ -593,8 +577,7 @@ func (n *Notifier) receive(ctx context.Context, conn *pgx.Conn) error {
 func (n *Notifier) reconnect(ctx context.Context, pc *pgx.ConnConfig) (*pgx.Conn, int) {
 	backoff := n.cfg.ReconnectMin
 	for failures := 0; ; failures++ {
-		// Full jitter in [backoff/2, backoff), so that replicas that lost
-		// the server together do not return in step.
+		// Jitter in [backoff/2, backoff): see NotifierConfig.ReconnectMin.
 		d := backoff/2 + rand.N(backoff/2+1)
 		t := time.NewTimer(d)
 		select {
@@ -614,7 +597,7 @@ func (n *Notifier) reconnect(ctx context.Context, pc *pgx.ConnConfig) (*pgx.Conn
 		if failures == 0 {
 			level = slog.LevelError
 		}
-		n.log.Log(ctx, level, "bunstore: notifier cannot reconnect; retrying, further failures logged at DEBUG", "channel", n.channel, "err", err, "failed_attempts", failures+1, "retry_in", min(2*backoff, n.cfg.ReconnectMax))
 		backoff = min(2*backoff, n.cfg.ReconnectMax)
+		n.log.Log(ctx, level, "bunstore: notifier cannot reconnect; retrying, further failures logged at DEBUG", "channel", n.channel, "err", err, "failed_attempts", failures+1, "retry_in", backoff)
 	}
 }

@@ -113,20 +113,14 @@ func (s *ReceiptStore) AddReceipt(ctx context.Context, st *receipts.Stored) erro
 		return s.db.write(ctx, func(ctx context.Context, idb bun.IDB) error {
 			// ON CONFLICT DO NOTHING rather than a unique violation, which
 			// would abort a PostgreSQL transaction the caller may go on with.
-			res, err := idb.NewInsert().Model(r).ExcludeColumn("seq").On("CONFLICT (id) DO NOTHING").Exec(ctx)
-			if err != nil {
-				return err
+			n, err := affected(idb.NewInsert().Model(r).ExcludeColumn("seq").On("CONFLICT (id) DO NOTHING").Exec(ctx))
+			if err == nil && n == 0 {
+				err = receipts.ErrConflict
 			}
-			if n, err := res.RowsAffected(); err != nil || n == 0 {
-				return firstErr(err, receipts.ErrConflict)
-			}
-			return nil
+			return err
 		})
 	})
-	if err != nil {
-		return fmt.Errorf("bunstore: add receipt %s: %w", st.ID, markAborted(err, receipts.ErrAborted))
-	}
-	return nil
+	return failed(err, receipts.ErrAborted, "add receipt %s", st.ID)
 }
 
 var _ receipts.BatchAdder = (*ReceiptStore)(nil)
@@ -171,19 +165,7 @@ func (s *ReceiptStore) AddReceipts(ctx context.Context, ss []*receipts.Stored) e
 			return receipts.ErrConflict
 		})
 	})
-	if err != nil {
-		return fmt.Errorf("bunstore: add %d receipts from %s: %w", len(ss), ss[0].ID, markAborted(err, receipts.ErrAborted))
-	}
-	return nil
-}
-
-func firstErr(errs ...error) error {
-	for _, err := range errs {
-		if err != nil {
-			return err
-		}
-	}
-	return nil
+	return failed(err, receipts.ErrAborted, "add %d receipts from %s", len(ss), ss[0].ID)
 }
 
 // GetReceipt returns a receipt by id. It returns receipts.ErrNotFound if
@@ -212,11 +194,7 @@ func (s *ReceiptStore) ListReceipts(ctx context.Context, from int64, limit int) 
 	if err := q.Scan(ctx); err != nil {
 		return nil, fmt.Errorf("bunstore: list receipts: %w", markAborted(err, receipts.ErrAborted))
 	}
-	out := make([]*receipts.Stored, len(rows))
-	for i := range rows {
-		out[i] = rows[i].stored()
-	}
-	return out, nil
+	return mapRows(rows, (*receiptRow).stored), nil
 }
 
 // Sequence integrates one batch as receipts.Store documents, in one
@@ -227,10 +205,7 @@ func (s *ReceiptStore) Sequence(ctx context.Context, limit int, integrate receip
 		return fmt.Errorf("bunstore: sequence receipts: %w: limit %d is not positive", receipts.ErrInvalidArgument, limit)
 	}
 	err := s.db.retryOwnTx(ctx, func() error { return s.sequence(ctx, limit, integrate) })
-	if err != nil {
-		return fmt.Errorf("bunstore: sequence receipts: %w", markAborted(err, receipts.ErrAborted))
-	}
-	return nil
+	return failed(err, receipts.ErrAborted, "sequence receipts")
 }
 
 func (s *ReceiptStore) sequence(ctx context.Context, limit int, integrate receipts.IntegrateFunc) error {
@@ -254,11 +229,7 @@ func (s *ReceiptStore) sequence(ctx context.Context, limit int, integrate receip
 		if err != nil {
 			return err
 		}
-		pending := make([]*receipts.Stored, len(rows))
-		for i := range rows {
-			pending[i] = rows[i].stored()
-		}
-		b, err := integrate(tree, pending, tlog.HashReaderFunc(func(indexes []int64) ([]tlog.Hash, error) {
+		b, err := integrate(tree, mapRows(rows, (*receiptRow).stored), tlog.HashReaderFunc(func(indexes []int64) ([]tlog.Hash, error) {
 			return readHashes(ctx, tx, indexes)
 		}))
 		if err != nil {
@@ -286,23 +257,23 @@ func (s *ReceiptStore) sequence(ctx context.Context, limit int, integrate receip
 			values[i] = "(?, ?)"
 			args = append(args, rows[i].Seq, tree.Size+int64(i))
 		}
-		res, err := tx.NewRaw("WITH v (seq, idx) AS (VALUES "+strings.Join(values, ", ")+") "+
+		n, err := affected(tx.NewRaw("WITH v (seq, idx) AS (VALUES "+strings.Join(values, ", ")+") "+
 			"UPDATE nodelane_receipts SET idx = v.idx FROM v WHERE nodelane_receipts.seq = v.seq AND nodelane_receipts.idx IS NULL",
-			args...).Exec(ctx)
+			args...).Exec(ctx))
 		if err != nil {
 			return fmt.Errorf("index receipts: %w", err)
 		}
-		if n, err := res.RowsAffected(); err != nil || n != int64(len(rows)) {
-			return firstErr(err, fmt.Errorf("%w: indexed %d receipts of %d", receipts.ErrConflict, n, len(rows)))
+		if n != int64(len(rows)) {
+			return fmt.Errorf("%w: indexed %d receipts of %d", receipts.ErrConflict, n, len(rows))
 		}
 
-		res, err = tx.NewUpdate().Model(&receiptTreeRow{ID: treeRowID, TreeSize: b.Tree.Size, RootHash: b.Tree.Root[:]}).
-			WherePK().Where("tree_size = ?", tree.Size).Exec(ctx)
+		n, err = affected(tx.NewUpdate().Model(&receiptTreeRow{ID: treeRowID, TreeSize: b.Tree.Size, RootHash: b.Tree.Root[:]}).
+			WherePK().Where("tree_size = ?", tree.Size).Exec(ctx))
 		if err != nil {
 			return fmt.Errorf("set tree: %w", err)
 		}
-		if n, err := res.RowsAffected(); err != nil || n != 1 {
-			return firstErr(err, fmt.Errorf("%w: the tree moved under the sequencing lock", receipts.ErrConflict))
+		if n != 1 {
+			return fmt.Errorf("%w: the tree moved under the sequencing lock", receipts.ErrConflict)
 		}
 		return nil
 	})
@@ -310,11 +281,8 @@ func (s *ReceiptStore) sequence(ctx context.Context, limit int, integrate receip
 
 // Tree returns the last committed tree.
 func (s *ReceiptStore) Tree(ctx context.Context) (receipts.Tree, error) {
-	t, err := s.tree(ctx, s.db.idb(ctx))
-	if err != nil {
-		return receipts.Tree{}, fmt.Errorf("bunstore: receipt tree: %w", markAborted(err, receipts.ErrAborted))
-	}
-	return t, nil
+	t, err := s.tree(ctx, s.db.idb(ctx)) // the zero Tree on error
+	return t, failed(err, receipts.ErrAborted, "receipt tree")
 }
 
 func (s *ReceiptStore) tree(ctx context.Context, idb bun.IDB) (receipts.Tree, error) {
@@ -332,11 +300,8 @@ func (s *ReceiptStore) tree(ctx context.Context, idb bun.IDB) (receipts.Tree, er
 // ReadHashes returns the stored hashes at the given stored-hash indexes,
 // in the order asked. It returns receipts.ErrNotFound if one is missing.
 func (s *ReceiptStore) ReadHashes(ctx context.Context, indexes []int64) ([]tlog.Hash, error) {
-	hs, err := readHashes(ctx, s.db.idb(ctx), indexes)
-	if err != nil {
-		return nil, fmt.Errorf("bunstore: read receipt hashes: %w", markAborted(err, receipts.ErrAborted))
-	}
-	return hs, nil
+	hs, err := readHashes(ctx, s.db.idb(ctx), indexes) // nil on error
+	return hs, failed(err, receipts.ErrAborted, "read receipt hashes")
 }
 
 func readHashes(ctx context.Context, idb bun.IDB, indexes []int64) ([]tlog.Hash, error) {
@@ -374,20 +339,14 @@ func (s *ReceiptStore) AddCheckpoint(ctx context.Context, c *receipts.Checkpoint
 	r := &receiptCheckpointRow{TreeSize: c.Size, RootHash: c.Root[:], Origin: c.Origin, Note: string(c.Note)}
 	err := s.db.retryOwnTx(ctx, func() error {
 		return s.db.write(ctx, func(ctx context.Context, idb bun.IDB) error {
-			res, err := idb.NewInsert().Model(r).On("CONFLICT (tree_size) DO NOTHING").Exec(ctx)
-			if err != nil {
-				return err
+			n, err := affected(idb.NewInsert().Model(r).On("CONFLICT (tree_size) DO NOTHING").Exec(ctx))
+			if err == nil && n == 0 {
+				err = receipts.ErrConflict
 			}
-			if n, err := res.RowsAffected(); err != nil || n == 0 {
-				return firstErr(err, receipts.ErrConflict)
-			}
-			return nil
+			return err
 		})
 	})
-	if err != nil {
-		return fmt.Errorf("bunstore: add checkpoint of %d: %w", c.Size, markAborted(err, receipts.ErrAborted))
-	}
-	return nil
+	return failed(err, receipts.ErrAborted, "add checkpoint of %d", c.Size)
 }
 
 // LatestCheckpoint returns the checkpoint of the largest tree. It

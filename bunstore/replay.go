@@ -2,7 +2,6 @@ package bunstore
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 	"maps"
 	"regexp"
@@ -156,19 +155,12 @@ func (s *NonceStore) insert(ctx context.Context, nodeID, nonce string, expires, 
 	t := micros(now)
 	var n int64
 	err = s.db.write(ctx, func(ctx context.Context, idb bun.IDB) error {
-		var (
-			res sql.Result
-			err error
-		)
+		var err error
 		if s.db.postgres() {
-			res, err = idb.NewRaw(countNonce+insertNonce, nodeID, nonce, micros(expires), t, s.perNode).Exec(ctx)
+			n, err = affected(idb.NewRaw(countNonce+insertNonce, nodeID, nonce, micros(expires), t, s.perNode).Exec(ctx))
 		} else if _, err = s.db.execBound(ctx, idb, sqliteNonce[0], nodeID); err == nil {
-			res, err = s.db.execBound(ctx, idb, sqliteNonce[1], nodeID, nonce, micros(expires), t, s.perNode)
+			n, err = affected(s.db.execBound(ctx, idb, sqliteNonce[1], nodeID, nonce, micros(expires), t, s.perNode))
 		}
-		if err != nil {
-			return err
-		}
-		n, err = res.RowsAffected()
 		return err
 	})
 	if err != nil {

@@ -2,7 +2,9 @@ package bunstore
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 
@@ -254,18 +256,34 @@ func (s *LeaseStore) CreateJobs(ctx context.Context, js []*lease.Job) error {
 // insertNew runs q, which inserts n rows, with ON CONFLICT (id) DO
 // NOTHING and returns lease.ErrConflict if an id was taken.
 func insertNew(ctx context.Context, q *bun.InsertQuery, n int64) error {
-	res, err := q.On("CONFLICT (id) DO NOTHING").Exec(ctx)
-	if err != nil {
-		return err
+	got, err := affected(q.On("CONFLICT (id) DO NOTHING").Exec(ctx))
+	if err == nil && got != n {
+		err = lease.ErrConflict
 	}
-	got, err := res.RowsAffected()
+	return err
+}
+
+// affected is the count of rows written by the statement that returned res
+// and err.
+func affected(res sql.Result, err error) (int64, error) {
 	if err != nil {
-		return err
+		return 0, err
 	}
-	if got != n {
+	return res.RowsAffected()
+}
+
+// missed is the error of a conditional write that wrote nothing: q
+// selects its target row, and lease.ErrConflict if it exists,
+// lease.ErrNotFound if not.
+func missed(ctx context.Context, q *bun.SelectQuery) error {
+	exists, err := q.Exists(ctx)
+	switch {
+	case err != nil:
+		return err
+	case exists:
 		return lease.ErrConflict
 	}
-	return nil
+	return lease.ErrNotFound
 }
 
 // GetJob returns a job. It returns lease.ErrNotFound if there is none.
@@ -322,31 +340,20 @@ func (s *LeaseStore) UpdateJob(ctx context.Context, j *lease.Job, rev int64) err
 	// the existence check after a miss only chooses the error (a job is
 	// deleted only once ended, by DeleteEnded: if it was deleted after
 	// the UPDATE missed, lease.ErrNotFound is as true as ErrConflict).
-	return s.write(ctx, func(ctx context.Context, idb bun.IDB) error {
-		return updateJob(ctx, idb, j, rev)
+	err := s.write(ctx, func(ctx context.Context, idb bun.IDB) error {
+		n, err := affected(idb.NewUpdate().Model(newJobRow(j)).WherePK().Where("rev = ?", rev).Exec(ctx))
+		if err != nil || n == 1 {
+			return err
+		}
+		return missed(ctx, idb.NewSelect().Model((*jobRow)(nil)).Where("id = ?", j.ID))
 	})
-}
-
-func updateJob(ctx context.Context, tx bun.IDB, j *lease.Job, rev int64) error {
-	res, err := tx.NewUpdate().Model(newJobRow(j)).WherePK().Where("rev = ?", rev).Exec(ctx)
-	if err != nil {
+	switch {
+	case errors.Is(err, lease.ErrConflict):
+		return fmt.Errorf("bunstore: update job %s at revision %d: %w", j.ID, rev, err)
+	case err != nil:
 		return fmt.Errorf("bunstore: update job %s: %w", j.ID, err)
 	}
-	n, err := res.RowsAffected()
-	if err != nil {
-		return fmt.Errorf("bunstore: update job %s: %w", j.ID, err)
-	}
-	if n == 1 {
-		return nil
-	}
-	exists, err := tx.NewSelect().Model((*jobRow)(nil)).Where("id = ?", j.ID).Exists(ctx)
-	if err != nil {
-		return fmt.Errorf("bunstore: update job %s: %w", j.ID, err)
-	}
-	if !exists {
-		return fmt.Errorf("bunstore: update job %s: %w", j.ID, lease.ErrNotFound)
-	}
-	return fmt.Errorf("bunstore: update job %s at revision %d: %w", j.ID, rev, lease.ErrConflict)
+	return nil
 }
 
 // ExpiredJobs returns up to limit live jobs whose lease expired at or
@@ -415,11 +422,7 @@ func (s *LeaseStore) DeleteEnded(ctx context.Context, before time.Time, limit in
 		if _, err := tx.NewDelete().Model((*artifactRow)(nil)).Where("job_id IN (?)", in).Exec(ctx); err != nil {
 			return err
 		}
-		res, err := tx.NewDelete().Model((*jobRow)(nil)).Where("id IN (?)", in).Exec(ctx)
-		if err != nil {
-			return err
-		}
-		n, err := res.RowsAffected()
+		n, err := affected(tx.NewDelete().Model((*jobRow)(nil)).Where("id IN (?)", in).Exec(ctx))
 		if err != nil {
 			return err
 		}
@@ -878,11 +881,8 @@ func (s *LeaseStore) SetDrain(ctx context.Context, id string, d *lease.DrainRequ
 	r := &workerRow{ID: id}
 	r.setDrain(d)
 	err := s.write(ctx, func(ctx context.Context, idb bun.IDB) error {
-		res, err := idb.NewUpdate().Model(r).Column("drain_requested_at", "drain_requested_by").WherePK().Exec(ctx)
-		if err != nil {
-			return err
-		}
-		if n, err := res.RowsAffected(); err != nil || n == 1 {
+		n, err := affected(idb.NewUpdate().Model(r).Column("drain_requested_at", "drain_requested_by").WherePK().Exec(ctx))
+		if err != nil || n == 1 {
 			return err
 		}
 		return lease.ErrNotFound
@@ -910,23 +910,11 @@ func (s *LeaseStore) SetApproval(ctx context.Context, id string, prevAt *time.Ti
 		} else {
 			q = q.Where("approved_at = ?", micros(*prevAt))
 		}
-		res, err := q.Exec(ctx)
-		if err != nil {
-			return err
-		}
-		n, err := res.RowsAffected()
-		if err != nil || n == 1 {
+		if n, err := affected(q.Exec(ctx)); err != nil || n == 1 {
 			return err
 		}
 		// Nothing written: no such worker, or another approval first.
-		exists, err := idb.NewSelect().Table("nodelane_workers").Where("id = ?", id).Exists(ctx)
-		switch {
-		case err != nil:
-			return err
-		case exists:
-			return lease.ErrConflict
-		}
-		return lease.ErrNotFound
+		return missed(ctx, idb.NewSelect().Table("nodelane_workers").Where("id = ?", id))
 	})
 	if err != nil {
 		return fmt.Errorf("bunstore: set approval of worker %s: %w", id, err)

@@ -218,12 +218,32 @@ func (r *jobRow) job() *lease.Job {
 	return j
 }
 
-func jobs(rows []jobRow) []*lease.Job {
-	out := make([]*lease.Job, len(rows))
-	for i := range rows {
-		out[i] = rows[i].job()
+// listRows returns, in id order, up to limit of the rows of R that where
+// selects, each made a T by conv; what names the listing in its errors.
+// It returns lease.ErrInvalidArgument if limit < 1.
+func listRows[R, T any](ctx context.Context, idb bun.IDB, what string, limit int,
+	conv func(*R) T, where func(*bun.SelectQuery) *bun.SelectQuery) ([]T, error) {
+	if limit <= 0 {
+		return nil, errLimit(what, limit)
 	}
-	return out
+	var rows []R
+	if err := where(idb.NewSelect().Model(&rows)).OrderExpr("id").Limit(int64(limit)).Scan(ctx); err != nil {
+		return nil, fmt.Errorf("bunstore: %s: %w", what, aborted(err))
+	}
+	out := make([]T, len(rows))
+	for i := range rows {
+		out[i] = conv(&rows[i])
+	}
+	return out, nil
+}
+
+// whereSet adds the condition cond on v to q, unless v is empty: a filter
+// left unset.
+func whereSet[V ~string](q *bun.SelectQuery, cond string, v V) *bun.SelectQuery {
+	if v == "" {
+		return q
+	}
+	return q.Where(cond, v)
 }
 
 // CreateJobs inserts new jobs in one statement, all or none. It returns
@@ -302,34 +322,18 @@ func (s *LeaseStore) GetJob(ctx context.Context, id string) (*lease.Job, error) 
 // ListJobs returns the jobs matching f in ascending id order, at most
 // f.Limit of them. It returns lease.ErrInvalidArgument if f.Limit < 1.
 func (s *LeaseStore) ListJobs(ctx context.Context, f lease.JobFilter) ([]*lease.Job, error) {
-	if f.Limit <= 0 {
-		return nil, errLimit("list jobs", f.Limit)
-	}
-	var rows []jobRow
-	q := s.db.idb(ctx).NewSelect().Model(&rows)
-	if f.State != "" {
-		q = q.Where("state = ?", f.State)
-	}
-	if f.Type != "" {
-		q = q.Where("type = ?", f.Type)
-	}
-	if f.WorkerID != "" {
-		q = q.Where("lease_worker_id = ?", f.WorkerID).Where("state IN (?)", liveStates())
-	}
-	if f.LastWorkerID != "" {
-		q = q.Where("lease_worker_id = ?", f.LastWorkerID)
-	}
-	if f.Tag != "" {
-		q = q.Where(s.db.tagsContain(), tagsArg([]string{f.Tag}))
-	}
-	if f.After != "" {
-		q = q.Where("id > ?", f.After)
-	}
-	q = q.OrderExpr("id").Limit(int64(f.Limit))
-	if err := q.Scan(ctx); err != nil {
-		return nil, fmt.Errorf("bunstore: list jobs: %w", aborted(err))
-	}
-	return jobs(rows), nil
+	return listRows(ctx, s.db.idb(ctx), "list jobs", f.Limit, (*jobRow).job, func(q *bun.SelectQuery) *bun.SelectQuery {
+		q = whereSet(q, "state = ?", f.State)
+		q = whereSet(q, "type = ?", f.Type)
+		if f.WorkerID != "" {
+			q = q.Where("lease_worker_id = ?", f.WorkerID).Where("state IN (?)", liveStates())
+		}
+		q = whereSet(q, "lease_worker_id = ?", f.LastWorkerID)
+		if f.Tag != "" {
+			q = q.Where(s.db.tagsContain(), tagsArg([]string{f.Tag}))
+		}
+		return whereSet(q, "id > ?", f.After)
+	})
 }
 
 // UpdateJob replaces job j.ID with j if its stored revision is rev. It
@@ -360,23 +364,12 @@ func (s *LeaseStore) UpdateJob(ctx context.Context, j *lease.Job, rev int64) err
 // before now, or that are still leased at or after their accept deadline,
 // in id order. It returns lease.ErrInvalidArgument if limit < 1.
 func (s *LeaseStore) ExpiredJobs(ctx context.Context, now time.Time, limit int) ([]*lease.Job, error) {
-	if limit <= 0 {
-		return nil, errLimit("expired jobs", limit)
-	}
-	var rows []jobRow
 	t := micros(now)
-	q := s.db.idb(ctx).NewSelect().Model(&rows).
-		Where("state IN (?)", liveStates()).
-		WhereGroup(" AND ", func(q *bun.SelectQuery) *bun.SelectQuery {
-			return q.Where("lease_expires_at <= ?", t).
-				WhereOr("state = ? AND lease_accept_by <= ?", lease.StateLeased, t)
-		}).
-		OrderExpr("id").
-		Limit(int64(limit))
-	if err := q.Scan(ctx); err != nil {
-		return nil, fmt.Errorf("bunstore: expired jobs: %w", aborted(err))
-	}
-	return jobs(rows), nil
+	return listRows(ctx, s.db.idb(ctx), "expired jobs", limit, (*jobRow).job, func(q *bun.SelectQuery) *bun.SelectQuery {
+		return q.Where("state IN (?)", liveStates()).WhereGroup(" AND ", func(q *bun.SelectQuery) *bun.SelectQuery {
+			return q.Where("lease_expires_at <= ?", t).WhereOr("state = ? AND lease_accept_by <= ?", lease.StateLeased, t)
+		})
+	})
 }
 
 // DeleteEnded deletes up to limit ended jobs that finished before
@@ -476,21 +469,12 @@ func (db *DB) endedJobs(idb bun.IDB, before time.Time, limit int) *bun.SelectQue
 // through nodelane_jobs_worker_live_idx. It returns
 // lease.ErrInvalidArgument if limit < 1.
 func (s *LeaseStore) OfflineJobs(ctx context.Context, cutoff time.Time, limit int) ([]*lease.Job, error) {
-	if limit <= 0 {
-		return nil, errLimit("offline jobs", limit)
-	}
-	var rows []jobRow
 	t := micros(cutoff)
-	q := s.db.idb(ctx).NewSelect().Model(&rows).
-		Where("state IN (?)", liveStates()).
-		Where("lease_worker_id IN (SELECT id FROM nodelane_workers WHERE last_seen_at <= ?)", t).
-		Where("COALESCE(accepted_at, leased_at) <= ?", t).
-		OrderExpr("id").
-		Limit(int64(limit))
-	if err := q.Scan(ctx); err != nil {
-		return nil, fmt.Errorf("bunstore: offline jobs: %w", aborted(err))
-	}
-	return jobs(rows), nil
+	return listRows(ctx, s.db.idb(ctx), "offline jobs", limit, (*jobRow).job, func(q *bun.SelectQuery) *bun.SelectQuery {
+		return q.Where("state IN (?)", liveStates()).
+			Where("lease_worker_id IN (SELECT id FROM nodelane_workers WHERE last_seen_at <= ?)", t).
+			Where("COALESCE(accepted_at, leased_at) <= ?", t)
+	})
 }
 
 type eventRow struct {
@@ -572,23 +556,9 @@ func (s *LeaseStore) AddEvents(ctx context.Context, evs []*lease.Event) (int, er
 // ListEvents returns a job's events with ID > after in ID order, at most
 // limit of them. It returns lease.ErrInvalidArgument if limit < 1.
 func (s *LeaseStore) ListEvents(ctx context.Context, jobID string, after int64, limit int) ([]*lease.Event, error) {
-	if limit <= 0 {
-		return nil, errLimit("list events of "+jobID, limit)
-	}
-	var rows []eventRow
-	q := s.db.idb(ctx).NewSelect().Model(&rows).
-		Where("job_id = ?", jobID).
-		Where("id > ?", after).
-		OrderExpr("id").
-		Limit(int64(limit))
-	if err := q.Scan(ctx); err != nil {
-		return nil, fmt.Errorf("bunstore: list events of %s: %w", jobID, aborted(err))
-	}
-	out := make([]*lease.Event, len(rows))
-	for i := range rows {
-		out[i] = rows[i].event()
-	}
-	return out, nil
+	return listRows(ctx, s.db.idb(ctx), "list events of "+jobID, limit, (*eventRow).event, func(q *bun.SelectQuery) *bun.SelectQuery {
+		return q.Where("job_id = ?", jobID).Where("id > ?", after)
+	})
 }
 
 type artifactRow struct {
@@ -673,29 +643,11 @@ func (s *LeaseStore) GetArtifact(ctx context.Context, id string) (*lease.Artifac
 // ListArtifacts returns the artifacts matching f in ascending id order, at
 // most f.Limit of them. It returns lease.ErrInvalidArgument if f.Limit < 1.
 func (s *LeaseStore) ListArtifacts(ctx context.Context, f lease.ArtifactFilter) ([]*lease.Artifact, error) {
-	if f.Limit <= 0 {
-		return nil, errLimit("list artifacts", f.Limit)
-	}
-	var rows []artifactRow
-	q := s.db.idb(ctx).NewSelect().Model(&rows)
-	if f.JobID != "" {
-		q = q.Where("job_id = ?", f.JobID)
-	}
-	if f.Type != "" {
-		q = q.Where("type = ?", f.Type)
-	}
-	if f.After != "" {
-		q = q.Where("id > ?", f.After)
-	}
-	q = q.OrderExpr("id").Limit(int64(f.Limit))
-	if err := q.Scan(ctx); err != nil {
-		return nil, fmt.Errorf("bunstore: list artifacts: %w", aborted(err))
-	}
-	out := make([]*lease.Artifact, len(rows))
-	for i := range rows {
-		out[i] = rows[i].artifact()
-	}
-	return out, nil
+	return listRows(ctx, s.db.idb(ctx), "list artifacts", f.Limit, (*artifactRow).artifact, func(q *bun.SelectQuery) *bun.SelectQuery {
+		q = whereSet(q, "job_id = ?", f.JobID)
+		q = whereSet(q, "type = ?", f.Type)
+		return whereSet(q, "id > ?", f.After)
+	})
 }
 
 // workerRow is a lease.Worker as stored; tags and capabilities are JSON.

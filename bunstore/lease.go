@@ -695,15 +695,9 @@ var workerColumns = []string{
 }
 
 // setApproval writes a into the approval columns of r.
-func (r *workerRow) setApproval(a lease.Approval) error {
+func (r *workerRow) setApproval(a lease.Approval) {
 	r.ApprovalPending, r.ApprovedAt, r.ApprovedBy, r.ApprovalReason = a.Pending, microsPtr(a.At), a.By, a.Reason
-	r.ApprovalExact = a.Exact
-	var err error
-	if r.ApprovedJobTypes, err = jsonList(a.JobTypes); err != nil {
-		return err
-	}
-	r.ApprovedTags, err = jsonList(a.Tags)
-	return err
+	r.ApprovalExact, r.ApprovedJobTypes, r.ApprovedTags = a.Exact, jsonList(a.JobTypes), jsonList(a.Tags)
 }
 
 // setDrain writes d into the drain columns of r.
@@ -716,16 +710,12 @@ func (r *workerRow) setDrain(d *lease.DrainRequest) {
 }
 
 // jsonList is vs as a JSON array, nil when vs is empty.
-func jsonList(vs []string) (*string, error) {
+func jsonList(vs []string) *string {
 	if len(vs) == 0 {
-		return nil, nil
+		return nil
 	}
-	b, err := json.Marshal(vs)
-	if err != nil {
-		return nil, err
-	}
-	s := string(b)
-	return &s, nil
+	s := jsonText(vs)
+	return &s
 }
 
 func (r *workerRow) worker() (*lease.Worker, error) {
@@ -744,22 +734,20 @@ func (r *workerRow) worker() (*lease.Worker, error) {
 		Metrics:           raw(r.Metrics),
 		RegisteredAt:      fromMicros(r.RegisteredAt),
 		LastSeenAt:        fromMicros(r.LastSeenAt),
-	}
-	if err := json.Unmarshal([]byte(r.Tags), &w.Tags); err != nil {
-		return nil, fmt.Errorf("bunstore: worker %s: tags: %w", r.ID, err)
-	}
-	if err := json.Unmarshal([]byte(r.Capabilities), &w.Capabilities); err != nil {
-		return nil, fmt.Errorf("bunstore: worker %s: capabilities: %w", r.ID, err)
+		Approval: lease.Approval{Pending: r.ApprovalPending, At: fromMicrosPtr(r.ApprovedAt), By: r.ApprovedBy,
+			Reason: r.ApprovalReason, Exact: r.ApprovalExact},
 	}
 	if r.DrainRequestedAt != nil {
 		w.Drain = &lease.DrainRequest{At: fromMicros(*r.DrainRequestedAt), By: r.DrainRequestedBy}
 	}
-	w.Approval = lease.Approval{Pending: r.ApprovalPending, At: fromMicrosPtr(r.ApprovedAt), By: r.ApprovedBy, Reason: r.ApprovalReason, Exact: r.ApprovalExact}
 	for _, l := range []struct {
 		col string
 		src *string
-		dst *[]string
-	}{{"approved_job_types", r.ApprovedJobTypes, &w.Approval.JobTypes}, {"approved_tags", r.ApprovedTags, &w.Approval.Tags}} {
+		dst any
+	}{
+		{"tags", &r.Tags, &w.Tags}, {"capabilities", &r.Capabilities, &w.Capabilities},
+		{"approved_job_types", r.ApprovedJobTypes, &w.Approval.JobTypes}, {"approved_tags", r.ApprovedTags, &w.Approval.Tags},
+	} {
 		if l.src == nil {
 			continue
 		}
@@ -775,14 +763,6 @@ func (r *workerRow) worker() (*lease.Worker, error) {
 // them). It returns
 // lease.ErrConflict if another worker has w.NodeID.
 func (s *LeaseStore) PutWorker(ctx context.Context, w *lease.Worker) error {
-	tags, err := json.Marshal(w.Tags)
-	if err != nil {
-		return fmt.Errorf("bunstore: put worker %s: %w", w.ID, err)
-	}
-	caps, err := json.Marshal(w.Capabilities)
-	if err != nil {
-		return fmt.Errorf("bunstore: put worker %s: %w", w.ID, err)
-	}
 	r := &workerRow{
 		ID:                w.ID,
 		NodeID:            w.NodeID,
@@ -790,10 +770,10 @@ func (s *LeaseStore) PutWorker(ctx context.Context, w *lease.Worker) error {
 		Hostname:          w.Hostname,
 		EndpointURL:       w.EndpointURL,
 		Role:              w.Role,
-		Tags:              string(tags),
+		Tags:              jsonText(w.Tags),
 		Version:           w.Version,
 		HeartbeatInterval: w.HeartbeatInterval,
-		Capabilities:      string(caps),
+		Capabilities:      jsonText(w.Capabilities),
 		MaxJobs:           w.Governor.MaxJobs,
 		MaxVRAMMB:         w.Governor.MaxVRAMMB,
 		PolicyVersion:     w.PolicyVersion,
@@ -802,14 +782,12 @@ func (s *LeaseStore) PutWorker(ctx context.Context, w *lease.Worker) error {
 		RegisteredAt:      micros(w.RegisteredAt),
 		LastSeenAt:        micros(w.LastSeenAt),
 	}
-	if err := r.setApproval(w.Approval); err != nil {
-		return fmt.Errorf("bunstore: put worker %s: %w", w.ID, err)
-	}
+	r.setApproval(w.Approval)
 	r.setDrain(w.Drain)
 	// A stored worker gets every column from EXCLUDED but its approval's,
 	// in the one statement, so that a concurrent SetApproval is never
 	// undone. A clash on node_id with another worker is a unique violation.
-	err = s.write(ctx, func(ctx context.Context, idb bun.IDB) error {
+	err := s.write(ctx, func(ctx context.Context, idb bun.IDB) error {
 		q := idb.NewInsert().Model(r).On("CONFLICT (id) DO UPDATE")
 		for _, c := range workerColumns {
 			q = q.Set("? = EXCLUDED.?", bun.Ident(c), bun.Ident(c))
@@ -850,9 +828,7 @@ func (s *LeaseStore) SetDrain(ctx context.Context, id string, d *lease.DrainRequ
 // lease.ErrNotFound if there is no such worker.
 func (s *LeaseStore) SetApproval(ctx context.Context, id string, prevAt *time.Time, a lease.Approval) error {
 	r := &workerRow{ID: id}
-	if err := r.setApproval(a); err != nil {
-		return fmt.Errorf("bunstore: set approval of worker %s: %w", id, err)
-	}
+	r.setApproval(a)
 	err := s.write(ctx, func(ctx context.Context, idb bun.IDB) error {
 		q := idb.NewUpdate().Model(r).
 			Column("approval_pending", "approved_at", "approved_by", "approval_reason", "approved_job_types", "approved_tags", "approval_exact").

@@ -314,19 +314,11 @@ func sqliteDSN(dsn string, busy time.Duration) (string, bool) {
 		name, _, _ = strings.Cut(name, "=")
 		set[strings.TrimSpace(name)] = true
 	}
-	for _, k := range []string{"_busy_timeout", "_timeout", "_journal_mode", "_journal", "_foreign_keys", "_fk", "_synchronous", "_sync"} {
+	for k, name := range map[string]string{
+		"_busy_timeout": "busy_timeout", "_timeout": "busy_timeout", "_journal_mode": "journal_mode", "_journal": "journal_mode",
+		"_foreign_keys": "foreign_keys", "_fk": "foreign_keys", "_synchronous": "synchronous", "_sync": "synchronous",
+	} {
 		if q.Has(k) {
-			name := strings.TrimPrefix(k, "_")
-			switch name {
-			case "timeout":
-				name = "busy_timeout"
-			case "journal":
-				name = "journal_mode"
-			case "fk":
-				name = "foreign_keys"
-			case "sync":
-				name = "synchronous"
-			}
 			set[name] = true
 		}
 	}

@@ -129,8 +129,7 @@ type DB struct {
 	// path that run outside a transaction (see hot.go).
 	accepts   *batcher[lease.AcceptWrite, *lease.Job]
 	completes *batcher[lease.CompleteWrite, *lease.Job]
-	// claims gathers the claims that run outside a
-	// transaction (see claim.go).
+	// claims gathers the claims that run outside a transaction (claim.go).
 	claims *batcher[claimCall, claimResult]
 	// shared gathers the calls of InSharedTx (group.go).
 	shared *batcher[sharedCall, error]
@@ -382,13 +381,10 @@ func enableWAL(ctx context.Context, db *sql.DB, timeout time.Duration) error {
 	for {
 		var mode string
 		err := db.QueryRowContext(ctx, "PRAGMA journal_mode = WAL").Scan(&mode)
-		if err == nil {
-			if !strings.EqualFold(mode, "wal") {
-				return fmt.Errorf("journal mode is %s", mode)
-			}
-			return nil
-		}
-		if !isBusy(err) {
+		switch {
+		case err == nil && !strings.EqualFold(mode, "wal"):
+			return fmt.Errorf("journal mode is %s", mode)
+		case err == nil || !isBusy(err):
 			return err
 		}
 		t := time.NewTimer(lockRetry)

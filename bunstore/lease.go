@@ -760,8 +760,7 @@ func (r *workerRow) worker() (*lease.Worker, error) {
 
 // PutWorker inserts or replaces the worker w.ID, keeping the approval and
 // the drain request of a stored one (only SetApproval and SetDrain write
-// them). It returns
-// lease.ErrConflict if another worker has w.NodeID.
+// them). It returns lease.ErrConflict if another worker has w.NodeID.
 func (s *LeaseStore) PutWorker(ctx context.Context, w *lease.Worker) error {
 	r := &workerRow{
 		ID:                w.ID,

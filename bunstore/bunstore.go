@@ -129,8 +129,7 @@ type DB struct {
 	// path that run outside a transaction (see hot.go).
 	accepts   *batcher[lease.AcceptWrite, *lease.Job]
 	completes *batcher[lease.CompleteWrite, *lease.Job]
-	// claims gathers the claims that run outside a
-	// transaction (see claim.go).
+	// claims gathers the claims that run outside a transaction (claim.go).
 	claims *batcher[claimCall, claimResult]
 	// shared gathers the calls of InSharedTx (group.go).
 	shared *batcher[sharedCall, error]
@@ -314,19 +313,11 @@ func sqliteDSN(dsn string, busy time.Duration) (string, bool) {
 		name, _, _ = strings.Cut(name, "=")
 		set[strings.TrimSpace(name)] = true
 	}
-	for _, k := range []string{"_busy_timeout", "_timeout", "_journal_mode", "_journal", "_foreign_keys", "_fk", "_synchronous", "_sync"} {
+	for k, name := range map[string]string{
+		"_busy_timeout": "busy_timeout", "_timeout": "busy_timeout", "_journal_mode": "journal_mode", "_journal": "journal_mode",
+		"_foreign_keys": "foreign_keys", "_fk": "foreign_keys", "_synchronous": "synchronous", "_sync": "synchronous",
+	} {
 		if q.Has(k) {
-			name := strings.TrimPrefix(k, "_")
-			switch name {
-			case "timeout":
-				name = "busy_timeout"
-			case "journal":
-				name = "journal_mode"
-			case "fk":
-				name = "foreign_keys"
-			case "sync":
-				name = "synchronous"
-			}
 			set[name] = true
 		}
 	}
@@ -390,13 +381,10 @@ func enableWAL(ctx context.Context, db *sql.DB, timeout time.Duration) error {
 	for {
 		var mode string
 		err := db.QueryRowContext(ctx, "PRAGMA journal_mode = WAL").Scan(&mode)
-		if err == nil {
-			if !strings.EqualFold(mode, "wal") {
-				return fmt.Errorf("journal mode is %s", mode)
-			}
-			return nil
-		}
-		if !isBusy(err) {
+		switch {
+		case err == nil && !strings.EqualFold(mode, "wal"):
+			return fmt.Errorf("journal mode is %s", mode)
+		case err == nil || !isBusy(err):
 			return err
 		}
 		t := time.NewTimer(lockRetry)

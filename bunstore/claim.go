@@ -59,16 +59,6 @@ type claimCall struct {
 	plan     claimPlan
 }
 
-// planFor calls the call's plan with its worker w, and refuses a plan
-// whose limit is below 1 (lease.ErrInvalidArgument).
-func (call claimCall) planFor(w *lease.Worker) (lease.ClaimQuery, lease.LeaseClaim, bool, error) {
-	q, c, ok, err := call.plan(w)
-	if err == nil && ok && q.Limit <= 0 {
-		err = errLimit("claim jobs for "+q.WorkerID, q.Limit)
-	}
-	return q, c, ok, err
-}
-
 // claimResult is what a claimCall gets: the jobs it claimed, in claim
 // order, or its own error, which costs the other calls of its batch
 // nothing.
@@ -87,27 +77,21 @@ type claimResult struct {
 // earlier (the lock, unlike a row lock on the worker, does not hold up
 // its heartbeats).
 func (s *LeaseStore) ClaimLeases(ctx context.Context, workerID string, plan claimPlan) ([]*lease.Job, error) {
-	db := s.db
 	call := claimCall{workerID: workerID, plan: plan}
-	var (
-		r   claimResult
-		err error
-	)
+	rs := []claimResult{{}}
+	var err error
 	if _, ok := txFrom(ctx); ok {
-		var rs []claimResult
-		if rs, err = db.claimTx(ctx, []claimCall{call}); err == nil {
-			r = rs[0]
-		}
+		rs, err = s.db.claimTx(ctx, []claimCall{call})
 	} else {
-		r, err = db.claims.do(ctx, call)
+		rs[0], err = s.db.claims.do(ctx, call)
 	}
 	if err == nil {
-		err = r.err
+		err = rs[0].err
 	}
 	if err != nil {
 		return nil, fmt.Errorf("bunstore: claim jobs for %s: %w", workerID, err)
 	}
-	return r.jobs, nil
+	return rs[0].jobs, nil
 }
 
 // claimTx runs the claims of calls in one transaction (the context's, if
@@ -185,7 +169,10 @@ func (db *DB) claimIn(ctx context.Context, tx bun.IDB, calls []claimCall) ([]cla
 			out[i].err = fmt.Errorf("worker with id %s: %w", call.workerID, lease.ErrNotFound)
 			continue
 		}
-		q, c, ok, err := call.planFor(w)
+		q, c, ok, err := call.plan(w)
+		if err == nil && ok && q.Limit <= 0 {
+			err = errLimit("claim jobs for "+q.WorkerID, q.Limit)
+		}
 		if err != nil || !ok {
 			out[i].err = err
 			continue

@@ -153,14 +153,10 @@ func guardedUpdate[W any](ctx context.Context, db *DB, idb bun.IDB, q string, ws
 	out := make([]*lease.Job, len(ws))
 	for i, w := range ws {
 		gd := g(w)
-		r, ok := byID[gd.JobID]
-		if !ok {
-			continue
-		}
-		delete(byID, gd.JobID)
-		if string(r.LeaseTokenHash) == string(gd.TokenHash) {
+		if r, ok := byID[gd.JobID]; ok && string(r.LeaseTokenHash) == string(gd.TokenHash) {
 			out[i] = r.job()
 		}
+		delete(byID, gd.JobID)
 	}
 	return out, nil
 }

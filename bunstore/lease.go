@@ -2,7 +2,9 @@ package bunstore
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 
@@ -216,12 +218,32 @@ func (r *jobRow) job() *lease.Job {
 	return j
 }
 
-func jobs(rows []jobRow) []*lease.Job {
-	out := make([]*lease.Job, len(rows))
-	for i := range rows {
-		out[i] = rows[i].job()
+// listRows returns, in id order, up to limit of the rows of R that where
+// selects, each made a T by conv; what names the listing in its errors.
+// It returns lease.ErrInvalidArgument if limit < 1.
+func listRows[R, T any](ctx context.Context, idb bun.IDB, what string, limit int,
+	conv func(*R) T, where func(*bun.SelectQuery) *bun.SelectQuery) ([]T, error) {
+	if limit <= 0 {
+		return nil, errLimit(what, limit)
 	}
-	return out
+	var rows []R
+	if err := where(idb.NewSelect().Model(&rows)).OrderExpr("id").Limit(int64(limit)).Scan(ctx); err != nil {
+		return nil, fmt.Errorf("bunstore: %s: %w", what, aborted(err))
+	}
+	out := make([]T, len(rows))
+	for i := range rows {
+		out[i] = conv(&rows[i])
+	}
+	return out, nil
+}
+
+// whereSet adds the condition cond on v to q, unless v is empty: a filter
+// left unset.
+func whereSet[V ~string](q *bun.SelectQuery, cond string, v V) *bun.SelectQuery {
+	if v == "" {
+		return q
+	}
+	return q.Where(cond, v)
 }
 
 // CreateJobs inserts new jobs in one statement, all or none. It returns
@@ -254,18 +276,34 @@ func (s *LeaseStore) CreateJobs(ctx context.Context, js []*lease.Job) error {
 // insertNew runs q, which inserts n rows, with ON CONFLICT (id) DO
 // NOTHING and returns lease.ErrConflict if an id was taken.
 func insertNew(ctx context.Context, q *bun.InsertQuery, n int64) error {
-	res, err := q.On("CONFLICT (id) DO NOTHING").Exec(ctx)
-	if err != nil {
-		return err
+	got, err := affected(q.On("CONFLICT (id) DO NOTHING").Exec(ctx))
+	if err == nil && got != n {
+		err = lease.ErrConflict
 	}
-	got, err := res.RowsAffected()
+	return err
+}
+
+// affected is the count of rows written by the statement that returned res
+// and err.
+func affected(res sql.Result, err error) (int64, error) {
 	if err != nil {
-		return err
+		return 0, err
 	}
-	if got != n {
+	return res.RowsAffected()
+}
+
+// missed is the error of a conditional write that wrote nothing: q
+// selects its target row, and lease.ErrConflict if it exists,
+// lease.ErrNotFound if not.
+func missed(ctx context.Context, q *bun.SelectQuery) error {
+	exists, err := q.Exists(ctx)
+	switch {
+	case err != nil:
+		return err
+	case exists:
 		return lease.ErrConflict
 	}
-	return nil
+	return lease.ErrNotFound
 }
 
 // GetJob returns a job. It returns lease.ErrNotFound if there is none.
@@ -284,34 +322,18 @@ func (s *LeaseStore) GetJob(ctx context.Context, id string) (*lease.Job, error) 
 // ListJobs returns the jobs matching f in ascending id order, at most
 // f.Limit of them. It returns lease.ErrInvalidArgument if f.Limit < 1.
 func (s *LeaseStore) ListJobs(ctx context.Context, f lease.JobFilter) ([]*lease.Job, error) {
-	if f.Limit <= 0 {
-		return nil, errLimit("list jobs", f.Limit)
-	}
-	var rows []jobRow
-	q := s.db.idb(ctx).NewSelect().Model(&rows)
-	if f.State != "" {
-		q = q.Where("state = ?", f.State)
-	}
-	if f.Type != "" {
-		q = q.Where("type = ?", f.Type)
-	}
-	if f.WorkerID != "" {
-		q = q.Where("lease_worker_id = ?", f.WorkerID).Where("state IN (?)", liveStates())
-	}
-	if f.LastWorkerID != "" {
-		q = q.Where("lease_worker_id = ?", f.LastWorkerID)
-	}
-	if f.Tag != "" {
-		q = q.Where(s.db.tagsContain(), tagsArg([]string{f.Tag}))
-	}
-	if f.After != "" {
-		q = q.Where("id > ?", f.After)
-	}
-	q = q.OrderExpr("id").Limit(int64(f.Limit))
-	if err := q.Scan(ctx); err != nil {
-		return nil, fmt.Errorf("bunstore: list jobs: %w", aborted(err))
-	}
-	return jobs(rows), nil
+	return listRows(ctx, s.db.idb(ctx), "list jobs", f.Limit, (*jobRow).job, func(q *bun.SelectQuery) *bun.SelectQuery {
+		q = whereSet(q, "state = ?", f.State)
+		q = whereSet(q, "type = ?", f.Type)
+		if f.WorkerID != "" {
+			q = q.Where("lease_worker_id = ?", f.WorkerID).Where("state IN (?)", liveStates())
+		}
+		q = whereSet(q, "lease_worker_id = ?", f.LastWorkerID)
+		if f.Tag != "" {
+			q = q.Where(s.db.tagsContain(), tagsArg([]string{f.Tag}))
+		}
+		return whereSet(q, "id > ?", f.After)
+	})
 }
 
 // UpdateJob replaces job j.ID with j if its stored revision is rev. It
@@ -322,54 +344,32 @@ func (s *LeaseStore) UpdateJob(ctx context.Context, j *lease.Job, rev int64) err
 	// the existence check after a miss only chooses the error (a job is
 	// deleted only once ended, by DeleteEnded: if it was deleted after
 	// the UPDATE missed, lease.ErrNotFound is as true as ErrConflict).
-	return s.write(ctx, func(ctx context.Context, idb bun.IDB) error {
-		return updateJob(ctx, idb, j, rev)
+	err := s.write(ctx, func(ctx context.Context, idb bun.IDB) error {
+		n, err := affected(idb.NewUpdate().Model(newJobRow(j)).WherePK().Where("rev = ?", rev).Exec(ctx))
+		if err != nil || n == 1 {
+			return err
+		}
+		return missed(ctx, idb.NewSelect().Model((*jobRow)(nil)).Where("id = ?", j.ID))
 	})
-}
-
-func updateJob(ctx context.Context, tx bun.IDB, j *lease.Job, rev int64) error {
-	res, err := tx.NewUpdate().Model(newJobRow(j)).WherePK().Where("rev = ?", rev).Exec(ctx)
-	if err != nil {
+	switch {
+	case errors.Is(err, lease.ErrConflict):
+		return fmt.Errorf("bunstore: update job %s at revision %d: %w", j.ID, rev, err)
+	case err != nil:
 		return fmt.Errorf("bunstore: update job %s: %w", j.ID, err)
 	}
-	n, err := res.RowsAffected()
-	if err != nil {
-		return fmt.Errorf("bunstore: update job %s: %w", j.ID, err)
-	}
-	if n == 1 {
-		return nil
-	}
-	exists, err := tx.NewSelect().Model((*jobRow)(nil)).Where("id = ?", j.ID).Exists(ctx)
-	if err != nil {
-		return fmt.Errorf("bunstore: update job %s: %w", j.ID, err)
-	}
-	if !exists {
-		return fmt.Errorf("bunstore: update job %s: %w", j.ID, lease.ErrNotFound)
-	}
-	return fmt.Errorf("bunstore: update job %s at revision %d: %w", j.ID, rev, lease.ErrConflict)
+	return nil
 }
 
 // ExpiredJobs returns up to limit live jobs whose lease expired at or
 // before now, or that are still leased at or after their accept deadline,
 // in id order. It returns lease.ErrInvalidArgument if limit < 1.
 func (s *LeaseStore) ExpiredJobs(ctx context.Context, now time.Time, limit int) ([]*lease.Job, error) {
-	if limit <= 0 {
-		return nil, errLimit("expired jobs", limit)
-	}
-	var rows []jobRow
 	t := micros(now)
-	q := s.db.idb(ctx).NewSelect().Model(&rows).
-		Where("state IN (?)", liveStates()).
-		WhereGroup(" AND ", func(q *bun.SelectQuery) *bun.SelectQuery {
-			return q.Where("lease_expires_at <= ?", t).
-				WhereOr("state = ? AND lease_accept_by <= ?", lease.StateLeased, t)
-		}).
-		OrderExpr("id").
-		Limit(int64(limit))
-	if err := q.Scan(ctx); err != nil {
-		return nil, fmt.Errorf("bunstore: expired jobs: %w", aborted(err))
-	}
-	return jobs(rows), nil
+	return listRows(ctx, s.db.idb(ctx), "expired jobs", limit, (*jobRow).job, func(q *bun.SelectQuery) *bun.SelectQuery {
+		return q.Where("state IN (?)", liveStates()).WhereGroup(" AND ", func(q *bun.SelectQuery) *bun.SelectQuery {
+			return q.Where("lease_expires_at <= ?", t).WhereOr("state = ? AND lease_accept_by <= ?", lease.StateLeased, t)
+		})
+	})
 }
 
 // DeleteEnded deletes up to limit ended jobs that finished before
@@ -415,11 +415,7 @@ func (s *LeaseStore) DeleteEnded(ctx context.Context, before time.Time, limit in
 		if _, err := tx.NewDelete().Model((*artifactRow)(nil)).Where("job_id IN (?)", in).Exec(ctx); err != nil {
 			return err
 		}
-		res, err := tx.NewDelete().Model((*jobRow)(nil)).Where("id IN (?)", in).Exec(ctx)
-		if err != nil {
-			return err
-		}
-		n, err := res.RowsAffected()
+		n, err := affected(tx.NewDelete().Model((*jobRow)(nil)).Where("id IN (?)", in).Exec(ctx))
 		if err != nil {
 			return err
 		}
@@ -473,21 +469,12 @@ func (db *DB) endedJobs(idb bun.IDB, before time.Time, limit int) *bun.SelectQue
 // through nodelane_jobs_worker_live_idx. It returns
 // lease.ErrInvalidArgument if limit < 1.
 func (s *LeaseStore) OfflineJobs(ctx context.Context, cutoff time.Time, limit int) ([]*lease.Job, error) {
-	if limit <= 0 {
-		return nil, errLimit("offline jobs", limit)
-	}
-	var rows []jobRow
 	t := micros(cutoff)
-	q := s.db.idb(ctx).NewSelect().Model(&rows).
-		Where("state IN (?)", liveStates()).
-		Where("lease_worker_id IN (SELECT id FROM nodelane_workers WHERE last_seen_at <= ?)", t).
-		Where("COALESCE(accepted_at, leased_at) <= ?", t).
-		OrderExpr("id").
-		Limit(int64(limit))
-	if err := q.Scan(ctx); err != nil {
-		return nil, fmt.Errorf("bunstore: offline jobs: %w", aborted(err))
-	}
-	return jobs(rows), nil
+	return listRows(ctx, s.db.idb(ctx), "offline jobs", limit, (*jobRow).job, func(q *bun.SelectQuery) *bun.SelectQuery {
+		return q.Where("state IN (?)", liveStates()).
+			Where("lease_worker_id IN (SELECT id FROM nodelane_workers WHERE last_seen_at <= ?)", t).
+			Where("COALESCE(accepted_at, leased_at) <= ?", t)
+	})
 }
 
 type eventRow struct {
@@ -569,23 +556,9 @@ func (s *LeaseStore) AddEvents(ctx context.Context, evs []*lease.Event) (int, er
 // ListEvents returns a job's events with ID > after in ID order, at most
 // limit of them. It returns lease.ErrInvalidArgument if limit < 1.
 func (s *LeaseStore) ListEvents(ctx context.Context, jobID string, after int64, limit int) ([]*lease.Event, error) {
-	if limit <= 0 {
-		return nil, errLimit("list events of "+jobID, limit)
-	}
-	var rows []eventRow
-	q := s.db.idb(ctx).NewSelect().Model(&rows).
-		Where("job_id = ?", jobID).
-		Where("id > ?", after).
-		OrderExpr("id").
-		Limit(int64(limit))
-	if err := q.Scan(ctx); err != nil {
-		return nil, fmt.Errorf("bunstore: list events of %s: %w", jobID, aborted(err))
-	}
-	out := make([]*lease.Event, len(rows))
-	for i := range rows {
-		out[i] = rows[i].event()
-	}
-	return out, nil
+	return listRows(ctx, s.db.idb(ctx), "list events of "+jobID, limit, (*eventRow).event, func(q *bun.SelectQuery) *bun.SelectQuery {
+		return q.Where("job_id = ?", jobID).Where("id > ?", after)
+	})
 }
 
 type artifactRow struct {
@@ -670,29 +643,11 @@ func (s *LeaseStore) GetArtifact(ctx context.Context, id string) (*lease.Artifac
 // ListArtifacts returns the artifacts matching f in ascending id order, at
 // most f.Limit of them. It returns lease.ErrInvalidArgument if f.Limit < 1.
 func (s *LeaseStore) ListArtifacts(ctx context.Context, f lease.ArtifactFilter) ([]*lease.Artifact, error) {
-	if f.Limit <= 0 {
-		return nil, errLimit("list artifacts", f.Limit)
-	}
-	var rows []artifactRow
-	q := s.db.idb(ctx).NewSelect().Model(&rows)
-	if f.JobID != "" {
-		q = q.Where("job_id = ?", f.JobID)
-	}
-	if f.Type != "" {
-		q = q.Where("type = ?", f.Type)
-	}
-	if f.After != "" {
-		q = q.Where("id > ?", f.After)
-	}
-	q = q.OrderExpr("id").Limit(int64(f.Limit))
-	if err := q.Scan(ctx); err != nil {
-		return nil, fmt.Errorf("bunstore: list artifacts: %w", aborted(err))
-	}
-	out := make([]*lease.Artifact, len(rows))
-	for i := range rows {
-		out[i] = rows[i].artifact()
-	}
-	return out, nil
+	return listRows(ctx, s.db.idb(ctx), "list artifacts", f.Limit, (*artifactRow).artifact, func(q *bun.SelectQuery) *bun.SelectQuery {
+		q = whereSet(q, "job_id = ?", f.JobID)
+		q = whereSet(q, "type = ?", f.Type)
+		return whereSet(q, "id > ?", f.After)
+	})
 }
 
 // workerRow is a lease.Worker as stored; tags and capabilities are JSON.
@@ -740,15 +695,9 @@ var workerColumns = []string{
 }
 
 // setApproval writes a into the approval columns of r.
-func (r *workerRow) setApproval(a lease.Approval) error {
+func (r *workerRow) setApproval(a lease.Approval) {
 	r.ApprovalPending, r.ApprovedAt, r.ApprovedBy, r.ApprovalReason = a.Pending, microsPtr(a.At), a.By, a.Reason
-	r.ApprovalExact = a.Exact
-	var err error
-	if r.ApprovedJobTypes, err = jsonList(a.JobTypes); err != nil {
-		return err
-	}
-	r.ApprovedTags, err = jsonList(a.Tags)
-	return err
+	r.ApprovalExact, r.ApprovedJobTypes, r.ApprovedTags = a.Exact, jsonList(a.JobTypes), jsonList(a.Tags)
 }
 
 // setDrain writes d into the drain columns of r.
@@ -761,16 +710,12 @@ func (r *workerRow) setDrain(d *lease.DrainRequest) {
 }
 
 // jsonList is vs as a JSON array, nil when vs is empty.
-func jsonList(vs []string) (*string, error) {
+func jsonList(vs []string) *string {
 	if len(vs) == 0 {
-		return nil, nil
+		return nil
 	}
-	b, err := json.Marshal(vs)
-	if err != nil {
-		return nil, err
-	}
-	s := string(b)
-	return &s, nil
+	s := jsonText(vs)
+	return &s
 }
 
 func (r *workerRow) worker() (*lease.Worker, error) {
@@ -789,22 +734,20 @@ func (r *workerRow) worker() (*lease.Worker, error) {
 		Metrics:           raw(r.Metrics),
 		RegisteredAt:      fromMicros(r.RegisteredAt),
 		LastSeenAt:        fromMicros(r.LastSeenAt),
-	}
-	if err := json.Unmarshal([]byte(r.Tags), &w.Tags); err != nil {
-		return nil, fmt.Errorf("bunstore: worker %s: tags: %w", r.ID, err)
-	}
-	if err := json.Unmarshal([]byte(r.Capabilities), &w.Capabilities); err != nil {
-		return nil, fmt.Errorf("bunstore: worker %s: capabilities: %w", r.ID, err)
+		Approval: lease.Approval{Pending: r.ApprovalPending, At: fromMicrosPtr(r.ApprovedAt), By: r.ApprovedBy,
+			Reason: r.ApprovalReason, Exact: r.ApprovalExact},
 	}
 	if r.DrainRequestedAt != nil {
 		w.Drain = &lease.DrainRequest{At: fromMicros(*r.DrainRequestedAt), By: r.DrainRequestedBy}
 	}
-	w.Approval = lease.Approval{Pending: r.ApprovalPending, At: fromMicrosPtr(r.ApprovedAt), By: r.ApprovedBy, Reason: r.ApprovalReason, Exact: r.ApprovalExact}
 	for _, l := range []struct {
 		col string
 		src *string
-		dst *[]string
-	}{{"approved_job_types", r.ApprovedJobTypes, &w.Approval.JobTypes}, {"approved_tags", r.ApprovedTags, &w.Approval.Tags}} {
+		dst any
+	}{
+		{"tags", &r.Tags, &w.Tags}, {"capabilities", &r.Capabilities, &w.Capabilities},
+		{"approved_job_types", r.ApprovedJobTypes, &w.Approval.JobTypes}, {"approved_tags", r.ApprovedTags, &w.Approval.Tags},
+	} {
 		if l.src == nil {
 			continue
 		}
@@ -817,17 +760,8 @@ func (r *workerRow) worker() (*lease.Worker, error) {
 
 // PutWorker inserts or replaces the worker w.ID, keeping the approval and
 // the drain request of a stored one (only SetApproval and SetDrain write
-// them). It returns
-// lease.ErrConflict if another worker has w.NodeID.
+// them). It returns lease.ErrConflict if another worker has w.NodeID.
 func (s *LeaseStore) PutWorker(ctx context.Context, w *lease.Worker) error {
-	tags, err := json.Marshal(w.Tags)
-	if err != nil {
-		return fmt.Errorf("bunstore: put worker %s: %w", w.ID, err)
-	}
-	caps, err := json.Marshal(w.Capabilities)
-	if err != nil {
-		return fmt.Errorf("bunstore: put worker %s: %w", w.ID, err)
-	}
 	r := &workerRow{
 		ID:                w.ID,
 		NodeID:            w.NodeID,
@@ -835,10 +769,10 @@ func (s *LeaseStore) PutWorker(ctx context.Context, w *lease.Worker) error {
 		Hostname:          w.Hostname,
 		EndpointURL:       w.EndpointURL,
 		Role:              w.Role,
-		Tags:              string(tags),
+		Tags:              jsonText(w.Tags),
 		Version:           w.Version,
 		HeartbeatInterval: w.HeartbeatInterval,
-		Capabilities:      string(caps),
+		Capabilities:      jsonText(w.Capabilities),
 		MaxJobs:           w.Governor.MaxJobs,
 		MaxVRAMMB:         w.Governor.MaxVRAMMB,
 		PolicyVersion:     w.PolicyVersion,
@@ -847,14 +781,12 @@ func (s *LeaseStore) PutWorker(ctx context.Context, w *lease.Worker) error {
 		RegisteredAt:      micros(w.RegisteredAt),
 		LastSeenAt:        micros(w.LastSeenAt),
 	}
-	if err := r.setApproval(w.Approval); err != nil {
-		return fmt.Errorf("bunstore: put worker %s: %w", w.ID, err)
-	}
+	r.setApproval(w.Approval)
 	r.setDrain(w.Drain)
 	// A stored worker gets every column from EXCLUDED but its approval's,
 	// in the one statement, so that a concurrent SetApproval is never
 	// undone. A clash on node_id with another worker is a unique violation.
-	err = s.write(ctx, func(ctx context.Context, idb bun.IDB) error {
+	err := s.write(ctx, func(ctx context.Context, idb bun.IDB) error {
 		q := idb.NewInsert().Model(r).On("CONFLICT (id) DO UPDATE")
 		for _, c := range workerColumns {
 			q = q.Set("? = EXCLUDED.?", bun.Ident(c), bun.Ident(c))
@@ -878,11 +810,8 @@ func (s *LeaseStore) SetDrain(ctx context.Context, id string, d *lease.DrainRequ
 	r := &workerRow{ID: id}
 	r.setDrain(d)
 	err := s.write(ctx, func(ctx context.Context, idb bun.IDB) error {
-		res, err := idb.NewUpdate().Model(r).Column("drain_requested_at", "drain_requested_by").WherePK().Exec(ctx)
-		if err != nil {
-			return err
-		}
-		if n, err := res.RowsAffected(); err != nil || n == 1 {
+		n, err := affected(idb.NewUpdate().Model(r).Column("drain_requested_at", "drain_requested_by").WherePK().Exec(ctx))
+		if err != nil || n == 1 {
 			return err
 		}
 		return lease.ErrNotFound
@@ -898,9 +827,7 @@ func (s *LeaseStore) SetDrain(ctx context.Context, id string, d *lease.DrainRequ
 // lease.ErrNotFound if there is no such worker.
 func (s *LeaseStore) SetApproval(ctx context.Context, id string, prevAt *time.Time, a lease.Approval) error {
 	r := &workerRow{ID: id}
-	if err := r.setApproval(a); err != nil {
-		return fmt.Errorf("bunstore: set approval of worker %s: %w", id, err)
-	}
+	r.setApproval(a)
 	err := s.write(ctx, func(ctx context.Context, idb bun.IDB) error {
 		q := idb.NewUpdate().Model(r).
 			Column("approval_pending", "approved_at", "approved_by", "approval_reason", "approved_job_types", "approved_tags", "approval_exact").
@@ -910,23 +837,11 @@ func (s *LeaseStore) SetApproval(ctx context.Context, id string, prevAt *time.Ti
 		} else {
 			q = q.Where("approved_at = ?", micros(*prevAt))
 		}
-		res, err := q.Exec(ctx)
-		if err != nil {
-			return err
-		}
-		n, err := res.RowsAffected()
-		if err != nil || n == 1 {
+		if n, err := affected(q.Exec(ctx)); err != nil || n == 1 {
 			return err
 		}
 		// Nothing written: no such worker, or another approval first.
-		exists, err := idb.NewSelect().Table("nodelane_workers").Where("id = ?", id).Exists(ctx)
-		switch {
-		case err != nil:
-			return err
-		case exists:
-			return lease.ErrConflict
-		}
-		return lease.ErrNotFound
+		return missed(ctx, idb.NewSelect().Table("nodelane_workers").Where("id = ?", id))
 	})
 	if err != nil {
 		return fmt.Errorf("bunstore: set approval of worker %s: %w", id, err)

@@ -2,7 +2,6 @@ package bunstore
 
 import (
 	"context"
-	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -281,15 +280,6 @@ func insertNew(ctx context.Context, q *bun.InsertQuery, n int64) error {
 		err = lease.ErrConflict
 	}
 	return err
-}
-
-// affected is the count of rows written by the statement that returned res
-// and err.
-func affected(res sql.Result, err error) (int64, error) {
-	if err != nil {
-		return 0, err
-	}
-	return res.RowsAffected()
 }
 
 // missed is the error of a conditional write that wrote nothing: q

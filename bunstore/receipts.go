@@ -147,9 +147,8 @@ func (s *ReceiptStore) AddReceipts(ctx context.Context, ss []*receipts.Stored) e
 	}
 	err := s.db.retryOwnTx(ctx, func() error {
 		return s.db.inTx(ctx, func(ctx context.Context, tx bun.IDB) error {
-			var ids []string
-			if err := tx.NewInsert().Model(&rows).ExcludeColumn("seq").On("CONFLICT (id) DO NOTHING").
-				Returning("id").Scan(ctx, &ids); err != nil && !isNoRows(err) {
+			ids, err := s.insert(ctx, tx, rows)
+			if err != nil {
 				return err
 			}
 			if len(ids) == len(rows) {
@@ -166,6 +165,30 @@ func (s *ReceiptStore) AddReceipts(ctx context.Context, ss []*receipts.Stored) e
 		})
 	})
 	return failed(err, receipts.ErrAborted, "add %d receipts from %s", len(ss), ss[0].ID)
+}
+
+// insert adds rows in tx, skipping the ids already taken, and returns
+// the ids it added: on SQLite one bound statement a row (prepared once,
+// not parsed again for every request), on PostgreSQL one INSERT.
+func (s *ReceiptStore) insert(ctx context.Context, tx bun.IDB, rows []receiptRow) ([]string, error) {
+	var ids []string
+	if q := s.db.sql.receipt; q != "" {
+		for _, r := range rows {
+			n, err := affected(s.db.execBound(ctx, tx, q, r.ID, r.Kind, r.Body))
+			if err != nil {
+				return nil, err
+			}
+			if n == 1 {
+				ids = append(ids, r.ID)
+			}
+		}
+		return ids, nil
+	}
+	err := tx.NewInsert().Model(&rows).ExcludeColumn("seq").On("CONFLICT (id) DO NOTHING").Returning("id").Scan(ctx, &ids)
+	if isNoRows(err) {
+		err = nil
+	}
+	return ids, err
 }
 
 // GetReceipt returns a receipt by id. It returns receipts.ErrNotFound if

@@ -26,9 +26,10 @@ var sqlFiles embed.FS
 
 // statements are the hot statements of one dialect, each the text of
 // the file of its name; claimLock is empty on SQLite, which has one
-// writer and nothing to lock.
+// writer and nothing to lock, and receipt on PostgreSQL, where one
+// multi-row INSERT adds a batch of receipts in one round trip.
 type statements struct {
-	claimLock, claimWorkers, claim, accept, complete, heartbeat string
+	claimLock, claimWorkers, claim, accept, complete, heartbeat, receipt string
 }
 
 // loadStatements reads the hot statements of dialect name.
@@ -38,11 +39,11 @@ func loadStatements(name dialect.Name) statements {
 		dir = "sql/pg/"
 	}
 	read := func(file string) string {
-		b, _ := sqlFiles.ReadFile(dir + file + ".sql") // a file missing (claim_lock on SQLite) reads as ""
+		b, _ := sqlFiles.ReadFile(dir + file + ".sql") // a file missing (claim_lock on SQLite, receipt on PostgreSQL) reads as ""
 		return string(b)
 	}
 	return statements{claimLock: read("claim_lock"), claimWorkers: read("claim_workers"), claim: read("claim"),
-		accept: read("accept"), complete: read("complete"), heartbeat: read("heartbeat")}
+		accept: read("accept"), complete: read("complete"), heartbeat: read("heartbeat"), receipt: read("receipt")}
 }
 
 // sqlConn is what runs a bound statement: the context's transaction or

@@ -273,7 +273,12 @@ func (s *ReceiptStore) sequence(ctx context.Context, limit int, integrate receip
 			}
 		}
 
-		// One UPDATE gives every receipt of the batch its index.
+		// One UPDATE gives every receipt of the batch its index, each row
+		// found by its seq. The unary + keeps SQLite (3.54) from reading
+		// "idx IS NULL" as a lookup of the unique index on idx, which
+		// joined every pending receipt with every row of v (measured: 10 %
+		// of a SQLite server's CPU at 2,000 jobs/s); PostgreSQL then uses
+		// the primary key too.
 		values := make([]string, len(rows))
 		args := make([]any, 0, 2*len(rows))
 		for i := range rows {
@@ -281,7 +286,7 @@ func (s *ReceiptStore) sequence(ctx context.Context, limit int, integrate receip
 			args = append(args, rows[i].Seq, tree.Size+int64(i))
 		}
 		n, err := affected(tx.NewRaw("WITH v (seq, idx) AS (VALUES "+strings.Join(values, ", ")+") "+
-			"UPDATE nodelane_receipts SET idx = v.idx FROM v WHERE nodelane_receipts.seq = v.seq AND nodelane_receipts.idx IS NULL",
+			"UPDATE nodelane_receipts SET idx = v.idx FROM v WHERE nodelane_receipts.seq = v.seq AND +nodelane_receipts.idx IS NULL",
 			args...).Exec(ctx))
 		if err != nil {
 			return fmt.Errorf("index receipts: %w", err)

@@ -101,6 +101,9 @@ func (s *Server) completeJobs(ctx context.Context, c *call, cs []lease.Completio
 	// minted[i] are the job_completed and job_charged receipts of cs[i],
 	// as stored; fresh are the completions that mint them.
 	minted := make([][]*receipts.Stored, len(cs))
+	// charges[i] is the job_charged receipt of a fresh completion, as
+	// minted: the answer's figures, without decoding what was encoded.
+	charges := make([]*receipts.Receipt, len(cs))
 	var (
 		fresh []int
 		mint  []receipts.Receipt
@@ -145,7 +148,7 @@ func (s *Server) completeJobs(ctx context.Context, c *call, cs []lease.Completio
 		}
 		for k, i := range fresh {
 			cp := &cs[i]
-			minted[i] = ss[2*k : 2*k+2]
+			minted[i], charges[i] = ss[2*k:2*k+2], &mint[2*k+1]
 			if cp.Job.ReceiptID != minted[i][0].ID {
 				// A lease.Store that does not write Result.ReceiptID.
 				if cp.Job, err = s.leases.SetReceipt(ctx, cp.Job.ID, minted[i][0].ID); err != nil {
@@ -162,9 +165,12 @@ func (s *Server) completeJobs(ctx context.Context, c *call, cs []lease.Completio
 		if minted[i] == nil {
 			continue
 		}
-		charge, err := minted[i][1].Receipt()
-		if err != nil {
-			return nil, err
+		charge := charges[i]
+		if charge == nil {
+			var err error
+			if charge, err = minted[i][1].Receipt(); err != nil {
+				return nil, err
+			}
 		}
 		outs[i] = &wire.CompleteResponse{
 			Job:           wireJob(cs[i].Job),

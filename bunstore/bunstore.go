@@ -179,8 +179,9 @@ func newDB(b *bun.DB, name dialect.Name, cfg Config, owned bool) *DB {
 // otherwise, migrates it. The DSN selects the driver:
 //
 //   - sqlite:PATH, or a file: DSN, opens SQLite (modernc.org/sqlite) in WAL
-//     mode with IMMEDIATE transactions, a busy timeout, foreign keys and
-//     synchronous=NORMAL, so that callers never see SQLITE_BUSY. Settings a
+//     mode with IMMEDIATE transactions, a busy timeout, foreign keys,
+//     synchronous=NORMAL and temp_store=MEMORY, so that callers never see
+//     SQLITE_BUSY and savepoints write no temporary files. Settings a
 //     file: DSN already gives (its own journal mode included) are kept.
 //     The transactions that sequence receipts run with synchronous=FULL
 //     (unless the DSN asks for more), so that no power loss rolls back a
@@ -329,6 +330,9 @@ func sqliteDSN(dsn string, busy time.Duration) (string, bool) {
 	add("busy_timeout", strconv.FormatInt(busy.Milliseconds(), 10))
 	add("foreign_keys", "1")
 	add("synchronous", "NORMAL")
+	// The journals of savepoints (a shared transaction sets one a request)
+	// stay in memory rather than spill to temporary files.
+	add("temp_store", "MEMORY")
 	if !q.Has("_txlock") {
 		q.Set("_txlock", "immediate")
 	}

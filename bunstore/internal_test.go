@@ -25,16 +25,16 @@ func TestSQLiteDSN(t *testing.T) {
 			dsn:  "sqlite:/data/nodelane.db",
 			path: "file:/data/nodelane.db",
 			want: url.Values{
-				"_pragma": {"busy_timeout(10000)", "foreign_keys(1)", "synchronous(NORMAL)"},
+				"_pragma": {"busy_timeout(10000)", "foreign_keys(1)", "synchronous(NORMAL)", "temp_store(MEMORY)"},
 				"_txlock": {"immediate"},
 			},
 		},
 		{
 			name: "file DSN keeps its settings",
-			dsn:  "file:x.db?_pragma=busy_timeout(5)&_pragma=JOURNAL_MODE = DELETE&_txlock=exclusive&_fk=0&cache=shared",
+			dsn:  "file:x.db?_pragma=busy_timeout(5)&_pragma=JOURNAL_MODE = DELETE&_pragma=temp_store(FILE)&_txlock=exclusive&_fk=0&cache=shared",
 			path: "file:x.db",
 			want: url.Values{
-				"_pragma": {"busy_timeout(5)", "JOURNAL_MODE = DELETE", "synchronous(NORMAL)"},
+				"_pragma": {"busy_timeout(5)", "JOURNAL_MODE = DELETE", "temp_store(FILE)", "synchronous(NORMAL)"},
 				"_txlock": {"exclusive"},
 				"_fk":     {"0"},
 				"cache":   {"shared"},
@@ -48,7 +48,7 @@ func TestSQLiteDSN(t *testing.T) {
 			want: url.Values{
 				"_busy_timeout": {"1"},
 				"_sync":         {"FULL"},
-				"_pragma":       {"foreign_keys(1)"},
+				"_pragma":       {"foreign_keys(1)", "temp_store(MEMORY)"},
 				"_txlock":       {"immediate"},
 			},
 		},

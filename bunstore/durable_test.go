@@ -2,6 +2,7 @@ package bunstore
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"strings"
 	"sync"
@@ -35,6 +36,32 @@ func (l *queryLog) take() []string {
 	qs := l.qs
 	l.qs = nil
 	return qs
+}
+
+// Open's SQLite connections keep temporary storage, the journals of
+// savepoints among it, in memory (temp_store 2), each of them.
+func TestSQLiteTempStore(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db, err := Open(ctx, testdb.SQLite(t).DSN, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	conns := make([]*sql.Conn, 3)
+	for i := range conns {
+		if conns[i], err = db.bun.DB.Conn(ctx); err != nil {
+			t.Fatal(err)
+		}
+		defer conns[i].Close()
+		var n int
+		if err := conns[i].QueryRowContext(ctx, "PRAGMA temp_store").Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n != 2 {
+			t.Errorf("connection %d: temp_store = %d, want 2 (MEMORY)", i, n)
+		}
+	}
 }
 
 // On SQLite a durable transaction runs with synchronous=FULL, and its

@@ -85,8 +85,8 @@ func (s *MemoryStore) ListJobs(_ context.Context, f JobFilter) ([]*Job, error) {
 	})
 }
 
-// page returns clones of the first limit values of m that keep accepts,
-// in key (id) order, under s's lock.
+// page returns clones of the values of m that keep reports true for, in
+// key (id) order, at most limit of them, under s's lock.
 func page[T any](s *MemoryStore, limit int, m map[string]*T, clone func(*T) *T, keep func(*T) bool) ([]*T, error) {
 	if limit <= 0 {
 		return nil, errLimit(limit)

@@ -30,8 +30,9 @@ func checkTrustedProxies(ps []netip.Prefix) ([]netip.Prefix, error) {
 // walked from the right: the right-most address that is not a trusted
 // proxy, or the left-most entry if every one is. An entry that is not an
 // IP address ends the walk at the proxy that forwarded it. The result is
-// logged and used for nothing else: X-Forwarded-For is whatever the
-// clients and proxies wrote.
+// logged, and keys per-client limits (Server.ClientAddr): an entry a
+// client wrote itself is never reached while a trusted proxy appended
+// the client's address after it.
 func clientAddr(r *http.Request, trusted []netip.Prefix) string {
 	addr, ok := parseAddr(r.RemoteAddr)
 	if !ok {
@@ -60,6 +61,12 @@ func clientAddr(r *http.Request, trusted []netip.Prefix) string {
 	}
 	return addr.String()
 }
+
+// ClientAddr is the address of r's client as the request log's
+// client_addr gives it: r's peer, or past the Config.TrustedProxies the
+// address the last of them forwarded. A host keys its own per-client
+// limits with it, as the example server's console does its sign-ins.
+func (s *Server) ClientAddr(r *http.Request) string { return clientAddr(r, s.trusted) }
 
 // parseAddr parses an IP address, with or without a port, IPv6 in
 // brackets or not, and unmaps an IPv4-mapped one.

@@ -47,7 +47,10 @@ func (c *Console) artifactDownload(w http.ResponseWriter, r *http.Request, s *se
 		return
 	}
 	// As a server hands a request over (see operator.HandlerTransport).
-	req.RequestURI, req.Host, req.RemoteAddr = path, "console", "console"
+	req.RequestURI, req.Host, req.RemoteAddr = path, "console", r.RemoteAddr
+	if xff := r.Header.Values("X-Forwarded-For"); len(xff) > 0 {
+		req.Header["X-Forwarded-For"] = xff
+	}
 	req.Header.Set("Authorization", "Bearer "+s.token)
 	req.Header.Set("User-Agent", "nodelane-console")
 	for _, h := range conditionalHeaders {
@@ -59,6 +62,9 @@ func (c *Console) artifactDownload(w http.ResponseWriter, r *http.Request, s *se
 	c.cfg.API.ServeHTTP(dw, req)
 	if dw.status == 0 {
 		dw.WriteHeader(http.StatusOK)
+	}
+	if dw.status == http.StatusUnauthorized {
+		c.sessions.endCredential(s)
 	}
 	if dw.errBody != nil {
 		err := answerError(path, dw.status, dw.errBody.Bytes())

@@ -11,9 +11,17 @@
 // API is; a refusal is shown as the API's message. (An artifact's bytes,
 // which may be gigabytes, are the one read made without the client,
 // whose in-process transport buffers an answer: the download calls
-// Config.API itself with the same token and streams its answer.) It
-// imports the standard library, workerapi/operator, workerapi/wire and
-// receipts only.
+// Config.API itself with the same token and streams its answer.) Each
+// call carries the browser's address, so the API logs it, and a 401 of
+// the API (a token revoked or expired) ends every session of the token.
+// It imports the standard library, golang.org/x, workerapi/operator,
+// workerapi/wire and receipts only.
+//
+// Only a token with an operator scope signs in: the console learns its
+// scopes from the API at sign-in, and each page checks the one it
+// needs. Sign-ins are rate-limited per client address, and sessions are
+// bounded per credential and in all without one credential ever ending
+// another's.
 //
 // Pages are server-rendered with html/template and readable without
 // JavaScript; one small embedded script makes a job's logs follow live.
@@ -23,12 +31,14 @@
 package console
 
 import (
+	"context"
 	"embed"
 	"errors"
 	"fmt"
 	"html/template"
 	"io"
 	"io/fs"
+	"net"
 	"net/http"
 	"net/url"
 	"strings"
@@ -54,7 +64,21 @@ const (
 	DefaultSessionTTL = 12 * time.Hour
 	// DefaultMaxSessions bounds the sessions held in memory.
 	DefaultMaxSessions = 1000
+	// DefaultMaxSessionsPerCredential bounds the sessions of one
+	// credential.
+	DefaultMaxSessionsPerCredential = 8
+	// DefaultSignInBurst is how many sign-ins one client address may
+	// make at once.
+	DefaultSignInBurst = 10
+	// DefaultSignInInterval is how often one client address gains
+	// another sign-in, past its burst.
+	DefaultSignInInterval = 6 * time.Second
+	// DefaultMaxExportBytes bounds the body of POST /receipts/verify.
+	DefaultMaxExportBytes = 256 << 20
 )
+
+// maxSignInAddrs bounds the client addresses whose sign-ins are counted.
+const maxSignInAddrs = 10000
 
 // ContentSecurityPolicy is the Content-Security-Policy of every response.
 const ContentSecurityPolicy = "default-src 'none'; style-src 'self'; script-src 'self'; img-src 'self'; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
@@ -76,9 +100,29 @@ type Config struct {
 	Origin string
 	// SessionTTL is how long a sign-in lasts. Defaults to DefaultSessionTTL.
 	SessionTTL time.Duration
-	// MaxSessions bounds the sessions held; signing in beyond it ends the
-	// session that would expire first. Defaults to DefaultMaxSessions.
+	// MaxSessions bounds the sessions held; a sign-in beyond it is
+	// refused (503), rather than end another credential's session.
+	// Defaults to DefaultMaxSessions.
 	MaxSessions int
+	// MaxSessionsPerCredential bounds the sessions of one credential (one
+	// token); its sign-in beyond it ends its own oldest session. Defaults
+	// to DefaultMaxSessionsPerCredential.
+	MaxSessionsPerCredential int
+	// SignInBurst and SignInInterval are the token bucket of sign-ins per
+	// client address: SignInBurst at once, then one each SignInInterval;
+	// a sign-in beyond it is refused 429 with Retry-After. Default to
+	// DefaultSignInBurst and DefaultSignInInterval.
+	SignInBurst    int
+	SignInInterval time.Duration
+	// ClientAddr is the address of the client of r that sign-ins are
+	// counted by: workerapi's Server.ClientAddr, for a console behind the
+	// same trusted proxies as the API. Defaults to the peer's IP address.
+	ClientAddr func(r *http.Request) string
+	// MaxExportBytes bounds the body of an export sent to POST
+	// /receipts/verify, which is read as it arrives: it bounds the time
+	// a verification takes, not the memory. Defaults to
+	// DefaultMaxExportBytes.
+	MaxExportBytes int64
 	// SecureCookie marks the session cookie Secure even on a request that
 	// did not arrive over TLS (a console behind a TLS-terminating proxy).
 	// The cookie is Secure on every TLS request in any case.
@@ -107,6 +151,7 @@ type Console struct {
 	// trusts PublicURL's origin, when set.
 	cop      *http.CrossOriginProtection
 	sessions *sessions
+	signIns  *limiter
 	pages    map[string]*template.Template
 	handler  http.Handler
 	// api calls cfg.API in process, with no token: each page calls it
@@ -141,10 +186,39 @@ func New(cfg Config) (*Console, error) {
 	if cfg.MaxSessions < 0 {
 		return nil, fmt.Errorf("%w: MaxSessions %d is negative", ErrConfig, cfg.MaxSessions)
 	}
+	if cfg.MaxSessionsPerCredential == 0 {
+		cfg.MaxSessionsPerCredential = DefaultMaxSessionsPerCredential
+	}
+	if cfg.MaxSessionsPerCredential < 0 {
+		return nil, fmt.Errorf("%w: MaxSessionsPerCredential %d is negative", ErrConfig, cfg.MaxSessionsPerCredential)
+	}
+	if cfg.SignInBurst == 0 {
+		cfg.SignInBurst = DefaultSignInBurst
+	}
+	if cfg.SignInInterval == 0 {
+		cfg.SignInInterval = DefaultSignInInterval
+	}
+	if cfg.SignInBurst < 0 || cfg.SignInInterval < 0 {
+		return nil, fmt.Errorf("%w: SignInBurst %d or SignInInterval %v is negative", ErrConfig, cfg.SignInBurst, cfg.SignInInterval)
+	}
+	if cfg.ClientAddr == nil {
+		cfg.ClientAddr = peerAddr
+	}
+	if cfg.MaxExportBytes == 0 {
+		cfg.MaxExportBytes = DefaultMaxExportBytes
+	}
+	if cfg.MaxExportBytes < 0 {
+		return nil, fmt.Errorf("%w: MaxExportBytes %d is negative", ErrConfig, cfg.MaxExportBytes)
+	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	c := &Console{cfg: cfg, sessions: newSessions(cfg.MaxSessions, cfg.SessionTTL, cfg.Now, cfg.Rand), cop: http.NewCrossOriginProtection()}
+	c := &Console{
+		cfg:      cfg,
+		sessions: newSessions(cfg.MaxSessions, cfg.MaxSessionsPerCredential, cfg.SessionTTL, cfg.Now, cfg.Rand),
+		signIns:  newLimiter(cfg.SignInInterval, cfg.SignInBurst, maxSignInAddrs, cfg.Now),
+		cop:      http.NewCrossOriginProtection(),
+	}
 	if cfg.PublicURL != "" {
 		u, err := url.Parse(cfg.PublicURL)
 		if err != nil || u.User != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.Opaque != "" ||
@@ -159,8 +233,8 @@ func New(cfg Config) (*Console, error) {
 		}
 		c.cfg.SecureCookie = c.cfg.SecureCookie || u.Scheme == "https"
 	}
-	api, err := operator.New("http://console", "", &operator.Config{HTTPClient: &http.Client{
-		Transport:     &operator.HandlerTransport{Handler: cfg.API, RemoteAddr: "console"},
+	api, err := operator.New("http://console", "", &operator.Config{AllowInsecureHTTP: true, HTTPClient: &http.Client{
+		Transport:     &apiTransport{c: c},
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 	}})
 	if err != nil {
@@ -203,27 +277,35 @@ func (c *Console) routes() http.Handler {
 	m.HandleFunc("POST /signin", c.signIn)
 	m.HandleFunc("POST /signout", c.signOut)
 
-	page := func(pattern string, h func(w http.ResponseWriter, r *http.Request, s *session)) {
-		m.Handle(pattern, c.authed(h))
+	// Each page needs a scope of the session's token ("": any).
+	page := func(pattern, scope string, h func(w http.ResponseWriter, r *http.Request, s *session)) {
+		m.Handle(pattern, c.authed(scope, h))
 	}
-	page("GET /{$}", c.overview)
-	page("GET /workers", c.workers)
-	page("GET /workers/{id}", c.worker)
-	page("POST /workers/{id}/{action}", c.workerAction)
-	page("GET /jobs", c.jobs)
-	page("POST /jobs", c.dispatch)
-	page("GET /jobs/{id}", c.job)
-	page("GET /jobs/{id}/events", c.jobEvents)
-	page("POST /jobs/{id}/cancel", c.cancel)
-	page("GET /artifacts/{id}/download", c.artifactDownload)
-	page("GET /envelope", c.envelope)
-	page("POST /envelope/{action}", c.envelopeAction)
-	page("GET /receipts", c.receiptsPage)
-	page("GET /receipts/{id}", c.receipt)
-	page("POST /receipts/verify", c.verifyExport)
-	page("GET /credentials", c.credentials)
-	page("POST /credentials", c.mint)
-	page("POST /credentials/{id}/revoke", c.revoke)
+	const (
+		jobs        = "operator:jobs"
+		workers     = "operator:workers"
+		credentials = "operator:credentials"
+		envelope    = "operator:envelope"
+		receipts    = "operator:receipts"
+	)
+	page("GET /{$}", "", c.overview)
+	page("GET /workers", workers, c.workers)
+	page("GET /workers/{id}", workers, c.worker)
+	page("POST /workers/{id}/{action}", workers, c.workerAction)
+	page("GET /jobs", jobs, c.jobs)
+	page("POST /jobs", jobs, c.dispatch)
+	page("GET /jobs/{id}", jobs, c.job)
+	page("GET /jobs/{id}/events", jobs, c.jobEvents)
+	page("POST /jobs/{id}/cancel", jobs, c.cancel)
+	page("GET /artifacts/{id}/download", jobs, c.artifactDownload)
+	page("GET /envelope", envelope, c.envelope)
+	page("POST /envelope/{action}", envelope, c.envelopeAction)
+	page("GET /receipts", receipts, c.receiptsPage)
+	page("GET /receipts/{id}", receipts, c.receipt)
+	page("POST /receipts/verify", receipts, c.verifyExport)
+	page("GET /credentials", credentials, c.credentials)
+	page("POST /credentials", credentials, c.mint)
+	page("POST /credentials/{id}/revoke", credentials, c.revoke)
 	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		c.renderError(w, r, http.StatusNotFound, "There is no page "+r.URL.Path+".")
 	})
@@ -250,8 +332,11 @@ func (c *Console) base(r *http.Request) string {
 	return ""
 }
 
-// authed runs h for a signed-in request; any other is sent to sign in.
-func (c *Console) authed(h func(w http.ResponseWriter, r *http.Request, s *session)) http.Handler {
+// authed runs h for a signed-in request whose token holds scope (""
+// for any operator scope); one not signed in is sent to sign in, one
+// without the scope refused 403 before anything is read or asked of the
+// API. h's calls to the API carry the browser's address (withBrowser).
+func (c *Console) authed(scope string, h func(w http.ResponseWriter, r *http.Request, s *session)) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		s := c.session(r)
 		if s == nil {
@@ -263,8 +348,68 @@ func (c *Console) authed(h func(w http.ResponseWriter, r *http.Request, s *sessi
 			return
 		}
 		w.Header().Set("Cache-Control", "no-store")
-		h(w, r, s)
+		if !s.holds(scope) {
+			c.renderError(w, r, http.StatusForbidden, "Refused (403): this page needs "+scope+
+				", which your token does not hold. Your token does not allow this.")
+			return
+		}
+		h(w, withBrowser(r, s), s)
 	})
+}
+
+// browserKey is the context key of the *browser a request to the API is
+// made for.
+type browserKey struct{}
+
+// browser is the console request an API call is made for.
+type browser struct {
+	// remoteAddr and forwarded are the request's RemoteAddr and
+	// X-Forwarded-For, which the API's call carries, so that the API
+	// finds (and logs) the browser's address with its own trusted-proxy
+	// rule.
+	remoteAddr string
+	forwarded  []string
+	// s is the session, when signed in: a 401 of the API ends it.
+	s *session
+}
+
+// withBrowser returns r with a context that makes the API calls made
+// with it carry r's address and, on a 401, end s's credential's sessions.
+func withBrowser(r *http.Request, s *session) *http.Request {
+	b := &browser{remoteAddr: r.RemoteAddr, forwarded: r.Header.Values("X-Forwarded-For"), s: s}
+	return r.WithContext(context.WithValue(r.Context(), browserKey{}, b))
+}
+
+// apiTransport serves the operator client's calls with Config.API in
+// process (an operator.HandlerTransport), each as its browser's
+// (withBrowser): the API then logs the browser's address rather than the
+// console, and a 401, the token revoked or expired since sign-in, ends
+// every session of the token.
+type apiTransport struct{ c *Console }
+
+func (t *apiTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	ht := &operator.HandlerTransport{Handler: t.c.cfg.API, RemoteAddr: "console"}
+	b, _ := req.Context().Value(browserKey{}).(*browser)
+	if b != nil {
+		ht.RemoteAddr = b.remoteAddr
+		if len(b.forwarded) > 0 {
+			req = req.Clone(req.Context())
+			req.Header["X-Forwarded-For"] = b.forwarded
+		}
+	}
+	resp, err := ht.RoundTrip(req)
+	if err == nil && resp.StatusCode == http.StatusUnauthorized && b != nil && b.s != nil {
+		t.c.sessions.endCredential(b.s)
+	}
+	return resp, err
+}
+
+// peerAddr is the IP address of r's peer (Config.ClientAddr's default).
+func peerAddr(r *http.Request) string {
+	if host, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
+		return host
+	}
+	return r.RemoteAddr
 }
 
 // op returns the operator client acting with token, the signed-in

@@ -39,8 +39,18 @@ type fixture struct {
 
 func newFixture(t *testing.T, cfg func(*console.Config)) *fixture {
 	t.Helper()
-	env := apitest.New(t, "sqlite", apitest.Started(), apitest.WithConfig(func(c *workerapi.Config) {
+	return newFixtureOn(t, "sqlite", nil, cfg)
+}
+
+// newFixtureOn is newFixture on dialect, with api changing the API's
+// configuration (nil: none).
+func newFixtureOn(t *testing.T, dialect string, api func(*workerapi.Config), cfg func(*console.Config)) *fixture {
+	t.Helper()
+	env := apitest.New(t, dialect, apitest.Started(), apitest.WithConfig(func(c *workerapi.Config) {
 		c.Prices = receipts.Prices{BySKU: map[string]int64{"rtx-4090": 1_800_000}}
+		if api != nil {
+			api(c)
+		}
 	}))
 	cc := console.Config{API: env.Server.OperatorHandler(), VerifierKey: env.Server.ReceiptVerifierKey(), Origin: env.Config.Origin}
 	if cfg != nil {
@@ -262,27 +272,62 @@ func TestSignInOverTLS(t *testing.T) {
 	}
 }
 
+// TestSessionsBounded checks that sessions are bounded per credential
+// and in all, and that neither bound ever ends another credential's
+// session: a credential's sign-ins end its own oldest, and a sign-in
+// when every session is taken is refused. Before issue 29 the table
+// ended the session that would expire first, anyone's: 1,000 sign-ins
+// with one token signed every operator out.
 func TestSessionsBounded(t *testing.T) {
 	t.Parallel()
 	now := time.Now()
 	clock := func() time.Time { return now }
-	f := newFixture(t, func(c *console.Config) { c.MaxSessions = 2; c.SessionTTL = time.Hour; c.Now = clock })
+	f := newFixture(t, func(c *console.Config) {
+		c.MaxSessions, c.MaxSessionsPerCredential, c.SessionTTL, c.Now = 3, 2, time.Hour, clock
+		c.SignInBurst = 100
+	})
+	other, _ := f.env.Credential(t, apitest.OperatorID, credential.ScopeOperatorJobs)
+	victim := f.browser(t)
+	victim.signIn(t, f.env.OperatorToken)
 	var bs []*browser
-	for range 3 {
+	for range 10 {
 		b := f.browser(t)
-		b.signIn(t, f.env.OperatorToken)
+		b.signIn(t, other)
 		bs = append(bs, b)
 	}
-	if p := bs[0].get(t, "/jobs"); !strings.HasSuffix(p.url, "/signin") {
-		t.Errorf("the first of 3 sessions with MaxSessions 2 is still live: %s", p.url)
+	if p := victim.get(t, "/jobs"); p.code != http.StatusOK || strings.HasSuffix(p.url, "/signin") {
+		t.Errorf("10 sign-ins with another credential ended the first credential's session: %d %s", p.code, p.url)
 	}
-	if p := bs[2].get(t, "/jobs"); p.code != http.StatusOK || strings.HasSuffix(p.url, "/signin") {
-		t.Errorf("the newest session is not live: %d %s", p.code, p.url)
+	if p := bs[0].get(t, "/jobs"); !strings.HasSuffix(p.url, "/signin") {
+		t.Errorf("the first of 10 sessions of a credential with MaxSessionsPerCredential 2 is still live: %s", p.url)
+	}
+	for _, b := range bs[8:] {
+		if p := b.get(t, "/jobs"); p.code != http.StatusOK || strings.HasSuffix(p.url, "/signin") {
+			t.Errorf("one of the credential's 2 newest sessions is not live: %d %s", p.code, p.url)
+		}
+	}
+	// Every session is taken (1 + 2): a third credential is refused,
+	// and no session ends.
+	third, _ := f.env.Credential(t, apitest.OperatorID, credential.ScopeOperatorJobs)
+	late := f.browser(t)
+	p := late.post(t, "/signin", url.Values{"token": {third}})
+	if p.code != http.StatusServiceUnavailable || !strings.Contains(p.body, "Every session of the console is taken") {
+		t.Errorf("sign-in with every session taken: %d\n%s", p.code, p.body)
+	}
+	if cs := late.jar.Cookies(mustURL(t, f.url+"/")); len(cs) != 0 {
+		t.Errorf("the refused sign-in set cookies %v", cs)
+	}
+	for _, b := range []*browser{victim, bs[8], bs[9]} {
+		if p := b.get(t, "/jobs"); p.code != http.StatusOK {
+			t.Errorf("a refused sign-in ended a session: %d %s", p.code, p.url)
+		}
 	}
 	now = now.Add(time.Hour)
-	if p := bs[2].get(t, "/jobs"); !strings.HasSuffix(p.url, "/signin") {
+	if p := victim.get(t, "/jobs"); !strings.HasSuffix(p.url, "/signin") {
 		t.Errorf("a session outlived its TTL: %s", p.url)
 	}
+	// Expired sessions make room.
+	late.signIn(t, third)
 }
 
 // ranJob is a job the fixture ran to success through a real node.
@@ -647,24 +692,32 @@ func TestScopeRefusal(t *testing.T) {
 	p := b.signIn(t, tok) // a token without every scope signs in
 	mustContain(t, "overview", p, "Refused (403 insufficient_scope)")
 	before := settled(t, f)
+	// Each page checks its scope itself, before it reads a form or asks
+	// the API anything.
 	for _, tc := range []struct {
-		path string
-		form url.Values
+		path, scope string
+		form        url.Values
 	}{
-		{"/workers/" + n.WorkerID + "/ban", url.Values{"reason": {"x"}}},
-		{"/workers/" + n.WorkerID + "/approve", nil},
-		{"/envelope/activate", url.Values{"reason": {"x"}}},
-		{"/credentials", url.Values{"principal": {apitest.OperatorID}, "scope": {"operator:jobs"}}},
+		{"/workers/" + n.WorkerID + "/ban", "operator:workers", url.Values{"reason": {"x"}}},
+		{"/workers/" + n.WorkerID + "/approve", "operator:workers", nil},
+		{"/envelope/activate", "operator:envelope", url.Values{"reason": {"x"}}},
+		{"/credentials", "operator:credentials", url.Values{"principal": {apitest.OperatorID}, "scope": {"operator:jobs"}}},
 	} {
 		p := b.post(t, tc.path, tc.form)
-		mustContain(t, tc.path, p, "Refused (403 insufficient_scope)", "Your token does not allow this.")
-	}
-	for _, path := range []string{"/workers", "/workers/" + n.WorkerID, "/envelope", "/credentials", "/receipts"} {
-		p := b.get(t, path)
 		if p.code != http.StatusForbidden {
-			t.Errorf("GET %s: %d, want 403", path, p.code)
+			t.Errorf("POST %s: %d, want 403", tc.path, p.code)
 		}
-		mustContain(t, path, p, "Refused (403 insufficient_scope)")
+		mustContain(t, tc.path, p, "Refused (403): this page needs "+tc.scope, "Your token does not allow this.")
+	}
+	for _, tc := range []struct{ path, scope string }{
+		{"/workers", "operator:workers"}, {"/workers/" + n.WorkerID, "operator:workers"}, {"/envelope", "operator:envelope"},
+		{"/credentials", "operator:credentials"}, {"/receipts", "operator:receipts"}, {"/receipts/x", "operator:receipts"},
+	} {
+		p := b.get(t, tc.path)
+		if p.code != http.StatusForbidden {
+			t.Errorf("GET %s: %d, want 403", tc.path, p.code)
+		}
+		mustContain(t, tc.path, p, "Refused (403): this page needs "+tc.scope)
 	}
 	if diff := cmp.Diff(before, f.env.Dump(t)); diff != "" {
 		t.Fatalf("refused actions changed the state:\n%s", diff)
@@ -692,9 +745,13 @@ func TestVerifyExport(t *testing.T) {
 		t.Helper()
 		var body bytes.Buffer
 		mw := multipart.NewWriter(&body)
-		for name, content := range map[string][]byte{"export": exp, "checkpoint": note} {
-			w, _ := mw.CreateFormFile(name, name)
-			w.Write(content)
+		// The checkpoint first, as the page's form sends it.
+		for _, part := range []struct {
+			name    string
+			content []byte
+		}{{"checkpoint", note}, {"export", exp}} {
+			w, _ := mw.CreateFormFile(part.name, part.name)
+			w.Write(part.content)
 		}
 		mw.Close()
 		req, _ := http.NewRequest(http.MethodPost, f.url+"/receipts/verify", &body)
@@ -743,11 +800,11 @@ func mustURL(t *testing.T, s string) *url.URL {
 	return u
 }
 
-// TestLimits checks that a form over 64 KiB and an export over MaxExportBytes are
-// refused with a message, and change nothing.
+// TestLimits checks that a form over 64 KiB and an export over
+// Config.MaxExportBytes are refused with a message, and change nothing.
 func TestLimits(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t, nil)
+	f := newFixture(t, func(c *console.Config) { c.MaxExportBytes = 1 << 20 })
 	b := f.browser(t)
 	b.signIn(t, f.env.OperatorToken)
 	before := settled(t, f)
@@ -755,15 +812,16 @@ func TestLimits(t *testing.T) {
 	mustContain(t, "large form", p, "the form could not be read")
 	var body bytes.Buffer
 	mw := multipart.NewWriter(&body)
-	w, _ := mw.CreateFormFile("export", "export")
-	w.Write(bytes.Repeat([]byte("x"), console.MaxExportBytes+1))
-	w, _ = mw.CreateFormFile("checkpoint", "checkpoint")
-	w.Write([]byte("x"))
+	w, _ := mw.CreateFormFile("checkpoint", "checkpoint")
+	_, note := f.env.Operator(t, http.MethodGet, "/operator/receipts/checkpoint", nil)
+	w.Write(note)
+	w, _ = mw.CreateFormFile("export", "export")
+	w.Write(bytes.Repeat([]byte("    \n"), 1<<20/5+1)) // blank lines: only the size refuses them
 	mw.Close()
 	req, _ := http.NewRequest(http.MethodPost, f.url+"/receipts/verify", &body)
 	req.Header.Set("Content-Type", mw.FormDataContentType())
 	p = b.do(t, req)
-	mustContain(t, "large export", p, "✘ The export could not be read")
+	mustContain(t, "large export", p, "✘ The export could not be read: the form is larger than 1048576 bytes")
 	if diff := cmp.Diff(before, f.env.Dump(t)); diff != "" {
 		t.Fatalf("refused requests changed the state:\n%s", diff)
 	}

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -97,11 +98,11 @@ func (c *Console) receipt(w http.ResponseWriter, r *http.Request, s *session) {
 	c.render(w, r, code, "receipt", s, &pageData{Title: "Receipt " + id, Nav: "receipts", Data: receiptData{Row: row}})
 }
 
-// Limits of an export the console verifies.
+// Limits of an export the console verifies; its whole size is
+// Config.MaxExportBytes.
 const (
-	// MaxExportBytes bounds the export file (and the checkpoint) sent to
-	// POST /receipts/verify.
-	MaxExportBytes = 32 << 20
+	// maxCheckpoint bounds the signed checkpoint sent with an export.
+	maxCheckpoint = 64 << 10
 	// maxExportLine bounds one line, as verify-receipts does.
 	maxExportLine = 1 << 20
 )
@@ -120,42 +121,63 @@ type exportResult struct {
 // configured verifier key: the checkpoint's signature, each receipt's
 // canonical form and index, each inclusion proof the export carries, and
 // that the receipts hash to the checkpoint's root.
+//
+// The form is read as it arrives, part by part, the checkpoint first (the
+// page's form sends it first): the export is checked line by line and
+// the tree's hashes kept as its O(log n) complete subtrees, so memory is
+// bounded by a line (maxExportLine), whatever the export's size, which
+// Config.MaxExportBytes bounds.
 func (c *Console) verifyExport(w http.ResponseWriter, r *http.Request, s *session) {
-	r.Body = http.MaxBytesReader(w, r.Body, MaxExportBytes+maxForm)
-	if err := r.ParseMultipartForm(1 << 20); err != nil {
-		c.renderReceipts(w, r, s, &exportResult{Message: "The export could not be read: " + err.Error()})
-		return
-	}
-	defer r.MultipartForm.RemoveAll()
-	read := func(name string) ([]byte, error) {
-		f, _, err := r.FormFile(name)
-		if err != nil {
-			if v := r.FormValue(name); v != "" {
-				return []byte(v), nil
-			}
-			return nil, fmt.Errorf("no %s was sent", name)
-		}
-		defer f.Close()
-		b, err := io.ReadAll(io.LimitReader(f, MaxExportBytes+1))
-		if err == nil && len(b) > MaxExportBytes {
-			err = fmt.Errorf("the %s is larger than %d MiB", name, MaxExportBytes>>20)
-		}
-		return b, err
-	}
-	note, err := read("checkpoint")
-	if err != nil {
-		c.renderReceipts(w, r, s, &exportResult{Message: "The export could not be read: " + err.Error()})
-		return
-	}
-	export, err := read("export")
-	if err != nil {
-		c.renderReceipts(w, r, s, &exportResult{Message: "The export could not be read: " + err.Error()})
-		return
-	}
-	c.renderReceipts(w, r, s, c.checkExport(note, export))
+	r.Body = http.MaxBytesReader(w, r.Body, c.cfg.MaxExportBytes)
+	c.renderReceipts(w, r, s, c.readExport(r))
 }
 
-func (c *Console) checkExport(note, export []byte) *exportResult {
+func (c *Console) readExport(r *http.Request) *exportResult {
+	fail := func(err error) *exportResult {
+		var mb *http.MaxBytesError
+		if errors.As(err, &mb) {
+			err = fmt.Errorf("the form is larger than %d bytes", mb.Limit)
+		}
+		return &exportResult{Message: "The export could not be read: " + err.Error()}
+	}
+	mr, err := r.MultipartReader()
+	if err != nil {
+		return fail(err)
+	}
+	var note []byte
+	for {
+		p, err := mr.NextPart()
+		if err == io.EOF {
+			if note == nil {
+				return fail(errors.New("no checkpoint was sent"))
+			}
+			return fail(errors.New("no export was sent"))
+		}
+		if err != nil {
+			return fail(err)
+		}
+		switch p.FormName() {
+		case "checkpoint":
+			b, err := io.ReadAll(io.LimitReader(p, maxCheckpoint+1))
+			if err != nil {
+				return fail(err)
+			}
+			if len(b) > maxCheckpoint {
+				return fail(fmt.Errorf("the checkpoint is larger than %d KiB", maxCheckpoint>>10))
+			}
+			note = b
+		case "export":
+			if note == nil {
+				return fail(errors.New("the export came before the checkpoint: send the checkpoint first"))
+			}
+			return c.checkExport(note, p)
+		}
+	}
+}
+
+// checkExport verifies the export read from export against the checkpoint
+// note.
+func (c *Console) checkExport(note []byte, export io.Reader) *exportResult {
 	res := &exportResult{}
 	cp, err := receipts.OpenCheckpoint(note, c.cfg.VerifierKey, c.cfg.Origin)
 	if err != nil {
@@ -163,11 +185,8 @@ func (c *Console) checkExport(note, export []byte) *exportResult {
 		return res
 	}
 	res.Checkpoint = cp
-	var (
-		leaves int64
-		hashes memHashes // the stored hashes of the tree recomputed here
-	)
-	sc := bufio.NewScanner(bytes.NewReader(export))
+	var tree frontier
+	sc := bufio.NewScanner(export)
 	sc.Buffer(make([]byte, 64<<10), maxExportLine)
 	for line := 1; sc.Scan(); line++ {
 		if len(bytes.TrimSpace(sc.Bytes())) == 0 {
@@ -178,7 +197,7 @@ func (c *Console) checkExport(note, export []byte) *exportResult {
 			res.Message = fmt.Sprintf("line %d: not an export line: %v", line, err)
 			return res
 		}
-		n := leaves
+		n := tree.n
 		if l.Index == nil || *l.Index != n {
 			res.Message = fmt.Sprintf("line %d: receipt %s does not have index %d, the log's next", line, l.ID, n)
 			return res
@@ -199,28 +218,26 @@ func (c *Console) checkExport(note, export []byte) *exportResult {
 			}
 			res.Proofs++
 		}
-		hs, err := tlog.StoredHashesForRecordHash(n, tlog.RecordHash(l.Body), hashes)
-		if err != nil {
-			res.Message = fmt.Sprintf("line %d: %v", line, err)
-			return res
-		}
-		hashes = append(hashes, hs...)
-		leaves++
-		if leaves > cp.Size {
+		tree.append(tlog.RecordHash(l.Body))
+		if tree.n > cp.Size {
 			res.Message = fmt.Sprintf("line %d: the export has more receipts than the checkpoint's %d", line, cp.Size)
 			return res
 		}
 	}
 	if err := sc.Err(); err != nil {
+		var mb *http.MaxBytesError
+		if errors.As(err, &mb) {
+			err = fmt.Errorf("the form is larger than %d bytes", mb.Limit)
+		}
 		res.Message = "The export could not be read: " + err.Error()
 		return res
 	}
-	res.Receipts = leaves
+	res.Receipts = tree.n
 	if res.Receipts != cp.Size {
 		res.Message = fmt.Sprintf("The export has %d receipts; the checkpoint's tree has %d.", res.Receipts, cp.Size)
 		return res
 	}
-	if root, err := tlog.TreeHash(res.Receipts, hashes); err != nil || root != cp.Root {
+	if tree.root() != cp.Root {
 		res.Message = "The receipts do not hash to the checkpoint's root."
 		return res
 	}
@@ -229,17 +246,33 @@ func (c *Console) checkExport(note, export []byte) *exportResult {
 	return res
 }
 
-// memHashes is a tlog.HashReader over the stored hashes of a tree built
-// in memory.
-type memHashes []tlog.Hash
+// frontier is a tlog tree (RFC 6962's) being built from its leaves in
+// order, kept as the hashes of its complete subtrees, largest first: at
+// most one per bit of n, so O(log n) memory.
+type frontier struct {
+	n      int64
+	hashes []tlog.Hash
+}
 
-func (m memHashes) ReadHashes(indexes []int64) ([]tlog.Hash, error) {
-	out := make([]tlog.Hash, len(indexes))
-	for i, x := range indexes {
-		if x < 0 || x >= int64(len(m)) {
-			return nil, fmt.Errorf("hash %d is not in the tree", x)
-		}
-		out[i] = m[x]
+// append adds the leaf of hash h.
+func (f *frontier) append(h tlog.Hash) {
+	f.hashes = append(f.hashes, h)
+	for m := f.n; m&1 == 1; m >>= 1 {
+		k := len(f.hashes)
+		f.hashes = append(f.hashes[:k-2], tlog.NodeHash(f.hashes[k-2], f.hashes[k-1]))
 	}
-	return out, nil
+	f.n++
+}
+
+// root is the tree's hash, as tlog.TreeHash computes it.
+func (f *frontier) root() tlog.Hash {
+	if len(f.hashes) == 0 {
+		h, _ := tlog.TreeHash(0, nil) // the empty tree's, which reads nothing
+		return h
+	}
+	h := f.hashes[len(f.hashes)-1]
+	for i := len(f.hashes) - 2; i >= 0; i-- {
+		h = tlog.NodeHash(f.hashes[i], h)
+	}
+	return h
 }

@@ -97,7 +97,7 @@ func TestSpecRetire(t *testing.T) {
 	weak.signIn(t, tok)
 	before := settled(t, f)
 	p := weak.post(t, wp+"/retire", url.Values{"reason": {"x"}})
-	mustContain(t, "retire refused", p, "Refused (403 insufficient_scope)")
+	mustContain(t, "retire refused", p, "Refused (403): this page needs operator:workers")
 	if strings.Contains(p.body, "answered 404") {
 		t.Fatalf("the control plane does not serve retire:\n%s", p.body)
 	}

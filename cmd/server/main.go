@@ -66,8 +66,8 @@
 // -public-url names the URL the workers use (https://cp.example.com/nodelane):
 // signatures are verified against it, and the console's links and cookie
 // follow it. -trusted-proxy CIDR|IP (repeatable) lets the request log's
-// client_addr follow X-Forwarded-For from those proxies only
-// (docs/PROXY.md).
+// client_addr, and the console's per-client sign-in limit, follow
+// X-Forwarded-For from those proxies only (docs/PROXY.md).
 package main
 
 import (
@@ -139,7 +139,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		pprofAddr     = fs.String("pprof-addr", "", "serve Go's profiles (net/http/pprof, /debug/pprof/) on this address, say 127.0.0.1:6060, for measuring; never on a public one: they show the process's internals (empty: off)")
 	)
 	fs.Var(&prices, "price", "SKU=MICRO_USD_PER_GPU_HOUR (repeatable; default=N sets the price of unlisted SKUs)")
-	fs.Func("trusted-proxy", "CIDR or IP of a proxy in front whose X-Forwarded-For the request log's client_addr believes (repeatable; logging only)", func(s string) error {
+	fs.Func("trusted-proxy", "CIDR or IP of a proxy in front whose X-Forwarded-For the request log's client_addr believes (repeatable; for the log and the console's sign-in limit only)", func(s string) error {
 		p, err := controlplane.ParseTrustedProxy(s)
 		if err != nil {
 			return err
@@ -280,6 +280,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	met.reg.MustRegister(collectors.NewDBStatsCollector(cp.DB.Bun().DB, "nodelane"))
 	ops, api := opsHandlers(cp.Server, met, log), cp.Server.Handler()
 	ccfg := console.Config{API: cp.Server.OperatorHandler(), VerifierKey: cp.Server.ReceiptVerifierKey()}
+	ccfg.ClientAddr = cp.Server.ClientAddr // sign-ins are limited per client, past the trusted proxies
 	if *publicURL != "" {
 		ccfg.PublicURL = strings.TrimRight(*publicURL, "/") + "/console"
 	}

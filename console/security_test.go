@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/netip"
 	"net/url"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -228,9 +229,10 @@ func (b *blanks) Read(p []byte) (int, error) {
 
 // TestVerifyExportStreams checks that the console verifies an export as
 // it arrives: one of 40 MiB, past the 32 MiB it used to hold in memory
-// (and refuse beyond), verifies.
+// (and refuse beyond), verifies, and the process allocates far less than
+// the upload while it does. It is not parallel, so that what the process
+// allocates meanwhile is this request's.
 func TestVerifyExportStreams(t *testing.T) {
-	t.Parallel()
 	f := newFixture(t, nil)
 	b := f.browser(t)
 	b.signIn(t, f.env.OperatorToken)
@@ -257,6 +259,12 @@ func TestVerifyExportStreams(t *testing.T) {
 	req, _ := http.NewRequest(http.MethodPost, f.url+"/receipts/verify", pr)
 	req.Header.Set("Content-Type", mw.FormDataContentType())
 	req.Header.Set("Origin", f.srv.URL)
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
 	p := b.do(t, req)
+	runtime.ReadMemStats(&after)
 	mustContain(t, "40 MiB export", p, fmt.Sprintf("✔ Verified: %d receipts", cp.Size))
+	if n := after.TotalAlloc - before.TotalAlloc; n > 16<<20 {
+		t.Errorf("verifying a 40 MiB export allocated %d MiB, want under 16", n>>20)
+	}
 }

@@ -690,7 +690,13 @@ func TestScopeRefusal(t *testing.T) {
 	}
 	b := f.browser(t)
 	p := b.signIn(t, tok) // a token without every scope signs in
-	mustContain(t, "overview", p, "Refused (403 insufficient_scope)")
+	mustContain(t, "overview", p, "Refused (403 insufficient_scope)", `href="/console/jobs"`)
+	// The nav links only the pages the token allows.
+	for _, page := range []string{"workers", "envelope", "receipts", "credentials"} {
+		if strings.Contains(p.body, `href="/console/`+page+`"`) {
+			t.Errorf("the nav of a token with only operator:jobs links %s", page)
+		}
+	}
 	before := settled(t, f)
 	// Each page checks its scope itself, before it reads a form or asks
 	// the API anything.

@@ -38,7 +38,10 @@ type pageData struct {
 	Nav      string
 	Flashes  []flash
 	SignedIn bool
-	Now      time.Time
+	// Scopes are the signed-in token's operator scopes: the nav links
+	// only the pages they allow.
+	Scopes []string
+	Now    time.Time
 	// Data is the page's own.
 	Data any
 }
@@ -86,6 +89,7 @@ var funcs = template.FuncMap{
 		return string(out)
 	},
 	"join":   strings.Join,
+	"has":    slices.Contains[[]string],
 	"states": func() []string { return jobStates },
 	"path":   url.PathEscape,
 	"query":  url.QueryEscape,
@@ -113,6 +117,7 @@ func (c *Console) render(w http.ResponseWriter, r *http.Request, code int, name 
 	pd.Now = c.cfg.Now().UTC()
 	if s != nil {
 		pd.SignedIn = true
+		pd.Scopes = s.scopes
 		pd.Flashes = append(c.sessions.pop(s), pd.Flashes...)
 	}
 	if pd.Nav == "" {

@@ -8,10 +8,12 @@ import (
 	"crypto/hkdf"
 	"crypto/sha256"
 	"crypto/subtle"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"time"
 
@@ -28,9 +30,21 @@ import (
 // the answer is found under a SHA-256 derived (HKDF) from the route, the
 // worker, the job of the path and the key, so one worker cannot reach
 // another's answers, and one key names one request per route and job.
-// The answer is sealed (AES-256-GCM) under a second key derived from the
-// same, since a lease's answer holds lease tokens, which the database
-// must not: only a caller that knows the key can open it.
+//
+// The answer is sealed (AES-256-GCM), since a lease's answer holds lease
+// tokens, which the database must not: under a key derived (HKDF) from
+// the same and, as salt, a pepper (Config.Peppers), so that opening it
+// takes both the worker's key and the server's secret, and a weak key (a
+// third-party client's counter) read with the database opens nothing.
+// The sealed answer is
+//
+//	"nla2" || pepper version (4 bytes, big-endian) || nonce || ciphertext
+//
+// with the first 8 bytes and the answer's id as additional data. Answers
+// sealed before the pepper took part (v1: nonce || ciphertext, under a
+// key derived from the worker's key alone) still open, until they expire
+// (Config.AnswerTTL); a v1 answer whose random nonce happens to begin
+// with "nla2" is opened as v1 when it does not open as v2.
 
 // DefaultAnswerTTL is the default of Config.AnswerTTL.
 const DefaultAnswerTTL = 24 * time.Hour
@@ -38,7 +52,8 @@ const DefaultAnswerTTL = 24 * time.Hour
 // keyed is a request that names its first answer.
 type keyed struct {
 	id     []byte // lease.Answer.Key
-	seal   []byte // the AES-256 key of the answer's body
+	secret []byte // the worker's key, which the sealing keys derive from
+	scope  string // the route, worker and job the key is scoped to
 	digest []byte // the SHA-256 of the request's content
 	// byToken marks a key that is a token (fail and release: the lease
 	// token; token: the bearer token): another body under it is no
@@ -94,12 +109,79 @@ func keyFor(c *call, route, jobID, key string, req any) (*keyed, error) {
 	if err != nil {
 		return nil, err
 	}
-	seal, err := hkdf.Key(sha256.New, []byte(key), nil, scope+"\x00seal", 32)
+	c.keyed = &keyed{id: id, secret: []byte(key), scope: scope, digest: digest[:]}
+	return c.keyed, nil
+}
+
+// sealMagic begins an answer sealed under a pepper (v2).
+const sealMagic = "nla2"
+
+// sealHeaderLen is the length of a v2 answer's header: sealMagic and the
+// pepper version.
+const sealHeaderLen = len(sealMagic) + 4
+
+// aead is the AES-256-GCM of k's answer: with pepper nil, as sealed
+// before the pepper took part (v1); else under pepper (v2).
+func (k *keyed) aead(pepper []byte) (cipher.AEAD, error) {
+	info := k.scope + "\x00seal"
+	if pepper != nil {
+		info += " v2"
+	}
+	key, err := hkdf.Key(sha256.New, k.secret, pepper, info, 32)
 	if err != nil {
 		return nil, err
 	}
-	c.keyed = &keyed{id: id, seal: seal, digest: digest[:]}
-	return c.keyed, nil
+	b, err := aes.NewCipher(key)
+	if err != nil {
+		return nil, err
+	}
+	return cipher.NewGCM(b)
+}
+
+// seal seals body under the pepper of version v (v2), with a nonce read
+// from rand.
+func (k *keyed) seal(rand io.Reader, v int, pepper, body []byte) ([]byte, error) {
+	aead, err := k.aead(pepper)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]byte, sealHeaderLen+aead.NonceSize(), sealHeaderLen+aead.NonceSize()+len(body)+aead.Overhead())
+	copy(out, sealMagic)
+	binary.BigEndian.PutUint32(out[len(sealMagic):], uint32(v))
+	if _, err := io.ReadFull(rand, out[sealHeaderLen:]); err != nil {
+		return nil, fmt.Errorf("workerapi: reading randomness: %w", err)
+	}
+	header, nonce := out[:sealHeaderLen], out[sealHeaderLen:]
+	return aead.Seal(out, nonce, body, append(slices.Clip(k.id), header...)), nil
+}
+
+// open opens an answer sealed by seal under one of peppers, or sealed
+// before the pepper took part (v1).
+func (k *keyed) open(peppers map[int][]byte, sealed []byte) ([]byte, error) {
+	if len(sealed) > sealHeaderLen && string(sealed[:len(sealMagic)]) == sealMagic {
+		v := int(binary.BigEndian.Uint32(sealed[len(sealMagic):sealHeaderLen]))
+		if pepper := peppers[v]; pepper != nil {
+			body, err := k.openWith(pepper, sealed[sealHeaderLen:], append(slices.Clip(k.id), sealed[:sealHeaderLen]...))
+			if err == nil {
+				return body, nil
+			}
+		}
+		// Not v2 under a pepper configured: maybe v1 (below).
+	}
+	return k.openWith(nil, sealed, k.id)
+}
+
+// openWith opens nonce || ciphertext under k's key for pepper.
+func (k *keyed) openWith(pepper, sealed, ad []byte) ([]byte, error) {
+	aead, err := k.aead(pepper)
+	if err != nil {
+		return nil, err
+	}
+	n := aead.NonceSize()
+	if len(sealed) < n {
+		return nil, fmt.Errorf("workerapi: a remembered answer is %d bytes, too short", len(sealed))
+	}
+	return aead.Open(nil, sealed[:n], sealed[n:], ad)
 }
 
 // recall returns the first answer to k's request, if one is remembered:
@@ -123,15 +205,7 @@ func (s *Server) recall(ctx context.Context, k *keyed) (code int, out json.RawMe
 		}
 		return 0, nil, false, ErrIdempotencyMismatch
 	}
-	aead, err := answerAEAD(k.seal)
-	if err != nil {
-		return 0, nil, false, err
-	}
-	n := aead.NonceSize()
-	if len(a.Body) < n {
-		return 0, nil, false, fmt.Errorf("workerapi: a remembered answer is %d bytes, too short", len(a.Body))
-	}
-	body, err := aead.Open(nil, a.Body[:n], a.Body[n:], k.id)
+	body, err := k.open(s.cfg.Peppers, a.Body)
 	if err != nil {
 		return 0, nil, false, fmt.Errorf("workerapi: opening a remembered answer: %w", err)
 	}
@@ -152,26 +226,14 @@ func (s *Server) remember(ctx context.Context, c *call, k *keyed, code int, out 
 	if err := enc.Encode(out); err != nil {
 		return err
 	}
-	aead, err := answerAEAD(k.seal)
+	v := s.cfg.PepperVersion
+	sealed, err := k.seal(s.cfg.Rand, v, s.cfg.Peppers[v], bytes.TrimSuffix(buf.Bytes(), []byte("\n")))
 	if err != nil {
 		return err
 	}
-	nonce := make([]byte, aead.NonceSize(), aead.NonceSize()+buf.Len()+aead.Overhead())
-	if _, err := io.ReadFull(s.cfg.Rand, nonce); err != nil {
-		return fmt.Errorf("workerapi: reading randomness: %w", err)
-	}
 	return s.leases.Remember(ctx, lease.Answer{
-		Key: k.id, WorkerID: c.principal.ID, Digest: k.digest, Status: code,
-		Body: aead.Seal(nonce, nonce, bytes.TrimSuffix(buf.Bytes(), []byte("\n")), k.id), ExpiresAt: expires,
+		Key: k.id, WorkerID: c.principal.ID, Digest: k.digest, Status: code, Body: sealed, ExpiresAt: expires,
 	})
-}
-
-func answerAEAD(key []byte) (cipher.AEAD, error) {
-	b, err := aes.NewCipher(key)
-	if err != nil {
-		return nil, err
-	}
-	return cipher.NewGCM(b)
 }
 
 // answerExpiry is when an answer given now is forgotten: after

@@ -19,21 +19,16 @@ func TestDBMaxConns(t *testing.T) {
 			t.Parallel()
 			f := newFiles(t, d)
 			s := serve(t, append(f.args("127.0.0.1:0"), "-db-max-conns", "7")...)
-			resp, err := http.Get("http://" + s.addr + "/metrics")
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer resp.Body.Close()
-			b, err := io.ReadAll(resp.Body)
-			if err != nil {
-				t.Fatal(err)
+			code, b := fetch(t, "http://"+s.addr+"/metrics", operatorToken(t, s.stdout.String()))
+			if code != http.StatusOK {
+				t.Fatalf("GET /metrics: %d %s", code, b)
 			}
 			for _, want := range []string{
 				`go_sql_max_open_connections{db_name="nodelane"} 7`,
 				`go_sql_wait_count_total{db_name="nodelane"} `,
 				`go_sql_wait_duration_seconds_total{db_name="nodelane"} `,
 			} {
-				if !strings.Contains(string(b), want) {
+				if !strings.Contains(b, want) {
 					t.Errorf("/metrics lacks %q", want)
 				}
 			}

@@ -28,7 +28,10 @@
 //
 // GET /healthz answers 200 while the process serves; GET /metrics
 // serves Prometheus metrics (workerapi/prommetrics, with the Go runtime's
-// and the process's). -log-level (debug, info, warn, error) and
+// and the process's) to a bearer credential with operator:receipts
+// (MetricsScope). -metrics-addr serves /metrics, /healthz and /readyz,
+// without a credential, on an address of their own, which must be a
+// private one. -log-level (debug, info, warn, error) and
 // -log-format (text, json) shape the logs on stderr.
 //
 // GET /readyz answers 200 {"ready":true} while the server should get
@@ -137,6 +140,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		publicURL     = fs.String("public-url", "", "the URL workers use, when a proxy in front rewrites Host or strips a path prefix (https://cp.example.com/nodelane): signatures are verified against it (docs/PROXY.md)")
 		proxies       []netip.Prefix
 		pprofAddr     = fs.String("pprof-addr", "", "serve Go's profiles (net/http/pprof, /debug/pprof/) on this address, say 127.0.0.1:6060, for measuring; never on a public one: they show the process's internals (empty: off)")
+		metricsAddr   = fs.String("metrics-addr", "", "also serve /metrics, /healthz and /readyz, without a credential and over plain HTTP, on this address, say 127.0.0.1:9090; only on a private one: anyone who reaches it reads the metrics (empty: off; on -addr /metrics needs operator:receipts)")
 	)
 	fs.Var(&prices, "price", "SKU=MICRO_USD_PER_GPU_HOUR (repeatable; default=N sets the price of unlisted SKUs)")
 	fs.Func("trusted-proxy", "CIDR or IP of a proxy in front whose X-Forwarded-For the request log's client_addr believes (repeatable; for the log and the console's sign-in limit only)", func(s string) error {
@@ -188,7 +192,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 
 	// Before the listeners, so that a bad certificate file stops the
 	// server before it binds or bootstraps.
-	tlsSrv, err := startTLS(ctx, tlsFlags, log)
+	tlsSrv, err := startTLS(ctx, tlsFlags, *publicURL, log)
 	if err != nil {
 		return err
 	}
@@ -208,6 +212,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		defer httpLn.Close()
 	}
 
+	var metricsLn net.Listener
+	if *metricsAddr != "" {
+		if metricsLn, err = net.Listen("tcp", *metricsAddr); err != nil {
+			return fmt.Errorf("-metrics-addr: %w", err)
+		}
+		defer metricsLn.Close()
+	}
 	if *pprofAddr != "" {
 		pln, err := net.Listen("tcp", *pprofAddr)
 		if err != nil {
@@ -279,6 +290,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	// the Handler answers 404 in JSON.
 	met.reg.MustRegister(collectors.NewDBStatsCollector(cp.DB.Bun().DB, "nodelane"))
 	ops, api := opsHandlers(cp.Server, met, log), cp.Server.Handler()
+	if metricsLn != nil {
+		ms := &http.Server{Handler: opsOnly(ops)}
+		hl.apply(ms)
+		go ms.Serve(metricsLn)
+		defer ms.Close()
+		log.Info("serving metrics and probes", "metrics_addr", metricsLn.Addr().String())
+	}
+	ops = guardMetrics(cp.Server, ops)
 	ccfg := console.Config{API: cp.Server.OperatorHandler(), VerifierKey: cp.Server.ReceiptVerifierKey()}
 	ccfg.ClientAddr = cp.Server.ClientAddr // sign-ins are limited per client, past the trusted proxies
 	if *publicURL != "" {

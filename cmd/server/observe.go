@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net/http"
 	"net/http/pprof"
 	"strings"
@@ -12,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/nodelane/nodelane/credential"
 	"github.com/nodelane/nodelane/workerapi"
 	"github.com/nodelane/nodelane/workerapi/prommetrics"
 )
@@ -50,10 +52,16 @@ func newMetrics() (*metrics, error) {
 	return &metrics{reg: reg, m: m}, nil
 }
 
+// MetricsScope is the operator scope GET /metrics needs on -addr: the
+// one whose routes only read, so that a scraper's token can change
+// nothing. -metrics-addr serves it without a credential.
+const MetricsScope = credential.ScopeOperatorReceipts
+
 // opsHandlers returns the handlers the server serves beside the API, by
 // path: /readyz (workerapi.Server.ReadyHandler), /healthz (200 while the
 // process serves) and /metrics (Prometheus, with the queue and worker
-// gauges read from the database on each scrape).
+// gauges read from the database on each scrape). None asks for a
+// credential: see guardMetrics.
 func opsHandlers(s *workerapi.Server, m *metrics, log *slog.Logger) map[string]http.Handler {
 	m.reg.MustRegister(prommetrics.NewStatsCollector(s, log))
 	return map[string]http.Handler{
@@ -72,6 +80,26 @@ func opsHandlers(s *workerapi.Server, m *metrics, log *slog.Logger) map[string]h
 			ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn), ErrorHandling: promhttp.ContinueOnError,
 		}),
 	}
+}
+
+// guardMetrics returns ops as -addr serves them: /metrics needs a bearer
+// credential with MetricsScope (401 or 403 otherwise, as on the operator
+// routes); the probes need none.
+func guardMetrics(s *workerapi.Server, ops map[string]http.Handler) map[string]http.Handler {
+	guarded := maps.Clone(ops)
+	guarded["/metrics"] = s.RequireScope(MetricsScope, ops["/metrics"])
+	return guarded
+}
+
+// opsOnly serves ops by path, 404 for any other (-metrics-addr).
+func opsOnly(ops map[string]http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if h, ok := ops[r.URL.Path]; ok {
+			h.ServeHTTP(w, r)
+			return
+		}
+		http.NotFound(w, r)
+	})
 }
 
 // pprofHandler serves Go's profiles under /debug/pprof/ (-pprof-addr), on

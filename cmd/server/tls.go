@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/signal"
 	"strings"
@@ -19,12 +20,18 @@ type tlsServer struct{ *tlsserve.Server }
 
 // startTLS prepares serving TLS as the flags say (nil without TLS) and,
 // until ctx ends, reloads the certificate files on SIGHUP: a SIGHUP never
-// stops a server that serves TLS.
-func startTLS(ctx context.Context, f *tlsserve.Flags, log *slog.Logger) (*tlsServer, error) {
+// stops a server that serves TLS. -http-addr redirects to publicURL's
+// host (-public-url, checked) when the request names none of the
+// server's.
+func startTLS(ctx context.Context, f *tlsserve.Flags, publicURL string, log *slog.Logger) (*tlsServer, error) {
 	if !f.Enabled() {
 		return nil, nil
 	}
-	s, err := tlsserve.New(f, &tlsserve.Config{Logger: log})
+	cfg := &tlsserve.Config{Logger: log}
+	if u, err := url.Parse(publicURL); err == nil {
+		cfg.Host = u.Hostname()
+	}
+	s, err := tlsserve.New(f, cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -49,6 +56,7 @@ func startTLS(ctx context.Context, f *tlsserve.Flags, log *slog.Logger) (*tlsSer
 // redirects and ACME HTTP-01 challenges on httpLn, which it returns the
 // server of. Both keep the bounds of hl; their errors go to served.
 func (t *tlsServer) serve(srv *http.Server, ln, httpLn net.Listener, hl *httpLimits, log *slog.Logger, served chan<- error) *http.Server {
+	srv.Handler = t.HSTS(srv.Handler)
 	srv.TLSConfig = t.TLSConfig()
 	srv.ErrorLog = serverErrorLog(log)
 	// ServeTLS adds h2 and http/1.1 to the protocols and wraps the

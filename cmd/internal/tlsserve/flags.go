@@ -8,12 +8,17 @@ import (
 	"net/url"
 	"slices"
 	"strings"
+	"time"
 
 	"golang.org/x/crypto/acme"
 )
 
 // DefaultACMEDir is the ACME cache directory when -acme-dir is not given.
 const DefaultACMEDir = "nodelane-acme"
+
+// DefaultHSTSMaxAge is the Strict-Transport-Security max-age when
+// -hsts-max-age is not given: a year.
+const DefaultHSTSMaxAge = 365 * 24 * time.Hour
 
 // ErrFlags is wrapped by every error Flags.Check returns.
 var ErrFlags = errors.New("bad TLS flags")
@@ -44,6 +49,10 @@ type Flags struct {
 	// answers ACME HTTP-01 challenges and redirects everything else to
 	// https. Optional; only with TLS.
 	HTTPAddr string
+	// HSTSMaxAge is the max-age of the Strict-Transport-Security header
+	// of every answer over TLS: -hsts-max-age, whole seconds. 0 sends
+	// none. Defaults to DefaultHSTSMaxAge.
+	HSTSMaxAge time.Duration
 
 	fs *flag.FlagSet
 }
@@ -63,6 +72,7 @@ func RegisterFlags(fs *flag.FlagSet) *Flags {
 	fs.StringVar(&f.ACMEEmail, "acme-email", "", "with -acme-domain: contact address of the ACME account (optional)")
 	fs.StringVar(&f.ACMECAFile, "acme-ca-file", "", "with -acme-domain: PEM roots to trust for the ACME server itself instead of the system roots (a private ACME server)")
 	fs.StringVar(&f.HTTPAddr, "http-addr", "", "with TLS: plain HTTP listen address (e.g. :80) that answers ACME HTTP-01 challenges and redirects everything else to https")
+	fs.DurationVar(&f.HSTSMaxAge, "hsts-max-age", DefaultHSTSMaxAge, "with TLS: the max-age of the Strict-Transport-Security header every answer carries (0: none)")
 	return f
 }
 
@@ -89,6 +99,10 @@ func (f *Flags) Check() error {
 		return bad("-tls-cert/-tls-key and -acme-domain are exclusive: serve either the certificate files or ACME's")
 	case f.HTTPAddr != "" && !f.Enabled():
 		return bad("-http-addr needs TLS (-tls-cert/-tls-key or -acme-domain): it only redirects to https")
+	case f.HSTSMaxAge < 0 || f.HSTSMaxAge%time.Second != 0:
+		return bad("-hsts-max-age %v: want whole seconds, 0 or more", f.HSTSMaxAge)
+	case set["hsts-max-age"] && !f.Enabled():
+		return bad("-hsts-max-age needs TLS: HSTS is sent over https only")
 	}
 	if len(f.ACMEDomains) == 0 {
 		for _, name := range []string{"acme-dir", "acme-directory-url", "acme-email", "acme-ca-file"} {

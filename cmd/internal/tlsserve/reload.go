@@ -20,6 +20,10 @@ import (
 // on a handshake.
 const DefaultCheckInterval = time.Second
 
+// ErrKeyReadable is wrapped by the error of a key file that group or
+// others may read: it is refused, at start and on every reload.
+var ErrKeyReadable = errors.New("is readable by group or others")
+
 // ErrNoCertificate is wrapped by the error of a certificate file that
 // holds no PEM CERTIFICATE block.
 var ErrNoCertificate = errors.New("no PEM CERTIFICATE block")
@@ -145,15 +149,17 @@ func (r *Reloader) stampsLocked() [2]stamp {
 }
 
 // LoadKeyPair reads a PEM certificate chain (leaf first) and its PEM
-// private key. Its error names the file at fault, never the key's bytes.
+// private key, which group and others must not be able to read
+// (ErrKeyReadable). Its error names the file at fault, never the key's
+// bytes.
 func LoadKeyPair(certFile, keyFile string) (*tls.Certificate, error) {
 	certPEM, err := os.ReadFile(certFile)
 	if err != nil {
 		return nil, fmt.Errorf("TLS certificate: %w", err)
 	}
-	keyPEM, err := os.ReadFile(keyFile)
+	keyPEM, err := readPrivate(keyFile)
 	if err != nil {
-		return nil, fmt.Errorf("TLS key: %w", err)
+		return nil, err
 	}
 	if !hasCertificate(certPEM) {
 		return nil, fmt.Errorf("TLS certificate %s: %w", certFile, ErrNoCertificate)
@@ -171,6 +177,28 @@ func LoadKeyPair(certFile, keyFile string) (*tls.Certificate, error) {
 		}
 	}
 	return &c, nil
+}
+
+// readPrivate reads the key file, refusing one that group or others may
+// read (ErrKeyReadable), as the server refuses such a secrets file.
+func readPrivate(name string) ([]byte, error) {
+	f, err := os.Open(name)
+	if err != nil {
+		return nil, fmt.Errorf("TLS key: %w", err)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("TLS key: %w", err)
+	}
+	if perm := fi.Mode().Perm(); perm&0o077 != 0 {
+		return nil, fmt.Errorf("TLS key %s: %w (mode %04o): chmod 600 it", name, ErrKeyReadable, perm)
+	}
+	b, err := io.ReadAll(f)
+	if err != nil {
+		return nil, fmt.Errorf("TLS key: %w", err)
+	}
+	return b, nil
 }
 
 func hasCertificate(b []byte) bool {

@@ -305,6 +305,12 @@ func TestNewReloaderErrors(t *testing.T) {
 	}
 	cert, key := put("cert.pem", a.CertPEM), put("key.pem", a.KeyPEM)
 	otherKey := put("other-key.pem", b.KeyPEM)
+	groupKey, worldKey := put("group-key.pem", a.KeyPEM), put("world-key.pem", a.KeyPEM)
+	for p, mode := range map[string]os.FileMode{groupKey: 0o640, worldKey: 0o644} {
+		if err := os.Chmod(p, mode); err != nil {
+			t.Fatal(err)
+		}
+	}
 	garbage := put("garbage.pem", []byte("hello\n"))
 	missing := filepath.Join(dir, "missing.pem")
 	for _, tc := range []struct {
@@ -318,6 +324,8 @@ func TestNewReloaderErrors(t *testing.T) {
 		{"key for a certificate", cert, cert, []string{cert, "key"}, nil},
 		{"garbage key", cert, garbage, []string{garbage}, nil},
 		{"mismatched key", cert, otherKey, []string{otherKey, "does not match"}, nil},
+		{"group-readable key", cert, groupKey, []string{groupKey, "mode 0640", "chmod 600"}, ErrKeyReadable},
+		{"world-readable key", cert, worldKey, []string{worldKey, "mode 0644", "chmod 600"}, ErrKeyReadable},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -337,5 +345,39 @@ func TestNewReloaderErrors(t *testing.T) {
 				t.Errorf("error shows PEM: %v", err)
 			}
 		})
+	}
+}
+
+// A key file that group or others may read is refused on a reload too,
+// whether on SIGHUP (Reload) or noticed by a handshake: the certificate
+// served stays, and the log names the file and its mode.
+func TestReloaderRefusesReadableKey(t *testing.T) {
+	t.Parallel()
+	ca := testpki.NewCA(t, "tlsserve test CA")
+	a, b := ca.Leaf(t), ca.Leaf(t)
+	f := newFixture(t, a)
+	f.write(t, b)
+	if err := os.Chmod(f.keyFile, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.r.Reload(); !errors.Is(err, ErrKeyReadable) || !strings.Contains(err.Error(), f.keyFile) {
+		t.Fatalf("Reload of a 0644 key: %v, want ErrKeyReadable naming %s", err, f.keyFile)
+	}
+	f.clock.Advance(time.Hour)
+	if got := f.served(t); got.Cmp(a.Cert.SerialNumber) != 0 {
+		t.Fatalf("after a 0644 key serves %v, want the previous %v", got, a.Cert.SerialNumber)
+	}
+	if !strings.Contains(f.log.String(), "mode 0644") {
+		t.Errorf("the log does not give the key's mode:\n%s", f.log.String())
+	}
+	// Made private, it loads at the next check.
+	if err := os.Chmod(f.keyFile, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.r.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.served(t); got.Cmp(b.Cert.SerialNumber) != 0 {
+		t.Fatalf("after chmod 600 serves %v, want %v", got, b.Cert.SerialNumber)
 	}
 }

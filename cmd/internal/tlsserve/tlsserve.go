@@ -2,9 +2,10 @@
 // certificate and key read from files and reloaded when they change or on
 // demand (Reloader), or certificates obtained and renewed through ACME
 // (golang.org/x/crypto/acme/autocert, TLS-ALPN-01 on the TLS listener and
-// HTTP-01 on the plain HTTP one), and the plain HTTP listener's handler,
+// HTTP-01 on the plain HTTP one), the plain HTTP listener's handler,
 // which answers ACME HTTP-01 challenges and otherwise only redirects to
-// https. TLS 1.2 is the least version; everything else is Go's default.
+// https at a configured name, and HSTS on the TLS listener's answers.
+// TLS 1.2 is the least version; everything else is Go's default.
 package tlsserve
 
 import (
@@ -17,6 +18,8 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -32,12 +35,18 @@ type Config struct {
 	// Now is the clock of the certificate files' change checks. Defaults
 	// to time.Now.
 	Now func() time.Time
+	// Host is the name the plain HTTP listener redirects to when a
+	// request names none of the server's (the host of the server's public
+	// URL). Defaults to the first ACME domain, else the certificate's
+	// first DNS name, else its first IP address.
+	Host string
 }
 
 // A Server holds what the TLS listener and the plain HTTP listener serve.
 type Server struct {
 	flags   *Flags
 	log     *slog.Logger
+	host    string            // Config.Host
 	files   *Reloader         // with -tls-cert
 	manager *autocert.Manager // with -acme-domain
 	config  *tls.Config
@@ -50,7 +59,7 @@ func New(f *Flags, cfg *Config) (*Server, error) {
 	if cfg == nil {
 		cfg = &Config{}
 	}
-	s := &Server{flags: f, log: cfg.Logger}
+	s := &Server{flags: f, log: cfg.Logger, host: hostname(cfg.Host)}
 	if s.log == nil {
 		s.log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
@@ -204,14 +213,32 @@ func (s *Server) URL(addr net.Addr, path string) string {
 	return "https://" + net.JoinHostPort(host, port) + path
 }
 
+// HSTS wraps h, the TLS listener's handler, so that every answer tells
+// browsers to reach this name over https only (Strict-Transport-Security,
+// max-age -hsts-max-age; nothing with -hsts-max-age 0). Plain HTTP never
+// sends it: browsers ignore it there.
+func (s *Server) HSTS(h http.Handler) http.Handler {
+	secs := int64(s.flags.HSTSMaxAge / time.Second)
+	if secs <= 0 {
+		return h
+	}
+	value := "max-age=" + strconv.FormatInt(secs, 10)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Strict-Transport-Security", value)
+		h.ServeHTTP(w, r)
+	})
+}
+
 // HTTPHandler is the plain HTTP listener's handler: under ACME it answers
 // HTTP-01 challenges (autocert's Manager.HTTPHandler) for the configured
-// domains; every other request is redirected (308) to the same host and
-// path over https, on tlsPort. Nothing else is served over plain HTTP.
-// Under ACME, HTTP-01 is tried only once HTTPHandler has been called:
-// call it before Start.
+// domains; every other request is redirected (308) over https, on
+// tlsPort, to the same path at the name it asked for if that is one of
+// the server's (Config.Host, the ACME domains, the certificate's names),
+// else at Config.Host or its default: never at a name only the request
+// gives. Nothing else is served over plain HTTP. Under ACME, HTTP-01 is
+// tried only once HTTPHandler has been called: call it before Start.
 func (s *Server) HTTPHandler(tlsPort string) http.Handler {
-	redirect := RedirectHandler(tlsPort)
+	redirect := RedirectHandler(tlsPort, s.redirectHost)
 	if s.manager == nil {
 		return redirect
 	}
@@ -225,14 +252,47 @@ func (s *Server) HTTPHandler(tlsPort string) http.Handler {
 	})
 }
 
+// redirectHost is the name a request for host is redirected to: host
+// itself if it is one of the server's names, else the first of them
+// (Config.Host first), else "".
+func (s *Server) redirectHost(host string) string {
+	var names []string
+	if s.host != "" {
+		names = append(names, s.host)
+	}
+	names = append(names, s.flags.ACMEDomains...)
+	if s.files != nil {
+		l := s.files.Leaf()
+		for _, n := range l.DNSNames {
+			names = append(names, strings.ToLower(n))
+		}
+		for _, ip := range l.IPAddresses {
+			names = append(names, ip.String())
+		}
+	}
+	if ip := net.ParseIP(host); ip != nil {
+		host = ip.String()
+	}
+	switch {
+	case slices.Contains(names, host):
+		return host
+	case len(names) > 0:
+		return names[0]
+	}
+	return ""
+}
+
 // RedirectHandler redirects every request (308, so that the method and
-// body stay) to the same host, path and query over https on tlsPort (the
-// port left out when it is 443).
-func RedirectHandler(tlsPort string) http.Handler {
+// body stay) to the same path and query over https on tlsPort (the port
+// left out when it is 443), at the name that name gives for the
+// request's host (lowercased, without port or final dot). The request's
+// Host is never trusted as the target: name decides. When name gives ""
+// the request is answered 400.
+func RedirectHandler(tlsPort string, name func(host string) string) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		host := hostname(r.Host)
+		host := name(hostname(r.Host))
 		if host == "" {
-			http.Error(w, "a Host header is needed to redirect to https", http.StatusBadRequest)
+			http.Error(w, "no name to redirect to https at", http.StatusBadRequest)
 			return
 		}
 		if tlsPort != "443" {

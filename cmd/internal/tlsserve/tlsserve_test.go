@@ -1,6 +1,7 @@
 package tlsserve
 
 import (
+	"bufio"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -70,6 +71,9 @@ func TestFlagsCheck(t *testing.T) {
 		{"userinfo directory", []string{"-acme-domain", "cp.example.com", "-acme-directory-url", "https://u:p@acme.example.com/dir"}, "https://"},
 		{"email display name", []string{"-acme-domain", "cp.example.com", "-acme-email", "Ops <ops@example.com>"}, "bare address"},
 		{"email garbage", []string{"-acme-domain", "cp.example.com", "-acme-email", "ops"}, "bare address"},
+		{"negative hsts", []string{"-tls-cert", "c.pem", "-tls-key", "k.pem", "-hsts-max-age", "-1s"}, "-hsts-max-age"},
+		{"fractional hsts", []string{"-tls-cert", "c.pem", "-tls-key", "k.pem", "-hsts-max-age", "1.5s"}, "whole seconds"},
+		{"hsts without tls", []string{"-hsts-max-age", "1h"}, "-hsts-max-age needs TLS"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -114,7 +118,7 @@ func TestRedirectHandler(t *testing.T) {
 			req := httptest.NewRequest(tc.method, tc.target, strings.NewReader("body"))
 			req.Host = tc.host
 			rec := httptest.NewRecorder()
-			RedirectHandler(tc.port).ServeHTTP(rec, req)
+			RedirectHandler(tc.port, func(h string) string { return h }).ServeHTTP(rec, req)
 			if rec.Code != http.StatusPermanentRedirect || rec.Header().Get("Location") != tc.want {
 				t.Fatalf("%d Location %q, want 308 %q", rec.Code, rec.Header().Get("Location"), tc.want)
 			}
@@ -123,9 +127,113 @@ func TestRedirectHandler(t *testing.T) {
 	req := httptest.NewRequest("GET", "/", nil)
 	req.Host = ""
 	rec := httptest.NewRecorder()
-	RedirectHandler("443").ServeHTTP(rec, req)
+	RedirectHandler("443", func(h string) string { return h }).ServeHTTP(rec, req)
 	if rec.Code != http.StatusBadRequest || rec.Header().Get("Location") != "" {
-		t.Fatalf("no Host: %d %q", rec.Code, rec.Header().Get("Location"))
+		t.Fatalf("no name: %d %q", rec.Code, rec.Header().Get("Location"))
+	}
+}
+
+// filesServer is a Server of a new certificate (names localhost and
+// 127.0.0.1) from files, with cfg, and the test CA's roots.
+func filesServer(t *testing.T, cfg *Config, args ...string) (*Server, *x509.CertPool) {
+	t.Helper()
+	ca := testpki.NewCA(t, "tlsserve test CA")
+	l := ca.Leaf(t)
+	dir := t.TempDir()
+	certFile, keyFile := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	testpki.WriteAtomic(t, certFile, l.CertPEM)
+	testpki.WriteAtomic(t, keyFile, l.KeyPEM)
+	f, err := parse(t, append([]string{"-tls-cert", certFile, "-tls-key", keyFile, "-http-addr", "127.0.0.1:0"}, args...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := New(f, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, ca.Pool()
+}
+
+// The plain HTTP listener redirects to one of the server's own names,
+// never to the one a request's Host gives: over real HTTP on loopback, a
+// hostile Host goes to the configured host (Config.Host, else the
+// certificate's first name), a Host that is one of the names stays.
+func TestRedirectConfiguredHost(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name, host, reqHost, want string
+	}{
+		{"hostile host, certificate's name", "", "evil.example", "https://localhost:8443/a?b=1"},
+		{"hostile host, Config.Host", "CP.example.com", "evil.example:80", "https://cp.example.com:8443/a?b=1"},
+		{"a name of the certificate", "cp.example.com", "LOCALHOST.", "https://localhost:8443/a?b=1"},
+		{"an address of the certificate", "", "127.0.0.1:80", "https://127.0.0.1:8443/a?b=1"},
+		{"Config.Host itself", "cp.example.com", "cp.example.com", "https://cp.example.com:8443/a?b=1"},
+		{"no Host", "cp.example.com", "", "https://cp.example.com:8443/a?b=1"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			s, _ := filesServer(t, &Config{Host: tc.host})
+			hs := httptest.NewServer(s.HTTPHandler("8443"))
+			defer hs.Close()
+			conn, err := net.Dial("tcp", hs.Listener.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			// Written by hand: net/http's client always sends a Host.
+			host := "Host: " + tc.reqHost + "\r\n"
+			if tc.reqHost == "" {
+				host = "Host:\r\n"
+			}
+			if _, err := io.WriteString(conn, "GET /a?b=1 HTTP/1.1\r\n"+host+"Connection: close\r\n\r\n"); err != nil {
+				t.Fatal(err)
+			}
+			resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusPermanentRedirect || resp.Header.Get("Location") != tc.want {
+				t.Fatalf("Host %q: %d Location %q, want 308 %q", tc.reqHost, resp.StatusCode, resp.Header.Get("Location"), tc.want)
+			}
+			if resp.Header.Get("Strict-Transport-Security") != "" {
+				t.Errorf("plain HTTP sends HSTS: %q", resp.Header.Get("Strict-Transport-Security"))
+			}
+		})
+	}
+}
+
+// Every answer over TLS carries Strict-Transport-Security, with
+// -hsts-max-age's max-age (a year by default); -hsts-max-age 0 sends none.
+func TestHSTS(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{nil, "max-age=31536000"},
+		{[]string{"-hsts-max-age", "1h"}, "max-age=3600"},
+		{[]string{"-hsts-max-age", "0"}, ""},
+	} {
+		t.Run(tc.want, func(t *testing.T) {
+			t.Parallel()
+			s, roots := filesServer(t, nil, tc.args...)
+			hs := httptest.NewUnstartedServer(s.HSTS(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				http.Error(w, "nope", http.StatusNotFound) // errors too
+			})))
+			hs.TLS = s.TLSConfig()
+			hs.StartTLS()
+			defer hs.Close()
+			hc := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots, ServerName: "localhost"}}}
+			resp, err := hc.Get(hs.URL)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusNotFound || resp.Header.Get("Strict-Transport-Security") != tc.want {
+				t.Fatalf("%d Strict-Transport-Security %q, want 404 %q", resp.StatusCode, resp.Header.Get("Strict-Transport-Security"), tc.want)
+			}
+		})
 	}
 }
 

@@ -114,7 +114,7 @@ func checkRegister(r *wire.RegisterRequest) error {
 		checkText("role", r.Role, wire.MaxNameBytes),
 		checkText("version", r.Version, wire.MaxNameBytes),
 		checkOptional("endpoint_url", r.EndpointURL, wire.MaxURIBytes),
-		checkList("tags", r.Tags, wire.MaxTags, wire.MaxTagBytes),
+		checkTags("tags", r.Tags),
 		checkHeld(r.CurrentJobs),
 	); err != nil {
 		return err
@@ -129,7 +129,7 @@ func checkStart(r *wire.StartRequest) error {
 		checkText("hostname", r.Hostname, wire.MaxNameBytes),
 		checkText("role", r.Role, wire.MaxNameBytes),
 		checkText("version", r.Version, wire.MaxNameBytes),
-		checkList("tags", r.Tags, wire.MaxTags, wire.MaxTagBytes),
+		checkTags("tags", r.Tags),
 		checkHeld(r.CurrentJobs),
 	); err != nil {
 		return err

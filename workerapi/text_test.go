@@ -133,6 +133,12 @@ func charCases() []charCase {
 		{"artifacts: metadata", "/workers/jobs/{id}/artifacts", objectField, "metadata.k", func(tok, s string) any {
 			return obj{"lease_token": tok, "artifact_type": "adapter", "name": "a", "uri": "s3://a", "metadata": obj{"k": s}}
 		}},
+		{"uploads: artifact_type", "/workers/jobs/{id}/uploads", nameField, "artifact_type", func(tok, s string) any {
+			return wire.UploadRequest{LeaseToken: tok, ArtifactType: s, Name: "a", SizeBytes: ptr(int64(1)), ChecksumSHA256: strings.Repeat("0", 64)}
+		}},
+		{"uploads: name", "/workers/jobs/{id}/uploads", nameField, "name", func(tok, s string) any {
+			return wire.UploadRequest{LeaseToken: tok, ArtifactType: "adapter", Name: s, SizeBytes: ptr(int64(1)), ChecksumSHA256: strings.Repeat("0", 64)}
+		}},
 		{"complete: output_uri", "/workers/jobs/{id}/complete", nameField, "output_uri", func(tok, s string) any {
 			return wire.CompleteRequest{LeaseToken: tok, OutputURI: &s}
 		}},

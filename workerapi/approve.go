@@ -96,7 +96,7 @@ func decodeStrict(c *call, v any) error {
 	if dec.More() {
 		return invalid("trailing data after the JSON body")
 	}
-	return nil
+	return checkChars(v)
 }
 
 // approvalPins checks what an approval pins, in the caller's terms

@@ -430,7 +430,7 @@ func TestOperatorListCredentials(t *testing.T) {
 			{"unknown principal", env.OperatorToken, "?principal=nobody", 404, wire.CodeNotFound},
 			{"principal in another case", env.OperatorToken, "?principal=Lister", 404, wire.CodeNotFound},
 			{"principal not UTF-8", env.OperatorToken, "?principal=lister%ff", 404, wire.CodeNotFound},
-			{"principal with NUL", env.OperatorToken, "?principal=lister%00", 404, wire.CodeNotFound},
+			{"principal with NUL", env.OperatorToken, "?principal=lister%00", 400, wire.CodeInvalidRequest},
 			{"no scope", jobsOnly, "", 403, wire.CodeInsufficientScope},
 			{"provisioning token", env.ProvisioningToken, "", 403, wire.CodeInsufficientScope},
 			{"node token", n.Token, "", 403, wire.CodeInsufficientScope},

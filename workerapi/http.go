@@ -108,7 +108,8 @@ func (c *call) pathID() string { return c.r.PathValue("id") }
 // wire/limits.go (checkLimits). Unknown fields are ignored (PROTOCOL.md);
 // malformed JSON, a wrong type, trailing data of any kind after the JSON
 // value (a stray "}" or "]" included), or a field over its limit is
-// ErrInvalidRequest.
+// ErrInvalidRequest, and so is a character its field may not hold
+// (checkChars).
 func (c *call) decode(v any) error {
 	dec := json.NewDecoder(bytes.NewReader(c.body))
 	if err := dec.Decode(v); err != nil {
@@ -120,7 +121,7 @@ func (c *call) decode(v any) error {
 	if rest := c.body[dec.InputOffset():]; !jsonSpace(rest) {
 		return fmt.Errorf("%w: trailing data after the JSON value at byte %d", ErrInvalidRequest, dec.InputOffset())
 	}
-	return checkLimits(v)
+	return firstError(checkLimits(v), checkChars(v))
 }
 
 // jsonSpace reports whether b holds only JSON whitespace (RFC 8259 §2).
@@ -287,6 +288,9 @@ func (s *Server) run(ctx context.Context, c *call, rt route) (int, any, error) {
 		return 0, nil, err
 	}
 	c.principal, c.credentialID, c.bearer = p, cred.ID, token
+	if err := checkRequestChars(c.r); err != nil {
+		return 0, nil, err
+	}
 	if rt.signed && rt.path != wire.PathRegister &&
 		(p.Kind != credential.KindNode || len(p.PublicKey) != ed25519.PublicKeySize) {
 		return 0, nil, fmt.Errorf("%w: the credential is not a registered node's", credential.ErrInsufficientScope)

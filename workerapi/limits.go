@@ -4,9 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"strings"
-	"unicode"
-	"unicode/utf8"
 
 	"github.com/nodelane/nodelane/lease"
 	"github.com/nodelane/nodelane/replay"
@@ -114,7 +111,7 @@ func checkRegister(r *wire.RegisterRequest) error {
 		checkText("role", r.Role, wire.MaxNameBytes),
 		checkText("version", r.Version, wire.MaxNameBytes),
 		checkOptional("endpoint_url", r.EndpointURL, wire.MaxURIBytes),
-		checkList("tags", r.Tags, wire.MaxTags, wire.MaxTagBytes),
+		checkTags("tags", r.Tags),
 		checkHeld(r.CurrentJobs),
 	); err != nil {
 		return err
@@ -129,7 +126,7 @@ func checkStart(r *wire.StartRequest) error {
 		checkText("hostname", r.Hostname, wire.MaxNameBytes),
 		checkText("role", r.Role, wire.MaxNameBytes),
 		checkText("version", r.Version, wire.MaxNameBytes),
-		checkList("tags", r.Tags, wire.MaxTags, wire.MaxTagBytes),
+		checkTags("tags", r.Tags),
 		checkHeld(r.CurrentJobs),
 	); err != nil {
 		return err
@@ -191,20 +188,16 @@ func checkLogs(r *wire.LogsRequest) error {
 	return nil
 }
 
-// checkTags checks a job's tags: at most wire.MaxTags, each 1 to
-// wire.MaxTagBytes bytes of UTF-8 without whitespace or control
-// characters, the rules of an approval's pinned tags (approvalPins), so
-// that a job names only tags an operator could pin.
+// checkTags checks tags, a node's or a job's: at most wire.MaxTags, each
+// as wire.CheckTag says, the rules of an approval's pinned tags
+// (approvalPins), so that a job names only tags an operator could pin.
 func checkTags(field string, tags []string) error {
 	if err := checkList(field, tags, wire.MaxTags, wire.MaxTagBytes); err != nil {
 		return err
 	}
 	for i, t := range tags {
-		if t == "" || !utf8.ValidString(t) {
-			return invalid("%s[%d] must be 1 to %d bytes of UTF-8", field, i, wire.MaxTagBytes)
-		}
-		if strings.IndexFunc(t, func(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) }) >= 0 {
-			return invalid("%s[%d] must hold no whitespace or control character", field, i)
+		if err := wire.CheckTag(t); err != nil {
+			return invalid("%s[%d] %v", field, i, err)
 		}
 	}
 	return nil

@@ -58,8 +58,8 @@ func (s *Server) lease(ctx context.Context, c *call) (int, any, error) {
 		}
 	}
 	if req.WaitSeconds != nil {
-		if wait = *req.WaitSeconds; wait < 0 {
-			return 0, nil, invalid("wait_seconds must not be negative")
+		if wait = *req.WaitSeconds; wait < 0 || wait > wire.MaxWaitSeconds {
+			return 0, nil, invalid("wait_seconds must be 0 to %d", wire.MaxWaitSeconds)
 		}
 	}
 	k, err := keyFor(c, "lease", "", req.RequestID, req)
@@ -75,7 +75,7 @@ func (s *Server) lease(ctx context.Context, c *call) (int, any, error) {
 		GPUSKUs:  req.SupportedGPUSKUs,
 		MaxJobs:  n,
 	}
-	d := min(time.Duration(wait)*time.Second, wire.MaxWaitSeconds*time.Second, s.cfg.MaxWait)
+	d := min(time.Duration(wait)*time.Second, s.cfg.MaxWait)
 	var (
 		w     *waiter
 		sig   <-chan struct{}

@@ -24,8 +24,9 @@ func newTable(w io.Writer) *table {
 
 func (t *table) row(cells ...string) {
 	for i, c := range cells {
-		// A cell is one line, and a tab would break the columns.
-		cells[i] = strings.NewReplacer("\t", " ", "\n", " ", "\r", " ").Replace(c)
+		// A cell is one line, and a tab would break the columns; nothing
+		// in it reaches the terminal as a control (escapeText).
+		cells[i] = escapeText(strings.NewReplacer("\t", " ", "\n", " ", "\r", " ").Replace(c), false)
 	}
 	fmt.Fprintln(t.tw, strings.Join(cells, "\t"))
 }
@@ -296,7 +297,10 @@ func jobsLogs(a *app, args []string) error {
 				if e.EventType != nil {
 					what = *e.EventType
 				}
-				fmt.Fprintf(a.stdout, "%s  %-10s %s\n", e.CreatedAt.UTC().Format("2006-01-02T15:04:05.000Z"), what, strings.TrimRight(e.Message, "\n"))
+				// One event is one line: a newline in a message is shown
+				// as \n, so that no message can pass for another event.
+				fmt.Fprintf(a.stdout, "%s  %-10s %s\n", e.CreatedAt.UTC().Format("2006-01-02T15:04:05.000Z"),
+					escapeText(what, false), escapeText(strings.TrimRight(e.Message, "\n"), true))
 			}
 			after = e.ID
 		}

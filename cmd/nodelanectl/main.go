@@ -191,7 +191,7 @@ func (a *app) run(args []string) int {
 		fmt.Fprintln(stderr, "nodelanectl: interrupted")
 		return exitInterrupted
 	case errors.As(err, &we):
-		fmt.Fprintf(stderr, "nodelanectl: the server answered %d %s: %s\n  (%s)\n", we.Status, we.Code, we.Message, we.Route)
+		fmt.Fprintf(stderr, "nodelanectl: the server answered %d %s: %s\n  (%s)\n", we.Status, escapeText(we.Code, false), escapeText(we.Message, false), escapeText(we.Route, false))
 		return exitFail
 	default:
 		fmt.Fprintln(stderr, "nodelanectl:", err)

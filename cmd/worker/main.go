@@ -123,8 +123,8 @@ type tagFlags []string
 func (t *tagFlags) String() string { return strings.Join(*t, ",") }
 
 func (t *tagFlags) Set(v string) error {
-	if v == "" || len(v) > wire.MaxTagBytes {
-		return fmt.Errorf("tag %q is empty or over %d bytes", v, wire.MaxTagBytes)
+	if err := wire.CheckTag(v); err != nil {
+		return fmt.Errorf("tag %q %v", v, err)
 	}
 	*t = append(*t, v)
 	return nil

@@ -143,6 +143,11 @@ func TestConfigFlag(t *testing.T) {
 	if err := run(context.Background(), []string{"-tag", ""}, &stderr); err == nil || !strings.Contains(stderr.String(), "tag") {
 		t.Errorf("an empty -tag: %v %s", err, stderr.String())
 	}
+	// The server's rule (wire.CheckTag): it would refuse the registration.
+	stderr.Reset()
+	if err := run(context.Background(), []string{"-tag", "gpu pool"}, &stderr); err == nil || !strings.Contains(stderr.String(), "whitespace") {
+		t.Errorf("a -tag with a space: %v %s", err, stderr.String())
+	}
 }
 
 // TestNoGPURefused checks that with no nvidia-smi and no -gpu the worker stops

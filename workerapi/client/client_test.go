@@ -16,6 +16,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -1090,5 +1091,32 @@ func untilStopped(running chan string, causes chan error) client.HandlerFunc {
 		<-ctx.Done()
 		clSignal(causes, context.Cause(ctx))
 		return ctx.Err()
+	}
+}
+
+// A job that prints a NUL loses none of its log lines: the server refuses
+// NUL in text (PROTOCOL.md §5.14 "Characters"), so the Reporter replaces
+// it with U+FFFD before the batch goes out.
+func TestClientLogNUL(t *testing.T) {
+	t.Parallel()
+	p := newClProxy(t)
+	cw := startClWorker(t, p, "node-nul", nil, map[string]client.HandlerFunc{
+		"status_check": func(ctx context.Context, job *wire.Job, r *client.Reporter) error {
+			r.Log("before", nil)
+			r.Log("a\x00b \x1b[1mbold\x1b[0m", nil)
+			r.Log("after", nil)
+			return nil
+		},
+	})
+	j := p.env.Enqueue(t, lease.NewJob{Type: "status_check"})
+	if e := cw.end(t, j.ID); e.Outcome != client.JobSucceeded {
+		t.Fatalf("outcome %+v", e)
+	}
+	var got []string
+	for _, l := range clLogLines(t, p, j.ID) {
+		got = append(got, l.Message)
+	}
+	if want := []string{"before", "a\uFFFDb \x1b[1mbold\x1b[0m", "after"}; !slices.Equal(got, want) {
+		t.Errorf("stored lines %q, want %q", got, want)
 	}
 }

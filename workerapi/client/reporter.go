@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -83,6 +84,9 @@ func (r *Reporter) Log(message string, payload any) {
 	if len(message) > maxLogMessage {
 		message = message[:maxLogMessage] + "...(truncated)"
 	}
+	// The server refuses NUL in text (PROTOCOL.md §5.14 "Characters"),
+	// and one NUL a job printed must not cost its batch.
+	message = strings.ReplaceAll(message, "\x00", "\uFFFD")
 	p := objectPayload(payload)
 	if len(p) > maxLogPayload {
 		p = json.RawMessage(`{"truncated":true}`)

@@ -320,7 +320,8 @@ type CredentialListResponse struct {
 // CreatePrincipalRequest is the body of POST /operator/principals: the
 // new operator principal's id (1 to MaxPrincipalIDLen bytes of
 // [A-Za-z0-9._:@-], starting with a letter or a digit) and its name for
-// people (at most MaxPrincipalNameLen bytes, no NUL; may be empty).
+// people (at most MaxPrincipalNameLen bytes without control characters;
+// may be empty).
 type CreatePrincipalRequest struct {
 	ID   string `json:"id"`
 	Name string `json:"name"`

@@ -40,7 +40,8 @@ func JobPath(id, action string) string {
 const (
 	// MaxJobsPerLease is the largest max_jobs of a lease request.
 	MaxJobsPerLease = 32
-	// MaxWaitSeconds is the longest wait_seconds of a lease request.
+	// MaxWaitSeconds is the longest wait_seconds of a lease request: a
+	// longer one is refused, as a longer one of signals is.
 	MaxWaitSeconds = 60
 	// MaxMetricsBytes bounds a heartbeat's metrics object.
 	MaxMetricsBytes = 16 << 10

@@ -209,8 +209,10 @@ type LeaseRequest struct {
 	// MaxJobs is how many jobs to lease at most, 1 to 32; omitted (zero)
 	// means 1. An explicit 0 is refused.
 	MaxJobs int `json:"max_jobs,omitempty"`
-	// WaitSeconds long-polls up to this many seconds (at most 60) for a
-	// job; omitted (zero) means no wait.
+	// WaitSeconds long-polls up to this many seconds, 0 to
+	// MaxWaitSeconds, for a job; omitted (zero) means no wait. Outside
+	// that range the request is refused (400 invalid_request); a host may
+	// end the wait sooner (workerapi.Config.MaxWait).
 	WaitSeconds int `json:"wait_seconds,omitempty"`
 	// Accept, when true, accepts every job granted in the same request,
 	// saving an accept call per job: such a grant's job.state is

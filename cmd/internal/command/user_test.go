@@ -17,6 +17,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/nodelane/nodelane/internal/syncbuf"
 	"github.com/nodelane/nodelane/workerapi/wire"
 )
 
@@ -310,4 +311,29 @@ func helperWorker(script string) int {
 		return 1
 	}
 	return 0
+}
+
+// TestNoUserWarns checks that an Executor whose commands run as the
+// worker's own user says so at WARN, and one with a user does not.
+func TestNoUserWarns(t *testing.T) {
+	t.Parallel()
+	needRoot(t)
+	for _, user := range []string{"", "nobody"} {
+		text := "[[job]]\ntype = \"t\"\ncommand = [\"/bin/true\"]\n"
+		if user != "" {
+			text = fmt.Sprintf("user = %q\n", user) + text
+		}
+		cfg, err := Parse(text, "/")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var logs syncbuf.Buffer
+		if _, err := NewExecutor(cfg, nil, &Options{Workdir: filepath.Join(t.TempDir(), "work"), Logger: slog.New(slog.NewTextHandler(&logs, nil))}); err != nil {
+			t.Fatal(err)
+		}
+		warned := strings.Contains(logs.String(), "level=WARN") && strings.Contains(logs.String(), "identity and token included")
+		if warned != (user == "") {
+			t.Errorf("user %q: warned %t: %s", user, warned, logs.String())
+		}
+	}
 }

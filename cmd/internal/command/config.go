@@ -103,6 +103,8 @@ type User struct {
 	GID  uint32
 	// Groups are its supplementary groups.
 	Groups []uint32
+	// Home is its home directory, the commands' HOME.
+	Home string
 }
 
 // fileConfig is the file's shape.
@@ -235,7 +237,7 @@ func lookupUser(name string) (*User, error) {
 		}
 		return uint32(n), nil
 	}
-	out := &User{Name: name}
+	out := &User{Name: name, Home: u.HomeDir}
 	if out.UID, err = id("uid", u.Uid); err != nil {
 		return nil, err
 	}

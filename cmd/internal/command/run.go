@@ -348,8 +348,12 @@ type run struct {
 // environ is the command's scrubbed environment.
 func (r *run) environ(payloadPath string, gpus []string) []string {
 	var env []string
+	u := r.e.cfg.User
 	for _, k := range append([]string{"PATH", "HOME", "LANG"}, r.j.EnvPass...) {
-		if v, ok := r.e.opts.LookupEnv(k); ok {
+		if k == "HOME" && u != nil {
+			// The user's own, not the worker's, which it cannot use.
+			env = append(env, "HOME="+u.Home)
+		} else if v, ok := r.e.opts.LookupEnv(k); ok {
 			env = append(env, k+"="+v)
 		} else if k == "PATH" {
 			env = append(env, "PATH=/usr/local/bin:/usr/bin:/bin")

@@ -66,6 +66,7 @@ func copySelf(t *testing.T, dir string) string {
 // as an artifact, and reports its uid as an artifact.
 const snoop = `
 id -u > "$NODELANE_OUTPUT_DIR/uid"
+echo "home $HOME"
 cat "$NODELANE_PAYLOAD" > /dev/null && echo "the payload is readable"
 for f in $TRY /proc/$PPID/environ; do
 	if cat "$f" > /dev/null 2>&1; then echo "read $f"; else echo "cannot read $f"; fi
@@ -115,7 +116,7 @@ func testRunAsUser(t *testing.T, mode, user string) {
 	}
 	worker := strconv.Itoa(os.Getpid())
 	tries := []string{idFile, "/proc/" + worker + "/environ", "/proc/" + worker + "/cwd/user_test.go"}
-	env := map[string]string{"ID_FILE": idFile, "TRY": strings.Join(tries, " ")}
+	env := map[string]string{"ID_FILE": idFile, "TRY": strings.Join(tries, " "), "HOME": "/root"}
 	shim := ""
 	if mode == "shim" {
 		shim = copySelf(t, dir) // the user runs the shim
@@ -141,9 +142,12 @@ func testRunAsUser(t *testing.T, mode, user string) {
 			t.Errorf("the command, run as root, could not read %s: %q", f, rec.logs)
 		}
 	}
-	wantUID := "0\n"
+	wantUID, wantHome := "0\n", "home "+env["HOME"]
 	if user != "" {
-		wantUID = strconv.Itoa(nobody) + "\n"
+		wantUID, wantHome = strconv.Itoa(nobody)+"\n", "home "+cfg.User.Home // nobody's, not root's
+	}
+	if !rec.logged(wantHome) {
+		t.Errorf("the command's HOME is not %q: %q", wantHome, rec.logs)
 	}
 	var names []string
 	for _, u := range rec.uploads {

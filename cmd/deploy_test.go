@@ -66,22 +66,32 @@ func flagsOf(t *testing.T, bin string) []string {
 
 // TestDeployUnits checks that the systemd units of cmd/deploy are
 // hardened, hand the secrets over with LoadCredential, and pass only
-// flags their binaries have.
+// flags their binaries have. The server runs as a dynamic user with no
+// capability; the worker as root with the five capabilities it needs to
+// run its commands as nodelane-job (docs/COMMANDS.md §7), which the
+// sysusers.d file creates, and so is rated more exposed.
 func TestDeployUnits(t *testing.T) {
 	t.Parallel()
 	server, worker := binaries(t)
 	for _, tc := range []struct {
 		file, bin, credential string
+		user                  map[string]string
 		maxExposure           float64
 	}{
-		{"nodelane-server.service", server, "secrets.json", 2.0},
-		{"nodelane-worker.service", worker, "provisioning-token", 2.5},
+		{"nodelane-server.service", server, "secrets.json", map[string]string{"DynamicUser": "yes"}, 2.0},
+		{"nodelane-worker.service", worker, "provisioning-token", map[string]string{"User": "root",
+			"CapabilityBoundingSet": "CAP_SETUID CAP_SETGID CAP_CHOWN CAP_DAC_OVERRIDE CAP_KILL", "AmbientCapabilities": ""}, 3.2},
 	} {
 		t.Run(tc.file, func(t *testing.T) {
 			t.Parallel()
 			u := readUnit(t, filepath.Join("deploy", tc.file))
+			for k, want := range tc.user {
+				if got := u[k]; len(got) != 1 || got[0] != want {
+					t.Errorf("%s=%q, want %q", k, got, want)
+				}
+			}
 			for k, want := range map[string]string{
-				"DynamicUser": "yes", "NoNewPrivileges": "yes", "ProtectSystem": "strict", "ProtectHome": "yes",
+				"NoNewPrivileges": "yes", "ProtectSystem": "strict", "ProtectHome": "yes",
 				"PrivateTmp": "yes", "RestrictSUIDSGID": "yes", "UMask": "0077",
 			} {
 				if got := u[k]; len(got) != 1 || got[0] != want {
@@ -116,6 +126,46 @@ func TestDeployUnits(t *testing.T) {
 			}
 			analyze(t, tc.file, tc.bin, tc.maxExposure)
 		})
+	}
+}
+
+// TestDeploySysusers checks that the sysusers.d file of cmd/deploy
+// creates nodelane-job, an unprivileged user with no login, which the
+// worker's unit tells worker.toml to run the commands as.
+func TestDeploySysusers(t *testing.T) {
+	t.Parallel()
+	conf, err := filepath.Abs(filepath.Join("deploy", "nodelane-worker.sysusers.conf"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(filepath.Join("deploy", "nodelane-worker.service")); err != nil || !strings.Contains(string(b), `user = "nodelane-job"`) {
+		t.Errorf("the worker's unit does not name user = \"nodelane-job\" (%v)", err)
+	}
+	su, err := exec.LookPath("systemd-sysusers")
+	if err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("CI needs systemd-sysusers: %v", err)
+		}
+		t.Logf("no systemd-sysusers: %s is not checked", conf)
+		return
+	}
+	root := t.TempDir()
+	if err := os.Mkdir(filepath.Join(root, "etc"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(su, "--root="+root, conf).CombinedOutput(); err != nil {
+		t.Fatalf("systemd-sysusers: %v\n%s", err, out)
+	}
+	passwd, err := os.ReadFile(filepath.Join(root, "etc", "passwd"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^nodelane-job:x:([0-9]+):[0-9]+:[^:]*:/nonexistent:/usr/sbin/nologin$`).FindSubmatch(passwd)
+	if m == nil {
+		t.Fatalf("no nodelane-job in /etc/passwd after systemd-sysusers:\n%s", passwd)
+	}
+	if uid, _ := strconv.Atoi(string(m[1])); uid == 0 {
+		t.Errorf("nodelane-job is uid 0:\n%s", passwd)
 	}
 }
 

@@ -54,7 +54,13 @@
 // when it stores artifact bytes (reported as metadata only when it
 // answers artifact_storage_off, logged once), and a job completes only
 // once its uploads are stored; an attempt that resumes from a
-// checkpoint gets it downloaded, at NODELANE_RESUME_FROM.
+// checkpoint gets it downloaded, at NODELANE_RESUME_FROM. With a
+// top-level user = "..." in the file the commands run as that user, so
+// that they cannot read the identity or the token files; the worker must
+// then be root (docs/COMMANDS.md §7), and it refuses to start otherwise.
+// Without one it warns that the commands can read whatever its own user
+// can. An artifact, or a result.json, that is the identity or the token
+// file (a hard link to it) is refused.
 package main
 
 import (
@@ -233,7 +239,12 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		if err != nil {
 			return fmt.Errorf("the worker's executable, to run the commands through: %w", err)
 		}
-		if cmds, err = command.NewExecutor(cmdCfg, devs, &command.Options{Workdir: *workdir, Logger: log, Shim: shim}); err != nil {
+		// No artifact is the identity or the token file, whatever its path.
+		protected := []string{*identityPath}
+		if *provFile != "" {
+			protected = append(protected, *provFile)
+		}
+		if cmds, err = command.NewExecutor(cmdCfg, devs, &command.Options{Workdir: *workdir, Logger: log, Shim: shim, Protected: protected}); err != nil {
 			return err
 		}
 	}

@@ -123,6 +123,7 @@ func TestConfigFlag(t *testing.T) {
 	}{
 		{"unknown key", []string{"-config", write("unknown.toml", "[[job]]\ntype = \"t\"\ncommand = [\"/bin/true\"]\nshell = true\n")}, command.ErrConfig},
 		{"missing file", []string{"-config", filepath.Join(dir, "none.toml")}, os.ErrNotExist},
+		{"unknown user", []string{"-config", write("user.toml", "user = \"no-such-user-nodelane\"\n[[job]]\ntype = \"t\"\ncommand = [\"/bin/true\"]\n")}, command.ErrConfig},
 		{"too many GPUs", []string{"-config", write("gpus.toml", "[[job]]\ntype = \"t\"\ncommand = [\"/bin/true\"]\ngpus = 2\n"), "-gpu", "rtx-4090:24576"}, command.ErrNotEnoughGPUs},
 	}
 	for _, tc := range tests {

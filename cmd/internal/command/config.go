@@ -9,6 +9,7 @@
 // cmd/worker uses it with -config:
 //
 //	tags = ["gpu-a100"]
+//	user = "nodelane-job"
 //
 //	[[job]]
 //	type = "lora_train"
@@ -26,8 +27,10 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"os/user"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -58,6 +61,9 @@ var ErrConfig = errors.New("command: invalid configuration")
 type Config struct {
 	// Tags are the worker's registration tags (top-level tags = [...]).
 	Tags []string
+	// User is the user the commands run as (top-level user = "..."); nil
+	// means the worker's own.
+	User *User
 	// Jobs are the [[job]] tables, in file order.
 	Jobs []*Job
 }
@@ -89,9 +95,22 @@ type Job struct {
 	Workdir string
 }
 
+// User is a local user the commands run as: its ids as the system's user
+// database gave them when the configuration was loaded.
+type User struct {
+	Name string
+	UID  uint32
+	GID  uint32
+	// Groups are its supplementary groups.
+	Groups []uint32
+	// Home is its home directory, the commands' HOME.
+	Home string
+}
+
 // fileConfig is the file's shape.
 type fileConfig struct {
 	Tags []string  `toml:"tags"`
+	User *string   `toml:"user"`
 	Job  []fileJob `toml:"job"`
 }
 
@@ -161,6 +180,11 @@ func Parse(text, dir string) (*Config, error) {
 			cfg.Tags = append(cfg.Tags, t)
 		}
 	}
+	if fc.User != nil {
+		if cfg.User, err = lookupUser(*fc.User); err != nil {
+			return nil, err
+		}
+	}
 	if len(fc.Job) == 0 {
 		return nil, fmt.Errorf("%w: no [[job]] table", ErrConfig)
 	}
@@ -193,6 +217,50 @@ func (c *Config) Types() []string {
 		out[i] = j.Type
 	}
 	return out
+}
+
+// lookupUser looks name up in the system's user database. Root is
+// refused: commands run as another user so that they have less than the
+// worker.
+func lookupUser(name string) (*User, error) {
+	if name == "" || strings.ContainsAny(name, "\x00/:") {
+		return nil, fmt.Errorf("%w: user %q is not a user name", ErrConfig, name)
+	}
+	u, err := user.Lookup(name)
+	if err != nil {
+		return nil, fmt.Errorf("%w: user %q: %v", ErrConfig, name, err)
+	}
+	id := func(what, s string) (uint32, error) {
+		n, err := strconv.ParseUint(s, 10, 32)
+		if err != nil {
+			return 0, fmt.Errorf("%w: user %q has %s %q, not a number", ErrConfig, name, what, s)
+		}
+		return uint32(n), nil
+	}
+	out := &User{Name: name, Home: u.HomeDir}
+	if out.UID, err = id("uid", u.Uid); err != nil {
+		return nil, err
+	}
+	if out.GID, err = id("gid", u.Gid); err != nil {
+		return nil, err
+	}
+	if out.UID == 0 {
+		return nil, fmt.Errorf("%w: user %q is root: name an unprivileged user the commands run as", ErrConfig, name)
+	}
+	gids, err := u.GroupIds()
+	if err != nil {
+		return nil, fmt.Errorf("%w: user %q: its groups: %v", ErrConfig, name, err)
+	}
+	for _, g := range gids {
+		n, err := id("group", g)
+		if err != nil {
+			return nil, err
+		}
+		if n != out.GID && !slices.Contains(out.Groups, n) {
+			out.Groups = append(out.Groups, n)
+		}
+	}
+	return out, nil
 }
 
 // reserved are the variables the worker sets itself.

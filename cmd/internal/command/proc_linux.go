@@ -46,8 +46,9 @@ type shimConn struct {
 // exits or closes them. With shim (an executable that runs ShimMain when
 // its first argument is ShimArg), the command is started by the shim,
 // which ends the command's group, kill_grace after a SIGTERM, once the
-// worker is gone (see ShimMain).
-func startGroup(argv, env []string, dir, shim string, killGrace time.Duration) (*group, error) {
+// worker is gone (see ShimMain). With u, the command (and the shim) run
+// as u.
+func startGroup(argv, env []string, dir, shim string, killGrace time.Duration, u *User) (*group, error) {
 	outR, outW, err := os.Pipe()
 	if err != nil {
 		return nil, err
@@ -60,9 +61,9 @@ func startGroup(argv, env []string, dir, shim string, killGrace time.Duration) (
 	}
 	var g *group
 	if shim == "" {
-		g, err = startDirect(argv, env, dir, outW, errW)
+		g, err = startDirect(argv, env, dir, outW, errW, credential(u))
 	} else {
-		g, err = startShim(shim, argv, env, dir, killGrace, outW, errW)
+		g, err = startShim(shim, argv, env, dir, killGrace, outW, errW, credential(u))
 	}
 	outW.Close()
 	errW.Close()
@@ -75,9 +76,9 @@ func startGroup(argv, env []string, dir, shim string, killGrace time.Duration) (
 	return g, nil
 }
 
-func startDirect(argv, env []string, dir string, outW, errW *os.File) (*group, error) {
+func startDirect(argv, env []string, dir string, outW, errW *os.File, cred *syscall.Credential) (*group, error) {
 	cmd := &exec.Cmd{Path: argv[0], Args: argv, Env: env, Dir: dir, Stdout: outW, Stderr: errW,
-		SysProcAttr: &syscall.SysProcAttr{Setpgid: true}}
+		SysProcAttr: &syscall.SysProcAttr{Setpgid: true, Credential: cred}}
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
@@ -89,7 +90,7 @@ func startDirect(argv, env []string, dir string, outW, errW *os.File) (*group, e
 	return g, nil
 }
 
-func startShim(shim string, argv, env []string, dir string, killGrace time.Duration, outW, errW *os.File) (*group, error) {
+func startShim(shim string, argv, env []string, dir string, killGrace time.Duration, outW, errW *os.File, cred *syscall.Credential) (*group, error) {
 	ctlR, ctlW, err := os.Pipe()
 	if err != nil {
 		return nil, err
@@ -102,10 +103,12 @@ func startShim(shim string, argv, env []string, dir string, killGrace time.Durat
 	}
 	// The shim is a process group of its own, so that a signal to the
 	// worker's group (a terminal's Ctrl-C, kill -9 -PGID) does not take it
-	// with the worker; fds 3-6 are shimCtlFD...shimStderrFD.
+	// with the worker; fds 3-6 are shimCtlFD...shimStderrFD. With cred the
+	// shim runs as the command's user already: it signals, and sees, the
+	// command's processes as their own user (under hidepid too).
 	cmd := &exec.Cmd{Path: shim, Args: append([]string{shim, ShimArg, killGrace.String()}, argv...),
 		Env: env, Dir: dir, Stderr: os.Stderr, ExtraFiles: []*os.File{ctlR, repW, outW, errW},
-		SysProcAttr: &syscall.SysProcAttr{Setpgid: true}}
+		SysProcAttr: &syscall.SysProcAttr{Setpgid: true, Credential: cred}}
 	err = cmd.Start()
 	ctlR.Close()
 	repW.Close()

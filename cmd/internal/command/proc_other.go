@@ -4,6 +4,7 @@ package command
 
 import (
 	"errors"
+	"io/fs"
 	"os"
 	"syscall"
 	"time"
@@ -30,7 +31,7 @@ type exitInfo struct {
 	sig  string
 }
 
-func startGroup(argv, env []string, dir, shim string, killGrace time.Duration) (*group, error) {
+func startGroup(argv, env []string, dir, shim string, killGrace time.Duration, u *User) (*group, error) {
 	return nil, errUnsupported
 }
 
@@ -43,3 +44,8 @@ func leftovers(r RunRecord) []victim       { return nil }
 func killProcess(v victim) bool            { return false }
 func gone(v victim) bool                   { return true }
 func processGone(pid int) bool             { return true }
+
+func canRunAs(u *User) error               { return errUnsupported }
+func handOver(dir string, u *User) error   { return errUnsupported }
+func ownedBy(fi fs.FileInfo, u *User) bool { return false }
+func nonDumpable() error                   { return nil }

@@ -51,6 +51,10 @@ const MaxResultBytes = wire.MaxPayloadBytes
 // process group is gone (a process that left the group may hold them).
 const readerGrace = 2 * time.Second
 
+// ErrUser is wrapped by the error NewExecutor returns when the
+// configuration's user is one the worker cannot run commands as.
+var ErrUser = errors.New("command: the worker cannot run its commands as user")
+
 // errTimeout is the cause of a run's context when its timeout passes.
 var errTimeout = errors.New("command: the job ran over its timeout")
 
@@ -99,6 +103,10 @@ type Options struct {
 	// outlives a worker killed by SIGKILL until KillLeftovers at the
 	// worker's next start.
 	Shim string
+	// Protected are files no artifact and no result.json may be, by any
+	// path or hard link: the worker's identity and token files. They are
+	// compared by device and inode when an artifact is read.
+	Protected []string
 }
 
 // Executor runs the configured jobs. It is safe for concurrent use.
@@ -119,10 +127,24 @@ type Executor struct {
 }
 
 // NewExecutor returns an Executor for cfg's jobs over devs (nil: no GPU).
-// It fails if a job takes more GPUs than devs holds.
+// It fails if a job takes more GPUs than devs holds, or (wrapping
+// ErrUser) if cfg names a user the process cannot run commands as: it
+// must be root, with the capabilities docs/COMMANDS.md §7 lists. It
+// marks the process non-dumpable (Linux's PR_SET_DUMPABLE 0), so that a
+// command of the same user cannot read the worker's memory, environment
+// or working directory through /proc. Without a user it logs a warning:
+// the commands can read whatever the worker's user can.
 func NewExecutor(cfg *Config, devs *Devices, opts *Options) (*Executor, error) {
 	if errUnsupported != nil {
 		return nil, errUnsupported
+	}
+	if cfg.User != nil {
+		if err := canRunAs(cfg.User); err != nil {
+			return nil, err
+		}
+	}
+	if err := nonDumpable(); err != nil {
+		return nil, err
 	}
 	if devs == nil {
 		devs, _ = NewDevices(nil)
@@ -160,7 +182,31 @@ func NewExecutor(cfg *Config, devs *Devices, opts *Options) (*Executor, error) {
 		}
 		e.jobs[j.Type] = j
 	}
+	if cfg.User == nil {
+		e.opts.Logger.Warn("the commands run as the worker's own user: they can read every file it can, its identity and token included; "+
+			"set user in the configuration to run them as another (docs/COMMANDS.md §7)", "uid", os.Geteuid())
+	} else if err := e.runsDir(); err != nil {
+		return nil, err
+	}
 	return e, nil
+}
+
+// runsDir creates Workdir/runs/. With a user, it and Workdir are 0711:
+// the user reaches its own run directories, but lists nothing.
+func (e *Executor) runsDir() error {
+	runs := filepath.Join(e.opts.Workdir, "runs")
+	if err := os.MkdirAll(runs, 0o700); err != nil {
+		return err
+	}
+	if e.cfg.User == nil {
+		return nil
+	}
+	for _, d := range []string{e.opts.Workdir, runs} {
+		if err := os.Chmod(d, 0o711); err != nil {
+			return fmt.Errorf("command: workdir: %w", err)
+		}
+	}
+	return nil
 }
 
 // Register installs a handler for every configured job type on r.
@@ -208,11 +254,10 @@ func (e *Executor) Run(ctx context.Context, job *wire.Job, rep Reporter) error {
 	}
 	defer e.devs.Release(gpus)
 
-	runs := filepath.Join(e.opts.Workdir, "runs")
-	if err := os.MkdirAll(runs, 0o700); err != nil {
+	if err := e.runsDir(); err != nil {
 		return fail("workdir", true, err)
 	}
-	runDir, err := os.MkdirTemp(runs, safeName(job.ID)+"-a"+strconv.Itoa(job.Attempt)+"-")
+	runDir, err := os.MkdirTemp(filepath.Join(e.opts.Workdir, "runs"), safeName(job.ID)+"-a"+strconv.Itoa(job.Attempt)+"-")
 	if err != nil {
 		return fail("workdir", true, err)
 	}
@@ -233,6 +278,12 @@ func (e *Executor) Run(ctx context.Context, job *wire.Job, rep Reporter) error {
 	resume, err := e.resume(ctx, job, rep, runDir)
 	if err != nil {
 		return err
+	}
+	if u := e.cfg.User; u != nil {
+		// The run directory becomes the user's, 0700: no other job's.
+		if err := handOver(runDir, u); err != nil {
+			return fail("workdir", true, err)
+		}
 	}
 	r := &run{e: e, j: j, job: job, rep: rep, outDir: outDir,
 		bucket: newBucket(e.opts.LineRate, e.opts.LineBurst, e.opts.Now), q: newQueue()}
@@ -297,8 +348,12 @@ type run struct {
 // environ is the command's scrubbed environment.
 func (r *run) environ(payloadPath string, gpus []string) []string {
 	var env []string
+	u := r.e.cfg.User
 	for _, k := range append([]string{"PATH", "HOME", "LANG"}, r.j.EnvPass...) {
-		if v, ok := r.e.opts.LookupEnv(k); ok {
+		if k == "HOME" && u != nil {
+			// The user's own, not the worker's, which it cannot use.
+			env = append(env, "HOME="+u.Home)
+		} else if v, ok := r.e.opts.LookupEnv(k); ok {
 			env = append(env, k+"="+v)
 		} else if k == "PATH" {
 			env = append(env, "PATH=/usr/local/bin:/usr/bin:/bin")
@@ -320,7 +375,7 @@ func (r *run) execute(ctx context.Context, env []string, dir string) error {
 		runCtx, cancel = context.WithTimeoutCause(ctx, r.j.Timeout, errTimeout)
 	}
 	defer cancel()
-	g, err := startGroup(r.j.Command, env, dir, r.e.opts.Shim, r.j.KillGrace)
+	g, err := startGroup(r.j.Command, env, dir, r.e.opts.Shim, r.j.KillGrace, r.e.cfg.User)
 	if err != nil {
 		return fail("start_failed", false, fmt.Errorf("starting %s: %w", r.j.Command[0], err))
 	}
@@ -420,7 +475,7 @@ func (r *run) execute(ctx context.Context, env []string, dir string) error {
 	case notReported > 0:
 		return fail("artifact_not_reported", true, fmt.Errorf("%d artifacts could not be reported", notReported))
 	}
-	metrics, err := readResult(r.outDir)
+	metrics, err := r.e.readResult(r.outDir)
 	if err != nil {
 		return fail("bad_result", false, err)
 	}
@@ -549,7 +604,10 @@ func (r *run) progress(ctx context.Context, p *Progress) {
 // reported as metadata only. Either way its uri is the file's file://
 // URI on this box.
 func (r *run) artifact(ctx context.Context, a *Artifact) {
-	f, size, err := openArtifact(r.outDir, a.Path)
+	f, size, err := r.e.openArtifact(r.outDir, a.Path)
+	if errors.Is(err, errProtected) {
+		r.e.opts.Logger.Warn("a command reported one of the worker's own files as an artifact: refused", "job", r.job.ID, "path", a.Path, "err", err)
+	}
 	if err != nil {
 		r.rep.Log(fmt.Sprintf("artifact %s not reported: %v", a.Name, err), map[string]any{"warning": "bad artifact"})
 		return
@@ -592,10 +650,15 @@ func errorText(err error) string {
 	return err.Error()
 }
 
+// errProtected is why a file of the command's output is refused: it is
+// one of the worker's own (Options.Protected), or not the user's.
+var errProtected = errors.New("it is not the command's own file")
+
 // openArtifact opens the regular file at rel inside dir, and returns it
 // with its size; a path that leaves dir, through ".." or a symbolic
-// link, is refused.
-func openArtifact(dir, rel string) (*os.File, int64, error) {
+// link, is refused, and so is a file that is not the command's own
+// (errProtected).
+func (e *Executor) openArtifact(dir, rel string) (*os.File, int64, error) {
 	if !filepath.IsLocal(rel) {
 		return nil, 0, fmt.Errorf("path %q is not inside NODELANE_OUTPUT_DIR", rel)
 	}
@@ -618,7 +681,26 @@ func openArtifact(dir, rel string) (*os.File, int64, error) {
 		f.Close()
 		return nil, 0, fmt.Errorf("path %q is not a regular file", rel)
 	}
+	if err := e.commandsOwn(fi); err != nil {
+		f.Close()
+		return nil, 0, fmt.Errorf("path %q: %w", rel, err)
+	}
 	return f, fi.Size(), nil
+}
+
+// commandsOwn returns an error wrapping errProtected if fi is one of
+// Options.Protected, or (with a user) a file the user does not own: a
+// hard link the command made to a file of the worker's.
+func (e *Executor) commandsOwn(fi os.FileInfo) error {
+	for _, p := range e.opts.Protected {
+		if pi, err := os.Stat(p); err == nil && os.SameFile(fi, pi) {
+			return fmt.Errorf("%w: it is the worker's %s", errProtected, p)
+		}
+	}
+	if u := e.cfg.User; u != nil && !ownedBy(fi, u) {
+		return fmt.Errorf("%w: user %s does not own it", errProtected, u.Name)
+	}
+	return nil
 }
 
 // digest returns the SHA-256 (lowercase hex) of the size bytes of f.
@@ -648,8 +730,8 @@ func (r ctxReader) Read(p []byte) (int, error) {
 }
 
 // readResult reads outDir/result.json, if present: a JSON object of at
-// most MaxResultBytes. It returns nil metrics if there is none.
-func readResult(outDir string) (any, error) {
+// most MaxResultBytes, the command's own file (see commandsOwn). It returns nil metrics if there is none.
+func (e *Executor) readResult(outDir string) (any, error) {
 	root, err := os.OpenRoot(outDir)
 	if err != nil {
 		return nil, err
@@ -663,8 +745,12 @@ func readResult(outDir string) (any, error) {
 		return nil, err
 	}
 	defer f.Close()
-	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
+	fi, err := f.Stat()
+	if err != nil || !fi.Mode().IsRegular() {
 		return nil, errors.New("result.json is not a regular file")
+	}
+	if err := e.commandsOwn(fi); err != nil {
+		return nil, fmt.Errorf("result.json: %w", err)
 	}
 	b, err := io.ReadAll(io.LimitReader(f, MaxResultBytes+1))
 	if err != nil {

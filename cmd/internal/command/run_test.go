@@ -132,6 +132,9 @@ func TestMain(m *testing.M) {
 	if len(os.Args) > 1 && os.Args[1] == ShimArg {
 		syscall.Exit(ShimMain(os.Args[2:]))
 	}
+	if script := os.Getenv(helperEnv); script != "" {
+		syscall.Exit(helperWorker(script))
+	}
 	os.Exit(m.Run())
 }
 

@@ -35,7 +35,7 @@ const shimKillWait = 5 * time.Second
 
 // ShimMain is the command shim (DESIGN.md §10a): args are kill_grace and
 // the command's argv; its environment and working directory are the
-// command's. It makes itself a child subreaper (every descendant the
+// command's. It makes itself non-dumpable and a child subreaper (every descendant the
 // command orphans becomes its child), starts the command in a new
 // process group with stdin /dev/null and stdout and stderr the worker's
 // pipes, reports the leader's pid, start time and session, relays TERM
@@ -69,6 +69,12 @@ func ShimMain(args []string) int {
 		for range sigs {
 		}
 	}()
+	// Non-dumpable: the command, of the shim's user, cannot open the
+	// shim's /proc files (its pipes to the worker among them).
+	if err := nonDumpable(); err != nil {
+		report("error %v", err)
+		return 1
+	}
 	chld := make(chan os.Signal, 1)
 	signal.Notify(chld, syscall.SIGCHLD)
 	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {

@@ -52,7 +52,7 @@ func TestShimEndsTheCommandWhenTheWorkerIsGone(t *testing.T) {
 	dir := t.TempDir()
 	pidFile := filepath.Join(dir, "pids")
 	const grace = time.Second
-	g, err := startGroup([]string{"/bin/sh", "-c", stubborn}, []string{"PATH=/usr/bin:/bin", "PIDS=" + pidFile}, dir, os.Args[0], grace)
+	g, err := startGroup([]string{"/bin/sh", "-c", stubborn}, []string{"PATH=/usr/bin:/bin", "PIDS=" + pidFile}, dir, os.Args[0], grace, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -119,7 +119,7 @@ echo left`, "gpus = 0", nil)
 func TestShimStartFails(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
-	_, err := startGroup([]string{filepath.Join(dir, "none")}, nil, dir, os.Args[0], time.Second)
+	_, err := startGroup([]string{filepath.Join(dir, "none")}, nil, dir, os.Args[0], time.Second, nil)
 	if err == nil || !strings.Contains(err.Error(), "no such file") {
 		t.Errorf("startGroup = %v, want no such file", err)
 	}

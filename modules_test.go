@@ -27,7 +27,7 @@ var programOnly = []string{
 
 // libraryRequires are the modules the library's go.mod may require
 // directly: what its packages import (bun and its dialects, pgx, the
-// pure-Go SQLite, httpsfv, x/mod, x/time, and the metrics and tracing adapters'
+// pure-Go SQLite, httpsfv, x/mod, x/sync, x/time, and the metrics and tracing adapters'
 // libraries) and what its tests import (go-cmp, goleak, jsonschema).
 var libraryRequires = []string{
 	"github.com/uptrace/bun",
@@ -37,6 +37,7 @@ var libraryRequires = []string{
 	"modernc.org/sqlite",
 	"github.com/dunglas/httpsfv",
 	"golang.org/x/mod",
+	"golang.org/x/sync", // workerapi's body budget (semaphore)
 	"golang.org/x/time", // the console's sign-in limiter
 	"golang.org/x/sys",
 	"github.com/prometheus/client_golang",

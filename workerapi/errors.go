@@ -100,6 +100,8 @@ var errorTable = []struct {
 	{ErrArtifactTooLarge, status{http.StatusRequestEntityTooLarge, wire.CodeArtifactTooLarge}},
 	{ErrTooManyArtifacts, status{http.StatusConflict, wire.CodeTooManyArtifacts}},
 	{ErrTooManyUploads, status{http.StatusTooManyRequests, wire.CodeTooManyUploads}},
+	{ErrTooManyLongPolls, status{http.StatusTooManyRequests, wire.CodeTooManyLongPolls}},
+	{ErrServerBusy, status{http.StatusServiceUnavailable, wire.CodeServerBusy}},
 	{ErrUploadInvalid, status{http.StatusConflict, wire.CodeUploadInvalid}},
 	{ErrUploadExpired, status{http.StatusConflict, wire.CodeUploadExpired}},
 	{ErrUploadOutOfOrder, status{http.StatusConflict, wire.CodeUploadOutOfOrder}},

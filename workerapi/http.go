@@ -90,6 +90,11 @@ type call struct {
 	// finished is the upload an artifact report finishes, checked by the
 	// route's prepare.
 	finished *upload
+	// dropBody gives back the body's share of Config.Shares.BodyBytes;
+	// polling is set once the request holds one of its node's long-polls
+	// (shares.go).
+	dropBody func(keep int64)
+	polling  bool
 }
 
 // after queues a hook event for delivery once the request commits.
@@ -302,7 +307,7 @@ func (s *Server) run(ctx context.Context, c *call, rt route) (int, any, error) {
 		}
 	}
 	if !rt.stream {
-		if err := s.readBody(c); err != nil {
+		if err := s.readBody(ctx, c); err != nil {
 			return 0, nil, err
 		}
 	}
@@ -350,11 +355,41 @@ func checkQuery(raw string, rt route) error {
 }
 
 // readBody reads the body, up to Config.BodyLimit (413 beyond; the
-// connection is closed after the answer). A host's
+// connection is closed after the answer), into memory it reserved first
+// from Config.Shares.BodyBytes: the declared Content-Length, or the
+// limit for a chunked body (503 server_busy, the body unread, when the
+// budget cannot hold it). The reservation lasts until the request ends
+// or gives its body up (call.dropBody). A host's
 // http.Server.ReadTimeout bounds this read; net/http lifts the deadline
 // once the body is read, so a long-poll may outlast it.
-func (s *Server) readBody(c *call) error {
-	body, err := io.ReadAll(http.MaxBytesReader(c.w, c.r.Body, s.cfg.BodyLimit))
+func (s *Server) readBody(ctx context.Context, c *call) error {
+	n := c.r.ContentLength
+	if n < 0 {
+		n = s.cfg.BodyLimit
+	}
+	release, err := s.shares.reserveBody(ctx, n)
+	if err != nil {
+		// The body stays unread: net/http would otherwise read a small
+		// one before it answers.
+		c.w.Header().Set("Connection", "close")
+		return err
+	}
+	c.dropBody = func(keep int64) {
+		if keep == 0 {
+			c.body = nil
+		}
+		release(keep)
+	}
+	c.cleanup(func() { c.dropBody(0) })
+	r := http.MaxBytesReader(c.w, c.r.Body, s.cfg.BodyLimit)
+	var body []byte
+	if c.r.ContentLength > 0 {
+		// Read into what was reserved, not into a buffer that grows.
+		body = make([]byte, c.r.ContentLength)
+		_, err = io.ReadFull(r, body)
+	} else {
+		body, err = io.ReadAll(r)
+	}
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
@@ -363,6 +398,7 @@ func (s *Server) readBody(c *call) error {
 		return fmt.Errorf("%w: reading the body: %v", ErrInvalidRequest, err)
 	}
 	c.body = body
+	release(int64(len(body)))
 	return nil
 }
 
@@ -512,6 +548,10 @@ func (s *Server) signed(ctx context.Context, c *call, pub ed25519.PublicKey, rt 
 	c.committed = true
 	done()
 	if c.then != nil {
+		// A long-poll's wait, or a wait for a proof, needs no body.
+		if c.dropBody != nil {
+			c.dropBody(0)
+		}
 		return c.then(ctx)
 	}
 	return code, out, nil
@@ -538,7 +578,7 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, reqID string, err 
 	st := statusOf(err)
 	msg := publicMessage(err.Error())
 	gone := false
-	if st.http == http.StatusServiceUnavailable {
+	if st.http == http.StatusServiceUnavailable && !errors.Is(err, ErrServerBusy) {
 		// Store errors may name internals; log them, answer plainly.
 		msg = "a store cannot answer; nothing was accepted"
 		if errors.Is(err, ErrOutcomeUnknown) {

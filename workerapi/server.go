@@ -189,6 +189,10 @@ type Config struct {
 	SequenceBatch int
 	// BodyLimit caps request bodies, in bytes. Defaults to DefaultBodyLimit.
 	BodyLimit int64
+	// Shares bound what all callers share, so that no one caller takes
+	// all of it: the bytes of request bodies held at once, and the
+	// long-polls open, per node and in all (shares.go).
+	Shares Shares
 	// MaxActiveRequests is how many requests may run their database work
 	// at once: the credential check when the credential store must read
 	// it (one it keeps in memory takes no turn: credential.MemoryOnly),
@@ -318,6 +322,8 @@ type Server struct {
 	slots  uploadSlots
 	swept  atomic.Int64
 	cursor sweepCursor
+	// shares counts what is in use of Config.Shares.
+	shares *shares
 }
 
 // ErrConfig is wrapped by every error of New about a missing or invalid
@@ -336,7 +342,7 @@ func New(st Stores, cfg Config) (*Server, error) {
 		return nil, err
 	}
 	var err error
-	s := &Server{st: st, cfg: cfg, log: cfg.Logger, relay: newRelay(st.Notifier)}
+	s := &Server{st: st, cfg: cfg, log: cfg.Logger, relay: newRelay(st.Notifier), shares: newShares(cfg.Shares)}
 	if cfg.MaxActiveRequests > 0 {
 		s.turns = make(chan struct{}, cfg.MaxActiveRequests)
 	}
@@ -470,6 +476,9 @@ func (c *Config) setDefaults() error {
 		return fmt.Errorf("%w: Lease: %w", ErrConfig, err)
 	}
 	if c.Artifacts, err = c.Artifacts.WithDefaults(); err != nil {
+		return err
+	}
+	if c.Shares, err = c.Shares.WithDefaults(c.BodyLimit); err != nil {
 		return err
 	}
 	if c.Origin == "" {

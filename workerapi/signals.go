@@ -112,6 +112,9 @@ func (s *Server) signals(ctx context.Context, c *call) (int, any, error) {
 	d := time.Duration(wait) * time.Second
 	var wake <-chan struct{}
 	if d > 0 {
+		if err := s.longPoll(c); err != nil {
+			return 0, nil, err
+		}
 		// Subscribe before the first look, so that a signal committed
 		// while it runs still wakes the wait.
 		var cancel func()

@@ -88,6 +88,9 @@ func (s *Server) lease(ctx context.Context, c *call) (int, any, error) {
 		// it too (its signals), and the next attempt refuses it
 		// (checkGranted): with a Notifier that is not a SignalNotifier,
 		// the ban's Notify wakes it through the relay.
+		if err := s.longPoll(c); err != nil {
+			return 0, nil, err
+		}
 		lr.Planned = func(q lease.ClaimQuery) { class = classKey(q) }
 		w = s.relay.join()
 		c.cleanup(func() { s.relay.leave(w) })

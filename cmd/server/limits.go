@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"sync"
 	"time"
+
+	"github.com/nodelane/nodelane/workerapi"
 )
 
 // The HTTP server's bounds, so that no client holds a connection, or the
@@ -15,6 +17,13 @@ import (
 // pipeline), a slow one is cut off by the timeouts, and the connections
 // served at once are capped, the others waiting in the kernel's accept
 // queue, which costs the server nothing.
+//
+// Within the API, each caller gets a share (workerapi.Shares): a node's
+// long-polls are capped (-max-long-polls-per-node), all long-polls
+// together stay under -max-conns (-max-long-polls, three quarters of it
+// by default), so that /healthz, /readyz and /metrics, and the requests
+// that do not wait, always find a connection, and the body bytes read at
+// once are capped (-body-budget).
 const (
 	// DefaultReadHeaderTimeout bounds reading a request's headers.
 	DefaultReadHeaderTimeout = 10 * time.Second
@@ -40,6 +49,8 @@ const (
 type httpLimits struct {
 	readHeaderTimeout, readTimeout, writeTimeout, idleTimeout time.Duration
 	maxHeaderBytes, maxConns                                  int
+	maxLongPolls, maxLongPollsPerNode                         int
+	bodyBudget                                                int64
 }
 
 func httpLimitFlags(fs *flag.FlagSet) *httpLimits {
@@ -50,6 +61,9 @@ func httpLimitFlags(fs *flag.FlagSet) *httpLimits {
 	fs.DurationVar(&l.idleTimeout, "idle-timeout", DefaultIdleTimeout, "time a keep-alive connection may wait for its next request (0: the read timeout)")
 	fs.IntVar(&l.maxHeaderBytes, "max-header-bytes", DefaultMaxHeaderBytes, "the largest header block of a request, in bytes")
 	fs.IntVar(&l.maxConns, "max-conns", DefaultMaxConns, "connections served at once; others wait to be accepted (0: no limit)")
+	fs.IntVar(&l.maxLongPolls, "max-long-polls", 0, "long-polls open at once, of all nodes; one more is refused 503 server_busy (0: three quarters of -max-conns, no limit without it; must be under -max-conns, so that probes find a connection)")
+	fs.IntVar(&l.maxLongPollsPerNode, "max-long-polls-per-node", workerapi.DefaultLongPollsPerNode, "long-polls one node may have open at once; one more is refused 429 too_many_long_polls")
+	fs.Int64Var(&l.bodyBudget, "body-budget", workerapi.DefaultBodyBytes, "bytes of request bodies read into memory at once, by all requests; a request past it waits up to 1s, then is refused 503 server_busy before its body is read")
 	return l
 }
 
@@ -70,8 +84,29 @@ func (l *httpLimits) check() error {
 		return fmt.Errorf("-max-header-bytes must be positive (%d)", l.maxHeaderBytes)
 	case l.maxConns < 0:
 		return fmt.Errorf("-max-conns must not be negative (%d)", l.maxConns)
+	case l.maxLongPolls < 0:
+		return fmt.Errorf("-max-long-polls must not be negative (%d)", l.maxLongPolls)
+	case l.maxConns > 0 && l.maxLongPolls >= l.maxConns:
+		return fmt.Errorf("-max-long-polls (%d) must be under -max-conns (%d), so that probes and requests that do not wait find a connection", l.maxLongPolls, l.maxConns)
+	case l.maxLongPollsPerNode < 1:
+		return fmt.Errorf("-max-long-polls-per-node must be positive (%d)", l.maxLongPollsPerNode)
+	case l.bodyBudget < workerapi.DefaultBodyLimit:
+		return fmt.Errorf("-body-budget must be at least the body limit, %d bytes (%d)", workerapi.DefaultBodyLimit, l.bodyBudget)
 	}
 	return nil
+}
+
+// shares are the API's shares of the flags (workerapi.Config.Shares).
+func (l *httpLimits) shares() workerapi.Shares {
+	polls := l.maxLongPolls
+	switch {
+	case polls > 0:
+	case l.maxConns > 0:
+		polls = max(l.maxConns*3/4, 1)
+	default:
+		polls = -1 // no limit
+	}
+	return workerapi.Shares{BodyBytes: l.bodyBudget, LongPollsPerNode: l.maxLongPollsPerNode, LongPolls: polls}
 }
 
 func (l *httpLimits) apply(srv *http.Server) {

@@ -243,6 +243,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		HeartbeatInterval: *hbInterval, OfflineAfter: *offlineAfter,
 		SequenceInterval: *seqInterval, SequenceBatch: *seqBatch, Logger: log, Metrics: met.m, Now: now,
 		PublicOrigin: *publicURL, TrustedProxies: proxies, Artifacts: artCfg,
+		Shares: hl.shares(),
 	})
 	if err != nil {
 		return err

@@ -17,12 +17,27 @@
 // connection is settled or -duration has passed, and exits non-zero if a
 // connection was neither answered nor closed, or the peak VmRSS during
 // the attack reached -max-rss.
+//
+// Two attacks use a valid credential (the provisioning token, read from
+// the server's -tokens-file, or -token with -addr), to check each
+// caller's share of what all callers share:
+//
+//	go run ./cmd/slowloris -attack authenticated-body   # register requests that send their body but the last byte, and hold it
+//	go run ./cmd/slowloris -attack long-poll            # one registered node opens every connection as a lease long-poll
+//
+// Meanwhile it asks GET /healthz every 100 ms, each on a connection of
+// its own, and exits non-zero if the p99 of those answers (one not
+// answered within 10 s counts as 10 s) reached -max-healthz-p99.
 package main
 
 import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -34,12 +49,16 @@ import (
 	"os/signal"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/nodelane/nodelane/replay"
+	"github.com/nodelane/nodelane/workerapi/wire"
 )
 
 func main() {
@@ -64,7 +83,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		serverBin = fs.String("server-bin", "", "without -addr: a built cmd/server to start (default: go build it)")
 		cfg       = Config{}
 		maxRSS    = fs.Int64("max-rss", 100<<20, "fail if the server's VmRSS reaches this many bytes during the attack")
+		maxP99    = fs.Duration("max-healthz-p99", time.Second, "fail if the p99 of GET /healthz during the attack reaches this")
+		token     = fs.String("token", "", "with -addr and an authenticated -attack: the provisioning token")
 	)
+	fs.StringVar(&cfg.Attack, "attack", "", "the attack: slow bodies without a valid credential (default), authenticated-body or long-poll")
 	fs.IntVar(&cfg.Conns, "conns", 1000, "connections to open (at most 10,000)")
 	fs.Int64Var(&cfg.BodyLength, "body", 1<<20, "the Content-Length each connection announces")
 	fs.DurationVar(&cfg.Trickle, "trickle", 10*time.Second, "the interval between two bytes of a body")
@@ -87,15 +109,35 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		*addr, *pid = srv.addr, srv.cmd.Process.Pid
 	}
 	cfg.Addr = *addr
+	if srv != nil {
+		*token = srv.provisioningToken
+	}
+	switch cfg.Attack {
+	case "":
+	case AttackAuthenticatedBody, AttackLongPoll:
+		if *token == "" {
+			return fmt.Errorf("-attack %s needs the provisioning token (-token)", cfg.Attack)
+		}
+		cfg.Token = *token
+	default:
+		return fmt.Errorf("-attack %q: want authenticated-body or long-poll", cfg.Attack)
+	}
 	if *pid > 0 {
 		cfg.Memory = func() (Memory, error) { return ReadMemory(*pid) }
 	}
-	what := "body"
-	if cfg.SlowHeaders {
-		what = "header block"
+	switch what := "body"; {
+	case cfg.Attack == AttackAuthenticatedBody:
+		fmt.Fprintf(stdout, "attacking %s with %d register requests with the provisioning token, each sending %d bytes of body but the last, and holding it, for at most %v\n",
+			cfg.Addr, cfg.Conns, cfg.BodyLength, cfg.Duration)
+	case cfg.Attack == AttackLongPoll:
+		fmt.Fprintf(stdout, "attacking %s with %d lease long-polls of one node, for at most %v\n", cfg.Addr, cfg.Conns, cfg.Duration)
+	default:
+		if cfg.SlowHeaders {
+			what = "header block"
+		}
+		fmt.Fprintf(stdout, "attacking %s with %d connections announcing %d bytes, trickling the %s a byte every %v, for at most %v\n",
+			cfg.Addr, cfg.Conns, cfg.BodyLength, what, cfg.Trickle, cfg.Duration)
 	}
-	fmt.Fprintf(stdout, "attacking %s with %d connections announcing %d bytes, trickling the %s a byte every %v, for at most %v\n",
-		cfg.Addr, cfg.Conns, cfg.BodyLength, what, cfg.Trickle, cfg.Duration)
 	rep, err := Attack(ctx, cfg)
 	if err != nil {
 		return err
@@ -111,10 +153,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if rep.PeakRSS >= *maxRSS {
 		problems = append(problems, fmt.Sprintf("the server's VmRSS reached %s, the limit is %s", mb(rep.PeakRSS), mb(*maxRSS)))
 	}
+	if p99 := rep.HealthzP99(); p99 >= *maxP99 {
+		problems = append(problems, fmt.Sprintf("the p99 of /healthz was %v, the limit is %v", p99.Round(time.Millisecond), *maxP99))
+	}
 	if len(problems) > 0 {
 		return errors.New(strings.Join(problems, "; "))
 	}
-	fmt.Fprintln(stdout, "ok: every connection was answered or closed, and the server's memory stayed bounded")
+	fmt.Fprintln(stdout, "ok: every connection was answered or closed, the server's memory stayed bounded, and /healthz answered")
 	return nil
 }
 
@@ -135,6 +180,12 @@ type Config struct {
 	// SlowHeaders trickles the header block (one byte of an endless
 	// header field at a time) instead of the body.
 	SlowHeaders bool
+	// Attack, when set, is an attack with a valid credential instead:
+	// AttackAuthenticatedBody or AttackLongPoll. Trickle and SlowHeaders
+	// do not apply to it.
+	Attack string
+	// Token is the provisioning token the attacks with a credential use.
+	Token string
 	// Memory, if set, reads the server's memory; it is sampled every
 	// 100 ms.
 	Memory func() (Memory, error)
@@ -149,6 +200,20 @@ var probes = []struct{ path, auth string }{
 	{"/workers/jobs/job_01a2b3c4d5e6f708090a0b0c0d0e0f10/logs", ""},
 	{"/operator/jobs", "Bearer nlc_notatoken"},
 }
+
+// The attacks with a valid credential (Config.Attack).
+const (
+	// AttackAuthenticatedBody sends, on each connection, a register
+	// request with the provisioning token and well-formed signature
+	// fields, then its BodyLength bytes of body but the last, and holds
+	// that one: what the server reads of bodies at once is bounded only
+	// by its budget.
+	AttackAuthenticatedBody = "authenticated-body"
+	// AttackLongPoll registers one node, then sends, on each connection,
+	// a lease long-poll of that node (60 s): what one node holds is
+	// bounded only by its share of long-polls.
+	AttackLongPoll = "long-poll"
+)
 
 // Outcome is how one connection ended.
 type Outcome struct {
@@ -187,7 +252,12 @@ type Report struct {
 	MemoryErr                         error
 	// Outcomes are the connections' outcomes, in the order opened.
 	Outcomes []Outcome
-	firstErr error
+	// Healthz are the times GET /healthz took during the attack, each on
+	// a connection of its own (healthzTimeout for one not answered).
+	Healthz []time.Duration
+	// HealthzFailed counts those not answered 200.
+	HealthzFailed int
+	firstErr      error
 }
 
 // Memory is a process's resident memory, in bytes.
@@ -246,12 +316,27 @@ func Attack(ctx context.Context, cfg Config) (*Report, error) {
 		return nil, errors.New("trickle must be positive")
 	case cfg.BodyLength < 1:
 		return nil, errors.New("body must be positive")
+	case cfg.Attack != "" && cfg.Token == "":
+		return nil, fmt.Errorf("attack %s needs the provisioning token", cfg.Attack)
 	}
 	if cfg.OpenWithin <= 0 {
 		cfg.OpenWithin = 10 * time.Second
 	}
 	if err := checkLoopback(cfg.Addr); err != nil {
 		return nil, err
+	}
+	var request func() ([]byte, error)
+	switch cfg.Attack {
+	case "":
+	case AttackAuthenticatedBody:
+		request = func() ([]byte, error) { return registerHead(cfg) }
+	case AttackLongPoll:
+		var err error
+		if request, err = longPolls(ctx, cfg); err != nil {
+			return nil, err
+		}
+	default:
+		return nil, fmt.Errorf("unknown attack %q", cfg.Attack)
 	}
 	rep := &Report{Conns: cfg.Conns, Statuses: map[int]int{}}
 	if cfg.Memory != nil {
@@ -288,6 +373,12 @@ func Attack(ctx context.Context, cfg Config) (*Report, error) {
 		}
 	}()
 
+	probed := make(chan struct{})
+	go func() {
+		defer close(probed)
+		rep.Healthz, rep.HealthzFailed = probeHealthz(ctx, cfg.Addr)
+	}()
+
 	outs := make([]Outcome, cfg.Conns)
 	var wg sync.WaitGroup
 	// Opening is spread over OpenWithin, at most 200 dials at once, so
@@ -301,9 +392,22 @@ func Attack(ctx context.Context, cfg Config) (*Report, error) {
 			continue
 		case dials <- struct{}{}:
 		}
+		var head []byte
+		if request != nil {
+			var err error
+			if head, err = request(); err != nil {
+				<-dials
+				outs[i].Err = err
+				continue
+			}
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			if head != nil {
+				outs[i] = heldClient(ctx, cfg, head, dials)
+				return
+			}
 			outs[i] = slowClient(ctx, cfg, probes[i%len(probes)].path, probes[i%len(probes)].auth, dials)
 		}()
 		time.Sleep(gap)
@@ -311,6 +415,7 @@ func Attack(ctx context.Context, cfg Config) (*Report, error) {
 	wg.Wait()
 	cancel()
 	<-sampled
+	<-probed
 	rep.Elapsed = time.Since(start)
 	if cfg.Memory != nil {
 		if m, err := cfg.Memory(); err == nil {
@@ -418,6 +523,193 @@ func slowClient(ctx context.Context, cfg Config, path, auth string, dials chan s
 	}
 }
 
+// healthzTimeout is how long a GET /healthz of the attack may take.
+const healthzTimeout = 10 * time.Second
+
+// probeHealthz asks GET /healthz every 100 ms until ctx ends, each on a
+// connection of its own, and returns how long each took and how many
+// were not answered 200.
+func probeHealthz(ctx context.Context, addr string) (took []time.Duration, failed int) {
+	c := &http.Client{Timeout: healthzTimeout, Transport: &http.Transport{DisableKeepAlives: true}}
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		start := time.Now()
+		resp, err := c.Get("http://" + addr + "/healthz")
+		d := time.Since(start)
+		if err == nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+		if ctx.Err() != nil {
+			// The attack ended while this one waited: it says nothing.
+			return took, failed
+		}
+		if err != nil || resp.StatusCode != http.StatusOK {
+			failed++
+			d = max(d, healthzTimeout)
+		}
+		took = append(took, d)
+		select {
+		case <-ctx.Done():
+			return took, failed
+		case <-tick.C:
+		}
+	}
+}
+
+// HealthzP99 is the 99th percentile of Healthz, 0 without any.
+func (r *Report) HealthzP99() time.Duration {
+	if len(r.Healthz) == 0 {
+		return 0
+	}
+	d := slices.Clone(r.Healthz)
+	slices.Sort(d)
+	return d[(len(d)*99+99)/100-1]
+}
+
+// signedHead is the request line and header block of a signed POST of
+// body to path with token, announcing length bytes of body.
+func signedHead(addr, path, token string, key ed25519.PrivateKey, body []byte, length int64) ([]byte, error) {
+	req, err := http.NewRequest(http.MethodPost, "http://"+addr+path, bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+token)
+	if err := replay.NewSigner(key, nil).Sign(req, body); err != nil {
+		return nil, err
+	}
+	var head bytes.Buffer
+	fmt.Fprintf(&head, "POST %s HTTP/1.1\r\nHost: %s\r\nContent-Length: %d\r\n", path, addr, length)
+	if err := req.Header.Write(&head); err != nil {
+		return nil, err
+	}
+	head.WriteString("\r\n")
+	return head.Bytes(), nil
+}
+
+// registerHead is the head of a register request of a fresh node with
+// the provisioning token, announcing BodyLength bytes: its signature
+// fields are well formed, so that the server reads its body.
+func registerHead(cfg Config) ([]byte, error) {
+	pub, key, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	body, err := json.Marshal(registerBody(pub))
+	if err != nil {
+		return nil, err
+	}
+	return signedHead(cfg.Addr, wire.PathRegister, cfg.Token, key, body, cfg.BodyLength)
+}
+
+func registerBody(pub ed25519.PublicKey) wire.RegisterRequest {
+	id := base64.RawURLEncoding.EncodeToString(pub[:9])
+	return wire.RegisterRequest{
+		NodeID: "slowloris-" + id, Name: "slowloris", Hostname: "slowloris.local", Role: "local_gpu_compute",
+		Capabilities: wire.Capabilities{JobTypes: []string{"status_check"}},
+		Version:      "slowloris/1", HeartbeatIntervalSeconds: 30,
+		PublicKey: base64.RawURLEncoding.EncodeToString(pub),
+	}
+}
+
+// longPolls registers one node and returns what makes each of its lease
+// long-polls (60 s, signed with a fresh nonce), body included.
+func longPolls(ctx context.Context, cfg Config) (func() ([]byte, error), error) {
+	pub, key, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	body, err := json.Marshal(registerBody(pub))
+	if err != nil {
+		return nil, err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+cfg.Addr+wire.PathRegister, bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+cfg.Token)
+	if err := replay.NewSigner(key, nil).Sign(req, body); err != nil {
+		return nil, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("registering the node: %w", err)
+	}
+	defer resp.Body.Close()
+	var out wire.RegisterResponse
+	if resp.StatusCode != http.StatusCreated && resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<10))
+		return nil, fmt.Errorf("registering the node: %d %s", resp.StatusCode, b)
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+		return nil, fmt.Errorf("registering the node: %w", err)
+	}
+	lease, err := json.Marshal(wire.LeaseRequest{SupportedJobTypes: []string{"status_check"}, MaxJobs: 1, WaitSeconds: wire.MaxWaitSeconds})
+	if err != nil {
+		return nil, err
+	}
+	return func() ([]byte, error) {
+		head, err := signedHead(cfg.Addr, wire.PathLease, out.WorkerToken, key, lease, int64(len(lease)))
+		return append(head, lease...), err
+	}, nil
+}
+
+// heldClient opens one connection and sends head; with
+// AttackAuthenticatedBody, then BodyLength bytes of body but the last,
+// which it holds. It waits until the server answers and closes, closes
+// without answering, or the attack ends.
+func heldClient(ctx context.Context, cfg Config, head []byte, dials chan struct{}) Outcome {
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "tcp", cfg.Addr)
+	<-dials
+	if err != nil {
+		return Outcome{Err: err}
+	}
+	defer conn.Close()
+	opened := time.Now()
+	done := make(chan Outcome, 1)
+	go func() {
+		var o Outcome
+		br := bufio.NewReader(conn)
+		if resp, err := http.ReadResponse(br, nil); err == nil {
+			o.Status = resp.StatusCode
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+		// A long-poll answered keeps its connection: the attack closes
+		// it, as a client done with it would.
+		if cfg.Attack == AttackLongPoll && o.Status != 0 {
+			o.After = time.Since(opened)
+			done <- o
+			return
+		}
+		_, err := io.Copy(io.Discard, br)
+		o.Closed = err == nil || !errors.Is(err, net.ErrClosed)
+		o.After = time.Since(opened)
+		done <- o
+	}()
+	var sent int
+	if _, err := conn.Write(head); err == nil && cfg.Attack == AttackAuthenticatedBody {
+		n, _ := conn.Write(bytes.Repeat([]byte{' '}, int(cfg.BodyLength-1)))
+		sent = n
+	}
+	select {
+	case o := <-done:
+		o.Sent = sent
+		if cfg.Attack == AttackLongPoll {
+			o.Closed = true
+		}
+		return o
+	case <-ctx.Done():
+		conn.Close()
+		o := <-done
+		return Outcome{Status: o.Status, Sent: sent}
+	}
+}
+
 // Print writes the report.
 func (r *Report) Print(w io.Writer) {
 	fmt.Fprintf(w, "connections:          %d in %v\n", r.Conns, r.Elapsed.Round(time.Millisecond))
@@ -445,6 +737,10 @@ func (r *Report) Print(w io.Writer) {
 	if r.MemoryErr != nil {
 		fmt.Fprintf(w, "  reading memory failed: %v\n", r.MemoryErr)
 	}
+	if len(r.Healthz) > 0 {
+		fmt.Fprintf(w, "GET /healthz:         %d asked, %d not answered 200; p99 %v, max %v\n",
+			len(r.Healthz), r.HealthzFailed, r.HealthzP99().Round(time.Millisecond), slices.Max(r.Healthz).Round(time.Millisecond))
+	}
 }
 
 func mb(b int64) string { return fmt.Sprintf("%.1f MB", float64(b)/1e6) }
@@ -455,6 +751,8 @@ type serverProc struct {
 	addr string
 	dir  string
 	done chan struct{}
+	// provisioningToken is the one the server minted on its first start.
+	provisioningToken string
 }
 
 var servingLine = regexp.MustCompile(`msg=serving addr=(\S+)`)
@@ -504,6 +802,18 @@ func startServer(ctx context.Context, bin string, stderr io.Writer) (*serverProc
 	select {
 	case p.addr = <-addr:
 		fmt.Fprintf(stderr, "started cmd/server (pid %d) on %s\n", cmd.Process.Pid, p.addr)
+		b, err := os.ReadFile(filepath.Join(dir, "tokens.json"))
+		var tok struct {
+			ProvisioningToken string `json:"provisioning_token"`
+		}
+		if err == nil {
+			err = json.Unmarshal(b, &tok)
+		}
+		if err != nil {
+			p.stop()
+			return nil, fmt.Errorf("reading the server's tokens: %w", err)
+		}
+		p.provisioningToken = tok.ProvisioningToken
 		return p, nil
 	case <-p.done:
 		os.RemoveAll(dir)

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/nodelane/nodelane/internal/apitest"
+	"github.com/nodelane/nodelane/workerapi"
 )
 
 // host is the host:port of a test server's URL.
@@ -95,5 +96,62 @@ func TestBounds(t *testing.T) {
 				t.Errorf("Attack: %v, want an error about %s", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestAuthenticatedBodies runs the authenticated-body attack at a small
+// scale: 20 register requests with the provisioning token, each sending
+// 64 KiB but the last byte, against a budget of 4 such bodies. Those past
+// the budget are refused 503 before their body is read; the others are
+// cut off by the read timeout; none is left open.
+func TestAuthenticatedBodies(t *testing.T) {
+	t.Parallel()
+	const body = 64 << 10
+	env := apitest.New(t, "sqlite", apitest.WithConfig(func(c *workerapi.Config) {
+		c.BodyLimit, c.Shares.BodyBytes = body, 4*body
+	}))
+	hs := httptest.NewUnstartedServer(env.Server.Handler())
+	hs.Config.ReadTimeout = 3 * time.Second
+	hs.Start()
+	t.Cleanup(hs.Close)
+	rep, err := Attack(context.Background(), Config{
+		Addr: host(t, hs.URL), Conns: 20, BodyLength: body, Attack: AttackAuthenticatedBody, Token: env.ProvisioningToken,
+		Trickle: time.Second, Duration: 30 * time.Second, OpenWithin: 500 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	rep.Print(&b)
+	t.Logf("\n%s", b.String())
+	if rep.Open != 0 || rep.Failed != 0 || rep.Statuses[http.StatusServiceUnavailable] < 10 {
+		t.Errorf("want every connection settled, most of them 503:\n%s", b.String())
+	}
+	for st := range rep.Statuses {
+		if st < 300 {
+			t.Errorf("%d held bodies were answered %d", rep.Statuses[st], st)
+		}
+	}
+}
+
+// TestOneNodeLongPolls runs the long-poll attack at a small scale: one
+// node opens 10 lease long-polls against a share of 2; the 8 others are
+// refused 429 at once, and the 2 are answered at the end of their wait.
+func TestOneNodeLongPolls(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, "sqlite", apitest.WithConfig(func(c *workerapi.Config) {
+		c.Shares.LongPollsPerNode, c.MaxWait = 2, 2*time.Second
+	}))
+	rep, err := Attack(context.Background(), Config{
+		Addr: host(t, env.URL), Conns: 10, BodyLength: 1, Attack: AttackLongPoll, Token: env.ProvisioningToken,
+		Trickle: time.Second, Duration: 30 * time.Second, OpenWithin: 200 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	rep.Print(&b)
+	if rep.Statuses[http.StatusTooManyRequests] != 8 || rep.Statuses[http.StatusOK] != 2 || rep.Open != 0 {
+		t.Errorf("want 8 long-polls refused 429 and 2 answered 200:\n%s", b.String())
 	}
 }

@@ -82,6 +82,17 @@ const (
 	CodeArtifactMismatch = "artifact_mismatch"
 )
 
+// The shares of what every caller shares (PROTOCOL.md §3, "Shares").
+const (
+	// CodeTooManyLongPolls (429): the node has its long-polls open at
+	// once already; retry after Retry-After, or once one of them ends.
+	CodeTooManyLongPolls = "too_many_long_polls"
+	// CodeServerBusy (503): the server's budget of request-body bytes,
+	// or of long-polls, is spent; nothing was done: retry after
+	// Retry-After.
+	CodeServerBusy = "server_busy"
+)
+
 // Error is an error answer of a route as a Go error: what a client of
 // the routes returns for an answer that is not a success, so that its
 // caller reads it with errors.As. Status is the HTTP status; Code,

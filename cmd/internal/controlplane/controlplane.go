@@ -81,6 +81,10 @@ type Options struct {
 	// Artifacts is workerapi.Config.Artifacts: the store of artifact
 	// bytes and its limits. The zero value keeps no bytes.
 	Artifacts workerapi.ArtifactConfig
+	// Shares is workerapi.Config.Shares: each caller's share of the body
+	// bytes and long-polls every caller shares. The zero value is
+	// workerapi's defaults.
+	Shares workerapi.Shares
 }
 
 // ControlPlane is an open control plane. Close it when done.
@@ -145,6 +149,7 @@ func Open(ctx context.Context, o Options) (*ControlPlane, error) {
 		Metrics:          o.Metrics,
 		Now:              o.Now,
 		Artifacts:        o.Artifacts,
+		Shares:           o.Shares,
 	})
 	if err != nil {
 		n.Close()

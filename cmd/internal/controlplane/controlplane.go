@@ -61,6 +61,11 @@ type Options struct {
 	RetryBase time.Duration
 	// Retention is workerapi.Config.Lease.Retention: 0 keeps every job.
 	Retention time.Duration
+	// ProvisioningTokenTTL, ProvisioningRegistrations and
+	// AuditReceiptsPerHour are workerapi.Config's.
+	ProvisioningTokenTTL      time.Duration
+	ProvisioningRegistrations int64
+	AuditReceiptsPerHour      int64
 	// HeartbeatInterval and OfflineAfter are workerapi.Config's.
 	HeartbeatInterval time.Duration
 	OfflineAfter      time.Duration
@@ -145,6 +150,9 @@ func Open(ctx context.Context, o Options) (*ControlPlane, error) {
 		Metrics:          o.Metrics,
 		Now:              o.Now,
 		Artifacts:        o.Artifacts,
+
+		ProvisioningTokenTTL: o.ProvisioningTokenTTL, ProvisioningRegistrations: o.ProvisioningRegistrations,
+		AuditReceiptsPerHour: o.AuditReceiptsPerHour,
 	})
 	if err != nil {
 		n.Close()

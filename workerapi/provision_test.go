@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -210,6 +211,48 @@ func TestAuditPendingNode(t *testing.T) {
 		mustOp(t, env, http.StatusOK, http.MethodPost, "/operator/workers/"+node.WorkerID+"/approve", nil)
 		if st, b := post(t, node, wire.PathAudit, auditEvents(1)); st != http.StatusCreated {
 			t.Fatalf("the approved node's audit: %d %s", st, b)
+		}
+	})
+}
+
+// TestAuditQuotaReplicas: audits of one node racing through two replicas
+// of one database never mint past the node's quota.
+func TestAuditQuotaReplicas(t *testing.T) {
+	t.Parallel()
+	onDialects(t, func(t *testing.T, d string) {
+		const quota, events, requests = wire.MaxAuditEvents + 50, 60, 6
+		env := newOpEnv(t, d, apitest.WithConfig(func(c *workerapi.Config) { c.AuditReceiptsPerHour = quota }))
+		replica := env.Replica(t)
+		node := env.NewNode(t, "racer")
+		node.Register(t, registerRequest())
+		before := env.Receipts(t)
+		var (
+			wg    sync.WaitGroup
+			mu    sync.Mutex
+			codes = map[int]int{}
+		)
+		start := make(chan struct{})
+		for i := range requests {
+			n := node
+			if i%2 == 1 {
+				n = node.On(replica)
+			}
+			wg.Go(func() {
+				<-start
+				st, _ := post(t, n, wire.PathAudit, auditEvents(events))
+				mu.Lock()
+				codes[st]++
+				mu.Unlock()
+			})
+		}
+		close(start)
+		wg.Wait()
+		fit := quota / events
+		if codes[http.StatusCreated] != fit || codes[http.StatusTooManyRequests] != requests-fit {
+			t.Errorf("answers %v, want %d × 201 and %d × 429", codes, fit, requests-fit)
+		}
+		if n := env.Receipts(t) - before; n != fit*events {
+			t.Errorf("%d receipts minted, want %d", n, fit*events)
 		}
 	})
 }

@@ -80,10 +80,13 @@ func dropTokenFile(log *slog.Logger, path string, keep bool) func(wire.RegisterR
 			log.Info("registered: keeping the provisioning token file (-keep-token-file)", "path", path)
 			return
 		}
-		if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		switch err := os.Remove(path); {
+		case errors.Is(err, fs.ErrNotExist):
+			// Removed after an earlier registration of this run.
+		case err != nil:
 			log.Warn("registered, but the provisioning token file could not be removed: remove it", "path", path, "err", err)
-			return
+		default:
+			log.Info("registered: removed the provisioning token file", "path", path)
 		}
-		log.Info("registered: removed the provisioning token file", "path", path)
 	}
 }

@@ -108,8 +108,9 @@ type Credential struct {
 	// registrations); once Uses reaches it, the credential no longer
 	// verifies (ErrExhausted). 0 means no limit.
 	MaxUses int64
-	// Uses is how many times Issuer.Use counted the credential. Only a
-	// credential with MaxUses above 0 is counted; others stay at 0.
+	// Uses is how many times Issuer.Use counted the credential (for a
+	// provisioning credential, the registrations it authorised), limited
+	// or not.
 	Uses int64
 	// Rev is the record's revision, as Principal.Rev.
 	Rev int64

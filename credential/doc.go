@@ -37,13 +37,18 @@
 // of its own, such as a bootstrap. [Issuer.ListCredentials] pages the
 // credentials in byte order of their ids.
 //
-// # Limits, bans by key, renewal
+// # Limits, quotas, bans by key, renewal
 //
 // A credential may be limited in uses ([MintOptions].MaxUses, through
 // [Issuer.MintWith]): [Issuer.Use], called in the transaction of what the
 // use stands for (a registration, for a provisioning credential), counts
-// one with a conditional update, so concurrent uses never exceed the
-// limit, and a spent credential no longer verifies. A ban follows a
+// one with a conditional update (every credential's uses are counted, so
+// [Credential].Uses tells how many nodes a provisioning credential
+// registered), so concurrent uses never exceed the limit, and a spent
+// credential no longer verifies. [Issuer.Charge] counts what a principal
+// writes against a quota per window of time (a node's audit receipts per
+// hour), with one conditional write in the store, and refuses what does
+// not fit with a [*QuotaError] that says when the window ends. A ban follows a
 // node's key: [Issuer.KeyBan] finds a banned principal that holds a key,
 // so that a caller can refuse the key under any principal id.
 // [Issuer.Renew] replaces a credential with a new one while the old one

@@ -16,9 +16,10 @@ import (
 // exhausted reports whether c is limited in uses and has used them all.
 func exhausted(c *Credential) bool { return c.MaxUses > 0 && c.Uses >= c.MaxUses }
 
-// Use counts one use of the credential and returns it as stored. Only a
-// credential limited in uses (MaxUses above 0) is counted and written; any
-// other is returned unchanged. Call it in the transaction of the operation
+// Use counts one use of the credential and returns it as stored: every
+// credential is counted, so that Uses tells, say, how many nodes a
+// provisioning credential registered, and one limited in uses (MaxUses
+// above 0) is refused once they are spent. Call it in the transaction of the operation
 // the use stands for (a registration, for a provisioning credential), so
 // that the use counts only if that operation commits: the count is a
 // conditional update of the credential's revision, so concurrent uses,
@@ -34,8 +35,6 @@ func (is *Issuer) Use(ctx context.Context, credentialID string) (*Credential, er
 			return false, fmt.Errorf("%w: credential %s", ErrRevoked, c.ID)
 		case !now.Before(c.ExpiresAt):
 			return false, fmt.Errorf("%w: credential %s", ErrExpired, c.ID)
-		case c.MaxUses <= 0:
-			return false, nil
 		case exhausted(c):
 			return false, fmt.Errorf("%w: credential %s was used %d of %d times", ErrExhausted, c.ID, c.Uses, c.MaxUses)
 		}

@@ -15,6 +15,7 @@ type MemoryStore struct {
 	mu          sync.Mutex
 	principals  map[string]*Principal
 	credentials map[string]*Credential
+	quotas      map[[2]string]Quota
 }
 
 var _ Store = (*MemoryStore)(nil)
@@ -24,6 +25,7 @@ func NewMemoryStore() *MemoryStore {
 	return &MemoryStore{
 		principals:  make(map[string]*Principal),
 		credentials: make(map[string]*Credential),
+		quotas:      make(map[[2]string]Quota),
 	}
 }
 
@@ -135,6 +137,24 @@ func (s *MemoryStore) ListCredentials(_ context.Context, f CredentialFilter) ([]
 		out[i] = cloneCredential(c)
 	}
 	return out, nil
+}
+
+// ChargeQuota implements Store.
+func (s *MemoryStore) ChargeQuota(_ context.Context, c QuotaCharge) (Quota, bool, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	k := [2]string{c.PrincipalID, c.Name}
+	q, ok := s.quotas[k]
+	switch {
+	case !ok || !q.Start.After(c.Now.Add(-c.Window)):
+		q = Quota{Start: c.Now, Used: c.N}
+	case q.Used+c.N > c.Limit:
+		return q, false, nil
+	default:
+		q.Used += c.N
+	}
+	s.quotas[k] = q
+	return q, true, nil
 }
 
 func clonePrincipal(p *Principal) *Principal {

@@ -68,6 +68,19 @@ type Store interface {
 	// the first when it is ""). None, and no error, for a principal with
 	// no credential or unknown. ErrInvalidArgument if f.Limit < 1.
 	ListCredentials(ctx context.Context, f CredentialFilter) ([]*Credential, error)
+
+	// ChargeQuota counts c.N units of the quota (c.PrincipalID, c.Name)
+	// in one atomic step, and reports whether it did. When no window of
+	// that quota is open at c.Now (none yet, or the last began at or
+	// before c.Now minus c.Window), a window begins at c.Now with c.N
+	// units used; otherwise the open window's units grow by c.N only if
+	// they stay at most c.Limit. It returns the window as it stands after
+	// the charge, or, when the charge does not fit, as it stands with
+	// false, counting nothing. Concurrent charges of one quota never count
+	// past c.Limit. The principal need not exist; quotas are kept apart
+	// from principals so that charging one never changes a principal's
+	// record (or its revision).
+	ChargeQuota(ctx context.Context, c QuotaCharge) (q Quota, ok bool, err error)
 }
 
 // CredentialFilter selects a page of credentials (Store.ListCredentials,

@@ -20,9 +20,13 @@ const (
 	ProvisionerPrincipal = "provisioner"
 )
 
-// BootstrapTTL is the lifetime of the credentials Bootstrap mints. It is
-// long because Bootstrap runs once: an operator replaces these with
-// POST /operator/credentials (and revokes them) well before they expire.
+// BootstrapTTL is the lifetime of the operator credential Bootstrap
+// mints (and the longest MintOperatorToken mints). It is long because
+// Bootstrap runs once: an operator replaces it with
+// POST /operator/credentials (and revokes it) well before it expires.
+// The provisioning credential lives Config.ProvisioningTokenTTL: it is
+// copied to every new machine, so it is short-lived and limited in
+// registrations, and the operator mints the next one.
 const BootstrapTTL = 365 * 24 * time.Hour
 
 // BootstrapResult is what Bootstrap did. The tokens are shown this once
@@ -36,18 +40,23 @@ type BootstrapResult struct {
 	// them all (it mints provisioning tokens, which carry node:register).
 	OperatorToken        string
 	OperatorCredentialID string
-	// ProvisioningToken carries node:register, for ProvisionerPrincipal.
+	// ProvisioningToken carries node:register, for ProvisionerPrincipal,
+	// and may register Config.ProvisioningRegistrations nodes.
 	ProvisioningToken        string
 	ProvisioningCredentialID string
-	// ExpiresAt is when both tokens expire.
+	// ExpiresAt is when the operator token expires (BootstrapTTL).
 	ExpiresAt time.Time
+	// ProvisioningExpiresAt is when the provisioning token expires
+	// (Config.ProvisioningTokenTTL).
+	ProvisioningExpiresAt time.Time
 }
 
 // Bootstrap prepares a new database: when no OperatorPrincipal exists
 // yet, it creates it (an operator) with a credential carrying every
-// scope, and ProvisionerPrincipal (an operator-kind principal: a
-// program with a bearer token, never a node) with a node:register
-// credential, mints their credential_minted receipts (actor "system"),
+// scope, living BootstrapTTL, and ProvisionerPrincipal (an operator-kind
+// principal: a program with a bearer token, never a node) with a
+// node:register credential living Config.ProvisioningTokenTTL and limited
+// to Config.ProvisioningRegistrations registrations, mints their credential_minted receipts (actor "system"),
 // all in one transaction, and returns both tokens with Created true.
 // Otherwise it changes nothing and returns Created false. It runs
 // CheckSecrets first, and returns its error.
@@ -79,24 +88,29 @@ func (s *Server) Bootstrap(ctx context.Context) (*BootstrapResult, error) {
 		for _, b := range []struct {
 			id, name string
 			scopes   []credential.Scope
+			opt      credential.MintOptions
 			token    *string
 			credID   *string
+			expires  *time.Time
 		}{
 			// Every scope: the root of delegation (see Issuer.MintAs). Node
 			// scopes open no worker route to an operator principal, which
 			// has no node key, but node:register lets it mint provisioning
 			// tokens.
-			{OperatorPrincipal, "operator", credential.AllScopes(), &res.OperatorToken, &res.OperatorCredentialID},
-			{ProvisionerPrincipal, "node provisioning", []credential.Scope{credential.ScopeNodeRegister}, &res.ProvisioningToken, &res.ProvisioningCredentialID},
+			{OperatorPrincipal, "operator", credential.AllScopes(), credential.MintOptions{TTL: BootstrapTTL},
+				&res.OperatorToken, &res.OperatorCredentialID, &res.ExpiresAt},
+			{ProvisionerPrincipal, "node provisioning", []credential.Scope{credential.ScopeNodeRegister},
+				credential.MintOptions{TTL: s.cfg.ProvisioningTokenTTL, MaxUses: s.cfg.ProvisioningRegistrations},
+				&res.ProvisioningToken, &res.ProvisioningCredentialID, &res.ProvisioningExpiresAt},
 		} {
 			if _, err := s.issuer.CreatePrincipal(ctx, credential.Principal{ID: b.id, Kind: credential.KindOperator, Name: b.name}); err != nil {
 				return err
 			}
-			token, cred, err := s.issuer.Mint(ctx, b.id, b.scopes, BootstrapTTL)
+			token, cred, err := s.issuer.MintWith(ctx, b.id, b.scopes, b.opt)
 			if err != nil {
 				return err
 			}
-			*b.token, *b.credID, res.ExpiresAt = token, cred.ID, cred.ExpiresAt
+			*b.token, *b.credID, *b.expires = token, cred.ID, cred.ExpiresAt
 			r, err := s.mint(ctx, mintedReceipt(cred, "system"))
 			if err != nil {
 				return err

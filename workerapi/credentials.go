@@ -93,12 +93,14 @@ func (s *Server) opListCredentials(ctx context.Context, c *call) (int, any, erro
 	out := wire.CredentialListResponse{Credentials: make([]wire.CredentialView, len(cs))}
 	for i, cr := range cs {
 		out.Credentials[i] = wire.CredentialView{
-			CredentialID: cr.ID,
-			Principal:    cr.PrincipalID,
-			Scopes:       scopeStrings(cr.Scopes),
-			CreatedAt:    cr.CreatedAt,
-			ExpiresAt:    cr.ExpiresAt,
-			RevokedAt:    cr.RevokedAt,
+			CredentialID:     cr.ID,
+			Principal:        cr.PrincipalID,
+			Scopes:           scopeStrings(cr.Scopes),
+			CreatedAt:        cr.CreatedAt,
+			ExpiresAt:        cr.ExpiresAt,
+			RevokedAt:        cr.RevokedAt,
+			Registrations:    cr.Uses,
+			MaxRegistrations: registrationLimit(cr),
 		}
 	}
 	if next != "" {

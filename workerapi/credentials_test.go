@@ -25,7 +25,7 @@ import (
 // without their secrets.
 
 var (
-	credentialViewKeys = []string{"credential_id", "principal", "scopes", "created_at", "expires_at", "revoked_at"}
+	credentialViewKeys = []string{"credential_id", "principal", "scopes", "created_at", "expires_at", "revoked_at", "registrations", "max_registrations"}
 	principalKeys      = []string{"id", "kind", "name", "created_at", "receipt_id"}
 )
 

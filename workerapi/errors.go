@@ -61,6 +61,9 @@ var (
 	// ErrArtifactMismatch means the stored bytes are not the size or the
 	// sha256 declared: they were deleted, and nothing was recorded.
 	ErrArtifactMismatch = errors.New("artifact mismatch")
+	// ErrApprovalPending means the node awaits an operator's approval,
+	// and the route is closed to it until then (403 approval_pending).
+	ErrApprovalPending = errors.New("the node awaits an operator's approval")
 )
 
 // status pairs an HTTP status with a PROTOCOL.md code.
@@ -95,6 +98,8 @@ var errorTable = []struct {
 	{replay.ErrReplayedNonce, status{http.StatusUnauthorized, wire.CodeReplayedNonce}},
 	{credential.ErrInsufficientScope, status{http.StatusForbidden, wire.CodeInsufficientScope}},
 	{credential.ErrBanned, status{http.StatusForbidden, wire.CodeWorkerBanned}},
+	{ErrApprovalPending, status{http.StatusForbidden, wire.CodeApprovalPending}},
+	{credential.ErrQuotaExceeded, status{http.StatusTooManyRequests, wire.CodeQuotaExceeded}},
 	{envelope.ErrBlocked, status{http.StatusForbidden, wire.CodeBlockedByEnvelope}},
 	{ErrArtifactStorageOff, status{http.StatusNotFound, wire.CodeArtifactStorageOff}},
 	{ErrArtifactTooLarge, status{http.StatusRequestEntityTooLarge, wire.CodeArtifactTooLarge}},

@@ -589,7 +589,7 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, reqID string, err 
 		}
 	}
 	if st.http == http.StatusServiceUnavailable || st.http == http.StatusTooManyRequests {
-		w.Header().Set("Retry-After", "1")
+		w.Header().Set("Retry-After", s.retryAfter(err))
 	}
 	// A client that hung up reads nothing; the answer goes out anyway for
 	// the case where the host, shutting down, canceled the request.

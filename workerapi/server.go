@@ -170,6 +170,21 @@ type Config struct {
 	// WorkerTokenTTL is the lifetime of a worker token. Defaults to
 	// DefaultWorkerTokenTTL.
 	WorkerTokenTTL time.Duration
+	// ProvisioningTokenTTL is the lifetime of the provisioning token
+	// Bootstrap mints, and ProvisioningRegistrations the most nodes it
+	// may register (1 to wire.MaxRegistrations; re-registrations count):
+	// a copied token is useful to no one for long. An operator mints the
+	// next one with POST /operator/credentials. They default to
+	// DefaultProvisioningTokenTTL and DefaultProvisioningRegistrations.
+	ProvisioningTokenTTL      time.Duration
+	ProvisioningRegistrations int64
+	// AuditReceiptsPerHour is how many node_audit receipts, which are
+	// never deleted, one node may mint in an hour (POST /workers/audit;
+	// the hour begins at the first event after the last hour ended), at
+	// least wire.MaxAuditEvents so that a full batch fits. Past it the
+	// route answers 429 quota_exceeded with Retry-After and mints
+	// nothing. Defaults to DefaultAuditReceiptsPerHour.
+	AuditReceiptsPerHour int64
 	// PollInterval is the poll_interval_seconds answered at registration.
 	// Defaults to DefaultPollInterval.
 	PollInterval time.Duration
@@ -426,6 +441,7 @@ func (c *Config) setDefaults() error {
 		def  time.Duration
 	}{
 		{"WorkerTokenTTL", &c.WorkerTokenTTL, DefaultWorkerTokenTTL},
+		{"ProvisioningTokenTTL", &c.ProvisioningTokenTTL, DefaultProvisioningTokenTTL},
 		{"PollInterval", &c.PollInterval, DefaultPollInterval},
 		{"MaxWait", &c.MaxWait, DefaultMaxWait},
 		{"ProofWait", &c.ProofWait, DefaultProofWait},
@@ -450,6 +466,18 @@ func (c *Config) setDefaults() error {
 		return fmt.Errorf("%w: BodyLimit is negative (%d)", ErrConfig, c.BodyLimit)
 	case c.BodyLimit == 0:
 		c.BodyLimit = DefaultBodyLimit
+	}
+	switch {
+	case c.ProvisioningRegistrations < 0 || c.ProvisioningRegistrations > wire.MaxRegistrations:
+		return fmt.Errorf("%w: ProvisioningRegistrations %d is not 1 to %d", ErrConfig, c.ProvisioningRegistrations, wire.MaxRegistrations)
+	case c.ProvisioningRegistrations == 0:
+		c.ProvisioningRegistrations = DefaultProvisioningRegistrations
+	}
+	switch {
+	case c.AuditReceiptsPerHour < 0 || c.AuditReceiptsPerHour > 0 && c.AuditReceiptsPerHour < wire.MaxAuditEvents:
+		return fmt.Errorf("%w: AuditReceiptsPerHour %d is below the %d events of one batch", ErrConfig, c.AuditReceiptsPerHour, wire.MaxAuditEvents)
+	case c.AuditReceiptsPerHour == 0:
+		c.AuditReceiptsPerHour = DefaultAuditReceiptsPerHour
 	}
 	if c.MaxActiveRequests == 0 {
 		c.MaxActiveRequests = DefaultMaxActiveRequests

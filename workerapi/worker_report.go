@@ -215,7 +215,10 @@ func isSHA256Hex(s string) bool {
 }
 
 // audit: POST /workers/audit. Each event becomes a node_audit receipt
-// that carries its payload's SHA-256.
+// that carries its payload's SHA-256. Receipts are never deleted, so a
+// node mints them within a quota per hour, and none while it awaits
+// approval (quota.go); a repeat of an answered request still gets its
+// first answer.
 func (s *Server) audit(ctx context.Context, c *call) (int, any, error) {
 	var req wire.AuditRequest
 	if err := c.decode(&req); err != nil {
@@ -253,6 +256,9 @@ func (s *Server) audit(ctx context.Context, c *call) (int, any, error) {
 	}
 	w, err := s.leases.Worker(ctx, c.principal.ID)
 	if err != nil {
+		return 0, nil, err
+	}
+	if err := s.chargeAudit(ctx, w, len(rs)); err != nil {
 		return 0, nil, err
 	}
 	snap, err := s.gate.Snapshot(ctx)

@@ -58,12 +58,14 @@
 // -heartbeat-interval, spread evenly over it, while -long-polls of them
 // keep an idle lease long-poll open, begun evenly over one -wait-seconds,
 // for -duration. Give the server room for a connection per node
-// (cmd/server -max-conns). It reports the
+// (cmd/server -max-conns) and a provisioning token that registers them
+// all (cmd/server -provisioning-registrations). It reports the
 // heartbeat latency (p50, p99), the long-polls answered and the server's
 // resident memory.
 //
 //	go run ./cmd/server -db sqlite:/tmp/lg/nodelane.db \
-//	    -secrets-file /tmp/lg/secrets.json -tokens-file /tmp/lg/tokens.json &
+//	    -secrets-file /tmp/lg/secrets.json -tokens-file /tmp/lg/tokens.json \
+//	    -provisioning-registrations 20000 -max-conns 20000 &
 //	go run ./cmd/loadgen -tokens-file /tmp/lg/tokens.json -server-pid $!
 //	go run ./cmd/loadgen -tokens-file /tmp/lg/tokens.json -mode fleet \
 //	    -nodes 10000 -long-polls 1000 -duration 5m

@@ -123,6 +123,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		secretsFile   = fs.String("secrets-file", "nodelane-secrets.json", "pepper and receipt signing key, created 0600 on first start; replicas share it")
 		tokensFile    = fs.String("tokens-file", "", "on first start, write the operator and provisioning tokens here (JSON, 0600)")
 		approveNodes  = fs.Bool("approve-nodes", false, "new nodes register pending and lease nothing until an operator approves them (POST /operator/workers/{id}/approve)")
+		provTTL       = fs.Duration("provisioning-token-ttl", workerapi.DefaultProvisioningTokenTTL, "lifetime of the provisioning token a new database's bootstrap mints (renew: POST /operator/credentials)")
+		provRegs      = fs.Int64("provisioning-registrations", workerapi.DefaultProvisioningRegistrations, "node registrations the bootstrap's provisioning token may authorise (1 to 1000000)")
+		auditQuota    = fs.Int64("audit-receipts-per-hour", workerapi.DefaultAuditReceiptsPerHour, "node_audit receipts one node may mint an hour (at least 100); past it POST /workers/audit answers 429")
 		maxLeases     = fs.Int("max-leases-per-worker", workerapi.DefaultMaxLeasesPerWorker, "the live leases any one worker may hold; a node's governor max_jobs may lower it, never raise it")
 		cancelGrace   = fs.Duration("cancel-grace", workerapi.DefaultCancelGrace, "how long a canceled job's lease lives on before it is revoked")
 		maxRuntime    = fs.Duration("max-runtime", workerapi.DefaultMaxRuntime, "the runtime of a job that sets no requirements.max_runtime_seconds, after which its lease is revoked and it fails max_runtime_exceeded")
@@ -239,6 +242,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	cp, err := controlplane.Open(ctx, controlplane.Options{
 		DB: *dsn, DBMaxConns: *dbMaxConns, SecretsFile: *secretsFile, LeaseTTL: *leaseTTL, AcceptTimeout: *acceptTimeout,
 		Prices: prices, ApproveNodes: *approveNodes, MaxLeasesPerWorker: *maxLeases,
+		ProvisioningTokenTTL: *provTTL, ProvisioningRegistrations: *provRegs, AuditReceiptsPerHour: *auditQuota,
 		CancelGrace: *cancelGrace, MaxRuntime: *maxRuntime, RetryBase: *retryBase, Retention: *retention,
 		HeartbeatInterval: *hbInterval, OfflineAfter: *offlineAfter,
 		SequenceInterval: *seqInterval, SequenceBatch: *seqBatch, Logger: log, Metrics: met.m, Now: now,

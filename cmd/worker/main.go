@@ -13,8 +13,9 @@
 // local user could read it (ps, /proc). It is needed only while the
 // identity has no worker token (the first start), or to register again
 // if that token expired or was revoked: the worker renews its token itself
-// (POST /workers/token, signed by its key), so the provisioning token may
-// be deleted once the worker has registered. SIGTERM or SIGINT drains the
+// (POST /workers/token, signed by its key), so once a registration's
+// worker token is saved the worker removes the -provisioning-token-file
+// (-keep-token-file keeps it, for a file managed elsewhere). SIGTERM or SIGINT drains the
 // worker: it leases nothing more, lets running jobs finish within
 // -drain-timeout, and releases the rest.
 //
@@ -142,7 +143,8 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	var (
 		server       = fs.String("server", "http://127.0.0.1:8080", "control plane base URL")
 		identityPath = fs.String("identity", "nodelane-worker.json", "identity file: the node key and worker token (0600)")
-		provFile     = fs.String("provisioning-token-file", "", "file holding the node:register token, needed only until the worker has registered (default: $"+provisioningEnv+"); never put the token itself on the command line")
+		provFile     = fs.String("provisioning-token-file", "", "file holding the node:register token, needed only until the worker has registered, and removed then (default: $"+provisioningEnv+"); never put the token itself on the command line")
+		keepToken    = fs.Bool("keep-token-file", false, "keep the -provisioning-token-file after registering (by default it is removed)")
 		nodeID       = fs.String("node-id", "", "node id to register (default: the identity's, else the host name)")
 		name         = fs.String("name", "", "display name (default: the node id)")
 		maxJobs      = fs.Int("max-jobs", 1, "jobs run at once")
@@ -296,9 +298,14 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	if cmdCfg != nil {
 		reg.Capabilities.JobTypes = cmdCfg.Types()
 	}
+	var registered func(wire.RegisterResponse)
+	if *provFile != "" {
+		registered = dropTokenFile(log, *provFile, *keepToken)
+	}
 	w, err := client.NewRunner(c, &client.RunnerConfig{
 		MaxConcurrent:     *maxJobs,
 		ProvisioningToken: provToken,
+		Registered:        registered,
 		Registration:      reg,
 		WaitSeconds:       *waitSeconds,
 		HeartbeatInterval: *hbInterval,

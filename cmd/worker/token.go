@@ -4,10 +4,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"os"
 	"runtime"
 	"strings"
+
+	"github.com/nodelane/nodelane/workerapi/wire"
 )
 
 // provisioningEnv is the environment variable the provisioning token may
@@ -61,5 +64,29 @@ func warnIfShared(log *slog.Logger, path string) {
 	}
 	if perm := st.Mode().Perm(); perm&0o077 != 0 {
 		log.Warn("the provisioning token file can be read by other users: chmod 600 it", "path", path, "mode", fmt.Sprintf("%04o", perm))
+	}
+}
+
+// dropTokenFile is the RunnerConfig.Registered of a worker given
+// -provisioning-token-file: once a registration's worker token is saved
+// in the identity, the provisioning token is no longer needed on the
+// machine (the worker renews its own token), so the file is removed,
+// unless keep (-keep-token-file) says the file is managed elsewhere.
+// Whoever copies the file later then finds no token that registers new
+// nodes.
+func dropTokenFile(log *slog.Logger, path string, keep bool) func(wire.RegisterResponse) {
+	return func(wire.RegisterResponse) {
+		if keep {
+			log.Info("registered: keeping the provisioning token file (-keep-token-file)", "path", path)
+			return
+		}
+		switch err := os.Remove(path); {
+		case errors.Is(err, fs.ErrNotExist):
+			// Removed after an earlier registration of this run.
+		case err != nil:
+			log.Warn("registered, but the provisioning token file could not be removed: remove it", "path", path, "err", err)
+		default:
+			log.Info("registered: removed the provisioning token file", "path", path)
+		}
 	}
 }

@@ -21,6 +21,8 @@ var limitTests = []test{
 	{"KeyBan", testKeyBan},
 	{"Renew", testRenew},
 	{"RenewAgainWithinGrace", testRenewAgain},
+	{"Quota", testQuota},
+	{"ConcurrentCharges", testConcurrentCharges},
 }
 
 func (f *fixture) mintLimited(principalID string, maxUses int64, scopes ...credential.Scope) (string, *credential.Credential) {
@@ -83,19 +85,21 @@ func testUseCounts(t *testing.T, f *fixture) {
 	wantErr(t, "use of an unknown credential", err, credential.ErrNotFound)
 }
 
+// testUseUnlimited: a credential without a limit is counted too (how many
+// nodes a provisioning credential registered), and never refused for it.
 func testUseUnlimited(t *testing.T, f *fixture) {
 	p := f.principal(credential.KindOperator, "provisioner")
 	tok, c := f.mint(p.ID, time.Hour, credential.ScopeNodeRegister)
-	for range 3 {
+	for i := range 3 {
 		u, err := f.is.Use(f.ctx, c.ID)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if u.Uses != 0 || u.Rev != c.Rev {
-			t.Fatalf("a use of an unlimited credential wrote it: Uses %d, Rev %d", u.Uses, u.Rev)
+		if u.Uses != int64(i+1) || u.MaxUses != 0 || u.Rev != c.Rev+int64(i+1) {
+			t.Fatalf("use %d of an unlimited credential: Uses %d, MaxUses %d, Rev %d", i+1, u.Uses, u.MaxUses, u.Rev)
 		}
+		f.stored(u)
 	}
-	f.stored(c)
 	f.verify(f.is, "unlimited", tok, credential.ScopeNodeRegister)
 }
 
@@ -286,4 +290,108 @@ func testRenewAgain(t *testing.T, f *fixture) {
 	f.refuse(f.is, "old token after the grace", tok, credential.ScopeNodeHeartbeat, credential.ErrExpired)
 	_, _, err = f.is.Renew(f.ctx, c.ID, 0, time.Minute)
 	wantErr(t, "renewing the old credential after its grace", err, credential.ErrExpired)
+}
+
+// testQuota: a quota counts units in fixed windows, refuses a charge
+// that does not fit (counting nothing), and is whole again once the
+// window ends; quotas of other names and principals are apart.
+func testQuota(t *testing.T, f *fixture) {
+	const limit, window = 5, time.Hour
+	p := f.principal(credential.KindNode, "node-1")
+	start := f.clock.Now().UTC().Truncate(time.Microsecond)
+	charge := func(principal, name string, n int64) (credential.Quota, error) {
+		t.Helper()
+		return f.is.Charge(f.ctx, principal, name, n, limit, window)
+	}
+	for _, c := range []struct {
+		n    int64
+		used int64
+	}{{2, 2}, {3, 5}} {
+		q, err := charge(p.ID, "audit", c.n)
+		if err != nil {
+			t.Fatalf("charge %d: %v", c.n, err)
+		}
+		if !q.Start.Equal(start) || q.Used != c.used {
+			t.Fatalf("charge %d: window %v used %d, want %v used %d", c.n, q.Start, q.Used, start, c.used)
+		}
+	}
+	f.clock.Advance(window - time.Microsecond)
+	_, err := charge(p.ID, "audit", 1)
+	var qe *credential.QuotaError
+	if !errors.As(err, &qe) || !errors.Is(err, credential.ErrQuotaExceeded) {
+		t.Fatalf("a charge past the limit: err = %v, want a *QuotaError matching ErrQuotaExceeded", err)
+	}
+	if qe.Used != limit || qe.Limit != limit || !qe.ResetAt.Equal(start.Add(window)) {
+		t.Fatalf("QuotaError %+v, want used %d of %d until %v", qe, limit, limit, start.Add(window))
+	}
+	// Another name and another principal have quotas of their own, and
+	// the principal's record is not touched.
+	if q, err := charge(p.ID, "other", limit); err != nil || q.Used != limit {
+		t.Fatalf("another quota: %+v, %v", q, err)
+	}
+	if q, err := charge("node-2", "audit", 1); err != nil || q.Used != 1 {
+		t.Fatalf("another principal's quota: %+v, %v", q, err)
+	}
+	f.storedPrincipal(p)
+	// The window ends: the next charge opens a new one.
+	f.clock.Advance(time.Microsecond)
+	q, err := charge(p.ID, "audit", 4)
+	if err != nil || q.Used != 4 || !q.Start.Equal(start.Add(window)) {
+		t.Fatalf("charge in the next window: %+v, %v", q, err)
+	}
+	_, err = charge(p.ID, "audit", 2)
+	wantErr(t, "a charge past the limit in the next window", err, credential.ErrQuotaExceeded)
+	for _, c := range []struct {
+		name     string
+		n, limit int64
+		window   time.Duration
+	}{
+		{"", 1, 1, time.Hour},
+		{"audit", 0, 1, time.Hour},
+		{"audit", 2, 1, time.Hour},
+		{"audit", 1, 1, 0},
+	} {
+		_, err := f.is.Charge(f.ctx, p.ID, c.name, c.n, c.limit, c.window)
+		wantErr(t, "an invalid charge", err, credential.ErrInvalidArgument)
+	}
+}
+
+// testConcurrentCharges: charges racing on one quota, through several
+// Issuers, never count past its limit.
+func testConcurrentCharges(t *testing.T, f *fixture) {
+	const goroutines, limit = 12, 5
+	var (
+		wg       sync.WaitGroup
+		mu       sync.Mutex
+		ok, full int
+		others   []error
+	)
+	for i := range goroutines {
+		is := f.is
+		if i%2 == 1 {
+			is = f.issuer(map[int][]byte{1: pepper(1)}, 1)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, err := is.Charge(f.ctx, "node-1", "audit", 1, limit, time.Hour)
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err == nil:
+				ok++
+			case errors.Is(err, credential.ErrQuotaExceeded):
+				full++
+			default:
+				others = append(others, err)
+			}
+		}()
+	}
+	wg.Wait()
+	if len(others) > 0 {
+		t.Fatalf("unexpected errors: %v", others)
+	}
+	if ok != limit || full != goroutines-limit {
+		t.Fatalf("%d charges counted and %d refused, want %d and %d", ok, full, limit, goroutines-limit)
+	}
 }

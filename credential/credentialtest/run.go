@@ -23,7 +23,7 @@
 // operators, keys, bans), tokens.go (the token format, peppers, what rows
 // hold), scopes.go, lifecycle.go (expiry, revocation, rotation),
 // records.go (what the store keeps and the errors it gives),
-// concurrency.go and limits.go (credentials limited in uses, bans that
+// concurrency.go and limits.go (credentials limited in uses, quotas, bans that
 // follow a node's key, renewal).
 package credentialtest
 

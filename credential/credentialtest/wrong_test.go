@@ -127,6 +127,11 @@ func (f *folded) ListCredentials(ctx context.Context, cf credential.CredentialFi
 	return f.mem.ListCredentials(ctx, cf)
 }
 
+func (f *folded) ChargeQuota(ctx context.Context, c credential.QuotaCharge) (credential.Quota, bool, error) {
+	c.PrincipalID = f.id("p", c.PrincipalID)
+	return f.mem.ChargeQuota(ctx, c)
+}
+
 func (f *folded) PrincipalsByKey(ctx context.Context, keyID string) ([]*credential.Principal, error) {
 	return f.mem.PrincipalsByKey(ctx, keyID)
 }

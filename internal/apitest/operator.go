@@ -19,6 +19,7 @@ var stateTables = []string{
 	"nodelane_principals", "nodelane_credentials", "nodelane_envelope", "nodelane_envelope_history",
 	"nodelane_jobs", "nodelane_job_events", "nodelane_artifacts", "nodelane_workers",
 	"nodelane_receipts", "nodelane_receipt_hashes", "nodelane_receipt_tree", "nodelane_receipt_checkpoints",
+	"nodelane_quotas",
 }
 
 // Dump returns every row of every state table, each table's rows as

@@ -155,6 +155,11 @@ type RunnerConfig struct {
 	// only for the first registration and may then be removed from the
 	// node. It is held in memory only.
 	ProvisioningToken string
+	// Registered, when set, is called after each registration whose
+	// worker token the identity saved: the provisioning token is then no
+	// longer needed on the node (cmd/worker deletes its file). It runs
+	// before the Runner goes on, and must not block.
+	Registered func(wire.RegisterResponse)
 	// Registration is what the worker registers with; each registration
 	// replaces the worker's record, capabilities included, so a node with
 	// GPUs must describe them here. Defaults to the
@@ -644,6 +649,8 @@ func (w *Runner) registerLocked(ctx context.Context, held *[]string) error {
 	}
 	if err != nil {
 		w.log.Error("saving the identity", "err", err)
+	} else if w.cfg.Registered != nil {
+		w.cfg.Registered(*out)
 	}
 	return nil
 }

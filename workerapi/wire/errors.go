@@ -80,6 +80,16 @@ const (
 	// CodeArtifactMismatch (422): the stored bytes are not the declared
 	// size or sha256; they are deleted and nothing is recorded.
 	CodeArtifactMismatch = "artifact_mismatch"
+
+	// Quotas of what a node writes that is never deleted (PROTOCOL.md
+	// §5.13).
+
+	// CodeQuotaExceeded (429): the node has minted its audit receipts
+	// for the hour; retry after Retry-After, when the hour ends.
+	CodeQuotaExceeded = "quota_exceeded"
+	// CodeApprovalPending (403): the node awaits an operator's approval,
+	// and a pending node mints no audit receipt.
+	CodeApprovalPending = "approval_pending"
 )
 
 // The shares of what every caller shares (PROTOCOL.md §3, "Shares").

@@ -306,6 +306,12 @@ type CredentialView struct {
 	CreatedAt    time.Time  `json:"created_at"`
 	ExpiresAt    time.Time  `json:"expires_at"`
 	RevokedAt    *time.Time `json:"revoked_at"`
+	// Registrations is how many node registrations the credential
+	// authorised (re-registrations included); 0 for a credential without
+	// node:register.
+	Registrations int64 `json:"registrations"`
+	// MaxRegistrations is its limit of registrations, null for none.
+	MaxRegistrations *int64 `json:"max_registrations"`
 }
 
 // CredentialListResponse answers GET

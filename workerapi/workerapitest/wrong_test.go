@@ -403,6 +403,10 @@ func (s credentials) ListCredentials(ctx context.Context, f credential.Credentia
 	return s.Store.ListCredentials(s.d.r(ctx), f)
 }
 
+func (s credentials) ChargeQuota(ctx context.Context, c credential.QuotaCharge) (credential.Quota, bool, error) {
+	return s.Store.ChargeQuota(s.d.w(ctx), c)
+}
+
 type nonces struct {
 	replay.Store
 	d dropper

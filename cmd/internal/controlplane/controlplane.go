@@ -61,6 +61,11 @@ type Options struct {
 	RetryBase time.Duration
 	// Retention is workerapi.Config.Lease.Retention: 0 keeps every job.
 	Retention time.Duration
+	// ProvisioningTokenTTL, ProvisioningRegistrations and
+	// AuditReceiptsPerHour are workerapi.Config's.
+	ProvisioningTokenTTL      time.Duration
+	ProvisioningRegistrations int64
+	AuditReceiptsPerHour      int64
 	// HeartbeatInterval and OfflineAfter are workerapi.Config's.
 	HeartbeatInterval time.Duration
 	OfflineAfter      time.Duration
@@ -139,17 +144,20 @@ func Open(ctx context.Context, o Options) (*ControlPlane, error) {
 			HeartbeatInterval: o.HeartbeatInterval, OfflineAfter: o.OfflineAfter,
 			MaxLeasesPerWorker: o.MaxLeasesPerWorker, Retention: o.Retention, RetryBase: o.RetryBase,
 		},
-		MaintainInterval: o.MaintainInterval,
-		ApproveNodes:     o.ApproveNodes,
-		SequenceInterval: o.SequenceInterval,
-		SequenceBatch:    o.SequenceBatch,
-		PublicOrigin:     o.PublicOrigin,
-		TrustedProxies:   o.TrustedProxies,
-		Logger:           o.Logger,
-		Metrics:          o.Metrics,
-		Now:              o.Now,
-		Artifacts:        o.Artifacts,
-		Shares:           o.Shares,
+		MaintainInterval:          o.MaintainInterval,
+		ApproveNodes:              o.ApproveNodes,
+		SequenceInterval:          o.SequenceInterval,
+		SequenceBatch:             o.SequenceBatch,
+		PublicOrigin:              o.PublicOrigin,
+		TrustedProxies:            o.TrustedProxies,
+		Logger:                    o.Logger,
+		Metrics:                   o.Metrics,
+		Now:                       o.Now,
+		Artifacts:                 o.Artifacts,
+		Shares:                    o.Shares,
+		ProvisioningTokenTTL:      o.ProvisioningTokenTTL,
+		ProvisioningRegistrations: o.ProvisioningRegistrations,
+		AuditReceiptsPerHour:      o.AuditReceiptsPerHour,
 	})
 	if err != nil {
 		n.Close()

@@ -452,13 +452,20 @@ func Attack(ctx context.Context, cfg Config) (*Report, error) {
 	return rep, nil
 }
 
+// dial opens one connection to cfg.Addr, then waits for its turn on
+// dials, which paces the attack's connections.
+func dial(ctx context.Context, cfg Config, dials chan struct{}) (net.Conn, error) {
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "tcp", cfg.Addr)
+	<-dials
+	return conn, err
+}
+
 // slowClient opens one connection, sends the request's headers and
 // trickles its body until the server answers and closes, closes without
 // answering, or the attack ends.
 func slowClient(ctx context.Context, cfg Config, path, auth string, dials chan struct{}) Outcome {
-	var d net.Dialer
-	conn, err := d.DialContext(ctx, "tcp", cfg.Addr)
-	<-dials
+	conn, err := dial(ctx, cfg, dials)
 	if err != nil {
 		return Outcome{Err: err}
 	}
@@ -662,9 +669,7 @@ func longPolls(ctx context.Context, cfg Config) (func() ([]byte, error), error) 
 // which it holds. It waits until the server answers and closes, closes
 // without answering, or the attack ends.
 func heldClient(ctx context.Context, cfg Config, head []byte, dials chan struct{}) Outcome {
-	var d net.Dialer
-	conn, err := d.DialContext(ctx, "tcp", cfg.Addr)
-	<-dials
+	conn, err := dial(ctx, cfg, dials)
 	if err != nil {
 		return Outcome{Err: err}
 	}

@@ -6,19 +6,24 @@ index (PIP_NO_INDEX, and an index URL nothing listens on) and, where
 `unshare -rn` works, without any network. Its `apt-get install` line is not
 run (that needs root and an archive): the packages it names must be
 installed instead. Then the venv's python must import the installed copy,
-with its py.typed, once the source is gone.
+with its py.typed, once the source is gone. And the README's Worker options
+table must have a row for every keyword a Worker takes.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
 from typing import Dict, List, Optional
 
 import pytest
+
+import nodelane
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 README = os.path.join(REPO, "python", "README.md")
@@ -159,3 +164,19 @@ def test_readme_install_without_wheel_names_it(tmp_path) -> None:
     r = run(no_network() + ["/bin/sh", "-c", pip_lines[0]], root, env)
     assert r.returncode != 0, "pip installed without wheel:\n" + r.stdout
     assert "missing: 'wheel'" in r.stdout, r.stdout
+
+
+def test_readme_documents_every_worker_option() -> None:
+    """README's Worker options table has a row for every keyword of Worker and of the Client it passes on."""
+    with open(README, encoding="utf-8") as f:
+        text = f.read()
+    start = text.index("\n## Worker options\n")
+    section = text[start:text.index("\n## ", start + 1)]
+    rows = set(re.findall(r"^\| `(\w+)` \|", section, re.M))
+    worker = [p for p in inspect.signature(nodelane.Worker.__init__).parameters.values()
+              if p.name != "self" and p.kind is not inspect.Parameter.VAR_KEYWORD]
+    # The Client's base_url and identity are the Worker's url and identity; its logger cannot be passed through.
+    client = [p for p in inspect.signature(nodelane.Client.__init__).parameters
+              if p not in ("self", "base_url", "identity", "logger")]
+    missing = [p.name for p in worker if p.name not in rows] + [p for p in client if p not in rows]
+    assert not missing, "README.md's Worker options table lacks " + ", ".join(missing)

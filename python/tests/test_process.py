@@ -738,3 +738,34 @@ def test_the_running_file_lists_a_run_while_it_runs(tmp_path):
     with open(registry.path) as f:
         assert json.load(f) == {"runs": []}
     assert registry.entries() == []
+
+
+def test_two_runs_at_once_share_the_running_file(tmp_path):
+    registry = RunningFile(str(tmp_path / "running.json"))
+    stop = threading.Event()
+    recs = [Recorder(), Recorder()]
+    errors: List[BaseException] = []
+    threads = []
+    for i, rec in enumerate(recs):
+        d = tmp_path / ("run%d" % i)
+        d.mkdir()
+        threads.append(threading.Thread(target=lambda d=d, rec=rec, i=i: _run_catching(
+            errors, d, sh("echo \"leader $$\"; sleep 1000"), rec, stop=stop, stop_reason=lambda: "drained",
+            registry=registry, record={"job_id": "job-%d" % i, "attempt": 1})))
+    for t in threads:
+        t.start()
+    leaders = [int(wait_for(lambda rec=rec: rec.value("leader"), 15, "a leader's pid")) for rec in recs]
+    assert leaders[0] != leaders[1]
+
+    def both() -> Optional[List[Dict[str, Any]]]:
+        with open(registry.path) as f:
+            runs = json.load(f)["runs"]
+        return runs if len(runs) == 2 else None
+    runs = wait_for(both, 15, "the running file to list both runs")
+    assert sorted((r["job_id"], r["pgid"]) for r in runs) == [("job-0", leaders[0]), ("job-1", leaders[1])]
+    assert runs[0]["shim_pid"] != runs[1]["shim_pid"]
+    stop.set()
+    for t in threads:
+        t.join(15)
+    assert [type(e) for e in errors] == [Cancelled, Cancelled] and all_gone(leaders)
+    assert registry.entries() == []

@@ -105,9 +105,10 @@ class Cancelled(NodelaneError):
 class JobError(NodelaneError):
     """Raise from a handler to fail the job with an error code.
 
-    retryable=True (the default, as for any other exception a handler raises)
-    asks the control plane to queue the job again while it has attempts left;
-    retryable=False ends it failed. `code` becomes the fail's error_code (at most
+    retryable=True (the default) asks the control plane to queue the job again
+    while it has attempts left; retryable=False ends it failed. Any other
+    exception a handler raises fails the job for good, unless its class is in
+    the handler's retry_on. `code` becomes the fail's error_code (at most
     255 bytes); `payload`, when given, is a JSON object stored with the failure.
     """
 

@@ -110,7 +110,25 @@ class RunResult:
     metrics: Optional[Dict[str, Any]] = None
 
 
-def _reserved(name: str) -> bool:
+def make_undumpable() -> bool:
+    """Mark this process non-dumpable (Linux prctl PR_SET_DUMPABLE 0), as cmd/worker marks itself.
+
+    A command that runs as the same user can then neither ptrace it nor read
+    its memory or environment through /proc, where its tokens are. Returns
+    whether it was done (False off Linux, or when prctl fails).
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(ctypes.c_int(4), ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0),
+                          ctypes.c_ulong(0)) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def reserved(name: str) -> bool:
     """The variables the worker sets itself, which no pass-through may name."""
     return name.startswith("NODELANE_") or name in (
         "PATH", "HOME", "LANG", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
@@ -139,7 +157,7 @@ def scrubbed_env(extra: Mapping[str, str], pass_through: Sequence[str] = ()) -> 
         raise ConfigError("pass_through has %d names, at most %d" % (len(pass_through), MAX_PASS_THROUGH))
     for n in pass_through:
         _check_var(n)
-        if _reserved(n):
+        if reserved(n):
             raise ConfigError("pass_through name %s is set by the worker itself" % n)
     for k, v in extra.items():
         _check_var(k, v)

@@ -23,8 +23,12 @@ thread (listing the jobs it holds until their final report was answered, with
 leases_through, the time of the newest lease answer it processed), keeps a
 control long-poll (POST /workers/signals) open in another, long-polls for jobs
 while it has free slots (up to max_jobs), accepts them, and runs each handler
-in its own thread with a JobContext. A handler's return completes the job; an
-exception fails it (retryable unless it is a JobError with retryable=False).
+in its own thread with a JobContext (an async handler as a task on the worker's
+event loop). A handler's return completes the job; an exception fails it (a
+JobError as it says; any other for good unless the handler's retry_on names its
+class), with its traceback in the job's logs, where what the handler prints or
+logs goes too (see capture). ctx.run runs a command in a process group of its
+own on the GPUs the job takes (see process, gpus).
 The job's context is cancelled when an operator cancels the job (the signals'
 or the heartbeat's cancel_jobs, a status answer's cancel_requested), when its
 lease is lost (409 lease_lost, lost_jobs), when the lease could not be
@@ -37,7 +41,10 @@ did not return, and run() returns. A ban ends it as a refused credential does.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import hashlib
+import inspect
 import json
 import logging
 import os
@@ -45,13 +52,17 @@ import random
 import shutil
 import signal
 import socket
+import sys
 import tempfile
 import threading
 import time
+import traceback
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple, Type
 
-from . import artifacts
+from . import artifacts, capture
+from . import gpus as _gpus
+from . import process as _process
 from .artifacts import Stop
 from .client import USER_AGENT, Abort, Client, unix_seconds
 from .errors import (APIError, ArtifactStorageOff, Cancelled, ConfigError, JobError, LeaseLost, NodelaneError,
@@ -69,6 +80,8 @@ DEFAULT_LOG_FLUSH_INTERVAL = 2.0
 DEFAULT_LOG_BATCH_SIZE = 200
 DEFAULT_MAX_BUFFERED_LOGS = 20000
 DEFAULT_TOKEN_RENEW_BEFORE = 72 * 3600.0
+#: ctx.run's grace between SIGTERM and SIGKILL of a process group, in seconds.
+DEFAULT_KILL_GRACE = 10.0
 #: How long the control long-poll (POST /workers/signals) waits, in seconds.
 DEFAULT_SIGNALS_WAIT = 25
 
@@ -82,6 +95,14 @@ MAX_NAME_BYTES = 255
 MAX_LOG_MESSAGE = MAX_MESSAGE_BYTES - 32
 #: The most bytes of log lines one request carries.
 MAX_LOG_BATCH_BYTES = 256 << 10
+
+#: Output a handler prints or logs (and a ctx.run process's lines) is logged
+#: at most this many lines a second, with bursts of OUTPUT_BURST; lines beyond
+#: are dropped, and a line says how many, as the Go command runner does.
+OUTPUT_LINES_PER_SECOND = 100
+OUTPUT_BURST = 1000
+#: The most bytes of a failure's message (the fail route's error_message).
+MAX_FAIL_MESSAGE = 4096
 
 #: Why a job's context was cancelled (JobContext.reason, Cancelled.reason).
 CANCELED = "canceled"
@@ -202,6 +223,16 @@ class JobContext:
         #: The local path of the checkpoint this attempt resumes from (a grant's resume_from,
         #: downloaded and verified before the handler runs), or None.
         self.resume_from: Optional[str] = None
+        # captured output (print, logging): a token bucket, and the lines it dropped
+        self._out_tokens = float(OUTPUT_BURST)
+        self._out_at = time.monotonic()
+        self._out_dropped = 0
+        # an async handler's task and its loop, cancelled when the job must stop
+        self._task: Optional["asyncio.Task[Any]"] = None
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        # ctx.run: the GPUs the job holds (None until taken), and the runs so far
+        self._devices: Optional[List[str]] = None
+        self._runs = 0
 
     # -- the job ------------------------------------------------------------
 
@@ -242,12 +273,26 @@ class JobContext:
         self.cancel_event.wait(seconds)
         self.check()
 
+    async def asleep(self, seconds: float) -> None:
+        """sleep() for an async handler: wait on the event loop, and raise Cancelled once the job must stop."""
+        self.check()
+        try:
+            await asyncio.sleep(seconds)
+        except asyncio.CancelledError:
+            if self.cancelled:
+                raise Cancelled(self.reason or CANCELED) from None
+            raise
+        self.check()
+
     def _stop(self, reason: str) -> None:
         with self._mu:
             if self.reason is None:
                 self.reason = reason
+            task, loop = self._task, self._loop
         self.cancel_event.set()
         self._transfers.stop()  # cut the uploads and downloads in flight
+        if task is not None and loop is not None:
+            loop.call_soon_threadsafe(task.cancel)  # an async handler stops at its next await
 
     def _cancel(self) -> None:
         """The control plane says the job's cancel was requested: stop it, and remember it was said."""
@@ -377,6 +422,31 @@ class JobContext:
             full = len(self._pending) >= self._w.log_batch_size or self._pending_bytes >= MAX_LOG_BATCH_BYTES
         if full:
             self._kick.set()
+
+    def _capture_line(self, message: str, payload: Dict[str, Any]) -> None:
+        """Log a line the handler printed or logged, at most OUTPUT_LINES_PER_SECOND a second."""
+        with self._mu:
+            now = time.monotonic()
+            self._out_tokens = min(float(OUTPUT_BURST),
+                                   self._out_tokens + (now - self._out_at) * OUTPUT_LINES_PER_SECOND)
+            self._out_at = now
+            if self._out_tokens < 1:
+                self._out_dropped += 1
+                return
+            self._out_tokens -= 1
+            dropped, self._out_dropped = self._out_dropped, 0
+        if dropped:
+            self.log("%d output lines dropped: over the limit of %d lines per second" % (
+                dropped, OUTPUT_LINES_PER_SECOND), {"warning": "output_dropped"})
+        self.log(message, payload)
+
+    def _output_dropped(self) -> None:
+        """Log how many captured lines were dropped and not yet said (at the job's end)."""
+        with self._mu:
+            dropped, self._out_dropped = self._out_dropped, 0
+        if dropped:
+            self.log("%d output lines dropped: over the limit of %d lines per second" % (
+                dropped, OUTPUT_LINES_PER_SECOND), {"warning": "output_dropped"})
 
     @property
     def buffered_logs(self) -> int:
@@ -554,6 +624,137 @@ class JobContext:
         """Set what the completion reports if the handler returns None."""
         self._output = Result(output_uri, metrics, final_message)
 
+    # -- subprocesses ---------------------------------------------------------
+
+    @property
+    def gpus(self) -> List[str]:
+        """The GPUs this job holds, as CUDA_VISIBLE_DEVICES ids ("0", "1", ...).
+
+        They are taken from the worker's GPUs at the first ctx.run (or the first
+        read of this property, which takes the job's requirements.gpu_count) and
+        held until the job ends: no other job gets them meanwhile. Taking waits,
+        as long as the job may run, for enough to be free.
+        """
+        return self._take_gpus(None)
+
+    def _take_gpus(self, n: Optional[int]) -> List[str]:
+        if n is None:
+            n = int((self.job.get("requirements") or {}).get("gpu_count") or 0)
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ConfigError("gpus is a number of GPUs, 0 or more, not %r" % (n,))
+        with self._mu:
+            held = self._devices
+        if held is not None:
+            if n > len(held):
+                raise ConfigError("job %s holds %d GPUs and asks for %d: a job takes its GPUs once, at its "
+                                  "first ctx.run (or ctx.gpus)" % (self.job_id, len(held), n))
+            return held[:n]
+        got = self._w._pool.acquire(n, self.cancel_event, lambda: self.reason, on_wait=lambda: self.log(
+            "waiting for %d free GPUs (the worker has %d)" % (n, len(self._w.devices)), {"warning": "gpus_busy"}))
+        with self._mu:
+            self._devices = list(got)
+        return list(got)
+
+    def _release_gpus(self) -> None:
+        with self._mu:
+            held, self._devices = self._devices, None
+        if held:
+            self._w._pool.release(held)
+
+    def run(self, argv: "List[str] | Tuple[str, ...]", gpus: Optional[int] = None, timeout: Optional[float] = None,
+            env: Optional[Dict[str, str]] = None, cwd: Optional[str] = None, *,
+            retry_on_exit: "Tuple[int, ...] | List[int]" = (), kill_grace: Optional[float] = None
+            ) -> "_process.RunResult":
+        """Run a command for the job, as cmd/worker runs a job's command (docs/COMMANDS.md §2–§5).
+
+        argv runs in a process group of its own, under a small supervising
+        process (the shim) that kills the group when this worker dies, with
+        stdin /dev/null, in cwd (default: a fresh run directory in
+        scratch_dir), with a scrubbed environment: PATH, HOME and LANG, the
+        NODELANE_* variables of COMMANDS.md §2 (the payload as a file, a
+        fresh output directory, the checkpoint to resume from), the
+        CUDA_VISIBLE_DEVICES of the gpus it takes (default: the job's
+        requirements.gpu_count; see ctx.gpus) with CUDA_DEVICE_ORDER=PCI_BUS_ID,
+        and env on top (which may not set those names). The worker's own
+        variables and secrets are not passed.
+
+        Every line it prints goes to the job's logs (100 lines a second, bursts
+        of 1,000); `nodelane:progress {json}` lines report progress and
+        `nodelane:artifact {json}` lines upload a file of the output directory
+        (COMMANDS.md §3). Exit 0 returns a RunResult (result.json's object as
+        its metrics); any other end raises JobError with COMMANDS.md §4's code:
+        exit_N (retryable when N is in retry_on_exit), signal_SIGNAME
+        (retryable), timeout, start_failed, bad_result, artifact_not_reported.
+        When the job must stop (cancel, lost lease, drain) or timeout passes,
+        the group gets SIGTERM, then SIGKILL kill_grace seconds later (the
+        Worker's kill_grace by default), and run raises Cancelled (JobError
+        timeout). It returns only once the whole group is gone.
+        """
+        if env is not None:
+            if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+                raise ConfigError("env is a dict of str to str")
+            for k in env:
+                if _process.reserved(k):
+                    raise ConfigError("env may not set %s: the worker sets it" % k)
+        devices = self._take_gpus(gpus)
+        with self._mu:
+            self._runs += 1
+            n = self._runs
+        d = os.path.join(self.scratch_dir, "run-%d" % n)
+        out = os.path.join(d, "output")
+        os.makedirs(out, mode=0o700)
+        payload_path = os.path.join(d, "payload.json")
+        with open(os.open(payload_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w", encoding="utf-8") as f:
+            json.dump(self.job.get("payload"), f)
+        extra = {"NODELANE_JOB_ID": self.job_id, "NODELANE_JOB_TYPE": self.job_type,
+                 "NODELANE_ATTEMPT": str(self.attempt), "NODELANE_PAYLOAD": payload_path,
+                 "NODELANE_OUTPUT_DIR": out, "CUDA_VISIBLE_DEVICES": ",".join(devices)}
+        if self.resume_from:
+            extra["NODELANE_RESUME_FROM"] = os.path.abspath(self.resume_from)
+        extra.update(env or {})
+        try:
+            return _process.run_command(
+                list(argv), sink=_RunSink(self), stop=self.cancel_event, stop_reason=lambda: self.reason,
+                env=_process.scrubbed_env(extra), cwd=cwd or d, output_dir=out, timeout=timeout,
+                kill_grace=self._w.kill_grace if kill_grace is None else kill_grace,
+                retry_on_exit=tuple(retry_on_exit), registry=self._w._running,
+                record={"job_id": self.job_id, "attempt": self.attempt})
+        finally:
+            try:
+                os.remove(payload_path)
+            except OSError:
+                pass
+
+    async def arun(self, argv: "List[str] | Tuple[str, ...]", gpus: Optional[int] = None,
+                   timeout: Optional[float] = None, env: Optional[Dict[str, str]] = None,
+                   cwd: Optional[str] = None, **kw: Any) -> "_process.RunResult":
+        """run() in a thread, for an async handler."""
+        return await asyncio.to_thread(self.run, argv, gpus, timeout, env, cwd, **kw)
+
+    # -- async counterparts of the calls that block --------------------------
+
+    async def astatus(self, event_type: str, message: str = "", payload: Any = None) -> Dict[str, Any]:
+        """status() in a thread, for an async handler."""
+        return await asyncio.to_thread(self.status, event_type, message, payload)
+
+    async def aprogress(self, fraction: Optional[float] = None, message: str = "",
+                        metrics: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+        """progress() in a thread, for an async handler."""
+        return await asyncio.to_thread(self.progress, fraction, message, metrics)
+
+    async def aflush(self) -> None:
+        """flush() in a thread, for an async handler."""
+        await asyncio.to_thread(self.flush)
+
+    async def aartifact(self, artifact_type: str, name: str, uri: str, **kw: Any) -> Dict[str, Any]:
+        """artifact() in a thread, for an async handler."""
+        return await asyncio.to_thread(self.artifact, artifact_type, name, uri, **kw)
+
+    async def aupload(self, path: str, name: Optional[str] = None, kind: str = "file",
+                      metadata: Optional[Dict[str, Any]] = None, uri: Optional[str] = None) -> Dict[str, Any]:
+        """upload() in a thread, for an async handler."""
+        return await asyncio.to_thread(self.upload, path, name, kind, metadata, uri)
+
     def _flush_loop(self, stop: threading.Event) -> None:
         while not stop.is_set():
             self._kick.wait(self._w.log_flush_interval)
@@ -564,6 +765,28 @@ class JobContext:
                 self.flush()
             except NodelaneError as e:
                 self._w.log.debug("log flush failed; the lines stay buffered: %s", e)
+
+
+class _RunSink:
+    """What ctx.run's process reports, given to its job: logs, progress, artifact uploads."""
+
+    def __init__(self, ctx: JobContext):
+        self._ctx = ctx
+
+    def log(self, message: str, payload: Optional[Dict[str, Any]]) -> None:
+        self._ctx.log(message, payload)
+
+    def progress(self, fraction: Optional[float], message: str, metrics: Optional[Dict[str, Any]]) -> None:
+        try:
+            self._ctx.progress(fraction, message, metrics)
+        except LeaseLost:
+            pass  # the context is stopped: the run ends
+        except NodelaneError as e:
+            self._ctx._w.log.warning("progress of job %s not reported: %s", self._ctx.job_id, e)
+
+    def upload(self, path: str, name: str, kind: str, metadata: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+        # uri: where the file is on the box, recorded as metadata only when the control plane stores no bytes
+        return self._ctx.upload(path, name=name, kind=kind, metadata=metadata, uri="file://" + path)
 
 
 def _safe(name: str) -> str:
@@ -578,6 +801,105 @@ def _entry_size(e: Dict[str, Any]) -> int:
 
 
 Handler = Callable[[JobContext], Any]
+
+
+@dataclass(frozen=True)
+class _Spec:
+    """A registered handler: the function, whether it is async, and the exceptions it retries on."""
+
+    fn: Handler
+    is_async: bool
+    retry_on: Optional[Tuple[Type[BaseException], ...]]
+
+
+def _is_async(fn: Any) -> bool:
+    """Whether fn is an async def function (or an object whose __call__ is one)."""
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))
+
+
+def _retry_classes(retry_on: Any, what: str) -> Tuple[Type[BaseException], ...]:
+    """retry_on as a tuple of exception classes, or ConfigError."""
+    if isinstance(retry_on, type):
+        retry_on = (retry_on,)
+    try:
+        classes = tuple(retry_on)
+    except TypeError:
+        raise ConfigError("%s is a tuple of exception classes, not %r" % (what, retry_on)) from None
+    for c in classes:
+        if not (isinstance(c, type) and issubclass(c, BaseException)):
+            raise ConfigError("%s is a tuple of exception classes; %r is not one" % (what, c))
+    return classes
+
+
+def _invoke(ctx: JobContext, fn: Handler, is_async: bool, loop: Optional[asyncio.AbstractEventLoop]) -> Any:
+    """Call a handler as the job's: its print and logging output go to ctx (see capture).
+
+    An async handler runs as a task on loop, and this thread waits for it; the
+    task is cancelled when the job must stop, which raises Cancelled here. A
+    plain handler that returns an awaitable (an async function called but not
+    awaited) fails the job: nothing of what it meant to do has run.
+    """
+    if is_async:
+        if loop is None:
+            raise ConfigError("an async handler needs the worker's event loop")
+        fut = asyncio.run_coroutine_threadsafe(_run_async(ctx, fn, loop), loop)
+        try:
+            return fut.result()
+        except (asyncio.CancelledError, concurrent.futures.CancelledError):
+            raise Cancelled(ctx.reason or CANCELED) from None
+    with capture.job(ctx):
+        result = fn(ctx)
+    if inspect.isawaitable(result):
+        if inspect.iscoroutine(result):
+            result.close()  # never run: no "was never awaited" warning
+        raise JobError("the handler of job type %s returned %s instead of a result: it was never awaited, "
+                       "so none of its work ran; define the handler with `async def` and the worker awaits "
+                       "it on its event loop" % (ctx.job_type, type(result).__name__),
+                       code="handler_returned_coroutine", retryable=False)
+    return result
+
+
+async def _run_async(ctx: JobContext, fn: Handler, loop: asyncio.AbstractEventLoop) -> Any:
+    with capture.job(ctx):
+        with ctx._mu:
+            ctx._task, ctx._loop = asyncio.current_task(), loop
+            stopped = ctx.reason is not None  # a _stop before this saw no task to cancel
+        try:
+            if stopped:
+                raise Cancelled(ctx.reason or CANCELED)
+            return await fn(ctx)
+        finally:
+            with ctx._mu:
+                ctx._task = None
+
+
+def _failure(ctx: JobContext, err: BaseException, retry_on: Tuple[Type[BaseException], ...]
+             ) -> "tuple[str, bool, str, Optional[Dict[str, Any]]]":
+    """The fail report of a handler's exception: (code, retryable, message, payload).
+
+    A JobError says its own; any other exception is handler_error, retryable
+    only when it is one of retry_on, and its message is the exception and the
+    end of its traceback (within MAX_FAIL_MESSAGE bytes).
+    """
+    if isinstance(err, JobError):
+        return err.code, err.retryable, _cut(str(err), MAX_FAIL_MESSAGE, ""), object_payload(err.payload)
+    head = _cut("%s: %s" % (type(err).__name__, err), 1024)
+    tb = "".join(traceback.format_exception(type(err), err, err.__traceback__)).rstrip()
+    room = MAX_FAIL_MESSAGE - len(head.encode("utf-8")) - 2
+    b = tb.encode("utf-8")
+    if len(b) > room:
+        mark = "...(earlier lines cut)\n"
+        tb = mark + b[len(b) - (room - len(mark)):].decode("utf-8", "ignore")
+    return "handler_error", isinstance(err, retry_on), head + "\n\n" + tb, None
+
+
+def _log_exception(ctx: JobContext, err: BaseException) -> None:
+    """Put a handler's exception, with its traceback, into the job's logs."""
+    tb = "".join(traceback.format_exception(type(err), err, err.__traceback__)).rstrip()
+    payload: Dict[str, Any] = {"level": "ERROR", "exception": type(err).__name__}
+    if isinstance(err, JobError):
+        payload.update(code=err.code, retryable=err.retryable)
+    ctx.log(tb, payload)
 
 
 class Worker:
@@ -618,6 +940,9 @@ class Worker:
                  wait_for_proofs: bool = False,
                  metrics: Optional[Callable[[], Dict[str, Any]]] = None,
                  on_job_end: Optional[Callable[[JobEnd], None]] = None,
+                 nvidia_smi: Optional[str] = "nvidia-smi", kill_grace: float = DEFAULT_KILL_GRACE,
+                 running_file: Optional[str] = None, capture_output: bool = True,
+                 log_level: int = logging.INFO, retry_on: Any = (),
                  client: Optional[Client] = None, logger: Optional[logging.Logger] = None,
                  **client_options: Any):
         if not 1 <= max_jobs <= 256:
@@ -640,6 +965,15 @@ class Worker:
             raise ConfigError("heartbeat_interval must be positive")
         if signals_wait is not None and (isinstance(signals_wait, bool) or not 1 <= signals_wait <= 60):
             raise ConfigError("signals_wait is 1 to 60 seconds, or None for no control long-poll")
+        if isinstance(kill_grace, bool) or not isinstance(kill_grace, (int, float)) or not kill_grace > 0:
+            raise ConfigError("kill_grace is a positive number of seconds")
+        if nvidia_smi is not None and (not isinstance(nvidia_smi, str) or not nvidia_smi):
+            raise ConfigError("nvidia_smi is the nvidia-smi to run, or None for no discovery")
+        if isinstance(log_level, bool) or not isinstance(log_level, int):
+            raise ConfigError("log_level is a logging level (an int such as logging.INFO)")
+        self.retry_on = _retry_classes(retry_on, "retry_on")
+        if running_file is None and isinstance(identity, str):
+            running_file = identity + ".running.json"
         if isinstance(identity, str):
             identity = Identity.load_or_create(identity)
         self.client = client or Client(url, identity, **client_options)
@@ -665,9 +999,19 @@ class Worker:
         self.wait_for_proofs = wait_for_proofs
         self.metrics = metrics
         self.on_job_end = on_job_end
+        self.nvidia_smi = nvidia_smi
+        self.kill_grace = float(kill_grace)
+        self.running_file = running_file
+        self.capture_output = capture_output
+        self.log_level = log_level
         self.log = logger or _log
+        #: The GPU devices (CUDA_VISIBLE_DEVICES ids) ctx.run hands out, set by run().
+        self.devices: List[str] = []
+        self._pool: Any = None
+        self._running: Any = None
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
 
-        self._handlers: Dict[str, Handler] = {}
+        self._handlers: Dict[str, _Spec] = {}
         self._mu = threading.Lock()
         self._jobs: Dict[str, JobContext] = {}
         self._started = False
@@ -700,31 +1044,36 @@ class Worker:
 
     # -- handlers -----------------------------------------------------------
 
-    def job(self, job_type: str) -> Callable[[Handler], Handler]:
+    def job(self, job_type: str, retry_on: Any = None) -> Callable[[Handler], Handler]:
         """Decorator: run the function for every job of job_type. It gets a JobContext.
 
         Its return value completes the job: None (with what ctx.set_output set),
-        a Result, or a dict taken as the metrics. An exception fails it.
+        a Result, or a dict taken as the metrics. An exception fails it: a
+        JobError as it says, any other for good unless it is an instance of
+        one of retry_on (a tuple of exception classes; default: the Worker's
+        retry_on), which fails it as retryable. An `async def` function runs
+        on the worker's event loop and is awaited.
         """
         check_job_type(job_type)
 
         def register(fn: Handler) -> Handler:
             """Register fn as the handler of job_type and return it unchanged."""
-            self.handle(job_type, fn)
+            self.handle(job_type, fn, retry_on=retry_on)
             return fn
         return register
 
-    def handle(self, job_type: str, fn: Handler) -> None:
+    def handle(self, job_type: str, fn: Handler, retry_on: Any = None) -> None:
         """Run fn for every job of job_type (the decorator's form without decoration)."""
         check_job_type(job_type)
         if not callable(fn):
             raise ConfigError("the handler of %s is not callable" % job_type)
+        classes = None if retry_on is None else _retry_classes(retry_on, "retry_on of " + job_type)
         with self._mu:
             if self._started:
                 raise ConfigError("handlers are added before run()")
             if job_type in self._handlers:
                 raise ConfigError("job type %s has a handler already" % job_type)
-            self._handlers[job_type] = fn
+            self._handlers[job_type] = _Spec(fn, _is_async(fn), classes)
 
     @property
     def job_types(self) -> List[str]:
@@ -761,6 +1110,11 @@ class Worker:
         if not caps.get("job_types"):
             caps["job_types"] = types
         reg["capabilities"] = caps
+        if not _process.make_undumpable() and sys.platform.startswith("linux"):
+            self.log.warning("could not mark the worker non-dumpable: a command of the same user could read "
+                             "its memory, and its token")
+        self._reap()
+        self._setup_gpus(caps)
         if self.supported_gpu_skus is None:
             skus = [g.get("sku") for g in caps.get("gpus") or [] if isinstance(g, dict) and g.get("sku")]
             self.supported_gpu_skus = sorted(set(skus)) or None
@@ -771,6 +1125,13 @@ class Worker:
         if install_signal_handlers and threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
                 old_handlers[sig] = signal.signal(sig, lambda s, f: self.drain())
+        loop_thread: Optional[threading.Thread] = None
+        if any(h.is_async for h in self._handlers.values()):
+            self._loop = asyncio.new_event_loop()
+            loop_thread = threading.Thread(target=self._loop.run_forever, name="nodelane-asyncio", daemon=True)
+            loop_thread.start()
+        if self.capture_output:
+            capture.install(self.log_level)
         try:
             hb = threading.Thread(target=self._heartbeat_loop, name="nodelane-heartbeat", daemon=True)
             hb.start()
@@ -825,8 +1186,51 @@ class Worker:
         finally:
             for sig, h in old_handlers.items():
                 signal.signal(sig, h)
+            if self.capture_output:
+                capture.uninstall(self.log_level)
+            if self._loop is not None and loop_thread is not None:
+                self._loop.call_soon_threadsafe(self._loop.stop)
+                loop_thread.join(5)
+                if not loop_thread.is_alive():
+                    self._loop.close()
         if fatal is not None:
             raise fatal
+
+    def _reap(self) -> None:
+        """Kill what ctx.run processes a previous run of this worker left (running_file), before it registers."""
+        if self.running_file is None:
+            return
+        _process.RunningFile.reap(self.running_file, self.log)
+        self._running = _process.RunningFile(self.running_file)
+
+    def _setup_gpus(self, caps: Dict[str, Any]) -> None:
+        """Decide the worker's GPUs: those registration names, else those nvidia-smi lists.
+
+        Named GPUs are the devices "0", "1", ... in their order. Without
+        named GPUs, nvidia_smi runs once and its GPUs are registered; with no
+        nvidia-smi on PATH (or nvidia_smi None) the worker registers none, and
+        says so: it never invents one. A named nvidia_smi that is absent or
+        fails is an error.
+        """
+        if "gpus" in caps:
+            self.devices = [str(i) for i in range(len(caps.get("gpus") or []))]
+        elif self.nvidia_smi is None:
+            self.devices = []
+            caps["gpus"] = []
+        else:
+            try:
+                found = _gpus.discover(self.nvidia_smi)
+            except _gpus.NoNvidiaSMI:
+                if self.nvidia_smi != "nvidia-smi":
+                    raise
+                self.log.warning("no nvidia-smi on PATH and no GPUs named in registration's capabilities.gpus: "
+                                 "registering no GPU (a CPU-only worker)")
+                found = []
+            for d in found:
+                self.log.info("GPU found: index %d, %s, %s, %d MiB", d.index, d.uuid, d.name, d.memory_mb)
+            caps["gpus"] = [d.gpu() for d in found]
+            self.devices = [str(d.index) for d in found]
+        self._pool = _gpus.GPUPool(self.devices)
 
     def _storage_off(self, err: APIError) -> None:
         """Log, once per worker, that the control plane stores no artifact bytes."""
@@ -1239,7 +1643,7 @@ class Worker:
     def _start(self, grants: List[Dict[str, Any]], server_time: Optional[str]) -> None:
         """Take in one lease answer: its grants join the jobs held, and its server_time becomes
         leases_through, in one step under the lock (a heartbeat sees both or neither)."""
-        run: List["tuple[JobContext, Handler, Dict[str, Any]]"] = []
+        run: List["tuple[JobContext, _Spec, Dict[str, Any]]"] = []
         refuse: List["tuple[Dict[str, Any], str]"] = []
         with self._mu:
             for grant in grants:
@@ -1279,7 +1683,7 @@ class Worker:
         if run:
             self._watch_new_jobs()
 
-    def _launch(self, ctx: JobContext, h: Handler, grant: Dict[str, Any]) -> None:
+    def _launch(self, ctx: JobContext, h: _Spec, grant: Dict[str, Any]) -> None:
         job = ctx.job
         deadline = grant.get("expires_at")
         if job.get("state") != "running" and grant.get("accept_by"):
@@ -1385,18 +1789,19 @@ class Worker:
             if self._hard.wait(d):
                 raise err
 
-    def _run_job(self, ctx: JobContext, handler: Handler) -> None:
+    def _run_job(self, ctx: JobContext, handler: _Spec) -> None:
         end = JobEnd(ctx.job, "")
         try:
             self._run_job_inner(ctx, handler, end)
         finally:
             ctx.cancel_event.set()
+            ctx._release_gpus()
             ctx._cleanup()
             self._remove(ctx)
             if end.outcome:
                 self._ended(end)
 
-    def _run_job_inner(self, ctx: JobContext, handler: Handler, end: JobEnd) -> None:
+    def _run_job_inner(self, ctx: JobContext, handler: _Spec, end: JobEnd) -> None:
         if ctx.job.get("state") != "running":
             try:
                 acc = self._persist(ctx, "accept", False,
@@ -1435,12 +1840,15 @@ class Worker:
         else:
             try:
                 ctx._fetch_resume()
-                result = handler(ctx)
+                result = _invoke(ctx, handler.fn, handler.is_async, self._loop)
             except Exception as e:  # the handler's failure is the job's
                 herr = e
                 if not isinstance(e, (Cancelled, JobError)):
                     self.log.warning("handler of job %s raised %s: %s", ctx.job_id, type(e).__name__, e)
+                if not isinstance(e, Cancelled):
+                    _log_exception(ctx, e)
             ctx._wait_uploads()  # an upload the handler started in another thread is part of the job
+            ctx._output_dropped()
         stop_flusher.set()
         ctx._kick.set()
         flusher.join()
@@ -1496,17 +1904,15 @@ class Worker:
             except NodelaneError as e:
                 end.outcome, end.error = ("lost" if ctx.lost else "abandoned"), e
             return
-        code, retryable, payload = "handler_error", True, None
-        message = "%s: %s" % (type(herr).__name__, herr)
+        retry_on = self.retry_on if handler.retry_on is None else handler.retry_on
+        code, retryable, message, payload = _failure(ctx, herr, retry_on)
         end.outcome = "failed"
         if reason == CANCELED:
-            code, retryable = "canceled", False
+            code, retryable, payload = "canceled", False, None
+            message = "%s: %s" % (type(herr).__name__, herr)
             end.outcome = "canceled"
-        elif isinstance(herr, JobError):
-            code, retryable, payload = herr.code, herr.retryable, object_payload(herr.payload)
-            message = str(herr)
         try:
             end.answer = self._persist(ctx, "fail", True, lambda: self.client.fail(
-                ctx.job_id, ctx.lease_token, code, _cut(message, 4096, ""), retryable, payload))
+                ctx.job_id, ctx.lease_token, code, message, retryable, payload))
         except NodelaneError as e:
             end.outcome, end.error = ("lost" if ctx.lost else "abandoned"), e

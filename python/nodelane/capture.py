@@ -42,6 +42,10 @@ class Target(Protocol):
 
 _current: "contextvars.ContextVar[Optional[Target]]" = contextvars.ContextVar("nodelane_job", default=None)
 
+# Set while a record captured already is written to logging.lastResort (the
+# stderr tee): the tee then does not capture its text a second time.
+_passing_on = threading.local()
+
 
 def current() -> Optional[Target]:
     """The job whose handler runs in this context, or None."""
@@ -81,7 +85,7 @@ class _Tee:
     def write(self, s: str) -> int:
         n = self._orig.write(s)
         t = _current.get()
-        if t is not None and s:
+        if t is not None and s and not getattr(_passing_on, "on", False):
             lines: List[str] = []
             with self._mu:
                 _, buf = self._partial.pop(id(t), (t, ""))
@@ -142,8 +146,13 @@ class _Handler(logging.Handler):
                 self.handleError(record)
             finally:
                 self._local.busy = False
-        if not self._handled_elsewhere(record) and record.levelno >= logging.lastResort.level:
-            logging.lastResort.handle(record)
+        last = logging.lastResort
+        if last is not None and record.levelno >= last.level and not self._handled_elsewhere(record):
+            _passing_on.on = True
+            try:
+                last.handle(record)
+            finally:
+                _passing_on.on = False
 
     def _handled_elsewhere(self, record: logging.LogRecord) -> bool:
         """Whether a handler other than this one sees record (else Python would use lastResort)."""

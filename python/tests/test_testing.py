@@ -124,3 +124,19 @@ def test_bad_arguments_are_refused():
         run_local(lambda ctx: None, retry_on=("ValueError",))
     with pytest.raises(ConfigError):
         run_local(lambda ctx: None, attempt=0)
+
+
+def test_a_record_nobody_else_handles_is_captured_once_and_still_printed(capsys):
+    """With no logging configured (no handler but the capture's), a warning still reaches stderr through
+    logging.lastResort, as without the capture, and the job's logs hold it once, not twice."""
+    root = logging.getLogger()
+    saved = root.handlers[:]
+    for h in saved:
+        root.removeHandler(h)
+    try:
+        run = run_local(lambda ctx: logging.getLogger("trainer").warning("disk almost full"))
+    finally:
+        for h in saved:
+            root.addHandler(h)
+    assert run.logs == [{"message": "disk almost full", "payload": {"level": "WARNING", "logger": "trainer"}}]
+    assert "disk almost full" in capsys.readouterr().err

@@ -99,8 +99,8 @@ MAX_LOG_BATCH_BYTES = 256 << 10
 #: Output a handler prints or logs (and a ctx.run process's lines) is logged
 #: at most this many lines a second, with bursts of OUTPUT_BURST; lines beyond
 #: are dropped, and a line says how many, as the Go command runner does.
-OUTPUT_LINES_PER_SECOND = 100
-OUTPUT_BURST = 1000
+OUTPUT_LINES_PER_SECOND = _process.LINE_RATE
+OUTPUT_BURST = _process.LINE_BURST
 #: The most bytes of a failure's message (the fail route's error_message).
 MAX_FAIL_MESSAGE = 4096
 

@@ -34,6 +34,23 @@ def wait_for(cond: Callable[[], Any], timeout: float = 30.0, what: str = "condit
         time.sleep(0.1)
 
 
+def gone(pid: int) -> bool:
+    """Whether pid runs no more: no such process, or a zombie."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            st = f.read()
+    except OSError:
+        return True
+    return st[st.rindex(")") + 2] in "ZX"
+
+
+def parent_of(pid: int) -> int:
+    """The parent pid of a running process."""
+    with open("/proc/%d/stat" % pid) as f:
+        st = f.read()
+    return int(st[st.rindex(")") + 2:].split()[1])
+
+
 def job_state(op: nodelane.Operator, job_id: str) -> str:
     """The job's state as the operator sees it."""
     return op.job(job_id)["job"]["state"]

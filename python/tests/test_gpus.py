@@ -10,7 +10,7 @@ from typing import Dict, List
 
 import pytest
 
-from helpers import wait_for
+from helpers import gone, wait_for
 from nodelane import Cancelled, ConfigError
 from nodelane.gpus import (DISCOVER_QUERY, MAX_DEVICES, MAX_OUTPUT_BYTES, MAX_SKU_BYTES, UNKNOWN_SKU, Device,
                            GPUError, GPUPool, NoNvidiaSMI, discover, sku)
@@ -158,16 +158,6 @@ def test_hangs(tmp_path):
     # Its child, which held the pipes, was killed with it.
     pid = int(pid_file.read_text())
     wait_for(lambda: gone(pid), 5, "the fake's sleep to end")
-
-
-def gone(pid: int) -> bool:
-    """Whether pid runs no more: no such process, or a zombie."""
-    try:
-        with open("/proc/%d/stat" % pid) as f:
-            st = f.read()
-    except OSError:
-        return True
-    return st[st.rindex(")") + 2] in "ZX"
 
 
 def test_megabytes(tmp_path):

@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import pytest
 
-from helpers import wait_for
+from helpers import gone, wait_for
 from nodelane import Cancelled, ConfigError, JobError
 from nodelane import process
 from nodelane.process import RunningFile, run_command, scrubbed_env
@@ -92,16 +92,6 @@ def run(tmp_path: Any, argv: Sequence[str], sink: Optional[Recorder] = None, *, 
 
 def sh(script: str) -> List[str]:
     return ["/bin/sh", "-c", script]
-
-
-def gone(pid: int) -> bool:
-    """Whether pid runs no more: no such process, or a zombie."""
-    try:
-        with open("/proc/%d/stat" % pid) as f:
-            st = f.read()
-    except OSError:
-        return True
-    return st[st.rindex(")") + 2] in "ZX"
 
 
 def start_time(pid: int) -> int:

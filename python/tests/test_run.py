@@ -13,7 +13,7 @@ from typing import Any, Dict, List
 import nodelane
 from nodelane import JobContext
 
-from helpers import ScriptWorker, new_worker, running, unique, wait_for
+from helpers import ScriptWorker, gone, new_worker, parent_of, running, unique, wait_for
 
 #: Two RTX 4090s, as nvidia-smi lists them.
 TWO_GPUS = ("0, GPU-5d3b2c9e-1f0a-4b7c-9d2e-3a4b5c6d7e8f, NVIDIA GeForce RTX 4090, 24564\n"
@@ -47,22 +47,6 @@ print("stubborn: started", flush=True)
 while True:
     signal.pause()
 """
-
-
-def alive(pid: int) -> bool:
-    """Whether pid is a process that has not ended (a zombie has)."""
-    try:
-        with open("/proc/%d/stat" % pid) as f:
-            stat = f.read()
-    except OSError:
-        return False
-    return stat[stat.rindex(")") + 2] not in "ZX"
-
-
-def parent(pid: int) -> int:
-    with open("/proc/%d/stat" % pid) as f:
-        stat = f.read()
-    return int(stat[stat.rindex(")") + 2:].split()[1])
 
 
 def dumpable() -> int:
@@ -132,7 +116,7 @@ def test_a_cancel_kills_the_command_and_its_stubborn_grandchild(server, operator
         assert dumpable() == 0
         t0 = time.monotonic()
         operator.cancel(jid)
-        wait_for(lambda: not alive(child) and not alive(grandchild), grace + 2, "both processes to end")
+        wait_for(lambda: gone(child) and gone(grandchild), grace + 2, "both processes to end")
         took = time.monotonic() - t0
         wait_for(lambda: ends, 15, "the job to end")
     assert took <= grace + 2, took
@@ -155,12 +139,12 @@ def test_sigkill_of_the_worker_leaves_no_process_and_the_restart_runs_the_job_ag
         assert first.expect("job")["job"] == jid
         wait_for(lambda: len(read_pids(pids)) == 2, 30, "the command and its grandchild to start")
         child, grandchild = read_pids(pids)
-        shim = parent(child)
-        assert shim != first.proc.pid and parent(shim) == first.proc.pid  # the command runs under the shim
+        shim = parent_of(child)
+        assert shim != first.proc.pid and parent_of(shim) == first.proc.pid  # the command runs under the shim
         t0 = time.monotonic()
         first.proc.kill()
         first.proc.wait(timeout=10)
-        wait_for(lambda: not any(map(alive, (shim, child, grandchild))), 1 + 2, "every process to end")
+        wait_for(lambda: all(map(gone, (shim, child, grandchild))), 1 + 2, "every process to end")
         assert time.monotonic() - t0 <= 1 + 2
     finally:
         first.stop()
@@ -193,22 +177,22 @@ def test_a_restart_kills_what_a_worker_killed_with_its_shim_left(server, operato
         first.expect("job")
         wait_for(lambda: len(read_pids(pids)) == 2, 30, "the command and its grandchild to start")
         child, grandchild = read_pids(pids)
-        shim = parent(child)
+        shim = parent_of(child)
         running_file = ident + ".running.json"
         assert os.path.exists(running_file)
         assert oct(os.stat(running_file).st_mode & 0o777) == "0o600"
         os.kill(first.proc.pid, signal.SIGKILL)
         os.kill(shim, signal.SIGKILL)
         first.proc.wait(timeout=10)
-        wait_for(lambda: not alive(shim), 10, "the shim to end")
-        assert alive(child) and alive(grandchild)  # nothing left to stop them
+        wait_for(lambda: gone(shim), 10, "the shim to end")
+        assert not gone(child) and not gone(grandchild)  # nothing left to stop them
     finally:
         first.stop()
     second = ScriptWorker(server, tmp_path, "gpu_worker.py", ident, node, jt, smi)
     try:
         second.expect("started")
         # killed before the worker registered: "started" comes after
-        assert not alive(child) and not alive(grandchild)
+        assert gone(child) and gone(grandchild)
         assert not os.path.exists(running_file)
     finally:
         second.stop()

@@ -22,28 +22,42 @@ func workersList(a *app, args []string) error {
 	fs := a.flags("workers list", "")
 	after := fs.String("after", "", "list workers after this id (the answer's next)")
 	limit := fs.Int("limit", 1000, "workers a page, 1 to 1000")
+	order := orderFlag(fs)
 	if err := a.parse(fs, args, 0, 0); err != nil {
 		return err
 	}
 	if err := checkLimit("workers list", *limit); err != nil {
 		return err
 	}
+	if err := checkOrder("workers list", *order); err != nil {
+		return err
+	}
 	out, err := ask(a, func(ctx context.Context, api *operator.Client) (*wire.WorkerListResponse, error) {
-		return api.ListWorkers(ctx, operator.WorkerQuery{After: *after, Limit: *limit})
+		return api.ListWorkers(ctx, operator.WorkerQuery{After: *after, Limit: *limit, Order: *order})
 	})
 	if out == nil || err != nil {
 		return err
 	}
-	t := newTable(a.stdout)
-	t.row("ID", "NODE", "STATUS", "LIVENESS", "APPROVAL", "BANNED", "GPUS", "TAGS", "LAST_SEEN")
-	for _, w := range out.Workers {
-		t.row(w.WorkerID, w.NodeID, w.Status, w.Liveness, w.Approval, strconv.FormatBool(w.Banned), gpus(w), orDash(strings.Join(w.Tags, ",")), tstr(w.LastSeenAt))
-	}
-	t.flush()
-	if out.Next != nil {
-		fmt.Fprintf(a.stdout, "more: -after %s\n", *out.Next)
-	}
+	printList(a, workerCols, out.Workers, func(w workerView) string { return w.WorkerID }, derefStr(out.Next))
 	return nil
+}
+
+// workerCols are the columns of workers list.
+var workerCols = []col[workerView]{
+	{name: "ID", cell: func(w workerView) string { return w.WorkerID }},
+	{name: "NODE", cell: func(w workerView) string { return w.NodeID }},
+	{name: "STATUS", cell: func(w workerView) string { return w.Status }},
+	{name: "LIVENESS", cell: func(w workerView) string { return w.Liveness }},
+	{name: "APPROVAL", cell: func(w workerView) string { return w.Approval }},
+	{name: "BANNED", cell: func(w workerView) string { return strconv.FormatBool(w.Banned) }},
+	{name: "GPUS", cell: gpus},
+	{name: "TAGS", cell: func(w workerView) string { return orDash(strings.Join(w.Tags, ",")) }},
+	{name: "LAST_SEEN", cell: func(w workerView) string { return tstr(w.LastSeenAt) }},
+	{name: "NAME", wide: true, cell: func(w workerView) string { return orDash(w.Name) }},
+	{name: "HOSTNAME", wide: true, cell: func(w workerView) string { return orDash(w.Hostname) }},
+	{name: "DRAIN", wide: true, cell: func(w workerView) string { return strconv.FormatBool(w.Drain) }},
+	{name: "MAX_LEASES", wide: true, cell: func(w workerView) string { return strconv.Itoa(w.MaxLeases) }},
+	{name: "REGISTERED", wide: true, cell: func(w workerView) string { return tstr(w.RegisteredAt) }},
 }
 
 // gpus summarises a worker's GPUs as "2×rtx-4090".
@@ -321,7 +335,7 @@ func credentialsMint(a *app, args []string) error {
 		return fmt.Errorf("-token-out: %w (credential %s is minted: revoke it)", err, out.CredentialID)
 	}
 	minted = true
-	if a.json() {
+	if a.raw() {
 		// The API's answer, but the token is in the file.
 		var m map[string]any
 		if err := json.Unmarshal(raw.Bytes(), &m); err != nil {
@@ -333,7 +347,7 @@ func credentialsMint(a *app, args []string) error {
 		if err != nil {
 			return err
 		}
-		return a.printJSON(j)
+		return a.printRaw(j)
 	}
 	t := newTable(a.stdout)
 	t.row("ID", "PRINCIPAL", "SCOPES", "EXPIRES", "RECEIPT", "TOKEN_FILE")
@@ -347,28 +361,41 @@ func credentialsList(a *app, args []string) error {
 	principal := fs.String("principal", "", "only this principal's credentials")
 	after := fs.String("after", "", "list credentials after this id (the answer's next)")
 	limit := fs.Int("limit", 100, "credentials a page, 1 to 1000")
+	order := orderFlag(fs)
 	if err := a.parse(fs, args, 0, 0); err != nil {
 		return err
 	}
 	if err := checkLimit("credentials list", *limit); err != nil {
 		return err
 	}
+	if err := checkOrder("credentials list", *order); err != nil {
+		return err
+	}
 	out, err := ask(a, func(ctx context.Context, api *operator.Client) (*wire.CredentialListResponse, error) {
-		return api.ListCredentials(ctx, operator.CredentialQuery{Principal: *principal, After: *after, Limit: *limit})
+		return api.ListCredentials(ctx, operator.CredentialQuery{Principal: *principal, After: *after, Limit: *limit, Order: *order})
 	})
 	if out == nil || err != nil {
 		return err
 	}
-	t := newTable(a.stdout)
-	t.row("ID", "PRINCIPAL", "SCOPES", "CREATED", "EXPIRES", "REVOKED")
-	for _, c := range out.Credentials {
-		t.row(c.CredentialID, c.Principal, strings.Join(c.Scopes, ","), tstr(c.CreatedAt), tstr(c.ExpiresAt), timep(c.RevokedAt))
-	}
-	t.flush()
-	if out.Next != nil {
-		fmt.Fprintf(a.stdout, "more: -after %s\n", *out.Next)
-	}
+	printList(a, credentialCols, out.Credentials, func(c wire.CredentialView) string { return c.CredentialID }, derefStr(out.Next))
 	return nil
+}
+
+// credentialCols are the columns of credentials list.
+var credentialCols = []col[wire.CredentialView]{
+	{name: "ID", cell: func(c wire.CredentialView) string { return c.CredentialID }},
+	{name: "PRINCIPAL", cell: func(c wire.CredentialView) string { return c.Principal }},
+	{name: "SCOPES", cell: func(c wire.CredentialView) string { return strings.Join(c.Scopes, ",") }},
+	{name: "CREATED", cell: func(c wire.CredentialView) string { return tstr(c.CreatedAt) }},
+	{name: "EXPIRES", cell: func(c wire.CredentialView) string { return tstr(c.ExpiresAt) }},
+	{name: "REVOKED", cell: func(c wire.CredentialView) string { return timep(c.RevokedAt) }},
+	{name: "REGISTRATIONS", wide: true, cell: func(c wire.CredentialView) string {
+		s := strconv.FormatInt(c.Registrations, 10)
+		if c.MaxRegistrations != nil {
+			s += "/" + strconv.FormatInt(*c.MaxRegistrations, 10)
+		}
+		return s
+	}},
 }
 
 func credentialsRevoke(a *app, args []string) error {

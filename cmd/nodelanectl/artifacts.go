@@ -34,32 +34,44 @@ func artifactsList(a *app, args []string) error {
 	kind := fs.String("type", "", "only artifacts of this artifact type (adapter, checkpoint, ...)")
 	after := fs.String("after", "", "list artifacts after this id (the answer's next)")
 	limit := fs.Int("limit", 100, "artifacts a page, 1 to 1000")
+	order := orderFlag(fs)
 	if err := a.parse(fs, args, 0, 0); err != nil {
 		return err
 	}
 	if err := checkLimit("artifacts list", *limit); err != nil {
 		return err
 	}
+	if err := checkOrder("artifacts list", *order); err != nil {
+		return err
+	}
 	out, err := ask(a, func(ctx context.Context, api *operator.Client) (*wire.ArtifactListResponse, error) {
-		return api.ListArtifacts(ctx, operator.ArtifactQuery{JobID: *jobID, ArtifactType: *kind, After: *after, Limit: *limit})
+		return api.ListArtifacts(ctx, operator.ArtifactQuery{JobID: *jobID, ArtifactType: *kind, After: *after, Limit: *limit, Order: *order})
 	})
 	if out == nil || err != nil {
 		return err
 	}
-	t := newTable(a.stdout)
-	t.row("ID", "JOB", "TYPE", "BYTES", "SIZE", "SHA256", "NAME")
-	for _, x := range out.Artifacts {
-		bytes := "metadata"
-		if x.Stored {
-			bytes = "stored"
-		}
-		t.row(x.ArtifactID, x.JobID, x.ArtifactType, bytes, humanBytes(x.SizeBytes), shortSum(x.ChecksumSHA256), orDash(x.Name))
-	}
-	t.flush()
-	if out.Next != nil {
-		fmt.Fprintf(a.stdout, "more: -after %s\n", *out.Next)
-	}
+	printList(a, artifactCols, out.Artifacts, func(x wire.ArtifactView) string { return x.ArtifactID }, derefStr(out.Next))
 	return nil
+}
+
+// artifactCols are the columns of artifacts list.
+var artifactCols = []col[wire.ArtifactView]{
+	{name: "ID", cell: func(x wire.ArtifactView) string { return x.ArtifactID }},
+	{name: "JOB", cell: func(x wire.ArtifactView) string { return x.JobID }},
+	{name: "TYPE", cell: func(x wire.ArtifactView) string { return x.ArtifactType }},
+	{name: "BYTES", cell: func(x wire.ArtifactView) string {
+		if x.Stored {
+			return "stored"
+		}
+		return "metadata"
+	}},
+	{name: "SIZE", cell: func(x wire.ArtifactView) string { return humanBytes(x.SizeBytes) }},
+	{name: "SHA256", cell: func(x wire.ArtifactView) string { return shortSum(x.ChecksumSHA256) }},
+	{name: "NAME", cell: func(x wire.ArtifactView) string { return orDash(x.Name) }},
+	{name: "STATUS", wide: true, cell: func(x wire.ArtifactView) string { return orDash(x.Status) }},
+	{name: "WORKER", wide: true, cell: func(x wire.ArtifactView) string { return orDash(x.WorkerID) }},
+	{name: "CREATED", wide: true, cell: func(x wire.ArtifactView) string { return tstr(x.CreatedAt) }},
+	{name: "URI", wide: true, cell: func(x wire.ArtifactView) string { return orDash(x.URI) }},
 }
 
 // shortSum is the first 12 hex digits of a checksum, enough to tell

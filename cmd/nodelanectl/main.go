@@ -68,14 +68,6 @@ func main() {
 	os.Exit(code)
 }
 
-// Exit statuses.
-const (
-	exitOK          = 0
-	exitFail        = 1
-	exitUsage       = 2
-	exitInterrupted = 130
-)
-
 // usageError is a command line that cannot be run: exit status 2.
 type usageError struct{ msg string }
 
@@ -94,6 +86,8 @@ type common struct {
 	output       string
 	caFile       string
 	insecureHTTP bool
+	noHeaders    bool
+	quiet        bool
 }
 
 // app is one run of the command.
@@ -129,6 +123,7 @@ var groups = map[string]map[string]command{
 		"list":   {"list jobs", jobsList},
 		"show":   {"show a job, its result, events and artifacts", jobsShow},
 		"cancel": {"cancel a job", jobsCancel},
+		"retry":  {"queue a failed or canceled job again; -wait to follow it", jobsRetry},
 		"logs":   {"print a job's events; -follow until it ends", jobsLogs},
 	},
 	"artifacts": {
@@ -149,6 +144,7 @@ var groups = map[string]map[string]command{
 		"status":     {"show the envelope", envelopeStatus},
 		"activate":   {"activate the runtime: blocked job types may run", envelopeActivate},
 		"deactivate": {"deactivate the runtime", envelopeDeactivate},
+		"history":    {"list the envelope's changes, newest first", envelopeHistory},
 	},
 	"credentials": {
 		"mint":   {"mint a credential; its token goes to -token-out", credentialsMint},
@@ -158,6 +154,8 @@ var groups = map[string]map[string]command{
 	"receipts": {
 		"export": {"export the receipt log and its signed checkpoint", receiptsExport},
 		"verify": {"verify an export offline with the verifier key", receiptsVerify},
+		"list":   {"list sequenced receipts, newest first; -kind for one kind", receiptsList},
+		"show":   {"show a receipt and whether it has an inclusion proof", receiptsShow},
 	},
 	"cost": {
 		"report": {"sum job_charged costs by sku, worker or job_type; checked against the receipts", costReport},
@@ -176,27 +174,25 @@ func newApp(ctx context.Context, stdout, stderr io.Writer, getenv func(string) s
 func (a *app) run(args []string) int {
 	ctx, stderr := a.ctx, a.stderr
 	err := a.dispatch(args)
+	if errors.Is(err, flag.ErrHelp) {
+		return exitOK
+	}
+	code := exitCode(ctx, err)
 	var ue *usageError
 	var we *wire.Error
 	switch {
 	case err == nil:
-		return exitOK
-	case errors.Is(err, flag.ErrHelp):
-		return exitOK
 	case errors.As(err, &ue):
 		fmt.Fprintln(stderr, "nodelanectl:", err)
 		fmt.Fprintln(stderr, "run 'nodelanectl help' for usage")
-		return exitUsage
-	case ctx.Err() != nil && errors.Is(err, context.Canceled):
+	case code == exitInterrupted:
 		fmt.Fprintln(stderr, "nodelanectl: interrupted")
-		return exitInterrupted
 	case errors.As(err, &we):
 		fmt.Fprintf(stderr, "nodelanectl: the server answered %d %s: %s\n  (%s)\n", we.Status, escapeText(we.Code, false), escapeText(we.Message, false), escapeText(we.Route, false))
-		return exitFail
 	default:
-		fmt.Fprintln(stderr, "nodelanectl:", err)
-		return exitFail
+		fmt.Fprintln(stderr, "nodelanectl:", escapeText(err.Error(), false))
 	}
+	return code
 }
 
 func (a *app) dispatch(args []string) error {
@@ -214,9 +210,13 @@ func (a *app) dispatch(args []string) error {
 	if len(rest) == 0 {
 		return usagef("no command")
 	}
-	if rest[0] == "help" {
-		a.usage(a.stdout)
-		return nil
+	switch rest[0] {
+	case "help":
+		return a.helpOf(rest[1:])
+	case "version":
+		return a.version(rest[1:])
+	case "completion":
+		return a.completion(rest[1:])
 	}
 	verbs, ok := groups[rest[0]]
 	if !ok {
@@ -234,12 +234,16 @@ func (a *app) dispatch(args []string) error {
 
 // usage writes the list of commands.
 func (a *app) usage(w io.Writer) {
-	fmt.Fprint(w, `usage: nodelanectl [-server URL] [-token-file FILE] [-config FILE] [-ca-file FILE] [-insecure-http] [-o table|json] GROUP VERB [flags] [args]
+	fmt.Fprint(w, `usage: nodelanectl [-server URL] [-token-file FILE] [-config FILE] [-ca-file FILE] [-insecure-http]
+                   [-o table|json|yaml|wide] [-no-headers] [-q] GROUP VERB [flags] [args]
 
 The server is -server, $NODELANE_SERVER, the config file's server, or http://127.0.0.1:8080.
 The token is read from -token-file, $NODELANE_TOKEN, or the config file's token or token_file.
 The config file is -config, $NODELANE_CONFIG, or $XDG_CONFIG_HOME/nodelane/nodelanectl.toml.
-'nodelanectl GROUP VERB -h' shows a command's flags.
+Lists are newest first (-order asc: oldest first). -o wide adds columns to tables, -no-headers drops
+their header, -q prints only ids (lists, jobs submit, retry and cancel); -o json prints the API's
+answers as they came, -o yaml the same as YAML; control characters are escaped in every format.
+'nodelanectl help GROUP VERB' or 'nodelanectl GROUP VERB -h' describes a command, with examples.
 
 Commands:
 `)
@@ -249,7 +253,11 @@ Commands:
 			tw.row("  "+g+" "+v, groups[g][v].summary)
 		}
 	}
+	tw.row("  version", "print nodelanectl's version and build")
+	tw.row("  completion bash|zsh", "print a shell completion script (source <(nodelanectl completion bash))")
+	tw.row("  help [GROUP [VERB]]", "this help, a group's commands, or a command's")
 	tw.flush()
+	fmt.Fprint(w, "\n"+exitHelp)
 }
 
 func sortedKeys[V any](m map[string]V) []string {
@@ -268,8 +276,10 @@ func (a *app) bindCommon(fs *flag.FlagSet, but ...string) {
 	fs.StringVar(&a.common.tokenFile, "token-file", a.common.tokenFile, "the `file` holding the operator token")
 	fs.StringVar(&a.common.config, "config", a.common.config, "the config `file`")
 	if !slices.Contains(but, "o") {
-		fs.StringVar(&a.common.output, "o", a.common.output, "output: table or json")
+		fs.StringVar(&a.common.output, "o", a.common.output, "output: table, json, yaml or wide")
 	}
+	fs.BoolVar(&a.common.noHeaders, "no-headers", a.common.noHeaders, "print tables without their header row")
+	fs.BoolVar(&a.common.quiet, "q", a.common.quiet, "print only ids, one a line (lists, jobs submit, retry, cancel)")
 	fs.StringVar(&a.common.caFile, "ca-file", a.common.caFile, "PEM `file` of the certificate authorities to trust for an https server, instead of the system's")
 	fs.BoolVar(&a.common.insecureHTTP, "insecure-http", a.common.insecureHTTP, "allow an http:// server that is not this machine (the token crosses the network in clear)")
 }
@@ -282,10 +292,7 @@ func (a *app) flags(name, args string) *flag.FlagSet { return a.flagsBut(name, a
 func (a *app) flagsBut(name, args string, but ...string) *flag.FlagSet {
 	fs := flag.NewFlagSet("nodelanectl "+name, flag.ContinueOnError)
 	fs.SetOutput(a.stderr)
-	fs.Usage = func() {
-		fmt.Fprintf(a.stderr, "usage: nodelanectl %s [flags] %s\n", name, args)
-		fs.PrintDefaults()
-	}
+	fs.Usage = func() { a.commandHelp(fs.Output(), name, args, fs.PrintDefaults) }
 	a.bindCommon(fs, but...)
 	return fs
 }
@@ -320,8 +327,8 @@ func (a *app) parse(fs *flag.FlagSet, args []string, minArgs, maxArgs int) error
 		}
 		return usagef("%s takes %d to %d arguments, got %d", fs.Name(), minArgs, maxArgs, n)
 	}
-	if a.common.output != "table" && a.common.output != "json" {
-		return usagef("-o %q: want table or json", a.common.output)
+	if !slices.Contains(outputFormats, a.common.output) {
+		return usagef("-o %q: want one of %s", a.common.output, strings.Join(outputFormats, ", "))
 	}
 	return nil
 }
@@ -329,7 +336,6 @@ func (a *app) parse(fs *flag.FlagSet, args []string, minArgs, maxArgs int) error
 // arg is the command's i-th argument, after parse.
 func (a *app) arg(i int) string { return a.args[i] }
 
-func (a *app) json() bool { return a.common.output == "json" }
 
 // client resolves the settings and returns the operator client, made
 // once.
@@ -342,7 +348,7 @@ func (a *app) client() (*operator.Client, error) {
 		return nil, err
 	}
 	if s.token == "" {
-		return nil, fmt.Errorf("no operator token: give -token-file, set %s, or set token or token_file in the config file (%s)", envToken, s.configPath)
+		return nil, fmt.Errorf("%w: give -token-file, set %s, or set token or token_file in the config file (%s)", errNoToken, envToken, s.configPath)
 	}
 	hc, err := httpClient(s)
 	if err != nil {
@@ -385,10 +391,10 @@ func (t answerTap) RoundTrip(req *http.Request) (*http.Response, error) {
 	return resp, err
 }
 
-// printJSON writes an answer as it came, with a final newline.
 // ask makes one call of the operator client with its answer kept: with
-// -o json it prints the answer as it came and returns nil and nil; else it
-// returns the typed answer, for the caller's table.
+// -o json or yaml (and no -q) it prints the answer (printRaw) and returns
+// nil and nil; else it returns the typed answer, for the caller's table
+// or ids.
 func ask[T any](a *app, call func(ctx context.Context, api *operator.Client) (*T, error)) (*T, error) {
 	api, err := a.client()
 	if err != nil {
@@ -399,12 +405,13 @@ func ask[T any](a *app, call func(ctx context.Context, api *operator.Client) (*T
 	if err != nil {
 		return nil, err
 	}
-	if a.json() {
-		return nil, a.printJSON(raw.Bytes())
+	if a.raw() && !a.common.quiet {
+		return nil, a.printRaw(raw.Bytes())
 	}
 	return out, nil
 }
 
+// printJSON writes a JSON text, with a final newline.
 func (a *app) printJSON(b []byte) error {
 	if _, err := a.stdout.Write(b); err != nil {
 		return err

@@ -149,12 +149,12 @@ func receiptsVerify(a *app, args []string) error {
 	case err != nil:
 		return fmt.Errorf("%w: the export does not verify: %v", errInvalid, err)
 	}
-	if a.json() {
+	if a.raw() {
 		b, err := json.Marshal(map[string]any{"ok": true, "origin": cp.Origin, "size": cp.Size, "root": cp.Root.String()})
 		if err != nil {
 			return err
 		}
-		return a.printJSON(b)
+		return a.printRaw(b)
 	}
 	fmt.Fprintf(a.stdout, "ok: %d receipts of %s verified against the checkpoint of %d, root %s\n", cp.Size, cp.Origin, cp.Size, cp.Root)
 	return nil
@@ -301,8 +301,8 @@ func costReport(a *app, args []string) error {
 			}
 		}
 	}
-	if a.json() {
-		if err := a.printJSON(b); err != nil {
+	if a.raw() {
+		if err := a.printRaw(b); err != nil {
 			return err
 		}
 	} else {

@@ -1,0 +1,122 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// col is a column of a list's table: its header, its cell of an item,
+// and whether only -o wide shows it.
+type col[T any] struct {
+	name string
+	cell func(T) string
+	wide bool
+}
+
+// printList writes a page of a list: with -q the ids only, one a line;
+// else a table of cols (the wide ones with -o wide), its header row but
+// with -no-headers. next, when not "", is the next page's -after: after
+// a table it goes to standard output, with -q or -no-headers to
+// standard error, so that what a script reads holds only rows.
+func printList[T any](a *app, cols []col[T], items []T, id func(T) string, next string) {
+	if a.common.quiet {
+		for _, x := range items {
+			fmt.Fprintln(a.stdout, escapeText(strings.NewReplacer("\n", " ", "\r", " ").Replace(id(x)), false))
+		}
+	} else {
+		t := newTable(a.stdout)
+		var shown []col[T]
+		for _, c := range cols {
+			if !c.wide || a.wide() {
+				shown = append(shown, c)
+			}
+		}
+		if !a.common.noHeaders {
+			hdr := make([]string, len(shown))
+			for i, c := range shown {
+				hdr[i] = c.name
+			}
+			t.row(hdr...)
+		}
+		for _, x := range items {
+			cells := make([]string, len(shown))
+			for i, c := range shown {
+				cells[i] = c.cell(x)
+			}
+			t.row(cells...)
+		}
+		t.flush()
+	}
+	if next == "" {
+		return
+	}
+	if a.common.quiet || a.common.noHeaders {
+		fmt.Fprintf(a.stderr, "more: -after %s\n", escapeText(next, false))
+	} else {
+		fmt.Fprintf(a.stdout, "more: -after %s\n", escapeText(next, false))
+	}
+}
+
+// The values of -order.
+const (
+	orderAsc  = "asc"
+	orderDesc = "desc"
+)
+
+// orderFlag defines -order on a list's flags: newest first by default.
+func orderFlag(fs *flag.FlagSet) *string {
+	return fs.String("order", orderDesc, "desc: newest first; asc: oldest first")
+}
+
+// checkOrder refuses an -order that is neither asc nor desc.
+func checkOrder(cmd, order string) error {
+	if order != orderAsc && order != orderDesc {
+		return usagef("%s: -order %q: want asc or desc", cmd, order)
+	}
+	return nil
+}
+
+// parseWhen reads a time flag: an RFC 3339 time, a date (2026-12-01:
+// its start, UTC), or an age before now: a Go duration (90m, 24h) or a
+// whole number of days (7d) or weeks (2w).
+func parseWhen(s string, now time.Time) (time.Time, error) {
+	if t, err := time.Parse(time.RFC3339, s); err == nil {
+		return t, nil
+	}
+	if t, err := time.Parse(time.DateOnly, s); err == nil {
+		return t, nil
+	}
+	var age time.Duration
+	if n, unit, ok := cutUnit(s); ok {
+		days := map[byte]int64{'d': 1, 'w': 7}[unit] * n
+		if days > 100_000 {
+			return time.Time{}, fmt.Errorf("%q is over 100000 days", s)
+		}
+		age = time.Duration(days) * 24 * time.Hour
+	} else if d, err := time.ParseDuration(s); err == nil && d >= 0 {
+		age = d
+	} else {
+		return time.Time{}, fmt.Errorf("%q is not a time: want RFC 3339 (2026-12-01T10:00:00Z), a date (2026-12-01) or an age (90m, 24h, 7d, 2w)", s)
+	}
+	return now.Add(-age).UTC(), nil
+}
+
+// cutUnit reads "7d" or "2w": a whole number and its unit.
+func cutUnit(s string) (n int64, unit byte, ok bool) {
+	if len(s) < 2 || len(s) > 8 {
+		return 0, 0, false
+	}
+	unit = s[len(s)-1]
+	if unit != 'd' && unit != 'w' {
+		return 0, 0, false
+	}
+	for i := 0; i < len(s)-1; i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return 0, 0, false
+		}
+		n = n*10 + int64(s[i]-'0')
+	}
+	return n, unit, true
+}

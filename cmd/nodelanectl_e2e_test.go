@@ -160,8 +160,17 @@ func TestNodelanectlCommands(t *testing.T) {
 			{"jobs", "show"},
 			{"jobs", "show", "a", "b"},
 			{"jobs", "list", "-nosuchflag"},
-			{"-o", "yaml", "jobs", "list"},
-			{"jobs", "list", "-o", "yaml"},
+			{"-o", "xml", "jobs", "list"},
+			{"jobs", "list", "-o", "xml"},
+			{"jobs", "list", "-order", "newest"},
+			{"jobs", "submit", "-type", "x", "-wait", "-timeout", "-1s"},
+			{"jobs", "retry"},
+			{"receipts", "list", "-kind", "nosuchkind"},
+			{"receipts", "list", "-after", "rcp_x"},
+			{"envelope", "history", "-limit", "0"},
+			{"completion", "fish"},
+			{"completion"},
+			{"help", "nosuchgroup"},
 			{"jobs", "submit"},
 			{"jobs", "submit", "-type", "x", "-payload", "{not json"},
 			{"jobs", "logs", "-interval", "1ms", "job_x"},
@@ -181,17 +190,20 @@ func TestNodelanectlCommands(t *testing.T) {
 		}
 	})
 
-	t.Run("server errors exit 1", func(t *testing.T) {
+	t.Run("server errors exit by kind", func(t *testing.T) {
 		t.Parallel()
 		c, x, _ := ctlCase(t, false)
-		r := x.fail(1, nil, "-server", c.base(), "-token-file", x.tokFile, "jobs", "show", "job_nosuchjob")
+		r := x.fail(4, nil, "-server", c.base(), "-token-file", x.tokFile, "jobs", "show", "job_nosuchjob")
 		mustContain(t, "stderr", r.stderr, "404 not_found", "/operator/jobs/job_nosuchjob")
-		r = x.fail(1, []string{"NODELANE_TOKEN=nlc_notatoken"}, "-server", c.base(), "workers", "list")
+		r = x.fail(3, []string{"NODELANE_TOKEN=nlc_notatoken"}, "-server", c.base(), "workers", "list")
 		mustContain(t, "stderr", r.stderr, "401 invalid_token")
-		r = x.fail(1, nil, "-server", c.base(), "jobs", "list")
+		r = x.fail(3, nil, "-server", c.base(), "jobs", "list")
 		mustContain(t, "stderr", r.stderr, "no operator token")
-		r = x.fail(1, nil, "-server", "http://127.0.0.1:1", "-token-file", x.tokFile, "jobs", "list")
+		r = x.fail(5, nil, "-server", "http://127.0.0.1:1", "-token-file", x.tokFile, "jobs", "list")
 		mustContain(t, "stderr", r.stderr, "127.0.0.1:1")
+		// A bad request is 1.
+		r = x.fail(1, nil, "-server", c.base(), "-token-file", x.tokFile, "jobs", "list", "-state", "nosuchstate")
+		mustContain(t, "stderr", r.stderr, "400 ")
 	})
 
 	t.Run("jobs", func(t *testing.T) {
@@ -302,7 +314,7 @@ func TestNodelanectlCommands(t *testing.T) {
 		}
 		x.run("jobs", "cancel", d.Job.ID)
 		// -- ends the flags.
-		r := x.fail(1, nil, "-server", c.base(), "-token-file", x.tokFile, "jobs", "show", "--", "-o")
+		r := x.fail(4, nil, "-server", c.base(), "-token-file", x.tokFile, "jobs", "show", "--", "-o")
 		mustContain(t, "show -- -o", r.stderr, "404 not_found")
 	})
 
@@ -361,9 +373,9 @@ func TestNodelanectlCommands(t *testing.T) {
 		mustContain(t, "workers show while draining", x.run("workers", "show", wid), "drain", "true")
 		out = x.run("workers", "resume", wid)
 		mustContain(t, "resume", out, wid, "DRAIN", "false")
-		r0 := x.fail(1, nil, "-server", c.base(), "-token-file", x.tokFile, "workers", "drain", "wrk_nosuchworker")
+		r0 := x.fail(4, nil, "-server", c.base(), "-token-file", x.tokFile, "workers", "drain", "wrk_nosuchworker")
 		mustContain(t, "drain of no worker", r0.stderr, "404 not_found")
-		r := x.fail(1, nil, "-server", c.base(), "-token-file", x.tokFile, "workers", "ban", "wrk_nosuchworker")
+		r := x.fail(4, nil, "-server", c.base(), "-token-file", x.tokFile, "workers", "ban", "wrk_nosuchworker")
 		mustContain(t, "ban of no worker", r.stderr, "404 not_found")
 	})
 
@@ -393,7 +405,7 @@ func TestNodelanectlCommands(t *testing.T) {
 		if r := x.fail(0, env, "-server", c.base(), "jobs", "list"); !strings.Contains(r.stdout, jobID) {
 			t.Errorf("jobs list with the minted token: %s", r.stdout)
 		}
-		r := x.fail(1, env, "-server", c.base(), "envelope", "status")
+		r := x.fail(3, env, "-server", c.base(), "envelope", "status")
 		mustContain(t, "envelope status with operator:jobs", r.stderr, "403 insufficient_scope")
 		// A second mint to the same file refuses before minting.
 		r = x.fail(1, nil, "-server", c.base(), "-token-file", x.tokFile, "credentials", "mint", "-principal", "operator", "-scope", "operator:jobs", "-token-out", tokOut)
@@ -412,7 +424,7 @@ func TestNodelanectlCommands(t *testing.T) {
 		if rv.CredentialID != id || rv.ReceiptID != nil {
 			t.Errorf("revoke again: %+v", rv)
 		}
-		r = x.fail(1, env, "-server", c.base(), "jobs", "list")
+		r = x.fail(3, env, "-server", c.base(), "jobs", "list")
 		mustContain(t, "a revoked token", r.stderr, "401 token_revoked")
 	})
 
@@ -524,7 +536,14 @@ func TestNodelanectlConfig(t *testing.T) {
 	}
 	refused := func(want string, env []string, args ...string) {
 		t.Helper()
-		r := x.fail(1, env, append(args, "envelope", "status")...)
+		code := 1
+		switch {
+		case want == "127.0.0.1:1":
+			code = 5 // connection refused
+		case strings.HasPrefix(want, "401"):
+			code = 3
+		}
+		r := x.fail(code, env, append(args, "envelope", "status")...)
 		mustContain(t, "stderr", r.stderr, want)
 	}
 

@@ -173,7 +173,7 @@ func TestNodelanectlSpecFiltersAndRetire(t *testing.T) {
 	out := x.run("workers", "retire", wid, "-reason", "decommissioned")
 	mustContain(t, "retire again", out, wid, "retired")
 	mustContain(t, "workers list", x.run("workers", "list"), wid, "retired")
-	r := x.fail(1, nil, "-server", c.base(), "-token-file", x.tokFile, "workers", "retire", "wrk_nobody")
+	r := x.fail(4, nil, "-server", c.base(), "-token-file", x.tokFile, "workers", "retire", "wrk_nobody")
 	mustContain(t, "retire of no worker", r.stderr, "404 not_found")
 	if !strings.Contains(x.run("jobs", "show", tagged.Job.ID), "queued") {
 		t.Error("the tagged job left the queue")

@@ -372,7 +372,7 @@ func credentialsList(a *app, args []string) error {
 		return err
 	}
 	out, err := ask(a, func(ctx context.Context, api *operator.Client) (*wire.CredentialListResponse, error) {
-		return api.ListCredentials(ctx, operator.CredentialQuery{Principal: *principal, After: *after, Limit: *limit, Order: *order})
+		return api.ListCredentials(ctx, operator.CredentialQuery{Principal: *principal, After: *after, Limit: *limit}) // TODOORDER
 	})
 	if out == nil || err != nil {
 		return err

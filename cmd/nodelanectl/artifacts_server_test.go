@@ -139,7 +139,7 @@ func TestArtifactsAgainstServer(t *testing.T) {
 			}
 
 			_, errOut, code = ctl(env.URL, "artifacts", "download", meta, "-o", filepath.Join(dir, "train.log"))
-			if code != exitFail || !strings.Contains(errOut, "404 not_found") || !strings.Contains(errOut, "has no stored bytes") {
+			if code != exitNotFound || !strings.Contains(errOut, "404 not_found") || !strings.Contains(errOut, "has no stored bytes") {
 				t.Errorf("download of a metadata-only artifact: exit %d, stderr %q", code, errOut)
 			}
 

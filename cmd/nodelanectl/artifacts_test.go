@@ -148,7 +148,7 @@ func TestArtifactsList(t *testing.T) {
 	if code != exitOK || json.Unmarshal([]byte(out), &l) != nil || len(l.Artifacts) != 4 || !l.Artifacts[0].Stored || l.Artifacts[2].Stored {
 		t.Errorf("artifacts list -o json: exit %d\n%s", code, out)
 	}
-	if _, errOut, code := runCtl(t, t.TempDir(), "-server", srv.URL, "artifacts", "list", "-job", "job_2"); code != exitFail || !strings.Contains(errOut, "404 not_found: job job_2 not found") {
+	if _, errOut, code := runCtl(t, t.TempDir(), "-server", srv.URL, "artifacts", "list", "-job", "job_2"); code != exitNotFound || !strings.Contains(errOut, "404 not_found: job job_2 not found") {
 		t.Errorf("artifacts list of an unknown job: exit %d, stderr %q", code, errOut)
 	}
 	if _, _, code := runCtl(t, t.TempDir(), "-server", srv.URL, "artifacts", "list", "-limit", "0"); code != exitUsage {
@@ -206,8 +206,8 @@ func TestArtifactsDownload(t *testing.T) {
 		msg  string
 	}{
 		{"wrong bytes", []string{"art_bad"}, exitFail, "the bytes received are not the artifact's: they hash to sha256 "},
-		{"metadata only", []string{"art_meta"}, exitFail, "the server answered 404 not_found: artifact art_meta has no stored bytes"},
-		{"unknown", []string{"art_none"}, exitFail, "the server answered 404"},
+		{"metadata only", []string{"art_meta"}, exitNotFound, "the server answered 404 not_found: artifact art_meta has no stored bytes"},
+		{"unknown", []string{"art_none"}, exitNotFound, "the server answered 404"},
 		{"cut", []string{"art_cut"}, exitFail, "artifact art_cut: after 800000 bytes: unexpected EOF; nothing written to "},
 		{"stalled", []string{"art_stall"}, exitFail, "artifact art_stall: after 800000 bytes: the download stalled: no byte arrived for 100ms; nothing written to "},
 		{"metadata only, listed", []string{"-job", "job_1", "art_meta"}, exitFail, "artifact art_meta of job job_1 is metadata only: the control plane holds no bytes of it"},

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/url"
 	"os"
 	"strconv"
 	"strings"
@@ -513,3 +514,59 @@ func (a *app) printEvent(e wire.JobEventView) error {
 		escapeText(what, false), escapeText(strings.TrimRight(e.Message, "\n"), true))
 	return err
 }
+
+// retryAnswer is the answer of POST /operator/jobs/{id}/retry.
+type retryAnswer struct {
+	Job       wire.OperatorJob `json:"job"`
+	ReceiptID *string          `json:"receipt_id"`
+}
+
+func jobsRetry(a *app, args []string) error {
+	fs := a.flags("jobs retry", "JOB_ID")
+	reason := fs.String("reason", "", "the reason, recorded in the receipt (at most 1 KiB)")
+	w := waitFlags(fs, "follow the job until it ends again; the exit status is its end (0 succeeded, 6 failed, 7 canceled)")
+	if err := a.parse(fs, args, 1, 1); err != nil {
+		return err
+	}
+	if err := w.check("jobs retry"); err != nil {
+		return err
+	}
+	if len(*reason) > maxReason {
+		return usagef("jobs retry: -reason is %d bytes, over %d", len(*reason), maxReason)
+	}
+	api, err := a.client()
+	if err != nil {
+		return err
+	}
+	id := a.arg(0)
+	b, err := api.Call(a.ctx, "POST", "/operator/jobs/"+url.PathEscape(id)+"/retry", map[string]string{"reason": *reason})
+	if err != nil {
+		return err
+	}
+	var out retryAnswer
+	if err := json.Unmarshal(b, &out); err != nil {
+		return fmt.Errorf("POST /operator/jobs/%s/retry: %w: %v", id, operator.ErrMalformedAnswer, err)
+	}
+	switch {
+	case a.common.quiet:
+		fmt.Fprintln(a.stdout, escapeText(out.Job.ID, false))
+	case a.raw():
+		if !w.on() {
+			return a.printRaw(b)
+		}
+	default:
+		t := newTable(a.stdout)
+		if !a.common.noHeaders {
+			t.row("ID", "TYPE", "STATE", "ATTEMPT", "RECEIPT")
+		}
+		t.row(out.Job.ID, out.Job.JobType, out.Job.State, fmt.Sprintf("%d/%d", out.Job.Attempt, out.Job.MaxAttempts), strp(out.ReceiptID))
+		t.flush()
+	}
+	if w.on() {
+		return a.waitJob(out.Job.ID, w)
+	}
+	return nil
+}
+
+// maxReason is the longest -reason the API takes, 1 KiB.
+const maxReason = 1 << 10

@@ -108,6 +108,9 @@ type app struct {
 	api *operator.Client
 	// args are the command's arguments, after parse.
 	args []string
+	// lastFlags is the FlagSet the command made last: completion reads
+	// each command's flags from it.
+	lastFlags *flag.FlagSet
 }
 
 // command is a verb of a group.
@@ -291,6 +294,7 @@ func (a *app) flags(name, args string) *flag.FlagSet { return a.flagsBut(name, a
 // those named in but, which the command defines its own way.
 func (a *app) flagsBut(name, args string, but ...string) *flag.FlagSet {
 	fs := flag.NewFlagSet("nodelanectl "+name, flag.ContinueOnError)
+	a.lastFlags = fs
 	fs.SetOutput(a.stderr)
 	fs.Usage = func() { a.commandHelp(fs.Output(), name, args, fs.PrintDefaults) }
 	a.bindCommon(fs, but...)
@@ -335,7 +339,6 @@ func (a *app) parse(fs *flag.FlagSet, args []string, minArgs, maxArgs int) error
 
 // arg is the command's i-th argument, after parse.
 func (a *app) arg(i int) string { return a.args[i] }
-
 
 // client resolves the settings and returns the operator client, made
 // once.

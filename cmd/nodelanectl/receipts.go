@@ -231,8 +231,8 @@ var costGroupings = []string{"sku", "worker", "job_type"}
 
 func costReport(a *app, args []string) error {
 	fs := a.flags("cost report", "")
-	from := fs.String("from", "", "the window's start, RFC 3339 (default: the start of the current UTC month)")
-	to := fs.String("to", "", "the window's end, excluded, RFC 3339 (default: now)")
+	from := fs.String("from", "", "the window's start: RFC 3339, a date (2026-12-01, UTC) or an age (24h, 7d) (default: the start of the current UTC month)")
+	to := fs.String("to", "", "the window's end, excluded, as -from (default: now)")
 	by := fs.String("by", "sku", "group by sku, worker or job_type")
 	noCheck := fs.Bool("no-check", false, "skip checking the total against the job_charged receipts")
 	if err := a.parse(fs, args, 0, 0); err != nil {
@@ -250,7 +250,7 @@ func costReport(a *app, args []string) error {
 			continue
 		}
 		var err error
-		if *t.dst, err = time.Parse(time.RFC3339, t.val); err != nil {
+		if *t.dst, err = parseWhen(t.val, a.now()); err != nil {
 			return usagef("cost report: %s: %v", t.flag, err)
 		}
 	}

@@ -12,8 +12,9 @@ import (
 // rows from before it refused control characters in names: printed raw,
 // an escape sequence in them could clear the screen, retitle the
 // terminal or write the clipboard (OSC 52). Every string of a table and
-// of jobs logs goes through escapeText; -o json needs nothing, since
-// JSON escapes control characters itself.
+// of jobs logs goes through escapeText; -o json through safeJSON (JSON
+// escapes C0 controls itself, but encoding/json leaves DEL, C1 controls
+// and bidirectional formatting raw), -o yaml through yamlString.
 
 // escapeText returns s with each character a terminal could act on
 // written as a Go escape (\x1b, \u009b, \u202e): C0 controls, DEL, C1

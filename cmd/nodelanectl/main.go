@@ -4,14 +4,17 @@
 //
 // Usage:
 //
-//	nodelanectl [-server URL] [-token-file FILE] [-config FILE] [-o table|json] GROUP VERB [flags] [args]
+//	nodelanectl [-server URL] [-token-file FILE] [-config FILE] [-o table|json|yaml|wide] [-no-headers] [-q] GROUP VERB [flags] [args]
 //
-// The groups and verbs are jobs (submit, list, show, cancel, logs),
-// artifacts (list, download: the stored bytes, verified against the
-// artifact's sha256 before they replace the file), workers (list, show, ban, unban, approve, retire, drain, resume), envelope (status,
-// activate, deactivate), credentials (mint, list, revoke), receipts
-// (export, verify) and cost (report); `nodelanectl help` lists them. The
-// common flags may also follow the verb.
+// The groups and verbs are jobs (submit, list, show, cancel, retry,
+// logs), artifacts (list, download: the stored bytes, verified against
+// the artifact's sha256 before they replace the file), workers (list,
+// show, ban, unban, approve, retire, drain, resume), envelope (status,
+// activate, deactivate, history), credentials (mint, list, revoke),
+// receipts (list, show, export, verify) and cost (report); beside them
+// version, completion bash|zsh and help [GROUP [VERB]]. `nodelanectl
+// help` lists them; `nodelanectl GROUP VERB -h` describes one, with
+// examples. The common flags may also follow the verb.
 //
 // The server URL is -server, else $NODELANE_SERVER, else the config
 // file's server, else http://127.0.0.1:8080. The token is the content of
@@ -29,16 +32,28 @@
 // network in clear, unless -insecure-http (insecure_http = true).
 //
 // Limits: a token file is at most 4 KiB and holds one token; a config
-// file is at most 64 KiB; jobs logs -follow polls every -interval, 100 ms
-// to 1 minute (1 s by default); every request times out after 60 s.
+// file is at most 64 KiB; jobs logs -follow and -wait poll every
+// -interval, 100 ms to 1 minute (1 s by default), for -timeout at most
+// (none by default; exit status 8 when it runs out); every request times
+// out after 60 s; envelope history reads at most 100 pages of each
+// envelope receipt kind (the last 1,000,000 receipts of the log).
 //
-// Output is aligned tables, or with -o json the API's JSON answer as it
-// came (jobs logs writes one JSON event a line). After artifacts
-// download, -o names the file to write the artifact's bytes to (- for
-// standard output); its report goes to standard error. The exit status is 0 on
-// success, 1 when the server refuses or cannot be reached, an export or
-// a download does not verify or a cost check fails, 2 for a usage error, and 130 when
-// interrupted.
+// Lists are newest first (-order asc: oldest first), a page at a time.
+// Output is aligned tables (-o wide: with more columns; -no-headers:
+// without the header row; -q: only ids, one a line), or with -o json the
+// API's JSON answer as it came, with -o yaml the same as YAML (jobs logs
+// writes one JSON event a line, or a YAML sequence item an event). In
+// every format a character a terminal could act on is escaped. After
+// artifacts download, -o names the file to write the artifact's bytes to
+// (- for standard output); its report goes to standard error.
+//
+// The exit status is 0 on success; 1 when the server refuses the request
+// (400, 409, ...), an export or a download does not verify or a cost
+// check fails; 2 for a usage error; 3 without a token or when the server
+// refuses it (401, 403); 4 for a 404; 5 when the server cannot be reached
+// or answers 5xx or 429; 6 and 7 when the job of jobs submit -wait, jobs
+// retry -wait or jobs logs -exit-status ended failed or canceled; 8 when
+// -wait ran out of -timeout; and 130 when interrupted.
 package main
 
 import (

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -361,7 +362,7 @@ func credentialsList(a *app, args []string) error {
 	principal := fs.String("principal", "", "only this principal's credentials")
 	after := fs.String("after", "", "list credentials after this id (the answer's next)")
 	limit := fs.Int("limit", 100, "credentials a page, 1 to 1000")
-	order := orderFlag(fs)
+	order := fs.String("order", orderDesc, "desc: each page newest first; asc: oldest first (credential ids are random: pages follow them, not time)")
 	if err := a.parse(fs, args, 0, 0); err != nil {
 		return err
 	}
@@ -372,11 +373,19 @@ func credentialsList(a *app, args []string) error {
 		return err
 	}
 	out, err := ask(a, func(ctx context.Context, api *operator.Client) (*wire.CredentialListResponse, error) {
-		return api.ListCredentials(ctx, operator.CredentialQuery{Principal: *principal, After: *after, Limit: *limit}) // TODOORDER
+		return api.ListCredentials(ctx, operator.CredentialQuery{Principal: *principal, After: *after, Limit: *limit})
 	})
 	if out == nil || err != nil {
 		return err
 	}
+	// Credential ids are random, so no order of the API is newest first:
+	// the page is sorted here, by creation.
+	slices.SortStableFunc(out.Credentials, func(x, y wire.CredentialView) int {
+		if *order == orderAsc {
+			return x.CreatedAt.Compare(y.CreatedAt)
+		}
+		return y.CreatedAt.Compare(x.CreatedAt)
+	})
 	printList(a, credentialCols, out.Credentials, func(c wire.CredentialView) string { return c.CredentialID }, derefStr(out.Next))
 	return nil
 }

@@ -107,7 +107,7 @@ var helps = map[string]helpText{
 		"nodelanectl credentials mint -principal operator -scope operator:jobs -ttl 720h -token-out jobs.token",
 	},
 	"credentials list": {
-		"List credentials, newest first (never their tokens).",
+		"List credentials (never their tokens), each page newest first: credential ids are random, so pages\nfollow the ids and each is sorted by creation here.",
 		"nodelanectl credentials list -principal operator",
 	},
 	"credentials revoke": {

@@ -171,6 +171,21 @@ func TestNodelanectlDaily(t *testing.T) {
 		}
 	}
 
+	// retry: a failed job runs again (and fails again: exit 6), its
+	// retry receipted; a job that succeeded cannot be retried (409: exit
+	// 1), nor one that does not exist (exit 4).
+	r = x.fail(6, nil, append(base, "jobs", "retry", "-reason", "once more", "-wait", "-interval", "100ms", failID)...)
+	mustContain(t, "jobs retry -wait", r.stdout, failID, "rcp_", "failed after attempt")
+	var jr wire.OperatorJobResponse
+	r = x.fail(1, nil, append(base, "jobs", "retry", okID)...)
+	mustContain(t, "retry of a job that succeeded", r.stderr, "409 invalid_transition")
+	x.fail(4, nil, append(base, "jobs", "retry", "job_nosuchjob")...)
+	x.runJSON(&jr, "jobs", "retry", failID)
+	if jr.Job.ID != failID || jr.Job.State != "queued" || jr.ReceiptID == nil {
+		t.Errorf("jobs retry -o json: %+v", jr)
+	}
+	c.waitDone(failID, "failed")
+
 	// Envelope history: the activation, then a deactivation above it.
 	x.run("envelope", "deactivate", "-reason", "ctl history")
 	waitfor.Until(t, "the deactivation's receipt to be sequenced", func() bool {

@@ -207,6 +207,12 @@ func (a *app) envelopeCall(call func(api *operator.Client, ctx context.Context) 
 	if e == nil || err != nil {
 		return err
 	}
+	a.printEnvelope(e)
+	return nil
+}
+
+// printEnvelope prints the envelope as a table.
+func (a *app) printEnvelope(e *wire.EnvelopeResponse) {
 	t := newTable(a.stdout)
 	t.row("active", strconv.FormatBool(e.Active))
 	t.row("policy_version", strconv.FormatInt(e.PolicyVersion, 10))
@@ -220,7 +226,57 @@ func (a *app) envelopeCall(call func(api *operator.Client, ctx context.Context) 
 		t.row("receipt", e.ReceiptID)
 	}
 	t.flush()
+}
+
+// safeTypesRequest is the body of POST /operator/envelope/safe-types.
+type safeTypesRequest struct {
+	Add    []string `json:"add"`
+	Remove []string `json:"remove"`
+	Reason string   `json:"reason"`
+}
+
+func envelopeSafeTypes(a *app, args []string) error {
+	fs := a.flags("envelope safe-types", "")
+	var add, remove stringList
+	fs.Var(&add, "add", "make this job type safe: it runs without the runtime active (repeatable, or comma-separated)")
+	fs.Var(&remove, "remove", "make this job type no longer safe (repeatable, or comma-separated)")
+	reason := fs.String("reason", "", "why (required), recorded in the receipt")
+	if err := a.parse(fs, args, 0, 0); err != nil {
+		return err
+	}
+	switch {
+	case len(add) == 0 && len(remove) == 0:
+		return usagef("envelope safe-types: give -add or -remove")
+	case *reason == "":
+		return usagef("envelope safe-types: -reason is required")
+	case len(*reason) > maxReason:
+		return usagef("envelope safe-types: -reason is %d bytes, over %d", len(*reason), maxReason)
+	}
+	api, err := a.client()
+	if err != nil {
+		return err
+	}
+	b, err := api.Call(a.ctx, "POST", "/operator/envelope/safe-types", safeTypesRequest{Add: orEmpty(add), Remove: orEmpty(remove), Reason: *reason})
+	if err != nil {
+		return err
+	}
+	if a.raw() {
+		return a.printRaw(b)
+	}
+	var e wire.EnvelopeResponse
+	if err := json.Unmarshal(b, &e); err != nil {
+		return fmt.Errorf("POST /operator/envelope/safe-types: %w: %v", operator.ErrMalformedAnswer, err)
+	}
+	a.printEnvelope(&e)
 	return nil
+}
+
+// orEmpty is l, or an empty list for none (JSON [] rather than null).
+func orEmpty(l stringList) []string {
+	if l == nil {
+		return []string{}
+	}
+	return l
 }
 
 func envelopeStatus(a *app, args []string) error {

@@ -98,6 +98,12 @@ var helps = map[string]helpText{
 		"Deactivate the runtime: blocked job types stay queued. Recorded in a receipt.",
 		"nodelanectl envelope deactivate -reason done",
 	},
+	"envelope safe-types": {
+		"Change the envelope's safe job types (POST /operator/envelope/safe-types): a safe type runs without\n" +
+			"the runtime active. A new policy version, recorded in a receipt. The canonical blocked types\n" +
+			"(raw_training, model_file_write, ...) can never be made safe (400).",
+		"nodelanectl envelope safe-types -add embed_batch -reason 'inference only'\n  nodelanectl envelope safe-types -remove embed_batch -reason 'retired'",
+	},
 	"envelope history": {
 		"List the envelope's changes, newest first: the receipts of the envelope kinds (activations,\ndeactivations, safe-type changes), each with its policy version, actor and reason.",
 		"nodelanectl envelope history -limit 10",

@@ -135,6 +135,11 @@ func jobsSubmit(a *app, args []string) error {
 			return err
 		}
 		a.printDispatched(out)
+		if !out.Leasable {
+			// It may wait for good: say why.
+			fmt.Fprintf(a.stderr, "nodelanectl: no worker can take job %s now (%s); waiting for it to end\n",
+				escapeText(out.Job.ID, false), escapeText(out.Reason, false))
+		}
 		return a.waitJob(out.Job.ID, w)
 	}
 	out, err := ask(a, func(ctx context.Context, api *operator.Client) (*wire.DispatchResponse, error) {

@@ -163,6 +163,7 @@ var groups = map[string]map[string]command{
 		"activate":   {"activate the runtime: blocked job types may run", envelopeActivate},
 		"deactivate": {"deactivate the runtime", envelopeDeactivate},
 		"history":    {"list the envelope's changes, newest first", envelopeHistory},
+		"safe-types": {"make job types safe (they run without the runtime active), or no longer", envelopeSafeTypes},
 	},
 	"credentials": {
 		"mint":   {"mint a credential; its token goes to -token-out", credentialsMint},

@@ -90,6 +90,13 @@ var envelopeCols = []col[receiptRow]{
 	{name: "POLICY", cell: func(r receiptRow) string { return r.field("policy_version") }},
 	{name: "ACTOR", cell: func(r receiptRow) string { return r.field("actor") }},
 	{name: "UNTIL", cell: func(r receiptRow) string { return r.field("until") }},
+	// An envelope_safe_types_changed receipt's safe types after the change.
+	{name: "SAFE_TYPES", cell: func(r receiptRow) string {
+		if r.Kind != "envelope_safe_types_changed" {
+			return "-"
+		}
+		return r.field("job_types")
+	}},
 	{name: "REASON", cell: func(r receiptRow) string { return r.field("reason") }},
 	{name: "RECEIPT", wide: true, cell: func(r receiptRow) string { return r.ID }},
 }

@@ -57,6 +57,7 @@ func (s *Server) operatorRoutes() []route {
 		get("/operator/jobs", credential.ScopeOperatorJobs, s.opListJobs, "state", "job_type", "worker_id", "tag", "after", "limit", "order"),
 		get("/operator/jobs/{id}", credential.ScopeOperatorJobs, s.opGetJob, "events_after"),
 		op(post, "/operator/jobs/{id}/cancel", credential.ScopeOperatorJobs, s.opCancelJob),
+		op(post, "/operator/jobs/{id}/retry", credential.ScopeOperatorJobs, s.opRetryJob),
 		get("/operator/artifacts", credential.ScopeOperatorJobs, s.opListArtifacts, "job_id", "artifact_type", "after", "limit", "order"),
 		get("/operator/artifacts/{id}/content", credential.ScopeOperatorJobs, s.opArtifactContent),
 		op(http.MethodHead, "/operator/artifacts/{id}/content", credential.ScopeOperatorJobs, s.opArtifactContent),

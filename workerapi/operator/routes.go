@@ -117,6 +117,15 @@ func (c *Client) CancelJob(ctx context.Context, id string) (*wire.OperatorJobRes
 	return post[wire.OperatorJobResponse](ctx, c, jobPath(id)+"/cancel", nil)
 }
 
+// RetryJob puts a failed or canceled job back in the queue with a fresh
+// attempt budget (POST /operator/jobs/{id}/retry), recording reason (""
+// for none, at most wire.MaxReasonBytes) in its job_retried receipt,
+// whose id the answer's ReceiptID is. A job in any other state answers
+// 409 invalid_transition.
+func (c *Client) RetryJob(ctx context.Context, id, reason string) (*wire.OperatorJobResponse, error) {
+	return post[wire.OperatorJobResponse](ctx, c, jobPath(id)+"/retry", wire.ReasonRequest{Reason: reason})
+}
+
 // ArtifactQuery selects the artifacts of GET /operator/artifacts: of one
 // job and of one type when not "". After is the cursor (artifact ids
 // above it, below it with Order "desc"); Limit the page's size (1 to

@@ -35,9 +35,12 @@ type OperatorJob struct {
 	ActualCostMicroUSD *int64  `json:"actual_cost_micro_usd"`
 }
 
-// OperatorJobResponse answers POST /operator/jobs/{id}/cancel.
+// OperatorJobResponse answers POST /operator/jobs/{id}/cancel and
+// /retry. ReceiptID is the job_retried receipt of a retry; a cancel
+// answers without it.
 type OperatorJobResponse struct {
-	Job OperatorJob `json:"job"`
+	Job       OperatorJob `json:"job"`
+	ReceiptID *string     `json:"receipt_id,omitempty"`
 }
 
 // DispatchResponse answers POST /operator/jobs: the queued job and

@@ -76,6 +76,7 @@ func (s *Server) operatorRoutes() []route {
 		get("/operator/envelope", credential.ScopeOperatorEnvelope, s.opGetEnvelope),
 		op(post, "/operator/envelope/activate", credential.ScopeOperatorEnvelope, s.opActivate),
 		op(post, "/operator/envelope/deactivate", credential.ScopeOperatorEnvelope, s.opDeactivate),
+		op(post, "/operator/envelope/safe-types", credential.ScopeOperatorEnvelope, s.opSetSafeTypes),
 		get("/operator/costs", credential.ScopeOperatorReceipts, s.opCosts, "from", "to", "group_by"),
 		get("/operator/receipts", credential.ScopeOperatorReceipts, s.opListReceipts, "kind", "after", "limit", "order"),
 		get("/operator/receipts/checkpoint", credential.ScopeOperatorReceipts, s.opCheckpoint),

@@ -295,6 +295,15 @@ func (c *Client) ActivateEnvelope(ctx context.Context, req wire.ActivateRequest)
 	return post[wire.EnvelopeResponse](ctx, c, "/operator/envelope/activate", req)
 }
 
+// SetSafeTypes changes the job types operators made safe at run time
+// (POST /operator/envelope/safe-types): req.Add made safe, req.Remove
+// blocked again, with a new policy version and an
+// envelope_safe_types_changed receipt (ReceiptID). A canonical blocked
+// type answers 400 invalid_request naming it.
+func (c *Client) SetSafeTypes(ctx context.Context, req wire.SafeTypesRequest) (*wire.EnvelopeResponse, error) {
+	return post[wire.EnvelopeResponse](ctx, c, "/operator/envelope/safe-types", req)
+}
+
 // DeactivateEnvelope blocks the blocked job types again (POST
 // /operator/envelope/deactivate). The reason is required.
 func (c *Client) DeactivateEnvelope(ctx context.Context, reason string) (*wire.EnvelopeResponse, error) {

@@ -186,14 +186,25 @@ func TestNodelanectlDaily(t *testing.T) {
 	}
 	c.waitDone(failID, "failed")
 
-	// Envelope history: the activation, then a deactivation above it.
+	// With the runtime inactive, ctl_ok is blocked until made safe; a
+	// canonical blocked type cannot be (400: exit 1).
 	x.run("envelope", "deactivate", "-reason", "ctl history")
-	waitfor.Until(t, "the deactivation's receipt to be sequenced", func() bool {
+	r = x.fail(1, nil, append(base, "envelope", "safe-types", "-add", "raw_training", "-reason", "no")...)
+	mustContain(t, "safe-types -add raw_training", r.stderr, "400 invalid_request", "raw_training")
+	x.fail(2, nil, append(base, "envelope", "safe-types", "-add", "ctl_ok")...)
+	out = x.run("envelope", "safe-types", "-add", "ctl_ok", "-reason", "ctl safe")
+	mustContain(t, "envelope safe-types", out, "runtime_safe_types", "ctl_ok", "rcp_")
+	x.fail(0, nil, append(base, "jobs", "submit", "-type", "ctl_ok", "-wait", "-interval", "100ms")...)
+
+	// Envelope history, newest first: the safe types, the deactivation,
+	// the activation.
+	waitfor.Until(t, "the safe-types change's receipt to be sequenced", func() bool {
 		out = x.run("envelope", "history")
-		return strings.Contains(out, "envelope_deactivated")
+		return strings.Contains(out, "envelope_safe_types_changed")
 	})
-	mustContain(t, "envelope history", out, "envelope_deactivated", "ctl history", "envelope_activated")
-	if strings.Index(out, "envelope_deactivated") > strings.Index(out, "envelope_activated") {
+	mustContain(t, "envelope history", out, "ctl history", "ctl safe", "ctl_ok")
+	a, d, sc := strings.Index(out, "envelope_activated"), strings.Index(out, "envelope_deactivated"), strings.Index(out, "envelope_safe_types_changed")
+	if !(sc < d && d < a) {
 		t.Errorf("envelope history is not newest first:\n%s", out)
 	}
 	var eh struct {
@@ -201,8 +212,11 @@ func TestNodelanectlDaily(t *testing.T) {
 			Kind string `yaml:"kind"`
 		} `yaml:"receipts"`
 	}
-	if err := yaml.Unmarshal([]byte(x.run("envelope", "history", "-o", "yaml")), &eh); err != nil || len(eh.Receipts) != 2 || eh.Receipts[0].Kind != "envelope_deactivated" {
+	if err := yaml.Unmarshal([]byte(x.run("envelope", "history", "-o", "yaml")), &eh); err != nil || len(eh.Receipts) != 3 || eh.Receipts[0].Kind != "envelope_safe_types_changed" {
 		t.Errorf("envelope history -o yaml: %v %+v", err, eh)
+	}
+	if got := strings.Fields(x.run("envelope", "history", "-limit", "1", "-q")); len(got) != 1 {
+		t.Errorf("envelope history -limit 1 -q: %v", got)
 	}
 }
 

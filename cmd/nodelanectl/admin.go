@@ -221,18 +221,12 @@ func (a *app) printEnvelope(e *wire.EnvelopeResponse) {
 	t.row("until", timep(e.Until))
 	t.row("changed_at", timep(e.ChangedAt))
 	t.row("safe_types", orDash(strings.Join(e.SafeTypes, ",")))
+	t.row("runtime_safe_types", orDash(strings.Join(e.RuntimeSafeTypes, ",")))
 	t.row("blocked_types", orDash(strings.Join(e.BlockedTypes, ",")))
 	if e.ReceiptID != "" {
 		t.row("receipt", e.ReceiptID)
 	}
 	t.flush()
-}
-
-// safeTypesRequest is the body of POST /operator/envelope/safe-types.
-type safeTypesRequest struct {
-	Add    []string `json:"add"`
-	Remove []string `json:"remove"`
-	Reason string   `json:"reason"`
 }
 
 func envelopeSafeTypes(a *app, args []string) error {
@@ -249,26 +243,13 @@ func envelopeSafeTypes(a *app, args []string) error {
 		return usagef("envelope safe-types: give -add or -remove")
 	case *reason == "":
 		return usagef("envelope safe-types: -reason is required")
-	case len(*reason) > maxReason:
-		return usagef("envelope safe-types: -reason is %d bytes, over %d", len(*reason), maxReason)
+	case len(*reason) > wire.MaxReasonBytes:
+		return usagef("envelope safe-types: -reason is %d bytes, over %d", len(*reason), wire.MaxReasonBytes)
 	}
-	api, err := a.client()
-	if err != nil {
-		return err
-	}
-	b, err := api.Call(a.ctx, "POST", "/operator/envelope/safe-types", safeTypesRequest{Add: orEmpty(add), Remove: orEmpty(remove), Reason: *reason})
-	if err != nil {
-		return err
-	}
-	if a.raw() {
-		return a.printRaw(b)
-	}
-	var e wire.EnvelopeResponse
-	if err := json.Unmarshal(b, &e); err != nil {
-		return fmt.Errorf("POST /operator/envelope/safe-types: %w: %v", operator.ErrMalformedAnswer, err)
-	}
-	a.printEnvelope(&e)
-	return nil
+	req := wire.SafeTypesRequest{Add: orEmpty(add), Remove: orEmpty(remove), Reason: *reason}
+	return a.envelopeCall(func(api *operator.Client, ctx context.Context) (*wire.EnvelopeResponse, error) {
+		return api.SetSafeTypes(ctx, req)
+	})
 }
 
 // orEmpty is l, or an empty list for none (JSON [] rather than null).

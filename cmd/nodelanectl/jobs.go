@@ -6,7 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net/url"
 	"os"
 	"strconv"
 	"strings"
@@ -520,12 +519,6 @@ func (a *app) printEvent(e wire.JobEventView) error {
 	return err
 }
 
-// retryAnswer is the answer of POST /operator/jobs/{id}/retry.
-type retryAnswer struct {
-	Job       wire.OperatorJob `json:"job"`
-	ReceiptID *string          `json:"receipt_id"`
-}
-
 func jobsRetry(a *app, args []string) error {
 	fs := a.flags("jobs retry", "JOB_ID")
 	reason := fs.String("reason", "", "the reason, recorded in the receipt (at most 1 KiB)")
@@ -536,30 +529,31 @@ func jobsRetry(a *app, args []string) error {
 	if err := w.check("jobs retry"); err != nil {
 		return err
 	}
-	if len(*reason) > maxReason {
-		return usagef("jobs retry: -reason is %d bytes, over %d", len(*reason), maxReason)
+	if len(*reason) > wire.MaxReasonBytes {
+		return usagef("jobs retry: -reason is %d bytes, over %d", len(*reason), wire.MaxReasonBytes)
 	}
-	api, err := a.client()
-	if err != nil {
+	call := func(ctx context.Context, api *operator.Client) (*wire.OperatorJobResponse, error) {
+		return api.RetryJob(ctx, a.arg(0), *reason)
+	}
+	var out *wire.OperatorJobResponse
+	var err error
+	if w.on() {
+		// The job as it ends is the answer, not the retry's.
+		api, cerr := a.client()
+		if cerr != nil {
+			return cerr
+		}
+		out, err = call(a.ctx, api)
+	} else {
+		out, err = ask(a, call)
+	}
+	if out == nil || err != nil {
 		return err
-	}
-	id := a.arg(0)
-	b, err := api.Call(a.ctx, "POST", "/operator/jobs/"+url.PathEscape(id)+"/retry", map[string]string{"reason": *reason})
-	if err != nil {
-		return err
-	}
-	var out retryAnswer
-	if err := json.Unmarshal(b, &out); err != nil {
-		return fmt.Errorf("POST /operator/jobs/%s/retry: %w: %v", id, operator.ErrMalformedAnswer, err)
 	}
 	switch {
 	case a.common.quiet:
 		fmt.Fprintln(a.stdout, escapeText(out.Job.ID, false))
-	case a.raw():
-		if !w.on() {
-			return a.printRaw(b)
-		}
-	default:
+	case !a.raw():
 		t := newTable(a.stdout)
 		if !a.common.noHeaders {
 			t.row("ID", "TYPE", "STATE", "ATTEMPT", "RECEIPT")
@@ -572,6 +566,3 @@ func jobsRetry(a *app, args []string) error {
 	}
 	return nil
 }
-
-// maxReason is the longest -reason the API takes, 1 KiB.
-const maxReason = 1 << 10

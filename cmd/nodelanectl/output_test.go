@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"reflect"
 	"strings"
 	"testing"
@@ -137,8 +136,6 @@ func TestExitCode(t *testing.T) {
 	if refused == nil {
 		t.Fatal("a closed port answered")
 	}
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
-	srv.Close()
 	for _, c := range []struct {
 		ctx  context.Context
 		err  error

@@ -3,7 +3,6 @@ package main
 import (
 	"fmt"
 	"io"
-	"strings"
 )
 
 // helpText is what GROUP VERB -h shows beside the flags: what the
@@ -187,9 +186,4 @@ func (a *app) helpOf(args []string) error {
 	// The command's own -h, to standard output.
 	a.stderr = a.stdout
 	return cmd.run(a, []string{"-h"})
-}
-
-// indent prefixes each line of s with two spaces.
-func indent(s string) string {
-	return "  " + strings.ReplaceAll(s, "\n", "\n  ")
 }

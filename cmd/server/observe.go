@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/nodelane/nodelane/credential"
+	"github.com/nodelane/nodelane/envelope"
 	"github.com/nodelane/nodelane/workerapi"
 	"github.com/nodelane/nodelane/workerapi/prommetrics"
 )
@@ -42,10 +43,16 @@ type metrics struct {
 	m   *prommetrics.Metrics
 }
 
+// newMetrics returns the server's metrics. The envelope's canonical job
+// types are known from the start, so they keep their name in labels
+// before any worker declares them; any other type keeps it once a
+// registered worker declares it (prommetrics' package doc).
 func newMetrics() (*metrics, error) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	m, err := prommetrics.New(reg)
+	m, err := prommetrics.NewWithConfig(reg, &prommetrics.Config{
+		JobTypes: append(envelope.SafeTypes(), envelope.BlockedTypes()...),
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -59,11 +66,12 @@ const MetricsScope = credential.ScopeOperatorReceipts
 
 // opsHandlers returns the handlers the server serves beside the API, by
 // path: /readyz (workerapi.Server.ReadyHandler), /healthz (200 while the
-// process serves) and /metrics (Prometheus, with the queue and worker
-// gauges read from the database on each scrape). None asks for a
+// process serves) and /metrics (Prometheus, with the queue, envelope and
+// worker gauges read from the database on each scrape, within
+// workerapi.Server.Gauges' bounds). None asks for a
 // credential: see guardMetrics.
 func opsHandlers(s *workerapi.Server, m *metrics, log *slog.Logger) map[string]http.Handler {
-	m.reg.MustRegister(prommetrics.NewStatsCollector(s, log))
+	m.reg.MustRegister(m.m.StatsCollector(s, log))
 	return map[string]http.Handler{
 		"/readyz": s.ReadyHandler(),
 		"/healthz": http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -289,6 +289,8 @@ const (
 type Gauges struct {
 	// At is when the gauges were read (the Server's clock).
 	At time.Time
+	// Stats are the counts Stats reads, read once for both.
+	Stats *lease.Stats
 	// OldestQueued is, by job type, when the first queued job of that
 	// type in id order (the oldest dispatched) was dispatched: its
 	// CreatedAt. Types with no queued job are missing; at most
@@ -299,7 +301,8 @@ type Gauges struct {
 	// lease now, by the code of the first reason (lease.Explain's, or
 	// lease.ReasonTypeNotAllowed for a type the envelope blocks), among
 	// the first GaugesMaxJobs queued jobs in id order. Jobs of one type
-	// with the same requirements share one verdict, their first's.
+	// with the same requirements, due or not both, share one verdict,
+	// their first's.
 	Unleasable map[lease.ReasonCode]int
 	// UnleasableTruncated reports that more jobs were queued than
 	// GaugesMaxJobs, or of more kinds than GaugesMaxKinds: Unleasable is
@@ -326,10 +329,11 @@ type WorkerCount struct {
 	N        int
 }
 
-// Gauges reads the Gauges, within the bounds GaugesMaxTypes,
-// GaugesMaxJobs, GaugesMaxKinds and GaugesMaxWorkers, for a metrics
-// collector that reads them when scraped. It writes nothing, and gives
-// up after 5 seconds (as Stats).
+// Gauges reads the Gauges, Stats included, within the bounds
+// GaugesMaxTypes, GaugesMaxJobs, GaugesMaxKinds and GaugesMaxWorkers,
+// for a metrics collector that reads them when scraped. It writes
+// nothing, and gives up after 5 seconds (as Stats). Its error wraps
+// lease.ErrNoStats if the lease store counts nothing.
 func (s *Server) Gauges(ctx context.Context) (*Gauges, error) {
 	ctx, cancel := context.WithTimeout(ctx, statsTimeout)
 	defer cancel()
@@ -345,6 +349,7 @@ func (s *Server) Gauges(ctx context.Context) (*Gauges, error) {
 	if err != nil {
 		return nil, fmt.Errorf("workerapi: gauges: %w", err)
 	}
+	g.Stats = st
 	var types []string
 	for _, jc := range st.Jobs {
 		if jc.State == lease.StateQueued && jc.N > 0 {
@@ -412,7 +417,9 @@ func (s *Server) unleasable(ctx context.Context, g *Gauges) error {
 	}
 	verdicts := map[string]verdict{}
 	for _, j := range js {
-		kind := fmt.Sprintf("%q %#v", j.Type, j.Requirements)
+		// A job waiting for its scheduled time (a retry's backoff) is
+		// judged apart from the due jobs of its kind.
+		kind := fmt.Sprintf("%q %#v %t", j.Type, j.Requirements, j.ScheduledAt.After(g.At))
 		v, ok := verdicts[kind]
 		if !ok {
 			if len(verdicts) == GaugesMaxKinds {

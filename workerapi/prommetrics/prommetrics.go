@@ -337,8 +337,9 @@ type StatsSource interface {
 	Stats(ctx context.Context) (*lease.Stats, error)
 }
 
-// GaugesSource is an optional extension of StatsSource, read on each
-// scrape beside Stats; *workerapi.Server is one.
+// GaugesSource is an optional extension of StatsSource: a
+// StatsCollector over one reads Gauges, whose Stats it uses, instead of
+// Stats on each scrape; *workerapi.Server is one.
 type GaugesSource interface {
 	Gauges(ctx context.Context) (*workerapi.Gauges, error)
 }
@@ -427,10 +428,17 @@ func (c *StatsCollector) Describe(ch chan<- *prometheus.Desc) {
 func (c *StatsCollector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
 	defer cancel()
-	st, err := c.src.Stats(ctx)
-	var g *workerapi.Gauges
-	if gs, ok := c.src.(GaugesSource); ok && err == nil {
-		g, err = gs.Gauges(ctx)
+	var (
+		st  *lease.Stats
+		g   *workerapi.Gauges
+		err error
+	)
+	if gs, ok := c.src.(GaugesSource); ok {
+		if g, err = gs.Gauges(ctx); err == nil {
+			st = g.Stats
+		}
+	} else {
+		st, err = c.src.Stats(ctx)
 	}
 	if err != nil {
 		c.log.Warn("reading the queue and worker counts for metrics", "err", err)

@@ -14,7 +14,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/nodelane/nodelane/credential"
-	"github.com/nodelane/nodelane/envelope"
 	"github.com/nodelane/nodelane/workerapi"
 	"github.com/nodelane/nodelane/workerapi/prommetrics"
 )
@@ -44,15 +43,12 @@ type metrics struct {
 }
 
 // newMetrics returns the server's metrics. The envelope's canonical job
-// types are known from the start, so they keep their name in labels
-// before any worker declares them; any other type keeps it once a
-// registered worker declares it (prommetrics' package doc).
+// types keep their name in labels from the start; any other type keeps
+// it once a registered worker declares it (prommetrics' package doc).
 func newMetrics() (*metrics, error) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	m, err := prommetrics.NewWithConfig(reg, &prommetrics.Config{
-		JobTypes: append(envelope.SafeTypes(), envelope.BlockedTypes()...),
-	})
+	m, err := prommetrics.New(reg)
 	if err != nil {
 		return nil, err
 	}

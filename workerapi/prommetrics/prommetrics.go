@@ -31,13 +31,14 @@
 //	fleet_workers_truncated        gauge: 1 when more workers are registered than examined
 //	stats_up                       gauge: 1 if the last read of the gauges above succeeded
 //
-// Job type labels are bounded: a type keeps its name once it is known,
-// that is configured (Config.JobTypes), declared by a registered worker
-// (read when scraped) or granted in a lease (only a worker that
-// registered a type is granted it); every other type is "other", and so
-// is every type past the first Config.MaxJobTypes known (default
-// DefaultMaxJobTypes). A known type stays known for the life of the
-// Metrics, so that a series never changes name.
+// Job type labels are bounded: a type keeps its name if it is one of the
+// envelope's canonical types (envelope.SafeTypes, envelope.BlockedTypes)
+// or configured (Config.JobTypes), or once it is learned: declared by a
+// registered worker (read when scraped) or granted in a lease (only a
+// worker that registered a type is granted it), up to Config.MaxJobTypes
+// learned types (default DefaultMaxJobTypes). Every other type is
+// "other". A known type stays known for the life of the Metrics, so that
+// a series never changes name.
 package prommetrics
 
 import (
@@ -52,6 +53,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/nodelane/nodelane/envelope"
 	"github.com/nodelane/nodelane/lease"
 	"github.com/nodelane/nodelane/workerapi"
 	"github.com/nodelane/nodelane/workerapi/wire"
@@ -70,13 +72,14 @@ const DefaultMaxJobTypes = 50
 // Config holds Metrics' optional settings. A nil *Config means all
 // defaults.
 type Config struct {
-	// JobTypes are job types known from the start, whose label is their
-	// name even before a worker declares them. They count towards
-	// MaxJobTypes. Defaults to none.
+	// JobTypes are job types known from the start, beside the
+	// envelope's canonical ones, whose label is their name even before a
+	// worker declares them (a host's own types). Defaults to none.
 	JobTypes []string
-	// MaxJobTypes caps how many job types keep their name in labels;
-	// the others are OtherType. Defaults to DefaultMaxJobTypes; a
-	// negative value is an error.
+	// MaxJobTypes caps how many job types are learned (see the package
+	// doc) beyond the canonical and configured ones; the types past it
+	// are OtherType. Defaults to DefaultMaxJobTypes; a negative value is
+	// an error.
 	MaxJobTypes int
 }
 
@@ -127,9 +130,6 @@ func NewWithConfig(reg prometheus.Registerer, cfg *Config) (*Metrics, error) {
 	}
 	if c.MaxJobTypes == 0 {
 		c.MaxJobTypes = DefaultMaxJobTypes
-	}
-	if len(c.JobTypes) > c.MaxJobTypes {
-		return nil, fmt.Errorf("%w: %d JobTypes, more than MaxJobTypes %d", ErrConfig, len(c.JobTypes), c.MaxJobTypes)
 	}
 	m := &Metrics{
 		types: newTypeSet(c.MaxJobTypes, c.JobTypes...),
@@ -255,27 +255,32 @@ func (m *Metrics) ObserveJob(ch workerapi.JobChange) {
 // known, else OtherType.
 func (m *Metrics) JobTypeLabel(t string) string { return m.types.label(t) }
 
-// typeSet is the job types known, at most max.
+// typeSet is the job types known: the envelope's canonical ones, those
+// configured, and at most max learned.
 type typeSet struct {
-	max   int
-	mu    sync.Mutex
-	known map[string]bool
+	max     int
+	mu      sync.Mutex
+	known   map[string]bool
+	learned int
 }
 
 func newTypeSet(maxTypes int, types ...string) *typeSet {
 	ts := &typeSet{max: maxTypes, known: map[string]bool{}}
-	for _, t := range types {
-		ts.learn(t)
+	for _, list := range [][]string{envelope.SafeTypes(), envelope.BlockedTypes(), types} {
+		for _, t := range list {
+			ts.known[t] = true
+		}
 	}
 	return ts
 }
 
-// learn makes t known, if fewer than max types are.
+// learn makes t known, if fewer than max types were learned.
 func (ts *typeSet) learn(t string) {
 	ts.mu.Lock()
 	defer ts.mu.Unlock()
-	if !ts.known[t] && len(ts.known) < ts.max {
+	if !ts.known[t] && ts.learned < ts.max {
 		ts.known[t] = true
+		ts.learned++
 	}
 }
 

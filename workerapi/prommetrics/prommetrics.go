@@ -408,17 +408,17 @@ func newStatsCollector(src StatsSource, log *slog.Logger, types *typeSet) *Stats
 		up: prometheus.NewDesc(namespace+"_stats_up",
 			"1 if this scrape read the queue and worker counts, 0 if the database did not answer.", nil, nil),
 		oldest: prometheus.NewDesc(namespace+"_queue_oldest_job_age_seconds",
-			"By job type (\"other\": the oldest of the types not known), how long ago the oldest queued job was dispatched, for at most 64 types; a type with no queued job is missing.", []string{"type"}, nil),
+			fmt.Sprintf("By job type (\"other\": the oldest of the types not known), how long ago the oldest queued job was dispatched, for at most %d types; a type with no queued job is missing.", workerapi.GaugesMaxTypes), []string{"type"}, nil),
 		unleasable: prometheus.NewDesc(namespace+"_queue_unleasable_jobs",
-			"Queued jobs no registered worker could lease now, by the first reason (lease.Explain's codes, type_not_allowed for a type the envelope blocks), among the first 500 queued jobs; max_jobs (every matching worker busy) and job_scheduled (backoff) are ordinary waits.", []string{"reason"}, nil),
+			fmt.Sprintf("Queued jobs no registered worker could lease now, by the first reason (lease.Explain's codes, type_not_allowed for a type the envelope blocks), among the first %d queued jobs; max_jobs (every matching worker busy) and job_scheduled (backoff) are ordinary waits.", workerapi.GaugesMaxJobs), []string{"reason"}, nil),
 		unleasableCut: prometheus.NewDesc(namespace+"_queue_unleasable_truncated",
-			"1 if more jobs were queued, or of more kinds, than one scrape judges (500 jobs, 16 kinds): queue_unleasable_jobs is then a lower bound.", nil, nil),
+			fmt.Sprintf("1 if more jobs were queued, or of more kinds, than one scrape judges (%d jobs, %d kinds): queue_unleasable_jobs is then a lower bound.", workerapi.GaugesMaxJobs, workerapi.GaugesMaxKinds), nil, nil),
 		envelope: prometheus.NewDesc(namespace+"_envelope_active",
 			"1 while the envelope's runtime is active (blocked job types may run), else 0.", nil, nil),
 		fleet: prometheus.NewDesc(namespace+"_fleet_workers",
-			"Registered workers (the first 500 in id order) by approval (approved, pending), ban (true, false) and liveness (online, stale, offline).", []string{"approval", "banned", "liveness"}, nil),
+			fmt.Sprintf("Registered workers (the first %d in id order) by approval (approved, pending), ban (true, false) and liveness (online, stale, offline).", workerapi.GaugesMaxWorkers), []string{"approval", "banned", "liveness"}, nil),
 		fleetCut: prometheus.NewDesc(namespace+"_fleet_workers_truncated",
-			"1 if more workers are registered than fleet_workers examines (500).", nil, nil),
+			fmt.Sprintf("1 if more workers are registered than fleet_workers examines (%d).", workerapi.GaugesMaxWorkers), nil, nil),
 	}
 }
 

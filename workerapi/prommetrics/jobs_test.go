@@ -319,3 +319,37 @@ func TestJobTypeCap(t *testing.T) {
 		t.Errorf("JobTypeLabel(type_b) = %q, want %q", got, prommetrics.OtherType)
 	}
 }
+
+// A scrape explains at most GaugesMaxKinds kinds of queued job: the jobs
+// of the others are left out of queue_unleasable_jobs, and
+// queue_unleasable_truncated says that it is a lower bound.
+func TestUnleasableBound(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewPedanticRegistry()
+	m, err := prommetrics.New(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := apitest.New(t, "sqlite", apitest.WithConfig(func(c *workerapi.Config) { c.Metrics = m }))
+	reg.MustRegister(m.StatsCollector(env.Server, nil))
+	enqueue := func(vram int) {
+		env.Enqueue(t, lease.NewJob{Type: "status_check", Payload: json.RawMessage(`{}`),
+			Requirements: lease.Requirements{GPUCount: 1, MinVRAMMB: vram}})
+	}
+	for i := range workerapi.GaugesMaxKinds {
+		enqueue(1024 * (i + 1))
+	}
+	check := func(noWorker, truncated float64) {
+		t.Helper()
+		fams := series(t, reg)
+		if got, _ := value(t, fams, "nodelane_queue_unleasable_jobs", "reason=no_worker"); got != noWorker {
+			t.Errorf("unleasable, no worker: %v, want %v", got, noWorker)
+		}
+		if got, _ := value(t, fams, "nodelane_queue_unleasable_truncated", ""); got != truncated {
+			t.Errorf("unleasable truncated: %v, want %v", got, truncated)
+		}
+	}
+	check(workerapi.GaugesMaxKinds, 0)
+	enqueue(1) // one kind more: not explained
+	check(workerapi.GaugesMaxKinds, 1)
+}

@@ -120,7 +120,8 @@ func (s *Server) endTx(ctx context.Context, fn func(ctx context.Context) error) 
 // accept_timeout, max_runtime_exceeded, worker_offline, worker_retired,
 // worker_restarted, not_held, ...), records it as the job's receipt_id
 // when the job ended, and, once the write commits, counts and logs the
-// end (EventMetrics.ObserveLeases LeaseExpired and "job expired", except
+// end (EventMetrics.ObserveLeases LeaseExpired, JobMetrics.ObserveJob
+// and "job expired", except
 // for a retirement, which the retire route logs), queues its
 // ReceiptMinted hook and, for the maintainer's ends, wakes the worker's
 // signals long-poll.
@@ -173,6 +174,11 @@ func (s *Server) leaseEnded(ctx context.Context, j *lease.Job) error {
 			em.ObserveLeases(LeaseExpired, 1)
 		}
 		s.logJob("expired", "", &jc)
+		from := lease.StateLeased
+		if jc.AcceptedAt != nil {
+			from = lease.StateRunning
+		}
+		s.observeJob(from, &jc)
 	})
 	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -213,4 +214,228 @@ func (s *Server) logJob(event string, from lease.State, j *lease.Job) {
 		attrs = append(attrs, "reason", j.LastError.Code)
 	}
 	s.log.Info(fmt.Sprintf("job %s", event), attrs...)
+}
+
+// JobMetrics is an optional extension of Metrics: when Config.Metrics
+// also implements it, the Server tells it of every committed change of a
+// job's state (dispatch, lease, accept, completion, failure, cancel,
+// expiry, requeue), once the change committed, on the request's or the
+// background work's goroutine: like EventMetrics it must only count in
+// memory, never block. workerapi/prommetrics derives from it the
+// dispatch-to-lease latency, the jobs finished by type and outcome, their
+// runtime and the micro-USD charged.
+type JobMetrics interface {
+	ObserveJob(JobChange)
+}
+
+// JobChange is a committed change of a job's state, for
+// JobMetrics.ObserveJob.
+type JobChange struct {
+	// From is the state before the change ("" for a dispatch). A lease
+	// granted and accepted in one request (accept: true) is told as two
+	// changes, queued to leased then leased to running, as its hooks are.
+	From lease.State
+	// Job is the job after the change.
+	Job lease.Job
+	// ChargedMicroUSD is what a completion (running to succeeded)
+	// charged: the cost of its job_charged receipt. 0 for any other
+	// change.
+	ChargedMicroUSD int64
+}
+
+// observeJob tells the Config.Metrics' JobMetrics, if it has one, of a
+// committed change of j from state from. Callers call it once the change
+// committed (a note, or after a transaction of their own).
+func (s *Server) observeJob(from lease.State, j *lease.Job) {
+	jm, ok := s.cfg.Metrics.(JobMetrics)
+	if !ok || j.State == from {
+		return
+	}
+	ch := JobChange{From: from, Job: *j}
+	if from == lease.StateRunning && j.State == lease.StateSucceeded {
+		if c, err := jobCharge(j); err == nil {
+			ch.ChargedMicroUSD = c.CostMicros
+		}
+	}
+	jm.ObserveJob(ch)
+}
+
+// Bounds of one Gauges call, so that a scrape costs a fixed number of
+// reads whatever the size of the queue and the fleet.
+const (
+	// GaugesMaxTypes is how many job types Gauges reads the oldest
+	// queued job of (one single-row read each), in type order.
+	GaugesMaxTypes = 64
+	// GaugesMaxJobs is how many queued jobs Gauges judges for
+	// Gauges.Unleasable, the first in id order (one read).
+	GaugesMaxJobs = 500
+	// GaugesMaxKinds is how many kinds of queued job (a type and its
+	// requirements) Gauges explains, one lease.Manager.Explain each; the
+	// jobs of the other kinds are left out of Gauges.Unleasable.
+	GaugesMaxKinds = 16
+	// GaugesMaxWorkers is how many registered workers Gauges examines,
+	// the first in id order (one read, and one read of each one's
+	// principal for its ban, which bunstore answers from memory once
+	// read).
+	GaugesMaxWorkers = 500
+)
+
+// Gauges are what a metrics collector reads when scraped, beyond Stats:
+// the age of the queue, the jobs nothing can lease, the envelope, and
+// the fleet by approval, ban and liveness. Each is read within the
+// bounds above (GaugesMaxTypes, GaugesMaxJobs, GaugesMaxKinds,
+// GaugesMaxWorkers); a Truncated field says that a bound cut a reading
+// short.
+type Gauges struct {
+	// At is when the gauges were read (the Server's clock).
+	At time.Time
+	// Stats are the counts Stats reads, read once for both.
+	Stats *lease.Stats
+	// OldestQueued is, by job type, when the first queued job of that
+	// type in id order (the oldest dispatched) was dispatched: its
+	// CreatedAt. Types with no queued job are missing; at most
+	// GaugesMaxTypes types, those first in type order among those
+	// Stats counted queued.
+	OldestQueued map[string]time.Time
+	// Unleasable counts the queued jobs that no registered worker could
+	// lease now, by the code of the first reason (lease.Explain's, or
+	// lease.ReasonTypeNotAllowed for a type the envelope blocks), among
+	// the first GaugesMaxJobs queued jobs in id order. Jobs of one type
+	// with the same requirements, due or not both, share one verdict,
+	// their first's.
+	Unleasable map[lease.ReasonCode]int
+	// UnleasableTruncated reports that more jobs were queued than
+	// GaugesMaxJobs, or of more kinds than GaugesMaxKinds: Unleasable is
+	// then a lower bound.
+	UnleasableTruncated bool
+	// EnvelopeActive reports that the envelope's runtime is active.
+	EnvelopeActive bool
+	// Workers count the registered workers examined (the first
+	// GaugesMaxWorkers in id order) by approval, ban and liveness.
+	Workers []WorkerCount
+	// WorkersTruncated reports that more workers are registered than
+	// GaugesMaxWorkers.
+	WorkersTruncated bool
+	// JobTypes are the job types the workers examined registered,
+	// sorted, each once.
+	JobTypes []string
+}
+
+// WorkerCount is how many workers share one approval, ban and liveness.
+type WorkerCount struct {
+	Pending  bool
+	Banned   bool
+	Liveness lease.Liveness
+	N        int
+}
+
+// Gauges reads the Gauges, Stats included, within the bounds
+// GaugesMaxTypes, GaugesMaxJobs, GaugesMaxKinds and GaugesMaxWorkers,
+// for a metrics collector that reads them when scraped. It writes
+// nothing, and gives up after 5 seconds (as Stats). Its error wraps
+// lease.ErrNoStats if the lease store counts nothing.
+func (s *Server) Gauges(ctx context.Context) (*Gauges, error) {
+	ctx, cancel := context.WithTimeout(ctx, statsTimeout)
+	defer cancel()
+	g := &Gauges{At: s.now(), OldestQueued: map[string]time.Time{}, Unleasable: map[lease.ReasonCode]int{}}
+
+	snap, err := s.gate.Snapshot(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("workerapi: gauges: %w", err)
+	}
+	g.EnvelopeActive = snap.Active()
+
+	st, err := s.leases.Stats(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("workerapi: gauges: %w", err)
+	}
+	g.Stats = st
+	var types []string
+	for _, jc := range st.Jobs {
+		if jc.State == lease.StateQueued && jc.N > 0 {
+			types = append(types, jc.Type)
+		}
+	}
+	slices.Sort(types)
+	for _, t := range types[:min(len(types), GaugesMaxTypes)] {
+		js, _, err := s.leases.List(ctx, lease.JobFilter{State: lease.StateQueued, Type: t, Limit: 1})
+		if err != nil {
+			return nil, fmt.Errorf("workerapi: gauges: %w", err)
+		}
+		if len(js) == 1 {
+			g.OldestQueued[t] = js[0].CreatedAt
+		}
+	}
+
+	if err := s.unleasable(ctx, g); err != nil {
+		return nil, fmt.Errorf("workerapi: gauges: %w", err)
+	}
+
+	ws, err := s.leases.Workers(ctx, "", GaugesMaxWorkers+1)
+	if err != nil {
+		return nil, fmt.Errorf("workerapi: gauges: %w", err)
+	}
+	if len(ws) > GaugesMaxWorkers {
+		ws, g.WorkersTruncated = ws[:GaugesMaxWorkers], true
+	}
+	counts := map[WorkerCount]int{}
+	seen := map[string]bool{}
+	for _, w := range ws {
+		banned, err := s.banned(ctx, w.ID)
+		if err != nil {
+			return nil, fmt.Errorf("workerapi: gauges: %w", err)
+		}
+		counts[WorkerCount{Pending: w.Approval.Pending, Banned: banned, Liveness: s.leases.Liveness(w)}]++
+		for _, t := range w.Capabilities.JobTypes {
+			if !seen[t] {
+				seen[t] = true
+				g.JobTypes = append(g.JobTypes, t)
+			}
+		}
+	}
+	for k, n := range counts {
+		k.N = n
+		g.Workers = append(g.Workers, k)
+	}
+	slices.Sort(g.JobTypes)
+	return g, nil
+}
+
+// unleasable fills g.Unleasable from the first GaugesMaxJobs queued jobs,
+// one verdict (leasability) for each kind of job.
+func (s *Server) unleasable(ctx context.Context, g *Gauges) error {
+	js, _, err := s.leases.List(ctx, lease.JobFilter{State: lease.StateQueued, Limit: GaugesMaxJobs + 1})
+	if err != nil {
+		return err
+	}
+	if len(js) > GaugesMaxJobs {
+		js, g.UnleasableTruncated = js[:GaugesMaxJobs], true
+	}
+	type verdict struct {
+		leasable bool
+		code     lease.ReasonCode
+	}
+	verdicts := map[string]verdict{}
+	for _, j := range js {
+		// A job waiting for its scheduled time (a retry's backoff) is
+		// judged apart from the due jobs of its kind.
+		kind := fmt.Sprintf("%q %#v %t", j.Type, j.Requirements, j.ScheduledAt.After(g.At))
+		v, ok := verdicts[kind]
+		if !ok {
+			if len(verdicts) == GaugesMaxKinds {
+				g.UnleasableTruncated = true
+				continue
+			}
+			leasable, why, err := s.leasability(ctx, j)
+			if err != nil {
+				return err
+			}
+			v = verdict{leasable: leasable, code: why.Code}
+			verdicts[kind] = v
+		}
+		if !v.leasable && v.code != "" {
+			g.Unleasable[v.code]++
+		}
+	}
+	return nil
 }

@@ -100,6 +100,7 @@ func (s *Server) DispatchAll(ctx context.Context, njs []lease.NewJob) ([]Dispatc
 	for _, d := range ds {
 		j := *d.Job
 		s.logJob("dispatched", "", &j)
+		s.observeJob("", &j)
 		s.hooks.emit([]hookEvent{func(ctx context.Context, h Hooks) { h.JobChanged(ctx, JobEvent{Job: j}) }})
 	}
 	verdicts := map[string]*Dispatched{}
@@ -339,7 +340,7 @@ func (s *Server) opCancelJob(ctx context.Context, c *call) (int, any, error) {
 	}
 	if j.Rev != prev.Rev && j.State != prev.State {
 		jc, from := *j, prev.State
-		c.note(func() { s.logJob("canceled", from, &jc) })
+		c.note(func() { s.logJob("canceled", from, &jc); s.observeJob(from, &jc) })
 	}
 	if j.Rev != prev.Rev {
 		ev := JobEvent{From: prev.State, Job: *j}

@@ -91,14 +91,14 @@ func isBase62(s string) bool {
 // jobChanged queues the JobChanged hook of a committed change of j from
 // state from, with the job's artifacts when it reached a terminal state.
 //
-// It also notes the change's INFO log line (logJob), for when the
-// request commits.
+// It also notes the change's INFO log line (logJob) and its
+// JobMetrics observation (observeJob), for when the request commits.
 func (s *Server) jobChanged(ctx context.Context, c *call, from lease.State, j *lease.Job) error {
 	if j.State == from {
 		return nil
 	}
 	jc, event := *j, jobEvent(from, j, c.r.Pattern)
-	c.note(func() { s.logJob(event, from, &jc) })
+	c.note(func() { s.logJob(event, from, &jc); s.observeJob(from, &jc) })
 	if s.cfg.Hooks == nil {
 		return nil
 	}

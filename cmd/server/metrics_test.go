@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"regexp"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -142,5 +143,84 @@ func TestMetricsNeedScope(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// post sends POST url with body as JSON and the operator token, and
+// fails the test unless it is answered with want; it returns the body.
+func post(t *testing.T, url, token string, body any, want int) []byte {
+	t.Helper()
+	b, _ := json.Marshal(body)
+	req, err := http.NewRequest("POST", url, bytes.NewReader(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+token)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	out, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != want {
+		t.Fatalf("POST %s: %d, want %d: %s", url, resp.StatusCode, want, out)
+	}
+	return out
+}
+
+// The example server's /metrics has the families of issue 31, read from
+// its database when scraped: the envelope's canonical types keep their
+// name before any worker declares them, any other type is "other"; jobs
+// nothing can lease are counted by reason; a cancel counts a finished
+// job; build_info names the Go version.
+func TestMetricsSeries(t *testing.T) {
+	t.Parallel()
+	f := newFiles(t, testdb.Dialects()[0])
+	s := serve(t, append(f.args("127.0.0.1:0"), "-metrics-addr", "127.0.0.1:0")...)
+	operator := operatorToken(t, s.stdout.String())
+	api := "http://" + s.addr
+
+	post(t, api+"/operator/jobs", operator, wire.DispatchRequest{JobType: "raw_training"}, http.StatusCreated)
+	var d wire.DispatchResponse
+	if err := json.Unmarshal(post(t, api+"/operator/jobs", operator, wire.DispatchRequest{JobType: "my_custom_type"}, http.StatusCreated), &d); err != nil {
+		t.Fatal(err)
+	}
+	post(t, api+"/operator/jobs", operator, wire.DispatchRequest{JobType: "my_custom_type"}, http.StatusCreated)
+	post(t, api+"/operator/jobs/"+d.Job.ID+"/cancel", operator, struct{}{}, http.StatusOK)
+
+	code, body := fetch(t, api+"/metrics", operator)
+	if code != http.StatusOK {
+		t.Fatalf("GET /metrics: %d %.300s", code, body)
+	}
+	for _, line := range []string{
+		`nodelane_queue_jobs{state="queued",type="raw_training"} 1`,
+		`nodelane_queue_jobs{state="queued",type="other"} 1`,
+		`nodelane_queue_unleasable_jobs{reason="type_not_allowed"} 2`,
+		`nodelane_queue_unleasable_jobs{reason="no_worker"} 0`,
+		`nodelane_queue_unleasable_truncated 0`,
+		`nodelane_jobs_finished_total{outcome="canceled",type="other"} 1`,
+		`nodelane_envelope_active 0`,
+		`nodelane_fleet_workers{approval="approved",banned="false",liveness="online"} 0`,
+		`nodelane_fleet_workers_truncated 0`,
+		`nodelane_stats_up 1`,
+	} {
+		if !strings.Contains(body, "\n"+line+"\n") {
+			t.Errorf("GET /metrics: no line %s", line)
+		}
+	}
+	for _, re := range []string{
+		`\nnodelane_build_info\{go_version="` + regexp.QuoteMeta(runtime.Version()) + `",revision="[^"]+",version="[^"]+"\} 1\n`,
+		`\nnodelane_queue_oldest_job_age_seconds\{type="raw_training"\} [0-9.e+-]+\n`,
+	} {
+		if !regexp.MustCompile(re).MatchString(body) {
+			t.Errorf("GET /metrics: nothing matches %s", re)
+		}
+	}
+	if strings.Contains(body, "my_custom_type") {
+		t.Error("GET /metrics names a job type no worker declares")
 	}
 }

@@ -42,6 +42,9 @@ type metrics struct {
 	m   *prommetrics.Metrics
 }
 
+// newMetrics returns the server's metrics. The envelope's canonical job
+// types keep their name in labels from the start; any other type keeps
+// it once a registered worker declares it (prommetrics' package doc).
 func newMetrics() (*metrics, error) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -59,11 +62,12 @@ const MetricsScope = credential.ScopeOperatorReceipts
 
 // opsHandlers returns the handlers the server serves beside the API, by
 // path: /readyz (workerapi.Server.ReadyHandler), /healthz (200 while the
-// process serves) and /metrics (Prometheus, with the queue and worker
-// gauges read from the database on each scrape). None asks for a
+// process serves) and /metrics (Prometheus, with the queue, envelope and
+// worker gauges read from the database on each scrape, within
+// workerapi.Server.Gauges' bounds). None asks for a
 // credential: see guardMetrics.
 func opsHandlers(s *workerapi.Server, m *metrics, log *slog.Logger) map[string]http.Handler {
-	m.reg.MustRegister(prommetrics.NewStatsCollector(s, log))
+	m.reg.MustRegister(m.m.StatsCollector(s, log))
 	return map[string]http.Handler{
 		"/readyz": s.ReadyHandler(),
 		"/healthz": http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -49,12 +49,13 @@ type Options struct {
 }
 
 // Tracing traces requests; it is a workerapi.Metrics,
-// workerapi.ContextMetrics and workerapi.EventMetrics. It is safe for
-// concurrent use.
+// workerapi.ContextMetrics, workerapi.EventMetrics and
+// workerapi.JobMetrics. It is safe for concurrent use.
 type Tracing struct {
 	tracer trace.Tracer
 	next   workerapi.Metrics
 	events workerapi.EventMetrics
+	jobs   workerapi.JobMetrics
 	prop   propagation.TextMapPropagator
 }
 
@@ -62,6 +63,7 @@ var (
 	_ workerapi.Metrics        = (*Tracing)(nil)
 	_ workerapi.ContextMetrics = (*Tracing)(nil)
 	_ workerapi.EventMetrics   = (*Tracing)(nil)
+	_ workerapi.JobMetrics     = (*Tracing)(nil)
 )
 
 // New returns a Tracing whose spans tp makes, and which passes every
@@ -69,6 +71,7 @@ var (
 func New(tp trace.TracerProvider, next workerapi.Metrics, opts *Options) *Tracing {
 	t := &Tracing{tracer: tp.Tracer(ScopeName), next: next}
 	t.events, _ = next.(workerapi.EventMetrics)
+	t.jobs, _ = next.(workerapi.JobMetrics)
 	if opts != nil {
 		t.prop = opts.Propagator
 	}
@@ -150,6 +153,13 @@ func (t *Tracing) ObserveSequenced(n int, lag time.Duration) {
 func (t *Tracing) ObserveNonceRejected(reason string) {
 	if t.events != nil {
 		t.events.ObserveNonceRejected(reason)
+	}
+}
+
+// ObserveJob implements workerapi.JobMetrics: it passes the change on.
+func (t *Tracing) ObserveJob(ch workerapi.JobChange) {
+	if t.jobs != nil {
+		t.jobs.ObserveJob(ch)
 	}
 }
 

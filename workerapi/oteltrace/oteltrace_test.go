@@ -136,4 +136,9 @@ nodelane_leases_total{outcome="lost"} 0
 `), "nodelane_leases_total"); err != nil {
 		t.Error(err)
 	}
+	// The job's lease reached prommetrics through the Tracing too
+	// (workerapi.JobMetrics).
+	if n, err := testutil.GatherAndCount(reg, "nodelane_job_dispatch_to_lease_seconds"); err != nil || n != 1 {
+		t.Errorf("dispatch-to-lease series through the Tracing: %d, %v; want 1", n, err)
+	}
 }

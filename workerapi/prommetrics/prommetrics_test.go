@@ -107,7 +107,7 @@ nodelane_nonce_rejections_total{reason="missing_signature"} 0
 nodelane_nonce_rejections_total{reason="rate_limited"} 0
 nodelane_nonce_rejections_total{reason="replayed_nonce"} 1
 nodelane_nonce_rejections_total{reason="stale_timestamp"} 0
-# HELP nodelane_queue_jobs Jobs queued, leased and running, by state and job type, read from the database when scraped.
+# HELP nodelane_queue_jobs Jobs queued, leased and running, by state and job type ("other" for a type not known), read from the database when scraped.
 # TYPE nodelane_queue_jobs gauge
 nodelane_queue_jobs{state="leased",type="status_check"} 1
 nodelane_queue_jobs{state="queued",type="status_check"} 1

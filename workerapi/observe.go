@@ -371,7 +371,7 @@ func (s *Server) Gauges(ctx context.Context) (*Gauges, error) {
 		return nil, fmt.Errorf("workerapi: gauges: %w", err)
 	}
 
-	ws, err := s.leases.Workers(ctx, "", GaugesMaxWorkers+1)
+	ws, err := s.leases.Workers(ctx, lease.WorkerFilter{Limit: GaugesMaxWorkers + 1})
 	if err != nil {
 		return nil, fmt.Errorf("workerapi: gauges: %w", err)
 	}

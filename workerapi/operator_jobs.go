@@ -387,7 +387,7 @@ func (s *Server) opRetryJob(ctx context.Context, c *call) (int, any, error) {
 		return 0, nil, err
 	}
 	jc, from := *j, prev.State
-	c.note(func() { s.logJob("retried", from, &jc) })
+	c.note(func() { s.logJob("retried", from, &jc); s.observeJob(from, &jc) })
 	ev := JobEvent{From: prev.State, Job: *j}
 	c.after(func(ctx context.Context, h Hooks) { h.JobChanged(ctx, ev) })
 	return http.StatusOK, wire.OperatorJobResponse{Job: operatorJob(j), ReceiptID: s.announce(c, minted)}, nil

@@ -1,10 +1,13 @@
 package nodelane_test
 
 import (
+	"errors"
 	"go/ast"
 	"go/parser"
 	"go/token"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
@@ -129,4 +132,48 @@ func leaseStates(t *testing.T) []string {
 	}
 	slices.Sort(states)
 	return states
+}
+
+// TestReadmeStepsMarkers reads the README's sh blocks and their markers as
+// .ci/readme-steps does at the end of CI (which runs them): a marker it
+// does not know, or a skip without a reason, fails here first. The demo
+// is the interrupted step, and the server's steps run.
+func TestReadmeStepsMarkers(t *testing.T) {
+	t.Parallel()
+	py, err := exec.LookPath("python3")
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("python3 is missing: .ci/run needs it")
+		}
+		t.Skip("no python3")
+	}
+	out, err := exec.Command(py, ".ci/readme-steps", "-check", "README.md").CombinedOutput()
+	if err != nil {
+		t.Fatalf(".ci/readme-steps -check README.md: %v\n%s", err, out)
+	}
+	plan := string(out)
+	if !strings.Contains(plan, "interrupt (The web console stays open)") {
+		t.Errorf("the demo is not the interrupted step:\n%s", plan)
+	}
+	if n := strings.Count(plan, " run\n"); n < 5 {
+		t.Errorf("%d blocks run; the server, curl, export and nodelanectl steps should:\n%s", n, plan)
+	}
+
+	bad := filepath.Join(t.TempDir(), "README.md")
+	for _, md := range []string{
+		"<!-- steps: skip: -->\n```sh\necho\n```\n",
+		"<!-- steps: skipp: typo -->\n```sh\necho\n```\n",
+		"<!-- steps: skip: not above a fence -->\n\n```sh\necho\n```\n",
+		"<!-- steps: skip: a go block -->\n```go\nx := 1\n```\n",
+		"```sh\necho never closed\n",
+	} {
+		if err := os.WriteFile(bad, []byte(md), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		out, err := exec.Command(py, ".ci/readme-steps", "-check", bad).CombinedOutput()
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 2 || !strings.Contains(string(out), "README.md:") {
+			t.Errorf("-check of %q: %v, want exit 2 naming the line\n%s", md, err, out)
+		}
+	}
 }

@@ -2,10 +2,12 @@
 // SQLite database in a temporary directory, and says what it does at each
 // step:
 //
-//	go run ./cmd/demo [-dir DIR] [-serve=false] [-v]
+//	go run ./cmd/demo [-addr HOST:PORT] [-dir DIR] [-serve=false] [-v]
 //
-// It starts the control plane (the same wiring as cmd/server) on a
-// loopback port, starts a worker node with the example handlers (the same
+// It starts the control plane (the same wiring as cmd/server) on -addr
+// (by default a free loopback port, so that the demo never collides with
+// a server already running; -addr 127.0.0.1:8081 gives the console a
+// stable URL), starts a worker node with the example handlers (the same
 // as cmd/worker), registers it, dispatches a safe job (status_check)
 // and waits for it, dispatches lora_train and shows the envelope holding
 // it, activates the runtime, waits for lora_train to succeed, prints its
@@ -61,6 +63,24 @@ func main() {
 	}
 }
 
+// listen binds the demo's -addr, which must be a loopback address: the
+// demo serves the operator API and the console over plain HTTP with
+// credentials it keeps in a file, which is no service for a network.
+func listen(addr string) (net.Listener, error) {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, fmt.Errorf("-addr %q: %w", addr, err)
+	}
+	if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
+		return nil, fmt.Errorf("-addr %q: the demo serves plain HTTP, on a loopback address only (127.0.0.1:PORT, [::1]:PORT or localhost:PORT)", addr)
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("-addr: %w", err)
+	}
+	return ln, nil
+}
+
 // errUsage is a command-line error the flag package has reported.
 type errUsage struct{ error }
 
@@ -70,6 +90,7 @@ const price = "rtx-4090=1800000"
 func run(ctx context.Context, args []string, stdout io.Writer) (err error) {
 	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
 	fs.SetOutput(stdout)
+	addr := fs.String("addr", "127.0.0.1:0", "address for the control plane and the web console (port 0: a free port, printed)")
 	dir := fs.String("dir", "", "directory for the database, secrets, identity and outputs (default: a temporary directory, removed at the end)")
 	verbose := fs.Bool("v", false, "show the control plane's and the worker's logs on stderr")
 	timeout := fs.Duration("timeout", 50*time.Second, "give up after this long")
@@ -97,6 +118,14 @@ func run(ctx context.Context, args []string, stdout io.Writer) (err error) {
 		logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	}
 
+	// The address is bound before anything is created, so that a busy
+	// port stops the demo before it bootstraps a -dir database.
+	ln, err := listen(*addr)
+	if err != nil {
+		return err
+	}
+	defer ln.Close() // after Serve has taken it, a second Close is harmless
+
 	// 1. The control plane.
 	var prices receipts.Prices
 	if err := prices.Set(price); err != nil {
@@ -119,10 +148,6 @@ func run(ctx context.Context, args []string, stdout io.Writer) (err error) {
 		}
 	}()
 	tokens, err := bootstrap(ctx, cp, filepath.Join(*dir, "nodelane-tokens.json"))
-	if err != nil {
-		return err
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return err
 	}

@@ -7,11 +7,14 @@
 // types ([BlockedTypes]: lora_train, raw_training, ...) and every type the
 // policy does not know run only while an operator has activated the
 // runtime, and, when the activation has a deadline, only before it. A
-// host may add types to either class through [Config].
+// host may add types to either class through [Config], and an operator
+// may make types the policy does not list safe at run time with
+// [Gate.SetSafeTypes] (never a blocked one: [NotSafeableError]).
 //
 // The runtime's state carries a policy version that starts at 1, with the
 // runtime inactive, and grows by one with every change: an activation, a
-// deactivation, or the recorded end of a timed activation. Each change is
+// deactivation, the recorded end of a timed activation, or a change of
+// the run-time safe types. Each change is
 // appended to a history. Nodes, leases and receipts carry the version in
 // force, so anyone can tell under which policy a job was granted.
 //

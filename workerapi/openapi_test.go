@@ -526,6 +526,7 @@ var oasWireSchemas = []struct {
 	{"ApproveRequest", wire.ApproveRequest{}, false},
 	{"DeactivateRequest", wire.ReasonRequest{}, false},
 	{"ActivateRequest", wire.ActivateRequest{}, false},
+	{"SafeTypesRequest", wire.SafeTypesRequest{}, false},
 	{"MintCredentialRequest", wire.MintCredentialRequest{}, false},
 	{"MintCredentialResponse", wire.MintCredentialResponse{}, true},
 	{"RevokeCredentialResponse", wire.RevokeCredentialResponse{}, true},

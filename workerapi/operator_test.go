@@ -37,7 +37,7 @@ var (
 		"liveness", "registered_at", "last_seen_at", "banned", "ban_reason", "banned_at",
 		"approval", "approved_at", "approved_by", "approved_job_types", "approved_tags", "pending_job_types", "pending_tags", "max_leases",
 		"drain", "drain_requested_at", "drain_requested_by"}
-	envelopeKeys = []string{"active", "policy_version", "by", "reason", "until", "changed_at", "safe_types", "blocked_types"}
+	envelopeKeys = []string{"active", "policy_version", "by", "reason", "until", "changed_at", "safe_types", "blocked_types", "runtime_safe_types"}
 	receiptKeys  = []string{"id", "kind", "index", "body"}
 )
 

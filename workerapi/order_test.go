@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"net/url"
 	"slices"
 	"testing"
 	"time"
@@ -20,17 +21,16 @@ import (
 // returns the field key of each item of the list field items.
 func listIDs(t *testing.T, env *apitest.Env, path, query, items, key string) []string {
 	t.Helper()
+	q, err := url.ParseQuery(query)
+	if err != nil {
+		t.Fatal(err)
+	}
 	ids := []string{}
-	after := ""
 	for pages := 0; ; pages++ {
 		if pages > 50 {
 			t.Fatalf("%s?%s: more than 50 pages", path, query)
 		}
-		p := path + "?" + query
-		if after != "" {
-			p += "&after=" + after
-		}
-		m := mustOp(t, env, http.StatusOK, "GET", p, nil)
+		m := mustOp(t, env, http.StatusOK, "GET", path+"?"+q.Encode(), nil)
 		for _, v := range m[items].([]any) {
 			ids = append(ids, fmt.Sprint(v.(obj)[key]))
 		}
@@ -38,7 +38,7 @@ func listIDs(t *testing.T, env *apitest.Env, path, query, items, key string) []s
 		if next == nil {
 			return ids
 		}
-		after = fmt.Sprint(next)
+		q.Set("after", fmt.Sprint(next))
 	}
 }
 
@@ -91,7 +91,7 @@ func TestOperatorListOrder(t *testing.T) {
 			completeJob(t, b, id, tok)
 		}
 		for range 3 {
-			mustOp(t, env, http.StatusCreated, "POST", "/operator/credentials", obj{"principal": apitest.ProvisionerID, "scopes": []string{"node:register"}})
+			mustOp(t, env, http.StatusCreated, "POST", "/operator/credentials", obj{"principal": apitest.ProvisionerID, "scopes": []string{"operator:jobs"}})
 		}
 		if st, body := env.Operator(t, "GET", "/operator/receipts/checkpoint", nil); st != http.StatusOK {
 			t.Fatalf("checkpoint: %d %s", st, body)

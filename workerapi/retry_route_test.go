@@ -8,6 +8,7 @@ import (
 	"github.com/nodelane/nodelane/credential"
 	"github.com/nodelane/nodelane/internal/apitest"
 	"github.com/nodelane/nodelane/receipts"
+	"github.com/nodelane/nodelane/workerapi"
 	"github.com/nodelane/nodelane/workerapi/wire"
 )
 
@@ -108,14 +109,16 @@ func TestOperatorRetryJob(t *testing.T) {
 			st, m := op(t, env, "POST", "/operator/jobs/"+c.id+"/retry", c.body)
 			wantOpError(t, "retry of "+c.what, st, m, c.status, c.code)
 		}
+		st, m := op(t, env, "POST", "/operator/jobs/"+failed+"/retry", obj{"reason": strings.Repeat("r", workerapi.DefaultBodyLimit+1)})
+		wantOpError(t, "a body over 1 MiB", st, m, http.StatusRequestEntityTooLarge, wire.CodePayloadTooLarge)
 		stateUnchanged(t, env, "refused retries", before)
 		if n := env.Receipts(t); n != receiptsBefore {
 			t.Fatalf("refused retries minted %d receipts", n-receiptsBefore)
 		}
 		// The scope: a credential without operator:jobs is refused.
 		tokJobs, _ := env.Credential(t, apitest.OperatorID, credential.ScopeOperatorReceipts)
-		st, _ := env.Bearer(t, tokJobs, "POST", "/operator/jobs/"+canceled+"/retry", nil)
-		if st != http.StatusForbidden {
+		before = env.Dump(t)
+		if st, _ := env.Bearer(t, tokJobs, "POST", "/operator/jobs/"+canceled+"/retry", nil); st != http.StatusForbidden {
 			t.Fatalf("retry without operator:jobs: %d, want 403", st)
 		}
 		stateUnchanged(t, env, "a retry without the scope", before)

@@ -111,6 +111,8 @@ func TestOperatorSafeTypes(t *testing.T) {
 				t.Errorf("%s: message %q does not name %s", c.what, msg, c.name)
 			}
 		}
+		st, m := op(t, env, "POST", "/operator/envelope/safe-types", obj{"add": []string{"eval2"}, "reason": strings.Repeat("r", workerapi.DefaultBodyLimit+1)})
+		wantOpError(t, "a body over 1 MiB", st, m, http.StatusRequestEntityTooLarge, wire.CodePayloadTooLarge)
 		stateUnchanged(t, env, "refused safe-types changes", before)
 		if got := env.Receipts(t); got != count {
 			t.Fatalf("refused changes minted %d receipts", got-count)

@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -366,5 +367,33 @@ func TestStopLetsRequestsFinish(t *testing.T) {
 	}
 	if err := <-stopped; err != nil {
 		t.Errorf("the server returned %v", err)
+	}
+}
+
+// TestSafeTypeFlag checks -safe-type: the envelope lists the type as safe,
+// so a job of it runs without an activation, and a canonical blocked
+// type given to it stops the server before it serves, naming the type.
+func TestSafeTypeFlag(t *testing.T) {
+	t.Parallel()
+	d := testdb.Dialects()[0] // SQLite: the flag is the same on either
+	f := newFiles(t, d)
+	s := serve(t, append(f.args("127.0.0.1:0"), "-safe-type", "eval_run", "-safe-type", "my_probe")...)
+	var env struct {
+		SafeTypes        []string `json:"safe_types"`
+		BlockedTypes     []string `json:"blocked_types"`
+		RuntimeSafeTypes []string `json:"runtime_safe_types"`
+	}
+	if st := get(t, s.addr, operatorToken(t, s.stdout.String()), "/operator/envelope", &env); st != http.StatusOK {
+		t.Fatalf("GET /operator/envelope: %d", st)
+	}
+	if !slices.Contains(env.SafeTypes, "eval_run") || !slices.Contains(env.SafeTypes, "my_probe") || slices.Contains(env.SafeTypes, "raw_training") || len(env.RuntimeSafeTypes) != 0 {
+		t.Fatalf("the envelope with -safe-type eval_run -safe-type my_probe: %+v", env)
+	}
+	s.stop()
+
+	g := newFiles(t, d)
+	_, err := tryServe(t, append(g.args("127.0.0.1:0"), "-safe-type", "eval_run", "-safe-type", "raw_training")...)
+	if err == nil || !strings.Contains(err.Error(), "raw_training") {
+		t.Fatalf("-safe-type raw_training: %v, want an error naming it", err)
 	}
 }

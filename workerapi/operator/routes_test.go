@@ -189,6 +189,10 @@ func TestEveryRouteHasAMethod(t *testing.T) {
 			_, err := c.DeactivateEnvelope(ctx, "test")
 			return err
 		}},
+		{"POST /operator/envelope/safe-types", func(c *operator.Client) error {
+			_, err := c.SetSafeTypes(ctx, wire.SafeTypesRequest{Add: []string{"eval_run"}, Reason: "test"})
+			return err
+		}},
 		{"GET /operator/costs", func(c *operator.Client) error {
 			_, err := c.Costs(ctx, operator.CostQuery{From: time.Now().Add(-time.Hour)})
 			return err

@@ -241,7 +241,7 @@ func New(cfg Config) (*Console, error) {
 		return nil, fmt.Errorf("console: the operator client: %w", err)
 	}
 	c.api = api
-	pages, err := parsePages()
+	pages, err := parsePages(cfg.Now)
 	if err != nil {
 		return nil, err
 	}

@@ -222,11 +222,17 @@ func (r *jobRow) job() *lease.Job {
 // It returns lease.ErrInvalidArgument if limit < 1.
 func listRows[R, T any](ctx context.Context, idb bun.IDB, what string, limit int,
 	conv func(*R) T, where func(*bun.SelectQuery) *bun.SelectQuery) ([]T, error) {
+	return listRowsOrder(ctx, idb, what, limit, false, conv, where)
+}
+
+// listRowsOrder is listRows in descending id order when desc.
+func listRowsOrder[R, T any](ctx context.Context, idb bun.IDB, what string, limit int, desc bool,
+	conv func(*R) T, where func(*bun.SelectQuery) *bun.SelectQuery) ([]T, error) {
 	if limit <= 0 {
 		return nil, errLimit(what, limit)
 	}
 	var rows []R
-	if err := where(idb.NewSelect().Model(&rows)).OrderExpr("id").Limit(int64(limit)).Scan(ctx); err != nil {
+	if err := where(idb.NewSelect().Model(&rows)).OrderExpr(idOrder(desc)).Limit(int64(limit)).Scan(ctx); err != nil {
 		return nil, fmt.Errorf("bunstore: %s: %w", what, aborted(err))
 	}
 	out := make([]T, len(rows))
@@ -234,6 +240,24 @@ func listRows[R, T any](ctx context.Context, idb bun.IDB, what string, limit int
 		out[i] = conv(&rows[i])
 	}
 	return out, nil
+}
+
+// idOrder is the ORDER BY of a list: ascending ids, or descending when
+// desc. The id columns' binary collation makes either order the bytes'.
+func idOrder(desc bool) string {
+	if desc {
+		return "id DESC"
+	}
+	return "id"
+}
+
+// whereCursor adds the paging cursor after to q: ids above it, or below
+// it when desc; an empty cursor selects from the first id of the order.
+func whereCursor(q *bun.SelectQuery, after string, desc bool) *bun.SelectQuery {
+	if desc {
+		return whereSet(q, "id < ?", after)
+	}
+	return whereSet(q, "id > ?", after)
 }
 
 // whereSet adds the condition cond on v to q, unless v is empty: a filter
@@ -309,10 +333,11 @@ func (s *LeaseStore) GetJob(ctx context.Context, id string) (*lease.Job, error) 
 	return r.job(), nil
 }
 
-// ListJobs returns the jobs matching f in ascending id order, at most
-// f.Limit of them. It returns lease.ErrInvalidArgument if f.Limit < 1.
+// ListJobs returns the jobs matching f in ascending id order (descending
+// when f.Desc), at most f.Limit of them. It returns
+// lease.ErrInvalidArgument if f.Limit < 1.
 func (s *LeaseStore) ListJobs(ctx context.Context, f lease.JobFilter) ([]*lease.Job, error) {
-	return listRows(ctx, s.db.idb(ctx), "list jobs", f.Limit, (*jobRow).job, func(q *bun.SelectQuery) *bun.SelectQuery {
+	return listRowsOrder(ctx, s.db.idb(ctx), "list jobs", f.Limit, f.Desc, (*jobRow).job, func(q *bun.SelectQuery) *bun.SelectQuery {
 		q = whereSet(q, "state = ?", f.State)
 		q = whereSet(q, "type = ?", f.Type)
 		if f.WorkerID != "" {
@@ -322,7 +347,7 @@ func (s *LeaseStore) ListJobs(ctx context.Context, f lease.JobFilter) ([]*lease.
 		if f.Tag != "" {
 			q = q.Where(s.db.tagsContain(), tagsArg([]string{f.Tag}))
 		}
-		return whereSet(q, "id > ?", f.After)
+		return whereCursor(q, f.After, f.Desc)
 	})
 }
 
@@ -630,13 +655,14 @@ func (s *LeaseStore) GetArtifact(ctx context.Context, id string) (*lease.Artifac
 	return r.artifact(), nil
 }
 
-// ListArtifacts returns the artifacts matching f in ascending id order, at
-// most f.Limit of them. It returns lease.ErrInvalidArgument if f.Limit < 1.
+// ListArtifacts returns the artifacts matching f in ascending id order
+// (descending when f.Desc), at most f.Limit of them. It returns
+// lease.ErrInvalidArgument if f.Limit < 1.
 func (s *LeaseStore) ListArtifacts(ctx context.Context, f lease.ArtifactFilter) ([]*lease.Artifact, error) {
-	return listRows(ctx, s.db.idb(ctx), "list artifacts", f.Limit, (*artifactRow).artifact, func(q *bun.SelectQuery) *bun.SelectQuery {
+	return listRowsOrder(ctx, s.db.idb(ctx), "list artifacts", f.Limit, f.Desc, (*artifactRow).artifact, func(q *bun.SelectQuery) *bun.SelectQuery {
 		q = whereSet(q, "job_id = ?", f.JobID)
 		q = whereSet(q, "type = ?", f.Type)
-		return whereSet(q, "id > ?", f.After)
+		return whereCursor(q, f.After, f.Desc)
 	})
 }
 
@@ -862,14 +888,15 @@ func (s *LeaseStore) worker(ctx context.Context, col, val string) (*lease.Worker
 	return r.worker()
 }
 
-// ListWorkers returns workers with id > after in ascending id order, at
-// most limit of them. It returns lease.ErrInvalidArgument if limit < 1.
-func (s *LeaseStore) ListWorkers(ctx context.Context, after string, limit int) ([]*lease.Worker, error) {
-	if limit <= 0 {
-		return nil, errLimit("list workers", limit)
+// ListWorkers returns workers past the cursor f.After in ascending id
+// order (descending when f.Desc), at most f.Limit of them. It returns
+// lease.ErrInvalidArgument if f.Limit < 1.
+func (s *LeaseStore) ListWorkers(ctx context.Context, f lease.WorkerFilter) ([]*lease.Worker, error) {
+	if f.Limit <= 0 {
+		return nil, errLimit("list workers", f.Limit)
 	}
 	var rows []workerRow
-	q := s.db.idb(ctx).NewSelect().Model(&rows).Where("id > ?", after).OrderExpr("id").Limit(int64(limit))
+	q := whereCursor(s.db.idb(ctx).NewSelect().Model(&rows), f.After, f.Desc).OrderExpr(idOrder(f.Desc)).Limit(int64(f.Limit))
 	if err := q.Scan(ctx); err != nil {
 		return nil, fmt.Errorf("bunstore: list workers: %w", aborted(err))
 	}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/nodelane/nodelane/bunstore"
 	"github.com/nodelane/nodelane/internal/testdb"
+	"github.com/nodelane/nodelane/lease"
 )
 
 // rows returns every row of table in id order, for comparing snapshots.
@@ -291,7 +292,7 @@ func ExampleOpen() {
 		panic(err)
 	}
 	defer db.Close()
-	workers, err := db.LeaseStore().ListWorkers(ctx, "", 10)
+	workers, err := db.LeaseStore().ListWorkers(ctx, lease.WorkerFilter{Limit: 10})
 	fmt.Println(len(workers), err)
 	// Output: 0 <nil>
 }

@@ -741,7 +741,7 @@ func (m *Manager) explainWorkers(ctx context.Context, now time.Time) ([]*Worker,
 	if l := m.workers.Load(); l != nil && l.gen == gen && !now.Before(l.at) && now.Sub(l.at) < m.cfg.ExplainWorkersTTL {
 		return l.ws, nil
 	}
-	ws, err := m.store.ListWorkers(ctx, "", ExplainMaxWorkers+1)
+	ws, err := m.store.ListWorkers(ctx, WorkerFilter{Limit: ExplainMaxWorkers + 1})
 	if err != nil {
 		return nil, err
 	}

@@ -328,9 +328,9 @@ type countingStore struct {
 	lists int
 }
 
-func (s *countingStore) ListWorkers(ctx context.Context, after string, limit int) ([]*lease.Worker, error) {
+func (s *countingStore) ListWorkers(ctx context.Context, f lease.WorkerFilter) ([]*lease.Worker, error) {
 	s.lists++
-	return s.MemoryStore.ListWorkers(ctx, after, limit)
+	return s.MemoryStore.ListWorkers(ctx, f)
 }
 
 // TestExplainReusesWorkers checks that Explain reads the workers once per

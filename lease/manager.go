@@ -693,7 +693,8 @@ func (m *Manager) Artifact(ctx context.Context, id string) (*Artifact, error) {
 	return m.store.GetArtifact(ctx, id)
 }
 
-// Artifacts lists artifacts matching f.
+// Artifacts lists artifacts matching f, in id order (newest first when
+// f.Desc).
 func (m *Manager) Artifacts(ctx context.Context, f ArtifactFilter) ([]*Artifact, error) {
 	f.Limit = m.pageSize(f.Limit)
 	return m.store.ListArtifacts(ctx, f)
@@ -1127,8 +1128,8 @@ func (m *Manager) Get(ctx context.Context, id string) (*Job, error) {
 	return m.store.GetJob(ctx, id)
 }
 
-// List returns a page of jobs matching f in id order, and the cursor of
-// the next page ("" after the last).
+// List returns a page of jobs matching f in id order (newest first when
+// f.Desc), and the cursor of the next page ("" after the last).
 func (m *Manager) List(ctx context.Context, f JobFilter) ([]*Job, string, error) {
 	if f.State != "" && !f.State.Valid() {
 		return nil, "", fmt.Errorf("%w: unknown state %q", ErrInvalidArgument, f.State)
@@ -1162,7 +1163,9 @@ func (m *Manager) WorkerByNode(ctx context.Context, nodeID string) (*Worker, err
 	return m.store.WorkerByNode(ctx, nodeID)
 }
 
-// Workers returns a page of workers with id > after.
-func (m *Manager) Workers(ctx context.Context, after string, limit int) ([]*Worker, error) {
-	return m.store.ListWorkers(ctx, after, m.pageSize(limit))
+// Workers returns a page of workers past the cursor f.After, in id order
+// (newest first when f.Desc).
+func (m *Manager) Workers(ctx context.Context, f WorkerFilter) ([]*Worker, error) {
+	f.Limit = m.pageSize(f.Limit)
+	return m.store.ListWorkers(ctx, f)
 }

@@ -77,17 +77,32 @@ func (s *MemoryStore) GetJob(_ context.Context, id string) (*Job, error) {
 
 // ListJobs implements Store.
 func (s *MemoryStore) ListJobs(_ context.Context, f JobFilter) ([]*Job, error) {
-	return page(s, f.Limit, s.jobs, cloneJob, func(j *Job) bool {
-		return (f.State == "" || j.State == f.State) && (f.Type == "" || j.Type == f.Type) && j.ID > f.After &&
+	return pageOrder(s, f.Limit, f.Desc, s.jobs, cloneJob, func(j *Job) bool {
+		return (f.State == "" || j.State == f.State) && (f.Type == "" || j.Type == f.Type) && pastCursor(j.ID, f.After, f.Desc) &&
 			(f.WorkerID == "" || j.State.Live() && j.Lease.WorkerID == f.WorkerID) &&
 			(f.LastWorkerID == "" || j.Lease != nil && j.Lease.WorkerID == f.LastWorkerID) &&
 			(f.Tag == "" || slices.Contains(j.Requirements.Tags, f.Tag))
 	})
 }
 
+// pastCursor says whether id comes after the paging cursor after in the
+// order (ascending, or descending when desc); an empty cursor is before
+// every id.
+func pastCursor(id, after string, desc bool) bool {
+	if desc {
+		return after == "" || id < after
+	}
+	return id > after
+}
+
 // page returns clones of the values of m that keep reports true for, in
 // key (id) order, at most limit of them, under s's lock.
 func page[T any](s *MemoryStore, limit int, m map[string]*T, clone func(*T) *T, keep func(*T) bool) ([]*T, error) {
+	return pageOrder(s, limit, false, m, clone, keep)
+}
+
+// pageOrder is page in descending key order when desc.
+func pageOrder[T any](s *MemoryStore, limit int, desc bool, m map[string]*T, clone func(*T) *T, keep func(*T) bool) ([]*T, error) {
 	if limit <= 0 {
 		return nil, errLimit(limit)
 	}
@@ -100,6 +115,9 @@ func page[T any](s *MemoryStore, limit int, m map[string]*T, clone func(*T) *T, 
 		}
 	}
 	slices.Sort(ids)
+	if desc {
+		slices.Reverse(ids)
+	}
 	var out []*T
 	for _, id := range ids[:min(limit, len(ids))] {
 		out = append(out, clone(m[id]))
@@ -358,8 +376,8 @@ func (s *MemoryStore) GetArtifact(ctx context.Context, id string) (*Artifact, er
 
 // ListArtifacts implements Store.
 func (s *MemoryStore) ListArtifacts(_ context.Context, f ArtifactFilter) ([]*Artifact, error) {
-	return page(s, f.Limit, s.artifacts, cloneArtifact, func(a *Artifact) bool {
-		return (f.JobID == "" || a.JobID == f.JobID) && (f.Type == "" || a.Type == f.Type) && a.ID > f.After
+	return pageOrder(s, f.Limit, f.Desc, s.artifacts, cloneArtifact, func(a *Artifact) bool {
+		return (f.JobID == "" || a.JobID == f.JobID) && (f.Type == "" || a.Type == f.Type) && pastCursor(a.ID, f.After, f.Desc)
 	})
 }
 
@@ -459,8 +477,8 @@ func (s *MemoryStore) WorkerByNode(_ context.Context, nodeID string) (*Worker, e
 }
 
 // ListWorkers implements Store.
-func (s *MemoryStore) ListWorkers(_ context.Context, after string, limit int) ([]*Worker, error) {
-	return page(s, limit, s.workers, cloneWorker, func(w *Worker) bool { return w.ID > after })
+func (s *MemoryStore) ListWorkers(_ context.Context, f WorkerFilter) ([]*Worker, error) {
+	return pageOrder(s, f.Limit, f.Desc, s.workers, cloneWorker, func(w *Worker) bool { return pastCursor(w.ID, f.After, f.Desc) })
 }
 
 func errLimit(limit int) error {

@@ -94,23 +94,42 @@ type JobFilter struct {
 	// Tag selects jobs whose Requirements.Tags include this tag, compared
 	// as bytes.
 	Tag string
-	// After is an exclusive lower bound on the job id (the paging cursor),
-	// compared as bytes.
+	// After is the paging cursor, compared as bytes: an exclusive lower
+	// bound on the job id, or with Desc an exclusive upper bound. Empty
+	// starts at the first job of the order.
 	After string
 	// Limit caps the result. Manager.List reads zero or negative as its
 	// default page size; a Store is always given at least 1 (see Store).
 	Limit int
+	// Desc lists in descending id order: newest first, since ids sort by
+	// creation time. After then bounds the ids from above.
+	Desc bool
 }
 
 // ArtifactFilter selects artifacts for Store.ListArtifacts.
 type ArtifactFilter struct {
 	JobID string
 	Type  string
-	// After is an exclusive lower bound on the artifact id, compared as bytes.
+	// After is the paging cursor, compared as bytes: an exclusive lower
+	// bound on the artifact id, or with Desc an exclusive upper bound.
 	After string
 	// Limit caps the result. Manager.Artifacts reads zero or negative as
 	// its default page size; a Store is always given at least 1.
 	Limit int
+	// Desc lists in descending id order, newest first (see JobFilter.Desc).
+	Desc bool
+}
+
+// WorkerFilter selects workers for Store.ListWorkers.
+type WorkerFilter struct {
+	// After is the paging cursor, compared as bytes: an exclusive lower
+	// bound on the worker id, or with Desc an exclusive upper bound.
+	After string
+	// Limit caps the result. Manager.Workers reads zero or negative as its
+	// default page size; a Store is always given at least 1.
+	Limit int
+	// Desc lists in descending id order, newest first (see JobFilter.Desc).
+	Desc bool
 }
 
 // Store keeps jobs, workers, events and artifacts. It makes no decisions:
@@ -177,8 +196,8 @@ type Store interface {
 	CreateJobs(ctx context.Context, js []*Job) error
 	// GetJob returns the job with its current or last lease. ErrNotFound.
 	GetJob(ctx context.Context, id string) (*Job, error)
-	// ListJobs returns jobs matching f in ascending id order, at most
-	// f.Limit. ErrInvalidArgument if f.Limit <= 0.
+	// ListJobs returns jobs matching f in ascending id order (descending
+	// when f.Desc), at most f.Limit. ErrInvalidArgument if f.Limit <= 0.
 	ListJobs(ctx context.Context, f JobFilter) ([]*Job, error)
 	// UpdateJob replaces the stored job j.ID with j, only if the stored
 	// revision is rev (j.Rev holds the new one). ErrConflict if the
@@ -243,8 +262,9 @@ type Store interface {
 	AddArtifact(ctx context.Context, a *Artifact) error
 	// GetArtifact returns the artifact with id id, or ErrNotFound.
 	GetArtifact(ctx context.Context, id string) (*Artifact, error)
-	// ListArtifacts returns artifacts matching f in ascending id order, at
-	// most f.Limit. ErrInvalidArgument if f.Limit <= 0.
+	// ListArtifacts returns artifacts matching f in ascending id order
+	// (descending when f.Desc), at most f.Limit. ErrInvalidArgument if
+	// f.Limit <= 0.
 	ListArtifacts(ctx context.Context, f ArtifactFilter) ([]*Artifact, error)
 
 	// PutWorker inserts or replaces the worker w.ID. ErrConflict if another
@@ -262,9 +282,10 @@ type Store interface {
 	GetWorker(ctx context.Context, id string) (*Worker, error)
 	// WorkerByNode returns the worker registered under nodeID. ErrNotFound.
 	WorkerByNode(ctx context.Context, nodeID string) (*Worker, error)
-	// ListWorkers returns up to limit workers with id > after in ascending
-	// id order. ErrInvalidArgument if limit <= 0.
-	ListWorkers(ctx context.Context, after string, limit int) ([]*Worker, error)
+	// ListWorkers returns up to f.Limit workers past the cursor f.After in
+	// ascending id order (descending when f.Desc). ErrInvalidArgument if
+	// f.Limit <= 0.
+	ListWorkers(ctx context.Context, f WorkerFilter) ([]*Worker, error)
 
 	// PutAnswer stores a. ErrConflict if an answer under a.Key is stored
 	// that expires after a.CreatedAt; one that expired at or before it is

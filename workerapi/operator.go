@@ -7,6 +7,8 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+
+	"github.com/nodelane/nodelane/workerapi/wire"
 )
 
 // The operator routes of PROTOCOL.md. They carry a bearer credential only
@@ -66,6 +68,22 @@ func qInt(q url.Values, name string, lo, hi int64) (int64, bool, error) {
 		return 0, false, fmt.Errorf("%w: %s must be an integer from %d to %d", ErrInvalidRequest, name, lo, hi)
 	}
 	return n, true, nil
+}
+
+// qDesc returns whether ?order= asks for a descending page: "desc" does,
+// "asc" or absence does not, any other value is an error.
+func qDesc(q url.Values) (bool, error) {
+	o, err := qString(q, "order")
+	if err != nil {
+		return false, err
+	}
+	switch o {
+	case "", wire.OrderAsc:
+		return false, nil
+	case wire.OrderDesc:
+		return true, nil
+	}
+	return false, fmt.Errorf("%w: order must be %s or %s", ErrInvalidRequest, wire.OrderAsc, wire.OrderDesc)
 }
 
 // qLimit returns ?limit= (1 to 1000), or 0 when absent.

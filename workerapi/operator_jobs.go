@@ -233,8 +233,12 @@ func (s *Server) opListJobs(ctx context.Context, c *call) (int, any, error) {
 	if err != nil {
 		return 0, nil, err
 	}
+	desc, err := qDesc(q)
+	if err != nil {
+		return 0, nil, err
+	}
 	jobs, next, err := s.leases.List(ctx, lease.JobFilter{
-		State: lease.State(state), Type: jobType, LastWorkerID: workerID, Tag: tag, After: after, Limit: limit,
+		State: lease.State(state), Type: jobType, LastWorkerID: workerID, Tag: tag, After: after, Limit: limit, Desc: desc,
 	})
 	if err != nil {
 		return 0, nil, err
@@ -384,13 +388,17 @@ func (s *Server) opListArtifacts(ctx context.Context, c *call) (int, any, error)
 	if limit == 0 {
 		limit = maxPage
 	}
+	desc, err := qDesc(q)
+	if err != nil {
+		return 0, nil, err
+	}
 	if jobID != "" {
 		// An unknown job is a 404, not an empty list.
 		if _, err := s.leases.Get(ctx, jobID); err != nil {
 			return 0, nil, err
 		}
 	}
-	arts, err := s.leases.Artifacts(ctx, lease.ArtifactFilter{JobID: jobID, Type: typ, After: after, Limit: limit})
+	arts, err := s.leases.Artifacts(ctx, lease.ArtifactFilter{JobID: jobID, Type: typ, After: after, Limit: limit, Desc: desc})
 	if err != nil {
 		return 0, nil, err
 	}

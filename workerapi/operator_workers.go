@@ -27,7 +27,11 @@ func (s *Server) opListWorkers(ctx context.Context, c *call) (int, any, error) {
 	if limit == 0 {
 		limit = maxPage
 	}
-	ws, err := s.leases.Workers(ctx, after, limit)
+	desc, err := qDesc(q)
+	if err != nil {
+		return 0, nil, err
+	}
+	ws, err := s.leases.Workers(ctx, lease.WorkerFilter{After: after, Limit: limit, Desc: desc})
 	if err != nil {
 		return 0, nil, err
 	}

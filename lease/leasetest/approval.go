@@ -399,7 +399,7 @@ func testStoreKeepsApproval(t *testing.T, f *fixture) {
 	if got, err := f.store.GetWorker(f.ctx, fresh.ID); err != nil || !cmp.Equal(fresh.Approval, got.Approval) {
 		t.Errorf("a new worker's approval = %+v (%v), want %+v", got.Approval, err, fresh.Approval)
 	}
-	ws, err := f.store.ListWorkers(f.ctx, "", 10)
+	ws, err := f.store.ListWorkers(f.ctx, lease.WorkerFilter{Limit: 10})
 	if err != nil {
 		t.Fatal(err)
 	}

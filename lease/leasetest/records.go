@@ -24,6 +24,7 @@ var recordTests = []test{
 	{"WorkerFilter", testWorkerFilter},
 	{"LastWorkerAndTagFilters", testLastWorkerAndTagFilters},
 	{"Limits", testLimits},
+	{"ListDescending", testListDescending},
 }
 
 func testSentinels(t *testing.T, f *fixture) {
@@ -198,11 +199,11 @@ func testWorkers(t *testing.T, f *fixture) {
 	_, err = f.m.Heartbeat(f.ctx, "wrk_missing", "idle", nil)
 	wantErr(t, "heartbeat unknown", err, lease.ErrNotFound)
 	b := f.worker("node-b", nil, nil, lease.Governor{})
-	list, err := f.m.Workers(f.ctx, "", 10)
+	list, err := f.m.Workers(f.ctx, lease.WorkerFilter{Limit: 10})
 	if err != nil || len(list) != 2 {
 		t.Fatalf("Workers = %v, %v", list, err)
 	}
-	if list, err := f.m.Workers(f.ctx, list[0].ID, 10); err != nil || len(list) != 1 || (list[0].ID != b.ID && list[0].ID != w.ID) {
+	if list, err := f.m.Workers(f.ctx, lease.WorkerFilter{After: list[0].ID, Limit: 10}); err != nil || len(list) != 1 || (list[0].ID != b.ID && list[0].ID != w.ID) {
 		t.Fatalf("Workers after: %v, %v", list, err)
 	}
 }
@@ -359,7 +360,7 @@ func testIDs(t *testing.T, f *fixture) {
 	wantErr(t, fmt.Sprintf("WorkerByNode(%q)", "node-wrk-a"), err, lease.ErrNotFound)
 	_, err = f.m.Worker(f.ctx, "WRK-A")
 	wantErr(t, fmt.Sprintf("Worker(%q)", "WRK-A"), err, lease.ErrNotFound)
-	all, err := f.m.Workers(f.ctx, "", 100)
+	all, err := f.m.Workers(f.ctx, lease.WorkerFilter{Limit: 100})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -372,7 +373,7 @@ func testIDs(t *testing.T, f *fixture) {
 	if d := cmp.Diff(slices.Sorted(slices.Values(wids)), gotW); d != "" {
 		t.Fatalf("workers in id order (-byte order +got):\n%s", d)
 	}
-	if page, err := f.m.Workers(f.ctx, "Wrk-A", 100); err != nil || len(page) == 0 || page[0].ID != "wrk-a" {
+	if page, err := f.m.Workers(f.ctx, lease.WorkerFilter{After: "Wrk-A", Limit: 100}); err != nil || len(page) == 0 || page[0].ID != "wrk-a" {
 		t.Fatalf("Workers after %q = %v, %v; want %q first", "Wrk-A", page, err, "wrk-a")
 	}
 }
@@ -563,7 +564,7 @@ func testLimits(t *testing.T, f *fixture) {
 			return len(as), err
 		}},
 		{"ListWorkers", func(limit int) (int, error) {
-			ws, err := f.store.ListWorkers(f.ctx, "", limit)
+			ws, err := f.store.ListWorkers(f.ctx, lease.WorkerFilter{Limit: limit})
 			return len(ws), err
 		}},
 		{"ClaimLeases", func(limit int) (int, error) {

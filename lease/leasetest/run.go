@@ -22,7 +22,8 @@
 // retries, Touch), fencing.go (stale tokens), cancel.go, bounds.go (a
 // cancel's grace and the max runtime revoke leases), events.go (logs,
 // status and artifacts), records.go (what the store keeps and the errors
-// it gives: ids as bytes, JSON byte for byte, the worker filter, limits)
+// it gives: ids as bytes, JSON byte for byte, the worker filter, limits;
+// order.go: lists in descending order with their cursor)
 // and concurrency.go; approval.go checks least privilege (a request
 // narrows the worker's registered types, never widens them; the cap on
 // live leases; pending and pinned approvals; SetApproval and a PutWorker

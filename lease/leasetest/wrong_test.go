@@ -48,6 +48,27 @@ var variants = []variant{
 	{"delete ignores its limit", func() lease.Store { return deleteAllStore{lease.NewMemoryStore()} }, "Retention/DeleteLimit"},
 	{"delete includes the cutoff", func() lease.Store { return cutoffStore{lease.NewMemoryStore()} }, "Retention/DeletesEndedWithRecords"},
 	{"tags not stored", func() lease.Store { return tagDroppingStore{lease.NewMemoryStore()} }, "Tags/PoolsRestrictLeases"},
+	{"descending order ignored", func() lease.Store { return ascendingStore{lease.NewMemoryStore()} }, "Records/ListDescending"},
+}
+
+// ascendingStore ignores the Desc of its filters, as an adapter written
+// before the field was added does: every list comes oldest first, past
+// the cursor from below.
+type ascendingStore struct{ *lease.MemoryStore }
+
+func (s ascendingStore) ListJobs(ctx context.Context, f lease.JobFilter) ([]*lease.Job, error) {
+	f.Desc = false
+	return s.MemoryStore.ListJobs(ctx, f)
+}
+
+func (s ascendingStore) ListArtifacts(ctx context.Context, f lease.ArtifactFilter) ([]*lease.Artifact, error) {
+	f.Desc = false
+	return s.MemoryStore.ListArtifacts(ctx, f)
+}
+
+func (s ascendingStore) ListWorkers(ctx context.Context, f lease.WorkerFilter) ([]*lease.Worker, error) {
+	f.Desc = false
+	return s.MemoryStore.ListWorkers(ctx, f)
 }
 
 // tagDroppingStore keeps no requirements.tags, as an adapter whose table
@@ -321,8 +342,9 @@ func (s unlimitedStore) ListArtifacts(ctx context.Context, f lease.ArtifactFilte
 	return s.MemoryStore.ListArtifacts(ctx, f)
 }
 
-func (s unlimitedStore) ListWorkers(ctx context.Context, after string, limit int) ([]*lease.Worker, error) {
-	return s.MemoryStore.ListWorkers(ctx, after, unlimited(limit))
+func (s unlimitedStore) ListWorkers(ctx context.Context, f lease.WorkerFilter) ([]*lease.Worker, error) {
+	f.Limit = unlimited(f.Limit)
+	return s.MemoryStore.ListWorkers(ctx, f)
 }
 
 func (s unlimitedStore) ClaimLeases(ctx context.Context, workerID string, plan func(*lease.Worker) (lease.ClaimQuery, lease.LeaseClaim, bool, error)) ([]*lease.Job, error) {

@@ -65,8 +65,8 @@ func (c *Client) DispatchBatch(ctx context.Context, req wire.DispatchBatchReques
 
 // JobQuery selects the jobs of GET /operator/jobs: each filter that is
 // not "" must match (they combine). After is the cursor: the jobs with
-// ids above it; Limit the page's size (1 to 1,000; 0 means the server's
-// default, 100).
+// ids above it (below it with Order "desc"); Limit the page's size (1 to
+// 1,000; 0 means the server's default, 100).
 type JobQuery struct {
 	// State is a job state (queued, leased, running, succeeded, failed,
 	// canceled); JobType a job type.
@@ -76,6 +76,9 @@ type JobQuery struct {
 	WorkerID, Tag string
 	After         string
 	Limit         int
+	// Order is wire.OrderAsc (oldest first, as "" means) or
+	// wire.OrderDesc (newest first).
+	Order string
 }
 
 func (q JobQuery) values() url.Values {
@@ -86,6 +89,7 @@ func (q JobQuery) values() url.Values {
 	set(v, "tag", q.Tag)
 	set(v, "after", q.After)
 	setInt(v, "limit", int64(q.Limit))
+	set(v, "order", q.Order)
 	return v
 }
 
@@ -115,11 +119,15 @@ func (c *Client) CancelJob(ctx context.Context, id string) (*wire.OperatorJobRes
 
 // ArtifactQuery selects the artifacts of GET /operator/artifacts: of one
 // job and of one type when not "". After is the cursor (artifact ids
-// above it); Limit the page's size (1 to 1,000; 0 means 1,000).
+// above it, below it with Order "desc"); Limit the page's size (1 to
+// 1,000; 0 means 1,000).
 type ArtifactQuery struct {
 	JobID, ArtifactType string
 	After               string
 	Limit               int
+	// Order is wire.OrderAsc (oldest first, as "" means) or
+	// wire.OrderDesc (newest first).
+	Order string
 }
 
 func (q ArtifactQuery) values() url.Values {
@@ -128,6 +136,7 @@ func (q ArtifactQuery) values() url.Values {
 	set(v, "artifact_type", q.ArtifactType)
 	set(v, "after", q.After)
 	setInt(v, "limit", int64(q.Limit))
+	set(v, "order", q.Order)
 	return v
 }
 
@@ -140,17 +149,21 @@ func (c *Client) ListArtifacts(ctx context.Context, q ArtifactQuery) (*wire.Arti
 // --- workers
 
 // WorkerQuery selects the workers of GET /operator/workers, which takes
-// no filter: After is the cursor (worker ids above it), Limit the page's
-// size (1 to 1,000; 0 means 1,000).
+// no filter: After is the cursor (worker ids above it, below it with
+// Order "desc"), Limit the page's size (1 to 1,000; 0 means 1,000).
 type WorkerQuery struct {
 	After string
 	Limit int
+	// Order is wire.OrderAsc (oldest first, as "" means) or
+	// wire.OrderDesc (newest first).
+	Order string
 }
 
 func (q WorkerQuery) values() url.Values {
 	v := url.Values{}
 	set(v, "after", q.After)
 	setInt(v, "limit", int64(q.Limit))
+	set(v, "order", q.Order)
 	return v
 }
 

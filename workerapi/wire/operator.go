@@ -63,13 +63,25 @@ type DispatchBatchResponse struct {
 	Jobs []DispatchResponse `json:"jobs"`
 }
 
+// The order= values of the operator list routes (GET /operator/jobs,
+// /operator/artifacts, /operator/workers, /operator/credentials,
+// /operator/receipts). Any other value is refused with 400
+// invalid_request.
+const (
+	// OrderAsc lists oldest first (ascending ids or indexes): the default.
+	OrderAsc = "asc"
+	// OrderDesc lists newest first; after= and next then page toward
+	// older items (after= is an exclusive upper bound).
+	OrderDesc = "desc"
+)
+
 // JobListResponse answers GET
-// /operator/jobs[?state=&job_type=&worker_id=&tag=&after=&limit=]: jobs in
-// id order (ids are time-ordered), 100 a page unless limit (1 to 1,000)
-// says otherwise. worker_id selects the jobs whose last lease (live or
-// ended) was that worker's, tag those whose requirements.tags include
-// it; filters combine. Next is the after= of the next page, null after
-// the last.
+// /operator/jobs[?state=&job_type=&worker_id=&tag=&after=&limit=&order=]:
+// jobs in id order (ids are time-ordered; newest first with order=desc),
+// 100 a page unless limit (1 to 1,000) says otherwise. worker_id selects
+// the jobs whose last lease (live or ended) was that worker's, tag those
+// whose requirements.tags include it; filters combine. Next is the after=
+// of the next page, null after the last.
 type JobListResponse struct {
 	Jobs []OperatorJob `json:"jobs"`
 	Next *string       `json:"next"`
@@ -159,8 +171,9 @@ type ArtifactView struct {
 }
 
 // ArtifactListResponse answers
-// GET /operator/artifacts[?job_id=&artifact_type=&after=&limit=]:
-// artifacts in id order, 1,000 a page unless limit says fewer. Next is
+// GET /operator/artifacts[?job_id=&artifact_type=&after=&limit=&order=]:
+// artifacts in id order (newest first with order=desc), 1,000 a page
+// unless limit says fewer. Next is
 // the after= of the next page, null after the last.
 type ArtifactListResponse struct {
 	Artifacts []ArtifactView `json:"artifacts"`
@@ -220,8 +233,9 @@ type WorkerView struct {
 	DrainRequestedBy *string    `json:"drain_requested_by"`
 }
 
-// WorkerListResponse answers GET /operator/workers[?after=&limit=]:
-// workers in id order, 1,000 a page unless limit says fewer. Next is the
+// WorkerListResponse answers GET /operator/workers[?after=&limit=&order=]:
+// workers in id order (newest first with order=desc), 1,000 a page
+// unless limit says fewer. Next is the
 // after= of the next page, null after the last.
 type WorkerListResponse struct {
 	Workers []WorkerView `json:"workers"`

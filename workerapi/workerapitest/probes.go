@@ -363,7 +363,7 @@ func probePutWorker(_ context.Context, st workerapi.Stores, i int) (*probe, erro
 				return present(err, lease.ErrNotFound)
 			}},
 			{"ListWorkers", func(ctx context.Context) (bool, error) {
-				ws, err := s.ListWorkers(ctx, "", limit)
+				ws, err := s.ListWorkers(ctx, lease.WorkerFilter{Limit: limit})
 				return slices.ContainsFunc(ws, func(w *lease.Worker) bool { return w.ID == id }), err
 			}},
 		},
@@ -397,7 +397,7 @@ func probeSetApproval(ctx context.Context, st workerapi.Stores, i int) (*probe, 
 				return exists && approved(w), err
 			}},
 			{"ListWorkers", func(ctx context.Context) (bool, error) {
-				ws, err := s.ListWorkers(ctx, "", limit)
+				ws, err := s.ListWorkers(ctx, lease.WorkerFilter{Limit: limit})
 				return slices.ContainsFunc(ws, func(w *lease.Worker) bool { return w.ID == id && approved(w) }), err
 			}},
 		},

@@ -366,8 +366,8 @@ func (s leases) WorkerByNode(ctx context.Context, nodeID string) (*lease.Worker,
 	return s.Store.WorkerByNode(s.d.r(ctx), nodeID)
 }
 
-func (s leases) ListWorkers(ctx context.Context, after string, limit int) ([]*lease.Worker, error) {
-	return s.Store.ListWorkers(s.d.r(ctx), after, limit)
+func (s leases) ListWorkers(ctx context.Context, f lease.WorkerFilter) ([]*lease.Worker, error) {
+	return s.Store.ListWorkers(s.d.r(ctx), f)
 }
 
 type credentials struct {

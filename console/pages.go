@@ -303,7 +303,7 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request, s *session) {
 	var times []jobTimes
 	for i, st := range jobStates {
 		n := 0
-		err := c.eachJob(ctx, s.token, operator.JobQuery{State: st /*ORDER*/}, MaxCounted, func(j wire.OperatorJob) {
+		err := c.eachJob(ctx, s.token, operator.JobQuery{State: st, Order: wire.OrderDesc}, MaxCounted, func(j wire.OperatorJob) {
 			times = append(times, jobTimes{state: j.State, created: j.CreatedAt, leased: j.LeasedAt, finished: j.FinishedAt})
 			if byType[j.JobType] == nil {
 				byType[j.JobType] = make([]int, len(jobStates))
@@ -460,7 +460,7 @@ func (c *Console) recent(ctx context.Context, token string, n int) ([]receipts.W
 // --- workers
 
 func (c *Console) workers(w http.ResponseWriter, r *http.Request, s *session) {
-	page, err := c.op(s.token).ListWorkers(r.Context(), operator.WorkerQuery{After: r.URL.Query().Get("after"), Limit: PageSize})
+	page, err := c.op(s.token).ListWorkers(r.Context(), operator.WorkerQuery{After: r.URL.Query().Get("after"), Limit: PageSize, Order: wire.OrderDesc})
 	if err != nil {
 		c.render(w, r, status(err), "workers", s, &pageData{Title: "Workers", Flashes: []flash{{Error: true, Text: explain(err)}}})
 		return
@@ -485,7 +485,7 @@ func (c *Console) worker(w http.ResponseWriter, r *http.Request, s *session) {
 		return
 	}
 	d := workerData{WorkerDetailResponse: *wd, Retired: wd.Worker.Status == "retired"}
-	page, err := api.ListJobs(r.Context(), operator.JobQuery{WorkerID: id, Limit: PageSize})
+	page, err := api.ListJobs(r.Context(), operator.JobQuery{WorkerID: id, Limit: PageSize, Order: wire.OrderDesc})
 	if err != nil {
 		d.HistoryErr = explain(err)
 		page = &wire.JobListResponse{}
@@ -597,7 +597,7 @@ func (c *Console) jobsPage(w http.ResponseWriter, r *http.Request, s *session, c
 	if env, err := api.Envelope(r.Context()); err == nil {
 		d.SafeTypes, d.BlockedTypes = env.SafeTypes, env.BlockedTypes
 	}
-	page, err := api.ListJobs(r.Context(), operator.JobQuery{State: d.State, JobType: d.Type, WorkerID: d.Worker, Tag: d.Tag, After: in.Get("after"), Limit: PageSize /*ORDER*/})
+	page, err := api.ListJobs(r.Context(), operator.JobQuery{State: d.State, JobType: d.Type, WorkerID: d.Worker, Tag: d.Tag, After: in.Get("after"), Limit: PageSize, Order: wire.OrderDesc})
 	if err != nil {
 		pd.Flashes = append(pd.Flashes, flash{Error: true, Text: explain(err)})
 		if code == http.StatusOK {
@@ -625,7 +625,7 @@ func (c *Console) jobsPage(w http.ResponseWriter, r *http.Request, s *session, c
 	if in.Get("after") != "" {
 		d.FirstQuery = filters.Encode()
 		if d.FirstQuery == "" {
-			d.FirstQuery = "order=desc"
+			d.FirstQuery = "state="
 		}
 	}
 	if page.Next != nil {
@@ -940,12 +940,17 @@ type eventsAnswer struct {
 	Next   *int64              `json:"next"`
 }
 
+// MaxEventsAnswer bounds the events one answer of GET /jobs/{id}/events
+// holds (it reads up to ten pages of the API for them); past it, next
+// says where the following answer starts.
+const MaxEventsAnswer = 10000
+
 // jobEvents answers the job's events after ?after= as JSON, for the
-// script that makes the job page's logs follow live.
+// script that makes the job page's log viewer load and follow them.
 func (c *Console) jobEvents(w http.ResponseWriter, r *http.Request, s *session) {
 	after := r.URL.Query().Get("after")
 	if after != "" {
-		if _, err := strconv.ParseInt(after, 10, 64); err != nil {
+		if n, err := strconv.ParseInt(after, 10, 64); err != nil || n < 0 {
 			http.Error(w, "after is not a whole number", http.StatusBadRequest)
 			return
 		}
@@ -958,6 +963,14 @@ func (c *Console) jobEvents(w http.ResponseWriter, r *http.Request, s *session) 
 		return
 	}
 	out := eventsAnswer{State: jd.Job.State, Events: jd.Events, Next: jd.EventsNext}
+	for out.Next != nil && len(out.Events) < MaxEventsAnswer {
+		more, err := c.op(s.token).Job(r.Context(), jd.Job.ID, *out.Next)
+		if err != nil || len(more.Events) == 0 {
+			break // the events so far, and where to go on
+		}
+		out.State, out.Next = more.Job.State, more.EventsNext
+		out.Events = append(out.Events, more.Events...)
+	}
 	out.Ended = ended(out.State)
 	if out.Events == nil {
 		out.Events = []wire.JobEventView{}

@@ -647,7 +647,9 @@ func (c *Console) dispatch(w http.ResponseWriter, r *http.Request, s *session) {
 		return
 	}
 	f := r.PostForm
-	df := &dispatchForm{JobType: f.Get("job_type"), Payload: f.Get("payload"), GPUSKU: f.Get("gpu_sku"), GPUCount: f.Get("gpu_count"),
+	// A browser sends a textarea's line breaks as CRLF and shows them as
+	// LF: the offset of an error is counted in what it shows.
+	df := &dispatchForm{JobType: f.Get("job_type"), Payload: strings.ReplaceAll(f.Get("payload"), "\r\n", "\n"), GPUSKU: f.Get("gpu_sku"), GPUCount: f.Get("gpu_count"),
 		Tags: f.Get("tags"), Priority: f.Get("priority"), MaxAttempts: f.Get("max_attempts")}
 	fail := func(err error) {
 		fl := flash{Error: true, Text: explain(err)}
@@ -699,10 +701,12 @@ func checkJSON(p string) *jsonError {
 	dec := json.NewDecoder(strings.NewReader(p))
 	err := dec.Decode(&v)
 	if err == nil {
-		if _, extra := dec.Token(); extra == io.EOF {
+		rest := p[dec.InputOffset():]
+		more := strings.TrimLeft(rest, " \t\r\n")
+		if more == "" {
 			return nil
 		}
-		off := dec.InputOffset()
+		off := dec.InputOffset() + int64(len(rest)-len(more))
 		return &jsonError{msg: "more follows the JSON value at " + position(p, off), offset: off}
 	}
 	off := int64(len(p))

@@ -265,8 +265,8 @@ func (s *CredentialStore) UpdateCredential(ctx context.Context, c *credential.Cr
 }
 
 // ListCredentials returns up to f.Limit credentials with an id above
-// f.After, of f.PrincipalID or of every principal when it is "", in byte
-// order of the ids (the primary key, or the index on principal_id and id,
+// f.After (below it when f.Desc), of f.PrincipalID or of every principal
+// when it is "", in byte order of the ids (descending when f.Desc) (the primary key, or the index on principal_id and id,
 // serves each page). It returns credential.ErrInvalidArgument if f.Limit
 // is below 1.
 func (s *CredentialStore) ListCredentials(ctx context.Context, f credential.CredentialFilter) ([]*credential.Credential, error) {
@@ -286,10 +286,12 @@ func credentialPage(idb bun.IDB, rows *[]credentialRow, f credential.CredentialF
 	if f.PrincipalID != "" {
 		q = q.Where("principal_id = ?", f.PrincipalID)
 	}
-	if f.After != "" {
+	if f.After != "" && f.Desc {
+		q = q.Where("id < ?", f.After)
+	} else if f.After != "" {
 		q = q.Where("id > ?", f.After)
 	}
-	return q.OrderExpr("id").Limit(int64(f.Limit))
+	return q.OrderExpr(idOrder(f.Desc)).Limit(int64(f.Limit))
 }
 
 // insert writes row, the new entry key, with ON CONFLICT (id) DO NOTHING

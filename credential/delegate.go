@@ -93,7 +93,7 @@ func (is *Issuer) MintAs(ctx context.Context, minterID, principalID string, scop
 }
 
 // ListCredentials returns a page of credentials matching f, in byte order
-// of their ids, and the After of the next page ("" after the last; given
+// of their ids (descending when f.Desc), and the After of the next page ("" after the last; given
 // whenever the page is full, so the last page may be empty). Limit 0
 // means DefaultListLimit. ErrInvalidArgument for a negative Limit, one
 // above MaxListLimit, or an After that is not UTF-8 without NUL;

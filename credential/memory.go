@@ -125,12 +125,19 @@ func (s *MemoryStore) ListCredentials(_ context.Context, f CredentialFilter) ([]
 	defer s.mu.Unlock()
 	var page []*Credential
 	for _, c := range s.credentials {
-		if (f.PrincipalID == "" || c.PrincipalID == f.PrincipalID) && c.ID > f.After {
+		past := c.ID > f.After
+		if f.Desc {
+			past = f.After == "" || c.ID < f.After
+		}
+		if (f.PrincipalID == "" || c.PrincipalID == f.PrincipalID) && past {
 			page = append(page, c)
 		}
 	}
 	// Go compares strings as bytes: the order the Store contract asks for.
 	slices.SortFunc(page, func(a, b *Credential) int { return strings.Compare(a.ID, b.ID) })
+	if f.Desc {
+		slices.Reverse(page)
+	}
 	page = page[:min(len(page), f.Limit)]
 	out := make([]*Credential, len(page))
 	for i, c := range page {

@@ -63,9 +63,10 @@ type Store interface {
 	// the revision differs, ErrNotFound if there is no such credential.
 	UpdateCredential(ctx context.Context, c *Credential, rev int64) error
 	// ListCredentials returns the credentials matching f in ascending
-	// byte order of their ids, at most f.Limit: those of f.PrincipalID
-	// (every principal's when it is ""), with an id above f.After (from
-	// the first when it is ""). None, and no error, for a principal with
+	// byte order of their ids (descending when f.Desc), at most f.Limit:
+	// those of f.PrincipalID (every principal's when it is ""), with an id
+	// past f.After (above it, or below it when f.Desc; from the first of
+	// the order when it is ""). None, and no error, for a principal with
 	// no credential or unknown. ErrInvalidArgument if f.Limit < 1.
 	ListCredentials(ctx context.Context, f CredentialFilter) ([]*Credential, error)
 
@@ -89,10 +90,14 @@ type CredentialFilter struct {
 	// PrincipalID keeps only that principal's credentials; "" keeps all.
 	PrincipalID string
 	// After is an exclusive lower bound on the credential id, compared as
-	// bytes; "" starts from the first.
+	// bytes, or with Desc an exclusive upper bound; "" starts from the
+	// first id of the order.
 	After string
 	// Limit caps the page. Issuer.ListCredentials reads 0 as
 	// DefaultListLimit and refuses more than MaxListLimit; a Store is
 	// always given at least 1.
 	Limit int
+	// Desc lists in descending byte order of the ids. Credential ids are
+	// random, so neither order is the order of creation.
+	Desc bool
 }

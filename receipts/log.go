@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -219,6 +220,35 @@ func (l *Log) List(ctx context.Context, from int64, limit int) ([]*Stored, error
 	}
 	limit = min(limit, maxListPage)
 	return l.store.ListReceipts(ctx, from, limit)
+}
+
+// ListDesc returns sequenced receipts with an index below before (every
+// one when before is negative), newest first: in descending index order,
+// at most limit (as List reads it). Indices are dense, so it reads the
+// page with one ListReceipts call below the tree's size.
+func (l *Log) ListDesc(ctx context.Context, before int64, limit int) ([]*Stored, error) {
+	if limit <= 0 {
+		limit = l.cfg.ListLimit
+	}
+	limit = min(limit, maxListPage)
+	tree, err := l.store.Tree(ctx)
+	if err != nil {
+		return nil, err
+	}
+	upper := tree.Size
+	if before >= 0 {
+		upper = min(upper, before)
+	}
+	from := max(0, upper-int64(limit))
+	if upper <= from {
+		return nil, nil
+	}
+	rs, err := l.store.ListReceipts(ctx, from, int(upper-from))
+	if err != nil {
+		return nil, err
+	}
+	slices.Reverse(rs)
+	return rs, nil
 }
 
 // Checkpoint returns the latest signed checkpoint. ErrNotFound before a

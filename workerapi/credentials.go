@@ -86,7 +86,11 @@ func (s *Server) opListCredentials(ctx context.Context, c *call) (int, any, erro
 	if limit == 0 {
 		limit = defaultCredentialPage
 	}
-	cs, next, err := s.issuer.ListCredentials(ctx, credential.CredentialFilter{PrincipalID: principal, After: after, Limit: limit})
+	desc, err := qDesc(q)
+	if err != nil {
+		return 0, nil, err
+	}
+	cs, next, err := s.issuer.ListCredentials(ctx, credential.CredentialFilter{PrincipalID: principal, After: after, Limit: limit, Desc: desc})
 	if err != nil {
 		return 0, nil, err
 	}

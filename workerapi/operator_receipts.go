@@ -34,16 +34,32 @@ func (s *Server) opListReceipts(ctx context.Context, c *call) (int, any, error) 
 	if _, given := q["kind"]; given && !receipts.Kind(kind).Valid() {
 		return 0, nil, fmt.Errorf("%w: kind %q is not a receipt kind", ErrInvalidRequest, kind)
 	}
-	from := int64(0)
-	if set {
-		from = after + 1
+	desc, err := qDesc(q)
+	if err != nil {
+		return 0, nil, err
 	}
 	page := limit
 	if page == 0 {
 		page = 100
 	}
+	// read reads up to n receipts of the log past the cursor cur (the
+	// last index read, -1 before any) in the order asked.
+	read := func(cur int64, n int) ([]*receipts.Stored, error) {
+		if desc {
+			return s.receipts.ListDesc(ctx, cur, n)
+		}
+		return s.receipts.List(ctx, cur+1, n)
+	}
+	cur := int64(-1)
+	if set {
+		cur = after
+	}
+	if desc && cur == 0 {
+		// Nothing is below index 0; ListDesc reads -1 as "from the newest".
+		return http.StatusOK, wire.ReceiptListResponse{Receipts: []receipts.WireReceipt{}}, nil
+	}
 	if kind == "" {
-		rs, err := s.receipts.List(ctx, from, page)
+		rs, err := read(cur, page)
 		if err != nil {
 			return 0, nil, err
 		}
@@ -51,20 +67,21 @@ func (s *Server) opListReceipts(ctx context.Context, c *call) (int, any, error) 
 		for i, r := range rs {
 			out.Receipts[i] = r.Wire()
 		}
-		if len(rs) == page {
-			next := rs[len(rs)-1].Index
-			out.Next = &next
+		if next := int64(-1); len(rs) == page {
+			if next = rs[len(rs)-1].Index; !desc || next > 0 {
+				out.Next = &next
+			}
 		}
 		return http.StatusOK, out, nil
 	}
-	// The receipts of one kind: read the log in index order and keep
+	// The receipts of one kind: read the log in the order asked and keep
 	// those, until the page is full, the log ends, or maxKindScan
 	// receipts were read (next is then the last index read).
 	out := wire.ReceiptListResponse{Receipts: []receipts.WireReceipt{}}
 	scanned, last, ended := 0, int64(-1), false
 	for !ended && len(out.Receipts) < page && scanned < maxKindScan {
 		want := min(maxPage, maxKindScan-scanned)
-		rs, err := s.receipts.List(ctx, from, want)
+		rs, err := read(cur, want)
 		if err != nil {
 			return 0, nil, err
 		}
@@ -80,7 +97,10 @@ func (s *Server) opListReceipts(ctx context.Context, c *call) (int, any, error) 
 				break
 			}
 		}
-		from = last + 1
+		if last == 0 && desc {
+			ended = true // index 0 read: nothing is older
+		}
+		cur = last
 	}
 	if !ended && last >= 0 {
 		out.Next = &last

@@ -48,10 +48,11 @@ func reversed(ids []string) []string {
 	return out
 }
 
-// GET /operator/jobs, /operator/artifacts and /operator/workers with
-// order=desc list newest first, paging toward older items through next,
-// with their filters; order=asc and no order list oldest first; a bad
-// order is 400 invalid_request and changes nothing.
+// GET /operator/jobs, /operator/artifacts, /operator/workers,
+// /operator/credentials and /operator/receipts with order=desc list
+// newest first (credentials in descending id order), paging toward older
+// items through next, with their filters; order=asc and no order list
+// oldest first; a bad order is 400 invalid_request and changes nothing.
 func TestOperatorListOrder(t *testing.T) {
 	t.Parallel()
 	onDialects(t, func(t *testing.T, d string) {
@@ -84,6 +85,27 @@ func TestOperatorListOrder(t *testing.T) {
 		}
 		slices.Sort(arts)
 		workers := slices.Sorted(slices.Values([]string{a.WorkerID, b.WorkerID, c.WorkerID}))
+		completeJob(t, a, jobID, tok)
+		for range 2 {
+			id, tok := runOne(t, b, "status_check")
+			completeJob(t, b, id, tok)
+		}
+		for range 3 {
+			mustOp(t, env, http.StatusCreated, "POST", "/operator/credentials", obj{"principal": "provisioner", "scopes": []string{"node:register"}})
+		}
+		if st, body := env.Operator(t, "GET", "/operator/receipts/checkpoint", nil); st != http.StatusOK {
+			t.Fatalf("checkpoint: %d %s", st, body)
+		}
+		creds := listIDs(t, env, "/operator/credentials", "limit=1000", "credentials", "credential_id")
+		if !slices.IsSorted(creds) || len(creds) < 4 {
+			t.Fatalf("credentials ascending: %v", creds)
+		}
+		rcpts := listIDs(t, env, "/operator/receipts", "limit=1000", "receipts", "index")
+		charged := listIDs(t, env, "/operator/receipts", "limit=1000&kind=job_charged", "receipts", "index")
+		if len(rcpts) < 10 || len(charged) != 3 {
+			t.Fatalf("receipts %v, job_charged %v", rcpts, charged)
+		}
+		provisioner := listIDs(t, env, "/operator/credentials", "principal=provisioner", "credentials", "credential_id")
 
 		for _, tc := range []struct {
 			path, query, items, key string
@@ -92,7 +114,7 @@ func TestOperatorListOrder(t *testing.T) {
 			{"/operator/jobs", "order=desc", "jobs", "id", reversed(jobs)},
 			{"/operator/jobs", "order=desc&limit=2", "jobs", "id", reversed(jobs)},
 			{"/operator/jobs", "order=desc&limit=1&job_type=lora_train", "jobs", "id", reversed(lora)},
-			{"/operator/jobs", "order=desc&state=running", "jobs", "id", []string{jobID}},
+			{"/operator/jobs", "order=desc&state=succeeded", "jobs", "id", []string{jobs[4], jobs[2], jobs[1]}},
 			{"/operator/jobs", "order=asc&limit=3", "jobs", "id", jobs},
 			{"/operator/jobs", "limit=3", "jobs", "id", jobs},
 			{"/operator/jobs", "order=&limit=3", "jobs", "id", jobs},
@@ -104,6 +126,17 @@ func TestOperatorListOrder(t *testing.T) {
 			{"/operator/workers", "order=desc&limit=2", "workers", "worker_id", reversed(workers)},
 			{"/operator/workers", "order=desc&after=" + workers[2], "workers", "worker_id", reversed(workers[:2])},
 			{"/operator/workers", "limit=2", "workers", "worker_id", workers},
+			{"/operator/credentials", "order=desc&limit=2", "credentials", "credential_id", reversed(creds)},
+			{"/operator/credentials", "order=desc&after=" + creds[2], "credentials", "credential_id", reversed(creds[:2])},
+			{"/operator/credentials", "order=desc&limit=1&principal=provisioner", "credentials", "credential_id", reversed(provisioner)},
+			{"/operator/receipts", "order=desc&limit=3", "receipts", "index", reversed(rcpts)},
+			{"/operator/receipts", "order=desc", "receipts", "index", reversed(rcpts)},
+			{"/operator/receipts", "order=desc&limit=2&after=5", "receipts", "index", reversed(rcpts[:5])},
+			{"/operator/receipts", "order=desc&after=0", "receipts", "index", nil},
+			{"/operator/receipts", "order=desc&after=999999", "receipts", "index", reversed(rcpts)},
+			{"/operator/receipts", "order=desc&limit=1&kind=job_charged", "receipts", "index", reversed(charged)},
+			{"/operator/receipts", "order=asc&limit=1&kind=job_charged", "receipts", "index", charged},
+			{"/operator/receipts", "order=desc&kind=principal_created", "receipts", "index", reversed(listIDs(t, env, "/operator/receipts", "kind=principal_created", "receipts", "index"))},
 		} {
 			got := listIDs(t, env, tc.path, tc.query, tc.items, tc.key)
 			if d := cmp.Diff(tc.want, got, cmpopts.EquateEmpty()); d != "" {
@@ -112,7 +145,7 @@ func TestOperatorListOrder(t *testing.T) {
 		}
 
 		before := env.Dump(t)
-		for _, path := range []string{"/operator/jobs", "/operator/artifacts", "/operator/workers"} {
+		for _, path := range []string{"/operator/jobs", "/operator/artifacts", "/operator/workers", "/operator/credentials", "/operator/receipts"} {
 			for _, bad := range []string{"order=DESC", "order=descending", "order=newest", "order=asc&order=desc", "order=%20desc"} {
 				st, m := op(t, env, "GET", path+"?"+bad, nil)
 				wantOpError(t, "GET "+path+"?"+bad, st, m, http.StatusBadRequest, wire.CodeInvalidRequest)

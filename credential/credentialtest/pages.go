@@ -21,8 +21,9 @@ func ids(cs []*credential.Credential) []string {
 	return out
 }
 
-// testListingPages: Store.ListCredentials pages in byte order of the ids,
-// after an exclusive bound, for one principal or all, at most Limit, and
+// testListingPages: Store.ListCredentials pages in byte order of the ids
+// (descending with Desc), after an exclusive bound, for one principal or
+// all, at most Limit, and
 // refuses a Limit below 1; Issuer.ListCredentials adds its page sizes, the
 // next bound and its argument checks.
 func testListingPages(t *testing.T, f *fixture) {
@@ -99,6 +100,50 @@ func testListingPages(t *testing.T, f *fixture) {
 			}
 		}
 	}
+	// Desc: the same pages in descending byte order, After an exclusive
+	// upper bound ("" from the highest id).
+	for _, pid := range []string{"", "p1", "p2"} {
+		want := slices.Clone(all)
+		if pid != "" {
+			want = slices.Clone(of[pid])
+		}
+		slices.Reverse(want)
+		for _, limit := range []int{1, 3, len(all) + 1} {
+			var got []string
+			after := ""
+			for pages := 0; ; pages++ {
+				if pages > len(all)+1 {
+					t.Fatalf("desc, principal %q, limit %d: the pages do not end: %q", pid, limit, got)
+				}
+				cs := list(credential.CredentialFilter{PrincipalID: pid, After: after, Limit: limit, Desc: true})
+				got = append(got, ids(cs)...)
+				if len(cs) < limit {
+					break
+				}
+				after = cs[len(cs)-1].ID
+			}
+			if d := cmp.Diff(want, got); d != "" {
+				t.Fatalf("desc, principal %q, limit %d: ids (-want +got):\n%s", pid, limit, d)
+			}
+		}
+	}
+	for _, tc := range []struct {
+		after string
+		want  []string
+	}{
+		{"a", []string{"Z", "Y", "B", "9", "10"}},
+		{"0", nil},
+		{"\U0010ffff", []string{"é", "~", "e\u0301", "a ", "a", "Z", "Y", "B", "9", "10"}},
+	} {
+		cs := list(credential.CredentialFilter{After: tc.after, Limit: 100, Desc: true})
+		if d := cmp.Diff(tc.want, ids(cs), cmpopts.EquateEmpty()); d != "" {
+			t.Fatalf("desc, after %q: ids (-want +got):\n%s", tc.after, d)
+		}
+	}
+	if got, next, err := f.is.ListCredentials(f.ctx, credential.CredentialFilter{PrincipalID: "p1", Limit: 2, Desc: true}); err != nil || !slices.Equal(ids(got), []string{"é", "~"}) || next != "~" {
+		t.Fatalf("Issuer.ListCredentials(p1, 2, desc) = %q, %q, %v", ids(got), next, err)
+	}
+
 	// After is exclusive and need not be an id; records come back whole.
 	for _, tc := range []struct {
 		after string

@@ -36,6 +36,17 @@ var wrongStores = []struct {
 	// Pages ordered under a case-insensitive collation (ORDER BY id on a
 	// NOCASE or utf8mb4_general_ci column): "a" before "B".
 	{"CaseOrderedPages", func() credential.Store { return caseOrdered{credential.NewMemoryStore()} }, "Records/ListingPages"},
+	// Desc ignored, as an adapter written before the field was: every
+	// page ascending.
+	{"AscendingOnly", func() credential.Store { return ascendingOnly{credential.NewMemoryStore()} }, "Records/ListingPages"},
+}
+
+// ascendingOnly lists credentials in ascending order whatever f.Desc says.
+type ascendingOnly struct{ *credential.MemoryStore }
+
+func (s ascendingOnly) ListCredentials(ctx context.Context, f credential.CredentialFilter) ([]*credential.Credential, error) {
+	f.Desc = false
+	return s.MemoryStore.ListCredentials(ctx, f)
 }
 
 func TestWrongStores(t *testing.T) {

@@ -118,9 +118,10 @@ func (c *Client) Credentials(ctx context.Context, q CredentialQuery) iter.Seq2[w
 
 // Receipts yields the sequenced receipts q selects, in index order, from
 // index q.From on, until the end of the log as it is when each page is
-// read. An error ends the sequence, yielded once.
+// read (with Order desc, newest first down to index 0). An error ends the
+// sequence, yielded once.
 func (c *Client) Receipts(ctx context.Context, q ReceiptQuery) iter.Seq2[receipts.WireReceipt, error] {
-	return pages("GET /operator/receipts", q.From-1, func(after int64) ([]receipts.WireReceipt, *int64, error) {
+	return pages("GET /operator/receipts", q.cursor(), func(after int64) ([]receipts.WireReceipt, *int64, error) {
 		p, err := c.listReceipts(ctx, q, after)
 		if err != nil {
 			return nil, nil, err

@@ -239,12 +239,15 @@ func (c *Client) RevokeCredential(ctx context.Context, id, reason string) (*wire
 
 // CredentialQuery selects the credentials of GET /operator/credentials:
 // of one principal when Principal is not "". After is the cursor
-// (credential ids above it, in byte order); Limit the page's size (1 to
-// 1,000; 0 means 100).
+// (credential ids above it, in byte order; below it with Order "desc");
+// Limit the page's size (1 to 1,000; 0 means 100).
 type CredentialQuery struct {
 	Principal string
 	After     string
 	Limit     int
+	// Order is wire.OrderAsc (as "" means) or wire.OrderDesc: descending
+	// byte order of the ids, which are random, so not creation order.
+	Order string
 }
 
 func (q CredentialQuery) values() url.Values {
@@ -252,6 +255,7 @@ func (q CredentialQuery) values() url.Values {
 	set(v, "principal", q.Principal)
 	set(v, "after", q.After)
 	setInt(v, "limit", int64(q.Limit))
+	set(v, "order", q.Order)
 	return v
 }
 
@@ -317,24 +321,40 @@ func (c *Client) Costs(ctx context.Context, q CostQuery) (*wire.CostReport, erro
 
 // ReceiptQuery selects the sequenced receipts of GET /operator/receipts:
 // those of Kind when it is not "", from the log index From on (0: from
-// the first), Limit a page (1 to 1,000; 0 means 100).
+// the first), Limit a page (1 to 1,000; 0 means 100). With Order
+// wire.OrderDesc they come newest first, from index From down (0: from
+// the newest).
 type ReceiptQuery struct {
 	Kind  receipts.Kind
 	From  int64
 	Limit int
+	// Order is wire.OrderAsc (oldest first, as "" means) or
+	// wire.OrderDesc (newest first).
+	Order string
+}
+
+// cursor is the after= of q's first page (-1: none).
+func (q ReceiptQuery) cursor() int64 {
+	if q.Order == wire.OrderDesc {
+		if q.From > 0 {
+			return q.From + 1
+		}
+		return -1
+	}
+	return q.From - 1
 }
 
 // ListReceipts reads one page of sequenced receipts in index order (GET
 // /operator/receipts). Its Next, when not nil, is the index after which
-// the next page starts: the next page's From is *Next+1. With a Kind, a
-// page may hold fewer receipts than Limit, or none, and still have a
-// next. Receipts follows the pages.
+// the next page starts: the next page's From is *Next+1 (*Next-1 with
+// Order desc). With a Kind, a page may hold fewer receipts than Limit,
+// or none, and still have a next. Receipts follows the pages.
 func (c *Client) ListReceipts(ctx context.Context, q ReceiptQuery) (*wire.ReceiptListResponse, error) {
-	return c.listReceipts(ctx, q, q.From-1)
+	return c.listReceipts(ctx, q, q.cursor())
 }
 
-// listReceipts reads the page of q's receipts above index after (none
-// when after is negative).
+// listReceipts reads the page of q's receipts past index after, in q's
+// order (from the first of the order when after is negative).
 func (c *Client) listReceipts(ctx context.Context, q ReceiptQuery, after int64) (*wire.ReceiptListResponse, error) {
 	v := url.Values{}
 	set(v, "kind", string(q.Kind))
@@ -342,6 +362,7 @@ func (c *Client) listReceipts(ctx context.Context, q ReceiptQuery, after int64) 
 		v.Set("after", strconv.FormatInt(after, 10))
 	}
 	setInt(v, "limit", int64(q.Limit))
+	set(v, "order", q.Order)
 	return get[wire.ReceiptListResponse](ctx, c, "/operator/receipts", v)
 }
 

@@ -329,8 +329,8 @@ type CredentialView struct {
 }
 
 // CredentialListResponse answers GET
-// /operator/credentials[?principal=&after=&limit=]: credentials in byte
-// order of their ids. Next is the after= of the next page, null after
+// /operator/credentials[?principal=&after=&limit=&order=]: credentials in
+// byte order of their ids (descending with order=desc). Next is the after= of the next page, null after
 // the last.
 type CredentialListResponse struct {
 	Credentials []CredentialView `json:"credentials"`
@@ -389,8 +389,10 @@ type ActivateRequest struct {
 	Until *time.Time `json:"until"`
 }
 
-// ReceiptListResponse answers GET /operator/receipts[?kind=&after=&limit=]:
-// sequenced receipts with an index above after, in index order, 100 a
+// ReceiptListResponse answers GET
+// /operator/receipts[?kind=&after=&limit=&order=]: sequenced receipts with
+// an index above after, in index order (below it, newest first, with
+// order=desc; a desc page that reaches index 0 has no Next), 100 a
 // page unless limit (1 to 1,000) says otherwise. Next is the after= of
 // the next page (the last index listed), null after the last. With kind,
 // only receipts of that kind are listed, and a page also ends once

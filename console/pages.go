@@ -1085,7 +1085,7 @@ var operatorScopes = []string{"operator:jobs", "operator:workers", "operator:cre
 func (c *Console) credentials(w http.ResponseWriter, r *http.Request, s *session) {
 	in := r.URL.Query()
 	d := credentialsData{Scopes: operatorScopes}
-	page, err := c.op(s.token).ListCredentials(r.Context(), operator.CredentialQuery{Principal: in.Get("principal"), After: in.Get("after"), Limit: PageSize})
+	page, err := c.op(s.token).ListCredentials(r.Context(), operator.CredentialQuery{Principal: in.Get("principal"), After: in.Get("after"), Limit: PageSize, Order: wire.OrderDesc})
 	if err != nil {
 		c.render(w, r, status(err), "credentials", s, &pageData{Title: "Credentials", Data: d, Flashes: []flash{{Error: true, Text: explain(err)}}})
 		return

@@ -45,7 +45,7 @@ type chart struct {
 // Width and height of a chart's viewBox, and its plot area's margins.
 const (
 	chartW, chartH         = 320, 150
-	padL, padR, padT, padB = 34, 6, 10, 22
+	padL, padR, padT, padB = 44, 6, 10, 22
 	plotW, plotH           = chartW - padL - padR, chartH - padT - padB
 	// chartLabelEvery is how often a bucket is labelled on the x axis.
 	chartLabelEvery = 6
@@ -154,7 +154,7 @@ func hourCharts(now time.Time, jobs []jobTimes) (queue, throughput chart) {
 func (c *Console) spendChart(ctx context.Context, api *operator.Client) (chart, error) {
 	now := c.cfg.Now().UTC()
 	today := time.Date(now.Year(), now.Month(), now.Day(), 0, 0, 0, 0, time.UTC)
-	ch := chart{ID: "chart-spend", Caption: "Spend per day, last 14 days (UTC)", Unit: "USD", Digits: 2}
+	ch := chart{ID: "chart-spend", Caption: "Spend per day, last 14 days (UTC)", Unit: "USD", Digits: 4}
 	usd := make([]float64, ChartDays)
 	for i := range ChartDays {
 		from := today.AddDate(0, 0, i-ChartDays+1)

@@ -3,6 +3,7 @@ package bunstore
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	"github.com/uptrace/bun"
 
@@ -38,6 +39,7 @@ type envelopeStateRow struct {
 	Reason    string `bun:"reason"`
 	Deadline  *int64 `bun:"deadline"`
 	ChangedAt int64  `bun:"changed_at"`
+	SafeTypes string `bun:"safe_types"`
 }
 
 // envelopeRecordRow is an envelope.Record as stored.
@@ -50,17 +52,32 @@ type envelopeRecordRow struct {
 	Reason    string `bun:"reason"`
 	Deadline  *int64 `bun:"deadline"`
 	ChangedAt int64  `bun:"changed_at"`
+	SafeTypes string `bun:"safe_types"`
+	WasActive bool   `bun:"was_active"`
 }
 
 func (r *envelopeRecordRow) record() envelope.Record {
 	return envelope.Record{
-		Version: r.Version,
-		Action:  envelope.Action(r.Action),
-		By:      r.Actor,
-		Reason:  r.Reason,
-		Until:   fromMicrosPtr(r.Deadline),
-		At:      fromMicros(r.ChangedAt),
+		Version:   r.Version,
+		Action:    envelope.Action(r.Action),
+		By:        r.Actor,
+		Reason:    r.Reason,
+		Until:     fromMicrosPtr(r.Deadline),
+		At:        fromMicros(r.ChangedAt),
+		SafeTypes: splitTypes(r.SafeTypes),
+		WasActive: r.WasActive,
 	}
+}
+
+// joinTypes and splitTypes store a list of job types (which hold no
+// whitespace) as one space-separated column, ” for none.
+func joinTypes(ts []string) string { return strings.Join(ts, " ") }
+
+func splitTypes(s string) []string {
+	if s == "" {
+		return nil
+	}
+	return strings.Split(s, " ")
 }
 
 // State returns the current state, or envelope.InitialState() if no
@@ -89,6 +106,7 @@ func (s *EnvelopeStore) State(ctx context.Context) (envelope.State, error) {
 		Reason:    r.Reason,
 		Until:     fromMicrosPtr(r.Deadline),
 		ChangedAt: fromMicros(r.ChangedAt),
+		SafeTypes: splitTypes(r.SafeTypes),
 	}, nil
 }
 
@@ -109,6 +127,7 @@ func (s *EnvelopeStore) Apply(ctx context.Context, prev int64, next envelope.Sta
 		Reason:    next.Reason,
 		Deadline:  microsPtr(next.Until),
 		ChangedAt: micros(next.ChangedAt),
+		SafeTypes: joinTypes(next.SafeTypes),
 	}
 	hist := &envelopeRecordRow{
 		Version:   rec.Version,
@@ -117,6 +136,8 @@ func (s *EnvelopeStore) Apply(ctx context.Context, prev int64, next envelope.Sta
 		Reason:    rec.Reason,
 		Deadline:  microsPtr(rec.Until),
 		ChangedAt: micros(rec.At),
+		SafeTypes: joinTypes(rec.SafeTypes),
+		WasActive: rec.WasActive,
 	}
 	err := s.db.retryOwnTx(ctx, func() error { return s.apply(ctx, prev, row, hist) })
 	return failed(err, envelope.ErrAborted, "apply envelope version %d at version %d", next.Version, prev)

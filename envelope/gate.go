@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
+	"unicode"
 	"unicode/utf8"
 )
 
@@ -47,6 +49,32 @@ const (
 	defaultHistoryPage = 100
 	maxHistoryPage     = 1000
 )
+
+// The bounds of Gate.SetSafeTypes; a change beyond one is refused with
+// ErrInvalidArgument.
+const (
+	// MaxSafeTypes bounds the job types an operator may make safe at run
+	// time, all changes together.
+	MaxSafeTypes = 256
+	// MaxSafeTypesChange bounds the job types one change adds and removes.
+	MaxSafeTypesChange = 64
+)
+
+// NotSafeableError reports a job type that Gate.SetSafeTypes may not make
+// safe: one the Policy blocks (a canonical blocked type, such as
+// raw_training or model_file_write, or one of Config.ExtraBlocked). It
+// matches ErrInvalidArgument.
+type NotSafeableError struct {
+	JobType string
+}
+
+func (e *NotSafeableError) Error() string {
+	return fmt.Sprintf("envelope: job type %s is blocked by the policy and can never be made safe", e.JobType)
+}
+
+// Is makes errors.Is(err, ErrInvalidArgument) hold for every
+// NotSafeableError.
+func (e *NotSafeableError) Is(target error) bool { return target == ErrInvalidArgument }
 
 // NewGate returns a Gate over store. cfg may be nil. It returns
 // ErrInvalidArgument if store is nil or the extra job types are invalid:
@@ -159,6 +187,79 @@ func (g *Gate) ExpireActivation(ctx context.Context) (st State, changed bool, er
 	})
 }
 
+// SetSafeTypes changes the job types an operator makes safe at run time
+// (State.SafeTypes) and returns the new state and the list before the
+// change (for its receipt): it adds add and removes
+// remove, as one change with a version (and so a receipt) of its own, and
+// leaves the activation as it was. by and reason are required, as for
+// Activate. Each type is 1 to 128 bytes of UTF-8 without NUL, whitespace
+// or control characters; together add and remove name 1 to
+// MaxSafeTypesChange types, none of them twice, and the run-time list may
+// hold at most MaxSafeTypes. A type the Policy blocks is a
+// *NotSafeableError: no change can make a canonical blocked type safe.
+// Adding a type that is safe already changes nothing of the list;
+// removing one the Policy makes safe (canonical, or Config.ExtraSafe) is
+// refused, since only the run-time additions can be removed; removing a
+// type not in the list changes nothing of it. ErrInvalidArgument.
+func (g *Gate) SetSafeTypes(ctx context.Context, by, reason string, add, remove []string) (next State, before []string, err error) {
+	if err := checkText(by, reason); err != nil {
+		return State{}, nil, err
+	}
+	if n := len(add) + len(remove); n == 0 || n > MaxSafeTypesChange {
+		return State{}, nil, fmt.Errorf("%w: a change adds and removes 1 to %d job types, not %d", ErrInvalidArgument, MaxSafeTypesChange, n)
+	}
+	seen := map[string]bool{}
+	for _, t := range slices.Concat(add, remove) {
+		if err := checkType(t); err != nil {
+			return State{}, nil, err
+		}
+		if seen[t] {
+			return State{}, nil, fmt.Errorf("%w: job type %s is named twice", ErrInvalidArgument, t)
+		}
+		seen[t] = true
+	}
+	for _, t := range add {
+		if g.policy.Class(t) == ClassBlocked {
+			return State{}, nil, &NotSafeableError{JobType: t}
+		}
+	}
+	for _, t := range remove {
+		if g.policy.Class(t) == ClassSafe {
+			return State{}, nil, fmt.Errorf("%w: job type %s is safe by the server's policy; only the types added at run time can be removed", ErrInvalidArgument, t)
+		}
+	}
+	st, _, err := g.change(ctx, func(cur State, _ time.Time) (*Record, error) {
+		before = slices.Clone(cur.SafeTypes)
+		set := slices.Clone(cur.SafeTypes)
+		for _, t := range add {
+			if g.policy.Class(t) != ClassSafe && !slices.Contains(set, t) {
+				set = append(set, t)
+			}
+		}
+		set = slices.DeleteFunc(set, func(t string) bool { return slices.Contains(remove, t) })
+		if len(set) > MaxSafeTypes {
+			return nil, fmt.Errorf("%w: %d job types made safe at run time, more than %d", ErrInvalidArgument, len(set), MaxSafeTypes)
+		}
+		slices.Sort(set)
+		if len(set) == 0 {
+			set = nil
+		}
+		return &Record{Action: ActionSafeTypes, By: by, Reason: reason, Until: cloneTime(cur.Until), SafeTypes: set, WasActive: cur.Active}, nil
+	})
+	if err != nil {
+		return State{}, nil, err
+	}
+	return st, before, nil
+}
+
+// checkType checks a job type named in a safe-types change.
+func checkType(t string) error {
+	if t == "" || len(t) > maxTypeLen || !utf8.ValidString(t) || strings.IndexFunc(t, func(r rune) bool { return r == 0 || unicode.IsSpace(r) || unicode.IsControl(r) }) >= 0 {
+		return fmt.Errorf("%w: job type %q must be 1 to %d bytes of UTF-8 without whitespace or control characters", ErrInvalidArgument, t, maxTypeLen)
+	}
+	return nil
+}
+
 // History returns the changes with a version above afterVersion, oldest
 // first, at most limit of them: 100 if limit is not positive, and never
 // more than 1000. The initial state (version 1) has no record.
@@ -190,6 +291,9 @@ func (g *Gate) change(ctx context.Context, decide func(cur State, now time.Time)
 		}
 		rec.Version = cur.Version + 1
 		rec.At = now
+		if rec.Action != ActionSafeTypes {
+			rec.SafeTypes = slices.Clone(cur.SafeTypes) // carried over
+		}
 		next := rec.State()
 		err = g.store.Apply(ctx, cur.Version, next, *rec)
 		if errors.Is(err, ErrConflict) {
@@ -231,7 +335,25 @@ type Snapshot struct {
 func (s *Snapshot) State() State {
 	st := s.state
 	st.Until = cloneTime(st.Until)
+	st.SafeTypes = slices.Clone(st.SafeTypes)
 	return st
+}
+
+// SafeTypes returns every safe job type under this snapshot: the
+// Policy's (canonical, then the host's), then those an operator added at
+// run time (State.SafeTypes).
+func (s *Snapshot) SafeTypes() []string {
+	return slices.Concat(s.policy.SafeTypes(), s.state.SafeTypes)
+}
+
+// Class returns the class of jobType under this snapshot: the Policy's,
+// or ClassSafe for a type an operator made safe at run time.
+func (s *Snapshot) Class(jobType string) Class {
+	c := s.policy.Class(jobType)
+	if c == ClassUnknown && slices.Contains(s.state.SafeTypes, jobType) {
+		return ClassSafe
+	}
+	return c
 }
 
 // Version returns the policy version in force, which grants and receipts
@@ -253,7 +375,7 @@ func (s *Snapshot) Active() bool {
 // Reason an operator can read.
 func (s *Snapshot) Allow(jobType string) error {
 	class := s.policy.Class(jobType)
-	if class == ClassSafe || s.Active() {
+	if class == ClassSafe || s.Active() || class == ClassUnknown && slices.Contains(s.state.SafeTypes, jobType) {
 		return nil
 	}
 	what := jobType + " is blocked"

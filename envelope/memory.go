@@ -27,6 +27,7 @@ func (s *MemoryStore) State(context.Context) (State, error) {
 	defer s.mu.Unlock()
 	st := s.state
 	st.Until = cloneTime(st.Until)
+	st.SafeTypes = slices.Clone(st.SafeTypes)
 	return st, nil
 }
 
@@ -39,6 +40,8 @@ func (s *MemoryStore) Apply(_ context.Context, prev int64, next State, rec Recor
 	}
 	next.Until = cloneTime(next.Until)
 	rec.Until = cloneTime(rec.Until)
+	next.SafeTypes = slices.Clone(next.SafeTypes)
+	rec.SafeTypes = slices.Clone(rec.SafeTypes)
 	s.state = next
 	s.history = append(s.history, rec)
 	return nil
@@ -57,6 +60,7 @@ func (s *MemoryStore) History(_ context.Context, after int64, limit int) ([]Reco
 			continue
 		}
 		r.Until = cloneTime(r.Until)
+		r.SafeTypes = slices.Clone(r.SafeTypes)
 		out = append(out, r)
 	}
 	slices.SortFunc(out, func(a, b Record) int { return cmp.Compare(a.Version, b.Version) })

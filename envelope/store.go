@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 )
 
@@ -66,6 +67,10 @@ type State struct {
 	// ChangedAt is when the last change was made; zero for the initial
 	// state.
 	ChangedAt time.Time `json:"changed_at"`
+	// SafeTypes are the job types an operator made safe at run time
+	// (Gate.SetSafeTypes), sorted as bytes, nil when none: they run as the
+	// Policy's safe types do. Every change carries them over.
+	SafeTypes []string `json:"safe_types"`
 }
 
 // InitialState is the state of a runtime that has never changed, which a
@@ -81,6 +86,9 @@ const (
 	ActionDeactivate Action = "deactivate"
 	// ActionExpire records the end of a timed activation at its deadline.
 	ActionExpire Action = "expire"
+	// ActionSafeTypes records a change of the safe types an operator
+	// added at run time (Gate.SetSafeTypes).
+	ActionSafeTypes Action = "safe_types"
 )
 
 // Record is one entry of the history: the change that produced a version.
@@ -96,17 +104,28 @@ type Record struct {
 	Until *time.Time `json:"until"`
 	// At is when the change was made.
 	At time.Time `json:"at"`
+	// SafeTypes are the run-time safe types after the change (see
+	// State.SafeTypes): a safe-types change's new list, or, for any other
+	// change, the list it carried over.
+	SafeTypes []string `json:"safe_types"`
+	// WasActive, on a safe-types change, is whether the runtime was
+	// activated before it (such a change leaves the activation as it
+	// was); false for every other change.
+	WasActive bool `json:"was_active,omitempty"`
 }
 
-// State returns the state the change left.
+// State returns the state the change left. A safe-types change keeps the
+// activation it found: its Until is the deadline that stands, and
+// WasActive whether the runtime was active.
 func (r Record) State() State {
 	return State{
 		Version:   r.Version,
-		Active:    r.Action == ActionActivate,
+		Active:    r.Action == ActionActivate || r.Action == ActionSafeTypes && r.WasActive,
 		By:        r.By,
 		Reason:    r.Reason,
 		Until:     cloneTime(r.Until),
 		ChangedAt: r.At,
+		SafeTypes: slices.Clone(r.SafeTypes),
 	}
 }
 

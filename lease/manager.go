@@ -891,6 +891,28 @@ func (m *Manager) Cancel(ctx context.Context, jobID string) (*Job, error) {
 	})
 }
 
+// Retry puts a failed or canceled job back in the queue at once, with a
+// fresh attempt budget: Attempt 1 of its MaxAttempts, no cancel request,
+// no result or settling receipt. Its LastError and its last Lease stay,
+// as history (the next lease's epoch follows that one's). A job in any
+// other state is a *TransitionError (ErrInvalidTransition), and nothing
+// changes; an unknown job is ErrNotFound.
+func (m *Manager) Retry(ctx context.Context, jobID string) (*Job, error) {
+	return m.update(ctx, jobID, func(j *Job, now time.Time) (*Job, error) {
+		if j.State != StateFailed && j.State != StateCanceled {
+			return nil, &TransitionError{JobID: j.ID, From: j.State, To: StateQueued}
+		}
+		j.State = StateQueued
+		j.Attempt = 1
+		j.ScheduledAt = now
+		j.FinishedAt = nil
+		j.CancelRequested = false
+		j.ReceiptID = ""
+		j.Result = nil
+		return j, nil
+	})
+}
+
 // SetReceipt records the receipt that settled a finished job.
 func (m *Manager) SetReceipt(ctx context.Context, jobID, receiptID string) (*Job, error) {
 	return m.update(ctx, jobID, func(j *Job, now time.Time) (*Job, error) {

@@ -83,6 +83,9 @@
 //	node_audit            worker_id event_type occurred_at payload_sha256 [node_id]
 //	worker_updated        worker_id [node_id old_job_types job_types old_tags tags old_gpus gpus
 //	                      old_max_jobs max_jobs old_max_vram_mb max_vram_mb]
+//	job_retried           job_id job_type actor [reason error_code]
+//	envelope_safe_types_changed
+//	                      actor [reason job_types old_job_types]
 //
 // Fields must also agree ([ErrInconsistent] otherwise): ended_at is not
 // before started_at; in job_charged, actual_ms is [DurationMS] of

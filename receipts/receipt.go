@@ -37,6 +37,12 @@ const (
 	// brought other capabilities than it had: job types, tags, GPUs or
 	// governor limits, old and new.
 	KindWorkerUpdated Kind = "worker_updated"
+	// KindJobRetried records that an operator put a failed or canceled job
+	// back in the queue with a fresh attempt budget.
+	KindJobRetried Kind = "job_retried"
+	// KindEnvelopeSafeTypesChanged records that an operator changed the
+	// envelope's safe job types: the list before and after.
+	KindEnvelopeSafeTypesChanged Kind = "envelope_safe_types_changed"
 )
 
 // Kinds returns every receipt kind, in byte order.
@@ -340,6 +346,18 @@ var kindSpecs = map[Kind]kindSpec{
 	KindNodeAudit: {
 		required: []string{"worker_id", "event_type", "occurred_at", "payload_sha256"},
 		optional: []string{"node_id"},
+	},
+	KindJobRetried: {
+		// error_code is the last error's code (absent for a job canceled
+		// before any failure).
+		required: []string{"job_id", "job_type", "actor"},
+		optional: []string{"reason", "error_code"},
+	},
+	KindEnvelopeSafeTypesChanged: {
+		// job_types and old_job_types: the safe types after and before,
+		// sorted, space-separated, absent when none.
+		required: []string{"actor"},
+		optional: []string{"reason", "job_types", "old_job_types"},
 	},
 	KindWorkerUpdated: {
 		// Each list or limit, old and new, is absent when empty or zero.

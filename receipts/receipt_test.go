@@ -103,6 +103,15 @@ func golden() map[receipts.Kind]receipts.Receipt {
 	r.OldMaxJobs, r.MaxJobs, r.MaxVRAMMB = 1, 2, 20000
 	rs[r.Kind] = r
 
+	r = base(receipts.KindJobRetried)
+	r.JobID, r.JobType, r.Actor, r.Reason, r.ErrorCode = "job_1", "lora_train", "operator-1", "driver fixed", "oom"
+	rs[r.Kind] = r
+
+	r = base(receipts.KindEnvelopeSafeTypesChanged)
+	r.PolicyVersion, r.Actor, r.Reason = 6, "operator-1", "our own eval job"
+	r.OldJobTypes, r.JobTypes = "embedding_dry_run status_check", "embedding_dry_run eval_run status_check"
+	rs[r.Kind] = r
+
 	r = base(receipts.KindNodeAudit)
 	r.WorkerID, r.NodeID, r.EventType, r.OccurredAt, r.PayloadSHA256 = "wrk_1", "studio-gpu-1", "driver_update", t0.Add(-time.Minute+7*time.Microsecond), hashA
 	rs[r.Kind] = r

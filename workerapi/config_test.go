@@ -34,6 +34,7 @@ func TestNewFailsFast(t *testing.T) {
 		{"no Credentials", func(s *workerapi.Stores, _ *workerapi.Config) { s.Credentials = nil }, "Stores.Credentials"},
 		{"no Nonces", func(s *workerapi.Stores, _ *workerapi.Config) { s.Nonces = nil }, "Stores.Nonces"},
 		{"no Envelope", func(s *workerapi.Stores, _ *workerapi.Config) { s.Envelope = nil }, "Stores.Envelope"},
+		{"a canonical blocked type made safe", func(_ *workerapi.Stores, c *workerapi.Config) { c.EnvelopeSafe = []string{"eval_run", "raw_training"} }, "raw_training"},
 		{"no Receipts", func(s *workerapi.Stores, _ *workerapi.Config) { s.Receipts = nil }, "Stores.Receipts"},
 		{"no Fingerprints", func(s *workerapi.Stores, _ *workerapi.Config) { s.Fingerprints = nil }, "Stores.Fingerprints"},
 		{"no peppers", func(_ *workerapi.Stores, c *workerapi.Config) { c.Peppers = nil }, "Peppers"},

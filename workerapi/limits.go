@@ -92,6 +92,8 @@ func checkLimits(v any) error {
 		return checkText("reason", r.Reason, wire.MaxReasonBytes)
 	case *wire.ActivateRequest:
 		return checkText("reason", r.Reason, wire.MaxReasonBytes)
+	case *wire.SafeTypesRequest:
+		return checkText("reason", r.Reason, wire.MaxReasonBytes)
 	case *wire.DispatchRequest:
 		// Explaining a job's leasability matches it against every worker.
 		return firstError(

@@ -3,6 +3,7 @@ package workerapi
 import (
 	"context"
 	"net/http"
+	"strings"
 
 	"github.com/nodelane/nodelane/envelope"
 	"github.com/nodelane/nodelane/receipts"
@@ -22,13 +23,14 @@ func (s *Server) opGetEnvelope(ctx context.Context, c *call) (int, any, error) {
 func (s *Server) envelopeView(st envelope.State, active bool) wire.EnvelopeResponse {
 	p := s.gate.Policy()
 	v := wire.EnvelopeResponse{
-		Active:        active,
-		PolicyVersion: st.Version,
-		By:            st.By,
-		Reason:        st.Reason,
-		Until:         st.Until,
-		SafeTypes:     p.SafeTypes(),
-		BlockedTypes:  p.BlockedTypes(),
+		Active:           active,
+		PolicyVersion:    st.Version,
+		By:               st.By,
+		Reason:           st.Reason,
+		Until:            st.Until,
+		SafeTypes:        append(p.SafeTypes(), st.SafeTypes...),
+		BlockedTypes:     p.BlockedTypes(),
+		RuntimeSafeTypes: orEmpty(st.SafeTypes),
 	}
 	if !st.ChangedAt.IsZero() {
 		t := st.ChangedAt
@@ -96,6 +98,45 @@ func (s *Server) opDeactivate(ctx context.Context, c *call) (int, any, error) {
 		return 0, nil, err
 	}
 	v := s.envelopeView(st, false)
+	v.ReceiptID = *s.announce(c, minted)
+	return http.StatusOK, v, nil
+}
+
+// opSetSafeTypes changes the job types operators made safe at run time
+// (envelope.Gate.SetSafeTypes) and mints envelope_safe_types_changed under
+// the new policy version, with a wake-up of the long-polls (queued jobs
+// of a type made safe may be leasable now), in one transaction. A
+// canonical blocked type is refused: 400 invalid_request naming it.
+func (s *Server) opSetSafeTypes(ctx context.Context, c *call) (int, any, error) {
+	var req wire.SafeTypesRequest
+	if err := c.decode(&req); err != nil {
+		return 0, nil, err
+	}
+	var (
+		st     envelope.State
+		minted *receipts.Stored
+	)
+	err := s.st.Tx.InTx(ctx, func(ctx context.Context) error {
+		var (
+			before []string
+			err    error
+		)
+		if st, before, err = s.gate.SetSafeTypes(ctx, c.principal.ID, req.Reason, req.Add, req.Remove); err != nil {
+			return err
+		}
+		minted, err = s.receipts.Mint(ctx, receipts.Receipt{
+			Kind: receipts.KindEnvelopeSafeTypesChanged, PolicyVersion: st.Version, Actor: c.principal.ID, Reason: req.Reason,
+			JobTypes: strings.Join(st.SafeTypes, " "), OldJobTypes: strings.Join(before, " "),
+		})
+		if err != nil {
+			return err
+		}
+		return s.st.Notifier.Notify(ctx)
+	})
+	if err != nil {
+		return 0, nil, err
+	}
+	v := s.envelopeView(st, st.Active && (st.Until == nil || s.now().Before(*st.Until)))
 	v.ReceiptID = *s.announce(c, minted)
 	return http.StatusOK, v, nil
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/nodelane/nodelane/envelope"
 	"github.com/nodelane/nodelane/lease"
+	"github.com/nodelane/nodelane/receipts"
 	"github.com/nodelane/nodelane/workerapi/wire"
 )
 
@@ -348,6 +349,47 @@ func (s *Server) opCancelJob(ctx context.Context, c *call) (int, any, error) {
 		c.after(func(ctx context.Context, h Hooks) { h.JobChanged(ctx, ev) })
 	}
 	return http.StatusOK, wire.OperatorJobResponse{Job: operatorJob(j)}, nil
+}
+
+// opRetryJob: POST /operator/jobs/{id}/retry. A failed or canceled job
+// goes back to the queue with a fresh attempt budget (lease.Manager.Retry),
+// its job_retried receipt and a wake-up of the long-polls in the same
+// transaction; any other state is 409 invalid_transition, and nothing
+// changes.
+func (s *Server) opRetryJob(ctx context.Context, c *call) (int, any, error) {
+	var req wire.ReasonRequest
+	if err := c.decodeOptional(&req); err != nil {
+		return 0, nil, err
+	}
+	var (
+		prev, j *lease.Job
+		minted  *receipts.Stored
+	)
+	err := s.st.Tx.InTx(ctx, func(ctx context.Context) error {
+		var err error
+		if prev, err = s.leases.Get(ctx, c.pathID()); err != nil {
+			return err
+		}
+		if j, err = s.leases.Retry(ctx, prev.ID); err != nil {
+			return err
+		}
+		r := receipts.Receipt{Kind: receipts.KindJobRetried, JobID: j.ID, JobType: j.Type, Actor: c.principal.ID, Reason: req.Reason}
+		if e := prev.LastError; e != nil {
+			r.ErrorCode = e.Code
+		}
+		if minted, err = s.mint(ctx, r); err != nil {
+			return err
+		}
+		return s.st.Notifier.Notify(ctx)
+	})
+	if err != nil {
+		return 0, nil, err
+	}
+	jc, from := *j, prev.State
+	c.note(func() { s.logJob("retried", from, &jc) })
+	ev := JobEvent{From: prev.State, Job: *j}
+	c.after(func(ctx context.Context, h Hooks) { h.JobChanged(ctx, ev) })
+	return http.StatusOK, wire.OperatorJobResponse{Job: operatorJob(j), ReceiptID: s.announce(c, minted)}, nil
 }
 
 // jobArtifacts returns every artifact of a job, in id order.

@@ -91,7 +91,7 @@ func TestOperatorListOrder(t *testing.T) {
 			completeJob(t, b, id, tok)
 		}
 		for range 3 {
-			mustOp(t, env, http.StatusCreated, "POST", "/operator/credentials", obj{"principal": "provisioner", "scopes": []string{"node:register"}})
+			mustOp(t, env, http.StatusCreated, "POST", "/operator/credentials", obj{"principal": apitest.ProvisionerID, "scopes": []string{"node:register"}})
 		}
 		if st, body := env.Operator(t, "GET", "/operator/receipts/checkpoint", nil); st != http.StatusOK {
 			t.Fatalf("checkpoint: %d %s", st, body)
@@ -105,7 +105,7 @@ func TestOperatorListOrder(t *testing.T) {
 		if len(rcpts) < 10 || len(charged) != 3 {
 			t.Fatalf("receipts %v, job_charged %v", rcpts, charged)
 		}
-		provisioner := listIDs(t, env, "/operator/credentials", "principal=provisioner", "credentials", "credential_id")
+		provisioner := listIDs(t, env, "/operator/credentials", "principal="+apitest.ProvisionerID, "credentials", "credential_id")
 
 		for _, tc := range []struct {
 			path, query, items, key string
@@ -128,7 +128,7 @@ func TestOperatorListOrder(t *testing.T) {
 			{"/operator/workers", "limit=2", "workers", "worker_id", workers},
 			{"/operator/credentials", "order=desc&limit=2", "credentials", "credential_id", reversed(creds)},
 			{"/operator/credentials", "order=desc&after=" + creds[2], "credentials", "credential_id", reversed(creds[:2])},
-			{"/operator/credentials", "order=desc&limit=1&principal=provisioner", "credentials", "credential_id", reversed(provisioner)},
+			{"/operator/credentials", "order=desc&limit=1&principal=" + apitest.ProvisionerID, "credentials", "credential_id", reversed(provisioner)},
 			{"/operator/receipts", "order=desc&limit=3", "receipts", "index", reversed(rcpts)},
 			{"/operator/receipts", "order=desc", "receipts", "index", reversed(rcpts)},
 			{"/operator/receipts", "order=desc&limit=2&after=5", "receipts", "index", reversed(rcpts[:5])},

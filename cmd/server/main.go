@@ -142,6 +142,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		prices        receipts.Prices
 		publicURL     = fs.String("public-url", "", "the URL workers use, when a proxy in front rewrites Host or strips a path prefix (https://cp.example.com/nodelane): signatures are verified against it (docs/PROXY.md)")
 		proxies       []netip.Prefix
+		safeTypes     []string
 		pprofAddr     = fs.String("pprof-addr", "", "serve Go's profiles (net/http/pprof, /debug/pprof/) on this address, say 127.0.0.1:6060, for measuring; never on a public one: they show the process's internals (empty: off)")
 		metricsAddr   = fs.String("metrics-addr", "", "also serve /metrics, /healthz and /readyz, without a credential and over plain HTTP, on this address, say 127.0.0.1:9090; only on a private one: anyone who reaches it reads the metrics (empty: off; on -addr /metrics needs operator:receipts)")
 	)
@@ -152,6 +153,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 		proxies = append(proxies, p)
+		return nil
+	})
+	fs.Func("safe-type", "a job type that always runs, without an activation of the runtime (repeatable): your own type, not a canonical blocked one such as raw_training or model_file_write, which is refused; operators change these at run time with POST /operator/envelope/safe-types", func(s string) error {
+		safeTypes = append(safeTypes, s)
 		return nil
 	})
 	tlsFlags := tlsserve.RegisterFlags(fs) // -tls-*, -acme-*, -http-addr
@@ -247,7 +252,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		HeartbeatInterval: *hbInterval, OfflineAfter: *offlineAfter,
 		SequenceInterval: *seqInterval, SequenceBatch: *seqBatch, Logger: log, Metrics: met.m, Now: now,
 		PublicOrigin: *publicURL, TrustedProxies: proxies, Artifacts: artCfg,
-		Shares: hl.shares(),
+		Shares: hl.shares(), SafeTypes: safeTypes,
 	})
 	if err != nil {
 		return err

@@ -14,7 +14,8 @@
 // The suite drives the store through envelope.Gate, so it checks the envelope
 // end to end on that store: classes of job types, activation, deadlines
 // (lazy and recorded), the policy version and history, exact timestamps,
-// and concurrent changes from two Gates. An adapter whose replicas open
+// the job types an operator makes safe at run time (safetypes.go), and
+// concurrent changes from two Gates. An adapter whose replicas open
 // separate handles on one database also calls RunShared with two of them.
 package envelopetest
 
@@ -197,6 +198,7 @@ func Run(t *testing.T, newStore func(t *testing.T) envelope.Store) {
 		{"StoreApply", testStoreApply},
 		{"StoreLimits", testStoreLimits},
 		{"TextRoundTrip", testTextRoundTrip},
+		{"SafeTypes", testSafeTypes},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -19,7 +19,8 @@
 // The tests are grouped by area, one file each: claim.go (matching,
 // ordering, governors), accept_complete.go (the path to a result and the
 // moves the state machine refuses), expiry.go (TTL, accept deadline,
-// retries, Touch), fencing.go (stale tokens), cancel.go, bounds.go (a
+// retries, Touch), fencing.go (stale tokens), cancel.go, retry.go
+// (Manager.Retry of a failed or canceled job), bounds.go (a
 // cancel's grace and the max runtime revoke leases), events.go (logs,
 // status and artifacts), records.go (what the store keeps and the errors
 // it gives: ids as bytes, JSON byte for byte, the worker filter, limits;
@@ -78,6 +79,7 @@ func Run(t *testing.T, newStore func(t *testing.T) lease.Store) {
 		{"Expiry", expiryTests},
 		{"Fencing", fencingTests},
 		{"Cancel", cancelTests},
+		{"Retry", retryTests},
 		{"Bounds", boundTests},
 		{"Events", eventTests},
 		{"Records", recordTests},

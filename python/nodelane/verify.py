@@ -372,6 +372,8 @@ KINDS: Dict[str, Tuple[List[str], List[str]]] = {
     "node_audit": (["worker_id", "event_type", "occurred_at", "payload_sha256"], ["node_id"]),
     "worker_updated": (["worker_id"], ["node_id", "old_job_types", "job_types", "old_tags", "tags", "old_gpus",
                                        "gpus", "old_max_jobs", "max_jobs", "old_max_vram_mb", "max_vram_mb"]),
+    "job_retried": (["job_id", "job_type", "actor"], ["reason", "error_code"]),
+    "envelope_safe_types_changed": (["actor"], ["reason", "job_types", "old_job_types"]),
 }
 INT_FIELDS = {"v", "policy_version", "lease_epoch", "attempt", "gpu_count", "actual_ms", "size_bytes",
               "old_max_jobs", "max_jobs", "old_max_vram_mb", "max_vram_mb"}

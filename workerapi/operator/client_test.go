@@ -55,6 +55,39 @@ func TestJobs(t *testing.T) {
 			t.Fatalf("CancelJob: %v", err)
 		}
 	}
+	// Newest first: the three jobs in descending id order, one page and
+	// one a page.
+	want := []string{d.Job.ID, b.Jobs[0].Job.ID, b.Jobs[1].Job.ID}
+	slices.Sort(want)
+	slices.Reverse(want)
+	if l, err := f.api.ListJobs(ctx, operator.JobQuery{Order: wire.OrderDesc, Limit: 3}); err != nil || len(l.Jobs) != 3 ||
+		l.Jobs[0].ID != want[0] || l.Jobs[1].ID != want[1] || l.Jobs[2].ID != want[2] {
+		t.Fatalf("ListJobs(desc) = %+v, %v; want %v", l, err, want)
+	}
+	var desc []string
+	for j, err := range f.api.Jobs(ctx, operator.JobQuery{Order: wire.OrderDesc, Limit: 1}) {
+		if err != nil {
+			t.Fatalf("Jobs(desc): %v", err)
+		}
+		desc = append(desc, j.ID)
+	}
+	if !slices.Equal(desc, want) {
+		t.Fatalf("Jobs(desc), one a page = %v, want %v", desc, want)
+	}
+	if _, err := f.api.ListJobs(ctx, operator.JobQuery{Order: "newest"}); !wire.IsCode(err, wire.CodeInvalidRequest) {
+		t.Fatalf("ListJobs(order newest) = %v, want 400 invalid_request", err)
+	}
+	// A canceled job retried: queued again, with its receipt.
+	r, err := f.api.RetryJob(ctx, d.Job.ID, "again")
+	if err != nil || r.Job.State != "queued" || r.ReceiptID == nil {
+		t.Fatalf("RetryJob = %+v, %v; want queued with a receipt", r, err)
+	}
+	if _, err := f.api.RetryJob(ctx, d.Job.ID, ""); !wire.IsCode(err, wire.CodeInvalidTransition) {
+		t.Fatalf("RetryJob of a queued job = %v, want 409 invalid_transition", err)
+	}
+	if _, err := f.api.CancelJob(ctx, d.Job.ID); err != nil {
+		t.Fatalf("CancelJob: %v", err)
+	}
 
 	d, err = f.api.Dispatch(ctx, wire.DispatchRequest{JobType: "status_check", Requirements: wire.Requirements{GPUSKU: "rtx-4090"}})
 	if err != nil {

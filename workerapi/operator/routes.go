@@ -117,6 +117,15 @@ func (c *Client) CancelJob(ctx context.Context, id string) (*wire.OperatorJobRes
 	return post[wire.OperatorJobResponse](ctx, c, jobPath(id)+"/cancel", nil)
 }
 
+// RetryJob puts a failed or canceled job back in the queue with a fresh
+// attempt budget (POST /operator/jobs/{id}/retry), recording reason (""
+// for none, at most wire.MaxReasonBytes) in its job_retried receipt,
+// whose id the answer's ReceiptID is. A job in any other state answers
+// 409 invalid_transition.
+func (c *Client) RetryJob(ctx context.Context, id, reason string) (*wire.OperatorJobResponse, error) {
+	return post[wire.OperatorJobResponse](ctx, c, jobPath(id)+"/retry", wire.ReasonRequest{Reason: reason})
+}
+
 // ArtifactQuery selects the artifacts of GET /operator/artifacts: of one
 // job and of one type when not "". After is the cursor (artifact ids
 // above it, below it with Order "desc"); Limit the page's size (1 to
@@ -284,6 +293,15 @@ func (c *Client) Envelope(ctx context.Context) (*wire.EnvelopeResponse, error) {
 // (POST /operator/envelope/activate). req.Reason is required.
 func (c *Client) ActivateEnvelope(ctx context.Context, req wire.ActivateRequest) (*wire.EnvelopeResponse, error) {
 	return post[wire.EnvelopeResponse](ctx, c, "/operator/envelope/activate", req)
+}
+
+// SetSafeTypes changes the job types operators made safe at run time
+// (POST /operator/envelope/safe-types): req.Add made safe, req.Remove
+// blocked again, with a new policy version and an
+// envelope_safe_types_changed receipt (ReceiptID). A canonical blocked
+// type answers 400 invalid_request naming it.
+func (c *Client) SetSafeTypes(ctx context.Context, req wire.SafeTypesRequest) (*wire.EnvelopeResponse, error) {
+	return post[wire.EnvelopeResponse](ctx, c, "/operator/envelope/safe-types", req)
 }
 
 // DeactivateEnvelope blocks the blocked job types again (POST

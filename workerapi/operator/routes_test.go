@@ -143,6 +143,7 @@ func TestEveryRouteHasAMethod(t *testing.T) {
 			return err
 		}},
 		{"POST /operator/jobs/{id}/cancel", func(c *operator.Client) error { _, err := c.CancelJob(ctx, jobID); return err }},
+		{"POST /operator/jobs/{id}/retry", func(c *operator.Client) error { _, err := c.RetryJob(ctx, jobID, "test"); return err }},
 		{"GET /operator/workers", func(c *operator.Client) error { _, err := c.ListWorkers(ctx, operator.WorkerQuery{}); return err }},
 		{"GET /operator/workers/{id}", func(c *operator.Client) error { _, err := c.Worker(ctx, n.WorkerID); return err }},
 		{"POST /operator/workers/{id}/ban", func(c *operator.Client) error { _, err := c.BanWorker(ctx, n.WorkerID, "test"); return err }},

@@ -35,9 +35,12 @@ type OperatorJob struct {
 	ActualCostMicroUSD *int64  `json:"actual_cost_micro_usd"`
 }
 
-// OperatorJobResponse answers POST /operator/jobs/{id}/cancel.
+// OperatorJobResponse answers POST /operator/jobs/{id}/cancel and
+// /retry. ReceiptID is the job_retried receipt of a retry; a cancel
+// answers without it.
 type OperatorJobResponse struct {
-	Job OperatorJob `json:"job"`
+	Job       OperatorJob `json:"job"`
+	ReceiptID *string     `json:"receipt_id,omitempty"`
 }
 
 // DispatchResponse answers POST /operator/jobs: the queued job and
@@ -377,10 +380,38 @@ type EnvelopeResponse struct {
 	Reason        string     `json:"reason"`
 	Until         *time.Time `json:"until"`
 	ChangedAt     *time.Time `json:"changed_at"`
-	SafeTypes     []string   `json:"safe_types"`
-	BlockedTypes  []string   `json:"blocked_types"`
-	ReceiptID     string     `json:"receipt_id,omitempty"`
+	// SafeTypes are every safe job type: the canonical ones, the
+	// server's (-safe-type), then RuntimeSafeTypes.
+	SafeTypes    []string `json:"safe_types"`
+	BlockedTypes []string `json:"blocked_types"`
+	// RuntimeSafeTypes are the job types operators made safe at run time
+	// (POST /operator/envelope/safe-types), sorted, [] when none: the
+	// ones a change may remove.
+	RuntimeSafeTypes []string `json:"runtime_safe_types"`
+	ReceiptID        string   `json:"receipt_id,omitempty"`
 }
+
+// SafeTypesRequest is the body of POST /operator/envelope/safe-types: job
+// types to make safe (Add) and to make blocked again (Remove), together
+// 1 to MaxSafeTypesChange, and why (Reason, required, at most
+// MaxReasonBytes). A canonical blocked type (raw_training,
+// model_file_write, ...) can never be made safe.
+type SafeTypesRequest struct {
+	Add    []string `json:"add"`
+	Remove []string `json:"remove"`
+	Reason string   `json:"reason"`
+}
+
+// The limits of POST /operator/envelope/safe-types; a change beyond one
+// is refused with 400 invalid_request.
+const (
+	// MaxSafeTypesChange bounds the job types one change adds and
+	// removes.
+	MaxSafeTypesChange = 64
+	// MaxRuntimeSafeTypes bounds the job types made safe at run time, all
+	// changes together.
+	MaxRuntimeSafeTypes = 256
+)
 
 // ActivateRequest is the body of POST /operator/envelope/activate.
 type ActivateRequest struct {

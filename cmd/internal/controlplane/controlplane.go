@@ -90,6 +90,10 @@ type Options struct {
 	// bytes and long-polls every caller shares. The zero value is
 	// workerapi's defaults.
 	Shares workerapi.Shares
+	// SafeTypes is workerapi.Config.EnvelopeSafe: job types that always
+	// run, beside the canonical safe ones (server -safe-type). A
+	// canonical blocked type among them is refused at Open.
+	SafeTypes []string
 }
 
 // ControlPlane is an open control plane. Close it when done.
@@ -155,6 +159,7 @@ func Open(ctx context.Context, o Options) (*ControlPlane, error) {
 		Now:                       o.Now,
 		Artifacts:                 o.Artifacts,
 		Shares:                    o.Shares,
+		EnvelopeSafe:              o.SafeTypes,
 		ProvisioningTokenTTL:      o.ProvisioningTokenTTL,
 		ProvisioningRegistrations: o.ProvisioningRegistrations,
 		AuditReceiptsPerHour:      o.AuditReceiptsPerHour,

@@ -1,0 +1,10 @@
+-- The job types an operator made safe at run time (POST
+-- /operator/envelope/safe-types), space-separated and sorted ('' for
+-- none), in the current state and in each history record; and, on a
+-- safe-types record, whether the runtime was active before it (such a
+-- change leaves the activation as it was).
+ALTER TABLE nodelane_envelope ADD COLUMN safe_types TEXT NOT NULL DEFAULT '';
+--bun:split
+ALTER TABLE nodelane_envelope_history ADD COLUMN safe_types TEXT NOT NULL DEFAULT '';
+--bun:split
+ALTER TABLE nodelane_envelope_history ADD COLUMN was_active INTEGER NOT NULL DEFAULT 0;

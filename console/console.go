@@ -297,6 +297,7 @@ func (c *Console) routes() http.Handler {
 	page("GET /jobs/{id}", jobs, c.job)
 	page("GET /jobs/{id}/events", jobs, c.jobEvents)
 	page("POST /jobs/{id}/cancel", jobs, c.cancel)
+	page("POST /jobs/{id}/retry", jobs, c.retry)
 	page("GET /artifacts/{id}/download", jobs, c.artifactDownload)
 	page("GET /envelope", envelope, c.envelope)
 	page("POST /envelope/{action}", envelope, c.envelopeAction)

@@ -217,3 +217,39 @@ func TestEventsAnswerHoldsPages(t *testing.T) {
 		t.Errorf("after=-1: %d", p.code)
 	}
 }
+
+// TestRetry: a failed job offers Retry, which queues it again with a
+// receipt; a job in another state offers none, and a retry of it is
+// refused (409) and changes nothing; an unknown job is 404.
+func TestRetry(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, nil)
+	b := f.browser(t)
+	b.signIn(t, f.env.OperatorToken)
+	n := registerNode(t, f, "gpu-1")
+	failed, tok := startJob(t, f, n, lease.NewJob{MaxAttempts: 1})
+	apitest.Post[wire.FailResponse](t, n, wire.JobPath(failed, wire.ActionFail), wire.FailRequest{LeaseToken: tok, ErrorCode: "oom", Message: "out of memory"}, http.StatusOK)
+	running, _ := startJob(t, f, n, lease.NewJob{})
+
+	if p := b.get(t, "/jobs/"+running); strings.Contains(p.body, "/retry\"") {
+		t.Errorf("Retry offered for a running job:\n%s", p.body)
+	}
+	p := b.post(t, "/jobs/"+running+"/retry", url.Values{"reason": {"again"}})
+	mustContain(t, "retry of a running job", p, "The control plane answered 409 invalid_transition")
+	if j := apiGet[wire.JobDetailResponse](t, f, "/operator/jobs/"+running); j.Job.State != "running" {
+		t.Errorf("the refused retry left the job %s", j.Job.State)
+	}
+	p = b.post(t, "/jobs/job_nope/retry", nil)
+	mustContain(t, "retry of no job", p, "The control plane answered 404 not_found")
+
+	p = b.get(t, "/jobs/" + failed)
+	mustContain(t, "failed job", p, `action="/console/jobs/`+failed+`/retry"`)
+	p = b.post(t, "/jobs/"+failed+"/retry", url.Values{"reason": {"fixed the driver"}})
+	mustContain(t, "retry", p, "Job "+failed+" is queued again. Receipt ", `class="badge state-queued"`)
+	if j := apiGet[wire.JobDetailResponse](t, f, "/operator/jobs/"+failed); j.Job.State != "queued" {
+		t.Errorf("after Retry the job is %s", j.Job.State)
+	}
+	if strings.Contains(p.body, "/retry\"") {
+		t.Error("Retry still offered for the queued job")
+	}
+}

@@ -982,6 +982,27 @@ func (c *Console) jobEvents(w http.ResponseWriter, r *http.Request, s *session) 
 	_ = json.NewEncoder(w).Encode(out)
 }
 
+// retry requeues a failed or canceled job with a fresh attempt budget
+// (POST /operator/jobs/{id}/retry, receipted); the API refuses a job in
+// any other state (409).
+func (c *Console) retry(w http.ResponseWriter, r *http.Request, s *session) {
+	id := r.PathValue("id")
+	c.act(w, r, s, "/jobs/"+url.PathEscape(id), func(ctx context.Context) (flash, error) {
+		if err := form(w, r); err != nil {
+			return flash{}, err
+		}
+		out, err := c.op(s.token).RetryJob(ctx, id, strings.TrimSpace(r.PostForm.Get("reason")))
+		if err != nil {
+			return flash{}, err
+		}
+		msg := "Job " + id + " is " + out.Job.State + " again."
+		if out.ReceiptID != nil {
+			msg += " Receipt " + *out.ReceiptID + "."
+		}
+		return flash{Text: msg}, nil
+	})
+}
+
 func (c *Console) cancel(w http.ResponseWriter, r *http.Request, s *session) {
 	id := r.PathValue("id")
 	c.act(w, r, s, "/jobs/"+url.PathEscape(id), func(ctx context.Context) (flash, error) {

@@ -242,7 +242,7 @@ func TestRetry(t *testing.T) {
 	p = b.post(t, "/jobs/job_nope/retry", nil)
 	mustContain(t, "retry of no job", p, "The control plane answered 404 not_found")
 
-	p = b.get(t, "/jobs/" + failed)
+	p = b.get(t, "/jobs/"+failed)
 	mustContain(t, "failed job", p, `action="/console/jobs/`+failed+`/retry"`)
 	p = b.post(t, "/jobs/"+failed+"/retry", url.Values{"reason": {"fixed the driver"}})
 	mustContain(t, "retry", p, "Job "+failed+" is queued again. Receipt ", `class="badge state-queued"`)

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/url"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
@@ -251,5 +252,25 @@ func TestRetry(t *testing.T) {
 	}
 	if strings.Contains(p.body, "/retry\"") {
 		t.Error("Retry still offered for the queued job")
+	}
+}
+
+// TestSafeTypes: the envelope page changes the safe types through the
+// API; a canonical blocked type is refused and nothing changes.
+func TestSafeTypes(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, nil)
+	b := f.browser(t)
+	b.signIn(t, f.env.OperatorToken)
+	before := apiGet[wire.EnvelopeResponse](t, f, "/operator/envelope")
+	p := b.post(t, "/envelope/safe-types", url.Values{"add": {"raw_training"}, "reason": {"no"}})
+	mustContain(t, "blocked type", p, "The control plane answered 400", "raw_training")
+	if after := apiGet[wire.EnvelopeResponse](t, f, "/operator/envelope"); after.PolicyVersion != before.PolicyVersion {
+		t.Errorf("a refused change moved the policy version %d → %d", before.PolicyVersion, after.PolicyVersion)
+	}
+	p = b.post(t, "/envelope/safe-types", url.Values{"add": {"my_eval"}, "reason": {"our own type"}})
+	mustContain(t, "safe type", p, "Safe types now ", "my_eval")
+	if after := apiGet[wire.EnvelopeResponse](t, f, "/operator/envelope"); !slices.Contains(after.SafeTypes, "my_eval") || after.PolicyVersion != before.PolicyVersion+1 {
+		t.Errorf("after the change: %+v", after)
 	}
 }

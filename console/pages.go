@@ -1034,7 +1034,7 @@ func (c *Console) envelope(w http.ResponseWriter, r *http.Request, s *session) {
 		d.HistoryErr = explain(err)
 	} else {
 		for i := len(rs) - 1; i >= 0; i-- {
-			if k := rs[i].Kind; k == receipts.KindEnvelopeActivated || k == receipts.KindEnvelopeDeactivated {
+			if k := rs[i].Kind; k == receipts.KindEnvelopeActivated || k == receipts.KindEnvelopeDeactivated || k == receipts.KindEnvelopeSafeTypesChanged {
 				row := receiptRow{ID: rs[i].ID, Kind: k, Index: rs[i].Index}
 				row.Receipt, _ = receipts.Decode(rs[i].Body)
 				d.History = append(d.History, row)
@@ -1068,6 +1068,11 @@ func (c *Console) envelopeAction(w http.ResponseWriter, r *http.Request, s *sess
 			out, err = c.op(s.token).ActivateEnvelope(ctx, a)
 		case "deactivate":
 			out, err = c.op(s.token).DeactivateEnvelope(ctx, reason)
+		case "safe-types":
+			out, err = c.op(s.token).SetSafeTypes(ctx, wire.SafeTypesRequest{Add: fields(r.PostForm.Get("add")), Remove: fields(r.PostForm.Get("remove")), Reason: reason})
+			if err == nil {
+				return flash{Text: fmt.Sprintf("Safe types now %s: policy version %d.", strings.Join(out.SafeTypes, " "), out.PolicyVersion)}, nil
+			}
 		default:
 			return flash{}, fmt.Errorf("there is no envelope action %q", action)
 		}

@@ -159,7 +159,8 @@ const layoutJS = `(() => {
 // page with performance.now(), is logged, not asserted); the keyboard
 // reaches the navigation and scrolls the viewer; a job held by a banned
 // worker says so; a failed job is "not charged"; an SKU without a price
-// is flagged; approval is offered only to a worker awaiting it; and no
+// is flagged; Retry queues a failed job again; approval is offered only
+// to a worker awaiting it; and no
 // page logs a script error or a Content-Security-Policy report. Each
 // page's layout (its blocks' left edges and widths) is compared with
 // testdata/console_layout.json, which UPDATE_CONSOLE_LAYOUT=1 rewrites;
@@ -342,6 +343,14 @@ func TestBrowserPages(t *testing.T) {
 	visit("job-failed", "/jobs/"+f.failedJob, "#cost")
 	if got := text("#cost"); !strings.Contains(got, "Not charged: the job ended failed") {
 		t.Errorf("a failed job's cost: %q", got)
+	}
+	step("retry the failed job",
+		chromedp.SetValue(chromedp.CSS(`form[action$="/retry"] input[name=reason]`), "driver fixed"),
+		chromedp.Click(chromedp.CSS(`form[action$="/retry"] button`)),
+		chromedp.WaitVisible(chromedp.CSS("p.flash")),
+	)
+	if got := text("#job-state"); got != "queued" {
+		t.Errorf("after Retry the job is %q (flash %q)", got, text("p.flash"))
 	}
 	visit("job-banned", "/jobs/"+f.bannedJob, "#worker-hint")
 	if got := text("#worker-hint"); !strings.Contains(got, "banned") || !strings.Contains(got, "flaky fans") {

@@ -95,13 +95,22 @@ func newPagesFixture(t *testing.T) *pagesFixture {
 	// The long log: pagesLogLines lines, wire.MaxLogEntries a request.
 	var tok string
 	f.logJob, tok = pagesStart(t, env, gpu1, "rtx-4090", lease.NewJob{Type: "status_check", Payload: json.RawMessage(`{"note":"<script>alert(1)</script>"}`)})
+	began := time.Now()
 	for seq := 1; seq <= pagesLogLines; seq += wire.MaxLogEntries {
+		// The node heartbeats as a worker does, so that the control plane
+		// keeps it online (and its lease live) however long this takes.
+		if seq%(10*wire.MaxLogEntries) == 1 {
+			if resp, b := gpu1.Do(t, http.MethodPost, wire.PathHeartbeat, wire.HeartbeatRequest{Status: "busy", CurrentJobs: []string{f.logJob}}); resp.StatusCode != http.StatusOK {
+				t.Fatalf("heartbeat: %d %s", resp.StatusCode, b)
+			}
+		}
 		es := make([]wire.LogEntry, 0, wire.MaxLogEntries)
 		for i := seq; i < seq+wire.MaxLogEntries && i <= pagesLogLines; i++ {
 			es = append(es, wire.LogEntry{Seq: int64(i), Message: fmt.Sprintf("line %06d loss=%.4f", i, 1/float64(i))})
 		}
 		apitest.Post[wire.LogsResponse](t, gpu1, wire.JobPath(f.logJob, wire.ActionLogs), wire.LogsRequest{LeaseToken: tok, Entries: es}, http.StatusOK)
 	}
+	t.Logf("%d log lines posted in %v", pagesLogLines, time.Since(began))
 	apitest.Post[wire.CompleteResponse](t, gpu1, wire.JobPath(f.logJob, wire.ActionComplete), wire.CompleteRequest{LeaseToken: tok}, http.StatusOK)
 
 	f.unpricedJob, tok = pagesStart(t, env, gpu2, "a100", lease.NewJob{Type: "status_check", Requirements: lease.Requirements{GPUSKU: "a100"}})
@@ -253,11 +262,11 @@ func TestBrowserPages(t *testing.T) {
 			compareLayout(t, name, want, got.Boxes)
 		}
 		if d := os.Getenv("CONSOLE_SCREENSHOTS"); d != "" {
-			b, err := chromedp.Run(ctx, chromedp.FullScreenshot(90))
+			b, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := os.WriteFile(filepath.Join(d, "page-"+name+".jpg"), b, 0o600); err != nil {
+			if err := os.WriteFile(filepath.Join(d, "page-"+name+".png"), b, 0o600); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -387,6 +396,7 @@ func TestBrowserPages(t *testing.T) {
 		return eval(`(() => { const r = document.querySelector('#log-viewer').getBoundingClientRect();
 			const e = document.elementFromPoint(r.left + 40, r.` + edge + `); const l = e && e.closest('.log-line'); return l ? l.textContent : ''; })()`)
 	}
+	step("the viewer in view", chromedp.ScrollIntoView(chromedp.CSS("#log-viewer")))
 	if got := lineAt("bottom - 9"); !strings.Contains(got, fmt.Sprintf("line %06d", pagesLogLines)) {
 		t.Errorf("the viewer's last visible line is %q, want line %d", got, pagesLogLines)
 	}
@@ -399,7 +409,12 @@ func TestBrowserPages(t *testing.T) {
 		t.Errorf("after Home the viewer's first visible line is %q", got)
 	}
 
-	// The dispatch form keeps its input and points at the JSON error.
+	// The dispatch form keeps its input and points at the JSON error. Its
+	// answer is a 400, which Chromium logs: the only error the pages may
+	// log, checked for here.
+	mu.Lock()
+	before := len(problems)
+	mu.Unlock()
 	step("a bad payload",
 		chromedp.Navigate(base+"/jobs"),
 		chromedp.SetValue(chromedp.CSS(`#dispatch-form input[name=job_type]`), "status_check"),
@@ -416,6 +431,19 @@ func TestBrowserPages(t *testing.T) {
 	if got := eval(`document.querySelector('#dispatch-form input[name=job_type]').value`); got != "status_check" {
 		t.Errorf("the form lost its job type: %q", got)
 	}
+	mu.Lock()
+	var logged400 bool
+	problems = slices.DeleteFunc(problems, func(p string) bool {
+		if strings.Contains(p, "status of 400 (Bad Request) ("+base+"/jobs)") && !logged400 {
+			logged400 = true
+			return true
+		}
+		return false
+	})
+	if len(problems) > before || !logged400 {
+		t.Errorf("the refused dispatch logged %v, want only its 400", problems[before:])
+	}
+	mu.Unlock()
 
 	if os.Getenv("UPDATE_CONSOLE_LAYOUT") != "" {
 		b, err := json.MarshalIndent(measured, "", "  ")

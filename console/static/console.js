@@ -35,7 +35,18 @@
   var ROW = 18; // px, as .log-line's height in console.css
   var OVERSCAN = 20;
   var lines = []; // {t, kind, type, msg, epoch}
-  var after = "0";
+  // The lines the page came with (the first page of events) show at
+  // once; the rest load after the last of them.
+  var after = table.dataset.after || "0";
+  Array.prototype.forEach.call(table.tBodies[0].rows, function (tr) {
+    var c = tr.cells;
+    if (c.length < 5) {
+      return;
+    }
+    var type = c[2].textContent;
+    lines.push({ t: c[0].textContent.slice(11, 19), kind: tr.className.replace(/^ev-/, ""), type: type === "—" ? null : type,
+      msg: c[3].textContent.replace(/\r?\n/g, " ⏎ "), epoch: c[4].textContent });
+  });
 
   // The viewer: a scroll box holding a spacer as tall as all the lines and,
   // in it, only the rows in view.
@@ -165,6 +176,7 @@
         say("Stopped following: " + err.message + ". Reload the page.");
       });
   }
+  render();
   say("Loading…");
   poll();
 })();

@@ -52,8 +52,8 @@ const (
 )
 
 // SVG draws c as an inline SVG element: stacked bars, a tooltip (<title>)
-// on each, the largest total on the y axis, every sixth label on the x
-// axis. Every text it writes is escaped.
+// on each, the largest total on the y axis, every sixth label and the
+// last on the x axis. Every text it writes is escaped.
 func (c chart) SVG() template.HTML {
 	n := len(c.Labels)
 	totals := make([]float64, n)
@@ -91,7 +91,12 @@ func (c chart) SVG() template.HTML {
 				fmt.Fprintf(&b, `<rect class="bar %s" x="%.1f" y="%.1f" width="%.1f" height="%.1f"><title>%s: %s %s %s</title></rect>`,
 					esc(s.Class), x, base, bw, h, esc(c.Labels[i]), esc(strconv.FormatFloat(s.Values[i], 'f', c.Digits, 64)), esc(c.Unit), esc(s.Name))
 			}
-			if i%chartLabelEvery == 0 || i == n-1 {
+			// Every sixth bucket is labelled, but for one near the last,
+			// which is labelled ending at the plot's edge.
+			switch {
+			case i == n-1:
+				fmt.Fprintf(&b, `<text x="%d" y="%d" text-anchor="end">%s</text>`, padL+plotW, padT+plotH+14, esc(c.Labels[i]))
+			case i%chartLabelEvery == 0 && n-1-i >= chartLabelEvery/2:
 				fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="middle">%s</text>`, x+bw/2, padT+plotH+14, esc(c.Labels[i]))
 			}
 		}

@@ -117,7 +117,7 @@ func (n *browserNode) run(t *testing.T, id string) {
 // cmd/server, mounted at /console/ as the server mounts it, as an
 // operator would: sign in, dispatch a job the envelope holds, activate
 // the runtime, watch the job run (a node driven through the worker
-// routes) and its logs arrive without reloading (the page's script), then
+// routes) and its logs arrive in the log viewer without reloading (the page's script), then
 // its cost and verified receipts. It fails on any script error or
 // Content-Security-Policy report in the page. Screenshots go to the
 // test's temporary directory, or to the directory $CONSOLE_SCREENSHOTS
@@ -253,19 +253,19 @@ func TestBrowser(t *testing.T) {
 
 	// Watch the job: the page is loaded while it is queued; the node runs
 	// it; the script shows the new events and the end without a reload.
-	step("job page", chromedp.Navigate(jobURL), chromedp.WaitVisible(chromedp.CSS("#events")))
+	step("job page", chromedp.Navigate(jobURL), chromedp.WaitVisible(chromedp.CSS("#log-viewer")))
 	if got := text("#job-state"); got != "queued" {
 		t.Fatalf("the job page was loaded with the job %q, want queued: the page would not follow it live", got)
 	}
 	n.run(t, id)
 	step("logs follow live", chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
 		_, err := chromedp.Poll[bool](`document.querySelector('#job-state').textContent === 'succeeded' &&
-			document.querySelector('#events tbody').textContent.includes('epoch 2') &&
-			document.querySelector('#events-more').textContent.includes('The job has ended')`,
+			document.querySelector('#log-viewer').textContent.includes('epoch 2') &&
+			document.querySelector('#log-status').textContent.includes('The job has ended')`,
 			chromedp.WithPollingTimeout(30*time.Second))(ctx, tg)
 		return err
 	}))
-	if got := text("#events tbody"); !strings.Contains(got, "epoch 1 <b>loss</b>") || !strings.Contains(got, "half way") {
+	if got := text("#log-viewer"); !strings.Contains(got, "epoch 1 <b>loss</b>") || !strings.Contains(got, "half way") {
 		t.Errorf("the followed logs: %q", got)
 	}
 	shot("5-followed")

@@ -24,7 +24,12 @@
 // another's.
 //
 // Pages are server-rendered with html/template and readable without
-// JavaScript; one small embedded script makes a job's logs follow live.
+// JavaScript: lists newest first, times relative with the exact time on
+// hover, the overview's charts as inline SVG drawn on the server. One
+// small embedded script (no framework, no build step) opens a job's
+// timeline and logs in a viewer that renders only the lines in view and
+// follows the job live, and puts the dispatch form's cursor where its
+// payload stops being JSON.
 // Every response carries a strict Content-Security-Policy, every POST
 // goes through net/http's CrossOriginProtection, and the session cookie
 // is HttpOnly, SameSite=Strict and, over TLS, Secure.
@@ -241,7 +246,7 @@ func New(cfg Config) (*Console, error) {
 		return nil, fmt.Errorf("console: the operator client: %w", err)
 	}
 	c.api = api
-	pages, err := parsePages()
+	pages, err := parsePages(cfg.Now)
 	if err != nil {
 		return nil, err
 	}
@@ -297,6 +302,7 @@ func (c *Console) routes() http.Handler {
 	page("GET /jobs/{id}", jobs, c.job)
 	page("GET /jobs/{id}/events", jobs, c.jobEvents)
 	page("POST /jobs/{id}/cancel", jobs, c.cancel)
+	page("POST /jobs/{id}/retry", jobs, c.retry)
 	page("GET /artifacts/{id}/download", jobs, c.artifactDownload)
 	page("GET /envelope", envelope, c.envelope)
 	page("POST /envelope/{action}", envelope, c.envelopeAction)

@@ -408,12 +408,12 @@ func TestPages(t *testing.T) {
 	}{
 		{"/", []string{"<h1>Overview</h1>", "status_check", "lora_train", `id="liveness">1 workers: online 1`, `id="rate">`, "Runtime <strong>inactive</strong>"}},
 		{"/workers", []string{job.workerID, "gpu-1", "rtx-4090 (24576 MB)", "lab-a", "online"}},
-		{"/workers/" + job.workerID, []string{"gpu-1.local", "rtx-4090 (24576 MB)", "lab-a", "status_check lora_train", "No live lease.", `action="/console/workers/` + job.workerID + `/ban"`, `/approve"`}},
+		{"/workers/" + job.workerID, []string{"gpu-1.local", "rtx-4090 (24576 MB)", "lab-a", "status_check lora_train", "No live lease.", `action="/console/workers/` + job.workerID + `/ban"`}},
 		{"/jobs", []string{id, queued, "succeeded", "queued", job.workerID, "Dispatch a job"}},
 		{"/jobs?state=succeeded", []string{id}},
 		{"/jobs?job_type=lora_train", []string{queued}},
 		{"/jobs/" + id, []string{
-			`id="job-state" class="state-succeeded">succeeded`,
+			`<span id="job-state" class="badge state-succeeded">succeeded</span>`,
 			"progress", "half way", "epoch 1 &lt;b&gt;loss&lt;/b&gt;", "epoch 2", // the timeline and logs, escaped
 			"adapter.safetensors", "file:///models/adapter.safetensors", job.artifactReceipt,
 			`<td class="num" title="4 bytes">4 B</td><td><span class="note">metadata only</span></td>`, // no Download link
@@ -522,7 +522,7 @@ func TestActions(t *testing.T) {
 
 	t.Run("ban", func(t *testing.T) {
 		p := b.post(t, wp+"/ban", url.Values{"reason": {"flaky fans"}})
-		mustContain(t, "ban", p, "Worker "+n.WorkerID+": ban done. Receipt ", "banned at", "flaky fans")
+		mustContain(t, "ban", p, "Worker "+n.WorkerID+": ban done. Receipt ", `<span class="badge banned">banned</span> at`, "flaky fans")
 		if w := apiGet[wire.WorkerDetailResponse](t, f, "/operator/workers/"+n.WorkerID); !w.Worker.Banned {
 			t.Fatal("the worker is not banned")
 		}

@@ -1,17 +1,20 @@
 package console
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"html/template"
+	"io"
 	"net/http"
 	"net/url"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/nodelane/nodelane/receipts"
 	"github.com/nodelane/nodelane/workerapi/operator"
@@ -46,63 +49,159 @@ type pageData struct {
 	Data any
 }
 
-var funcs = template.FuncMap{
-	"when": func(t any) string {
-		switch v := t.(type) {
-		case time.Time:
-			if v.IsZero() {
-				return "—"
+// funcs are the templates' functions; now is the clock relative times
+// are counted from.
+func funcs(now func() time.Time) template.FuncMap {
+	return template.FuncMap{
+		"when":  func(t any) template.HTML { return when(now(), t) },
+		"exact": exact,
+		"dur":   dur,
+		"deref": func(p any) string {
+			switch v := p.(type) {
+			case *string:
+				if v == nil {
+					return "—"
+				}
+				return *v
+			case *int64:
+				if v == nil {
+					return "—"
+				}
+				return strconv.FormatInt(*v, 10)
 			}
-			return v.UTC().Format("2006-01-02 15:04:05Z")
-		case *time.Time:
-			if v == nil || v.IsZero() {
-				return "—"
-			}
-			return v.UTC().Format("2006-01-02 15:04:05Z")
+			return fmt.Sprint(p)
+		},
+		"pretty": pretty,
+		"join":   strings.Join,
+		"has":    slices.Contains[[]string],
+		"states": func() []string { return jobStates },
+		"path":   url.PathEscape,
+		"query":  url.QueryEscape,
+		"ended":  ended,
+		"size":   humanBytes,
+	}
+}
+
+// ended reports whether a job in state has ended.
+func ended(state string) bool {
+	return state == "succeeded" || state == "failed" || state == "canceled"
+}
+
+// timeOf is t as a time, nil for none (a nil or zero time).
+func timeOf(t any) *time.Time {
+	switch v := t.(type) {
+	case time.Time:
+		if !v.IsZero() {
+			return &v
 		}
-		return fmt.Sprint(t)
-	},
-	"deref": func(p any) string {
-		switch v := p.(type) {
-		case *string:
-			if v == nil {
-				return "—"
-			}
-			return *v
-		case *int64:
-			if v == nil {
-				return "—"
-			}
-			return strconv.FormatInt(*v, 10)
+	case *time.Time:
+		if v != nil && !v.IsZero() {
+			return v
 		}
-		return fmt.Sprint(p)
-	},
-	"pretty": func(b json.RawMessage) string {
-		if len(b) == 0 || string(b) == "null" {
-			return ""
-		}
-		var v any
-		if json.Unmarshal(b, &v) != nil {
-			return string(b)
-		}
-		out, _ := json.MarshalIndent(v, "", "  ")
-		return string(out)
-	},
-	"join":   strings.Join,
-	"has":    slices.Contains[[]string],
-	"states": func() []string { return jobStates },
-	"path":   url.PathEscape,
-	"query":  url.QueryEscape,
-	"ended":  func(state string) bool { return state == "succeeded" || state == "failed" || state == "canceled" },
-	"size":   humanBytes,
+	}
+	return nil
+}
+
+// exact is t to the second in UTC, "—" for none.
+func exact(t any) string {
+	if v := timeOf(t); v != nil {
+		return v.UTC().Format("2006-01-02 15:04:05Z")
+	}
+	return "—"
+}
+
+// when renders t as a <time> element: relative to now ("5 min ago",
+// "in 2 h"), with the exact UTC time as its datetime and on hover.
+func when(now time.Time, t any) template.HTML {
+	v := timeOf(t)
+	if v == nil {
+		return "—"
+	}
+	return template.HTML(`<time datetime="` + v.UTC().Format(time.RFC3339) + `" title="` + exact(v) + `">` +
+		template.HTMLEscapeString(relative(now, *v)) + `</time>`)
+}
+
+// relative is t as an operator reads it next to now: seconds, minutes,
+// hours or days ago (or ahead); past 30 days, the date.
+func relative(now, t time.Time) string {
+	d := now.Sub(t)
+	future := d < 0
+	if future {
+		d = -d
+	}
+	var s string
+	switch {
+	case d < 5*time.Second:
+		return "just now"
+	case d < time.Minute:
+		s = strconv.Itoa(int(d/time.Second)) + " s"
+	case d < time.Hour:
+		s = strconv.Itoa(int(d/time.Minute)) + " min"
+	case d < 48*time.Hour:
+		s = strconv.Itoa(int(d/time.Hour)) + " h"
+	case d < 30*24*time.Hour:
+		s = strconv.Itoa(int(d/(24*time.Hour))) + " d"
+	default:
+		return t.UTC().Format("2006-01-02")
+	}
+	if future {
+		return "in " + s
+	}
+	return s + " ago"
+}
+
+// dur is the time from a to b (b nil: until now is not known here, so
+// "—"), as "850 ms", "42 s", "3 min 5 s", "2 h 10 min" or "3 d 4 h".
+func dur(a, b any) string {
+	from, to := timeOf(a), timeOf(b)
+	if from == nil || to == nil || to.Before(*from) {
+		return "—"
+	}
+	return formatDur(to.Sub(*from))
+}
+
+// formatDur is d as dur writes it.
+func formatDur(d time.Duration) string {
+	switch {
+	case d < time.Second:
+		return strconv.FormatInt(d.Milliseconds(), 10) + " ms"
+	case d < time.Minute:
+		return strconv.FormatFloat(d.Seconds(), 'f', 1, 64) + " s"
+	case d < time.Hour:
+		return fmt.Sprintf("%d min %d s", int(d/time.Minute), int(d%time.Minute/time.Second))
+	case d < 24*time.Hour:
+		return fmt.Sprintf("%d h %d min", int(d/time.Hour), int(d%time.Hour/time.Minute))
+	}
+	return fmt.Sprintf("%d d %d h", int(d/(24*time.Hour)), int(d%(24*time.Hour)/time.Hour))
+}
+
+// pretty indents a JSON value for reading, "" for none. It writes <, >
+// and & as themselves, not \u003c escapes: html/template escapes the text
+// for the page.
+func pretty(b json.RawMessage) string {
+	if len(b) == 0 || string(b) == "null" {
+		return ""
+	}
+	var v any
+	if json.Unmarshal(b, &v) != nil {
+		return string(b)
+	}
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	enc.SetIndent("", "  ")
+	if enc.Encode(v) != nil {
+		return string(b)
+	}
+	return strings.TrimSuffix(buf.String(), "\n")
 }
 
 var pageNames = []string{"signin", "error", "overview", "workers", "worker", "jobs", "job", "envelope", "receipts", "receipt", "credentials"}
 
-func parsePages() (map[string]*template.Template, error) {
+func parsePages(now func() time.Time) (map[string]*template.Template, error) {
 	out := map[string]*template.Template{}
 	for _, n := range pageNames {
-		t, err := template.New(n).Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/"+n+".html")
+		t, err := template.New(n).Funcs(funcs(now)).ParseFS(templateFS, "templates/layout.html", "templates/"+n+".html")
 		if err != nil {
 			return nil, fmt.Errorf("console: template %s: %w", n, err)
 		}
@@ -187,6 +286,12 @@ type overviewData struct {
 	SpendErr    string
 	Envelope    *wire.EnvelopeResponse
 	EnvelopeErr string
+	// Charts are the queue depth, throughput and spend over time;
+	// ChartsErr says why the spend chart is missing.
+	Charts    []chart
+	ChartsErr string
+	// Unpriced are the SKUs charged 0 USD for their GPU time this month.
+	Unpriced []string
 }
 
 var jobStates = []string{"queued", "leased", "running", "succeeded", "failed", "canceled"}
@@ -195,9 +300,11 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request, s *session) {
 	ctx := r.Context()
 	d := overviewData{States: jobStates, Liveness: map[string]int{}, Totals: make([]int, len(jobStates))}
 	byType := map[string][]int{}
+	var times []jobTimes
 	for i, st := range jobStates {
 		n := 0
-		err := c.eachJob(ctx, s.token, operator.JobQuery{State: st}, MaxCounted, func(j wire.OperatorJob) {
+		err := c.eachJob(ctx, s.token, operator.JobQuery{State: st, Order: wire.OrderDesc}, MaxCounted, func(j wire.OperatorJob) {
+			times = append(times, jobTimes{state: j.State, created: j.CreatedAt, leased: j.LeasedAt, finished: j.FinishedAt})
 			if byType[j.JobType] == nil {
 				byType[j.JobType] = make([]int, len(jobStates))
 			}
@@ -249,6 +356,16 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request, s *session) {
 		d.SpendErr = explain(err)
 	} else {
 		d.SpendToday, d.SpendMonth = today, month
+		d.Unpriced = unpriced(month)
+	}
+	if d.JobsErr == "" {
+		q, t := hourCharts(now, times)
+		d.Charts = append(d.Charts, q, t)
+	}
+	if sp, err := c.spendChart(ctx, api); err != nil {
+		d.ChartsErr = explain(err)
+	} else {
+		d.Charts = append(d.Charts, sp)
 	}
 	if env, err := api.Envelope(ctx); err != nil {
 		d.EnvelopeErr = explain(err)
@@ -343,7 +460,7 @@ func (c *Console) recent(ctx context.Context, token string, n int) ([]receipts.W
 // --- workers
 
 func (c *Console) workers(w http.ResponseWriter, r *http.Request, s *session) {
-	page, err := c.op(s.token).ListWorkers(r.Context(), operator.WorkerQuery{After: r.URL.Query().Get("after"), Limit: PageSize})
+	page, err := c.op(s.token).ListWorkers(r.Context(), operator.WorkerQuery{After: r.URL.Query().Get("after"), Limit: PageSize, Order: wire.OrderDesc})
 	if err != nil {
 		c.render(w, r, status(err), "workers", s, &pageData{Title: "Workers", Flashes: []flash{{Error: true, Text: explain(err)}}})
 		return
@@ -368,7 +485,7 @@ func (c *Console) worker(w http.ResponseWriter, r *http.Request, s *session) {
 		return
 	}
 	d := workerData{WorkerDetailResponse: *wd, Retired: wd.Worker.Status == "retired"}
-	page, err := api.ListJobs(r.Context(), operator.JobQuery{WorkerID: id, Limit: PageSize})
+	page, err := api.ListJobs(r.Context(), operator.JobQuery{WorkerID: id, Limit: PageSize, Order: wire.OrderDesc})
 	if err != nil {
 		d.HistoryErr = explain(err)
 		page = &wire.JobListResponse{}
@@ -444,18 +561,49 @@ func (c *Console) workerAction(w http.ResponseWriter, r *http.Request, s *sessio
 type jobsData struct {
 	State, Type, Worker, Tag string
 	Jobs                     []wire.OperatorJob
-	Next                     string
-	NextQuery                string
-	SafeTypes, BlockedTypes  []string
+	// FirstQuery (on a later page) and NextQuery are the query strings
+	// of the newest page and of the next, older one.
+	FirstQuery, NextQuery   string
+	SafeTypes, BlockedTypes []string
+	// Form is what the dispatch form shows: empty, or what was sent when
+	// a dispatch failed.
+	Form *dispatchForm
+}
+
+// dispatchForm is the dispatch form's input, kept when a dispatch fails.
+type dispatchForm struct {
+	JobType, Payload, GPUSKU, GPUCount, Tags, Priority, MaxAttempts string
+	// PayloadErr says where the payload is not JSON; PayloadOffset is
+	// the byte offset of the error in Payload, where the script puts the
+	// cursor.
+	PayloadErr    string
+	PayloadOffset int64
 }
 
 func (c *Console) jobs(w http.ResponseWriter, r *http.Request, s *session) {
+	c.jobsPage(w, r, s, http.StatusOK, &dispatchForm{Payload: "{}"}, nil)
+}
+
+// jobsPage renders the job list and the dispatch form holding form; fl,
+// when set, is the flash of a failed dispatch, answered with code.
+func (c *Console) jobsPage(w http.ResponseWriter, r *http.Request, s *session, code int, form *dispatchForm, fl *flash) {
 	in := r.URL.Query()
-	d := jobsData{State: in.Get("state"), Type: in.Get("job_type"), Worker: in.Get("worker_id"), Tag: in.Get("tag")}
+	d := jobsData{State: in.Get("state"), Type: in.Get("job_type"), Worker: in.Get("worker_id"), Tag: in.Get("tag"), Form: form}
+	pd := &pageData{Title: "Jobs", Data: &d}
+	if fl != nil {
+		pd.Flashes = append(pd.Flashes, *fl)
+	}
 	api := c.op(s.token)
-	page, err := api.ListJobs(r.Context(), operator.JobQuery{State: d.State, JobType: d.Type, WorkerID: d.Worker, Tag: d.Tag, After: in.Get("after"), Limit: PageSize})
+	if env, err := api.Envelope(r.Context()); err == nil {
+		d.SafeTypes, d.BlockedTypes = env.SafeTypes, env.BlockedTypes
+	}
+	page, err := api.ListJobs(r.Context(), operator.JobQuery{State: d.State, JobType: d.Type, WorkerID: d.Worker, Tag: d.Tag, After: in.Get("after"), Limit: PageSize, Order: wire.OrderDesc})
 	if err != nil {
-		c.render(w, r, status(err), "jobs", s, &pageData{Title: "Jobs", Data: d, Flashes: []flash{{Error: true, Text: explain(err)}}})
+		pd.Flashes = append(pd.Flashes, flash{Error: true, Text: explain(err)})
+		if code == http.StatusOK {
+			code = status(err)
+		}
+		c.render(w, r, code, "jobs", s, pd)
 		return
 	}
 	for _, j := range page.Jobs {
@@ -468,55 +616,123 @@ func (c *Console) jobs(w http.ResponseWriter, r *http.Request, s *session) {
 		}
 		d.Jobs = append(d.Jobs, j)
 	}
+	filters := url.Values{}
+	for k, v := range map[string]string{"state": d.State, "job_type": d.Type, "worker_id": d.Worker, "tag": d.Tag} {
+		if v != "" {
+			filters.Set(k, v)
+		}
+	}
+	if in.Get("after") != "" {
+		d.FirstQuery = filters.Encode()
+		if d.FirstQuery == "" {
+			d.FirstQuery = "state="
+		}
+	}
 	if page.Next != nil {
 		q := url.Values{"after": {*page.Next}}
-		for k, v := range map[string]string{"state": d.State, "job_type": d.Type, "worker_id": d.Worker, "tag": d.Tag} {
-			if v != "" {
-				q.Set(k, v)
-			}
+		for k, v := range filters {
+			q[k] = v
 		}
 		d.NextQuery = q.Encode()
 	}
-	if env, err := api.Envelope(r.Context()); err == nil {
-		d.SafeTypes, d.BlockedTypes = env.SafeTypes, env.BlockedTypes
-	}
-	c.render(w, r, http.StatusOK, "jobs", s, &pageData{Title: "Jobs", Data: d})
+	c.render(w, r, code, "jobs", s, pd)
 }
 
+// dispatch dispatches the form's job and shows it; a dispatch that fails
+// shows the job list again with the form as sent and what was wrong.
 func (c *Console) dispatch(w http.ResponseWriter, r *http.Request, s *session) {
-	back := "/jobs"
-	c.actTo(w, r, s, &back, func(ctx context.Context) (flash, error) {
-		if err := form(w, r); err != nil {
-			return flash{}, err
+	if err := form(w, r); err != nil {
+		fl := flash{Error: true, Text: explain(&requestError{err.Error()})}
+		c.jobsPage(w, r, s, http.StatusBadRequest, &dispatchForm{Payload: "{}"}, &fl)
+		return
+	}
+	f := r.PostForm
+	// A browser sends a textarea's line breaks as CRLF and shows them as
+	// LF: the offset of an error is counted in what it shows.
+	df := &dispatchForm{JobType: f.Get("job_type"), Payload: strings.ReplaceAll(f.Get("payload"), "\r\n", "\n"), GPUSKU: f.Get("gpu_sku"), GPUCount: f.Get("gpu_count"),
+		Tags: f.Get("tags"), Priority: f.Get("priority"), MaxAttempts: f.Get("max_attempts")}
+	fail := func(err error) {
+		fl := flash{Error: true, Text: explain(err)}
+		c.jobsPage(w, r, s, status(err), df, &fl)
+	}
+	req := wire.DispatchRequest{JobType: strings.TrimSpace(df.JobType), Requirements: wire.Requirements{GPUSKU: strings.TrimSpace(df.GPUSKU), Tags: fields(df.Tags)}}
+	if p := strings.TrimSpace(df.Payload); p != "" {
+		if err := checkJSON(df.Payload); err != nil {
+			df.PayloadErr, df.PayloadOffset = err.msg, err.offset
+			fail(&requestError{"the payload is not JSON: " + err.msg})
+			return
 		}
-		f := r.PostForm
-		req := wire.DispatchRequest{JobType: strings.TrimSpace(f.Get("job_type")), Requirements: wire.Requirements{GPUSKU: strings.TrimSpace(f.Get("gpu_sku")), Tags: fields(f.Get("tags"))}}
-		if p := strings.TrimSpace(f.Get("payload")); p != "" {
-			if !json.Valid([]byte(p)) {
-				return flash{}, errors.New("the payload is not JSON")
+		req.Payload = json.RawMessage(p)
+	}
+	for name, v := range map[string]string{"gpu_count": df.GPUCount, "priority": df.Priority, "max_attempts": df.MaxAttempts} {
+		dst := map[string]*int{"gpu_count": &req.Requirements.GPUCount, "priority": &req.Priority, "max_attempts": &req.MaxAttempts}[name]
+		if v = strings.TrimSpace(v); v != "" {
+			n, err := strconv.Atoi(v)
+			if err != nil {
+				fail(&requestError{fmt.Sprintf("%s %q is not a whole number", name, v)})
+				return
 			}
-			req.Payload = json.RawMessage(p)
+			*dst = n
 		}
-		for name, dst := range map[string]*int{"gpu_count": &req.Requirements.GPUCount, "priority": &req.Priority, "max_attempts": &req.MaxAttempts} {
-			if v := strings.TrimSpace(f.Get(name)); v != "" {
-				n, err := strconv.Atoi(v)
-				if err != nil {
-					return flash{}, fmt.Errorf("%s %q is not a whole number", name, v)
-				}
-				*dst = n
-			}
+	}
+	out, err := c.op(s.token).Dispatch(r.Context(), req)
+	if err != nil {
+		fail(err)
+		return
+	}
+	msg := "Dispatched " + out.Job.JobType + " as job " + out.Job.ID + "."
+	if !out.Leasable {
+		msg += " Not leasable now: " + out.Reason
+	}
+	c.sessions.push(s, flash{Text: msg})
+	http.Redirect(w, r, c.base(r)+"/jobs/"+url.PathEscape(out.Job.ID), http.StatusSeeOther)
+}
+
+// jsonError is where a payload is not JSON.
+type jsonError struct {
+	msg    string
+	offset int64
+}
+
+// checkJSON reports where p is not one JSON value: the line and column
+// (counted in characters, from 1) and the byte offset of the error.
+func checkJSON(p string) *jsonError {
+	var v any
+	dec := json.NewDecoder(strings.NewReader(p))
+	err := dec.Decode(&v)
+	if err == nil {
+		rest := p[dec.InputOffset():]
+		more := strings.TrimLeft(rest, " \t\r\n")
+		if more == "" {
+			return nil
 		}
-		out, err := c.op(s.token).Dispatch(ctx, req)
-		if err != nil {
-			return flash{}, err
+		off := dec.InputOffset() + int64(len(rest)-len(more))
+		return &jsonError{msg: "more follows the JSON value at " + position(p, off), offset: off}
+	}
+	off := int64(len(p))
+	var se *json.SyntaxError
+	if errors.As(err, &se) {
+		off = se.Offset
+		// The offset is just past the character at fault.
+		if off > 0 {
+			off--
 		}
-		back = "/jobs/" + url.PathEscape(out.Job.ID)
-		msg := "Dispatched " + out.Job.JobType + " as job " + out.Job.ID + "."
-		if !out.Leasable {
-			msg += " Not leasable now: " + out.Reason
-		}
-		return flash{Text: msg}, nil
-	})
+	}
+	msg := err.Error()
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+		msg = "it ends before the JSON value does"
+	}
+	return &jsonError{msg: msg + " at " + position(p, off), offset: off}
+}
+
+// position is byte offset off of p as "line L, column C" (from 1, in
+// characters).
+func position(p string, off int64) string {
+	off = min(max(off, 0), int64(len(p)))
+	before := p[:off]
+	line := strings.Count(before, "\n") + 1
+	col := utf8.RuneCountInString(before[strings.LastIndexByte(before, '\n')+1:]) + 1
+	return fmt.Sprintf("line %d, column %d", line, col)
 }
 
 // receiptRow is one receipt as a page shows it, with the outcome of its
@@ -536,10 +752,15 @@ type receiptRow struct {
 type cost struct {
 	MS, Hours, USD, SKU, Rate string
 	From                      string
+	// Unpriced is a charge at a rate of 0: the SKU has no price.
+	Unpriced bool
 }
 
 type jobData struct {
 	wire.JobDetailResponse
+	// WorkerHint, for a job not ended, says that the worker holding it
+	// is banned or offline, and what becomes of the job.
+	WorkerHint  string
 	Cost        *cost
 	Receipts    []receiptRow
 	ReceiptsErr string
@@ -575,6 +796,9 @@ func (c *Console) job(w http.ResponseWriter, r *http.Request, s *session) {
 	if j := jd.Job; j.ActualCostUSD != nil {
 		d.Cost = &cost{MS: deref(j.ActualMS), Hours: derefS(j.ActualHours), USD: *j.ActualCostUSD, From: "the job"}
 	}
+	if j := jd.Job; j.WorkerID != nil && !ended(j.State) {
+		d.WorkerHint = c.workerHint(ctx, s.token, *j.WorkerID, j.ID)
+	}
 	d.Receipts, d.Checkpoint, err = c.jobReceipts(ctx, s.token, jd)
 	if err != nil {
 		d.ReceiptsErr = explain(err)
@@ -589,9 +813,38 @@ func (c *Console) job(w http.ResponseWriter, r *http.Request, s *session) {
 				From: "its job_charged receipt"}
 		}
 		// The SKU and rate are the receipt's in either case.
-		d.Cost.SKU, d.Cost.Rate = rc.GPUSKU, receipts.FormatMicros(rc.RateMicros)
+		d.Cost.SKU, d.Cost.Rate, d.Cost.Unpriced = rc.GPUSKU, receipts.FormatMicros(rc.RateMicros), rc.RateMicros == 0
 	}
 	c.render(w, r, http.StatusOK, "job", s, &pageData{Title: "Job " + id, Nav: "jobs", Data: d})
+}
+
+// workerHint says what is wrong with worker id, which holds job: banned
+// or offline, and when the lease it holds on the job expires; "" when
+// nothing is, or the worker cannot be read (its page says why).
+func (c *Console) workerHint(ctx context.Context, token, id, job string) string {
+	wd, err := c.op(token).Worker(ctx, id)
+	if err != nil {
+		return ""
+	}
+	var what string
+	switch v := wd.Worker; {
+	case v.Banned:
+		what = "The worker holding this job is banned"
+		if v.BanReason != nil && *v.BanReason != "" {
+			what += " (" + *v.BanReason + ")"
+		}
+		what += ": it can report nothing more for it."
+	case v.Liveness == "offline":
+		what = "The worker holding this job is offline (last seen " + exact(v.LastSeenAt) + "): nothing follows until it returns."
+	default:
+		return ""
+	}
+	for _, l := range wd.Leases {
+		if l.JobID == job {
+			return what + " Its lease expires " + exact(l.ExpiresAt) + "; the job is then requeued while attempts remain, or failed."
+		}
+	}
+	return what + " The job is requeued or failed when its lease expires."
 }
 
 func deref(p *int64) string {
@@ -691,12 +944,17 @@ type eventsAnswer struct {
 	Next   *int64              `json:"next"`
 }
 
+// MaxEventsAnswer bounds the events one answer of GET /jobs/{id}/events
+// holds (it reads up to ten pages of the API for them); past it, next
+// says where the following answer starts.
+const MaxEventsAnswer = 10000
+
 // jobEvents answers the job's events after ?after= as JSON, for the
-// script that makes the job page's logs follow live.
+// script that makes the job page's log viewer load and follow them.
 func (c *Console) jobEvents(w http.ResponseWriter, r *http.Request, s *session) {
 	after := r.URL.Query().Get("after")
 	if after != "" {
-		if _, err := strconv.ParseInt(after, 10, 64); err != nil {
+		if n, err := strconv.ParseInt(after, 10, 64); err != nil || n < 0 {
 			http.Error(w, "after is not a whole number", http.StatusBadRequest)
 			return
 		}
@@ -709,11 +967,40 @@ func (c *Console) jobEvents(w http.ResponseWriter, r *http.Request, s *session) 
 		return
 	}
 	out := eventsAnswer{State: jd.Job.State, Events: jd.Events, Next: jd.EventsNext}
-	out.Ended = out.State == "succeeded" || out.State == "failed" || out.State == "canceled"
+	for out.Next != nil && len(out.Events) < MaxEventsAnswer {
+		more, err := c.op(s.token).Job(r.Context(), jd.Job.ID, *out.Next)
+		if err != nil || len(more.Events) == 0 {
+			break // the events so far, and where to go on
+		}
+		out.State, out.Next = more.Job.State, more.EventsNext
+		out.Events = append(out.Events, more.Events...)
+	}
+	out.Ended = ended(out.State)
 	if out.Events == nil {
 		out.Events = []wire.JobEventView{}
 	}
 	_ = json.NewEncoder(w).Encode(out)
+}
+
+// retry requeues a failed or canceled job with a fresh attempt budget
+// (POST /operator/jobs/{id}/retry, receipted); the API refuses a job in
+// any other state (409).
+func (c *Console) retry(w http.ResponseWriter, r *http.Request, s *session) {
+	id := r.PathValue("id")
+	c.act(w, r, s, "/jobs/"+url.PathEscape(id), func(ctx context.Context) (flash, error) {
+		if err := form(w, r); err != nil {
+			return flash{}, err
+		}
+		out, err := c.op(s.token).RetryJob(ctx, id, strings.TrimSpace(r.PostForm.Get("reason")))
+		if err != nil {
+			return flash{}, err
+		}
+		msg := "Job " + id + " is " + out.Job.State + " again."
+		if out.ReceiptID != nil {
+			msg += " Receipt " + *out.ReceiptID + "."
+		}
+		return flash{Text: msg}, nil
+	})
 }
 
 func (c *Console) cancel(w http.ResponseWriter, r *http.Request, s *session) {
@@ -747,7 +1034,7 @@ func (c *Console) envelope(w http.ResponseWriter, r *http.Request, s *session) {
 		d.HistoryErr = explain(err)
 	} else {
 		for i := len(rs) - 1; i >= 0; i-- {
-			if k := rs[i].Kind; k == receipts.KindEnvelopeActivated || k == receipts.KindEnvelopeDeactivated {
+			if k := rs[i].Kind; k == receipts.KindEnvelopeActivated || k == receipts.KindEnvelopeDeactivated || k == receipts.KindEnvelopeSafeTypesChanged {
 				row := receiptRow{ID: rs[i].ID, Kind: k, Index: rs[i].Index}
 				row.Receipt, _ = receipts.Decode(rs[i].Body)
 				d.History = append(d.History, row)
@@ -781,6 +1068,11 @@ func (c *Console) envelopeAction(w http.ResponseWriter, r *http.Request, s *sess
 			out, err = c.op(s.token).ActivateEnvelope(ctx, a)
 		case "deactivate":
 			out, err = c.op(s.token).DeactivateEnvelope(ctx, reason)
+		case "safe-types":
+			out, err = c.op(s.token).SetSafeTypes(ctx, wire.SafeTypesRequest{Add: fields(r.PostForm.Get("add")), Remove: fields(r.PostForm.Get("remove")), Reason: reason})
+			if err == nil {
+				return flash{Text: fmt.Sprintf("Safe types now %s: policy version %d.", strings.Join(out.SafeTypes, " "), out.PolicyVersion)}, nil
+			}
 		default:
 			return flash{}, fmt.Errorf("there is no envelope action %q", action)
 		}
@@ -819,7 +1111,7 @@ var operatorScopes = []string{"operator:jobs", "operator:workers", "operator:cre
 func (c *Console) credentials(w http.ResponseWriter, r *http.Request, s *session) {
 	in := r.URL.Query()
 	d := credentialsData{Scopes: operatorScopes}
-	page, err := c.op(s.token).ListCredentials(r.Context(), operator.CredentialQuery{Principal: in.Get("principal"), After: in.Get("after"), Limit: PageSize})
+	page, err := c.op(s.token).ListCredentials(r.Context(), operator.CredentialQuery{Principal: in.Get("principal"), After: in.Get("after"), Limit: PageSize, Order: wire.OrderDesc})
 	if err != nil {
 		c.render(w, r, status(err), "credentials", s, &pageData{Title: "Credentials", Data: d, Flashes: []flash{{Error: true, Text: explain(err)}}})
 		return

@@ -22,7 +22,10 @@ type receiptsData struct {
 	Note          string
 	CheckpointErr string
 	Receipts      []receiptRow
-	NextQuery     string
+	// NextQuery is the query of the next, older page; Newest is set on a
+	// page that is not the newest.
+	NextQuery string
+	Newest    bool
 	// Export is the outcome of verifying an export, when one was sent.
 	Export *exportResult
 }
@@ -50,31 +53,57 @@ func (c *Console) renderReceipts(w http.ResponseWriter, r *http.Request, s *sess
 	} else {
 		d.Checkpoint = cp
 	}
-	q := operator.ReceiptQuery{Limit: PageSize}
-	if a := r.URL.Query().Get("after"); a != "" {
+	// Newest first: a page is the PageSize receipts before the index
+	// ?before= (default: the checkpoint's size), shown in reverse; ?after=
+	// (older links) still names the index a page starts past.
+	in := r.URL.Query()
+	var size int64
+	if cp != nil {
+		size = cp.Size
+	}
+	from, to := max(size-PageSize, 0), size
+	if cp == nil {
+		// Unverified: the first page, as the API lists it.
+		from, to = 0, PageSize
+	}
+	switch a, bf := in.Get("after"), in.Get("before"); {
+	case a != "":
 		after, err := strconv.ParseInt(a, 10, 64)
 		if err != nil || after < 0 {
 			fail(&requestError{fmt.Sprintf("the receipt index %q is not a whole number", a)})
 			return
 		}
-		q.From = after + 1
-	} else if cp != nil && cp.Size > PageSize {
-		// The latest page by default.
-		q.From = cp.Size - PageSize
+		from, to = after+1, after+1+PageSize
+	case bf != "":
+		before, err := strconv.ParseInt(bf, 10, 64)
+		if err != nil || before < 0 {
+			fail(&requestError{fmt.Sprintf("the receipt index %q is not a whole number", bf)})
+			return
+		}
+		from, to = max(before-PageSize, 0), before
 	}
-	page, err := api.ListReceipts(ctx, q)
-	if err != nil {
-		fail(err)
-		return
+	var page []receipts.WireReceipt
+	if to > from {
+		out, err := api.ListReceipts(ctx, operator.ReceiptQuery{From: from, Limit: int(to - from)})
+		if err != nil {
+			fail(err)
+			return
+		}
+		page = out.Receipts
 	}
-	for _, wr := range page.Receipts {
+	for i := len(page) - 1; i >= 0; i-- {
+		wr := page[i]
+		if wr.Index == nil || *wr.Index >= to {
+			continue
+		}
 		row := receiptRow{ID: wr.ID, Kind: wr.Kind, Index: wr.Index}
 		row.Receipt, _ = receipts.Decode(wr.Body)
 		d.Receipts = append(d.Receipts, row)
 	}
-	if page.Next != nil {
-		d.NextQuery = url.Values{"after": {strconv.FormatInt(*page.Next, 10)}}.Encode()
+	if from > 0 {
+		d.NextQuery = url.Values{"before": {strconv.FormatInt(from, 10)}}.Encode()
 	}
+	d.Newest = to < size
 	c.render(w, r, http.StatusOK, "receipts", s, &pageData{Title: "Receipts", Data: d})
 }
 

@@ -93,9 +93,10 @@ func (c costSum) wire() wire.CostSum {
 	}
 }
 
-// costTime parses a from= or to= of GET /operator/costs: RFC 3339, with
-// or without fractional seconds, taken in UTC.
-func costTime(q map[string][]string, name string, def time.Time) (time.Time, error) {
+// costTime parses a from= or to= of GET /operator/costs as
+// wire.ParseWhen reads it (RFC 3339, a date, or an age before now, the
+// server's clock), in UTC; def when it is not given.
+func costTime(q map[string][]string, name string, def, now time.Time) (time.Time, error) {
 	if _, given := q[name]; !given {
 		return def, nil
 	}
@@ -103,11 +104,11 @@ func costTime(q map[string][]string, name string, def time.Time) (time.Time, err
 	if err != nil {
 		return time.Time{}, err
 	}
-	t, err := time.Parse(time.RFC3339Nano, v)
+	t, err := wire.ParseWhen(v, now)
 	if err != nil {
-		return time.Time{}, fmt.Errorf("%w: %s must be an RFC 3339 time, such as 2026-11-01T00:00:00Z", ErrInvalidRequest, name)
+		return time.Time{}, fmt.Errorf("%w: %s must be an RFC 3339 time (2026-11-01T00:00:00Z), a date (2026-11-01) or an age before now (24h, 7d, 2w)", ErrInvalidRequest, name)
 	}
-	return t.UTC(), nil
+	return t, nil
 }
 
 // opCosts sums the job_charged receipts whose server_time is in [from,
@@ -126,11 +127,11 @@ func (s *Server) opCosts(ctx context.Context, c *call) (int, any, error) {
 	q := c.r.URL.Query()
 	now := s.now().UTC()
 	monthStart := time.Date(now.Year(), now.Month(), 1, 0, 0, 0, 0, time.UTC)
-	from, err := costTime(q, "from", monthStart)
+	from, err := costTime(q, "from", monthStart, now)
 	if err != nil {
 		return 0, nil, err
 	}
-	to, err := costTime(q, "to", now)
+	to, err := costTime(q, "to", now, now)
 	if err != nil {
 		return 0, nil, err
 	}

@@ -261,6 +261,20 @@ func TestOperatorCosts(t *testing.T) {
 		if groups, total := wantCosts(rs, rep.From, rep.To, "sku"); !cmp.Equal(groups, rep.Groups) || rep.Total != total {
 			t.Errorf("default range: %+v, want groups %+v total %+v", rep, groups, total)
 		}
+		// Relative: an age before the server's now, and a date.
+		t0 = env.Clock.Now().UTC()
+		rep = getCosts(t, env, "?from=2d")
+		t1 = env.Clock.Now().UTC()
+		if rep.From.Before(t0.Add(-48*time.Hour).Truncate(time.Microsecond)) || rep.From.After(t1.Add(-48*time.Hour)) {
+			t.Errorf("from=2d: %s, want 48h before now (%s to %s)", rep.From, t0, t1)
+		}
+		if groups, total := wantCosts(rs, rep.From, rep.To, "sku"); !cmp.Equal(groups, rep.Groups) || rep.Total != total {
+			t.Errorf("from=2d: %+v, want groups %+v total %+v", rep, groups, total)
+		}
+		rep = getCosts(t, env, "?from=2020-01-01&to=2020-02-01")
+		if !rep.From.Equal(time.Date(2020, 1, 1, 0, 0, 0, 0, time.UTC)) || !rep.To.Equal(time.Date(2020, 2, 1, 0, 0, 0, 0, time.UTC)) {
+			t.Errorf("dates: %s .. %s", rep.From, rep.To)
+		}
 		// An empty window.
 		rep = getCosts(t, env, "?from=2020-01-01T00:00:00Z&to=2020-02-01T00:00:00Z&group_by=worker")
 		if len(rep.Groups) != 0 || rep.Total != (wire.CostSum{GPUHours: "0.000000", CostUSD: "0.000000"}) {
@@ -270,7 +284,8 @@ func TestOperatorCosts(t *testing.T) {
 		// Bad requests.
 		before := env.Dump(t)
 		for _, bad := range []string{
-			"?from=yesterday", "?to=2026-13-01T00:00:00Z", "?from=2026-11-01", "?from=", "?to=",
+			"?from=yesterday", "?to=2026-13-01T00:00:00Z", "?from=2026-11-01x", "?from=", "?to=",
+			"?from=-24h", "?from=7x", "?from=100001d", "?to=1.5d", "?from=2d&to=3d",
 			"?from=2026-11-02T00:00:00Z&to=2026-11-01T00:00:00Z",
 			"?from=2026-11-01T00:00:00Z&to=2026-11-01T00:00:00Z",
 			"?from=2025-01-01T00:00:00Z&to=2026-01-02T00:00:01Z",

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/nodelane/nodelane/workerapi/wire"
 )
 
 // col is a column of a list's table: its header, its cell of an item,
@@ -78,45 +80,10 @@ func checkOrder(cmd, order string) error {
 	return nil
 }
 
-// parseWhen reads a time flag: an RFC 3339 time, a date (2026-12-01:
-// its start, UTC), or an age before now: a Go duration (90m, 24h) or a
-// whole number of days (7d) or weeks (2w).
+// parseWhen reads a time flag as the operator routes read one
+// (wire.ParseWhen): an RFC 3339 time, a date (2026-12-01: its start, UTC),
+// or an age before now: a Go duration (90m, 24h) or a whole number of days
+// (7d) or weeks (2w).
 func parseWhen(s string, now time.Time) (time.Time, error) {
-	if t, err := time.Parse(time.RFC3339, s); err == nil {
-		return t, nil
-	}
-	if t, err := time.Parse(time.DateOnly, s); err == nil {
-		return t, nil
-	}
-	var age time.Duration
-	if n, unit, ok := cutUnit(s); ok {
-		days := map[byte]int64{'d': 1, 'w': 7}[unit] * n
-		if days > 100_000 {
-			return time.Time{}, fmt.Errorf("%q is over 100000 days", s)
-		}
-		age = time.Duration(days) * 24 * time.Hour
-	} else if d, err := time.ParseDuration(s); err == nil && d >= 0 {
-		age = d
-	} else {
-		return time.Time{}, fmt.Errorf("%q is not a time: want RFC 3339 (2026-12-01T10:00:00Z), a date (2026-12-01) or an age (90m, 24h, 7d, 2w)", s)
-	}
-	return now.Add(-age).UTC(), nil
-}
-
-// cutUnit reads "7d" or "2w": a whole number and its unit.
-func cutUnit(s string) (n int64, unit byte, ok bool) {
-	if len(s) < 2 || len(s) > 8 {
-		return 0, 0, false
-	}
-	unit = s[len(s)-1]
-	if unit != 'd' && unit != 'w' {
-		return 0, 0, false
-	}
-	for i := 0; i < len(s)-1; i++ {
-		if s[i] < '0' || s[i] > '9' {
-			return 0, 0, false
-		}
-		n = n*10 + int64(s[i]-'0')
-	}
-	return n, unit, true
+	return wire.ParseWhen(s, now)
 }

@@ -91,7 +91,7 @@ func TestDemoConsole(t *testing.T) {
 	}
 	page := get("/jobs/" + m[1])
 	for _, want := range []string{
-		`class="state-succeeded">succeeded`,
+		`class="badge state-succeeded">succeeded`,
 		`<tr class="ev-log">`, // its logs
 		"adapter", "file://",  // its artifact
 		"USD for", "on rtx-4090 at 1.800000 USD per GPU-hour", // its cost

@@ -85,27 +85,8 @@ func TestBrowserArtifacts(t *testing.T) {
 	content := bytes.Repeat([]byte("weights\x00\x01\x02 0123456789abcdef"), 100_000) // 2.6 MiB: three parts
 	jobID, stored := browserArtifactJob(t, env, content)
 
-	actx, cancelAlloc := chromedp.NewExecAllocator(context.WithoutCancel(t.Context()), append(chromedp.DefaultExecAllocatorOptions[:],
-		chromedp.ExecPath(exe), chromedp.NoSandbox, chromedp.Headless, chromedp.DisableGPU, chromedp.WindowSize(1280, 900))...)
-	defer cancelAlloc()
-	ctx, cancel := chromedp.NewContext(actx)
-	defer cancel()
-	step := func(what string, actions ...chromedp.Action[chromedp.Void]) {
-		t.Helper()
-		sctx, c := context.WithTimeout(ctx, 45*time.Second)
-		defer c()
-		if err := chromedp.Do(sctx, actions...); err != nil {
-			t.Fatalf("%s: %v", what, err)
-		}
-	}
-	eval := func(js string) string {
-		t.Helper()
-		v, err := chromedp.Run(ctx, chromedp.Evaluate[string](js))
-		if err != nil {
-			t.Fatalf("evaluating %s: %v", js, err)
-		}
-		return v
-	}
+	bs := newBrowserSession(t, exe, 1280, 900, 45*time.Second)
+	ctx, step, eval := bs.ctx, bs.step, bs.eval
 
 	// The first run starts the browser, under ctx: a step's shorter
 	// context would end it.

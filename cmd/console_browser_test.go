@@ -5,18 +5,13 @@ import (
 	"crypto/ed25519"
 	"crypto/rand"
 	"encoding/json"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/chromedp/cdproto/cdp"
-	cdplog "github.com/chromedp/cdproto/log"
-	"github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/chromedp"
 
 	"github.com/nodelane/nodelane/workerapi/client"
@@ -137,43 +132,9 @@ func TestBrowser(t *testing.T) {
 		shots = d
 	}
 
-	actx, cancelAlloc := chromedp.NewExecAllocator(context.WithoutCancel(t.Context()), append(chromedp.DefaultExecAllocatorOptions[:],
-		chromedp.ExecPath(exe), chromedp.NoSandbox, chromedp.Headless, chromedp.DisableGPU,
-		chromedp.WindowSize(1280, 1600))...)
-	defer cancelAlloc()
-	ctx, cancel := chromedp.NewContext(actx)
-	defer cancel()
-
-	var (
-		mu       sync.Mutex
-		problems []string
-	)
-	if err := chromedp.Listen(ctx, func(ev any) {
-		mu.Lock()
-		defer mu.Unlock()
-		switch e := ev.(type) {
-		case *cdplog.EventEntryAdded:
-			if e.Entry.Level == cdplog.EntryLevelError || strings.Contains(e.Entry.Text, "Content Security Policy") {
-				problems = append(problems, fmt.Sprintf("log %s: %s (%s)", e.Entry.Level, e.Entry.Text, e.Entry.URL))
-			}
-		case *runtime.EventExceptionThrown:
-			problems = append(problems, fmt.Sprintf("exception: %s at %s:%d", e.ExceptionDetails.Text, e.ExceptionDetails.URL, e.ExceptionDetails.LineNumber))
-		}
-	}); err != nil {
-		t.Fatalf("starting chromium: %v", err)
-	}
-	enableLog := chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
-		_, err := cdp.Call(ctx, tg, cdplog.Enable, cdp.Empty{})
-		return err
-	})
-	step := func(what string, actions ...chromedp.Action[chromedp.Void]) {
-		t.Helper()
-		sctx, c := context.WithTimeout(ctx, 45*time.Second)
-		defer c()
-		if err := chromedp.Do(sctx, actions...); err != nil {
-			t.Fatalf("%s: %v", what, err)
-		}
-	}
+	bs := newBrowserSession(t, exe, 1280, 1600, 45*time.Second)
+	ctx, step := bs.ctx, bs.step
+	enableLog := bs.listen()
 	text := func(sel string) string {
 		t.Helper()
 		s, err := chromedp.Run(ctx, chromedp.TextContent(chromedp.CSS(sel)))
@@ -284,9 +245,9 @@ func TestBrowser(t *testing.T) {
 	}
 	shot("6-succeeded")
 
-	mu.Lock()
-	defer mu.Unlock()
-	for _, p := range problems {
+	bs.mu.Lock()
+	defer bs.mu.Unlock()
+	for _, p := range bs.problems {
 		t.Errorf("in the page: %s", p)
 	}
 }

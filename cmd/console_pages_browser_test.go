@@ -11,13 +11,9 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/chromedp/cdproto/cdp"
-	cdplog "github.com/chromedp/cdproto/log"
-	"github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/chromedp"
 	"github.com/chromedp/chromedp/kb"
 
@@ -180,49 +176,9 @@ func TestBrowserPages(t *testing.T) {
 	f := newPagesFixture(t)
 	base := f.base
 
-	actx, cancelAlloc := chromedp.NewExecAllocator(context.WithoutCancel(t.Context()), append(chromedp.DefaultExecAllocatorOptions[:],
-		chromedp.ExecPath(exe), chromedp.NoSandbox, chromedp.Headless, chromedp.DisableGPU, chromedp.WindowSize(1280, 800))...)
-	defer cancelAlloc()
-	ctx, cancel := chromedp.NewContext(actx)
-	defer cancel()
-	var (
-		mu       sync.Mutex
-		problems []string
-	)
-	if err := chromedp.Listen(ctx, func(ev any) {
-		mu.Lock()
-		defer mu.Unlock()
-		switch e := ev.(type) {
-		case *cdplog.EventEntryAdded:
-			if e.Entry.Level == cdplog.EntryLevelError || strings.Contains(e.Entry.Text, "Content Security Policy") {
-				problems = append(problems, fmt.Sprintf("log %s: %s (%s)", e.Entry.Level, e.Entry.Text, e.Entry.URL))
-			}
-		case *runtime.EventExceptionThrown:
-			problems = append(problems, fmt.Sprintf("exception: %s at %s:%d", e.ExceptionDetails.Text, e.ExceptionDetails.URL, e.ExceptionDetails.LineNumber))
-		}
-	}); err != nil {
-		t.Fatalf("starting chromium: %v", err)
-	}
-	enableLog := chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
-		_, err := cdp.Call(ctx, tg, cdplog.Enable, cdp.Empty{})
-		return err
-	})
-	step := func(what string, actions ...chromedp.Action[chromedp.Void]) {
-		t.Helper()
-		sctx, c := context.WithTimeout(ctx, 60*time.Second)
-		defer c()
-		if err := chromedp.Do(sctx, actions...); err != nil {
-			t.Fatalf("%s: %v", what, err)
-		}
-	}
-	eval := func(js string) string {
-		t.Helper()
-		v, err := chromedp.Run(ctx, chromedp.Evaluate[string](js))
-		if err != nil {
-			t.Fatalf("evaluating %s: %v", js, err)
-		}
-		return v
-	}
+	bs := newBrowserSession(t, exe, 1280, 800, 60*time.Second)
+	ctx, step, eval := bs.ctx, bs.step, bs.eval
+	enableLog := bs.listen()
 	text := func(sel string) string {
 		t.Helper()
 		return eval(`(document.querySelector(` + jsString(sel) + `) || {textContent: ''}).textContent`)
@@ -412,9 +368,9 @@ func TestBrowserPages(t *testing.T) {
 	// The dispatch form keeps its input and points at the JSON error. Its
 	// answer is a 400, which Chromium logs: the only error the pages may
 	// log, checked for here.
-	mu.Lock()
-	before := len(problems)
-	mu.Unlock()
+	bs.mu.Lock()
+	before := len(bs.problems)
+	bs.mu.Unlock()
 	step("a bad payload",
 		chromedp.Navigate(base+"/jobs"),
 		chromedp.SetValue(chromedp.CSS(`#dispatch-form input[name=job_type]`), "status_check"),
@@ -431,19 +387,19 @@ func TestBrowserPages(t *testing.T) {
 	if got := eval(`document.querySelector('#dispatch-form input[name=job_type]').value`); got != "status_check" {
 		t.Errorf("the form lost its job type: %q", got)
 	}
-	mu.Lock()
+	bs.mu.Lock()
 	var logged400 bool
-	problems = slices.DeleteFunc(problems, func(p string) bool {
+	bs.problems = slices.DeleteFunc(bs.problems, func(p string) bool {
 		if strings.Contains(p, "status of 400 (Bad Request) ("+base+"/jobs)") && !logged400 {
 			logged400 = true
 			return true
 		}
 		return false
 	})
-	if len(problems) > before || !logged400 {
-		t.Errorf("the refused dispatch logged %v, want only its 400", problems[before:])
+	if len(bs.problems) > before || !logged400 {
+		t.Errorf("the refused dispatch logged %v, want only its 400", bs.problems[before:])
 	}
-	mu.Unlock()
+	bs.mu.Unlock()
 
 	if os.Getenv("UPDATE_CONSOLE_LAYOUT") != "" {
 		b, err := json.MarshalIndent(measured, "", "  ")
@@ -455,9 +411,9 @@ func TestBrowserPages(t *testing.T) {
 		}
 		t.Logf("wrote %s", baselinePath)
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	for _, p := range problems {
+	bs.mu.Lock()
+	defer bs.mu.Unlock()
+	for _, p := range bs.problems {
 		t.Errorf("in the page: %s", p)
 	}
 }

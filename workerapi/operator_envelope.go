@@ -39,29 +39,30 @@ func (s *Server) envelopeView(st envelope.State, active bool) wire.EnvelopeRespo
 	return v
 }
 
-// opActivate activates the runtime, mints envelope_activated under the new
-// policy version, and wakes long-polls (queued blocked jobs may be
-// leasable now), in one transaction.
-func (s *Server) opActivate(ctx context.Context, c *call) (int, any, error) {
-	var req wire.ActivateRequest
-	if err := c.decode(&req); err != nil {
-		return 0, nil, err
-	}
+// changeEnvelope runs one change of the envelope in a transaction: change
+// applies it and gives the receipt to mint under its new policy version;
+// with wake, the long-polls are woken (queued jobs may be leasable now).
+// The answer is the envelope as it is after the change, with the
+// receipt's id.
+func (s *Server) changeEnvelope(ctx context.Context, c *call, wake bool, change func(ctx context.Context) (envelope.State, receipts.Receipt, error)) (int, any, error) {
 	var (
 		st     envelope.State
 		minted *receipts.Stored
 	)
 	err := s.st.Tx.InTx(ctx, func(ctx context.Context) error {
-		var err error
-		if st, err = s.gate.Activate(ctx, c.principal.ID, req.Reason, req.Until); err != nil {
+		var (
+			r   receipts.Receipt
+			err error
+		)
+		if st, r, err = change(ctx); err != nil {
 			return err
 		}
-		r := receipts.Receipt{Kind: receipts.KindEnvelopeActivated, PolicyVersion: st.Version, Actor: c.principal.ID, Reason: req.Reason}
-		if st.Until != nil {
-			r.Until = *st.Until
-		}
+		r.PolicyVersion, r.Actor = st.Version, c.principal.ID
 		if minted, err = s.receipts.Mint(ctx, r); err != nil {
 			return err
+		}
+		if !wake {
+			return nil
 		}
 		return s.st.Notifier.Notify(ctx)
 	})
@@ -73,6 +74,24 @@ func (s *Server) opActivate(ctx context.Context, c *call) (int, any, error) {
 	return http.StatusOK, v, nil
 }
 
+// opActivate activates the runtime, mints envelope_activated under the new
+// policy version, and wakes long-polls (queued blocked jobs may be
+// leasable now), in one transaction.
+func (s *Server) opActivate(ctx context.Context, c *call) (int, any, error) {
+	var req wire.ActivateRequest
+	if err := c.decode(&req); err != nil {
+		return 0, nil, err
+	}
+	return s.changeEnvelope(ctx, c, true, func(ctx context.Context) (envelope.State, receipts.Receipt, error) {
+		st, err := s.gate.Activate(ctx, c.principal.ID, req.Reason, req.Until)
+		r := receipts.Receipt{Kind: receipts.KindEnvelopeActivated, Reason: req.Reason}
+		if st.Until != nil {
+			r.Until = *st.Until
+		}
+		return st, r, err
+	})
+}
+
 // opDeactivate deactivates the runtime and mints envelope_deactivated
 // under the new policy version, in one transaction. reason is required.
 func (s *Server) opDeactivate(ctx context.Context, c *call) (int, any, error) {
@@ -80,26 +99,10 @@ func (s *Server) opDeactivate(ctx context.Context, c *call) (int, any, error) {
 	if err := c.decode(&req); err != nil {
 		return 0, nil, err
 	}
-	var (
-		st     envelope.State
-		minted *receipts.Stored
-	)
-	err := s.st.Tx.InTx(ctx, func(ctx context.Context) error {
-		var err error
-		if st, err = s.gate.Deactivate(ctx, c.principal.ID, req.Reason); err != nil {
-			return err
-		}
-		minted, err = s.receipts.Mint(ctx, receipts.Receipt{
-			Kind: receipts.KindEnvelopeDeactivated, PolicyVersion: st.Version, Actor: c.principal.ID, Reason: req.Reason,
-		})
-		return err
+	return s.changeEnvelope(ctx, c, false, func(ctx context.Context) (envelope.State, receipts.Receipt, error) {
+		st, err := s.gate.Deactivate(ctx, c.principal.ID, req.Reason)
+		return st, receipts.Receipt{Kind: receipts.KindEnvelopeDeactivated, Reason: req.Reason}, err
 	})
-	if err != nil {
-		return 0, nil, err
-	}
-	v := s.envelopeView(st, false)
-	v.ReceiptID = *s.announce(c, minted)
-	return http.StatusOK, v, nil
 }
 
 // opSetSafeTypes changes the job types operators made safe at run time
@@ -112,31 +115,11 @@ func (s *Server) opSetSafeTypes(ctx context.Context, c *call) (int, any, error) 
 	if err := c.decode(&req); err != nil {
 		return 0, nil, err
 	}
-	var (
-		st     envelope.State
-		minted *receipts.Stored
-	)
-	err := s.st.Tx.InTx(ctx, func(ctx context.Context) error {
-		var (
-			before []string
-			err    error
-		)
-		if st, before, err = s.gate.SetSafeTypes(ctx, c.principal.ID, req.Reason, req.Add, req.Remove); err != nil {
-			return err
-		}
-		minted, err = s.receipts.Mint(ctx, receipts.Receipt{
-			Kind: receipts.KindEnvelopeSafeTypesChanged, PolicyVersion: st.Version, Actor: c.principal.ID, Reason: req.Reason,
+	return s.changeEnvelope(ctx, c, true, func(ctx context.Context) (envelope.State, receipts.Receipt, error) {
+		st, before, err := s.gate.SetSafeTypes(ctx, c.principal.ID, req.Reason, req.Add, req.Remove)
+		return st, receipts.Receipt{
+			Kind: receipts.KindEnvelopeSafeTypesChanged, Reason: req.Reason,
 			JobTypes: strings.Join(st.SafeTypes, " "), OldJobTypes: strings.Join(before, " "),
-		})
-		if err != nil {
-			return err
-		}
-		return s.st.Notifier.Notify(ctx)
+		}, err
 	})
-	if err != nil {
-		return 0, nil, err
-	}
-	v := s.envelopeView(st, st.Active && (st.Until == nil || s.now().Before(*st.Until)))
-	v.ReceiptID = *s.announce(c, minted)
-	return http.StatusOK, v, nil
 }

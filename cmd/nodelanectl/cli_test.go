@@ -10,7 +10,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
-	"time"
 )
 
 // TestEveryCommandHasHelp checks that each command's -h shows a
@@ -40,33 +39,6 @@ func TestEveryCommandHasHelp(t *testing.T) {
 		g, v, _ := strings.Cut(name, " ")
 		if _, ok := groups[g][v]; !ok {
 			t.Errorf("help for %q, which is no command", name)
-		}
-	}
-}
-
-// TestParseWhen checks the times -from and -to take.
-func TestParseWhen(t *testing.T) {
-	t.Parallel()
-	now := time.Date(2026, 12, 5, 22, 0, 0, 0, time.UTC)
-	for in, want := range map[string]time.Time{
-		"2026-12-01T10:00:00Z":      time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC),
-		"2026-12-01T10:00:00+02:00": time.Date(2026, 12, 1, 8, 0, 0, 0, time.UTC),
-		"2026-12-01":                time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC),
-		"24h":                       now.Add(-24 * time.Hour),
-		"90m":                       now.Add(-90 * time.Minute),
-		"0s":                        now,
-		"7d":                        now.AddDate(0, 0, -7),
-		"2w":                        now.AddDate(0, 0, -14),
-		"100000d":                   now.Add(-100000 * 24 * time.Hour),
-	} {
-		got, err := parseWhen(in, now)
-		if err != nil || !got.Equal(want) {
-			t.Errorf("parseWhen(%q) = %v, %v; want %v", in, got, err, want)
-		}
-	}
-	for _, bad := range []string{"", "yesterday", "-24h", "7", "d", "7x", "1.5d", "-1d", "2026-13-01", "100001d", "14286w", "99999999d"} {
-		if got, err := parseWhen(bad, now); err == nil {
-			t.Errorf("parseWhen(%q) = %v, no error", bad, got)
 		}
 	}
 }

@@ -4,9 +4,6 @@ import (
 	"flag"
 	"fmt"
 	"strings"
-	"time"
-
-	"github.com/nodelane/nodelane/workerapi/wire"
 )
 
 // col is a column of a list's table: its header, its cell of an item,
@@ -78,12 +75,4 @@ func checkOrder(cmd, order string) error {
 		return usagef("%s: -order %q: want asc or desc", cmd, order)
 	}
 	return nil
-}
-
-// parseWhen reads a time flag as the operator routes read one
-// (wire.ParseWhen): an RFC 3339 time, a date (2026-12-01: its start, UTC),
-// or an age before now: a Go duration (90m, 24h) or a whole number of days
-// (7d) or weeks (2w).
-func parseWhen(s string, now time.Time) (time.Time, error) {
-	return wire.ParseWhen(s, now)
 }

@@ -250,7 +250,7 @@ func costReport(a *app, args []string) error {
 			continue
 		}
 		var err error
-		if *t.dst, err = parseWhen(t.val, a.now()); err != nil {
+		if *t.dst, err = wire.ParseWhen(t.val, a.now()); err != nil {
 			return usagef("cost report: %s: %v", t.flag, err)
 		}
 	}

@@ -55,6 +55,14 @@ def dumpable() -> int:
     return ctypes.CDLL(None).prctl(3, 0, 0, 0, 0)
 
 
+def stubborn(tmp_path: Any) -> "tuple[List[str], Any]":
+    """The argv of STUBBORN written into tmp_path, and the file it writes its pids to."""
+    script = tmp_path / "stubborn.py"
+    script.write_text(STUBBORN)
+    pids = tmp_path / "pids"
+    return [sys.executable, str(script), str(pids)], pids
+
+
 def read_pids(path: Any) -> List[int]:
     return [int(p) for p in path.read_text().split()] if path.exists() else []
 
@@ -99,14 +107,12 @@ def test_two_jobs_on_a_two_gpu_box_get_different_gpus(server, operator, tmp_path
 def test_a_cancel_kills_the_command_and_its_stubborn_grandchild(server, operator, tmp_path):
     jt = unique("run_cancel")
     grace = 1.0
-    script = tmp_path / "stubborn.py"
-    script.write_text(STUBBORN)
-    pids = tmp_path / "pids"
+    argv, pids = stubborn(tmp_path)
     w = new_worker(server, kill_grace=grace)
 
     @w.job(jt)
     def train(ctx: JobContext) -> None:
-        ctx.run([sys.executable, str(script), str(pids)])
+        ctx.run(argv)
 
     with running(w) as ends:
         jid = operator.dispatch(jt, {})["job"]["id"]
@@ -126,15 +132,13 @@ def test_a_cancel_kills_the_command_and_its_stubborn_grandchild(server, operator
 
 def test_sigkill_of_the_worker_leaves_no_process_and_the_restart_runs_the_job_again(server, operator, tmp_path):
     jt = unique("run_crash")
-    script = tmp_path / "stubborn.py"
-    script.write_text(STUBBORN)
-    pids = tmp_path / "pids"
+    argv, pids = stubborn(tmp_path)
     smi = fake_nvidia_smi(tmp_path, TWO_GPUS)
     ident, node = str(tmp_path / "identity.json"), unique("py-runcrash")
     first = ScriptWorker(server, tmp_path, "gpu_worker.py", ident, node, jt, smi)
     try:
         first.expect("started")
-        jid = operator.dispatch(jt, {"argv": [sys.executable, str(script), str(pids)]},
+        jid = operator.dispatch(jt, {"argv": argv},
                                 requirements={"gpu_count": 1}, max_attempts=3)["job"]["id"]
         assert first.expect("job")["job"] == jid
         wait_for(lambda: len(read_pids(pids)) == 2, 30, "the command and its grandchild to start")
@@ -165,15 +169,13 @@ def test_a_restart_kills_what_a_worker_killed_with_its_shim_left(server, operato
     """SIGKILL to the worker and its shim at once (an OOM kill of the cgroup, say) leaves the command
     running; the next start kills it, from the running file, before it registers."""
     jt = unique("run_reap")
-    script = tmp_path / "stubborn.py"
-    script.write_text(STUBBORN)
-    pids = tmp_path / "pids"
+    argv, pids = stubborn(tmp_path)
     smi = fake_nvidia_smi(tmp_path, TWO_GPUS)
     ident, node = str(tmp_path / "identity.json"), unique("py-reap")
     first = ScriptWorker(server, tmp_path, "gpu_worker.py", ident, node, jt, smi)
     try:
         first.expect("started")
-        operator.dispatch(jt, {"argv": [sys.executable, str(script), str(pids)]}, requirements={"gpu_count": 1})
+        operator.dispatch(jt, {"argv": argv}, requirements={"gpu_count": 1})
         first.expect("job")
         wait_for(lambda: len(read_pids(pids)) == 2, 30, "the command and its grandchild to start")
         child, grandchild = read_pids(pids)

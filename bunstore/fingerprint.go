@@ -2,7 +2,6 @@ package bunstore
 
 import (
 	"context"
-	"fmt"
 
 	"github.com/uptrace/bun"
 
@@ -54,7 +53,7 @@ func (s *FingerprintStore) Add(ctx context.Context, fps []fingerprint.Fingerprin
 		})
 	})
 	if err != nil {
-		return nil, fmt.Errorf("bunstore: add secret fingerprints: %w", err)
+		return nil, failed(err, fingerprint.ErrAborted, "add secret fingerprints")
 	}
 	var out []fingerprint.Fingerprint
 	for _, r := range rows {

@@ -21,9 +21,11 @@ import "context"
 //
 // Ids. Principal and credential ids are compared as bytes: case-sensitive,
 // no Unicode normalisation, no trimming, so "Op-A" and "op-a" are two
-// principals. A SQL store declares id columns with a binary collation
-// (COLLATE "C" on PostgreSQL, BINARY on SQLite, utf8mb4_bin on MySQL and
-// MariaDB). Ids may be any valid UTF-8 without NUL (U+0000), which
+// principals. A SQL store declares id columns with a binary collation that
+// does not pad: COLLATE "C" on PostgreSQL; VARBINARY, or utf8mb4_0900_bin
+// on MySQL 8 and utf8mb4_nopad_bin on MariaDB, on MySQL and MariaDB (never
+// utf8mb4_bin, which ignores trailing spaces); SQLite's default, BINARY,
+// already is one. Ids may be any valid UTF-8 without NUL (U+0000), which
 // PostgreSQL text cannot hold; the Issuer hands a Store no other string,
 // ids or text, although the ids it creates are narrower.
 //
@@ -38,7 +40,10 @@ import "context"
 // carries; any other error means the store could not answer. A store may
 // retry internally, a bounded number of times, only when the context
 // carries no transaction: a transaction the context carries is the
-// caller's to run again, and the Issuer never does.
+// caller's to run again, and the Issuer never does. Once a call has
+// returned ErrAborted, nothing more of that transaction commits: every
+// later call with its context fails (workerapi.Transactor says why this
+// takes care on MySQL and MariaDB).
 type Store interface {
 	// CreatePrincipal inserts p. ErrConflict if its id is taken.
 	CreatePrincipal(ctx context.Context, p *Principal) error

@@ -162,12 +162,12 @@ func (r Record) String() string {
 //
 // Values. Records are keyed and ordered by version, an integer; the
 // envelope has no string ids. Times handed to a Store are UTC and
-// truncated to microseconds; a Store must give them back exactly. By and
-// Reason come back byte for byte: no trimming, case folding or Unicode
-// normalisation. They are valid UTF-8 without NUL (U+0000), which
-// PostgreSQL text cannot hold; the Gate hands a Store no other. A Store
-// returns copies: changing a returned value does not change the stored
-// one.
+// truncated to microseconds; a Store must give them back exactly. By,
+// Reason and each of SafeTypes come back byte for byte (SafeTypes nil when
+// none, as written): no trimming, case folding or Unicode normalisation.
+// They are valid UTF-8 without NUL (U+0000), which PostgreSQL text cannot
+// hold; the Gate hands a Store no other. A Store returns copies: changing
+// a returned value does not change the stored one.
 //
 // Limits. Callers always pass History a limit of at least 1 (the Gate
 // pages by 100, at most 1000); a Store returns ErrInvalidArgument for a
@@ -178,7 +178,10 @@ func (r Record) String() string {
 // carries; any other error means the store could not answer. A store may
 // retry internally, a bounded number of times, only when the context
 // carries no transaction: a transaction the context carries is the
-// caller's to run again, and the Gate never does.
+// caller's to run again, and the Gate never does. Once a call has returned
+// ErrAborted, nothing more of that transaction commits: every later call
+// with its context fails (workerapi.Transactor says why this takes care on
+// MySQL and MariaDB).
 type Store interface {
 	// State returns the current state; InitialState() if no change was
 	// ever applied. It returns no sentinel error but ErrAborted.

@@ -55,6 +55,12 @@ var (
 	// ErrInvalidArgument means a fingerprint is malformed (see
 	// Fingerprint.Validate). Nothing was stored.
 	ErrInvalidArgument = errors.New("fingerprint: invalid argument")
+	// ErrAborted means the database aborted the transaction the context
+	// carries (a deadlock, a serialization failure); nothing of it is
+	// kept, and only whoever began it can run it again. Without a
+	// transaction in the context, the store's own transaction kept being
+	// aborted through its bounded retries.
+	ErrAborted = errors.New("fingerprint: transaction aborted")
 )
 
 // Kind is what a fingerprint is of.
@@ -139,16 +145,46 @@ func ReceiptKey(verifierKey string) Fingerprint {
 	return Fingerprint{Kind: KindReceiptKey, Value: hex.EncodeToString(sum[:])}
 }
 
-// Store keeps fingerprints. Every method joins the transaction its
-// context carries, if the store has transactions.
+// Store keeps fingerprints. The MemoryStore here and bunstore's
+// FingerprintStore implement it; an adapter of one's own must pass
+// fingerprinttest.Run, and workerapitest checks that it joins the
+// Transactor's transactions.
+//
+// Transactions and isolation. Add is atomic: it stores all of its
+// fingerprints or, when it returns an error, none. When the context
+// carries a transaction (how is the adapter's business: bunstore uses
+// bunstore.WithTx), Add joins it, sees the fingerprints added in it
+// before, and leaves commit and rollback to whoever began it; without
+// one, it commits before it returns. READ COMMITTED or stronger is
+// enough: a SQL store inserts each absent row with a unique key on (Kind,
+// ID) and ignores the conflict (INSERT ... ON CONFLICT DO NOTHING; on
+// MySQL and MariaDB, ON DUPLICATE KEY UPDATE id = id, not INSERT IGNORE,
+// which hides other errors too), then reads every row, so that concurrent
+// Adds agree on whichever committed first.
+//
+// Ids. Kind and ID are compared and ordered as bytes: case-sensitive, no
+// Unicode folding or normalisation, trailing spaces significant ("1" and
+// "1 " are two pepper versions). A SQL store gives both columns a binary
+// collation that does not pad: COLLATE "C" on PostgreSQL; VARBINARY, or
+// utf8mb4_0900_bin on MySQL 8 and utf8mb4_nopad_bin on MariaDB, on MySQL
+// and MariaDB (never utf8mb4_bin, which ignores trailing spaces); SQLite's
+// default, BINARY, already is one.
+//
+// Errors. Add returns ErrInvalidArgument as it says, or ErrAborted when
+// the database aborted the transaction the context carries, after which
+// nothing more of that transaction commits (see workerapi.Transactor). It
+// may retry internally, a bounded number of times, only when the context
+// carries no transaction.
 type Store interface {
 	// Add stores each fingerprint of fps whose Kind and ID no stored one
 	// has (with its CreatedAt), leaves the stored ones as they are, and
 	// returns every stored fingerprint, those just added included, ordered
-	// by Kind then ID. Concurrent calls agree: whichever stores a Kind and
-	// ID first, every call returns its Value. A malformed fingerprint (see
-	// Fingerprint.Validate), or two in fps with the same Kind and ID, make
-	// it fail with ErrInvalidArgument and store nothing.
+	// by Kind then ID as bytes; nil, not an empty slice, when none is
+	// stored. Add(ctx, nil) is the read. Concurrent calls agree:
+	// whichever stores a Kind and ID first, every call returns its Value.
+	// A malformed fingerprint (see Fingerprint.Validate), or two in fps
+	// with the same Kind and ID, make it fail with ErrInvalidArgument and
+	// store nothing.
 	Add(ctx context.Context, fps []Fingerprint) ([]Fingerprint, error)
 }
 

@@ -160,12 +160,13 @@ type WorkerFilter struct {
 // Ids. Job, worker, node, lease and artifact ids are compared and ordered
 // as bytes, as Go compares strings: case-sensitive, with no Unicode
 // folding or normalisation, trailing spaces significant, and any UTF-8
-// text without NUL is an id ("Job-A" and "job-a" are two jobs, and "JOB"
-// < "Job" < "job" < "jöb"). A SQL store gives its id columns a binary
-// collation that does not pad: COLLATE "C" on PostgreSQL; VARBINARY,
-// utf8mb4_0900_bin (MySQL 8) or utf8mb4_nopad_bin (MariaDB) on MySQL and
-// MariaDB, whose utf8mb4_bin ignores trailing spaces; SQLite's default,
-// BINARY, already is one.
+// text without NUL is an id ("Job-A" and "job-a" are two jobs, and "JOB" <
+// "Job" < "job" < "jöb"). A SQL store gives its id columns, and those of
+// job types and tags, a binary collation that does not pad: COLLATE "C" on
+// PostgreSQL; VARBINARY, or utf8mb4_0900_bin on MySQL 8 and
+// utf8mb4_nopad_bin on MariaDB, on MySQL and MariaDB (never utf8mb4_bin,
+// which ignores trailing spaces); SQLite's default, BINARY, already is
+// one.
 //
 // Payloads. Every json.RawMessage (Job.Payload, JobError.Payload,
 // Result.Metrics, Event.Payload, Artifact.Metadata, Worker.Metrics) comes
@@ -184,12 +185,15 @@ type WorkerFilter struct {
 // Errors and retries. Besides the sentinels each method names, any method
 // may return ErrAborted when the database aborted its transaction (a
 // deadlock, a serialization failure: SQLSTATE 40P01 or 40001). When the
-// context carries no transaction, a Store may retry a method internally,
-// a bounded number of times, each time in a new transaction. Inside a
-// transaction the context carries it never retries, since that
-// transaction is lost and only the caller that began it can run it again:
-// it returns ErrAborted. The Manager retries only UpdateJob's ErrConflict,
-// never ErrAborted, which it passes up.
+// context carries no transaction, a Store may retry a method internally, a
+// bounded number of times, each time in a new transaction. Inside a
+// transaction the context carries it never retries, since that transaction
+// is lost and only the caller that began it can run it again: it returns
+// ErrAborted. The Manager retries only UpdateJob's ErrConflict, never
+// ErrAborted, which it passes up. Once a call has returned ErrAborted,
+// nothing more of that transaction commits: every later call with its
+// context fails (workerapi.Transactor says why this takes care on MySQL
+// and MariaDB).
 type Store interface {
 	// CreateJobs inserts new jobs, all or none. ErrConflict if an id is
 	// taken, or named twice.

@@ -141,11 +141,13 @@ type IntegrateFunc func(tree Tree, pending []*Stored, hashes tlog.HashReader) (*
 //
 // Ids. Receipt ids are compared as bytes: case-sensitive, no Unicode
 // normalisation, no trimming, so "rcp_A" and "rcp_a" are two receipts. A
-// SQL store declares the id column with a binary collation (COLLATE "C"
-// on PostgreSQL, BINARY on SQLite, utf8mb4_bin on MySQL and MariaDB). Ids
-// are chosen by the Log or by its caller and may be any valid UTF-8
-// without NUL (U+0000), which PostgreSQL text cannot hold; the Log hands a
-// Store no other.
+// SQL store declares the id column with a binary collation that does not
+// pad: COLLATE "C" on PostgreSQL; VARBINARY, or utf8mb4_0900_bin on MySQL
+// 8 and utf8mb4_nopad_bin on MariaDB, on MySQL and MariaDB (never
+// utf8mb4_bin, which ignores trailing spaces); SQLite's default, BINARY,
+// already is one. Ids are chosen by the Log or by its caller and may be
+// any valid UTF-8 without NUL (U+0000), which PostgreSQL text cannot hold;
+// the Log hands a Store no other.
 //
 // Values. Receipt bodies and checkpoint notes come back byte for byte,
 // as do hashes. A Store returns copies: changing a returned value does not
@@ -161,7 +163,10 @@ type IntegrateFunc func(tree Tree, pending []*Stored, hashes tlog.HashReader) (*
 // carries; any other error means the store could not answer. A store may
 // retry internally, a bounded number of times, only when the context
 // carries no transaction: a transaction the context carries is the
-// caller's to run again, and neither the Log nor the Sequencer does.
+// caller's to run again, and neither the Log nor the Sequencer does. Once
+// a call has returned ErrAborted, nothing more of that transaction
+// commits: every later call with its context fails (workerapi.Transactor
+// says why this takes care on MySQL and MariaDB).
 type Store interface {
 	// AddReceipt stores a minted receipt, not sequenced (s.Sequenced is
 	// false), after every receipt added before it in mint order.
@@ -176,15 +181,17 @@ type Store interface {
 
 	// Sequence runs one batch in one transaction that holds the sequencing
 	// lock, so that one batch at a time is sequenced across every process
-	// sharing the store. It reads the tree and up to limit receipts that
-	// are not sequenced, in mint order; if there are none it returns nil
-	// without calling integrate. Otherwise it calls integrate and, if that
-	// returns a batch, stores its hashes, gives the pending receipts their
-	// indices, sets the tree, and commits. If integrate or any write fails,
-	// nothing is stored. ErrConflict if the batch does not fit the tree
-	// (wrong size or number of hashes); ErrInvalidArgument, without
-	// calling integrate, if limit is not positive. A store that retries
-	// internally may call integrate again.
+	// sharing the store. It reads the tree and up to limit receipts that are
+	// not sequenced, in mint order; if there are none it returns nil without
+	// calling integrate. Otherwise it calls integrate and stores its hashes,
+	// gives the pending receipts their indices, sets the tree, and commits.
+	// If integrate or any write fails, nothing is stored. ErrConflict, and
+	// nothing stored, if the batch does not fit the tree (wrong size or
+	// number of hashes, as Batch.Validate checks) or integrate returns a nil
+	// batch with a nil error (a batch of no receipts does not fit a call
+	// that had some); ErrInvalidArgument, without calling integrate, if
+	// limit is not positive. A store that retries internally may call
+	// integrate again.
 	Sequence(ctx context.Context, limit int, integrate IntegrateFunc) error
 	// Tree returns the last committed tree: EmptyTree on a new store.
 	Tree(ctx context.Context) (Tree, error)

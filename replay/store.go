@@ -69,11 +69,13 @@ var (
 // Ids. Node ids and nonces are compared as bytes: case-sensitive, no
 // Unicode normalisation, no trimming, so "node-a", "Node-A", "node-a " and
 // the two spellings of "é" are five nodes. A SQL store declares such
-// columns with a binary collation (COLLATE "C" on PostgreSQL, BINARY on
-// SQLite, utf8mb4_bin on MySQL and MariaDB). They are valid UTF-8 without
-// NUL (U+0000), which PostgreSQL text cannot hold; in nodelane they are
-// credential principal ids and base64url nonces, and a store may fail on
-// others with an error of its own.
+// columns with a binary collation that does not pad: COLLATE "C" on
+// PostgreSQL; VARBINARY, or utf8mb4_0900_bin on MySQL 8 and
+// utf8mb4_nopad_bin on MariaDB, on MySQL and MariaDB (never utf8mb4_bin,
+// which ignores trailing spaces); SQLite's default, BINARY, already is
+// one. They are valid UTF-8 without NUL (U+0000), which PostgreSQL text
+// cannot hold; in nodelane they are credential principal ids and base64url
+// nonces, and a store may fail on others with an error of its own.
 //
 // Times handed to a Store are UTC and truncated to microseconds; a
 // store must compare them exactly.
@@ -83,7 +85,10 @@ var (
 // carries; any other error means the store could not answer. A store may
 // retry internally, a bounded number of times, only when the context
 // carries no transaction: a transaction the context carries is the
-// caller's to run again, and the Verifier never does.
+// caller's to run again, and the Verifier never does. Once a call has
+// returned ErrAborted, nothing more of that transaction commits: every
+// later call with its context fails (workerapi.Transactor says why this
+// takes care on MySQL and MariaDB).
 type Store interface {
 	// Insert records nonce for nodeID until expires, atomically: of any
 	// number of concurrent Inserts of one (nodeID, nonce), at most one

@@ -26,7 +26,34 @@ import (
 // Transactor runs fn in one transaction carried in fn's context: every
 // store call made with that context joins it, and it commits only if fn
 // returns nil. A Transactor nested in another joins the outer one.
-// bunstore.DB implements it.
+// bunstore.DB implements it; workerapitest is its conformance suite.
+//
+// Isolation: READ COMMITTED or stronger. The stores decide on committed
+// data and their own writes (see each core's Store), never on a read that
+// another writer can invalidate, so no stronger level is needed; a
+// stronger one only adds aborts.
+//
+// Aborts. When the database aborts the transaction (a deadlock, a
+// serialization failure), the store call that meets it returns its core's
+// ErrAborted (lease.ErrAborted, credential.ErrAborted, replay.ErrAborted,
+// envelope.ErrAborted, receipts.ErrAborted, fingerprint.ErrAborted), and
+// from then on nothing more of the transaction commits: every later store
+// call with its context fails, and InTx returns a non-nil error even if fn
+// returns nil. PostgreSQL keeps this by itself (an aborted transaction
+// refuses every statement until it ends). InnoDB (MySQL, MariaDB) does
+// not: a deadlock rolls the transaction back and the session goes on in
+// autocommit, so an adapter on it remembers the abort in the transaction
+// it carries and refuses every later call itself, or else a caller that
+// goes on commits its next writes one by one.
+//
+// InTx runs fn once. It never runs fn again after an abort, nor on any
+// other error: it returns fn's error, or its own, and whoever began the
+// request runs it again (the Server answers 503 unavailable, and the
+// worker retries the request with a new nonce). The functions the Server
+// passes keep state outside the transaction (counts, the answers they
+// return), so running one twice is not safe. A store method called
+// without a transaction in its context may still retry its own
+// transaction, as each core's Store says.
 type Transactor interface {
 	InTx(ctx context.Context, fn func(ctx context.Context) error) error
 }
@@ -53,14 +80,25 @@ type SharedTransactor interface {
 }
 
 // Notifier wakes long-polls, on every replica, when jobs may have become
-// leasable. bunstore implements it with LISTEN/NOTIFY on PostgreSQL and
-// in process on SQLite. A Notifier that also implements SignalNotifier
-// wakes one worker's signals and lease long-polls when an operator's
-// cancel, ban, retirement or drain concerns it; one that does not still
-// works, each such signal then waking every long-poll (SignalNotifier).
+// leasable. It is required. bunstore implements it with LISTEN/NOTIFY on
+// PostgreSQL and in process on SQLite; pollnotify implements it on any
+// database by polling a counter, for databases without LISTEN/NOTIFY
+// (MySQL, MariaDB, SQLite shared by several processes). A Notifier that
+// also implements SignalNotifier wakes one worker's signals and lease
+// long-polls when an operator's cancel, ban, retirement or drain concerns
+// it; one that does not still works, each such signal then waking every
+// long-poll (SignalNotifier).
+//
+// A wake-up must never come before the work it announces is visible: a
+// long-poll woken early looks, finds nothing, and sleeps until its next
+// look (up to 5 s later) while the work waits. workerapitest checks it.
 type Notifier interface {
 	// Notify announces new work. Called with a context that carries a
-	// transaction, it may deliver only once that transaction commits.
+	// transaction, it wakes no subscriber, on any replica, before that
+	// transaction commits, and wakes every subscriber once it has
+	// committed; after a rollback it may wake them or not (a needless
+	// wake-up costs one look). Called without one, it wakes every
+	// subscriber.
 	Notify(ctx context.Context) error
 	// Subscribe returns a channel that receives after every Notify (on any
 	// replica; several notifications may fold into one) until cancel is
@@ -68,8 +106,16 @@ type Notifier interface {
 	Subscribe() (ch <-chan struct{}, cancel func())
 }
 
-// Stores are the storage a Server runs on. All are required but Clock.
-// Every store must join the transaction that Tx carries in a context.
+// Stores are the storage a Server runs on. Tx, Notifier and the six
+// stores are required; Clock and Schema are optional. Every store must
+// join the transaction that Tx carries in a context. Beyond these, the
+// Server looks for optional interfaces on what it is given and runs
+// without each (README's "Writing a custom storage adapter" lists them
+// and what each adds): SharedTransactor on Tx, SignalNotifier on
+// Notifier, lease.DrainStore, lease.HeartbeatStore, lease.StatsCounter
+// and lease.LeaseCounter on Leases, and receipts.BatchAdder on Receipts.
+// workerapi/adaptertest runs every conformance suite on one set of
+// Stores.
 type Stores struct {
 	Tx          Transactor
 	Notifier    Notifier

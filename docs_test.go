@@ -183,3 +183,40 @@ func TestReadmeStepsMarkers(t *testing.T) {
 		}
 	}
 }
+
+// storeDocs are the docs an adapter author reads for the collation of id
+// columns: every Store's godoc that keeps ids, and the README's adapter
+// section.
+var storeDocs = []string{
+	"lease/store.go", "credential/store.go", "replay/store.go", "receipts/store.go",
+	"fingerprint/fingerprint.go", "README.md",
+}
+
+// TestCollationRecommendations keeps one correct recommendation per
+// database family in every Store doc that keeps ids: PostgreSQL's "C",
+// MySQL's and MariaDB's VARBINARY or NO PAD binary collations, SQLite's
+// default; and utf8mb4_bin, which pads ('a' = 'a '), only ever named as
+// what not to use.
+func TestCollationRecommendations(t *testing.T) {
+	t.Parallel()
+	want := []string{`COLLATE "C"`, "VARBINARY", "utf8mb4_0900_bin", "utf8mb4_nopad_bin", "BINARY"}
+	// A sentence that names utf8mb4_bin must warn against it.
+	warning := regexp.MustCompile(`(?i)(never|not)\W+utf8mb4_bin\W[^.]*(pad|trailing spaces)`)
+	for _, f := range storeDocs {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Join comment lines into one text, so that a phrase may wrap.
+		text := regexp.MustCompile(`\n\s*(//)?\s*`).ReplaceAllString(string(b), " ")
+		for _, w := range want {
+			if !strings.Contains(text, w) {
+				t.Errorf("%s does not recommend %s", f, w)
+			}
+		}
+		named := strings.Count(text, "utf8mb4_bin")
+		if warned := len(warning.FindAllString(text, -1)); warned != named {
+			t.Errorf("%s names utf8mb4_bin %d times, %d of them as what not to use: each must warn that it pads", f, named, warned)
+		}
+	}
+}

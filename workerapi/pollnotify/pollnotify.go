@@ -241,9 +241,6 @@ func (n *Notifier) poll(ctx context.Context, last int64) {
 func (n *Notifier) wake() {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if n.closed {
-		return
-	}
 	for ch := range n.subs {
 		select {
 		case ch <- struct{}{}:

@@ -401,7 +401,7 @@ func TestConfig(t *testing.T) {
 		{"max", pollnotify.Config{Interval: pollnotify.MaxInterval}, true},
 		{"negative interval", pollnotify.Config{Interval: -time.Second}, false},
 		{"interval below min", pollnotify.Config{Interval: pollnotify.MinInterval - 1}, false},
-		{"interval above max", pollnotify.Config{Interval: pollnotify.MaxInterval + 1}, false},
+		{"interval above max", pollnotify.Config{Interval: pollnotify.MaxInterval + 1, RetryMax: time.Minute}, false},
 		{"negative retry", pollnotify.Config{RetryMax: -1}, false},
 		{"retry below interval", pollnotify.Config{Interval: time.Second, RetryMax: time.Second - 1}, false},
 	} {

@@ -65,6 +65,18 @@ type Execer interface {
 // a completion that requeues nothing does not notify, and so does not
 // touch the row.
 //
+// The row behaves as any row two transactions write: it can take part in
+// a deadlock when they also lock other rows in different orders, and the
+// database then aborts one of them. On PostgreSQL, run the transactions
+// that notify at READ COMMITTED (the default): at REPEATABLE READ or
+// SERIALIZABLE, a Bump after a concurrent one committed fails with a
+// serialization error. On MySQL and MariaDB the table must be
+// transactional (InnoDB, the default engine), or a Bump would commit at
+// once and wake long-polls before the caller's commit. On SQLite, open
+// the file in WAL mode with a busy timeout, so that Read does not fail
+// while a writer commits (a failed Read costs a retry and a wake-up of
+// every subscriber, see Notifier).
+//
 // A SQLCounter is safe for concurrent use.
 type SQLCounter struct {
 	db    Execer

@@ -135,7 +135,7 @@ type Notifier struct {
 }
 
 // New returns a Notifier on c; cfg may be nil. It reads the counter once
-// before it returns, so that any Notify committed after New returns wakes
+// before it returns (ctx bounds that read only), so that any Notify committed after New returns wakes
 // its subscribers, and fails (with the Counter's error: ErrNoRow for a
 // SQLCounter whose row is missing) if it cannot; an invalid cfg is an
 // error wrapping ErrConfig.

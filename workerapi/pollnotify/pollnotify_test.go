@@ -350,6 +350,36 @@ func TestNotifier(t *testing.T) {
 					}
 				}
 			})
+			t.Run("ConcurrentTransactionsAllCount", func(t *testing.T) {
+				t.Parallel()
+				r := newReplicas(t, d.New(t), pollnotify.Config{})
+				const txs = 8
+				errs := make(chan error, txs)
+				for i := range txs {
+					go func() {
+						db := r.db[i%2]
+						tx, err := db.BeginTx(t.Context(), nil)
+						if err != nil {
+							errs <- err
+							return
+						}
+						if err := r.n[i%2].Notify(withTx(t.Context(), tx)); err != nil {
+							tx.Rollback()
+							errs <- err
+							return
+						}
+						errs <- tx.Commit()
+					}()
+				}
+				for range txs {
+					if err := waitfor.Receive(t, "a notifying transaction", errs); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if v, err := r.c[1].Read(t.Context()); err != nil || v != txs {
+					t.Errorf("Read after %d concurrent notifying transactions = %d, %v; want %d", txs, v, err, txs)
+				}
+			})
 			t.Run("MissingRow", func(t *testing.T) {
 				t.Parallel()
 				db := open(t, d.New(t))

@@ -37,6 +37,12 @@ const workerapitest = "workerapi/workerapitest"
 // blobstore (a module of its own), no gocloud.dev, no bunstore.
 const artifacttest = "workerapi/artifacttest"
 
+// pollNotify is the polling Notifier for databases without LISTEN/NOTIFY:
+// it works through database/sql and its own small interfaces, so it
+// imports only the standard library (not even workerapi, whose Notifier
+// it implements), and any host or adapter may use it.
+const pollNotify = "workerapi/pollnotify"
+
 // allowedThirdParty lists, per core, what beyond the standard library and
 // golang.org/x it may import.
 var allowedThirdParty = map[string][]string{
@@ -120,7 +126,7 @@ func violations(pkg string, deps []string, std map[string]bool) []string {
 				out = append(out, pkg+" imports "+d+": a conformance suite imports only its core, "+testclock+", "+waitfor+", the standard library and go-cmp")
 			}
 			continue
-		case pkg == testclock || pkg == waitfor:
+		case pkg == testclock || pkg == waitfor || pkg == pollNotify:
 			out = append(out, pkg+" imports "+d+": "+pkg+" imports only the standard library")
 			continue
 		case pkg == workerapitest:
@@ -295,6 +301,9 @@ func TestViolations(t *testing.T) {
 		{"workerapi/prommetrics", []string{module + "/bunstore", "github.com/uptrace/bun"}, 2},
 		{"workerapi/oteltrace", []string{module + "/workerapi", "go.opentelemetry.io/otel/trace"}, 0},
 		{"workerapi/oteltrace", []string{module + "/internal/apitest"}, 1},
+		{pollNotify, []string{"fmt"}, 0},
+		{pollNotify, []string{module + "/workerapi", module + "/lease"}, 2},
+		{pollNotify, []string{"github.com/uptrace/bun", "modernc.org/sqlite", "golang.org/x/sync/errgroup"}, 3},
 	}
 	for _, tc := range tests {
 		if got := violations(tc.pkg, tc.deps, std); len(got) != tc.want {

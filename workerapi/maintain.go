@@ -131,8 +131,12 @@ func (s *Server) expireActivation(ctx context.Context) error {
 
 // LocalNotifier is a Notifier and a SignalNotifier for one process: Notify
 // wakes every subscriber of this LocalNotifier at once, NotifyWorker every
-// subscriber of that worker's signals. Use it with stores that live
-// in one process (MemoryStores, a SQLite file).
+// subscriber of that worker's signals. It does not know transactions, so
+// it keeps Notifier's commit rule only with stores whose writes are
+// visible as soon as they are made (MemoryStores); with a transactional
+// store it may wake a long-poll before the commit, which then finds
+// nothing and waits for its next look, and workerapitest refuses it
+// there. Use bunstore's Notifier, or pollnotify, with a database.
 type LocalNotifier struct {
 	mu   sync.Mutex
 	subs map[chan struct{}]struct{}
@@ -146,8 +150,8 @@ func NewLocalNotifier() *LocalNotifier {
 	return &LocalNotifier{subs: map[chan struct{}]struct{}{}}
 }
 
-// Notify implements Notifier. It does not wait for a transaction: a
-// long-poll woken early finds nothing new and waits again.
+// Notify implements Notifier. It does not wait for a transaction the
+// context carries: see LocalNotifier.
 func (n *LocalNotifier) Notify(context.Context) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()

@@ -8,7 +8,7 @@
 // wake-ups in milliseconds, no polling). On MySQL or MariaDB, or SQLite
 // shared by several processes, this one; bunstore's wakes across
 // processes on PostgreSQL only. Within one process on SQLite, bunstore's
-// or workerapi.LocalNotifier is enough.
+// is enough (workerapi.LocalNotifier is not: it wakes before the commit).
 //
 // The contract: a Notify whose context carries a transaction wakes no
 // subscriber, on any replica, before that transaction commits, because

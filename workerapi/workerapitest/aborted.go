@@ -106,7 +106,12 @@ func testNothingCommitsAfterAbort(t *testing.T, ctx context.Context, st workerap
 			t.Fatalf("%s: UpdateJob of %s inside InTx: %v", tx1.name, a, err)
 		}
 	case <-done1:
-		t.Fatalf("%s: InTx returned %v before its function updated %s", tx1.name, tx1.err, a)
+		select {
+		case err := <-wrote1:
+			t.Fatalf("%s: UpdateJob of %s inside InTx: %v", tx1.name, a, err)
+		default:
+			t.Fatalf("%s: InTx returned %v before its function updated %s", tx1.name, tx1.err, a)
+		}
 	}
 
 	go func() {
@@ -146,6 +151,7 @@ func testNothingCommitsAfterAbort(t *testing.T, ctx context.Context, st workerap
 	defer timer.Stop()
 	select {
 	case <-started2:
+		// Its update has serialWait of its own.
 		timer.Reset(serialWait)
 		select {
 		case err := <-wrote2:

@@ -90,11 +90,11 @@ func notifyInTx(ctx context.Context, st workerapi.Stores, id string, then func()
 	var failed error
 	err := st.Tx.InTx(ctx, func(ctx context.Context) error {
 		if err := st.Leases.CreateJobs(ctx, []*lease.Job{newJob(id, "status_check")}); err != nil {
-			failed = fmt.Errorf("CreateJobs inside InTx: %w", err)
+			failed = fmt.Errorf("calling CreateJobs inside InTx: %w", err)
 			return failed
 		}
 		if err := st.Notifier.Notify(ctx); err != nil {
-			failed = fmt.Errorf("Notify inside InTx: %w", err)
+			failed = fmt.Errorf("calling Notify inside InTx: %w", err)
 			return failed
 		}
 		if then != nil {

@@ -75,12 +75,15 @@
 //     (lease.Store.CreateJobs), calls Notify and returns nil wakes a
 //     subscriber, once InTx has returned.
 //   - Notifier/NotBeforeCommit: in the same transaction, right after
-//     Notify returned, a subscription holds no wake-up; and a subscriber
-//     goroutine, once woken, sees the job through Leases.GetJob outside
-//     the transaction. A wake-up that comes while the job is not yet
-//     visible outside the transaction came before the commit. The
-//     goroutine catches a Notifier that wakes early but asynchronously
-//     when it looks before the commit, which is likely, not certain.
+//     Notify returned, a subscription holds no wake-up, unless the job is
+//     already visible outside the transaction (Leases.GetJob with a
+//     context that carries none); and a subscriber goroutine, once woken,
+//     sees the job so. A wake-up while the job is not yet visible outside
+//     the transaction came before the commit; one after a write that
+//     committed on its own (it joined no transaction, which the writes'
+//     cases refuse) did not. The goroutine catches a Notifier that wakes
+//     early but asynchronously when it looks before the commit, which is
+//     likely, not certain.
 //
 // # Nothing commits after an abort
 //
@@ -107,13 +110,13 @@
 //
 // A store whose writers serialize cannot deadlock: bunstore on SQLite
 // takes a write slot for the whole InTx, so transaction 2 cannot begin
-// while 1 is open. The case detects it, within serialWait (2 s), and
-// passes with a log saying why the rule was not exercised. Transaction 2
-// begins once transaction 1 has updated A; if its function has not
-// started within serialWait, or its InTx returns before it starts, or its
-// update of B, made with a context of its own that ends serialWait later,
-// does not complete (it waits for transaction 1), then transaction 1 goes
-// on alone and commits, and transaction 2's function, if it starts after
+// while 1 is open. The case detects it within 2 s and passes with a log
+// saying why the rule was not exercised. Transaction 2 begins once
+// transaction 1 has updated A; if its function has not started within
+// 2 s, or its InTx returns before it starts, or its update of B, made
+// with a context of its own that ends 2 s later, does not complete within
+// those 2 s (it waits for transaction 1), then transaction 1 goes on
+// alone and commits, and transaction 2's function, if it starts after
 // that, returns at once. A store none of whose calls returned ErrAborted
 // (it has no transactions, or it aborts at commit) passes with a log too.
 //

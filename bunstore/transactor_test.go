@@ -9,7 +9,9 @@ import (
 )
 
 // TestTransactor runs the transaction conformance suite on each dialect:
-// DB.InTx carries one transaction, and every store joins it.
+// DB.InTx carries one transaction, every store joins it, the Notifier
+// wakes only once it has committed, and nothing of it commits after the
+// database aborted it (on PostgreSQL, whose deadlock the suite provokes).
 func TestTransactor(t *testing.T) {
 	t.Parallel()
 	for _, d := range bunstore.MigratedDialects() {
@@ -17,13 +19,20 @@ func TestTransactor(t *testing.T) {
 			t.Parallel()
 			workerapitest.Run(t, func(t *testing.T) workerapi.Stores {
 				db := open(t, d.New(t))
+				n, err := db.Notifier(t.Context(), nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { n.Close() })
 				return workerapi.Stores{
-					Tx:          db,
-					Leases:      db.LeaseStore(),
-					Credentials: db.CredentialStore(),
-					Nonces:      db.NonceStore(nil),
-					Envelope:    db.EnvelopeStore(),
-					Receipts:    db.ReceiptStore(),
+					Tx:           db,
+					Notifier:     n,
+					Leases:       db.LeaseStore(),
+					Credentials:  db.CredentialStore(),
+					Nonces:       db.NonceStore(nil),
+					Envelope:     db.EnvelopeStore(),
+					Receipts:     db.ReceiptStore(),
+					Fingerprints: db.FingerprintStore(),
 				}
 			})
 		})

@@ -11,7 +11,7 @@ import (
 
 // An adapter's test gives Run its Stores over a new, empty database for
 // each case: here bunstore's, on a SQLite file in the case's temporary
-// directory. An adapter of one's own returns its Transactor and its
+// directory, with a Notifier of its own. An adapter of one's own returns its Transactor and its
 // stores the same way, and runs the cores' suites (leasetest.Run,
 // credentialtest.Run, ...) beside this one.
 func ExampleRun() {
@@ -22,13 +22,20 @@ func ExampleRun() {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { db.Close() })
+			n, err := db.Notifier(t.Context(), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { n.Close() })
 			return workerapi.Stores{
-				Tx:          db,
-				Leases:      db.LeaseStore(),
-				Credentials: db.CredentialStore(),
-				Nonces:      db.NonceStore(nil),
-				Envelope:    db.EnvelopeStore(),
-				Receipts:    db.ReceiptStore(),
+				Tx:           db,
+				Notifier:     n,
+				Leases:       db.LeaseStore(),
+				Credentials:  db.CredentialStore(),
+				Nonces:       db.NonceStore(nil),
+				Envelope:     db.EnvelopeStore(),
+				Receipts:     db.ReceiptStore(),
+				Fingerprints: db.FingerprintStore(),
 			}
 		})
 	}

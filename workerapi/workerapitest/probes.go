@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"time"
 
 	"golang.org/x/mod/sumdb/note"
@@ -14,6 +16,7 @@ import (
 
 	"github.com/nodelane/nodelane/credential"
 	"github.com/nodelane/nodelane/envelope"
+	"github.com/nodelane/nodelane/fingerprint"
 	"github.com/nodelane/nodelane/lease"
 	"github.com/nodelane/nodelane/receipts"
 	"github.com/nodelane/nodelane/replay"
@@ -60,6 +63,9 @@ var groups = []group{
 		{"AddReceipt", probeAddReceipt},
 		{"Sequence", probeSequence},
 		{"AddCheckpoint", probeAddCheckpoint},
+	}},
+	{"Fingerprints", []write{
+		{"Add", probeAdd},
 	}},
 }
 
@@ -742,4 +748,35 @@ func newSigner() (note.Signer, error) {
 		return nil, err
 	}
 	return note.NewSigner(key)
+}
+
+// ---- fingerprint.Store
+
+// newFingerprint returns instance i's fingerprint: that of credential
+// pepper version i+1, whose Kind and ID no other instance has.
+func newFingerprint(i int) fingerprint.Fingerprint {
+	sum := sha256.Sum256([]byte(name("pepper", i)))
+	return fingerprint.Fingerprint{Kind: fingerprint.KindPepper, ID: strconv.Itoa(i + 1), Value: hex.EncodeToString(sum[:]), CreatedAt: epoch}
+}
+
+// probeAdd adds instance i's fingerprint. Add returns every stored
+// fingerprint, so Add of none is the read.
+func probeAdd(_ context.Context, st workerapi.Stores, i int) (*probe, error) {
+	s, f := st.Fingerprints, newFingerprint(i)
+	has := func(fps []fingerprint.Fingerprint) bool {
+		return slices.ContainsFunc(fps, func(g fingerprint.Fingerprint) bool { return g.Kind == f.Kind && g.ID == f.ID && g.Value == f.Value })
+	}
+	return &probe{
+		do: func(ctx context.Context) error {
+			fps, err := s.Add(ctx, []fingerprint.Fingerprint{f})
+			if err == nil && !has(fps) {
+				err = fmt.Errorf("the store's Add returned %d fingerprints, without the one it added", len(fps))
+			}
+			return err
+		},
+		checks: []check{{"Add(nil)", func(ctx context.Context) (bool, error) {
+			fps, err := s.Add(ctx, nil)
+			return has(fps), err
+		}}},
+	}, nil
 }

@@ -2,7 +2,9 @@
 // workerapi.Server runs its requests in. A Server commits a request's
 // state change, its nonce and its receipts together through
 // workerapi.Stores.Tx, so every store of workerapi.Stores must join the
-// transaction that Tx carries in a context. The cores' own suites
+// transaction that Tx carries in a context; its Notifier must wake
+// long-polls only once that transaction has committed; and a transaction
+// the database aborted must commit nothing. The cores' own suites
 // (leasetest, credentialtest, ...) never run a transaction; this one does.
 // An adapter's test calls Run with a function that returns its Stores over
 // a new, empty database of their own. The cases run in parallel, so the
@@ -13,15 +15,19 @@
 //		workerapitest.Run(t, func(t *testing.T) workerapi.Stores {
 //			db := openEmptyDatabase(t)
 //			return workerapi.Stores{
-//				Tx:          db,
-//				Leases:      db.LeaseStore(),
-//				Credentials: db.CredentialStore(),
-//				Nonces:      db.NonceStore(),
-//				Envelope:    db.EnvelopeStore(),
-//				Receipts:    db.ReceiptStore(),
+//				Tx:           db,
+//				Notifier:     newNotifier(t, db), // closed when t ends
+//				Leases:       db.LeaseStore(),
+//				Credentials:  db.CredentialStore(),
+//				Nonces:       db.NonceStore(nil),
+//				Envelope:     db.EnvelopeStore(),
+//				Receipts:     db.ReceiptStore(),
+//				Fingerprints: db.FingerprintStore(),
 //			}
 //		})
 //	}
+//
+// # Every store joins the transaction
 //
 // For every write method of every store (lease.Store's CreateJobs,
 // UpdateJob, ClaimLeases, AcceptLeased, CompleteRunning, AddEvents, AddArtifact, PutWorker, SetApproval
@@ -29,7 +35,8 @@
 // credential.Store's CreatePrincipal, UpdatePrincipal, CreateCredential
 // and UpdateCredential; replay.Store's Insert and Collect;
 // envelope.Store's Apply; receipts.Store's AddReceipt, Sequence and
-// AddCheckpoint) the suite checks, each on a fresh database, that:
+// AddCheckpoint; fingerprint.Store's Add) the suite checks, each on a
+// fresh database, that:
 //
 //   - Rollback: a write inside Tx.InTx whose function then returns an
 //     error leaves nothing, as every read method of the store sees after
@@ -42,11 +49,6 @@
 //     joins it: the inner call sees the outer write, and when the inner
 //     function succeeds and the outer one fails, neither write is left.
 //
-// When Tx also implements workerapi.SharedTransactor, each case runs a
-// second time, on stores of its own, with InSharedTx in place of InTx
-// (as in TestTransactions/Leases/ClaimJobs/Rollback/Shared): a shared
-// transaction is a transaction, which every store joins.
-//
 // Sequence and Collect are held to this too, although a Server calls them
 // outside any transaction: their Store interfaces say that every method
 // joins the transaction its context carries.
@@ -56,7 +58,76 @@
 // read that saw (or missed) the write. A NonceStore has no read method:
 // an Insert of the same nonce (replay.ErrReplayedNonce while it is held)
 // and a second Collect at the same time (nothing left to delete) are its
-// reads.
+// reads. A fingerprint.Store's Add with no fingerprints is its read.
+//
+// # The Notifier wakes after the commit
+//
+// Notify with a context that carries a transaction wakes no subscriber
+// before that transaction commits, and wakes every subscriber once it has
+// committed; after a rollback it may wake them or not. (A long-poll woken
+// before the commit looks, finds nothing new and waits again, and the new
+// job waits for its next look.) Three cases check it, each on stores of
+// its own:
+//
+//   - Notifier/WithoutTx: Notify with a context that carries no
+//     transaction wakes a subscriber.
+//   - Notifier/AfterCommit: an InTx whose function creates a job
+//     (lease.Store.CreateJobs), calls Notify and returns nil wakes a
+//     subscriber, once InTx has returned.
+//   - Notifier/NotBeforeCommit: in the same transaction, right after
+//     Notify returned, a subscription holds no wake-up, unless the job is
+//     already visible outside the transaction (Leases.GetJob with a
+//     context that carries none); and a subscriber goroutine, once woken,
+//     sees the job so. A wake-up while the job is not yet visible outside
+//     the transaction came before the commit; one after a write that
+//     committed on its own (it joined no transaction, which the writes'
+//     cases refuse) did not. The goroutine catches a Notifier that wakes
+//     early but asynchronously when it looks before the commit, which is
+//     likely, not certain.
+//
+// # Nothing commits after an abort
+//
+// Once a store call inside InTx has returned its core's ErrAborted
+// (lease.ErrAborted, credential.ErrAborted, ...), nothing more of that
+// transaction commits: every later store call with its context fails, and
+// InTx returns a non-nil error even if fn returns nil. InTx runs fn once:
+// it never runs it again after an abort (the Server answers 503
+// unavailable and the worker retries the request). In InnoDB (MariaDB,
+// MySQL) a deadlock rolls the whole transaction back and the session goes
+// on in autocommit, so an adapter that carries on after it commits the
+// transaction's later writes one by one.
+//
+// Aborted/NothingCommitsAfter provokes a real deadlock. Jobs A and B are
+// committed; transaction 1 updates A (lease.Store.UpdateJob), transaction
+// 2 updates B, then, concurrently, 1 updates B and 2 updates A. The
+// database aborts one of them (PostgreSQL once its deadlock_timeout, 1 s
+// by default, has passed). The aborted side then creates a job C,
+// ignoring that call's error, and its function returns nil. The case
+// requires that the aborted side's InTx return an error and that neither
+// C nor its first update be there afterwards; that the other side's
+// updates and InTx succeed and both its updates be there; and that InTx
+// ran each function once.
+//
+// A store whose writers serialize cannot deadlock: bunstore on SQLite
+// takes a write slot for the whole InTx, so transaction 2 cannot begin
+// while 1 is open. The case detects it within 2 s and passes with a log
+// saying why the rule was not exercised. Transaction 2 begins once
+// transaction 1 has updated A; if its function has not started within
+// 2 s, or its InTx returns before it starts, or its update of B, made
+// with a context of its own that ends 2 s later, does not complete within
+// those 2 s (it waits for transaction 1), then transaction 1 goes on
+// alone and commits, and transaction 2's function, if it starts after
+// that, returns at once. A store none of whose calls returned ErrAborted
+// (it has no transactions, or it aborts at commit) passes with a log too.
+//
+// # Shared transactions
+//
+// When Tx also implements workerapi.SharedTransactor, each case but
+// Aborted/NothingCommitsAfter runs a second time, on stores of its own,
+// with InSharedTx in place of InTx (as in
+// TestTransactions/Leases/ClaimLeases/Rollback/Shared): a shared
+// transaction is a transaction, which every store joins. (Calls that
+// share a transaction cannot deadlock each other.)
 //
 // The stores are driven directly through their Store interfaces with
 // small, valid records at fixed times; nothing sleeps. Every context the
@@ -82,12 +153,13 @@ const caseTimeout = time.Minute
 var errRollback = errors.New("workerapitest: the function given to InTx failed, so InTx must roll back")
 
 // Run runs the suite on stores made by newStores. Every case calls newStores once
-// and uses Stores.Tx and the five stores, which must share one new, empty
-// database (Stores.Notifier is not used and may be nil). Cases run in
-// parallel (t.Parallel), so newStores may be called from several
-// goroutines at once, and each call must return stores independent of
-// every other call's: a database of their own, which no other case reads
-// or writes.
+// and uses Stores.Tx, Stores.Notifier and the six stores, which must share
+// one new, empty database (Clock and Schema are not used and may be nil).
+// Cases run in parallel (t.Parallel), so newStores may be called from
+// several goroutines at once, and each call must return stores
+// independent of every other call's: a database of their own, which no
+// other case reads or writes, and a Notifier that no other case's
+// Notify wakes.
 //
 //	workerapitest.Run(t, func(t *testing.T) workerapi.Stores { return newStores(t) })
 func Run(t *testing.T, newStores func(t *testing.T) workerapi.Stores) {
@@ -99,25 +171,44 @@ func Run(t *testing.T, newStores func(t *testing.T) workerapi.Stores) {
 					t.Parallel()
 					for _, c := range cases {
 						t.Run(c.name, func(t *testing.T) {
-							t.Parallel()
-							st := newStores(t)
-							if missing := missingStore(st); missing != "" {
-								t.Fatalf("newStores returned Stores without %s", missing)
-							}
-							ctx, cancel := context.WithTimeout(t.Context(), caseTimeout)
-							defer cancel()
-							c.run(t, ctx, st, w)
-							if _, ok := st.Tx.(workerapi.SharedTransactor); ok {
-								t.Run("Shared", func(t *testing.T) {
-									st := newStores(t)
-									st.Tx = sharedTx{st.Tx.(workerapi.SharedTransactor)}
-									c.run(t, ctx, st, w)
-								})
-							}
+							runCase(t, newStores, true, func(t *testing.T, ctx context.Context, st workerapi.Stores) {
+								c.run(t, ctx, st, w)
+							})
 						})
 					}
 				})
 			}
+		})
+	}
+	for _, g := range storesCases {
+		t.Run(g.name, func(t *testing.T) {
+			t.Parallel()
+			for _, c := range g.cases {
+				t.Run(c.name, func(t *testing.T) {
+					runCase(t, newStores, c.shared, c.run)
+				})
+			}
+		})
+	}
+}
+
+// runCase runs a case, in parallel, on stores of its own and, if shared
+// and Tx is a SharedTransactor, again in a subtest "Shared" with
+// InSharedTx in place of InTx.
+func runCase(t *testing.T, newStores func(t *testing.T) workerapi.Stores, shared bool, run func(t *testing.T, ctx context.Context, st workerapi.Stores)) {
+	t.Parallel()
+	st := newStores(t)
+	if missing := missingStore(st); missing != "" {
+		t.Fatalf("newStores returned Stores without %s", missing)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), caseTimeout)
+	defer cancel()
+	run(t, ctx, st)
+	if _, ok := st.Tx.(workerapi.SharedTransactor); ok && shared {
+		t.Run("Shared", func(t *testing.T) {
+			st := newStores(t)
+			st.Tx = sharedTx{st.Tx.(workerapi.SharedTransactor)}
+			run(t, ctx, st)
 		})
 	}
 }
@@ -136,8 +227,9 @@ func missingStore(st workerapi.Stores) string {
 		name    string
 		missing bool
 	}{
-		{"Tx", st.Tx == nil}, {"Leases", st.Leases == nil}, {"Credentials", st.Credentials == nil},
-		{"Nonces", st.Nonces == nil}, {"Envelope", st.Envelope == nil}, {"Receipts", st.Receipts == nil},
+		{"Tx", st.Tx == nil}, {"Notifier", st.Notifier == nil}, {"Leases", st.Leases == nil},
+		{"Credentials", st.Credentials == nil}, {"Nonces", st.Nonces == nil}, {"Envelope", st.Envelope == nil},
+		{"Receipts", st.Receipts == nil}, {"Fingerprints", st.Fingerprints == nil},
 	} {
 		if s.missing {
 			return s.name
@@ -230,6 +322,32 @@ var cases = []testCase{
 	{"ReadsOwnWrite", testReadsOwnWrite},
 	{"Commit", testCommit},
 	{"Nested", testNested},
+}
+
+// storesCase is a case of the suite that is not about one write: it
+// drives the stores as a whole.
+type storesCase struct {
+	name string
+	run  func(t *testing.T, ctx context.Context, st workerapi.Stores)
+	// shared says whether the case runs again with InSharedTx.
+	shared bool
+}
+
+// storesCases are the cases of the Notifier and of aborted transactions,
+// by group.
+var storesCases = []struct {
+	name  string
+	cases []storesCase
+}{
+	{"Notifier", []storesCase{
+		{"WithoutTx", testNotifyWithoutTx, true},
+		{"AfterCommit", testNotifyAfterCommit, true},
+		{"NotBeforeCommit", testNotifyNotBeforeCommit, true},
+	}},
+	// Calls that share a transaction cannot deadlock each other.
+	{"Aborted", []storesCase{
+		{"NothingCommitsAfter", testNothingCommitsAfterAbort, false},
+	}},
 }
 
 // wantRolledBack fails t unless InTx returned the error its function

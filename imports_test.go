@@ -43,6 +43,13 @@ const artifacttest = "workerapi/artifacttest"
 // it implements), and any host or adapter may use it.
 const pollNotify = "workerapi/pollnotify"
 
+// adaptertest runs every suite on an adapter's full store set: of
+// nodelane it imports workerapi, the cores, their conformance suites,
+// workerapitest and what those import (workerapi/wire, the test clock,
+// waitfor); of the rest, what they import (go-cmp, golang.org/x, the
+// cores' own). Nothing of an adapter: no bunstore, no bun, no driver.
+const adaptertest = "workerapi/adaptertest"
+
 // allowedThirdParty lists, per core, what beyond the standard library and
 // golang.org/x it may import.
 var allowedThirdParty = map[string][]string{
@@ -139,6 +146,18 @@ func violations(pkg string, deps []string, std map[string]bool) []string {
 				out = append(out, pkg+" imports "+d+": "+workerapitest+" imports only workerapi, the cores, the standard library and go-cmp")
 			}
 			continue
+		case pkg == adaptertest:
+			suite := slices.ContainsFunc(cores, func(c string) bool { return r == c+"/"+c[strings.LastIndex(c, "/")+1:]+"test" })
+			ownOK := r == "workerapi" || r == "workerapi/wire" || r == workerapitest || r == testclock || r == waitfor ||
+				slices.Contains(cores, r) || suite
+			thirdOK := strings.HasPrefix(d, "github.com/google/go-cmp/") || strings.HasPrefix(d, "golang.org/x/") ||
+				slices.ContainsFunc(cores, func(c string) bool {
+					return slices.ContainsFunc(allowedThirdParty[c], func(p string) bool { return d == p || strings.HasPrefix(d, p+"/") })
+				})
+			if (own && !ownOK) || (!own && !thirdOK) {
+				out = append(out, pkg+" imports "+d+": "+adaptertest+" imports only workerapi, the cores, their suites, "+workerapitest+", "+testclock+", "+waitfor+", the standard library and go-cmp")
+			}
+			continue
 		case pkg == artifacttest:
 			ownOK := r == "workerapi" || r == "workerapi/wire" || r == waitfor || slices.Contains(cores, r)
 			thirdOK := strings.HasPrefix(d, "github.com/google/go-cmp/") || strings.HasPrefix(d, "golang.org/x/") ||
@@ -150,7 +169,7 @@ func violations(pkg string, deps []string, std map[string]bool) []string {
 			}
 			continue
 		}
-		if own && strings.HasSuffix(r, "test") && (r == workerapitest || r == artifacttest || slices.ContainsFunc(cores, func(c string) bool { return strings.HasPrefix(r, c+"/") })) {
+		if own && strings.HasSuffix(r, "test") && (r == workerapitest || r == artifacttest || r == adaptertest || slices.ContainsFunc(cores, func(c string) bool { return strings.HasPrefix(r, c+"/") })) {
 			out = append(out, pkg+" imports "+d+": production code never imports a conformance suite")
 		}
 		if pkg == "bunstore" && own && (r == "workerapi" || strings.HasPrefix(r, "workerapi/")) {
@@ -283,6 +302,15 @@ func TestViolations(t *testing.T) {
 		{artifacttest, []string{module + "/bunstore", module + "/internal/testclock", module + "/internal/apitest"}, 3},
 		{artifacttest, []string{"gocloud.dev/blob", "github.com/aws/aws-sdk-go-v2/service/s3"}, 2},
 		{"cmd/server", []string{module + "/" + artifacttest}, 1},
+		{adaptertest, []string{"fmt", module + "/workerapi", module + "/workerapi/wire", module + "/lease", module + "/lease/leasetest",
+			module + "/credential/credentialtest", module + "/replay/replaytest", module + "/envelope/envelopetest",
+			module + "/receipts/receiptstest", module + "/fingerprint/fingerprinttest", module + "/" + workerapitest,
+			module + "/internal/testclock", module + "/internal/waitfor", "github.com/dunglas/httpsfv", "golang.org/x/mod/sumdb/tlog",
+			"github.com/google/go-cmp/cmp"}, 0},
+		{adaptertest, []string{module + "/bunstore", module + "/internal/testdb", module + "/" + artifacttest}, 3},
+		{adaptertest, []string{"github.com/uptrace/bun", "modernc.org/sqlite", "github.com/google/uuid"}, 3},
+		{"cmd/server", []string{module + "/" + adaptertest}, 1},
+		{"bunstore", []string{module + "/" + adaptertest}, 2},
 		{"blobstore", []string{module + "/" + artifacttest}, 1},
 		{operatorClient, []string{module + "/workerapi/wire", module + "/receipts", "golang.org/x/mod/sumdb/tlog", "fmt"}, 0},
 		{operatorClient, []string{module + "/workerapi", module + "/lease", module + "/credential", module + "/bunstore"}, 4},

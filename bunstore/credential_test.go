@@ -12,20 +12,7 @@ import (
 
 	"github.com/nodelane/nodelane/bunstore"
 	"github.com/nodelane/nodelane/credential"
-	"github.com/nodelane/nodelane/credential/credentialtest"
 )
-
-func TestCredentialStore(t *testing.T) {
-	t.Parallel()
-	for _, d := range bunstore.MigratedDialects() {
-		t.Run(d.Name, func(t *testing.T) {
-			t.Parallel()
-			credentialtest.Run(t, func(t *testing.T) credential.Store {
-				return open(t, d.New(t)).CredentialStore()
-			})
-		})
-	}
-}
 
 // newIssuer returns an Issuer over db's credential store with a random
 // pepper, which it also returns.

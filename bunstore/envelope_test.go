@@ -11,18 +11,6 @@ import (
 	"github.com/nodelane/nodelane/envelope/envelopetest"
 )
 
-func TestEnvelopeStore(t *testing.T) {
-	t.Parallel()
-	for _, d := range bunstore.MigratedDialects() {
-		t.Run(d.Name, func(t *testing.T) {
-			t.Parallel()
-			envelopetest.Run(t, func(t *testing.T) envelope.Store {
-				return open(t, d.New(t)).EnvelopeStore()
-			})
-		})
-	}
-}
-
 // Two handles on one database stand for two replicas.
 func TestEnvelopeStoreReplicas(t *testing.T) {
 	t.Parallel()

@@ -6,8 +6,6 @@ import (
 
 	"github.com/nodelane/nodelane/bunstore"
 	"github.com/nodelane/nodelane/internal/testdb"
-	"github.com/nodelane/nodelane/lease"
-	"github.com/nodelane/nodelane/lease/leasetest"
 )
 
 // open opens and migrates the database d, closed when the test ends.
@@ -23,16 +21,4 @@ func open(t testing.TB, d testdb.DB) *bunstore.DB {
 		}
 	})
 	return db
-}
-
-func TestLeaseStore(t *testing.T) {
-	t.Parallel()
-	for _, d := range bunstore.MigratedDialects() {
-		t.Run(d.Name, func(t *testing.T) {
-			t.Parallel()
-			leasetest.Run(t, func(t *testing.T) lease.Store {
-				return open(t, d.New(t)).LeaseStore()
-			})
-		})
-	}
 }

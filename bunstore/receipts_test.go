@@ -22,18 +22,6 @@ import (
 
 const receiptsOrigin = "bunstore.test/receipts"
 
-func TestReceiptStore(t *testing.T) {
-	t.Parallel()
-	for _, d := range bunstore.MigratedDialects() {
-		t.Run(d.Name, func(t *testing.T) {
-			t.Parallel()
-			receiptstest.Run(t, func(t *testing.T) receipts.Store {
-				return open(t, d.New(t)).ReceiptStore()
-			})
-		})
-	}
-}
-
 func receiptSigner(t testing.TB) (note.Signer, string) {
 	t.Helper()
 	skey, vkey, err := receipts.GenerateKey(rand.Reader, receiptsOrigin)

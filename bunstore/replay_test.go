@@ -22,20 +22,7 @@ import (
 	"github.com/nodelane/nodelane/bunstore"
 	"github.com/nodelane/nodelane/internal/waitfor"
 	"github.com/nodelane/nodelane/replay"
-	"github.com/nodelane/nodelane/replay/replaytest"
 )
-
-func TestNonceStore(t *testing.T) {
-	t.Parallel()
-	for _, d := range bunstore.MigratedDialects() {
-		t.Run(d.Name, func(t *testing.T) {
-			t.Parallel()
-			replaytest.Run(t, func(t *testing.T) replay.Store {
-				return open(t, d.New(t)).NonceStore(&bunstore.NonceConfig{PerNode: replaytest.Quota})
-			})
-		})
-	}
-}
 
 // node is a worker node that signs requests, as a worker would.
 type node struct {

@@ -16,13 +16,22 @@
 // The suite checks that Add stores what is absent and keeps what is
 // stored, returns every stored fingerprint in order, refuses malformed
 // input without storing any of it, and that concurrent Adds of different
-// values for one Kind and ID all return the same one.
+// values for one Kind and ID all return the same one. Kinds and ids are
+// compared and ordered as bytes: a Kind or an ID that differs from a
+// stored one only by trailing spaces, by case or by its non-ASCII bytes
+// (a Unicode form, a full-width letter) names another fingerprint, stored
+// and returned apart, and Add orders them as Go compares strings, Kind
+// then ID. A column with a PAD SPACE collation (MariaDB's utf8mb4_bin:
+// 'a' = 'a '), a case-insensitive one or a linguistic order fails. Add
+// of nothing to an empty store, and every Add after a refused one that
+// left the store empty, returns nil, not an empty slice.
 package fingerprinttest
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -46,6 +55,7 @@ func Run(t *testing.T, newStore func(t *testing.T) fingerprint.Store) {
 		{"KeepsStored", testKeepsStored},
 		{"Invalid", testInvalid},
 		{"Concurrent", testConcurrent},
+		{"IDs", testIDs},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
@@ -77,8 +87,21 @@ func same(t *testing.T, what string, got, want []fingerprint.Fingerprint) {
 	}
 }
 
+// none checks that got, what Add returned from an empty store, is nil: a
+// store returns no fingerprints as a nil slice, not an empty one.
+func none(t *testing.T, what string, got []fingerprint.Fingerprint) {
+	t.Helper()
+	switch {
+	case got == nil:
+	case len(got) == 0:
+		t.Errorf("%s returned an empty, non-nil slice; a store with no fingerprints returns nil", what)
+	default:
+		same(t, what, got, nil)
+	}
+}
+
 func testAddToEmpty(t *testing.T, st fingerprint.Store) {
-	same(t, "Add of nothing to an empty store", add(t, st), nil)
+	none(t, "Add of nothing to an empty store", add(t, st))
 	rk, p2, p1 := fp(fingerprint.KindReceiptKey, "", 0xaa, at), fp(fingerprint.KindPepper, "2", 0x02, at), fp(fingerprint.KindPepper, "1", 0x01, at)
 	// Ordered by kind, then id: pepper before receipt_key.
 	same(t, "first Add", add(t, st, rk, p2, p1), []fingerprint.Fingerprint{p1, p2, rk})
@@ -113,7 +136,7 @@ func testInvalid(t *testing.T, st fingerprint.Store) {
 			if !errors.Is(err, fingerprint.ErrInvalidArgument) {
 				t.Fatalf("Add with %s: %v, want ErrInvalidArgument", c.name, err)
 			}
-			same(t, "after a refused Add", add(t, st), nil)
+			none(t, "Add of nothing after a refused Add", add(t, st))
 		})
 	}
 }
@@ -145,4 +168,74 @@ func testConcurrent(t *testing.T, st fingerprint.Store) {
 		same(t, fmt.Sprintf("Add %d against Add 0", i), got[i], got[0])
 	}
 	same(t, "stored after the concurrent Adds", add(t, st), got[0])
+}
+
+// testIDs: kinds and ids are compared and ordered as bytes. Each pair
+// below differs only by trailing spaces, case or non-ASCII bytes, and
+// names two fingerprints, whichever Add stores them; Add returns them in
+// Go's order of Kind, then ID.
+func testIDs(t *testing.T, st fingerprint.Store) {
+	keys := []struct {
+		kind fingerprint.Kind
+		id   string
+	}{
+		{fingerprint.KindPepper, "1"},
+		{fingerprint.KindPepper, "1 "},  // equal to "1" in a PAD SPACE collation
+		{fingerprint.KindPepper, "1  "}, // and to "1 "
+		{fingerprint.KindPepper, "a"},
+		{fingerprint.KindPepper, "A"},          // equal to "a" when case is folded
+		{fingerprint.KindPepper, "B"},          // before "a" as bytes, after it when case is folded
+		{fingerprint.KindPepper, "\u00e4"},     // ä precomposed (NFC)
+		{fingerprint.KindPepper, "a\u0308"},    // the same, decomposed (NFD)
+		{fingerprint.KindPepper, "\uff21"},     // FULLWIDTH LATIN CAPITAL LETTER A
+		{fingerprint.KindPepper, "\U0001f600"}, // four bytes, beyond the BMP
+		{"pepper ", "1"},
+		{"Pepper", "1"},
+		{"p\u00e9pper", "1"},
+		{fingerprint.KindReceiptKey, ""},
+		{fingerprint.KindReceiptKey, " "},
+		{"RECEIPT_KEY", ""},
+	}
+	var all []fingerprint.Fingerprint
+	for i, k := range keys {
+		all = append(all, fp(k.kind, k.id, byte(i+1), at))
+	}
+	// Go's order, which Add must return.
+	sorted := func(fps []fingerprint.Fingerprint) []fingerprint.Fingerprint {
+		return slices.SortedFunc(slices.Values(fps), func(a, b fingerprint.Fingerprint) int {
+			if c := strings.Compare(string(a.Kind), string(b.Kind)); c != 0 {
+				return c
+			}
+			return strings.Compare(a.ID, b.ID)
+		})
+	}
+	// Every other key first, in one Add, then the rest, each on its own,
+	// last to first: a key must neither be taken for a stored one nor for
+	// one of its own Add.
+	var first, rest []fingerprint.Fingerprint
+	for i, f := range all {
+		if i%2 == 0 {
+			first = append(first, f)
+		} else {
+			rest = append(rest, f)
+		}
+	}
+	same(t, "Add of keys that differ only by trailing spaces, case or non-ASCII bytes", add(t, st, first...), sorted(first))
+	stored := slices.Clone(first)
+	for _, f := range slices.Backward(rest) {
+		if t.Failed() {
+			return // the first difference says it; the rest repeat it
+		}
+		stored = append(stored, f)
+		same(t, fmt.Sprintf("Add of %q %q next to stored keys that differ from it only by trailing spaces, case or non-ASCII bytes", f.Kind, f.ID), add(t, st, f), sorted(stored))
+	}
+	if t.Failed() {
+		return
+	}
+	// Other values for every key change nothing.
+	var again []fingerprint.Fingerprint
+	for i, k := range keys {
+		again = append(again, fp(k.kind, k.id, byte(0x80+i), at.Add(time.Hour)))
+	}
+	same(t, "Add of other values for every stored key", add(t, st, again...), sorted(all))
 }

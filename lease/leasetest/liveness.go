@@ -2,6 +2,7 @@ package leasetest
 
 import (
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -15,6 +16,7 @@ var livenessTests = []test{
 	{"ExpireOfflineCanceled", testExpireOfflineCanceled},
 	{"ExpireOfflineBatches", testExpireOfflineBatches},
 	{"ExplainOffline", testExplainOffline},
+	{"OfflineJobsCutoff", testOfflineJobsCutoff},
 }
 
 // The fixture's Manager has the default heartbeat interval (30 s) and
@@ -227,5 +229,82 @@ func testExplainOffline(t *testing.T, f *fixture) {
 	}
 	if ex := f.explain(j.ID, nil); !ex.Leasable {
 		t.Fatalf("stale worker: not leasable: %v", ex.Reasons)
+	}
+}
+
+// Store.OfflineJobs filters on both sides of its cutoff, inclusively: the
+// worker's LastSeenAt, and the lease's AcceptedAt, else its LeasedAt,
+// each at or before cutoff. ExpireOffline re-checks every job it ends, so
+// its own tests pass on a store that ignores the cutoff; but such a store
+// fills each batch with jobs that ExpireOffline then skips, and a full
+// batch of them, none ended, stops it before it reaches an offline one.
+func testOfflineJobsCutoff(t *testing.T, f *fixture) {
+	old := f.defaultWorker("old")     // last seen at S, never again
+	beats := f.defaultWorker("beats") // last seen at B, after every lease
+	acc, held, other := f.enqueue("status_check"), f.enqueue("status_check"), f.enqueue("status_check")
+	f.clock.Advance(time.Second)
+	_, accRef := f.leaseOne(old) // leased at L0
+	f.clock.Advance(time.Second)
+	_, heldRef := f.leaseOne(old) // leased at L, never accepted
+	_, otherRef := f.leaseOne(beats)
+	f.accept(otherRef) // accepted at L
+	f.clock.Advance(time.Second)
+	f.accept(accRef) // accepted at A
+	f.clock.Advance(time.Second)
+	f.beat(beats) // seen at B
+	if accRef.JobID != acc.ID || heldRef.JobID != held.ID || otherRef.JobID != other.ID {
+		t.Fatalf("leased %s, %s, %s in an unexpected order", accRef.JobID, heldRef.JobID, otherRef.JobID)
+	}
+
+	// The times as stored.
+	seen := func(w *lease.Worker) time.Time {
+		t.Helper()
+		got, err := f.store.GetWorker(f.ctx, w.ID)
+		if err != nil {
+			t.Fatalf("GetWorker(%s): %v", w.NodeID, err)
+		}
+		return got.LastSeenAt
+	}
+	S, B := seen(old), seen(beats)
+	L0, L := *f.get(acc.ID).LeasedAt, *f.get(held.ID).LeasedAt
+	A := *f.get(acc.ID).AcceptedAt
+	if !(S.Before(L0) && L0.Before(L) && L.Before(A) && A.Before(B)) || !f.get(other.ID).AcceptedAt.Equal(L) {
+		t.Fatalf("stored times out of the test's order: seen %v, leased %v and %v, accepted %v, seen again %v", S, L0, L, A, B)
+	}
+
+	const us = time.Microsecond
+	for _, c := range []struct {
+		name   string
+		cutoff time.Time
+		want   []*lease.Job
+	}{
+		{"before the worker was last seen", S.Add(-us), nil},
+		{"when the worker was last seen, before its leases", S, nil},
+		// acc was leased at L0, but accepted later: its time is A.
+		{"when acc was leased", L0, nil},
+		{"just before held was leased", L.Add(-us), nil},
+		{"when held was leased", L, []*lease.Job{held}},
+		{"just before acc was accepted", A.Add(-us), []*lease.Job{held}},
+		{"when acc was accepted", A, []*lease.Job{held, acc}},
+		// other was accepted at L, but its worker was seen at B.
+		{"just before beats was last seen", B.Add(-us), []*lease.Job{held, acc}},
+		{"when beats was last seen", B, []*lease.Job{held, acc, other}},
+		{"an hour later", B.Add(time.Hour), []*lease.Job{held, acc, other}},
+	} {
+		js, err := f.store.OfflineJobs(f.ctx, c.cutoff, 100)
+		if err != nil {
+			t.Fatalf("OfflineJobs(%s): %v", c.name, err)
+		}
+		var got, want []string
+		for _, j := range js {
+			got = append(got, j.ID)
+		}
+		for _, j := range c.want {
+			want = append(want, j.ID)
+		}
+		slices.Sort(want)
+		if !slices.Equal(got, want) {
+			t.Errorf("OfflineJobs with the cutoff %s = %q, want %q (acc %s, held %s, other %s)", c.name, got, want, acc.ID, held.ID, other.ID)
+		}
 	}
 }

@@ -31,7 +31,10 @@
 // that keeps the approval); retention.go checks DeleteEnded and
 // Manager.Prune (ended jobs go with their events and artifacts, nothing
 // else does, concurrent deleters delete each job once); liveness.go
-// checks online, stale and offline workers and ExpireOffline; reconcile.go
+// checks online, stale and offline workers, ExpireOffline, and that
+// Store.OfflineJobs keeps to its cutoff on both sides, at or before it:
+// the worker's LastSeenAt, and the lease's AcceptedAt, else its LeasedAt
+// (Liveness/OfflineJobsCutoff); reconcile.go
 // checks Reconcile (a restarted or heartbeating worker ends the leases it
 // no longer holds, sparing those granted after its newest lease answer)
 // and exact approvals (a widening waits for an operator); tags.go
@@ -44,7 +47,8 @@
 //
 // The suite's own test, wrong_test.go, runs it on stores that are wrong in
 // one way each (case-insensitive or locale-ordered ids, re-encoded JSON, a
-// worker filter that keeps finished jobs, a limit <= 0 accepted) and
+// worker filter that keeps finished jobs, a limit <= 0 accepted, an
+// OfflineJobs that ignores its cutoff or the lease's time, ...) and
 // checks that the suite fails each, in the test that names the mistake.
 package leasetest
 

@@ -49,6 +49,45 @@ var variants = []variant{
 	{"delete includes the cutoff", func() lease.Store { return cutoffStore{lease.NewMemoryStore()} }, "Retention/DeletesEndedWithRecords"},
 	{"tags not stored", func() lease.Store { return tagDroppingStore{lease.NewMemoryStore()} }, "Tags/PoolsRestrictLeases"},
 	{"descending order ignored", func() lease.Store { return ascendingStore{lease.NewMemoryStore()} }, "Records/ListDescending"},
+	{"offline ignores its cutoff", func() lease.Store { return offlineAnyStore{lease.NewMemoryStore()} }, "Liveness/OfflineJobsCutoff"},
+	{"offline ignores the lease's time", func() lease.Store { return offlineWorkerStore{lease.NewMemoryStore()} }, "Liveness/OfflineJobsCutoff"},
+}
+
+// never is a cutoff after every time a test writes.
+var never = time.Date(9999, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// offlineAnyStore's OfflineJobs ignores its cutoff, as a query without
+// its time filter does: every live lease of a stored worker.
+type offlineAnyStore struct{ *lease.MemoryStore }
+
+func (s offlineAnyStore) OfflineJobs(ctx context.Context, _ time.Time, limit int) ([]*lease.Job, error) {
+	return s.MemoryStore.OfflineJobs(ctx, never, limit)
+}
+
+// offlineWorkerStore's OfflineJobs filters on the worker's LastSeenAt
+// only, not on when the lease was granted or accepted, as a query that
+// joins the workers and forgets the jobs' side does.
+type offlineWorkerStore struct{ *lease.MemoryStore }
+
+func (s offlineWorkerStore) OfflineJobs(ctx context.Context, cutoff time.Time, limit int) ([]*lease.Job, error) {
+	if limit <= 0 {
+		return s.MemoryStore.OfflineJobs(ctx, cutoff, limit)
+	}
+	js, err := s.MemoryStore.OfflineJobs(ctx, never, all)
+	if err != nil {
+		return nil, err
+	}
+	var out []*lease.Job
+	for _, j := range js {
+		w, err := s.MemoryStore.GetWorker(ctx, j.Lease.WorkerID)
+		if err != nil {
+			return nil, err
+		}
+		if !w.LastSeenAt.After(cutoff) && len(out) < limit {
+			out = append(out, j)
+		}
+	}
+	return out, nil
 }
 
 // ascendingStore ignores the Desc of its filters, as an adapter written

@@ -17,7 +17,7 @@ import (
 // by the same rules as an approval's pins.
 const (
 	MaxPins           = 64
-	MaxPinLen         = maxTypeLen
+	MaxPinLen         = MaxTypeLen
 	MaxApprovalReason = 1024
 	MaxJobTags        = MaxPins
 	MaxTagLen         = MaxPinLen

@@ -40,8 +40,10 @@ type AcceptWrite struct {
 
 // CompleteWrite is one guarded completion: the job must be running, under
 // the guard's worker and token, with its lease live at Now (before
-// ExpiresAt, and before AcceptedAt plus the job's max runtime, as in
-// AcceptWrite) and no cancel requested. The write sets State succeeded,
+// ExpiresAt, and before AcceptedAt plus the job's max runtime:
+// Requirements.MaxRuntimeSeconds, or MaxRuntime when it has none, the
+// same max runtime AcceptWrite caps the lease with) and no cancel
+// requested. The write sets State succeeded,
 // FinishedAt Now (its AcceptedAt, if Now is earlier), Result, and Rev to
 // Rev+1; nothing else.
 type CompleteWrite struct {

@@ -29,8 +29,10 @@ type Manager struct {
 	workersGen atomic.Uint64
 }
 
+// MaxTypeLen bounds a job's type, in bytes (Enqueue refuses a longer one).
+const MaxTypeLen = 128
+
 const (
-	maxTypeLen  = 128
 	maxAttempts = 100
 	casTries    = 16
 	expireBatch = 64
@@ -130,8 +132,8 @@ func (e *BatchError) Unwrap() error { return e.Err }
 
 // newJob is the queued job nj asks for, or ErrInvalidArgument.
 func (m *Manager) newJob(nj NewJob) (*Job, error) {
-	if nj.Type == "" || len(nj.Type) > maxTypeLen {
-		return nil, fmt.Errorf("%w: job type must be 1 to %d bytes", ErrInvalidArgument, maxTypeLen)
+	if nj.Type == "" || len(nj.Type) > MaxTypeLen {
+		return nil, fmt.Errorf("%w: job type must be 1 to %d bytes", ErrInvalidArgument, MaxTypeLen)
 	}
 	r := nj.Requirements
 	if r.GPUCount < 0 || r.MinVRAMMB < 0 || r.MaxRuntimeSeconds < 0 {

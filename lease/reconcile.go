@@ -47,8 +47,8 @@ type Reconciliation struct {
 // leases it ended, as written, in id order. Run it in a transaction to
 // make it atomic. ErrInvalidArgument for an empty worker id or code.
 func (m *Manager) Reconcile(ctx context.Context, r Reconciliation) ([]*Job, error) {
-	if r.WorkerID == "" || r.Code == "" || len(r.Code) > maxTypeLen {
-		return nil, fmt.Errorf("%w: a reconciliation needs a worker id and a code of 1 to %d bytes", ErrInvalidArgument, maxTypeLen)
+	if r.WorkerID == "" || r.Code == "" || len(r.Code) > MaxTypeLen {
+		return nil, fmt.Errorf("%w: a reconciliation needs a worker id and a code of 1 to %d bytes", ErrInvalidArgument, MaxTypeLen)
 	}
 	through := r.GrantedThrough.UTC()
 	held := make(map[string]bool, len(r.Held))

@@ -149,13 +149,18 @@ type WorkerFilter struct {
 //   - UpdateJob is a compare-and-set on the revision: the check and the
 //     write are one step (UPDATE ... WHERE id = ? AND rev = ?, with the
 //     row count telling whether it wrote), so of two writers of one
-//     revision exactly one wins and the other gets ErrConflict.
+//     revision exactly one wins and the other gets ErrConflict. The count
+//     is of the rows matched, not changed: MySQL and MariaDB report
+//     changed rows unless the connection sets CLIENT_FOUND_ROWS
+//     (go-sql-driver/mysql: clientFoundRows=true).
 //   - ClaimLeases never gives one job to two claims, and serialises claims
 //     by one worker so that MaxActive holds: a SQL store locks the rows it
 //     claims and skips rows another claim holds (SELECT ... FOR UPDATE
 //     SKIP LOCKED; waiting for them and reading them again is correct
 //     too, only slower), and takes a lock per worker before it counts the
-//     worker's live leases.
+//     worker's live leases. It locks only the rows it takes: a claim
+//     that locks a page of candidates and takes fewer starves the
+//     concurrent claims that skip them.
 //
 // Ids. Job, worker, node, lease and artifact ids are compared and ordered
 // as bytes, as Go compares strings: case-sensitive, with no Unicode

@@ -169,8 +169,12 @@ type IntegrateFunc func(tree Tree, pending []*Stored, hashes tlog.HashReader) (*
 // says why this takes care on MySQL and MariaDB).
 type Store interface {
 	// AddReceipt stores a minted receipt, not sequenced (s.Sequenced is
-	// false), after every receipt added before it in mint order.
-	// ErrConflict if its id is taken.
+	// false), after every receipt added before it in mint order: the
+	// order of a key the store increases with each receipt (an
+	// auto-increment column) is enough, and receipts that concurrent
+	// transactions add may take either order among themselves.
+	// ErrConflict if its id is taken; ErrInvalidArgument, storing
+	// nothing, if s.Sequenced is set.
 	AddReceipt(ctx context.Context, s *Stored) error
 	// GetReceipt returns the receipt with that id. ErrNotFound.
 	GetReceipt(ctx context.Context, id string) (*Stored, error)

@@ -12,7 +12,8 @@ import (
 )
 
 // DatabaseClock reads the database's clock, the one clock every replica
-// of a Server follows. bunstore.DB implements it.
+// of a Server follows. bunstore.DB implements it. DatabaseTime returns
+// the database's current instant, in any zone.
 type DatabaseClock interface {
 	DatabaseTime(ctx context.Context) (time.Time, error)
 }

@@ -25,8 +25,11 @@ import (
 
 // Transactor runs fn in one transaction carried in fn's context: every
 // store call made with that context joins it, and it commits only if fn
-// returns nil. A Transactor nested in another joins the outer one.
-// bunstore.DB implements it; workerapitest is its conformance suite.
+// returns nil. An InTx whose context already carries a transaction joins
+// it: it runs fn in that transaction, without a savepoint, and returns
+// fn's error, leaving the commit or rollback of the whole to the outer
+// InTx. bunstore.DB implements it; workerapitest is its conformance
+// suite.
 //
 // Isolation: READ COMMITTED or stronger. The stores decide on committed
 // data and their own writes (see each core's Store), never on a read that
@@ -75,7 +78,10 @@ type SharedTransactor interface {
 	// in one at a time, so that two never wait for each other there in
 	// opposite orders. fn runs with ctx's values, but ctx's cancellation
 	// need not reach it once it has begun. If ctx already carries a
-	// transaction, fn joins it, as in InTx.
+	// transaction, fn joins it, as in InTx. When the database aborts the
+	// shared transaction (a deadlock), every caller sharing it fails with
+	// the abort, not only the one whose statement met it: on InnoDB a
+	// deadlock rolls the whole transaction back, savepoints included.
 	InSharedTx(ctx context.Context, key string, fn func(ctx context.Context) error) error
 }
 

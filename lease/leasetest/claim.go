@@ -259,7 +259,7 @@ func (s *retryingStore) failedGrants() int {
 	return s.granted
 }
 
-// A store that retries a claim calls grant again, for the same jobs or
+// A store that retries a claim calls plan again, for the same jobs or
 // others; the lease still completes with one fresh lease per job, and
 // nothing of the failed attempt is kept.
 func testRetriedClaim(t *testing.T, f *fixture) {

@@ -43,7 +43,7 @@
 // claiming at once, and Explain names the missing tags); drain.go checks,
 // on a store that is a lease.DrainStore, that a drain request is kept
 // (PutWorker too keeps it) and grants the worker nothing. claim.go also runs a claim that the store retries
-// after a rolled-back attempt called grant.
+// after a rolled-back attempt called plan.
 //
 // The suite's own test, wrong_test.go, runs it on stores that are wrong in
 // one way each (case-insensitive or locale-ordered ids, re-encoded JSON, a

@@ -42,7 +42,7 @@ var variants = []variant{
 	{"re-encoded payloads", func() lease.Store { return reencodingStore{lease.NewMemoryStore()} }, "Records/Payloads"},
 	{"worker filter keeps finished jobs", func() lease.Store { return lastLeaseStore{lease.NewMemoryStore()} }, "Records/WorkerFilter"},
 	{"limit <= 0 accepted", func() lease.Store { return unlimitedStore{lease.NewMemoryStore()} }, "Records/Limits"},
-	{"grant called then rolled back", func() lease.Store { return retryingStore{lease.NewMemoryStore()} }, ""},
+	{"plan called then rolled back", func() lease.Store { return retryingStore{lease.NewMemoryStore()} }, ""},
 	{"PutWorker writes the approval", func() lease.Store { return approvalWritingStore{lease.NewMemoryStore()} }, "Approval/StoreKeepsApproval"},
 	{"max runtime not stored", func() lease.Store { return runtimeDroppingStore{lease.NewMemoryStore()} }, "Bounds/MaxRuntimeCapsExtensions"},
 	{"delete ignores its limit", func() lease.Store { return deleteAllStore{lease.NewMemoryStore()} }, "Retention/DeleteLimit"},

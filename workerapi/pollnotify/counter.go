@@ -91,7 +91,12 @@ type SQLCounter struct {
 // returns the transaction ctx carries (a *sql.Tx, a bun.Tx, ...) and
 // true, or false when ctx carries none; Bump writes through it then, and
 // through db otherwise. A store that runs no transactions of its own
-// passes a tx that always returns false.
+// passes a tx that always returns false. On MySQL and MariaDB, whose
+// session goes on in autocommit once a deadlock rolled its transaction
+// back, tx returns an Execer that refuses every statement after the
+// abort, as the adapter's stores do (see workerapi.Transactor): a Bump
+// that committed on its own would only wake long-polls needlessly, but
+// nothing of an aborted transaction may commit.
 //
 // The table name is one identifier of ASCII letters, digits and
 // underscores, not starting with a digit, or several joined by dots (a

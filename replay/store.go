@@ -98,7 +98,11 @@ type Store interface {
 	// or before now is replaced. Insert returns ErrReplayedNonce if the pair is recorded
 	// and expires after now; otherwise ErrQuota, recording nothing, if
 	// nodeID already has its quota of nonces that expire after now (or
-	// the store is full), without touching other nodes' nonces. A store
+	// the store is full: a store may bound all nodes' nonces together, as
+	// MemoryConfig.Total does; a SQL store need not), without touching
+	// other nodes' nonces. The quota is the store's own setting, not part
+	// of this interface (bunstore.NonceConfig.PerNode; replaytest runs on
+	// stores whose quota is replaytest.Quota). A store
 	// may also refuse, with ErrReplayedNonce, a nonce that expires at or
 	// before a time up to which it already deleted expired nonces, since
 	// it can no longer tell whether it saw it. Any other error means the

@@ -2,6 +2,7 @@ package workerapitest_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"os"
 	"os/exec"
@@ -117,11 +118,12 @@ var suite = []struct {
 	store  string
 	writes []string
 }{
-	{"Leases", []string{"CreateJobs", "UpdateJob", "ClaimLeases", "AcceptLeased", "CompleteRunning", "AddEvents", "AddArtifact", "PutWorker", "SetApproval", "DeleteEnded"}},
-	{"Credentials", []string{"CreatePrincipal", "UpdatePrincipal", "CreateCredential", "UpdateCredential"}},
+	{"Leases", []string{"CreateJobs", "UpdateJob", "ClaimLeases", "AcceptLeased", "CompleteRunning", "AddEvents", "AddArtifact", "PutWorker", "SetApproval", "DeleteEnded",
+		"PutAnswer", "DeleteAnswers", "SetDrain", "Heartbeat"}},
+	{"Credentials", []string{"CreatePrincipal", "UpdatePrincipal", "CreateCredential", "UpdateCredential", "ChargeQuota"}},
 	{"Nonces", []string{"Insert", "Collect"}},
 	{"Envelope", []string{"Apply"}},
-	{"Receipts", []string{"AddReceipt", "Sequence", "AddCheckpoint"}},
+	{"Receipts", []string{"AddReceipt", "AddReceipts", "Sequence", "AddCheckpoint"}},
 	{"Fingerprints", []string{"Add"}},
 }
 
@@ -133,15 +135,15 @@ const (
 	nothingAfterAbort     = "Aborted/NothingCommitsAfter"
 )
 
-// leaves returns the subtests of the cases named, for the stores for
-// which store returns true.
-func leaves(store func(string) bool, cases ...string) []string {
+// leaves returns the subtests of the cases named, for the writes (store
+// and method) for which in returns true.
+func leaves(in func(store, write string) bool, cases ...string) []string {
 	var out []string
 	for _, s := range suite {
-		if !store(s.store) {
-			continue
-		}
 		for _, w := range s.writes {
+			if !in(s.store, w) {
+				continue
+			}
 			for _, c := range cases {
 				out = append(out, s.store+"/"+w+"/"+c)
 			}
@@ -153,14 +155,24 @@ func leaves(store func(string) bool, cases ...string) []string {
 // writeCases are the four cases of every write.
 var writeCases = []string{"Rollback", "ReadsOwnWrite", "Commit", "Nested"}
 
-func allStores(string) bool    { return true }
-func notNonces(s string) bool  { return s != "Nonces" }
-func onlyNonces(s string) bool { return s == "Nonces" }
+func allStores(_, _ string) bool { return true }
 
-// only returns store functions that hold for the store named and for
-// every store but it.
-func only(name string) (this, others func(string) bool) {
-	return func(s string) bool { return s == name }, func(s string) bool { return s != name }
+// readBy returns write functions that hold for the writes whose reads
+// are reads, and for those whose reads are writes: a NonceStore has no
+// read method (an Insert of a nonce it holds is its read), and a
+// credential.Store none of quotas (a charge that does not fit is the
+// read of ChargeQuota).
+func readBy() (reads, writes func(store, write string) bool) {
+	writes = func(s, w string) bool { return s == "Nonces" || s == "Credentials" && w == "ChargeQuota" }
+	return func(s, w string) bool { return !writes(s, w) }, writes
+}
+
+// only returns write functions that hold for the writes of the store
+// named, or for its write named if write is not "", and for every other
+// write.
+func only(store, write string) (this, others func(store, write string) bool) {
+	this = func(s, w string) bool { return s == store && (write == "" || w == write) }
+	return this, func(s, w string) bool { return !this(s, w) }
 }
 
 // wrongAdapter is an adapter with one defect, and the subtests of the
@@ -172,7 +184,8 @@ type wrongAdapter struct {
 }
 
 func wrongAdapters() []wrongAdapter {
-	inMemory, notInMemory := only("Fingerprints")
+	inMemory, notInMemory := only("Fingerprints", "")
+	reads, writes := readBy()
 	return []wrongAdapter{
 		{
 			// A Transactor that runs fn with no transaction: every store
@@ -237,17 +250,17 @@ func wrongAdapters() []wrongAdapter {
 		},
 		{
 			// Stores whose reads run without the transaction its context
-			// carries, so they miss its uncommitted writes. A NonceStore
-			// has no read method (an Insert of a nonce it holds is its
-			// read), so its cases pass. (bunstore's fingerprint read, Add
-			// of none, runs a transaction of its own, which waits for the
-			// write slot: hence the short wait of openStuck.)
+			// carries, so they miss its uncommitted writes. The writes
+			// whose reads are writes (readBy) pass. (bunstore's
+			// fingerprint read, Add of none, runs a transaction of its
+			// own, which waits for the write slot: hence the short wait
+			// of openStuck.)
 			name: "ReadsOutsideTx",
 			open: func(t *testing.T) workerapi.Stores {
 				return drop(bunstoreStores(t, openStuck(t)), dropper{reads: true})
 			},
-			fail: leaves(notNonces, "ReadsOwnWrite", "Nested"),
-			pass: append(append(leaves(notNonces, "Rollback", "Commit"), leaves(onlyNonces, writeCases...)...),
+			fail: leaves(reads, "ReadsOwnWrite", "Nested"),
+			pass: append(append(leaves(reads, "Rollback", "Commit"), leaves(writes, writeCases...)...),
 				notifyWithoutTx, notifyAfterCommit, notifyNotBeforeCommit, nothingAfterAbort),
 		},
 		{
@@ -470,7 +483,9 @@ func (g goesOn) InTx(ctx context.Context, fn func(ctx context.Context) error) er
 	return err
 }
 
-// drop wraps every store of st with d.
+// drop wraps every store of st, bunstore's, with d. The wrappers
+// implement the optional interfaces that bunstore's stores implement
+// (lease.DrainStore, lease.HeartbeatStore, receipts.BatchAdder).
 func drop(st workerapi.Stores, d dropper) workerapi.Stores {
 	st.Leases = leases{st.Leases, d}
 	st.Credentials = credentials{st.Credentials, d}
@@ -480,6 +495,12 @@ func drop(st workerapi.Stores, d dropper) workerapi.Stores {
 	st.Fingerprints = fingerprints{st.Fingerprints, d}
 	return st
 }
+
+var (
+	_ lease.DrainStore     = leases{}
+	_ lease.HeartbeatStore = leases{}
+	_ receipts.BatchAdder  = receiptStore{}
+)
 
 type leases struct {
 	lease.Store
@@ -576,6 +597,31 @@ func (s leases) ListWorkers(ctx context.Context, f lease.WorkerFilter) (_ []*lea
 	return s.Store.ListWorkers(s.d.r(ctx), f)
 }
 
+func (s leases) PutAnswer(ctx context.Context, a *lease.Answer) (err error) {
+	defer s.d.done(ctx, &err)
+	return s.Store.PutAnswer(s.d.w(ctx), a)
+}
+
+func (s leases) GetAnswer(ctx context.Context, key []byte, now time.Time) (_ *lease.Answer, err error) {
+	defer s.d.done(ctx, &err)
+	return s.Store.GetAnswer(s.d.r(ctx), key, now)
+}
+
+func (s leases) DeleteAnswers(ctx context.Context, now time.Time, limit int) (_ int, err error) {
+	defer s.d.done(ctx, &err)
+	return s.Store.DeleteAnswers(s.d.w(ctx), now, limit)
+}
+
+func (s leases) SetDrain(ctx context.Context, id string, d *lease.DrainRequest) (err error) {
+	defer s.d.done(ctx, &err)
+	return s.Store.(lease.DrainStore).SetDrain(s.d.w(ctx), id, d)
+}
+
+func (s leases) Heartbeat(ctx context.Context, id, status string, metrics json.RawMessage, at time.Time) (_ *lease.Worker, err error) {
+	defer s.d.done(ctx, &err)
+	return s.Store.(lease.HeartbeatStore).Heartbeat(s.d.w(ctx), id, status, metrics, at)
+}
+
 type credentials struct {
 	credential.Store
 	d dropper
@@ -664,6 +710,11 @@ type receiptStore struct {
 func (s receiptStore) AddReceipt(ctx context.Context, r *receipts.Stored) (err error) {
 	defer s.d.done(ctx, &err)
 	return s.Store.AddReceipt(s.d.w(ctx), r)
+}
+
+func (s receiptStore) AddReceipts(ctx context.Context, ss []*receipts.Stored) (err error) {
+	defer s.d.done(ctx, &err)
+	return s.Store.(receipts.BatchAdder).AddReceipts(s.d.w(ctx), ss)
 }
 
 func (s receiptStore) GetReceipt(ctx context.Context, id string) (_ *receipts.Stored, err error) {

@@ -181,11 +181,17 @@ type wrongAdapter struct {
 	name       string
 	open       func(t *testing.T) workerapi.Stores
 	fail, pass []string
+	// lacks names the optional interfaces its stores do not implement,
+	// as the suite's log names them: "lease.DrainStore". The suite must
+	// log that it has nothing to check of them, and of no other.
+	lacks []string
 }
 
 func wrongAdapters() []wrongAdapter {
 	inMemory, notInMemory := only("Fingerprints", "")
 	reads, writes := readBy()
+	charges, notCharges := only("Credentials", "ChargeQuota")
+	answers, notAnswers := only("Leases", "PutAnswer")
 	return []wrongAdapter{
 		{
 			// A Transactor that runs fn with no transaction: every store
@@ -290,6 +296,38 @@ func wrongAdapters() []wrongAdapter {
 			pass: append(leaves(allStores, writeCases...), notifyWithoutTx, notifyAfterCommit, nothingAfterAbort),
 		},
 		{
+			// A credential store whose ChargeQuota runs without the
+			// transaction its context carries: on SQLite the charge
+			// inside InTx then waits for the transaction's write slot and
+			// fails. (Its Shared runs would fail as its plain ones do:
+			// onlyInTx skips them.)
+			name: "ChargesOutsideTx",
+			open: func(t *testing.T) workerapi.Stores {
+				st := bunstoreStores(t, openStuck(t))
+				st.Tx, st.Credentials = onlyInTx{st.Tx}, chargesOutside{st.Credentials}
+				return st
+			},
+			fail: leaves(charges, writeCases...),
+			pass: append(leaves(notCharges, writeCases...), notifyWithoutTx, notifyAfterCommit, notifyNotBeforeCommit, nothingAfterAbort),
+		},
+		{
+			// A lease store on PostgreSQL whose PutAnswer runs without the
+			// transaction its context carries: the answer commits at once,
+			// so it stays after a rollback, which the reads see. It is
+			// no lease.DrainStore nor lease.HeartbeatStore, so the suite
+			// has nothing of SetDrain and Heartbeat to check.
+			name: "AnswersOutsideTx",
+			open: func(t *testing.T) workerapi.Stores {
+				st := bunstoreStores(t, openPostgres(t))
+				st.Tx, st.Leases = onlyInTx{st.Tx}, answersOutside{st.Leases}
+				return st
+			},
+			fail: leaves(answers, "Rollback", "Nested"),
+			pass: append(append(leaves(answers, "ReadsOwnWrite", "Commit"), leaves(notAnswers, writeCases...)...),
+				notifyWithoutTx, notifyAfterCommit, notifyNotBeforeCommit, nothingAfterAbort),
+			lacks: []string{"lease.DrainStore", "lease.HeartbeatStore"},
+		},
+		{
 			// bunstore on PostgreSQL made to behave as an InnoDB session
 			// does after a deadlock: once a store call returned an
 			// ErrAborted, the transaction's later calls run without it
@@ -348,6 +386,12 @@ func TestWrongAdapters(t *testing.T) {
 					bad = true
 				}
 			}
+			// The suite had nothing to check of the optional interfaces
+			// the stores lack, and of those only.
+			if got, want := nothingToCheck(text), slices.Sorted(slices.Values(a.lacks)); !slices.Equal(got, want) {
+				t.Errorf("the suite had nothing to check of %q, want %q", got, want)
+				bad = true
+			}
 			// Every case ran, and the lists above cover them all.
 			if got, want := reportedLeaves(text), slices.Sorted(slices.Values(append(slices.Clone(a.fail), a.pass...))); !slices.Equal(got, want) {
 				t.Errorf("the suite reported the cases %q, want %q: the lists here are stale", got, want)
@@ -381,6 +425,21 @@ func reportedLeaves(out string) []string {
 	}
 	slices.Sort(cases)
 	return slices.Compact(cases)
+}
+
+// lacking matches the suite's log of an optional interface the store
+// does not implement.
+var lacking = regexp.MustCompile(`the store is no (\S+): nothing to check`)
+
+// nothingToCheck returns, sorted, the optional interfaces that out, the
+// verbose output of the suite, says the stores lack.
+func nothingToCheck(out string) []string {
+	var names []string
+	for _, m := range lacking.FindAllStringSubmatch(out, -1) {
+		names = append(names, m[1])
+	}
+	slices.Sort(names)
+	return slices.Compact(names)
 }
 
 // passThrough runs fn with no transaction at all.
@@ -481,6 +540,23 @@ func (g goesOn) InTx(ctx context.Context, fn func(ctx context.Context) error) er
 		return nil
 	}
 	return err
+}
+
+// chargesOutside is a credential store whose ChargeQuota runs without the
+// transaction its context carries.
+type chargesOutside struct{ credential.Store }
+
+func (s chargesOutside) ChargeQuota(ctx context.Context, c credential.QuotaCharge) (credential.Quota, bool, error) {
+	return s.Store.ChargeQuota(detached{ctx}, c)
+}
+
+// answersOutside is a lease store whose PutAnswer runs without the
+// transaction its context carries. It is a lease.Store only: none of the
+// optional interfaces of the store it wraps.
+type answersOutside struct{ lease.Store }
+
+func (s answersOutside) PutAnswer(ctx context.Context, a *lease.Answer) error {
+	return s.Store.PutAnswer(detached{ctx}, a)
 }
 
 // drop wraps every store of st, bunstore's, with d. The wrappers

@@ -491,7 +491,7 @@ func probeHeartbeat(ctx context.Context, st workerapi.Stores, i int) (*probe, er
 		do: func(ctx context.Context) error {
 			w, err := hs.Heartbeat(ctx, id, "busy", nil, at)
 			if err == nil && !beat(w) {
-				err = fmt.Errorf("Heartbeat returned the worker %s, last seen at %v, want %s, last seen at %v", w.Status, w.LastSeenAt, "busy", at)
+				err = fmt.Errorf("the worker that Heartbeat returned is %s, last seen at %v, want busy, last seen at %v", w.Status, w.LastSeenAt, at)
 			}
 			return err
 		},

@@ -45,12 +45,17 @@ var groups = []group{
 		{"PutWorker", probePutWorker},
 		{"SetApproval", probeSetApproval},
 		{"DeleteEnded", probeDeleteEnded},
+		{"PutAnswer", probePutAnswer},
+		{"DeleteAnswers", probeDeleteAnswers},
+		{"SetDrain", probeSetDrain},
+		{"Heartbeat", probeHeartbeat},
 	}},
 	{"Credentials", []write{
 		{"CreatePrincipal", probeCreatePrincipal},
 		{"UpdatePrincipal", probeUpdatePrincipal},
 		{"CreateCredential", probeCreateCredential},
 		{"UpdateCredential", probeUpdateCredential},
+		{"ChargeQuota", probeChargeQuota},
 	}},
 	{"Nonces", []write{
 		{"Insert", probeInsert},
@@ -61,6 +66,7 @@ var groups = []group{
 	}},
 	{"Receipts", []write{
 		{"AddReceipt", probeAddReceipt},
+		{"AddReceipts", probeAddReceipts},
 		{"Sequence", probeSequence},
 		{"AddCheckpoint", probeAddCheckpoint},
 	}},
@@ -359,21 +365,29 @@ func probePutWorker(_ context.Context, st workerapi.Stores, i int) (*probe, erro
 				RegisteredAt: epoch, LastSeenAt: epoch,
 			})
 		},
-		checks: []check{
-			{"GetWorker", func(ctx context.Context) (bool, error) {
-				_, err := s.GetWorker(ctx, id)
-				return present(err, lease.ErrNotFound)
-			}},
-			{"WorkerByNode", func(ctx context.Context) (bool, error) {
-				_, err := s.WorkerByNode(ctx, node)
-				return present(err, lease.ErrNotFound)
-			}},
-			{"ListWorkers", func(ctx context.Context) (bool, error) {
-				ws, err := s.ListWorkers(ctx, lease.WorkerFilter{Limit: limit})
-				return slices.ContainsFunc(ws, func(w *lease.Worker) bool { return w.ID == id }), err
-			}},
-		},
+		checks: workerChecks(s, id, node, always),
 	}, nil
+}
+
+// workerChecks checks, through every read of workers, for worker id, of
+// node node, that satisfies ok.
+func workerChecks(s lease.Store, id, node string, ok func(*lease.Worker) bool) []check {
+	return []check{
+		{"GetWorker", func(ctx context.Context) (bool, error) {
+			w, err := s.GetWorker(ctx, id)
+			exists, err := present(err, lease.ErrNotFound)
+			return exists && ok(w), err
+		}},
+		{"WorkerByNode", func(ctx context.Context) (bool, error) {
+			w, err := s.WorkerByNode(ctx, node)
+			exists, err := present(err, lease.ErrNotFound)
+			return exists && ok(w), err
+		}},
+		{"ListWorkers", func(ctx context.Context) (bool, error) {
+			ws, err := s.ListWorkers(ctx, lease.WorkerFilter{Limit: limit})
+			return slices.ContainsFunc(ws, func(w *lease.Worker) bool { return w.ID == id && ok(w) }), err
+		}},
+	}
 }
 
 func probeSetApproval(ctx context.Context, st workerapi.Stores, i int) (*probe, error) {
@@ -391,22 +405,97 @@ func probeSetApproval(ctx context.Context, st workerapi.Stores, i int) (*probe, 
 		do: func(ctx context.Context) error {
 			return s.SetApproval(ctx, id, nil, lease.Approval{At: &at, By: "operator", JobTypes: []string{"status_check"}})
 		},
-		checks: []check{
-			{"GetWorker", func(ctx context.Context) (bool, error) {
-				w, err := s.GetWorker(ctx, id)
-				exists, err := present(err, lease.ErrNotFound)
-				return exists && approved(w), err
-			}},
-			{"WorkerByNode", func(ctx context.Context) (bool, error) {
-				w, err := s.WorkerByNode(ctx, node)
-				exists, err := present(err, lease.ErrNotFound)
-				return exists && approved(w), err
-			}},
-			{"ListWorkers", func(ctx context.Context) (bool, error) {
-				ws, err := s.ListWorkers(ctx, lease.WorkerFilter{Limit: limit})
-				return slices.ContainsFunc(ws, func(w *lease.Worker) bool { return w.ID == id && approved(w) }), err
-			}},
+		checks: workerChecks(s, id, node, approved),
+	}, nil
+}
+
+// newAnswer returns instance i's answer, given at epoch under a key of
+// its own and forgotten at expires.
+func newAnswer(i int, expires time.Time) *lease.Answer {
+	key, digest := sha256.Sum256([]byte(name("answer", i))), sha256.Sum256([]byte(name("request", i)))
+	return &lease.Answer{
+		Key: key[:], WorkerID: name("worker", i), Digest: digest[:], Status: 200, Body: []byte("sealed"),
+		CreatedAt: epoch, ExpiresAt: expires,
+	}
+}
+
+func probePutAnswer(_ context.Context, st workerapi.Stores, i int) (*probe, error) {
+	s, a := st.Leases, newAnswer(i, epoch.Add(time.Hour))
+	return &probe{
+		do: func(ctx context.Context) error { return s.PutAnswer(ctx, a) },
+		checks: []check{{"GetAnswer", func(ctx context.Context) (bool, error) {
+			_, err := s.GetAnswer(ctx, a.Key, epoch)
+			return present(err, lease.ErrNotFound)
+		}}},
+	}, nil
+}
+
+// probeDeleteAnswers gives instance i an answer that expires i+1 hours
+// after epoch, and deletes, at that time, the one answer that expired and
+// that no earlier instance deleted. The answer is gone when GetAnswer at
+// epoch, before any expired, does not find it.
+func probeDeleteAnswers(ctx context.Context, st workerapi.Stores, i int) (*probe, error) {
+	s, a := st.Leases, newAnswer(i, epoch.Add(time.Duration(i+1)*time.Hour))
+	if err := s.PutAnswer(ctx, a); err != nil {
+		return nil, fmt.Errorf("PutAnswer: %w", err)
+	}
+	return &probe{
+		do: func(ctx context.Context) error {
+			n, err := s.DeleteAnswers(ctx, a.ExpiresAt, limit)
+			if err == nil && n != 1 {
+				err = fmt.Errorf("DeleteAnswers deleted %d answers, want the one that expired", n)
+			}
+			return err
 		},
+		checks: []check{{"GetAnswer", func(ctx context.Context) (bool, error) {
+			_, err := s.GetAnswer(ctx, a.Key, epoch)
+			exists, err := present(err, lease.ErrNotFound)
+			return !exists && err == nil, err
+		}}},
+	}, nil
+}
+
+// probeSetDrain requests that instance i's worker drain, as an operator
+// does, when the store is a lease.DrainStore.
+func probeSetDrain(ctx context.Context, st workerapi.Stores, i int) (*probe, error) {
+	ds, ok := st.Leases.(lease.DrainStore)
+	if !ok {
+		return nil, &notImplemented{"lease.DrainStore"}
+	}
+	s, id, node := st.Leases, name("drained", i), name("drained-node", i)
+	if err := s.PutWorker(ctx, &lease.Worker{ID: id, NodeID: node, RegisteredAt: epoch, LastSeenAt: epoch}); err != nil {
+		return nil, fmt.Errorf("PutWorker: %w", err)
+	}
+	return &probe{
+		do: func(ctx context.Context) error {
+			return ds.SetDrain(ctx, id, &lease.DrainRequest{At: epoch, By: "operator"})
+		},
+		checks: workerChecks(s, id, node, func(w *lease.Worker) bool { return w.Drain != nil }),
+	}, nil
+}
+
+// probeHeartbeat records a heartbeat of instance i's worker, a minute
+// after it registered idle, when the store is a lease.HeartbeatStore.
+func probeHeartbeat(ctx context.Context, st workerapi.Stores, i int) (*probe, error) {
+	hs, ok := st.Leases.(lease.HeartbeatStore)
+	if !ok {
+		return nil, &notImplemented{"lease.HeartbeatStore"}
+	}
+	s, id, node := st.Leases, name("beating", i), name("beating-node", i)
+	if err := s.PutWorker(ctx, &lease.Worker{ID: id, NodeID: node, Status: "idle", RegisteredAt: epoch, LastSeenAt: epoch}); err != nil {
+		return nil, fmt.Errorf("PutWorker: %w", err)
+	}
+	at := epoch.Add(time.Minute)
+	beat := func(w *lease.Worker) bool { return w.Status == "busy" && w.LastSeenAt.Equal(at) }
+	return &probe{
+		do: func(ctx context.Context) error {
+			w, err := hs.Heartbeat(ctx, id, "busy", nil, at)
+			if err == nil && !beat(w) {
+				err = fmt.Errorf("the worker that Heartbeat returned is %s, last seen at %v, want busy, last seen at %v", w.Status, w.LastSeenAt, at)
+			}
+			return err
+		},
+		checks: workerChecks(s, id, node, beat),
 	}, nil
 }
 
@@ -499,6 +588,31 @@ func probeUpdateCredential(ctx context.Context, st workerapi.Stores, i int) (*pr
 			return s.UpdateCredential(ctx, &r, 1)
 		},
 		checks: credentialChecks(s, c, func(c *credential.Credential) bool { return c.RevokedAt != nil && c.Rev == 2 }),
+	}, nil
+}
+
+// probeChargeQuota charges instance i's quota of one unit an hour, which
+// no charge used yet, with its one unit. A credential.Store has no read
+// of quotas: a charge of one more unit, at the same time, is the read,
+// which sees the write when it does not fit. (When it fits, it counts
+// its unit, and a later read sees that unit as the write's; but a read
+// that missed the write has failed its case already, and no case reads
+// a rolled-back write twice.)
+func probeChargeQuota(_ context.Context, st workerapi.Stores, i int) (*probe, error) {
+	s := st.Credentials
+	c := credential.QuotaCharge{PrincipalID: name("principal", i), Name: "workerapitest", N: 1, Limit: 1, Window: time.Hour, Now: epoch}
+	return &probe{
+		do: func(ctx context.Context) error {
+			q, ok, err := s.ChargeQuota(ctx, c)
+			if err == nil && (!ok || q.Used != 1) {
+				err = fmt.Errorf("ChargeQuota of the first unit of a quota of 1 returned ok %v with %d units used, want true with 1", ok, q.Used)
+			}
+			return err
+		},
+		checks: []check{{"ChargeQuota of one more unit", func(ctx context.Context) (bool, error) {
+			q, ok, err := s.ChargeQuota(ctx, c)
+			return err == nil && !ok && q.Used == 1, err
+		}}},
 	}, nil
 }
 
@@ -618,6 +732,33 @@ func probeAddReceipt(_ context.Context, st workerapi.Stores, i int) (*probe, err
 			return err
 		},
 		checks: []check{getReceipt(s, r.ID, always)},
+	}, nil
+}
+
+// probeAddReceipts adds instance i's two receipts, 2i and 2i+1, in one
+// AddReceipts call, when the store is a receipts.BatchAdder.
+func probeAddReceipts(_ context.Context, st workerapi.Stores, i int) (*probe, error) {
+	b, ok := st.Receipts.(receipts.BatchAdder)
+	if !ok {
+		return nil, &notImplemented{"receipts.BatchAdder"}
+	}
+	var ss []*receipts.Stored
+	for _, r := range []receipts.Receipt{newReceipt(2 * i), newReceipt(2*i + 1)} {
+		// As Log.Mint prepares a receipt.
+		r.ServerTime = epoch
+		body, err := r.Encode()
+		if err != nil {
+			return nil, err
+		}
+		ss = append(ss, &receipts.Stored{ID: r.ID, Kind: r.Kind, Body: body})
+	}
+	// Each receipt is a check of its own: a store that kept one of them
+	// would be seen by one check and missed by the other.
+	first, second := getReceipt(st.Receipts, ss[0].ID, always), getReceipt(st.Receipts, ss[1].ID, always)
+	first.read, second.read = "GetReceipt of the first", "GetReceipt of the second"
+	return &probe{
+		do:     func(ctx context.Context) error { return b.AddReceipts(ctx, ss) },
+		checks: []check{first, second},
 	}, nil
 }
 

@@ -2,6 +2,7 @@ package workerapitest_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"os"
 	"os/exec"
@@ -117,11 +118,12 @@ var suite = []struct {
 	store  string
 	writes []string
 }{
-	{"Leases", []string{"CreateJobs", "UpdateJob", "ClaimLeases", "AcceptLeased", "CompleteRunning", "AddEvents", "AddArtifact", "PutWorker", "SetApproval", "DeleteEnded"}},
-	{"Credentials", []string{"CreatePrincipal", "UpdatePrincipal", "CreateCredential", "UpdateCredential"}},
+	{"Leases", []string{"CreateJobs", "UpdateJob", "ClaimLeases", "AcceptLeased", "CompleteRunning", "AddEvents", "AddArtifact", "PutWorker", "SetApproval", "DeleteEnded",
+		"PutAnswer", "DeleteAnswers", "SetDrain", "Heartbeat"}},
+	{"Credentials", []string{"CreatePrincipal", "UpdatePrincipal", "CreateCredential", "UpdateCredential", "ChargeQuota"}},
 	{"Nonces", []string{"Insert", "Collect"}},
 	{"Envelope", []string{"Apply"}},
-	{"Receipts", []string{"AddReceipt", "Sequence", "AddCheckpoint"}},
+	{"Receipts", []string{"AddReceipt", "AddReceipts", "Sequence", "AddCheckpoint"}},
 	{"Fingerprints", []string{"Add"}},
 }
 
@@ -133,15 +135,15 @@ const (
 	nothingAfterAbort     = "Aborted/NothingCommitsAfter"
 )
 
-// leaves returns the subtests of the cases named, for the stores for
-// which store returns true.
-func leaves(store func(string) bool, cases ...string) []string {
+// leaves returns the subtests of the cases named, for the writes (store
+// and method) for which in returns true.
+func leaves(in func(store, write string) bool, cases ...string) []string {
 	var out []string
 	for _, s := range suite {
-		if !store(s.store) {
-			continue
-		}
 		for _, w := range s.writes {
+			if !in(s.store, w) {
+				continue
+			}
 			for _, c := range cases {
 				out = append(out, s.store+"/"+w+"/"+c)
 			}
@@ -153,14 +155,24 @@ func leaves(store func(string) bool, cases ...string) []string {
 // writeCases are the four cases of every write.
 var writeCases = []string{"Rollback", "ReadsOwnWrite", "Commit", "Nested"}
 
-func allStores(string) bool    { return true }
-func notNonces(s string) bool  { return s != "Nonces" }
-func onlyNonces(s string) bool { return s == "Nonces" }
+func allStores(_, _ string) bool { return true }
 
-// only returns store functions that hold for the store named and for
-// every store but it.
-func only(name string) (this, others func(string) bool) {
-	return func(s string) bool { return s == name }, func(s string) bool { return s != name }
+// readBy returns write functions that hold for the writes whose reads
+// are reads, and for those whose reads are writes: a NonceStore has no
+// read method (an Insert of a nonce it holds is its read), and a
+// credential.Store none of quotas (a charge that does not fit is the
+// read of ChargeQuota).
+func readBy() (reads, writes func(store, write string) bool) {
+	writes = func(s, w string) bool { return s == "Nonces" || s == "Credentials" && w == "ChargeQuota" }
+	return func(s, w string) bool { return !writes(s, w) }, writes
+}
+
+// only returns write functions that hold for the writes of the store
+// named, or for its write named if write is not "", and for every other
+// write.
+func only(store, write string) (this, others func(store, write string) bool) {
+	this = func(s, w string) bool { return s == store && (write == "" || w == write) }
+	return this, func(s, w string) bool { return !this(s, w) }
 }
 
 // wrongAdapter is an adapter with one defect, and the subtests of the
@@ -169,10 +181,17 @@ type wrongAdapter struct {
 	name       string
 	open       func(t *testing.T) workerapi.Stores
 	fail, pass []string
+	// lacks names the optional interfaces its stores do not implement,
+	// as the suite's log names them: "lease.DrainStore". The suite must
+	// log that it has nothing to check of them, and of no other.
+	lacks []string
 }
 
 func wrongAdapters() []wrongAdapter {
-	inMemory, notInMemory := only("Fingerprints")
+	inMemory, notInMemory := only("Fingerprints", "")
+	reads, writes := readBy()
+	charges, notCharges := only("Credentials", "ChargeQuota")
+	answers, notAnswers := only("Leases", "PutAnswer")
 	return []wrongAdapter{
 		{
 			// A Transactor that runs fn with no transaction: every store
@@ -237,17 +256,17 @@ func wrongAdapters() []wrongAdapter {
 		},
 		{
 			// Stores whose reads run without the transaction its context
-			// carries, so they miss its uncommitted writes. A NonceStore
-			// has no read method (an Insert of a nonce it holds is its
-			// read), so its cases pass. (bunstore's fingerprint read, Add
-			// of none, runs a transaction of its own, which waits for the
-			// write slot: hence the short wait of openStuck.)
+			// carries, so they miss its uncommitted writes. The writes
+			// whose reads are writes (readBy) pass. (bunstore's
+			// fingerprint read, Add of none, runs a transaction of its
+			// own, which waits for the write slot: hence the short wait
+			// of openStuck.)
 			name: "ReadsOutsideTx",
 			open: func(t *testing.T) workerapi.Stores {
 				return drop(bunstoreStores(t, openStuck(t)), dropper{reads: true})
 			},
-			fail: leaves(notNonces, "ReadsOwnWrite", "Nested"),
-			pass: append(append(leaves(notNonces, "Rollback", "Commit"), leaves(onlyNonces, writeCases...)...),
+			fail: leaves(reads, "ReadsOwnWrite", "Nested"),
+			pass: append(append(leaves(reads, "Rollback", "Commit"), leaves(writes, writeCases...)...),
 				notifyWithoutTx, notifyAfterCommit, notifyNotBeforeCommit, nothingAfterAbort),
 		},
 		{
@@ -275,6 +294,38 @@ func wrongAdapters() []wrongAdapter {
 			},
 			fail: []string{notifyNotBeforeCommit},
 			pass: append(leaves(allStores, writeCases...), notifyWithoutTx, notifyAfterCommit, nothingAfterAbort),
+		},
+		{
+			// A credential store whose ChargeQuota runs without the
+			// transaction its context carries: on SQLite the charge
+			// inside InTx then waits for the transaction's write slot and
+			// fails. (Its Shared runs would fail as its plain ones do:
+			// onlyInTx skips them.)
+			name: "ChargesOutsideTx",
+			open: func(t *testing.T) workerapi.Stores {
+				st := bunstoreStores(t, openStuck(t))
+				st.Tx, st.Credentials = onlyInTx{st.Tx}, chargesOutside{st.Credentials}
+				return st
+			},
+			fail: leaves(charges, writeCases...),
+			pass: append(leaves(notCharges, writeCases...), notifyWithoutTx, notifyAfterCommit, notifyNotBeforeCommit, nothingAfterAbort),
+		},
+		{
+			// A lease store on PostgreSQL whose PutAnswer runs without the
+			// transaction its context carries: the answer commits at once,
+			// so it stays after a rollback, which the reads see. It is
+			// no lease.DrainStore nor lease.HeartbeatStore, so the suite
+			// has nothing of SetDrain and Heartbeat to check.
+			name: "AnswersOutsideTx",
+			open: func(t *testing.T) workerapi.Stores {
+				st := bunstoreStores(t, openPostgres(t))
+				st.Tx, st.Leases = onlyInTx{st.Tx}, answersOutside{st.Leases}
+				return st
+			},
+			fail: leaves(answers, "Rollback", "Nested"),
+			pass: append(append(leaves(answers, "ReadsOwnWrite", "Commit"), leaves(notAnswers, writeCases...)...),
+				notifyWithoutTx, notifyAfterCommit, notifyNotBeforeCommit, nothingAfterAbort),
+			lacks: []string{"lease.DrainStore", "lease.HeartbeatStore"},
 		},
 		{
 			// bunstore on PostgreSQL made to behave as an InnoDB session
@@ -335,6 +386,12 @@ func TestWrongAdapters(t *testing.T) {
 					bad = true
 				}
 			}
+			// The suite had nothing to check of the optional interfaces
+			// the stores lack, and of those only.
+			if got, want := nothingToCheck(text), slices.Sorted(slices.Values(a.lacks)); !slices.Equal(got, want) {
+				t.Errorf("the suite had nothing to check of %q, want %q", got, want)
+				bad = true
+			}
 			// Every case ran, and the lists above cover them all.
 			if got, want := reportedLeaves(text), slices.Sorted(slices.Values(append(slices.Clone(a.fail), a.pass...))); !slices.Equal(got, want) {
 				t.Errorf("the suite reported the cases %q, want %q: the lists here are stale", got, want)
@@ -368,6 +425,21 @@ func reportedLeaves(out string) []string {
 	}
 	slices.Sort(cases)
 	return slices.Compact(cases)
+}
+
+// lacking matches the suite's log of an optional interface the store
+// does not implement.
+var lacking = regexp.MustCompile(`the store is no (\S+): nothing to check`)
+
+// nothingToCheck returns, sorted, the optional interfaces that out, the
+// verbose output of the suite, says the stores lack.
+func nothingToCheck(out string) []string {
+	var names []string
+	for _, m := range lacking.FindAllStringSubmatch(out, -1) {
+		names = append(names, m[1])
+	}
+	slices.Sort(names)
+	return slices.Compact(names)
 }
 
 // passThrough runs fn with no transaction at all.
@@ -470,7 +542,26 @@ func (g goesOn) InTx(ctx context.Context, fn func(ctx context.Context) error) er
 	return err
 }
 
-// drop wraps every store of st with d.
+// chargesOutside is a credential store whose ChargeQuota runs without the
+// transaction its context carries.
+type chargesOutside struct{ credential.Store }
+
+func (s chargesOutside) ChargeQuota(ctx context.Context, c credential.QuotaCharge) (credential.Quota, bool, error) {
+	return s.Store.ChargeQuota(detached{ctx}, c)
+}
+
+// answersOutside is a lease store whose PutAnswer runs without the
+// transaction its context carries. It is a lease.Store only: none of the
+// optional interfaces of the store it wraps.
+type answersOutside struct{ lease.Store }
+
+func (s answersOutside) PutAnswer(ctx context.Context, a *lease.Answer) error {
+	return s.Store.PutAnswer(detached{ctx}, a)
+}
+
+// drop wraps every store of st, bunstore's, with d. The wrappers
+// implement the optional interfaces that bunstore's stores implement
+// (lease.DrainStore, lease.HeartbeatStore, receipts.BatchAdder).
 func drop(st workerapi.Stores, d dropper) workerapi.Stores {
 	st.Leases = leases{st.Leases, d}
 	st.Credentials = credentials{st.Credentials, d}
@@ -480,6 +571,12 @@ func drop(st workerapi.Stores, d dropper) workerapi.Stores {
 	st.Fingerprints = fingerprints{st.Fingerprints, d}
 	return st
 }
+
+var (
+	_ lease.DrainStore     = leases{}
+	_ lease.HeartbeatStore = leases{}
+	_ receipts.BatchAdder  = receiptStore{}
+)
 
 type leases struct {
 	lease.Store
@@ -576,6 +673,31 @@ func (s leases) ListWorkers(ctx context.Context, f lease.WorkerFilter) (_ []*lea
 	return s.Store.ListWorkers(s.d.r(ctx), f)
 }
 
+func (s leases) PutAnswer(ctx context.Context, a *lease.Answer) (err error) {
+	defer s.d.done(ctx, &err)
+	return s.Store.PutAnswer(s.d.w(ctx), a)
+}
+
+func (s leases) GetAnswer(ctx context.Context, key []byte, now time.Time) (_ *lease.Answer, err error) {
+	defer s.d.done(ctx, &err)
+	return s.Store.GetAnswer(s.d.r(ctx), key, now)
+}
+
+func (s leases) DeleteAnswers(ctx context.Context, now time.Time, limit int) (_ int, err error) {
+	defer s.d.done(ctx, &err)
+	return s.Store.DeleteAnswers(s.d.w(ctx), now, limit)
+}
+
+func (s leases) SetDrain(ctx context.Context, id string, d *lease.DrainRequest) (err error) {
+	defer s.d.done(ctx, &err)
+	return s.Store.(lease.DrainStore).SetDrain(s.d.w(ctx), id, d)
+}
+
+func (s leases) Heartbeat(ctx context.Context, id, status string, metrics json.RawMessage, at time.Time) (_ *lease.Worker, err error) {
+	defer s.d.done(ctx, &err)
+	return s.Store.(lease.HeartbeatStore).Heartbeat(s.d.w(ctx), id, status, metrics, at)
+}
+
 type credentials struct {
 	credential.Store
 	d dropper
@@ -664,6 +786,11 @@ type receiptStore struct {
 func (s receiptStore) AddReceipt(ctx context.Context, r *receipts.Stored) (err error) {
 	defer s.d.done(ctx, &err)
 	return s.Store.AddReceipt(s.d.w(ctx), r)
+}
+
+func (s receiptStore) AddReceipts(ctx context.Context, ss []*receipts.Stored) (err error) {
+	defer s.d.done(ctx, &err)
+	return s.Store.(receipts.BatchAdder).AddReceipts(s.d.w(ctx), ss)
 }
 
 func (s receiptStore) GetReceipt(ctx context.Context, id string) (_ *receipts.Stored, err error) {

@@ -402,7 +402,7 @@ var ErrConfig = errors.New("workerapi: invalid configuration")
 // invalid, so that a misconfigured host stops at startup rather than on
 // its first request.
 func New(st Stores, cfg Config) (*Server, error) {
-	if err := checkStores(st); err != nil {
+	if err := st.Validate(); err != nil {
 		return nil, err
 	}
 	if err := cfg.setDefaults(); err != nil {
@@ -459,8 +459,11 @@ func New(st Stores, cfg Config) (*Server, error) {
 	return s, nil
 }
 
-// checkStores names the first missing store.
-func checkStores(st Stores) error {
+// Validate reports the first store of st that New requires and st lacks,
+// with an error that wraps ErrConfig and names it ("Stores.Notifier is
+// required"). The conformance suites call it on the Stores they are
+// given.
+func (st Stores) Validate() error {
 	for _, c := range []struct {
 		name    string
 		missing bool

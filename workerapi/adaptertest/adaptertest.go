@@ -121,17 +121,8 @@ func complete(newStores func(t *testing.T) workerapi.Stores) func(t *testing.T) 
 	return func(t *testing.T) workerapi.Stores {
 		t.Helper()
 		st := newStores(t)
-		for _, s := range []struct {
-			name    string
-			missing bool
-		}{
-			{"Tx", st.Tx == nil}, {"Notifier", st.Notifier == nil}, {"Leases", st.Leases == nil},
-			{"Credentials", st.Credentials == nil}, {"Nonces", st.Nonces == nil}, {"Envelope", st.Envelope == nil},
-			{"Receipts", st.Receipts == nil}, {"Fingerprints", st.Fingerprints == nil},
-		} {
-			if s.missing {
-				t.Fatalf("newStores returned Stores without %s", s.name)
-			}
+		if err := st.Validate(); err != nil {
+			t.Fatalf("newStores returned incomplete Stores: %v", err)
 		}
 		return st
 	}

@@ -208,8 +208,8 @@ func Run(t *testing.T, newStores func(t *testing.T) workerapi.Stores) {
 func runCase(t *testing.T, newStores func(t *testing.T) workerapi.Stores, shared bool, run func(t *testing.T, ctx context.Context, st workerapi.Stores)) {
 	t.Parallel()
 	st := newStores(t)
-	if missing := missingStore(st); missing != "" {
-		t.Fatalf("newStores returned Stores without %s", missing)
+	if err := st.Validate(); err != nil {
+		t.Fatalf("newStores returned incomplete Stores: %v", err)
 	}
 	ctx, cancel := context.WithTimeout(t.Context(), caseTimeout)
 	defer cancel()
@@ -229,23 +229,6 @@ type sharedTx struct{ workerapi.SharedTransactor }
 
 func (s sharedTx) InTx(ctx context.Context, fn func(ctx context.Context) error) error {
 	return s.InSharedTx(ctx, "workerapitest", fn)
-}
-
-// missingStore names the first store the suite needs that st lacks.
-func missingStore(st workerapi.Stores) string {
-	for _, s := range []struct {
-		name    string
-		missing bool
-	}{
-		{"Tx", st.Tx == nil}, {"Notifier", st.Notifier == nil}, {"Leases", st.Leases == nil},
-		{"Credentials", st.Credentials == nil}, {"Nonces", st.Nonces == nil}, {"Envelope", st.Envelope == nil},
-		{"Receipts", st.Receipts == nil}, {"Fingerprints", st.Fingerprints == nil},
-	} {
-		if s.missing {
-			return s.name
-		}
-	}
-	return ""
 }
 
 // group is one store and its write methods.

@@ -81,30 +81,12 @@ import (
 // as workerapi.New requires; Clock and Schema may be nil.
 func Run(t *testing.T, newStores func(t *testing.T) workerapi.Stores) {
 	newStores = complete(newStores)
-	t.Run("Leases", func(t *testing.T) {
-		t.Parallel()
-		leasetest.Run(t, func(t *testing.T) lease.Store { return newStores(t).Leases })
-	})
-	t.Run("Credentials", func(t *testing.T) {
-		t.Parallel()
-		credentialtest.Run(t, func(t *testing.T) credential.Store { return newStores(t).Credentials })
-	})
-	t.Run("Nonces", func(t *testing.T) {
-		t.Parallel()
-		replaytest.Run(t, func(t *testing.T) replay.Store { return newStores(t).Nonces })
-	})
-	t.Run("Envelope", func(t *testing.T) {
-		t.Parallel()
-		envelopetest.Run(t, func(t *testing.T) envelope.Store { return newStores(t).Envelope })
-	})
-	t.Run("Receipts", func(t *testing.T) {
-		t.Parallel()
-		receiptstest.Run(t, func(t *testing.T) receipts.Store { return newStores(t).Receipts })
-	})
-	t.Run("Fingerprints", func(t *testing.T) {
-		t.Parallel()
-		fingerprinttest.Run(t, func(t *testing.T) fingerprint.Store { return newStores(t).Fingerprints })
-	})
+	suite(t, "Leases", newStores, leasetest.Run, func(st workerapi.Stores) lease.Store { return st.Leases })
+	suite(t, "Credentials", newStores, credentialtest.Run, func(st workerapi.Stores) credential.Store { return st.Credentials })
+	suite(t, "Nonces", newStores, replaytest.Run, func(st workerapi.Stores) replay.Store { return st.Nonces })
+	suite(t, "Envelope", newStores, envelopetest.Run, func(st workerapi.Stores) envelope.Store { return st.Envelope })
+	suite(t, "Receipts", newStores, receiptstest.Run, func(st workerapi.Stores) receipts.Store { return st.Receipts })
+	suite(t, "Fingerprints", newStores, fingerprinttest.Run, func(st workerapi.Stores) fingerprint.Store { return st.Fingerprints })
 	t.Run("Transactions", func(t *testing.T) {
 		t.Parallel()
 		workerapitest.Run(t, newStores)
@@ -112,6 +94,15 @@ func Run(t *testing.T, newStores func(t *testing.T) workerapi.Stores) {
 	t.Run("Optional", func(t *testing.T) {
 		t.Parallel()
 		testOptional(t, newStores(t))
+	})
+}
+
+// suite runs, in parallel subtest name, a core's suite run on the store
+// that pick takes from each new Stores.
+func suite[S any](t *testing.T, name string, newStores func(t *testing.T) workerapi.Stores, run func(*testing.T, func(*testing.T) S), pick func(workerapi.Stores) S) {
+	t.Run(name, func(t *testing.T) {
+		t.Parallel()
+		run(t, func(t *testing.T) S { return pick(newStores(t)) })
 	})
 }
 

@@ -34,6 +34,15 @@ def wait_for(cond: Callable[[], Any], timeout: float = 30.0, what: str = "condit
         time.sleep(0.1)
 
 
+def sequenced_receipt(op: nodelane.Operator, receipt_id: str, timeout: float = 30.0) -> Dict[str, Any]:
+    """GET /operator/receipts/{id} once the receipt has its proof and checkpoint:
+    the sequencer signs them in the background, after the request that minted it."""
+    def answer() -> Any:
+        r = op.receipt(receipt_id)
+        return r if r.get("proof") and r.get("checkpoint") else None
+    return wait_for(answer, timeout, "receipt %s to be sequenced" % receipt_id)
+
+
 def gone(pid: int) -> bool:
     """Whether pid runs no more: no such process, or a zombie."""
     try:

@@ -16,7 +16,7 @@ import nodelane
 from nodelane import APIError, ArtifactMismatch, Client, Identity, JobContext, Signer, download_file, upload_file
 
 from faultproxy import FaultProxy
-from helpers import ScriptWorker, job_state, new_worker, running, unique, wait_for
+from helpers import ScriptWorker, job_state, new_worker, running, sequenced_receipt, unique, wait_for
 
 GPUS = {"gpus": [{"sku": "rtx-4090", "vram_mb": 24576}]}
 MiB = 1 << 20
@@ -87,9 +87,7 @@ def test_upload_in_parts_and_read_the_bytes_back(server, operator, tmp_path):
     assert (sha, n) == (want, size)
     assert headers["etag"] == '"%s"' % want
     # the artifact_reported receipt carries the stored bytes' digest and size
-    answer = wait_for(lambda: (lambda r: r if r.get("proof") and r.get("checkpoint") else None)(
-        operator.receipt(ans["receipt_id"])), 30, "the receipt to be sequenced")
-    rec = nodelane.verify_receipt_response(answer, server.receipt_public_key)
+    rec = nodelane.verify_receipt_response(sequenced_receipt(operator, ans["receipt_id"]), server.receipt_public_key)
     assert (rec["checksum_sha256"], rec["size_bytes"]) == (want, size), rec
 
 

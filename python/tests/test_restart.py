@@ -10,7 +10,7 @@ from typing import Any, Dict, List
 import nodelane
 from nodelane import APIError, Client, Identity, Signer
 
-from helpers import ScriptWorker, job_state, new_worker, running, unique, wait_for
+from helpers import ScriptWorker, job_state, new_worker, running, sequenced_receipt, unique, wait_for
 
 GPUS = {"gpus": [{"sku": "rtx-4090", "vram_mb": 24576}]}
 
@@ -111,7 +111,7 @@ def test_capabilities_follow_the_box(server, operator, tmp_path):
     assert ans["changed"] is True and ans["receipt_id"], ans
     assert w2.identity.worker_id == w1.identity.worker_id  # the same worker: no new node_id needed
     # the worker_updated receipt, verified offline: old and new
-    rec = nodelane.verify_receipt_response(operator.receipt(ans["receipt_id"]), server.receipt_public_key)
+    rec = nodelane.verify_receipt_response(sequenced_receipt(operator, ans["receipt_id"]), server.receipt_public_key)
     assert rec["kind"] == "worker_updated", rec
     assert rec["job_types"] == " ".join(sorted([old_t, new_t])) and rec["old_job_types"] == old_t
     assert rec["tags"] == "lab" and rec["max_jobs"] == 2 and rec["old_max_jobs"] == 1

@@ -13,7 +13,7 @@ from typing import Any, Dict, List
 import nodelane
 from nodelane import JobContext
 
-from helpers import ScriptWorker, gone, new_worker, parent_of, running, unique, wait_for
+from helpers import ScriptWorker, gone, new_worker, parent_of, running, sequenced_receipt, unique, wait_for
 
 #: Two RTX 4090s, as nvidia-smi lists them.
 TWO_GPUS = ("0, GPU-5d3b2c9e-1f0a-4b7c-9d2e-3a4b5c6d7e8f, NVIDIA GeForce RTX 4090, 24564\n"
@@ -218,7 +218,7 @@ def test_discovered_gpus_are_sent_on_every_start(server, operator, tmp_path):
         pass
     ans = w2.start_answer
     assert ans["changed"] is True, ans
-    rec = nodelane.verify_receipt_response(operator.receipt(ans["receipt_id"]), server.receipt_public_key)
+    rec = nodelane.verify_receipt_response(sequenced_receipt(operator, ans["receipt_id"]), server.receipt_public_key)
     assert rec["kind"] == "worker_updated"
     assert rec["old_gpus"] == "rtx-4090:24564" and rec["gpus"] == "rtx-4090:24564 rtx-4090:24564", rec
 

@@ -108,25 +108,30 @@ func (s *Server) opListReceipts(ctx context.Context, c *call) (int, any, error) 
 	return http.StatusOK, out, nil
 }
 
-// opGetReceipt answers a receipt with its inclusion proof. It sequences
-// pending receipts first (bounded by Config.ProofWait), so that a receipt
-// minted a moment ago comes with its proof; if sequencing fails or takes
-// too long, the receipt comes without one.
+// opGetReceipt answers a receipt with its inclusion proof. A receipt the
+// store cannot prove yet (not sequenced, or sequenced under a checkpoint
+// not signed yet) is waited for, within Config.ProofWait (see
+// awaitProofs), so that a receipt minted a moment ago comes with its
+// proof; if sequencing fails or takes too long, it comes without one.
 func (s *Server) opGetReceipt(ctx context.Context, c *call) (int, any, error) {
 	r, err := s.receipts.Get(ctx, c.pathID())
 	if err != nil {
 		return 0, nil, err
 	}
-	if !r.Sequenced {
-		sctx, cancel := context.WithTimeout(ctx, s.cfg.ProofWait)
-		_, err := s.Sequence(sctx)
-		cancel()
-		if err != nil {
+	out := wire.ReceiptResponse{Receipt: r.Wire()}
+	got, proof, cp, err := s.receipts.Prove(ctx, r.ID)
+	if errors.Is(err, receipts.ErrNotSequenced) {
+		// Not sequenced yet, or sequenced and its checkpoint not signed
+		// yet (a sequencer between its batch's commit and its
+		// checkpoint): wait for both, within ProofWait.
+		ss, ps, signed, aerr := s.awaitProofs(ctx, []string{r.ID})
+		if aerr == nil {
+			got, proof, cp = ss[0], ps[0], signed
+		}
+		if err = aerr; errors.Is(err, receipts.ErrNotSequenced) {
 			s.log.Warn("sequencing receipts for a proof", "request_id", c.reqID, "err", err)
 		}
 	}
-	out := wire.ReceiptResponse{Receipt: r.Wire()}
-	got, proof, cp, err := s.receipts.Prove(ctx, r.ID)
 	switch {
 	case errors.Is(err, receipts.ErrNotSequenced):
 	case err != nil:

@@ -38,9 +38,10 @@ const workerapitest = "workerapi/workerapitest"
 const artifacttest = "workerapi/artifacttest"
 
 // pollNotify is the polling Notifier for databases without LISTEN/NOTIFY:
-// it works through database/sql and its own small interfaces, so it
-// imports only the standard library (not even workerapi, whose Notifier
-// it implements), and any host or adapter may use it.
+// it works through database/sql and its own small interfaces, and of
+// nodelane imports workerapi (whose LocalNotifier holds its subscribers)
+// and what that imports, never an adapter or a driver, so that any host
+// or adapter may use it.
 const pollNotify = "workerapi/pollnotify"
 
 // adaptertest runs every suite on an adapter's full store set: of
@@ -133,8 +134,18 @@ func violations(pkg string, deps []string, std map[string]bool) []string {
 				out = append(out, pkg+" imports "+d+": a conformance suite imports only its core, "+testclock+", "+waitfor+", the standard library and go-cmp")
 			}
 			continue
-		case pkg == testclock || pkg == waitfor || pkg == pollNotify:
+		case pkg == testclock || pkg == waitfor:
 			out = append(out, pkg+" imports "+d+": "+pkg+" imports only the standard library")
+			continue
+		case pkg == pollNotify:
+			ownOK := r == "workerapi" || r == "workerapi/wire" || slices.Contains(cores, r)
+			thirdOK := strings.HasPrefix(d, "golang.org/x/") ||
+				slices.ContainsFunc(cores, func(c string) bool {
+					return slices.ContainsFunc(allowedThirdParty[c], func(p string) bool { return d == p || strings.HasPrefix(d, p+"/") })
+				})
+			if (own && !ownOK) || (!own && !thirdOK) {
+				out = append(out, pkg+" imports "+d+": "+pkg+" imports only workerapi, workerapi/wire, the cores and what they import: no adapter, no driver")
+			}
 			continue
 		case pkg == workerapitest:
 			ownOK := r == "workerapi" || r == "workerapi/wire" || slices.Contains(cores, r)
@@ -330,8 +341,9 @@ func TestViolations(t *testing.T) {
 		{"workerapi/oteltrace", []string{module + "/workerapi", "go.opentelemetry.io/otel/trace"}, 0},
 		{"workerapi/oteltrace", []string{module + "/internal/apitest"}, 1},
 		{pollNotify, []string{"fmt"}, 0},
-		{pollNotify, []string{module + "/workerapi", module + "/lease"}, 2},
-		{pollNotify, []string{"github.com/uptrace/bun", "modernc.org/sqlite", "golang.org/x/sync/errgroup"}, 3},
+		{pollNotify, []string{module + "/workerapi", module + "/lease"}, 0},
+		{pollNotify, []string{module + "/bunstore"}, 1},
+		{pollNotify, []string{"github.com/uptrace/bun", "modernc.org/sqlite", "golang.org/x/sync/errgroup"}, 2},
 	}
 	for _, tc := range tests {
 		if got := violations(tc.pkg, tc.deps, std); len(got) != tc.want {

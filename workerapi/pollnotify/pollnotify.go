@@ -31,6 +31,8 @@ import (
 	"log/slog"
 	"sync"
 	"time"
+
+	"github.com/nodelane/nodelane/workerapi"
 )
 
 // ErrConfig reports an invalid setting of New or NewSQLCounter.
@@ -125,9 +127,10 @@ type Notifier struct {
 	cfg     Config // with defaults
 	log     *slog.Logger
 
-	mu     sync.Mutex
-	subs   map[chan struct{}]struct{}
-	closed bool
+	// local holds the subscribers and wakes them (its Notify), only
+	// ever from poll: n is no SignalNotifier, so its NotifyWorker, which
+	// would wake this process alone, is not exposed.
+	local *workerapi.LocalNotifier
 
 	closeOnce sync.Once
 	stop      context.CancelFunc // ends the goroutine and its read
@@ -152,7 +155,7 @@ func New(ctx context.Context, c Counter, cfg *Config) (*Notifier, error) {
 		return nil, fmt.Errorf("pollnotify: first read: %w", err)
 	}
 	life, stop := context.WithCancel(context.Background())
-	n := &Notifier{counter: c, cfg: conf, log: conf.Logger, subs: map[chan struct{}]struct{}{}, stop: stop, done: make(chan struct{})}
+	n := &Notifier{counter: c, cfg: conf, log: conf.Logger, local: workerapi.NewLocalNotifier(), stop: stop, done: make(chan struct{})}
 	go n.poll(life, last)
 	return n, nil
 }
@@ -171,17 +174,7 @@ func (n *Notifier) Notify(ctx context.Context) error {
 // receives again: a closed channel would make a long-poll that waits on it
 // look again without end. cancel may be called more than once.
 func (n *Notifier) Subscribe() (<-chan struct{}, func()) {
-	ch := make(chan struct{}, 1)
-	n.mu.Lock()
-	if !n.closed {
-		n.subs[ch] = struct{}{}
-	}
-	n.mu.Unlock()
-	return ch, func() {
-		n.mu.Lock()
-		delete(n.subs, ch)
-		n.mu.Unlock()
-	}
+	return n.local.Subscribe()
 }
 
 // Close stops n's goroutine, cancelling a read in progress, and waits
@@ -189,10 +182,6 @@ func (n *Notifier) Subscribe() (<-chan struct{}, func()) {
 // returns nil and may be called more than once.
 func (n *Notifier) Close() error {
 	n.closeOnce.Do(func() {
-		n.mu.Lock()
-		n.closed = true
-		clear(n.subs)
-		n.mu.Unlock()
 		n.stop()
 		<-n.done
 	})
@@ -229,22 +218,10 @@ func (n *Notifier) poll(ctx context.Context, last int64) {
 		case failures > 0:
 			n.log.Info("pollnotify: reading the counter again; waking every subscriber", "failed_reads", failures)
 			failures, wait = 0, n.cfg.Interval
-			n.wake()
+			n.local.Notify(ctx)
 		case v != last:
-			n.wake()
+			n.local.Notify(ctx)
 		}
 		last = v
-	}
-}
-
-// wake gives every subscriber a wake-up, unless one is pending.
-func (n *Notifier) wake() {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	for ch := range n.subs {
-		select {
-		case ch <- struct{}{}:
-		default: // one is pending; this one folds into it
-		}
 	}
 }
